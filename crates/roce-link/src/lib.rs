@@ -1,0 +1,1 @@
+//! roce-link (under construction)

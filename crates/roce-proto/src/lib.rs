@@ -1,0 +1,1 @@
+//! roce-proto (under construction)

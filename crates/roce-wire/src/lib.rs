@@ -1,0 +1,1 @@
+//! roce-wire (under construction)
