@@ -29,12 +29,16 @@ impl Instant {
 
     /// An instant `micros` microseconds after the epoch (saturating).
     pub const fn from_micros(micros: u64) -> Self {
-        Instant { nanos: micros.saturating_mul(1_000) }
+        Instant {
+            nanos: micros.saturating_mul(1_000),
+        }
     }
 
     /// An instant `millis` milliseconds after the epoch (saturating).
     pub const fn from_millis(millis: u64) -> Self {
-        Instant { nanos: millis.saturating_mul(1_000_000) }
+        Instant {
+            nanos: millis.saturating_mul(1_000_000),
+        }
     }
 
     /// Nanoseconds since the epoch.
@@ -50,7 +54,9 @@ impl Instant {
     /// `self + d`, saturating at [`Instant::MAX`].
     pub fn saturating_add(self, d: Duration) -> Instant {
         let add = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        Instant { nanos: self.nanos.saturating_add(add) }
+        Instant {
+            nanos: self.nanos.saturating_add(add),
+        }
     }
 }
 
@@ -78,7 +84,12 @@ impl Sub<Instant> for Instant {
 
 impl fmt::Display for Instant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{:09}s", self.nanos / 1_000_000_000, self.nanos % 1_000_000_000)
+        write!(
+            f,
+            "{}.{:09}s",
+            self.nanos / 1_000_000_000,
+            self.nanos % 1_000_000_000
+        )
     }
 }
 

@@ -1,0 +1,117 @@
+//! Engine configuration and device limits (`ibv_device_attr`), with documented defaults.
+
+use core::time::Duration;
+
+use crate::verbs::{Gid, Mtu};
+
+/// Limits the engine enforces and reports through [`crate::Engine::query_device`] (`ibv_device_attr`).
+///
+/// The defaults are the true limits of this implementation: every value is enforced by the verbs that use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Maximum number of QPs (`max_qp`).
+    pub max_qp: u32,
+    /// Maximum WRs per send or receive queue (`max_qp_wr`).
+    pub max_qp_wr: u32,
+    /// Maximum SGEs per WR (`max_sge`), ≥ 16.
+    pub max_sge: u32,
+    /// Maximum inline payload per send WR in bytes (≥ 256).
+    pub max_inline_data: u32,
+    /// Maximum number of CQs (`max_cq`).
+    pub max_cq: u32,
+    /// Maximum CQ depth (`max_cqe`).
+    pub max_cqe: u32,
+    /// Maximum number of MRs (`max_mr`).
+    pub max_mr: u32,
+    /// Maximum MR size in bytes (`max_mr_size`).
+    pub max_mr_size: u64,
+    /// Maximum number of PDs (`max_pd`).
+    pub max_pd: u32,
+    /// Maximum number of address handles (`max_ah`).
+    pub max_ah: u32,
+    /// Responder resources per QP (`max_qp_rd_atom`, bound for `max_dest_rd_atomic`).
+    pub max_qp_rd_atom: u32,
+    /// Initiator depth per QP (`max_qp_init_rd_atom`, bound for `max_rd_atomic`).
+    pub max_qp_init_rd_atom: u32,
+    /// Maximum message size in bytes (`ibv_port_attr.max_msg_sz`): 2^31 (S10, rxe `RXE_MAX_MSG_SIZE`).
+    pub max_msg_sz: u32,
+    /// Largest path MTU the port supports (`max_mtu`).
+    pub max_mtu: Mtu,
+}
+
+impl Default for DeviceAttr {
+    fn default() -> Self {
+        DeviceAttr {
+            max_qp: 4096,
+            max_qp_wr: 16384,
+            max_sge: 32,
+            max_inline_data: 256,
+            max_cq: 4096,
+            max_cqe: 1 << 20,
+            max_mr: 1 << 16,
+            max_mr_size: 1 << 32,
+            max_pd: 1024,
+            max_ah: 4096,
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
+            max_msg_sz: 1 << 31,
+            max_mtu: Mtu::Mtu4096,
+        }
+    }
+}
+
+/// What `create_qp` does when a requested capability exceeds the device limit (S09).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CapPolicy {
+    /// Fail with [`crate::CreateQpError::CapExceeded`] naming the field (libibverbs EINVAL behaviour).
+    #[default]
+    Reject,
+    /// Clamp to the device limit and report the granted values.
+    Clamp,
+}
+
+/// Engine (port) configuration. All randomness derives from `seed` (STYLE E1/E10).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Local MAC address (source MAC of every frame).
+    pub mac: [u8; 6],
+    /// Port GID table; index = `sgid_index`. IPv4 addresses appear as IPv4-mapped GIDs.
+    pub gids: Vec<Gid>,
+    /// Netdev (Ethernet payload) MTU; bounds the path MTU like rxe (`ROCEV2.md §1.1`).
+    pub netdev_mtu: u32,
+    /// Device limits.
+    pub device: DeviceAttr,
+    /// Capability-exceeded policy for `create_qp`.
+    pub cap_policy: CapPolicy,
+    /// Seed of the deterministic RNG (IP identification start, random initial PSNs offered by
+    /// [`crate::Engine::random_psn`]).
+    pub seed: u64,
+    /// Maximum unacknowledged PSNs per RC QP (rxe `RXE_MAX_UNACKED_PSNS` = 128, `ROCEV2.md §4.1`).
+    pub max_unacked_psns: u32,
+    /// Set AckReq at least every this many packets of a long message (rxe `RXE_MAX_PKT_PER_ACK` = 64).
+    pub ack_req_every: u32,
+    /// Minimum time between two CNPs of one QP (DCQCN paper: 50 µs; `ROCEV2.md §5`, S18).
+    pub cnp_interval: Duration,
+    /// DSCP of CNPs (default 48 / CS6, `ROCEV2.md §6`).
+    pub cnp_dscp: u8,
+    /// Mark data packets ECT(0) (ECN-capable, `ROCEV2.md §1.4`). ACKs/NAKs are sent Not-ECT.
+    pub ecn_data: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            mac: [0x02, 0, 0, 0, 0, 1],
+            gids: vec![Gid::from_ipv4([192, 0, 2, 1])],
+            netdev_mtu: 4200,
+            device: DeviceAttr::default(),
+            cap_policy: CapPolicy::Reject,
+            seed: 0,
+            max_unacked_psns: 128,
+            ack_req_every: 64,
+            cnp_interval: Duration::from_micros(50),
+            cnp_dscp: 48,
+            ecn_data: true,
+        }
+    }
+}

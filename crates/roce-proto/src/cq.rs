@@ -1,0 +1,40 @@
+//! Completion queues: a bounded ring per CQ, allocated at `create_cq`. A completion that does not fit is lost and
+//! reported as an `IBV_EVENT_CQ_ERR` async event (libibverbs CQ overrun semantics); polling an empty CQ returns 0.
+
+use std::collections::VecDeque;
+
+use crate::verbs::Wc;
+
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub(crate) ring: VecDeque<Wc>,
+    pub(crate) depth: usize,
+    pub(crate) users: u32,
+}
+
+impl Cq {
+    pub(crate) fn new(depth: usize) -> Self {
+        Cq {
+            ring: VecDeque::with_capacity(depth),
+            depth,
+            users: 0,
+        }
+    }
+
+    /// Queues `wc`; false on overrun.
+    pub(crate) fn push(&mut self, wc: Wc) -> bool {
+        if self.ring.len() >= self.depth {
+            return false;
+        }
+        self.ring.push_back(wc);
+        true
+    }
+
+    pub(crate) fn poll(&mut self, out: &mut [Wc]) -> usize {
+        let n = out.len().min(self.ring.len());
+        for (slot, wc) in out.iter_mut().zip(self.ring.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+}

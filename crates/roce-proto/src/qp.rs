@@ -1,0 +1,400 @@
+//! QP context: send queue (WQE ring preallocated at create time), receive queue, requester hot state, responder
+//! state, timers and counters. The protocol logic lives in `requester.rs` / `responder.rs` (`impl Engine`).
+
+use core::fmt;
+use std::collections::VecDeque;
+
+use crate::cc::RateController;
+use crate::mr::MrRef;
+use crate::stats::Counters;
+use crate::time::Instant;
+use crate::timer::{QpTimers, TimerKind};
+use crate::verbs::{
+    CqHandle, PdHandle, QpAttr, QpCap, QpState, QpType, Rkey, SendFlags, SendOp, UdDest, WcStatus,
+};
+use crate::wire::TxTemplate;
+use crate::{Psn, Qpn};
+
+/// A send WQE slot. SGEs and inline bytes live in the queue's flat preallocated arrays.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) flags: SendFlags,
+    pub(crate) signaled: bool,
+    /// Message length in bytes.
+    pub(crate) len: u64,
+    pub(crate) nsge: u16,
+    /// Payload is in the inline area (captured at post time).
+    pub(crate) inline: bool,
+    pub(crate) ud: Option<UdDest>,
+    /// Local error detected at post time, reported when the requester reaches the WQE (V3).
+    pub(crate) local_err: Option<WcStatus>,
+    /// PSN of the first packet (assigned when the WQE is first started).
+    pub(crate) first_psn: Psn,
+    /// PSNs the WQE occupies (packets; for READ the response packets).
+    pub(crate) npsn: u32,
+    pub(crate) started: bool,
+    /// READ: bytes placed so far; atomic: 8 once the ATOMIC ACK arrived.
+    pub(crate) rcvd: u64,
+    /// READ/atomic: all responses received.
+    pub(crate) resp_done: bool,
+}
+
+impl SendWqe {
+    pub(crate) const EMPTY: SendWqe = SendWqe {
+        wr_id: 0,
+        op: SendOp::Send,
+        flags: SendFlags::EMPTY,
+        signaled: false,
+        len: 0,
+        nsge: 0,
+        inline: false,
+        ud: None,
+        local_err: None,
+        first_psn: Psn::new(0),
+        npsn: 0,
+        started: false,
+        rcvd: 0,
+        resp_done: false,
+    };
+
+    /// PSN of the last packet.
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn + self.npsn.saturating_sub(1)
+    }
+}
+
+/// A resolved SGE: a checked MR reference and a length.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seg {
+    pub(crate) mr: MrRef,
+    pub(crate) len: u32,
+}
+
+pub(crate) const NO_SEG: Seg = Seg {
+    mr: MrRef {
+        slot: u32::MAX,
+        offset: 0,
+    },
+    len: 0,
+};
+
+/// Send queue: a ring of `cap` WQEs with free-running indices `head ≤ cur ≤ tail`.
+#[derive(Debug)]
+pub(crate) struct SendQueue {
+    pub(crate) wqes: Vec<SendWqe>,
+    pub(crate) segs: Vec<Seg>,
+    pub(crate) inline: Vec<u8>,
+    pub(crate) cap: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) max_inline: u32,
+    /// Oldest WQE not yet completed.
+    pub(crate) head: u32,
+    /// WQE the requester is segmenting (or next to start).
+    pub(crate) cur: u32,
+    /// Next free slot.
+    pub(crate) tail: u32,
+}
+
+impl SendQueue {
+    pub(crate) fn new(cap: u32, max_sge: u32, max_inline: u32) -> Self {
+        SendQueue {
+            wqes: vec![SendWqe::EMPTY; cap as usize],
+            segs: vec![NO_SEG; (cap * max_sge.max(1)) as usize],
+            inline: vec![0; (cap * max_inline) as usize],
+            cap,
+            max_sge: max_sge.max(1),
+            max_inline,
+            head: 0,
+            cur: 0,
+            tail: 0,
+        }
+    }
+    pub(crate) fn slot(&self, idx: u32) -> usize {
+        (idx % self.cap) as usize
+    }
+    pub(crate) fn wqe(&self, idx: u32) -> &SendWqe {
+        &self.wqes[self.slot(idx)]
+    }
+    pub(crate) fn wqe_mut(&mut self, idx: u32) -> &mut SendWqe {
+        let s = self.slot(idx);
+        &mut self.wqes[s]
+    }
+    pub(crate) fn segs(&self, idx: u32) -> &[Seg] {
+        let s = self.slot(idx) * self.max_sge as usize;
+        let n = self.wqe(idx).nsge as usize;
+        &self.segs[s..s + n]
+    }
+    pub(crate) fn inline_bytes(&self, idx: u32) -> &[u8] {
+        let s = self.slot(idx) * self.max_inline as usize;
+        let n = self.wqe(idx).len as usize;
+        &self.inline[s..s + n.min(self.max_inline as usize)]
+    }
+    pub(crate) fn len(&self) -> u32 {
+        self.tail.wrapping_sub(self.head)
+    }
+}
+
+/// A receive WQE slot.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) nsge: u16,
+    pub(crate) len: u64,
+    /// An SGE failed the lkey/bounds/LOCAL_WRITE check at post time.
+    pub(crate) bad: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct RecvQueue {
+    pub(crate) wqes: Vec<RecvWqe>,
+    pub(crate) segs: Vec<Seg>,
+    pub(crate) cap: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) head: u32,
+    pub(crate) tail: u32,
+}
+
+impl RecvQueue {
+    pub(crate) fn new(cap: u32, max_sge: u32) -> Self {
+        RecvQueue {
+            wqes: vec![
+                RecvWqe {
+                    wr_id: 0,
+                    nsge: 0,
+                    len: 0,
+                    bad: false
+                };
+                cap.max(1) as usize
+            ],
+            segs: vec![NO_SEG; (cap.max(1) * max_sge.max(1)) as usize],
+            cap: cap.max(1),
+            max_sge: max_sge.max(1),
+            head: 0,
+            tail: 0,
+        }
+    }
+    pub(crate) fn slot(&self, idx: u32) -> usize {
+        (idx % self.cap) as usize
+    }
+    pub(crate) fn len(&self) -> u32 {
+        self.tail.wrapping_sub(self.head)
+    }
+    pub(crate) fn wqe(&self, idx: u32) -> &RecvWqe {
+        &self.wqes[self.slot(idx)]
+    }
+    pub(crate) fn segs(&self, idx: u32) -> &[Seg] {
+        let s = self.slot(idx) * self.max_sge as usize;
+        &self.segs[s..s + self.wqe(idx).nsge as usize]
+    }
+}
+
+/// Requester hot state: one cache line (STYLE §10 ⑤; rxe `rxe_req_info`/`rxe_comp_info`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReqCtx {
+    /// PSN of the next new packet (`req_psn`).
+    pub(crate) next_psn: Psn,
+    /// Oldest unacknowledged PSN (`comp_psn`), the go-back-N restart point.
+    pub(crate) una_psn: Psn,
+    /// One past the highest PSN ever transmitted (tells retransmissions from first transmissions).
+    pub(crate) high_psn: Psn,
+    /// Packets of the current WQE already emitted in this pass.
+    pub(crate) cur_pkt: u32,
+    /// READ/atomic WQEs started and not completed.
+    pub(crate) rd_atomic_out: u32,
+    /// Packets since the last AckReq.
+    pub(crate) since_ackreq: u32,
+    /// Remaining transport retries / RNR retries (reloaded on progress).
+    pub(crate) retry_left: u8,
+    pub(crate) rnr_left: u8,
+    /// Waiting for the RNR timer: send nothing.
+    pub(crate) rnr_wait: bool,
+}
+
+/// What the responder still has to transmit, in PSN order (ACKs must not overtake READ responses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RespItem {
+    /// ACK (syndrome 0x1F) or NAK/RNR NAK for `psn`.
+    Ack { psn: Psn, syndrome: u8, msn: u32 },
+    /// READ response packets from `psn`, `offset` bytes into resource `res`, up to its end.
+    Read {
+        res: u32,
+        psn: Psn,
+        offset: u64,
+        first: bool,
+    },
+    /// ATOMIC ACKNOWLEDGE.
+    AtomicAck { psn: Psn, orig: u64, msn: u32 },
+}
+
+impl RespItem {
+    pub(crate) fn is_control(&self) -> bool {
+        !matches!(self, RespItem::Read { .. })
+    }
+}
+
+/// A saved READ/atomic request (responder resources, `max_dest_rd_atomic` of them).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RdResource {
+    pub(crate) valid: bool,
+    pub(crate) atomic: bool,
+    pub(crate) psn: Psn,
+    pub(crate) npsn: u32,
+    pub(crate) va: u64,
+    pub(crate) rkey: Rkey,
+    pub(crate) len: u64,
+    pub(crate) mr: MrRef,
+    pub(crate) orig: u64,
+    pub(crate) msn: u32,
+}
+
+/// The message the responder is in the middle of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum InMsg {
+    None,
+    /// SEND: RQ WQE at `rq.head` claimed; bytes placed so far.
+    Send {
+        placed: u64,
+    },
+    /// RDMA WRITE: destination and progress.
+    Write {
+        mr: MrRef,
+        len: u64,
+        placed: u64,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct RespCtx {
+    pub(crate) epsn: Psn,
+    pub(crate) msn: u32,
+    /// A sequence NAK (or RNR NAK) was sent; suppress more until ePSN arrives (rxe `sent_psn_nak`).
+    pub(crate) nak_sent: bool,
+    pub(crate) msg: InMsg,
+    pub(crate) res: Vec<RdResource>,
+    pub(crate) res_next: u32,
+    pub(crate) out: VecDeque<RespItem>,
+    pub(crate) cnp_pending: bool,
+    pub(crate) last_cnp: Option<Instant>,
+    /// Where a UD CNP goes (the source QPN of the CE-marked packet and its addresses).
+    pub(crate) cnp_dest: Option<crate::wire::PeerAddr>,
+    /// The responder moved the QP to ERR; the final NAK is still owed.
+    pub(crate) fatal_nak: Option<(Psn, u8)>,
+}
+
+pub(crate) struct Qp {
+    pub(crate) qpn: Qpn,
+    pub(crate) qp_type: QpType,
+    pub(crate) state: QpState,
+    pub(crate) pd: PdHandle,
+    pub(crate) send_cq: CqHandle,
+    pub(crate) recv_cq: CqHandle,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) cap: QpCap,
+    pub(crate) attr: QpAttr,
+    pub(crate) req: ReqCtx,
+    pub(crate) sq: SendQueue,
+    pub(crate) rq: RecvQueue,
+    pub(crate) resp: RespCtx,
+    pub(crate) timers: QpTimers,
+    pub(crate) counters: Counters,
+    pub(crate) tmpl: Option<TxTemplate>,
+    pub(crate) rate: Box<dyn RateController>,
+    pub(crate) in_ctrl_q: bool,
+    pub(crate) in_data_q: bool,
+    pub(crate) sqd_notified: bool,
+    pub(crate) comm_est: bool,
+}
+
+impl Qp {
+    pub(crate) fn pmtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    /// Whether the requester may send (RTS, or SQD finishing started messages).
+    pub(crate) fn can_send(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+    }
+
+    /// Whether the responder accepts requests.
+    pub(crate) fn can_receive(&self) -> bool {
+        matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        )
+    }
+}
+
+impl fmt::Debug for Qp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// The QP dump (`rocev2 stats --qp`, test failure messages).
+impl fmt::Display for Qp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.req;
+        writeln!(
+            f,
+            "QP {} {:?} state={:?} dest_qp={} pmtu={} timeout={} retry_cnt={} rnr_retry={}",
+            self.qpn,
+            self.qp_type,
+            self.state,
+            self.attr.dest_qp_num,
+            self.pmtu(),
+            self.attr.timeout,
+            self.attr.retry_cnt,
+            self.attr.rnr_retry
+        )?;
+        writeln!(
+            f,
+            "  requester: next_psn={} una_psn={} high_psn={} sq head/cur/tail={}/{}/{} (depth {}) cur_pkt={} \
+             rd_atomic_out={}/{} retry_left={} rnr_left={} rnr_wait={}",
+            r.next_psn,
+            r.una_psn,
+            r.high_psn,
+            self.sq.head,
+            self.sq.cur,
+            self.sq.tail,
+            self.sq.cap,
+            r.cur_pkt,
+            r.rd_atomic_out,
+            self.attr.max_rd_atomic,
+            r.retry_left,
+            r.rnr_left,
+            r.rnr_wait
+        )?;
+        writeln!(
+            f,
+            "  responder: epsn={} msn={} nak_sent={} msg={:?} rq {}/{} (depth {}) pending_out={} cnp_pending={}",
+            self.resp.epsn,
+            self.resp.msn,
+            self.resp.nak_sent,
+            self.resp.msg,
+            self.rq.head,
+            self.rq.tail,
+            self.rq.cap,
+            self.resp.out.len(),
+            self.resp.cnp_pending
+        )?;
+        write!(f, "  timers:")?;
+        for k in [
+            TimerKind::AckTimeout,
+            TimerKind::RnrRetry,
+            TimerKind::Shaper,
+        ] {
+            if let Some(t) = self.timers.get(k) {
+                write!(f, " {k:?}@{t}")?;
+            }
+        }
+        writeln!(f)?;
+        write!(f, "  counters:")?;
+        for (n, v) in self.counters.iter().filter(|(_, v)| *v != 0) {
+            write!(f, " {n}={v}")?;
+        }
+        Ok(())
+    }
+}

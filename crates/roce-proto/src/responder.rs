@@ -1,0 +1,1089 @@
+//! Receive path: frame filtering (ICRC, QPN, P_Key, peer address, opcode/QP type), the responder (ePSN,
+//! duplicates, NAKs, RNR, RDMA WRITE/READ/atomics, receive scatter, UC and UD rules), the notification point (CNP
+//! generation) and the reaction-point hook. Rules: `ROCEV2.md §5`, `§6` (rxe `rxe_recv.c`, `rxe_resp.c`).
+
+use crate::Psn;
+use crate::engine::{Engine, TxKind, TxMeta};
+use crate::mr::MrFault;
+use crate::qp::{InMsg, RdResource, RespItem};
+use crate::time::Instant;
+use crate::verbs::{
+    AccessFlags, AsyncEvent, AsyncEventType, QpState, QpType, Rkey, Wc, WcFlags, WcOpcode, WcStatus,
+};
+use crate::wire::{self, Ext, ParseError, PeerAddr, RxPkt, TxHdr, op};
+
+/// AETH syndromes (`ROCEV2.md §4.3`).
+const SYN_ACK: u8 = 0x1F;
+const NAK_SEQ: u8 = 0x60;
+const NAK_INV_REQ: u8 = 0x61;
+const NAK_REM_ACCESS: u8 = 0x62;
+const NAK_REM_OP: u8 = 0x63;
+
+/// Largest RETH DMA length accepted (2^31, S06).
+const MAX_DMA_LEN: u32 = 1 << 31;
+
+/// Outcome of executing one request packet.
+enum Exec {
+    /// Executed; ePSN advances by this many PSNs; `msg_end` closes a message (MSN += 1).
+    Done { psns: u32, msg_end: bool },
+    /// No receive WR: RNR NAK.
+    Rnr,
+    /// Class A/C error: NAK with this syndrome and move the QP to ERR (receive WR, if any, completes with `wc`).
+    Fatal { syndrome: u8, wc: Option<WcStatus> },
+    /// Silently dropped (counted by the caller).
+    Drop,
+}
+
+impl Engine {
+    /// Input: one received Ethernet frame. Never panics on any input; malformed, misaddressed or corrupted frames
+    /// are dropped and counted (S20). ICRC is verified with the variant fields masked.
+    pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
+        let pkt = match wire::parse(frame) {
+            Ok(p) => p,
+            Err(ParseError::BadIcrc) => {
+                self.stats.rx_icrc_encapsulated += 1;
+                return;
+            }
+            Err(ParseError::Malformed) => {
+                self.stats.drop_malformed += 1;
+                return;
+            }
+        };
+        if !self.cfg.gids.contains(&pkt.dst_gid) {
+            self.stats.drop_wrong_dest_ip += 1;
+            return;
+        }
+        if pkt.tver != 0 {
+            self.stats.drop_bad_tver += 1;
+            return;
+        }
+        // P_Key: one table entry 0xFFFF (full member); match = equal low 15 bits (`ROCEV2.md §2.2`).
+        if pkt.pkey & 0x7FFF != 0x7FFF {
+            self.stats.drop_pkey_mismatch += 1;
+            return;
+        }
+        let Some(i) = self.qidx(pkt.dest_qp) else {
+            self.stats.drop_unknown_qp += 1;
+            return;
+        };
+        if pkt.opcode == op::CNP {
+            self.on_cnp(i, &pkt, now);
+            return;
+        }
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        let class = pkt.opcode >> 5;
+        let type_ok = match qp.qp_type {
+            QpType::Rc => class == 0 && op::is_valid_rc(pkt.opcode),
+            QpType::Uc => class == 1 && op::is_valid_uc(pkt.opcode),
+            QpType::Ud => pkt.opcode == op::UD_SEND_ONLY || pkt.opcode == op::UD_SEND_ONLY_IMM,
+        };
+        if !type_ok {
+            self.stats.drop_bad_opcode += 1;
+            qp.counters.drop_bad_opcode += 1;
+            return;
+        }
+        if !qp.can_receive() {
+            self.stats.drop_unknown_qp += 1;
+            qp.counters.drop_unknown_qp += 1;
+            return;
+        }
+        if qp.qp_type != QpType::Ud {
+            let sgid = self
+                .cfg
+                .gids
+                .get(qp.attr.ah_attr.sgid_index as usize)
+                .copied();
+            if pkt.src_gid != qp.attr.ah_attr.dgid || Some(pkt.dst_gid) != sgid {
+                self.stats.drop_wrong_peer += 1;
+                qp.counters.drop_wrong_peer += 1;
+                return;
+            }
+        }
+        self.stats.rcvd_pkts += 1;
+        self.stats.rcvd_bytes += frame.len() as u64;
+        qp.counters.rcvd_pkts += 1;
+        qp.counters.rcvd_bytes += frame.len() as u64;
+        if qp.state == QpState::Rtr && !qp.comm_est {
+            qp.comm_est = true;
+            self.events.push_back(AsyncEvent {
+                event_type: AsyncEventType::CommEst,
+                qpn: Some(qp.qpn),
+                cq: None,
+            });
+        }
+        // Notification point: CE → at most one CNP per QP per interval; ECT-only traffic never triggers one (S18).
+        if pkt.ecn == wire::ECN_CE {
+            self.stats.np_ecn_marked_roce_packets += 1;
+            qp.counters.np_ecn_marked_roce_packets += 1;
+            let due = qp
+                .resp
+                .last_cnp
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.cfg.cnp_interval);
+            if due && !qp.resp.cnp_pending {
+                qp.resp.cnp_pending = true;
+                qp.resp.last_cnp = Some(now);
+                let src_qp = match (qp.qp_type, pkt.ext.deth) {
+                    (QpType::Ud, Some((_, q))) => q,
+                    _ => qp.attr.dest_qp_num,
+                };
+                qp.resp.cnp_dest = Some(PeerAddr {
+                    qpn: src_qp,
+                    mac: pkt.src_mac,
+                    gid: pkt.src_gid,
+                });
+            }
+        }
+        if op::is_response(pkt.opcode) {
+            self.on_response(i, &pkt, now);
+        } else {
+            match self.qps[i].as_deref().map(|q| q.qp_type) {
+                Some(QpType::Ud) => self.on_ud_request(i, &pkt),
+                Some(QpType::Uc) => self.on_uc_request(i, &pkt),
+                Some(QpType::Rc) => self.on_rc_request(i, &pkt),
+                None => {}
+            }
+        }
+        self.kick(i);
+    }
+
+    fn on_cnp(&mut self, i: usize, _pkt: &RxPkt<'_>, now: Instant) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        self.stats.rp_cnp_handled += 1;
+        self.stats.rcvd_pkts += 1;
+        qp.counters.rp_cnp_handled += 1;
+        qp.counters.rcvd_pkts += 1;
+        qp.rate.on_cnp(now);
+    }
+
+    /// Queues an ACK for `psn`, coalescing with an ACK already waiting at the back (`ROCEV2.md §5`).
+    fn queue_ack(&mut self, i: usize, psn: Psn) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        let msn = qp.resp.msn;
+        if let Some(RespItem::Ack {
+            psn: p,
+            syndrome: SYN_ACK,
+            msn: m,
+        }) = qp.resp.out.back_mut()
+        {
+            *p = psn;
+            *m = msn;
+            return;
+        }
+        qp.resp.out.push_back(RespItem::Ack {
+            psn,
+            syndrome: SYN_ACK,
+            msn,
+        });
+    }
+
+    fn queue_nak(&mut self, i: usize, psn: Psn, syndrome: u8) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        let msn = qp.resp.msn;
+        qp.resp.out.push_back(RespItem::Ack { psn, syndrome, msn });
+    }
+
+    /// Class A/C error: the NAK is owed even though the QP goes to ERR; the receive WR in use (if any) completes
+    /// with `wc` first, the rest flush.
+    fn responder_fatal(&mut self, i: usize, psn: Psn, syndrome: u8, wc: Option<WcStatus>) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        qp.resp.fatal_nak = Some((psn, syndrome));
+        qp.counters.resp_nak_sent += 1;
+        self.stats.resp_nak_sent += 1;
+        let qpn = qp.qpn;
+        let ev = if syndrome == NAK_REM_ACCESS {
+            AsyncEventType::QpAccessErr
+        } else {
+            AsyncEventType::QpReqErr
+        };
+        self.events.push_back(AsyncEvent {
+            event_type: ev,
+            qpn: Some(qpn),
+            cq: None,
+        });
+        if let (Some(status), true) = (wc, qp.rq.head != qp.rq.tail) {
+            {
+                let wc = Wc {
+                    wr_id: qp.rq.wqe(qp.rq.head).wr_id,
+                    status,
+                    opcode: WcOpcode::Recv,
+                    qp_num: qpn,
+                    ..Wc::default()
+                };
+                let cq = qp.recv_cq;
+                self.retire_recv(i);
+                self.push_wc(cq, wc);
+            }
+        }
+        self.enter_error(i);
+    }
+
+    fn on_rc_request(&mut self, i: usize, pkt: &RxPkt<'_>) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        let p = pkt.psn;
+        let d = p.diff(qp.resp.epsn);
+        if d > 0 {
+            // Sequence error: one NAK per gap (rxe `sent_psn_nak`).
+            qp.counters.out_of_seq_request += 1;
+            qp.counters.out_of_sequence += 1;
+            self.stats.out_of_seq_request += 1;
+            self.stats.out_of_sequence += 1;
+            if !qp.resp.nak_sent {
+                qp.resp.nak_sent = true;
+                let e = qp.resp.epsn;
+                self.queue_nak(i, e, NAK_SEQ);
+            }
+            return;
+        }
+        if d < 0 {
+            qp.counters.duplicate_request += 1;
+            self.stats.duplicate_request += 1;
+            self.on_duplicate(i, pkt);
+            return;
+        }
+        qp.resp.nak_sent = false;
+        match self.execute(i, pkt) {
+            Exec::Done { psns, msg_end } => {
+                let Some(qp) = self.qps[i].as_deref_mut() else {
+                    return;
+                };
+                qp.resp.epsn = p + psns;
+                if msg_end {
+                    qp.resp.msn = (qp.resp.msn + 1) & 0xFF_FFFF;
+                }
+                let is_rd = matches!(
+                    pkt.opcode,
+                    op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD
+                );
+                if !is_rd {
+                    if pkt.ack_req {
+                        self.queue_ack(i, p);
+                    } else {
+                        qp.counters.ack_deferred += 1;
+                        self.stats.ack_deferred += 1;
+                    }
+                }
+            }
+            Exec::Rnr => {
+                let Some(qp) = self.qps[i].as_deref_mut() else {
+                    return;
+                };
+                qp.counters.send_rnr_err += 1;
+                self.stats.send_rnr_err += 1;
+                // Suppress sequence NAKs for the rest of the rejected message until ePSN arrives again.
+                qp.resp.nak_sent = true;
+                let syn = 0x20 | (qp.attr.min_rnr_timer & 0x1F);
+                self.queue_nak(i, p, syn);
+            }
+            Exec::Fatal { syndrome, wc } => self.responder_fatal(i, p, syndrome, wc),
+            Exec::Drop => {}
+        }
+    }
+
+    /// Duplicate request (`ROCEV2.md §5`): re-ACK SEND/WRITE, replay READ responses from the saved request after
+    /// checking the sub-range, resend saved atomic results (never re-execute).
+    fn on_duplicate(&mut self, i: usize, pkt: &RxPkt<'_>) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        let p = pkt.psn;
+        let pmtu = u64::from(qp.pmtu());
+        match pkt.opcode {
+            op::RDMA_READ_REQUEST => {
+                let Some((va, rkey, len)) = pkt.ext.reth else {
+                    return;
+                };
+                let hit = qp.resp.res.iter().position(|r| {
+                    r.valid && !r.atomic && p.diff(r.psn) >= 0 && p.diff(r.psn + r.npsn.max(1)) < 0
+                });
+                let Some(ri) = hit else {
+                    self.stats.drop_stale_response += 1;
+                    return;
+                };
+                let r = qp.resp.res[ri];
+                let skip = p.diff(r.psn) as u64 * pmtu;
+                let ok = rkey == r.rkey.0
+                    && va == r.va.wrapping_add(skip)
+                    && u64::from(len) == r.len - skip.min(r.len);
+                if !ok {
+                    self.stats.drop_stale_response += 1;
+                    return;
+                }
+                // A replay supersedes any queued stream of the same resource.
+                qp.resp
+                    .out
+                    .retain(|it| !matches!(it, RespItem::Read { res, .. } if *res == ri as u32));
+                qp.resp.out.push_back(RespItem::Read {
+                    res: ri as u32,
+                    psn: p,
+                    offset: skip,
+                    first: true,
+                });
+            }
+            op::COMPARE_SWAP | op::FETCH_ADD => {
+                let hit = qp
+                    .resp
+                    .res
+                    .iter()
+                    .find(|r| r.valid && r.atomic && r.psn == p)
+                    .copied();
+                if let Some(r) = hit {
+                    qp.resp.out.push_back(RespItem::AtomicAck {
+                        psn: p,
+                        orig: r.orig,
+                        msn: r.msn,
+                    });
+                }
+            }
+            _ => {
+                let e = qp.resp.epsn - 1;
+                self.queue_ack(i, e);
+            }
+        }
+    }
+
+    /// Executes an in-sequence RC request packet.
+    fn execute(&mut self, i: usize, pkt: &RxPkt<'_>) -> Exec {
+        let Engine {
+            qps,
+            mrs,
+            cqs,
+            stats,
+            events,
+            ..
+        } = self;
+        let _ = (&cqs, &events);
+        let Some(qp) = qps[i].as_deref_mut() else {
+            return Exec::Drop;
+        };
+        let pmtu = u64::from(qp.pmtu());
+        let plen = pkt.payload.len() as u64;
+        let o = pkt.opcode & 0x1F;
+        let pos = op::position(o);
+        // Opcode sequence (`ROCEV2.md §5`): MIDDLE/LAST continue the open message of the same kind, everything else
+        // starts a new one and needs none open.
+        let open = qp.resp.msg;
+        let seq_ok = match (pos, open) {
+            (op::Pos::Middle | op::Pos::Last, InMsg::Send { .. }) => op::is_send(o),
+            (op::Pos::Middle | op::Pos::Last, InMsg::Write { .. }) => op::is_write(o),
+            (op::Pos::Middle | op::Pos::Last, InMsg::None) => false,
+            (_, InMsg::None) => true,
+            _ => false,
+        };
+        if !seq_ok {
+            return Exec::Fatal {
+                syndrome: NAK_INV_REQ,
+                wc: None,
+            };
+        }
+        // Lengths (S06): FIRST/MIDDLE exactly PMTU, LAST 1..=PMTU, ONLY ≤ PMTU.
+        let len_ok = match pos {
+            op::Pos::First | op::Pos::Middle => plen == pmtu,
+            op::Pos::Last => plen >= 1 && plen <= pmtu,
+            op::Pos::Only => plen <= pmtu,
+        };
+        if !len_ok {
+            return Exec::Fatal {
+                syndrome: NAK_INV_REQ,
+                wc: None,
+            };
+        }
+        let access = qp.attr.qp_access_flags;
+        match o {
+            op::SEND_FIRST
+            | op::SEND_MIDDLE
+            | op::SEND_LAST
+            | op::SEND_LAST_IMM
+            | op::SEND_ONLY
+            | op::SEND_ONLY_IMM
+            | op::SEND_LAST_INV
+            | op::SEND_ONLY_INV => {
+                let placed = match open {
+                    InMsg::Send { placed } => placed,
+                    _ => {
+                        if qp.rq.head == qp.rq.tail {
+                            return Exec::Rnr;
+                        }
+                        0
+                    }
+                };
+                let h = qp.rq.head;
+                let rw = *qp.rq.wqe(h);
+                if rw.bad {
+                    return Exec::Fatal {
+                        syndrome: NAK_REM_OP,
+                        wc: Some(WcStatus::LocProtErr),
+                    };
+                }
+                if placed + plen > rw.len {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: Some(WcStatus::LocLenErr),
+                    };
+                }
+                crate::requester::scatter(mrs, qp.rq.segs(h), placed, pkt.payload);
+                let total = placed + plen;
+                if matches!(pos, op::Pos::Last | op::Pos::Only) {
+                    let mut wc = Wc {
+                        wr_id: rw.wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::Recv,
+                        byte_len: total as u32,
+                        qp_num: qp.qpn,
+                        src_qp: qp.attr.dest_qp_num,
+                        ..Wc::default()
+                    };
+                    if let Some(imm) = pkt.ext.imm {
+                        wc.imm_data = imm;
+                        wc.wc_flags |= WcFlags::WITH_IMM;
+                    }
+                    if let Some(rkey) = pkt.ext.ieth {
+                        if !mrs.invalidate_rkey(Rkey(rkey), qp.pd) {
+                            return Exec::Fatal {
+                                syndrome: NAK_INV_REQ,
+                                wc: Some(WcStatus::LocProtErr),
+                            };
+                        }
+                        wc.invalidated_rkey = Rkey(rkey);
+                        wc.wc_flags |= WcFlags::WITH_INV;
+                    }
+                    qp.resp.msg = InMsg::None;
+                    qp.counters.rdma_sends += 1;
+                    stats.rdma_sends += 1;
+                    let cq = qp.recv_cq;
+                    self.retire_recv(i);
+                    self.push_wc(cq, wc);
+                    Exec::Done {
+                        psns: 1,
+                        msg_end: true,
+                    }
+                } else {
+                    qp.resp.msg = InMsg::Send { placed: total };
+                    Exec::Done {
+                        psns: 1,
+                        msg_end: false,
+                    }
+                }
+            }
+            op::WRITE_FIRST
+            | op::WRITE_MIDDLE
+            | op::WRITE_LAST
+            | op::WRITE_LAST_IMM
+            | op::WRITE_ONLY
+            | op::WRITE_ONLY_IMM => {
+                let with_imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
+                if with_imm && qp.rq.head == qp.rq.tail {
+                    return Exec::Rnr;
+                }
+                let (mr, len, placed) = match open {
+                    InMsg::Write { mr, len, placed } => (mr, len, placed),
+                    _ => {
+                        let Some((va, rkey, dlen)) = pkt.ext.reth else {
+                            return Exec::Fatal {
+                                syndrome: NAK_INV_REQ,
+                                wc: None,
+                            };
+                        };
+                        if !access.contains(AccessFlags::REMOTE_WRITE) || dlen > MAX_DMA_LEN {
+                            return Exec::Fatal {
+                                syndrome: NAK_INV_REQ,
+                                wc: None,
+                            };
+                        }
+                        match mrs.check_remote(
+                            Rkey(rkey),
+                            qp.pd,
+                            va,
+                            u64::from(dlen),
+                            AccessFlags::REMOTE_WRITE,
+                        ) {
+                            Ok(r) => (r, u64::from(dlen), 0),
+                            Err(_) => {
+                                return Exec::Fatal {
+                                    syndrome: NAK_REM_ACCESS,
+                                    wc: None,
+                                };
+                            }
+                        }
+                    }
+                };
+                let total = placed + plen;
+                let ends = matches!(pos, op::Pos::Last | op::Pos::Only);
+                if total > len || (ends && total != len) {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: None,
+                    };
+                }
+                if plen > 0 {
+                    let dst = mrs.bytes_mut(
+                        crate::mr::MrRef {
+                            slot: mr.slot,
+                            offset: mr.offset + placed as usize,
+                        },
+                        plen as usize,
+                    );
+                    dst.copy_from_slice(pkt.payload);
+                }
+                if ends {
+                    qp.resp.msg = InMsg::None;
+                    qp.counters.rdma_recvs += 1;
+                    stats.rdma_recvs += 1;
+                    if with_imm {
+                        let h = qp.rq.head;
+                        let wc = Wc {
+                            wr_id: qp.rq.wqe(h).wr_id,
+                            status: WcStatus::Success,
+                            opcode: WcOpcode::RecvRdmaWithImm,
+                            byte_len: len as u32,
+                            imm_data: pkt.ext.imm.unwrap_or(0),
+                            qp_num: qp.qpn,
+                            src_qp: qp.attr.dest_qp_num,
+                            wc_flags: WcFlags::WITH_IMM,
+                            ..Wc::default()
+                        };
+                        let cq = qp.recv_cq;
+                        self.retire_recv(i);
+                        self.push_wc(cq, wc);
+                    }
+                    Exec::Done {
+                        psns: 1,
+                        msg_end: true,
+                    }
+                } else {
+                    qp.resp.msg = InMsg::Write {
+                        mr,
+                        len,
+                        placed: total,
+                    };
+                    Exec::Done {
+                        psns: 1,
+                        msg_end: false,
+                    }
+                }
+            }
+            op::RDMA_READ_REQUEST => {
+                let Some((va, rkey, dlen)) = pkt.ext.reth else {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: None,
+                    };
+                };
+                if !access.contains(AccessFlags::REMOTE_READ) || dlen > MAX_DMA_LEN {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: None,
+                    };
+                }
+                let mr = match mrs.check_remote(
+                    Rkey(rkey),
+                    qp.pd,
+                    va,
+                    u64::from(dlen),
+                    AccessFlags::REMOTE_READ,
+                ) {
+                    Ok(r) => r,
+                    Err(
+                        MrFault::BadKey | MrFault::WrongPd | MrFault::OutOfBounds | MrFault::Access,
+                    ) if dlen == 0 => crate::qp::NO_SEG.mr,
+                    Err(_) => {
+                        return Exec::Fatal {
+                            syndrome: NAK_REM_ACCESS,
+                            wc: None,
+                        };
+                    }
+                };
+                let Some(ri) = alloc_resource(&mut qp.resp) else {
+                    // Every resource is still streaming: the requester exceeded our max_dest_rd_atomic. Drop; it
+                    // retries after its timeout.
+                    stats.drop_stale_response += 1;
+                    return Exec::Drop;
+                };
+                release_resource(mrs, &mut qp.resp.res[ri]);
+                let npsn = crate::requester::packets_for(u64::from(dlen), qp.pmtu());
+                if dlen > 0 {
+                    mrs.lease(mr.slot);
+                }
+                qp.resp.res[ri] = RdResource {
+                    valid: true,
+                    atomic: false,
+                    psn: pkt.psn,
+                    npsn,
+                    va,
+                    rkey: Rkey(rkey),
+                    len: u64::from(dlen),
+                    mr,
+                    orig: 0,
+                    msn: (qp.resp.msn + 1) & 0xFF_FFFF,
+                };
+                qp.resp.out.push_back(RespItem::Read {
+                    res: ri as u32,
+                    psn: pkt.psn,
+                    offset: 0,
+                    first: true,
+                });
+                qp.counters.rdma_recvs += 1;
+                stats.rdma_recvs += 1;
+                Exec::Done {
+                    psns: npsn,
+                    msg_end: true,
+                }
+            }
+            op::COMPARE_SWAP | op::FETCH_ADD => {
+                let Some((va, rkey, swap_add, compare)) = pkt.ext.atomic else {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: None,
+                    };
+                };
+                if !access.contains(AccessFlags::REMOTE_ATOMIC) || va % 8 != 0 {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: None,
+                    };
+                }
+                let Ok(mr) = mrs.check_remote(Rkey(rkey), qp.pd, va, 8, AccessFlags::REMOTE_ATOMIC)
+                else {
+                    return Exec::Fatal {
+                        syndrome: NAK_REM_ACCESS,
+                        wc: None,
+                    };
+                };
+                let Some(ri) = alloc_resource(&mut qp.resp) else {
+                    stats.drop_stale_response += 1;
+                    return Exec::Drop;
+                };
+                release_resource(mrs, &mut qp.resp.res[ri]);
+                let cell = mrs.bytes_mut(mr, 8);
+                let mut b = [0u8; 8];
+                b.copy_from_slice(cell);
+                // Remote memory holds the operand in little-endian order (see requester `on_atomic_ack`).
+                let orig = u64::from_le_bytes(b);
+                let new = if o == op::COMPARE_SWAP {
+                    if orig == compare { swap_add } else { orig }
+                } else {
+                    orig.wrapping_add(swap_add)
+                };
+                cell.copy_from_slice(&new.to_le_bytes());
+                let msn = (qp.resp.msn + 1) & 0xFF_FFFF;
+                qp.resp.res[ri] = RdResource {
+                    valid: true,
+                    atomic: true,
+                    psn: pkt.psn,
+                    npsn: 1,
+                    va,
+                    rkey: Rkey(rkey),
+                    len: 8,
+                    mr,
+                    orig,
+                    msn,
+                };
+                qp.resp.out.push_back(RespItem::AtomicAck {
+                    psn: pkt.psn,
+                    orig,
+                    msn,
+                });
+                Exec::Done {
+                    psns: 1,
+                    msg_end: true,
+                }
+            }
+            _ => Exec::Fatal {
+                syndrome: NAK_INV_REQ,
+                wc: None,
+            },
+        }
+    }
+
+    /// UC: no ACK/NAK. A PSN gap drops the partial message; the QP resynchronises at the next FIRST/ONLY.
+    fn on_uc_request(&mut self, i: usize, pkt: &RxPkt<'_>) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        let o = pkt.opcode & 0x1F;
+        let pos = op::position(o);
+        if pkt.psn != qp.resp.epsn {
+            // Drop what was open (the receive WR stays posted) and resync only on a message start.
+            qp.resp.msg = InMsg::None;
+            if !matches!(pos, op::Pos::First | op::Pos::Only) {
+                qp.counters.drop_uc_out_of_seq += 1;
+                self.stats.drop_uc_out_of_seq += 1;
+                qp.resp.epsn = pkt.psn + 1;
+                return;
+            }
+            qp.counters.out_of_sequence += 1;
+            self.stats.out_of_sequence += 1;
+            qp.resp.epsn = pkt.psn;
+        }
+        if matches!(pos, op::Pos::Middle | op::Pos::Last) && qp.resp.msg == InMsg::None {
+            qp.counters.drop_uc_out_of_seq += 1;
+            self.stats.drop_uc_out_of_seq += 1;
+            qp.resp.epsn = pkt.psn + 1;
+            return;
+        }
+        if matches!(pos, op::Pos::First | op::Pos::Only) {
+            qp.resp.msg = InMsg::None;
+        }
+        match self.execute(i, pkt) {
+            Exec::Done { psns, msg_end } => {
+                let Some(qp) = self.qps[i].as_deref_mut() else {
+                    return;
+                };
+                qp.resp.epsn = pkt.psn + psns;
+                if msg_end {
+                    qp.resp.msn = (qp.resp.msn + 1) & 0xFF_FFFF;
+                }
+            }
+            Exec::Fatal {
+                wc: Some(status), ..
+            } if status != WcStatus::LocLenErr => {
+                // A local protection error on the receive WR is a local error: complete it, QP to ERR.
+                self.responder_local_error(i, status);
+            }
+            Exec::Rnr | Exec::Fatal { .. } | Exec::Drop => {
+                let Some(qp) = self.qps[i].as_deref_mut() else {
+                    return;
+                };
+                qp.resp.msg = InMsg::None;
+                qp.resp.epsn = pkt.psn + 1;
+                qp.counters.drop_uc_out_of_seq += 1;
+                self.stats.drop_uc_out_of_seq += 1;
+            }
+        }
+    }
+
+    fn responder_local_error(&mut self, i: usize, status: WcStatus) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        if qp.rq.head != qp.rq.tail {
+            let wc = Wc {
+                wr_id: qp.rq.wqe(qp.rq.head).wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                qp_num: qp.qpn,
+                ..Wc::default()
+            };
+            let cq = qp.recv_cq;
+            self.retire_recv(i);
+            self.push_wc(cq, wc);
+        }
+        self.enter_error(i);
+    }
+
+    /// UD receive (`ROCEV2.md §5`, S07, S17): Q_Key check; a 40-byte GRH area precedes the payload in the receive
+    /// buffer (IPv4: the IPv4 header in its last 20 bytes); too-large payloads are dropped and counted, the QP stays
+    /// in RTS and the receive WR stays posted.
+    fn on_ud_request(&mut self, i: usize, pkt: &RxPkt<'_>) {
+        let Engine {
+            qps, mrs, stats, ..
+        } = self;
+        let Some(qp) = qps[i].as_deref_mut() else {
+            return;
+        };
+        let Some((qkey, src_qp)) = pkt.ext.deth else {
+            stats.drop_malformed += 1;
+            return;
+        };
+        if qkey != qp.attr.qkey {
+            stats.drop_qkey_mismatch += 1;
+            qp.counters.drop_qkey_mismatch += 1;
+            return;
+        }
+        if qp.rq.head == qp.rq.tail {
+            stats.drop_ud_no_recv += 1;
+            qp.counters.drop_ud_no_recv += 1;
+            return;
+        }
+        let h = qp.rq.head;
+        let rw = *qp.rq.wqe(h);
+        let total = pkt.payload.len() as u64 + 40;
+        if total > rw.len {
+            stats.drop_ud_too_long += 1;
+            qp.counters.drop_ud_too_long += 1;
+            return;
+        }
+        if rw.bad {
+            self.responder_local_error(i, WcStatus::LocProtErr);
+            return;
+        }
+        let mut grh = [0u8; 40];
+        let ih = pkt.ip_header;
+        if ih.len() == 20 {
+            grh[20..].copy_from_slice(ih);
+        } else if ih.len() == 40 {
+            grh.copy_from_slice(ih);
+        }
+        crate::requester::scatter(mrs, qp.rq.segs(h), 0, &grh);
+        crate::requester::scatter(mrs, qp.rq.segs(h), 40, pkt.payload);
+        let mut wc = Wc {
+            wr_id: rw.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: total as u32,
+            qp_num: qp.qpn,
+            src_qp,
+            wc_flags: WcFlags::GRH,
+            ..Wc::default()
+        };
+        if let Some(imm) = pkt.ext.imm {
+            wc.imm_data = imm;
+            wc.wc_flags |= WcFlags::WITH_IMM;
+        }
+        qp.counters.rdma_sends += 1;
+        stats.rdma_sends += 1;
+        let cq = qp.recv_cq;
+        self.retire_recv(i);
+        self.push_wc(cq, wc);
+    }
+
+    /// Emits one control frame for QP index `i`: the fatal NAK, a CNP, or the queued ACK/NAK/ATOMIC ACK.
+    pub(crate) fn emit_control(
+        &mut self,
+        i: usize,
+        _now: Instant,
+        buf: &mut [u8],
+    ) -> Result<Option<TxMeta>, ()> {
+        let ip_id = self.ip_id.wrapping_add(1);
+        let cnp_dscp = self.cfg.cnp_dscp;
+        let mac = self.cfg.mac;
+        let Engine { qps, cfg, .. } = self;
+        let Some(qp) = qps[i].as_deref_mut() else {
+            return Ok(None);
+        };
+        let Some(tmpl) = qp.tmpl.as_ref() else {
+            qp.resp.cnp_pending = false;
+            qp.resp.fatal_nak = None;
+            qp.resp.out.clear();
+            return Ok(None);
+        };
+        let rc = qp.qp_type == QpType::Rc;
+        let mut hdr = TxHdr {
+            opcode: op::ACKNOWLEDGE,
+            se: false,
+            mig_req: rc,
+            ack_req: false,
+            becn: false,
+            dest_qp: qp.attr.dest_qp_num,
+            psn: Psn::new(0),
+            ecn: 0,
+            dscp: None,
+        };
+        let mut ext = Ext::default();
+        enum Which {
+            Fatal,
+            Cnp,
+            Item,
+        }
+        let which;
+        let cnp_tmpl;
+        let mut use_tmpl = tmpl;
+        if let Some((psn, syn)) = qp.resp.fatal_nak {
+            hdr.psn = psn;
+            ext.aeth = Some((syn, qp.resp.msn));
+            which = Which::Fatal;
+        } else if qp.state == QpState::Err || qp.state == QpState::Reset {
+            qp.resp.cnp_pending = false;
+            qp.resp.out.clear();
+            return Ok(None);
+        } else if qp.resp.cnp_pending {
+            // CNP (`ROCEV2.md §6`): BECN=1, DestQP = the flow's sender, PSN 0, M=0, 16 zero bytes, DSCP cnp_dscp.
+            hdr.opcode = op::CNP;
+            hdr.mig_req = false;
+            hdr.becn = true;
+            hdr.dscp = Some(cnp_dscp);
+            ext.cnp = true;
+            if let Some(dest) = qp.resp.cnp_dest {
+                hdr.dest_qp = dest.qpn;
+                if qp.qp_type == QpType::Ud {
+                    let sgid = cfg.gids.first().copied().unwrap_or_default();
+                    let av = crate::verbs::AhAttr {
+                        dgid: dest.gid,
+                        dmac: dest.mac,
+                        ..Default::default()
+                    };
+                    cnp_tmpl = wire::TxTemplate::new(mac, sgid, &av, tmpl.sport);
+                    use_tmpl = &cnp_tmpl;
+                }
+            }
+            which = Which::Cnp;
+        } else {
+            match qp.resp.out.front() {
+                Some(RespItem::Ack { psn, syndrome, msn }) => {
+                    hdr.psn = *psn;
+                    ext.aeth = Some((*syndrome, *msn));
+                }
+                Some(RespItem::AtomicAck { psn, orig, msn }) => {
+                    hdr.opcode = op::ATOMIC_ACKNOWLEDGE;
+                    hdr.psn = *psn;
+                    ext.aeth = Some((SYN_ACK, *msn));
+                    ext.atomic_ack = Some(*orig);
+                }
+                _ => return Ok(None),
+            }
+            which = Which::Item;
+        }
+        let need = wire::frame_len(use_tmpl, &hdr, &ext, 0);
+        if buf.len() < need {
+            return Err(());
+        }
+        let len = wire::emit(buf, use_tmpl, tmpl.sport, ip_id, &hdr, &ext, 0, |_| {});
+        let dscp = hdr.dscp.unwrap_or(use_tmpl.dscp());
+        let kind = match which {
+            Which::Fatal => {
+                qp.resp.fatal_nak = None;
+                TxKind::Ack
+            }
+            Which::Cnp => {
+                qp.resp.cnp_pending = false;
+                TxKind::Cnp
+            }
+            Which::Item => {
+                qp.resp.out.pop_front();
+                TxKind::Ack
+            }
+        };
+        let qpn = qp.qpn;
+        self.ip_id = ip_id;
+        Ok(Some(TxMeta {
+            len,
+            qpn,
+            dscp,
+            ecn: hdr.ecn,
+            kind,
+        }))
+    }
+
+    /// Emits the next READ response packet of the item at the front of the QP's response queue (`ROCEV2.md §5`:
+    /// segmented by PMTU; AETH on FIRST/LAST/ONLY; zero-length READ → one RESPONSE ONLY).
+    pub(crate) fn emit_read_response(
+        &mut self,
+        i: usize,
+        buf: &mut [u8],
+    ) -> Result<Option<TxMeta>, ()> {
+        let ip_id = self.ip_id.wrapping_add(1);
+        let Engine { qps, mrs, .. } = self;
+        let Some(qp) = qps[i].as_deref_mut() else {
+            return Ok(None);
+        };
+        let Some(RespItem::Read {
+            res,
+            psn,
+            offset,
+            first,
+        }) = qp.resp.out.front().copied()
+        else {
+            return Ok(None);
+        };
+        let Some(tmpl) = qp.tmpl.as_ref() else {
+            return Ok(None);
+        };
+        let r = qp.resp.res[res as usize];
+        let pmtu = u64::from(qp.pmtu());
+        let remaining = r.len.saturating_sub(offset);
+        let plen = remaining.min(pmtu);
+        let last = remaining <= pmtu;
+        let opcode = match (first, last) {
+            (true, true) => op::READ_RESPONSE_ONLY,
+            (true, false) => op::READ_RESPONSE_FIRST,
+            (false, false) => op::READ_RESPONSE_MIDDLE,
+            (false, true) => op::READ_RESPONSE_LAST,
+        };
+        let hdr = TxHdr {
+            opcode,
+            se: false,
+            mig_req: true,
+            ack_req: false,
+            becn: false,
+            dest_qp: qp.attr.dest_qp_num,
+            psn,
+            ecn: wire::ECN_ECT0,
+            dscp: None,
+        };
+        let mut ext = Ext::default();
+        if opcode != op::READ_RESPONSE_MIDDLE {
+            ext.aeth = Some((SYN_ACK, r.msn));
+        }
+        let need = wire::frame_len(tmpl, &hdr, &ext, plen as usize);
+        if buf.len() < need {
+            return Err(());
+        }
+        let src = crate::mr::MrRef {
+            slot: r.mr.slot,
+            offset: r.mr.offset + offset as usize,
+        };
+        let len = wire::emit(
+            buf,
+            tmpl,
+            tmpl.sport,
+            ip_id,
+            &hdr,
+            &ext,
+            plen as usize,
+            |out| {
+                out.copy_from_slice(mrs.bytes(src, out.len()));
+            },
+        );
+        let dscp = tmpl.dscp();
+        if last {
+            qp.resp.out.pop_front();
+        } else if let Some(RespItem::Read {
+            psn: p,
+            offset: off,
+            first: f,
+            ..
+        }) = qp.resp.out.front_mut()
+        {
+            *p = psn + 1;
+            *off = offset + plen;
+            *f = false;
+        }
+        let qpn = qp.qpn;
+        self.ip_id = ip_id;
+        Ok(Some(TxMeta {
+            len,
+            qpn,
+            dscp,
+            ecn: hdr.ecn,
+            kind: TxKind::ReadResponse,
+        }))
+    }
+}
+
+/// Picks the resource slot for a new READ/atomic: the ring's next slot unless a queued READ stream still uses it.
+fn alloc_resource(resp: &mut crate::qp::RespCtx) -> Option<usize> {
+    let n = resp.res.len();
+    if n == 0 {
+        return None;
+    }
+    for k in 0..n {
+        let ri = (resp.res_next as usize + k) % n;
+        let busy = resp
+            .out
+            .iter()
+            .any(|it| matches!(it, RespItem::Read { res, .. } if *res as usize == ri));
+        if !busy {
+            resp.res_next = ((ri + 1) % n) as u32;
+            return Some(ri);
+        }
+    }
+    None
+}
+
+fn release_resource(mrs: &mut crate::mr::MrTable, r: &mut RdResource) {
+    if r.valid && !r.atomic && r.len > 0 {
+        mrs.release(r.mr.slot);
+    }
+    r.valid = false;
+}

@@ -1,0 +1,113 @@
+//! Counters: plain `u64` fields (STYLE E9), named as operators know them from `rdma statistic` (rxe hw counters,
+//! mlx5 hw counters, S11), plus drop counters by reason. One [`Counters`] per port and one per QP; the port set is
+//! the sum over QPs plus drops that belong to no QP. List them with [`Counters::iter`].
+
+macro_rules! counters {
+    ($( $(#[$m:meta])* $name:ident, )*) => {
+        /// A set of counters. Field names are the exported names.
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct Counters {
+            $( $(#[$m])* pub $name: u64, )*
+        }
+        impl Counters {
+            /// All counter names, in export order.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($name),)*];
+            /// `(name, value)` pairs in export order (for `--stats` and Prometheus).
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+                [$((stringify!($name), self.$name),)*].into_iter()
+            }
+            /// Value of the counter called `name`.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                match name {
+                    $(stringify!($name) => Some(self.$name),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Packets transmitted (rxe `sent_pkts`), including retransmissions, ACKs and CNPs.
+    sent_pkts,
+    /// Packets received and accepted by a QP (rxe `rcvd_pkts`).
+    rcvd_pkts,
+    /// Bytes of transmitted frames.
+    sent_bytes,
+    /// Bytes of received frames handed to a QP.
+    rcvd_bytes,
+    /// Duplicate requests seen by the responder (rxe `duplicate_request`).
+    duplicate_request,
+    /// Requests with PSN ahead of the expected PSN (rxe `out_of_seq_request`).
+    out_of_seq_request,
+    /// RNR NAKs received by the requester (rxe `rcvd_rnr_err`).
+    rcvd_rnr_err,
+    /// RNR NAKs sent by the responder (rxe `send_rnr_err`).
+    send_rnr_err,
+    /// PSN sequence error NAKs received by the requester (rxe `rcvd_seq_err`).
+    rcvd_seq_err,
+    /// Executed requests without AckReq whose ACK was deferred/coalesced (rxe `ack_deferred`).
+    ack_deferred,
+    /// WRs completed with RETRY_EXC_ERR (rxe `retry_exceeded_err`).
+    retry_exceeded_err,
+    /// WRs completed with RNR_RETRY_EXC_ERR (rxe `retry_rnr_exceeded_err`).
+    retry_rnr_exceeded_err,
+    /// Requester retries started (timeouts, sequence NAKs, implied NAKs; rxe `completer_retry_err`).
+    completer_retry_err,
+    /// Error completions of send WRs, except flushes (rxe `send_err`).
+    send_err,
+    /// Link-down events (rxe `link_downed`; the sans-IO engine has no link, stays 0 unless the driver reports).
+    link_downed,
+    /// SEND messages received completely (rxe `rdma_sends` counts send requests; we count received SENDs).
+    rdma_sends,
+    /// RDMA READ/WRITE requests executed by the responder (rxe `rdma_recvs`).
+    rdma_recvs,
+    /// Local ACK timer expirations (mlx5 `local_ack_timeout_err`), one per expiry that retransmits or gives up.
+    local_ack_timeout_err,
+    /// NAK sequence errors received (mlx5 `packet_seq_err`).
+    packet_seq_err,
+    /// Implied NAKs (a response beyond an unanswered READ/atomic, mlx5 `implied_nak_seq_err`).
+    implied_nak_seq_err,
+    /// Received RoCE packets with a bad ICRC (mlx5 `rx_icrc_encapsulated`), dropped silently (S20).
+    rx_icrc_encapsulated,
+    /// CNPs sent by the notification point (mlx5 `np_cnp_sent`).
+    np_cnp_sent,
+    /// CNPs received by the reaction point (mlx5 `rp_cnp_handled`).
+    rp_cnp_handled,
+    /// CE-marked RoCE packets received (mlx5 `np_ecn_marked_roce_packets`).
+    np_ecn_marked_roce_packets,
+    /// Out-of-sequence packets seen (mlx5 `out_of_sequence`, responder side).
+    out_of_sequence,
+    /// Packets retransmitted by go-back-N.
+    retransmitted_pkts,
+    /// NAKs sent with a class A/C error (0x61-0x63).
+    resp_nak_sent,
+    /// Completions lost because a CQ was full (each also raises an `CqErr` async event).
+    cq_overflow,
+    /// `poll_transmit` calls refused because the caller's buffer was too small (nothing consumed, S05).
+    tx_refused,
+    /// Drop: frame is not RoCE v2 (EtherType, IP protocol, UDP port) or is truncated/malformed.
+    drop_malformed,
+    /// Drop: BTH opcode unknown or not valid for the QP type.
+    drop_bad_opcode,
+    /// Drop: TVer != 0.
+    drop_bad_tver,
+    /// Drop: destination QP unknown or in a state that does not accept packets.
+    drop_unknown_qp,
+    /// Drop: IP addresses do not match the connected QP's address vector.
+    drop_wrong_peer,
+    /// Drop: destination IP is not in the GID table.
+    drop_wrong_dest_ip,
+    /// Drop: P_Key mismatch.
+    drop_pkey_mismatch,
+    /// Drop: UD Q_Key mismatch.
+    drop_qkey_mismatch,
+    /// Drop: UD payload larger than the posted receive buffer (S07), QP stays RTS.
+    drop_ud_too_long,
+    /// Drop: UD packet with no receive WR posted.
+    drop_ud_no_recv,
+    /// Drop: UC packet outside the current message (gap; resynchronised at the next FIRST/ONLY).
+    drop_uc_out_of_seq,
+    /// Drop: response or ACK that matched nothing outstanding (stale/duplicate).
+    drop_stale_response,
+}

@@ -1,0 +1,3 @@
+//! In-crate tests with a two-engine harness (`Pair`, after quinn-proto `tests/util.rs`).
+mod pair_tests;
+mod util;

@@ -1,0 +1,344 @@
+//! `Pair`: two engines joined by an in-memory wire with latency, optional loss/CE marking and packet capture, on a
+//! virtual clock (after quinn-proto `tests/util.rs`, STYLE T4).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::*;
+
+/// Direction of a frame on the pair's wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dir {
+    AtoB,
+    BtoA,
+}
+
+pub(crate) type Filter = Box<dyn FnMut(Dir, &mut Vec<u8>) -> bool>;
+
+pub(crate) struct Pair {
+    pub a: Engine,
+    pub b: Engine,
+    pub now: Instant,
+    pub latency: Duration,
+    wire: VecDeque<(Instant, Dir, Vec<u8>)>,
+    /// Returns false to drop a frame; may modify it (CE marking, corruption).
+    pub filter: Filter,
+    pub captured: Vec<(Instant, Dir, Vec<u8>)>,
+    pub tx_buf_len: usize,
+}
+
+pub(crate) const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+pub(crate) const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 2];
+pub(crate) const IP_A: [u8; 4] = [10, 0, 0, 1];
+pub(crate) const IP_B: [u8; 4] = [10, 0, 0, 2];
+
+pub(crate) fn cfg(mac: [u8; 6], ip: [u8; 4], seed: u64) -> EngineConfig {
+    EngineConfig {
+        mac,
+        gids: vec![Gid::from_ipv4(ip)],
+        seed,
+        ..EngineConfig::default()
+    }
+}
+
+impl Pair {
+    pub fn new() -> Pair {
+        Self::with_configs(cfg(MAC_A, IP_A, 1), cfg(MAC_B, IP_B, 2))
+    }
+
+    pub fn with_configs(a: EngineConfig, b: EngineConfig) -> Pair {
+        Pair {
+            a: Engine::new(a),
+            b: Engine::new(b),
+            now: Instant::from_micros(1),
+            latency: Duration::from_micros(1),
+            wire: VecDeque::new(),
+            filter: Box::new(|_, _| true),
+            captured: Vec::new(),
+            tx_buf_len: 9000,
+        }
+    }
+
+    /// Moves every ready frame of both engines onto the wire; returns how many.
+    pub fn transmit(&mut self) -> usize {
+        let mut n = 0;
+        let mut buf = vec![0u8; self.tx_buf_len];
+        for dir in [Dir::AtoB, Dir::BtoA] {
+            loop {
+                let e = if dir == Dir::AtoB {
+                    &mut self.a
+                } else {
+                    &mut self.b
+                };
+                let Some(meta) = e.poll_transmit(self.now, &mut buf) else {
+                    break;
+                };
+                let mut f = buf[..meta.len].to_vec();
+                n += 1;
+                self.captured.push((self.now, dir, f.clone()));
+                if (self.filter)(dir, &mut f) {
+                    self.wire.push_back((self.now + self.latency, dir, f));
+                }
+            }
+        }
+        n
+    }
+
+    /// One step: transmit, deliver what is due, fire due timers. Returns false when nothing can happen any more.
+    pub fn step(&mut self) -> bool {
+        self.transmit();
+        // Deliver frames due now.
+        let mut delivered = false;
+        while let Some((t, _, _)) = self.wire.front() {
+            if *t > self.now {
+                break;
+            }
+            let Some((_, dir, f)) = self.wire.pop_front() else {
+                break;
+            };
+            match dir {
+                Dir::AtoB => self.b.handle_frame(self.now, &f),
+                Dir::BtoA => self.a.handle_frame(self.now, &f),
+            }
+            delivered = true;
+        }
+        if delivered {
+            return true;
+        }
+        self.a.handle_timeout(self.now);
+        self.b.handle_timeout(self.now);
+        if self.transmit() > 0 {
+            return true;
+        }
+        // Advance the clock to the next event.
+        let next = [
+            self.wire.front().map(|w| w.0),
+            self.a.poll_timeout(),
+            self.b.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        match next {
+            Some(t) => {
+                if t > self.now {
+                    self.now = t;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Runs until idle or until `limit` of virtual time has passed since the call.
+    pub fn drive_for(&mut self, limit: Duration) {
+        let end = self.now + limit;
+        let mut guard = 0u64;
+        while self.now <= end && self.step() {
+            guard += 1;
+            assert!(guard < 50_000_000, "livelock");
+        }
+    }
+
+    /// Runs until idle (bounded by 10 s of virtual time).
+    pub fn drive(&mut self) {
+        self.drive_for(Duration::from_secs(10));
+    }
+}
+
+/// One end of a connection set up by [`connect`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct End {
+    pub pd: PdHandle,
+    pub cq: CqHandle,
+    pub qpn: Qpn,
+}
+
+pub(crate) struct ConnOpts {
+    pub qp_type: QpType,
+    pub mtu: Mtu,
+    pub cap: QpCap,
+    pub access: AccessFlags,
+    pub a_psn: Psn,
+    pub b_psn: Psn,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub sq_sig_all: bool,
+}
+
+impl Default for ConnOpts {
+    fn default() -> Self {
+        ConnOpts {
+            qp_type: QpType::Rc,
+            mtu: Mtu::Mtu1024,
+            cap: QpCap {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 256,
+            },
+            access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            a_psn: Psn::new(100),
+            b_psn: Psn::new(5000),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 4,
+            sq_sig_all: true,
+        }
+    }
+}
+
+pub(crate) fn make_qp(e: &mut Engine, o: &ConnOpts) -> End {
+    let pd = e.alloc_pd().unwrap();
+    let cq = e.create_cq(4096).unwrap();
+    let (qpn, _) = e
+        .create_qp(&QpInitAttr {
+            qp_type: o.qp_type,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: o.cap,
+            sq_sig_all: o.sq_sig_all,
+        })
+        .unwrap();
+    End { pd, cq, qpn }
+}
+
+/// RESET→INIT→RTR→RTS for one side of a connected QP.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bring_up(
+    e: &mut Engine,
+    me: End,
+    peer_qpn: Qpn,
+    peer_mac: [u8; 6],
+    peer_ip: [u8; 4],
+    my_psn: Psn,
+    peer_psn: Psn,
+    o: &ConnOpts,
+) {
+    let mut at = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: o.access,
+        qkey: 0x1111_1111,
+        ..QpAttr::default()
+    };
+    let init_mask = if o.qp_type == QpType::Ud {
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY
+    } else {
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
+    };
+    e.modify_qp(me.qpn, &at, init_mask).unwrap();
+    at.qp_state = QpState::Rtr;
+    at.ah_attr = AhAttr {
+        dgid: Gid::from_ipv4(peer_ip),
+        dmac: peer_mac,
+        traffic_class: 26 << 2,
+        ..AhAttr::default()
+    };
+    at.path_mtu = o.mtu;
+    at.dest_qp_num = peer_qpn;
+    at.rq_psn = peer_psn;
+    at.max_dest_rd_atomic = 16;
+    at.min_rnr_timer = o.min_rnr_timer;
+    let rtr_mask = match o.qp_type {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER
+        }
+        QpType::Uc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+        }
+        QpType::Ud => QpAttrMask::STATE,
+    };
+    e.modify_qp(me.qpn, &at, rtr_mask).unwrap();
+    at.qp_state = QpState::Rts;
+    at.sq_psn = my_psn;
+    at.timeout = o.timeout;
+    at.retry_cnt = o.retry_cnt;
+    at.rnr_retry = o.rnr_retry;
+    at.max_rd_atomic = o.max_rd_atomic;
+    let rts_mask = match o.qp_type {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC
+        }
+        _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    };
+    e.modify_qp(me.qpn, &at, rts_mask).unwrap();
+}
+
+pub(crate) fn connect(p: &mut Pair, o: &ConnOpts) -> (End, End) {
+    let ea = make_qp(&mut p.a, o);
+    let eb = make_qp(&mut p.b, o);
+    bring_up(&mut p.a, ea, eb.qpn, MAC_B, IP_B, o.a_psn, o.b_psn, o);
+    bring_up(&mut p.b, eb, ea.qpn, MAC_A, IP_A, o.b_psn, o.a_psn, o);
+    (ea, eb)
+}
+
+/// Registers an MR filled with `fill(i)` bytes.
+pub(crate) fn mr(e: &mut Engine, pd: PdHandle, len: usize, fill: impl Fn(usize) -> u8) -> MrInfo {
+    let buf: Vec<u8> = (0..len).map(fill).collect();
+    e.reg_mr(
+        pd,
+        buf,
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+    )
+    .unwrap()
+}
+
+pub(crate) fn sge(m: &MrInfo, off: u64, len: u32) -> Sge {
+    Sge {
+        addr: m.addr + off,
+        length: len,
+        lkey: m.lkey,
+    }
+}
+
+pub(crate) fn poll_all(e: &mut Engine, cq: CqHandle) -> Vec<Wc> {
+    let mut out = Vec::new();
+    let mut buf = [Wc::default(); 64];
+    loop {
+        let n = e.poll_cq(cq, &mut buf);
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Opcode and PSN of a captured frame (IPv4 only).
+pub(crate) fn bth_of(f: &[u8]) -> (u8, u32, bool) {
+    let b = &f[42..54];
+    (
+        b[0],
+        u32::from_be_bytes([0, b[9], b[10], b[11]]),
+        b[8] & 0x80 != 0,
+    )
+}
