@@ -16,9 +16,11 @@ fn icrc(c: &mut Criterion) {
     for size in ICRC_SIZES {
         let bytes: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
         g.throughput(Throughput::Bytes(size as u64));
-        g.bench_with_input(BenchmarkId::new("crc32fast_raw", size), &bytes, |b, bytes| {
-            b.iter(|| crc32fast::hash(black_box(bytes)))
-        });
+        g.bench_with_input(
+            BenchmarkId::new("crc32fast_raw", size),
+            &bytes,
+            |b, bytes| b.iter(|| crc32fast::hash(black_box(bytes))),
+        );
     }
     g.finish();
 }
