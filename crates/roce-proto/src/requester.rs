@@ -172,7 +172,6 @@ impl Engine {
         now: Instant,
         buf: &mut [u8],
     ) -> Result<Option<TxMeta>, ()> {
-        let ip_id = self.ip_id.wrapping_add(1);
         let Engine {
             qps, mrs, ahs, cfg, ..
         } = self;
@@ -373,6 +372,9 @@ impl Engine {
         };
         // UD packets leave with the QP's own source port.
         let sport = qp.tmpl.as_ref().map_or(tmpl.sport, |t| t.sport);
+        // IPv4 identification = low 16 bits of the PSN: DF is set, so the value is free (RFC 6864), and because the
+        // ID is ICRC-covered this makes every retransmission byte-identical to the original (S05, go-back-N).
+        let ip_id = psn.value() as u16;
         let need = wire::frame_len(tmpl, &hdr, &ext, plen);
         if buf.len() < need {
             return Err(());
@@ -426,7 +428,6 @@ impl Engine {
             self.timers
                 .set(&mut qp.timers, qpn.value(), TimerKind::AckTimeout, now + d);
         }
-        self.ip_id = ip_id;
         let ty = qp.qp_type;
         if last_pkt && ty != QpType::Rc {
             // UC/UD: the WR is complete once its last packet is on the wire.

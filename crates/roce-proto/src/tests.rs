@@ -1,3 +1,4 @@
 //! In-crate tests with a two-engine harness (`Pair`, after quinn-proto `tests/util.rs`).
+mod loss_tests;
 mod pair_tests;
 mod util;

@@ -60,3 +60,398 @@ fn rc_send_happy_path_multi_packet() {
     assert_eq!(p.b.qp_info(b.qpn).unwrap().epsn, Psn::new(106));
     assert_eq!(p.b.counters().rdma_sends, 1);
 }
+
+fn setup(o: &ConnOpts) -> (Pair, End, End, MrInfo, MrInfo) {
+    let mut p = Pair::new();
+    let (a, b) = connect(&mut p, o);
+    let ma = mr(&mut p.a, a.pd, 1 << 16, |i| (i % 251) as u8);
+    let mb = mr(&mut p.b, b.pd, 1 << 16, |i| (i % 13) as u8 ^ 0x5a);
+    (p, a, b, ma, mb)
+}
+
+#[test]
+fn rc_write_read_and_imm() {
+    let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
+    // WRITE 5000 B to b at offset 100.
+    let sg = [sge(&ma, 0, 5000)];
+    let w = SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: mb.addr + 100,
+            rkey: mb.rkey,
+        },
+        &sg,
+    );
+    // WRITE_WITH_IMM consumes a receive WR.
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 77,
+            sg_list: &[],
+        }],
+    )
+    .unwrap();
+    let sg2 = [sge(&ma, 5000, 10)];
+    let wi = SendWr::new(
+        2,
+        SendOp::RdmaWriteWithImm {
+            remote_addr: mb.addr + 6000,
+            rkey: mb.rkey,
+            imm: 0xdead_beef,
+        },
+        &sg2,
+    );
+    // READ 3000 B from b offset 20000 into a offset 30000.
+    let sg3 = [sge(&ma, 30000, 1000), sge(&ma, 40000, 2000)];
+    let r = SendWr::new(
+        3,
+        SendOp::RdmaRead {
+            remote_addr: mb.addr + 20000,
+            rkey: mb.rkey,
+        },
+        &sg3,
+    );
+    p.a.post_send(a.qpn, &[w, wi, r]).unwrap();
+    p.drive();
+    let wa = poll_all(&mut p.a, a.cq);
+    assert_eq!(
+        wa.iter()
+            .map(|w| (w.wr_id, w.status, w.opcode))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success, WcOpcode::RdmaWrite),
+            (2, WcStatus::Success, WcOpcode::RdmaWrite),
+            (3, WcStatus::Success, WcOpcode::RdmaRead)
+        ]
+    );
+    assert_eq!(wa[2].byte_len, 3000);
+    let wb = poll_all(&mut p.b, b.cq);
+    assert_eq!(wb.len(), 1);
+    assert_eq!(
+        (wb[0].wr_id, wb[0].opcode, wb[0].imm_data, wb[0].byte_len),
+        (77, WcOpcode::RecvRdmaWithImm, 0xdead_beef, 10)
+    );
+    assert!(wb[0].wc_flags.contains(WcFlags::WITH_IMM));
+    let bb = p.b.mr_bytes(mb.lkey).unwrap().to_vec();
+    let ab = p.a.mr_bytes(ma.lkey).unwrap().to_vec();
+    assert_eq!(&bb[100..5100], &ab[..5000]);
+    assert_eq!(&bb[6000..6010], &ab[5000..5010]);
+    assert_eq!(&ab[30000..31000], &bb[20000..21000]);
+    assert_eq!(&ab[40000..42000], &bb[21000..23000]);
+    // READ 3000 at PMTU 1024 reserves 3 PSNs: requests at 100..105 (WRITE 5), 105 (IMM), 106 READ → next 109.
+    assert_eq!(p.a.qp_info(a.qpn).unwrap().next_psn, Psn::new(109));
+    assert_eq!(p.b.qp_info(b.qpn).unwrap().epsn, Psn::new(109));
+}
+
+#[test]
+fn rc_atomics_and_replayless_results() {
+    let (mut p, a, _b, ma, mb) = setup(&ConnOpts::default());
+    p.b.mr_write(mb.lkey, 64, &10u64.to_le_bytes()).unwrap();
+    let s1 = [sge(&ma, 0, 8)];
+    let s2 = [sge(&ma, 8, 8)];
+    let s3 = [sge(&ma, 16, 8)];
+    let wrs = [
+        SendWr::new(
+            1,
+            SendOp::AtomicFetchAndAdd {
+                remote_addr: mb.addr + 64,
+                rkey: mb.rkey,
+                add: 5,
+            },
+            &s1,
+        ),
+        SendWr::new(
+            2,
+            SendOp::AtomicCmpAndSwp {
+                remote_addr: mb.addr + 64,
+                rkey: mb.rkey,
+                compare: 15,
+                swap: 99,
+            },
+            &s2,
+        ),
+        SendWr::new(
+            3,
+            SendOp::AtomicCmpAndSwp {
+                remote_addr: mb.addr + 64,
+                rkey: mb.rkey,
+                compare: 15,
+                swap: 1,
+            },
+            &s3,
+        ),
+    ];
+    p.a.post_send(a.qpn, &wrs).unwrap();
+    p.drive();
+    let wa = poll_all(&mut p.a, a.cq);
+    assert_eq!(
+        wa.iter()
+            .map(|w| (w.wr_id, w.status, w.opcode))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success, WcOpcode::FetchAdd),
+            (2, WcStatus::Success, WcOpcode::CompSwap),
+            (3, WcStatus::Success, WcOpcode::CompSwap)
+        ]
+    );
+    let mut v = [0u8; 24];
+    p.a.mr_read(ma.lkey, 0, &mut v).unwrap();
+    let vals: Vec<u64> = v
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(vals, vec![10, 15, 99]);
+    let mut r = [0u8; 8];
+    p.b.mr_read(mb.lkey, 64, &mut r).unwrap();
+    assert_eq!(u64::from_le_bytes(r), 99);
+}
+
+#[test]
+fn send_with_imm_and_inv_and_zero_length() {
+    let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
+    let victim = mr(&mut p.b, b.pd, 64, |_| 0);
+    for id in 0..3 {
+        p.b.post_recv(
+            b.qpn,
+            &[RecvWr {
+                wr_id: 100 + id,
+                sg_list: &[sge(&mb, 0, 4096)],
+            }],
+        )
+        .unwrap();
+    }
+    let s = [sge(&ma, 0, 13)];
+    let wrs = [
+        SendWr::new(1, SendOp::SendWithImm { imm: 42 }, &s),
+        SendWr::new(
+            2,
+            SendOp::SendWithInv {
+                invalidate_rkey: victim.rkey,
+            },
+            &s,
+        ),
+        SendWr::new(3, SendOp::Send, &[]),
+    ];
+    p.a.post_send(a.qpn, &wrs).unwrap();
+    p.drive();
+    let wb = poll_all(&mut p.b, b.cq);
+    assert_eq!(wb.len(), 3);
+    assert_eq!(
+        (wb[0].imm_data, wb[0].wc_flags, wb[0].byte_len),
+        (42, WcFlags::WITH_IMM, 13)
+    );
+    assert_eq!(
+        (wb[1].invalidated_rkey, wb[1].wc_flags),
+        (victim.rkey, WcFlags::WITH_INV)
+    );
+    assert_eq!(wb[2].byte_len, 0);
+    // S14: three messages, three PSNs (zero-length = one ONLY packet, PadCnt 0); S02: 13 B → PadCnt 3.
+    let data: Vec<_> = p
+        .captured
+        .iter()
+        .filter(|c| c.1 == Dir::AtoB)
+        .map(|c| (bth_of(&c.2), c.2[43] >> 4 & 3))
+        .collect();
+    assert_eq!(
+        data.iter().map(|d| (d.0.0, d.0.1, d.1)).collect::<Vec<_>>(),
+        vec![(0x05, 100, 3), (0x17, 101, 3), (0x04, 102, 0)]
+    );
+    // The invalidated rkey no longer grants remote access: a WRITE to it fails with REM_ACCESS_ERR.
+    let w = SendWr::new(
+        4,
+        SendOp::RdmaWrite {
+            remote_addr: victim.addr,
+            rkey: victim.rkey,
+        },
+        &s,
+    );
+    p.a.post_send(a.qpn, &[w]).unwrap();
+    p.drive();
+    let wa = poll_all(&mut p.a, a.cq);
+    assert_eq!(
+        wa.last().map(|w| (w.wr_id, w.status)),
+        Some((4, WcStatus::RemAccessErr))
+    );
+    assert_eq!(p.a.qp_info(a.qpn).unwrap().state, QpState::Err);
+    assert_eq!(p.b.qp_info(b.qpn).unwrap().state, QpState::Err);
+}
+
+#[test]
+fn uc_send_write_and_ud_send() {
+    let o = ConnOpts {
+        qp_type: QpType::Uc,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 5,
+            sg_list: &[sge(&mb, 0, 8192)],
+        }],
+    )
+    .unwrap();
+    let s = [sge(&ma, 0, 3000)];
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(1, SendOp::Send, &s),
+            SendWr::new(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: mb.addr + 10000,
+                    rkey: mb.rkey,
+                },
+                &s,
+            ),
+        ],
+    )
+    .unwrap();
+    p.drive();
+    assert_eq!(poll_all(&mut p.a, a.cq).len(), 2);
+    let wb = poll_all(&mut p.b, b.cq);
+    assert_eq!((wb.len(), wb[0].byte_len), (1, 3000));
+    assert!(
+        p.captured.iter().all(|c| c.1 == Dir::AtoB),
+        "UC sends no ACKs"
+    );
+    assert_eq!(
+        &p.b.mr_bytes(mb.lkey).unwrap()[10000..13000],
+        &p.a.mr_bytes(ma.lkey).unwrap()[..3000]
+    );
+    // READ on UC is a post error.
+    let r = SendWr::new(
+        3,
+        SendOp::RdmaRead {
+            remote_addr: mb.addr,
+            rkey: mb.rkey,
+        },
+        &s,
+    );
+    assert_eq!(
+        p.a.post_send(a.qpn, &[r]).unwrap_err().kind,
+        PostErrorKind::InvalidOpcode
+    );
+
+    // UD.
+    let o = ConnOpts {
+        qp_type: QpType::Ud,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    let ah =
+        p.a.create_ah(
+            a.pd,
+            &AhAttr {
+                dgid: Gid::from_ipv4(IP_B),
+                dmac: MAC_B,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 8,
+            sg_list: &[sge(&mb, 0, 256)],
+        }],
+    )
+    .unwrap();
+    let s = [sge(&ma, 0, 200)];
+    let dest = UdDest {
+        ah,
+        remote_qpn: b.qpn,
+        remote_qkey: 0x1111_1111,
+    };
+    p.a.post_send(
+        a.qpn,
+        &[SendWr::new(1, SendOp::SendWithImm { imm: 7 }, &s)
+            .signaled()
+            .ud(dest)],
+    )
+    .unwrap();
+    p.drive();
+    assert_eq!(poll_all(&mut p.a, a.cq)[0].status, WcStatus::Success);
+    let wb = poll_all(&mut p.b, b.cq);
+    assert_eq!(
+        (wb[0].byte_len, wb[0].src_qp, wb[0].imm_data),
+        (240, a.qpn, 7)
+    );
+    assert!(wb[0].wc_flags.contains(WcFlags::GRH));
+    let bb = p.b.mr_bytes(mb.lkey).unwrap();
+    assert_eq!(
+        bb[20], 0x45,
+        "IPv4 header in the last 20 bytes of the GRH area (S17)"
+    );
+    assert_eq!(&bb[40..240], &p.a.mr_bytes(ma.lkey).unwrap()[..200]);
+}
+
+#[test]
+fn ud_too_long_is_dropped_and_qp_stays_rts() {
+    // S07: RECV buffer 256 B (incl. 40 B GRH area); a 1024 B UD SEND is dropped; the next fitting one is received.
+    let o = ConnOpts {
+        qp_type: QpType::Ud,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    let ah =
+        p.a.create_ah(
+            a.pd,
+            &AhAttr {
+                dgid: Gid::from_ipv4(IP_B),
+                dmac: MAC_B,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 8,
+            sg_list: &[sge(&mb, 0, 256)],
+        }],
+    )
+    .unwrap();
+    let dest = UdDest {
+        ah,
+        remote_qpn: b.qpn,
+        remote_qkey: 0x1111_1111,
+    };
+    let big = [sge(&ma, 0, 1024)];
+    let small = [sge(&ma, 0, 216)];
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(1, SendOp::Send, &big).ud(dest),
+            SendWr::new(2, SendOp::Send, &small).ud(dest),
+        ],
+    )
+    .unwrap();
+    p.drive();
+    let wb = poll_all(&mut p.b, b.cq);
+    assert_eq!(wb.len(), 1);
+    assert_eq!(
+        (wb[0].wr_id, wb[0].byte_len, wb[0].status),
+        (8, 256, WcStatus::Success)
+    );
+    assert_eq!(p.b.counters().drop_ud_too_long, 1);
+    assert_eq!(p.b.qp_info(b.qpn).unwrap().state, QpState::Rts);
+    // Wrong Q_Key: dropped and counted.
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 9,
+            sg_list: &[sge(&mb, 0, 256)],
+        }],
+    )
+    .unwrap();
+    let bad = UdDest {
+        remote_qkey: 0x2222,
+        ..dest
+    };
+    p.a.post_send(a.qpn, &[SendWr::new(3, SendOp::Send, &small).ud(bad)])
+        .unwrap();
+    p.drive();
+    assert_eq!(p.b.counters().drop_qkey_mismatch, 1);
+    assert!(poll_all(&mut p.b, b.cq).is_empty());
+}
