@@ -11,68 +11,73 @@ use crate::{Psn, Qpn};
 pub(crate) const ECN_ECT0: u8 = 0b10;
 pub(crate) const ECN_CE: u8 = 0b11;
 
-/// BTH opcodes (`ROCEV2.md §2.1`); RC values, UC = RC | 0x20.
+/// BTH opcodes as raw bytes for `match` arms, taken from the `roce_wire::Opcode` table (`ROCEV2.md §2.1`); the
+/// classification helpers read the same table (one truth for parse, emit and the engine).
 #[allow(dead_code)]
 pub(crate) mod op {
-    pub(crate) const SEND_FIRST: u8 = 0x00;
-    pub(crate) const SEND_MIDDLE: u8 = 0x01;
-    pub(crate) const SEND_LAST: u8 = 0x02;
-    pub(crate) const SEND_LAST_IMM: u8 = 0x03;
-    pub(crate) const SEND_ONLY: u8 = 0x04;
-    pub(crate) const SEND_ONLY_IMM: u8 = 0x05;
-    pub(crate) const WRITE_FIRST: u8 = 0x06;
-    pub(crate) const WRITE_MIDDLE: u8 = 0x07;
-    pub(crate) const WRITE_LAST: u8 = 0x08;
-    pub(crate) const WRITE_LAST_IMM: u8 = 0x09;
-    pub(crate) const WRITE_ONLY: u8 = 0x0A;
-    pub(crate) const WRITE_ONLY_IMM: u8 = 0x0B;
-    pub(crate) const RDMA_READ_REQUEST: u8 = 0x0C;
-    pub(crate) const READ_RESPONSE_FIRST: u8 = 0x0D;
-    pub(crate) const READ_RESPONSE_MIDDLE: u8 = 0x0E;
-    pub(crate) const READ_RESPONSE_LAST: u8 = 0x0F;
-    pub(crate) const READ_RESPONSE_ONLY: u8 = 0x10;
-    pub(crate) const ACKNOWLEDGE: u8 = 0x11;
-    pub(crate) const ATOMIC_ACKNOWLEDGE: u8 = 0x12;
-    pub(crate) const COMPARE_SWAP: u8 = 0x13;
-    pub(crate) const FETCH_ADD: u8 = 0x14;
-    pub(crate) const SEND_LAST_INV: u8 = 0x16;
-    pub(crate) const SEND_ONLY_INV: u8 = 0x17;
-    pub(crate) const UD_SEND_ONLY: u8 = 0x64;
-    pub(crate) const UD_SEND_ONLY_IMM: u8 = 0x65;
-    pub(crate) const CNP: u8 = 0x81;
+    use roce_wire::{Direction, MsgPosition, OpKind, Opcode, Transport};
+
+    pub(crate) const SEND_FIRST: u8 = Opcode::RC_SEND_FIRST.0;
+    pub(crate) const SEND_MIDDLE: u8 = Opcode::RC_SEND_MIDDLE.0;
+    pub(crate) const SEND_LAST: u8 = Opcode::RC_SEND_LAST.0;
+    pub(crate) const SEND_LAST_IMM: u8 = Opcode::RC_SEND_LAST_WITH_IMMEDIATE.0;
+    pub(crate) const SEND_ONLY: u8 = Opcode::RC_SEND_ONLY.0;
+    pub(crate) const SEND_ONLY_IMM: u8 = Opcode::RC_SEND_ONLY_WITH_IMMEDIATE.0;
+    pub(crate) const WRITE_FIRST: u8 = Opcode::RC_RDMA_WRITE_FIRST.0;
+    pub(crate) const WRITE_MIDDLE: u8 = Opcode::RC_RDMA_WRITE_MIDDLE.0;
+    pub(crate) const WRITE_LAST: u8 = Opcode::RC_RDMA_WRITE_LAST.0;
+    pub(crate) const WRITE_LAST_IMM: u8 = Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE.0;
+    pub(crate) const WRITE_ONLY: u8 = Opcode::RC_RDMA_WRITE_ONLY.0;
+    pub(crate) const WRITE_ONLY_IMM: u8 = Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE.0;
+    pub(crate) const RDMA_READ_REQUEST: u8 = Opcode::RC_RDMA_READ_REQUEST.0;
+    pub(crate) const READ_RESPONSE_FIRST: u8 = Opcode::RC_RDMA_READ_RESPONSE_FIRST.0;
+    pub(crate) const READ_RESPONSE_MIDDLE: u8 = Opcode::RC_RDMA_READ_RESPONSE_MIDDLE.0;
+    pub(crate) const READ_RESPONSE_LAST: u8 = Opcode::RC_RDMA_READ_RESPONSE_LAST.0;
+    pub(crate) const READ_RESPONSE_ONLY: u8 = Opcode::RC_RDMA_READ_RESPONSE_ONLY.0;
+    pub(crate) const ACKNOWLEDGE: u8 = Opcode::RC_ACKNOWLEDGE.0;
+    pub(crate) const ATOMIC_ACKNOWLEDGE: u8 = Opcode::RC_ATOMIC_ACKNOWLEDGE.0;
+    pub(crate) const COMPARE_SWAP: u8 = Opcode::RC_COMPARE_SWAP.0;
+    pub(crate) const FETCH_ADD: u8 = Opcode::RC_FETCH_ADD.0;
+    pub(crate) const SEND_LAST_INV: u8 = Opcode::RC_SEND_LAST_WITH_INVALIDATE.0;
+    pub(crate) const SEND_ONLY_INV: u8 = Opcode::RC_SEND_ONLY_WITH_INVALIDATE.0;
+    pub(crate) const UD_SEND_ONLY: u8 = Opcode::UD_SEND_ONLY.0;
+    pub(crate) const UD_SEND_ONLY_IMM: u8 = Opcode::UD_SEND_ONLY_WITH_IMMEDIATE.0;
+    pub(crate) const CNP: u8 = Opcode::CNP.0;
 
     /// Position of a packet in its message.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub(crate) enum Pos {
-        First,
-        Middle,
-        Last,
-        Only,
-    }
+    pub(crate) type Pos = MsgPosition;
 
-    /// Position of an RC/UC request opcode (low 5 bits).
+    /// Position of an RC/UC opcode (from the table; unknown opcodes count as `Only`).
     pub(crate) fn position(o: u8) -> Pos {
-        match o & 0x1F {
-            SEND_FIRST | WRITE_FIRST => Pos::First,
-            SEND_MIDDLE | WRITE_MIDDLE => Pos::Middle,
-            SEND_LAST | SEND_LAST_IMM | SEND_LAST_INV | WRITE_LAST | WRITE_LAST_IMM => Pos::Last,
-            _ => Pos::Only,
-        }
+        Opcode(o).info().map_or(MsgPosition::Only, |i| i.position)
     }
+    /// SEND family (any transport).
     pub(crate) fn is_send(o: u8) -> bool {
-        matches!(o & 0x1F, 0x00..=0x05 | SEND_LAST_INV | SEND_ONLY_INV)
+        Opcode(o).info().is_some_and(|i| i.kind == OpKind::Send)
     }
+    /// RDMA WRITE family.
     pub(crate) fn is_write(o: u8) -> bool {
-        matches!(o & 0x1F, WRITE_FIRST..=WRITE_ONLY_IMM)
+        Opcode(o)
+            .info()
+            .is_some_and(|i| i.kind == OpKind::RdmaWrite)
     }
+    /// Responder-to-requester opcodes (READ responses, ACKNOWLEDGE, ATOMIC ACKNOWLEDGE).
     pub(crate) fn is_response(o: u8) -> bool {
-        o <= 0x1F && (READ_RESPONSE_FIRST..=ATOMIC_ACKNOWLEDGE).contains(&o)
+        Opcode(o)
+            .info()
+            .is_some_and(|i| i.direction == Direction::Response)
     }
+    /// Known RC opcodes this engine implements (FLUSH and ATOMIC WRITE are not).
     pub(crate) fn is_valid_rc(o: u8) -> bool {
-        matches!(o, 0x00..=0x14 | SEND_LAST_INV | SEND_ONLY_INV)
+        Opcode(o).info().is_some_and(|i| {
+            i.transport == Transport::Rc && !matches!(i.kind, OpKind::Flush | OpKind::AtomicWrite)
+        })
     }
+    /// Known UC opcodes (SEND and RDMA WRITE only).
     pub(crate) fn is_valid_uc(o: u8) -> bool {
-        matches!(o, 0x20..=0x2B)
+        Opcode(o)
+            .info()
+            .is_some_and(|i| i.transport == Transport::Uc)
     }
 }
 
