@@ -1,1 +1,220 @@
-//! roce-link (under construction)
+//! roce-link: the [`Link`] trait that moves whole Ethernet frames between a RoCE v2 engine and a medium, the
+//! deterministic simulated link ([`sim`]), and decorators that wrap any link: fault injection ([`fault::Faulty`])
+//! and pcap capture ([`pcap::Pcap`]).
+//!
+//! # Shape (`STYLE.md` D1–D4)
+//!
+//! The trait is batch-oriented and leaves buffer ownership with the link (smoltcp `phy::Device`, ixy.rs
+//! `rx_batch`/`tx_batch`):
+//!
+//! * **receive**: [`Link::rx_burst`] lends up to `max` received frames, one at a time, to a caller closure
+//!   (`&mut [u8]`, starting at the destination MAC, no FCS). A ring backend (AF_PACKET, AF_XDP) lends its ring
+//!   slot; nothing is copied or allocated per frame.
+//! * **transmit**: [`Link::tx_buf`] borrows the next free transmit buffer (at least [`LinkCaps::mtu`] bytes), the
+//!   engine writes a frame into it (`Engine::poll_transmit(now, buf)`), and [`Link::tx_commit`] queues its first
+//!   `len` bytes. A link that cannot take a frame now answers `tx_buf` with [`LinkError::Busy`]; the driver then
+//!   does not ask the engine for a frame, so back-pressure never costs a PSN (`SCENARIOS.md` S05).
+//!   [`Link::flush`] is the doorbell: one `sendmmsg`, one XDP TX wake-up per burst.
+//! * **time**: the simulated link and the decorators that hold frames report the next instant at which they
+//!   have something to deliver through [`Link::poll_at`]; a driver loop sleeps (or advances virtual time) to the
+//!   minimum of that and the engine's `poll_timeout()`.
+//!
+//! Time is the engine's [`Instant`] (nanoseconds, supplied by the driver); links never read a clock.
+//!
+//! # The `tx_buf` contract
+//!
+//! Between a `tx_buf` and the matching `tx_commit`, calling `tx_buf` again returns **the same buffer with its
+//! contents intact**. Decorators rely on this to look at (and modify) the frame in `tx_commit`. A `tx_buf` that
+//! is never committed is simply reused by the next `tx_buf`.
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod fault;
+pub mod pcap;
+mod pool;
+pub mod sim;
+
+pub use fault::{Fault, FaultConfig, FaultStats, Faulty, GilbertElliott};
+pub use pcap::{Pcap, PcapMode};
+pub use roce_proto::time::Instant;
+pub use sim::{SimConfig, SimNet, SimPort, SimStats};
+
+/// What the backend does about the RoCE v2 ICRC (`STYLE.md` W6, `ROCEV2.md §3`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IcrcCaps {
+    /// The backend verified the ICRC of every frame it delivers (and dropped bad ones); the engine may skip its
+    /// own check.
+    pub rx_verified: bool,
+    /// The backend computes the ICRC of transmitted frames itself; the engine may leave the field unset.
+    pub tx_computed: bool,
+}
+
+/// Capabilities of a link (smoltcp `DeviceCapabilities`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkCaps {
+    /// Largest frame in bytes, **including** the 14-byte Ethernet header (and VLAN tags), excluding the FCS.
+    /// Every buffer returned by [`Link::tx_buf`] is at least this long.
+    pub mtu: usize,
+    /// Largest number of frames the backend handles in one receive burst / one flush.
+    pub max_burst: usize,
+    /// ICRC offloads.
+    pub icrc: IcrcCaps,
+}
+
+/// Errors of [`Link`] operations (`STYLE.md` X1, X2).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// No transmit buffer is free now (ring full, socket would block, injected back-pressure). Nothing was
+    /// consumed; retry after [`Link::flush`] or later.
+    #[error("link busy: no transmit buffer free")]
+    Busy,
+    /// A frame longer than [`LinkCaps::mtu`] (or longer than the buffer it was written into).
+    #[error("frame of {len} bytes exceeds the link MTU of {mtu} bytes")]
+    TooLong {
+        /// Frame length in bytes.
+        len: usize,
+        /// Link MTU in bytes (incl. Ethernet header).
+        mtu: usize,
+    },
+    /// [`Link::tx_commit`] without a preceding [`Link::tx_buf`].
+    #[error("tx_commit without a buffer from tx_buf")]
+    NoTxBuffer,
+    /// An operating-system error of a real backend.
+    #[error("link I/O error")]
+    Io(#[from] std::io::Error),
+    /// Writing a capture record failed.
+    #[error("capture write failed")]
+    Capture(#[from] pcap_file::PcapError),
+}
+
+/// A medium that carries whole Ethernet frames (see the crate docs for the call protocol).
+pub trait Link {
+    /// Capabilities of this link.
+    fn caps(&self) -> LinkCaps;
+
+    /// Lends up to `max` frames that have arrived by `now` to `sink`, one call per frame, in arrival order.
+    /// Returns the number of frames taken from the medium. A decorator may deliver a frame more than once
+    /// (duplication) or deliver frames it held back earlier, so `sink` can be called more often than the
+    /// returned count.
+    fn rx_burst(
+        &mut self,
+        now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<usize, LinkError>;
+
+    /// Borrows the next free transmit buffer (at least [`LinkCaps::mtu`] bytes). [`LinkError::Busy`] is
+    /// back-pressure. Calling it again before [`tx_commit`](Self::tx_commit) returns the same buffer, contents
+    /// intact.
+    fn tx_buf(&mut self, now: Instant) -> Result<&mut [u8], LinkError>;
+
+    /// Queues the first `len` bytes of the buffer from the last [`tx_buf`](Self::tx_buf) as one frame,
+    /// departing at `now`. Errors: [`LinkError::NoTxBuffer`], [`LinkError::TooLong`].
+    fn tx_commit(&mut self, now: Instant, len: usize) -> Result<(), LinkError>;
+
+    /// Pushes queued frames to the medium (the doorbell). Frames a backend could not hand over stay queued.
+    fn flush(&mut self, now: Instant) -> Result<(), LinkError>;
+
+    /// The earliest instant at which this link will have something to do without new input (a frame arrives,
+    /// a held frame is released), if known. Real backends that are driven by readiness return `None`.
+    fn poll_at(&self) -> Option<Instant>;
+
+    /// Convenience: copies `frame` into a transmit buffer and commits it.
+    fn transmit(&mut self, now: Instant, frame: &[u8]) -> Result<(), LinkError> {
+        let mtu = self.caps().mtu;
+        let buf = self.tx_buf(now)?;
+        let Some(dst) = buf.get_mut(..frame.len()) else {
+            return Err(LinkError::TooLong {
+                len: frame.len(),
+                mtu,
+            });
+        };
+        dst.copy_from_slice(frame);
+        self.tx_commit(now, frame.len())
+    }
+}
+
+impl<L: Link + ?Sized> Link for Box<L> {
+    fn caps(&self) -> LinkCaps {
+        (**self).caps()
+    }
+    fn rx_burst(
+        &mut self,
+        now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<usize, LinkError> {
+        (**self).rx_burst(now, max, sink)
+    }
+    fn tx_buf(&mut self, now: Instant) -> Result<&mut [u8], LinkError> {
+        (**self).tx_buf(now)
+    }
+    fn tx_commit(&mut self, now: Instant, len: usize) -> Result<(), LinkError> {
+        (**self).tx_commit(now, len)
+    }
+    fn flush(&mut self, now: Instant) -> Result<(), LinkError> {
+        (**self).flush(now)
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        (**self).poll_at()
+    }
+}
+
+/// The earlier of two optional instants (`None` = never).
+pub fn min_instant(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    //! Golden frames from `shared/spec/vectors.json` and the independent checker `check_pcap.py`.
+    use std::path::PathBuf;
+
+    pub(crate) fn shared() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    /// `(id, frame)` for every golden vector.
+    pub(crate) fn vectors() -> Vec<(String, Vec<u8>)> {
+        let text =
+            std::fs::read_to_string(shared().join("spec/vectors.json")).expect("vectors.json");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        v["vectors"]
+            .as_array()
+            .expect("vectors")
+            .iter()
+            .map(|x| {
+                (
+                    x["id"].as_str().unwrap_or("").to_owned(),
+                    unhex(x["frame_hex"].as_str().expect("hex")),
+                )
+            })
+            .collect()
+    }
+
+    /// Runs `check_pcap.py` on `file`; `None` if python3 is unavailable, else `(exit ok, last line)`.
+    pub(crate) fn check_pcap(file: &std::path::Path) -> Option<(bool, String)> {
+        let out = std::process::Command::new("python3")
+            .arg(shared().join("tools/check_pcap.py"))
+            .arg("--quiet")
+            .arg(file)
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let last = text.lines().last().unwrap_or("").to_owned();
+        Some((out.status.success(), last))
+    }
+}
