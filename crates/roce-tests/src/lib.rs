@@ -1,0 +1,1 @@
+//! roce-tests: harness (being written).
