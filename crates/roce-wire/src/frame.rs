@@ -1,0 +1,427 @@
+//! Whole RoCE v2 frames: Ethernet (+802.1Q) / IPv4 | IPv6 / UDP 4791 / BTH /
+//! extension headers / payload / pad / ICRC (`ROCEV2.md §1`).
+//!
+//! [`RoceRepr::parse`] takes untrusted bytes starting at the destination MAC
+//! and returns a [`ParsedFrame`] with every header field, the payload slice
+//! and the ICRC status. [`RoceRepr::emit`] writes a whole frame, payload via a
+//! closure, ICRC included.
+
+use crate::bth::{self, Bth, BthRepr};
+use crate::eth::{EtherType, EthernetFrame, EthernetRepr};
+use crate::ext::ExtRepr;
+use crate::icrc::{self, ICRC_LEN};
+use crate::ipv4::{self, Ecn, Ipv4Packet, Ipv4Repr};
+use crate::ipv6::{self, Ipv6Packet, Ipv6Repr};
+use crate::udp::{self, ROCE_V2_PORT, UdpPacket, UdpRepr};
+use crate::{Error, Result};
+
+/// The IP header of a RoCE v2 frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpRepr {
+    /// IPv4 (RoCE v2 over IPv4-mapped GIDs).
+    Ipv4(Ipv4Repr),
+    /// IPv6.
+    Ipv6(Ipv6Repr),
+}
+
+impl IpRepr {
+    /// 4 or 6.
+    pub const fn version(&self) -> u8 {
+        match self {
+            IpRepr::Ipv4(_) => 4,
+            IpRepr::Ipv6(_) => 6,
+        }
+    }
+    /// Header length: 20 or 40.
+    pub const fn header_len(&self) -> usize {
+        match self {
+            IpRepr::Ipv4(_) => ipv4::HEADER_LEN,
+            IpRepr::Ipv6(_) => ipv6::HEADER_LEN,
+        }
+    }
+    /// DSCP.
+    pub const fn dscp(&self) -> u8 {
+        match self {
+            IpRepr::Ipv4(r) => r.dscp,
+            IpRepr::Ipv6(r) => r.dscp,
+        }
+    }
+    /// ECN code point.
+    pub const fn ecn(&self) -> Ecn {
+        match self {
+            IpRepr::Ipv4(r) => r.ecn,
+            IpRepr::Ipv6(r) => r.ecn,
+        }
+    }
+    /// Sets the ECN code point.
+    pub fn set_ecn(&mut self, ecn: Ecn) {
+        match self {
+            IpRepr::Ipv4(r) => r.ecn = ecn,
+            IpRepr::Ipv6(r) => r.ecn = ecn,
+        }
+    }
+    /// TTL (IPv4) or hop limit (IPv6).
+    pub const fn hop_limit(&self) -> u8 {
+        match self {
+            IpRepr::Ipv4(r) => r.ttl,
+            IpRepr::Ipv6(r) => r.hop_limit,
+        }
+    }
+    /// The EtherType that carries this header.
+    pub const fn ethertype(&self) -> EtherType {
+        match self {
+            IpRepr::Ipv4(_) => EtherType::IPV4,
+            IpRepr::Ipv6(_) => EtherType::IPV6,
+        }
+    }
+    /// Writes the header for `payload_len` bytes of IP payload.
+    pub(crate) fn emit(&self, buf: &mut [u8], payload_len: usize) {
+        match self {
+            IpRepr::Ipv4(r) => r.emit(&mut Ipv4Packet::new_unchecked(buf), payload_len),
+            IpRepr::Ipv6(r) => r.emit(&mut Ipv6Packet::new_unchecked(buf), payload_len),
+        }
+    }
+}
+
+/// Every header field of a RoCE v2 frame, without the payload bytes
+/// (`ROCEV2.md §1`). `payload_len` excludes the pad and the ICRC.
+///
+/// Invariants checked by [`RoceRepr::check`] (and therefore by `emit`):
+/// `ext` holds exactly the headers the opcode requires; for a known opcode
+/// without payload `payload_len` and the pad count are 0; for a known opcode
+/// with payload the pad count is `(−payload_len) mod 4`; `eth.ethertype`
+/// matches the IP version; the IP length fits 16 bits. Unknown opcodes carry
+/// an opaque payload (everything between BTH and ICRC, pad included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoceRepr {
+    /// Ethernet header.
+    pub eth: EthernetRepr,
+    /// IP header.
+    pub ip: IpRepr,
+    /// UDP header.
+    pub udp: UdpRepr,
+    /// BTH.
+    pub bth: BthRepr,
+    /// Extension headers.
+    pub ext: ExtRepr,
+    /// Payload length in bytes (no pad, no ICRC).
+    pub payload_len: usize,
+}
+
+/// Result of [`RoceRepr::parse`]: all fields plus the payload and the
+/// integrity checks that do not make the frame unparseable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParsedFrame<'a> {
+    /// Header fields.
+    pub repr: RoceRepr,
+    /// The payload (pad and ICRC excluded).
+    pub payload: &'a [u8],
+    /// Offset of the payload in the frame.
+    pub payload_offset: usize,
+    /// The stored ICRC (decoded little-endian, i.e. the CRC value).
+    pub icrc: u32,
+    /// Whether the stored ICRC matches the computed one (always `true` under
+    /// `cfg(fuzzing)`).
+    pub icrc_ok: bool,
+    /// Whether the IPv4 header checksum is right (`true` for IPv6). The
+    /// checksum is masked out of the ICRC, so a bad value does not affect
+    /// `icrc_ok`.
+    pub ip_checksum_ok: bool,
+    /// The raw UDP checksum (0 from every known RoCE sender; not verified).
+    pub udp_checksum: u16,
+    /// Bytes of the frame used (Ethernet header to ICRC end); anything after
+    /// it in the input was Ethernet padding.
+    pub frame_len: usize,
+}
+
+impl ParsedFrame<'_> {
+    /// `Ok(())` if the ICRC is good, else [`Error::BadIcrc`].
+    ///
+    /// # Errors
+    /// [`Error::BadIcrc`].
+    pub fn check_icrc(&self) -> Result<()> {
+        if self.icrc_ok {
+            Ok(())
+        } else {
+            Err(Error::BadIcrc)
+        }
+    }
+}
+
+impl RoceRepr {
+    /// Parses a whole frame from untrusted bytes. Never panics.
+    ///
+    /// The ICRC is located from the IP/UDP lengths, so Ethernet padding after
+    /// it is accepted. ICRC and IPv4 header checksum results are reported in
+    /// the returned value rather than as errors, so a decoder can still show
+    /// the fields of a corrupted frame; receivers must drop frames with
+    /// `icrc_ok == false` (`ROCEV2.md §5`).
+    ///
+    /// # Errors
+    /// * [`Error::Truncated`] — the buffer ends before the Ethernet header, or
+    ///   before the length the IP header announces.
+    /// * [`Error::NotRoce`] — EtherType not IPv4/IPv6, IP protocol not UDP, or
+    ///   UDP destination port ≠ 4791.
+    /// * [`Error::Malformed`] — bad IP version, IPv4 options or fragment, IP
+    ///   and UDP lengths disagree, UDP payload too short for BTH + ICRC or for
+    ///   the opcode's extension headers, TVer ≠ 0, payload on an opcode
+    ///   without payload, pad count ≠ 0 on such an opcode, BTH..pad not a
+    ///   multiple of 4, or pad count larger than the bytes present.
+    ///   (`ROCEV2.md §1.7`, §2.2.)
+    pub fn parse(frame: &[u8]) -> Result<ParsedFrame<'_>> {
+        let ethf = EthernetFrame::new_checked(frame)?;
+        let eth = EthernetRepr::parse(&ethf)?;
+        let ip_off = eth.header_len();
+        let ip_buf = &frame[ip_off..];
+        let (ip, ip_hdr_len, ip_payload, ip_checksum_ok) = match eth.ethertype {
+            EtherType::IPV4 => {
+                let p = Ipv4Packet::new_checked(ip_buf)?;
+                let r = Ipv4Repr::parse(&p)?;
+                if r.protocol != ipv4::PROTOCOL_UDP {
+                    return Err(Error::NotRoce);
+                }
+                let ok = p.verify_checksum();
+                let total = usize::from(p.total_len());
+                (
+                    IpRepr::Ipv4(r),
+                    ipv4::HEADER_LEN,
+                    &ip_buf[ipv4::HEADER_LEN..total],
+                    ok,
+                )
+            }
+            EtherType::IPV6 => {
+                let p = Ipv6Packet::new_checked(ip_buf)?;
+                let r = Ipv6Repr::parse(&p)?;
+                if r.next_header != ipv4::PROTOCOL_UDP {
+                    return Err(Error::NotRoce);
+                }
+                let end = ipv6::HEADER_LEN + usize::from(p.payload_len());
+                (
+                    IpRepr::Ipv6(r),
+                    ipv6::HEADER_LEN,
+                    &ip_buf[ipv6::HEADER_LEN..end],
+                    true,
+                )
+            }
+            _ => return Err(Error::NotRoce),
+        };
+        if ip_payload.len() < udp::HEADER_LEN {
+            return Err(Error::Malformed);
+        }
+        let udpp = UdpPacket::new_unchecked(ip_payload);
+        if udpp.dst_port() != ROCE_V2_PORT {
+            return Err(Error::NotRoce);
+        }
+        if usize::from(udpp.len()) != ip_payload.len() {
+            return Err(Error::Malformed);
+        }
+        let udp = UdpRepr::parse(&udpp)?;
+        let udp_payload = &ip_payload[udp::HEADER_LEN..];
+        if udp_payload.len() < bth::HEADER_LEN + ICRC_LEN {
+            return Err(Error::Malformed);
+        }
+        let bth = BthRepr::parse(&Bth::new_unchecked(udp_payload))?;
+        let transport = &udp_payload[bth::HEADER_LEN..udp_payload.len() - ICRC_LEN];
+        let ext = ExtRepr::parse(bth.opcode, transport).map_err(|_| Error::Malformed)?;
+        let ext_len = ext.byte_len();
+        let body = &transport[ext_len..];
+        let payload_len = match bth.opcode.info() {
+            Some(info) if !info.has_payload() => {
+                if !body.is_empty() || bth.pad_count != 0 {
+                    return Err(Error::Malformed);
+                }
+                0
+            }
+            Some(_) => {
+                let pad = usize::from(bth.pad_count);
+                if body.len() % 4 != 0 || pad > body.len() {
+                    return Err(Error::Malformed);
+                }
+                body.len() - pad
+            }
+            None => body.len(),
+        };
+        let ip_all = &frame[ip_off..];
+        let icrc = icrc::stored(ip_all)?;
+        let icrc_ok = cfg!(fuzzing) || icrc::compute(ip_all)? == icrc;
+        let payload_offset = ip_off + ip_hdr_len + udp::HEADER_LEN + bth::HEADER_LEN + ext_len;
+        Ok(ParsedFrame {
+            repr: RoceRepr {
+                eth,
+                ip,
+                udp,
+                bth,
+                ext,
+                payload_len,
+            },
+            payload: &body[..payload_len],
+            payload_offset,
+            icrc,
+            icrc_ok,
+            ip_checksum_ok,
+            udp_checksum: udpp.checksum(),
+            frame_len: ip_off + ip_hdr_len + ip_payload.len(),
+        })
+    }
+
+    /// Pad bytes after the payload: the BTH pad count for known opcodes, 0 for
+    /// unknown opcodes (their pad is part of the opaque payload).
+    pub fn pad_len(&self) -> usize {
+        if self.bth.opcode.is_known() {
+            usize::from(self.bth.pad_count & 3)
+        } else {
+            0
+        }
+    }
+
+    /// Length of Ethernet + IP + UDP + BTH + extension headers: the payload
+    /// offset in an emitted frame.
+    pub fn header_len(&self) -> usize {
+        self.eth.header_len()
+            + self.ip.header_len()
+            + udp::HEADER_LEN
+            + bth::HEADER_LEN
+            + self.ext.byte_len()
+    }
+
+    /// UDP payload length: BTH + extension headers + payload + pad + ICRC.
+    pub fn udp_payload_len(&self) -> usize {
+        bth::HEADER_LEN + self.ext.byte_len() + self.payload_len + self.pad_len() + ICRC_LEN
+    }
+
+    /// Length of the emitted frame in bytes (no Ethernet minimum padding, no
+    /// FCS).
+    pub fn buffer_len(&self) -> usize {
+        self.header_len() + self.payload_len + self.pad_len() + ICRC_LEN
+    }
+
+    /// Checks the invariants listed on the type.
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] if one does not hold.
+    pub fn check(&self) -> Result<()> {
+        if !self.ext.matches(self.bth.opcode) || self.eth.ethertype != self.ip.ethertype() {
+            return Err(Error::Malformed);
+        }
+        if let Some(info) = self.bth.opcode.info() {
+            let want_pad = if info.has_payload() {
+                ((4 - self.payload_len % 4) % 4) as u8
+            } else {
+                if self.payload_len != 0 {
+                    return Err(Error::Malformed);
+                }
+                0
+            };
+            if self.bth.pad_count != want_pad {
+                return Err(Error::Malformed);
+            }
+        }
+        let ip_len = match self.ip {
+            IpRepr::Ipv4(_) => ipv4::HEADER_LEN + udp::HEADER_LEN + self.udp_payload_len(),
+            IpRepr::Ipv6(_) => udp::HEADER_LEN + self.udp_payload_len(),
+        };
+        if ip_len > usize::from(u16::MAX) {
+            return Err(Error::Malformed);
+        }
+        Ok(())
+    }
+
+    /// Emits the whole frame into `frame[..buffer_len()]`: headers, the
+    /// payload written by `emit_payload` (given exactly `payload_len` bytes),
+    /// zero pad, ICRC. Returns `buffer_len()`. Bytes after it are untouched.
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] if [`check`](Self::check) fails;
+    /// [`Error::Truncated`] if `frame` is shorter than `buffer_len()`.
+    pub fn emit(&self, frame: &mut [u8], emit_payload: impl FnOnce(&mut [u8])) -> Result<usize> {
+        self.check()?;
+        let total = self.buffer_len();
+        if frame.len() < total {
+            return Err(Error::Truncated);
+        }
+        let frame = &mut frame[..total];
+        self.eth
+            .emit(&mut EthernetFrame::new_unchecked(&mut *frame));
+        let ip_off = self.eth.header_len();
+        let udp_off = ip_off + self.ip.header_len();
+        let udp_len = udp::HEADER_LEN + self.udp_payload_len();
+        self.ip.emit(&mut frame[ip_off..], udp_len);
+        self.udp.emit(
+            &mut UdpPacket::new_unchecked(&mut frame[udp_off..]),
+            self.udp_payload_len(),
+        );
+        let bth_off = udp_off + udp::HEADER_LEN;
+        self.bth
+            .emit(&mut Bth::new_unchecked(&mut frame[bth_off..]));
+        let ext_off = bth_off + bth::HEADER_LEN;
+        let pay_off = ext_off + self.ext.emit(&mut frame[ext_off..])?;
+        let pad_off = pay_off + self.payload_len;
+        emit_payload(&mut frame[pay_off..pad_off]);
+        frame[pad_off..total - ICRC_LEN].fill(0);
+        icrc::fill(&mut frame[ip_off..])?;
+        Ok(total)
+    }
+
+    /// [`emit`](Self::emit) with the payload copied from a slice.
+    ///
+    /// # Errors
+    /// As `emit`; [`Error::Malformed`] if `payload.len() != payload_len`.
+    pub fn emit_with_payload(&self, frame: &mut [u8], payload: &[u8]) -> Result<usize> {
+        if payload.len() != self.payload_len {
+            return Err(Error::Malformed);
+        }
+        self.emit(frame, |b| b.copy_from_slice(payload))
+    }
+}
+
+/// A light read-only view of a RoCE v2 frame that already passed
+/// [`RoceRepr::parse`] (or was emitted by this crate): offsets are derived
+/// from the Ethernet and IP version fields only, so the engine can re-read the
+/// BTH or an extension header without re-parsing the whole frame.
+#[derive(Debug, Clone, Copy)]
+pub struct RoceFrame<'a> {
+    frame: &'a [u8],
+    bth_off: usize,
+}
+
+impl<'a> RoceFrame<'a> {
+    /// Wraps a frame, checking only that it is long enough to reach the BTH
+    /// end.
+    ///
+    /// # Errors
+    /// [`Error::Truncated`]; [`Error::NotRoce`] if the EtherType is not IP.
+    pub fn new(frame: &'a [u8]) -> Result<Self> {
+        let eth = EthernetFrame::new_checked(frame)?;
+        let ip_len = match eth.ethertype() {
+            EtherType::IPV4 => ipv4::HEADER_LEN,
+            EtherType::IPV6 => ipv6::HEADER_LEN,
+            _ => return Err(Error::NotRoce),
+        };
+        let bth_off = eth.header_len() + ip_len + udp::HEADER_LEN;
+        if frame.len() < bth_off + bth::HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        Ok(RoceFrame { frame, bth_off })
+    }
+
+    /// Offset of the BTH.
+    pub fn bth_offset(&self) -> usize {
+        self.bth_off
+    }
+
+    /// The BTH view.
+    pub fn bth(&self) -> Bth<&'a [u8]> {
+        Bth::new_unchecked(&self.frame[self.bth_off..])
+    }
+
+    /// Bytes after the BTH (extension headers, payload, pad, ICRC, and any
+    /// Ethernet padding).
+    pub fn after_bth(&self) -> &'a [u8] {
+        &self.frame[self.bth_off + bth::HEADER_LEN..]
+    }
+
+    /// The whole frame.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.frame
+    }
+}

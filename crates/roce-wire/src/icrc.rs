@@ -1,0 +1,241 @@
+//! Invariant CRC (`ROCEV2.md §3`, IBTA Annex A17; Linux
+//! `drivers/infiniband/sw/rxe/rxe_icrc.c`).
+//!
+//! The ICRC is CRC-32 (IEEE 802.3, reflected, as `zlib.crc32`) over
+//!
+//! 1. eight 0xFF bytes standing in for the IB LRH,
+//! 2. the IP header with the variant fields set to all-ones — IPv4: TOS,
+//!    TTL, header checksum; IPv6: traffic class, flow label, hop limit,
+//! 3. the UDP header with the checksum set to all-ones,
+//! 4. the BTH with byte 4 (FECN, BECN, reserved) set to all-ones,
+//! 5. everything after the BTH up to the ICRC (extension headers, payload,
+//!    pad).
+//!
+//! It is stored least-significant byte first. Instead of hashing the eight
+//! 0xFF bytes every time, the hasher starts from the CRC of those bytes,
+//! [`ICRC_SEED`] (rxe starts its raw register from the equivalent pre-folded
+//! 0xDEBB20E3). The masked headers are copied into a stack buffer; nothing is
+//! allocated.
+//!
+//! Every function here takes the *IP packet* — the bytes from the first byte
+//! of the IP header — and locates the ICRC from the IP length fields, never
+//! from the end of the buffer (Ethernet pads short frames to 60 bytes).
+
+use crate::{Error, Result, bth, ipv4, ipv6, udp};
+
+/// Length of the ICRC trailer.
+pub const ICRC_LEN: usize = 4;
+
+/// CRC-32 of eight 0xFF bytes: the hasher state after the LRH stand-in
+/// (`crc32fast::Hasher::new_with_initial(ICRC_SEED)` continues from there).
+pub const ICRC_SEED: u32 = 0x2144_df1c;
+
+const MAX_MASKED: usize = ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN;
+
+/// Where the ICRC-covered bytes of an IP packet are.
+struct Layout {
+    /// Length of IP + UDP + BTH headers (the masked part).
+    hdr_len: usize,
+    /// End of the covered bytes (start of the ICRC) from the IP header start.
+    icrc_off: usize,
+    v6: bool,
+}
+
+fn layout(ip: &[u8]) -> Result<Layout> {
+    let first = *ip.first().ok_or(Error::Truncated)?;
+    let (ip_hdr, ip_end, v6) = match first >> 4 {
+        4 => {
+            let p = ipv4::Ipv4Packet::new_checked(ip)?;
+            if p.header_len() != ipv4::HEADER_LEN {
+                return Err(Error::Malformed);
+            }
+            (ipv4::HEADER_LEN, usize::from(p.total_len()), false)
+        }
+        6 => {
+            let p = ipv6::Ipv6Packet::new_checked(ip)?;
+            (
+                ipv6::HEADER_LEN,
+                ipv6::HEADER_LEN + usize::from(p.payload_len()),
+                true,
+            )
+        }
+        _ => return Err(Error::Malformed),
+    };
+    let hdr_len = ip_hdr + udp::HEADER_LEN + bth::HEADER_LEN;
+    if ip_end < hdr_len + ICRC_LEN {
+        return Err(Error::Malformed);
+    }
+    Ok(Layout {
+        hdr_len,
+        icrc_off: ip_end - ICRC_LEN,
+        v6,
+    })
+}
+
+/// Hashes the masked headers and the rest of the covered bytes.
+fn crc_of(ip: &[u8], l: &Layout) -> u32 {
+    let mut masked = [0u8; MAX_MASKED];
+    let m = &mut masked[..l.hdr_len];
+    m.copy_from_slice(&ip[..l.hdr_len]);
+    let ip_hdr = if l.v6 {
+        // Traffic class + flow label: everything in the first word but the version.
+        m[0] |= 0x0F;
+        m[1] = 0xFF;
+        m[2] = 0xFF;
+        m[3] = 0xFF;
+        m[ipv6::HOP_LIMIT_OFFSET] = 0xFF;
+        ipv6::HEADER_LEN
+    } else {
+        m[ipv4::TOS_OFFSET] = 0xFF;
+        m[ipv4::TTL_OFFSET] = 0xFF;
+        m[ipv4::CHECKSUM_OFFSET] = 0xFF;
+        m[ipv4::CHECKSUM_OFFSET + 1] = 0xFF;
+        ipv4::HEADER_LEN
+    };
+    m[ip_hdr + udp::CHECKSUM_OFFSET] = 0xFF;
+    m[ip_hdr + udp::CHECKSUM_OFFSET + 1] = 0xFF;
+    m[ip_hdr + udp::HEADER_LEN + bth::RESV8A_OFFSET] = 0xFF;
+    let mut h = crc32fast::Hasher::new_with_initial(ICRC_SEED);
+    h.update(m);
+    h.update(&ip[l.hdr_len..l.icrc_off]);
+    h.finalize()
+}
+
+/// Computes the ICRC of an IP packet (IPv4 without options, or IPv6) carrying
+/// UDP + BTH. `ip` starts at the IP header; its length fields say where the
+/// ICRC sits (trailing bytes are ignored). Returns the CRC value; its wire
+/// form is `value.to_le_bytes()`.
+///
+/// # Errors
+/// [`Error::Truncated`] if the buffer is shorter than the IP length says;
+/// [`Error::Malformed`] if the version is not 4/6, IPv4 has options, or the IP
+/// length leaves no room for UDP + BTH + ICRC.
+pub fn compute(ip: &[u8]) -> Result<u32> {
+    let l = layout(ip)?;
+    Ok(crc_of(ip, &l))
+}
+
+/// The ICRC stored in an IP packet (decoded little-endian).
+///
+/// # Errors
+/// As [`compute`].
+pub fn stored(ip: &[u8]) -> Result<u32> {
+    let l = layout(ip)?;
+    let s = &ip[l.icrc_off..l.icrc_off + ICRC_LEN];
+    Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+}
+
+/// Checks the stored ICRC. Under `cfg(fuzzing)` the check always passes so a
+/// fuzzer reaches the transport logic (STYLE W6).
+///
+/// # Errors
+/// [`Error::BadIcrc`] on mismatch; otherwise as [`compute`].
+pub fn verify(ip: &[u8]) -> Result<()> {
+    let l = layout(ip)?;
+    let s = &ip[l.icrc_off..l.icrc_off + ICRC_LEN];
+    let stored = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    if cfg!(fuzzing) || crc_of(ip, &l) == stored {
+        Ok(())
+    } else {
+        Err(Error::BadIcrc)
+    }
+}
+
+/// Computes the ICRC and writes it (little-endian) into its place, as given
+/// by the IP length fields. Returns the value.
+///
+/// # Errors
+/// As [`compute`].
+pub fn fill(ip: &mut [u8]) -> Result<u32> {
+    let l = layout(ip)?;
+    let v = crc_of(ip, &l);
+    ip[l.icrc_off..l.icrc_off + ICRC_LEN].copy_from_slice(&v.to_le_bytes());
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> std::vec::Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    // ROCEV2.md §3 worked example (vector rc_send_only_v4).
+    const FRAME: &str = "0200000000020200000000010800456a003c010040004011b543c0000201c0000202c13212b7002800000400ffff0000001280000000000102030405060708090a0b0c0d0e0f966aa432";
+
+    #[test]
+    fn seed_is_crc_of_eight_ff() {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&[0xFF; 8]);
+        assert_eq!(h.finalize(), ICRC_SEED);
+        // Continuing from the seed equals hashing the prefix.
+        let mut a = crc32fast::Hasher::new();
+        a.update(&[0xFF; 8]);
+        a.update(b"abc");
+        let mut b = crc32fast::Hasher::new_with_initial(ICRC_SEED);
+        b.update(b"abc");
+        assert_eq!(a.finalize(), b.finalize());
+    }
+
+    #[test]
+    fn worked_example() {
+        let f = hex(FRAME);
+        let ip = &f[14..];
+        assert_eq!(compute(ip).unwrap(), 0x32a4_6a96);
+        assert_eq!(stored(ip).unwrap(), 0x32a4_6a96);
+        verify(ip).unwrap();
+        // The pseudo-header of ROCEV2.md §3, hashed with plain zlib-style CRC.
+        let pseudo = hex(concat!(
+            "ffffffffffffffff",
+            "45ff003c01004000ff11ffffc0000201c0000202",
+            "c13212b70028ffff",
+            "0400ffffff00001280000000",
+            "000102030405060708090a0b0c0d0e0f"
+        ));
+        assert_eq!(crc32fast::hash(&pseudo), 0x32a4_6a96);
+    }
+
+    #[test]
+    fn masked_fields_and_padding() {
+        let f = hex(FRAME);
+        let mut ip = f[14..].to_vec();
+        ip[1] = 0x6b; // CE
+        ip[8] = 1; // TTL
+        ip[10] = 0;
+        ip[11] = 0; // IP checksum
+        ip[26] = 0x12; // UDP checksum
+        ip[28 + 4] = 0x40; // BECN
+        ip.extend_from_slice(&[0, 0]); // Ethernet padding after the ICRC
+        verify(&ip).unwrap();
+        ip[5] ^= 1; // IP ID is covered
+        assert_eq!(verify(&ip), Err(Error::BadIcrc));
+    }
+
+    #[test]
+    fn fill_roundtrip() {
+        let f = hex(FRAME);
+        let mut ip = f[14..].to_vec();
+        let n = ip.len();
+        ip[n - 4..].fill(0);
+        assert_eq!(fill(&mut ip).unwrap(), 0x32a4_6a96);
+        assert_eq!(&ip[..], &f[14..]);
+    }
+
+    #[test]
+    fn bad_lengths() {
+        let f = hex(FRAME);
+        let ip = &f[14..];
+        assert_eq!(compute(&ip[..30]), Err(Error::Truncated));
+        assert_eq!(compute(&[]), Err(Error::Truncated));
+        let mut short = ip.to_vec();
+        short[2..4].copy_from_slice(&40u16.to_be_bytes()); // IP length < hdrs + ICRC
+        assert_eq!(compute(&short), Err(Error::Malformed));
+        let mut v5 = ip.to_vec();
+        v5[0] = 0x55;
+        assert_eq!(compute(&v5), Err(Error::Malformed));
+    }
+}

@@ -1,0 +1,240 @@
+//! Per-QP header template (STYLE W8): the Ethernet + IP + UDP + BTH byte image
+//! is built once from reprs; per packet only the BTH opcode, flags (SE,
+//! PadCnt), AckReq and PSN, the IP and UDP lengths and the IPv4 checksum are
+//! patched. The IPv4 checksum is updated incrementally (RFC 1624) from the
+//! template's precomputed value. The caller appends extension headers and
+//! payload, then [`HeaderTemplate::finish`] zeroes the pad and writes the ICRC.
+//!
+//! The output is byte-identical to [`RoceRepr::emit`](crate::RoceRepr::emit)
+//! for the same field values (proptested in this module).
+
+use crate::bth::{self, Bth, BthRepr};
+use crate::eth::{EthernetFrame, EthernetRepr, VLAN_HEADER_LEN};
+use crate::ext::ExtRepr;
+use crate::frame::{IpRepr, RoceRepr};
+use crate::icrc::{self, ICRC_LEN};
+use crate::ipv4::{self, Ipv4Packet};
+use crate::ipv6::{self, Ipv6Packet};
+use crate::opcode::Opcode;
+use crate::udp::{self, UdpPacket, UdpRepr};
+use crate::{Error, Psn, Qpn, Result};
+
+/// Largest template: 802.1Q Ethernet + IPv6 + UDP + BTH = 78 bytes.
+pub const MAX_TEMPLATE_LEN: usize =
+    VLAN_HEADER_LEN + ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN;
+
+/// The per-packet BTH fields a sender chooses. PadCnt is derived from the
+/// payload length; P_Key, M, FECN/BECN and DestQP come from the template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketHeader {
+    /// Opcode.
+    pub opcode: Opcode,
+    /// SE bit.
+    pub solicited: bool,
+    /// AckReq bit.
+    pub ack_req: bool,
+    /// PSN.
+    pub psn: Psn,
+}
+
+/// A precomputed Eth/IP/UDP/BTH image plus the offsets of the per-packet
+/// fields. Cheap to copy (about 100 bytes); build it when a QP reaches RTR/RTS
+/// (or per UD address handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderTemplate {
+    image: [u8; MAX_TEMPLATE_LEN],
+    len: u8,
+    ip_off: u8,
+    udp_off: u8,
+    v6: bool,
+    /// IPv4 total length and checksum stored in the image (base for RFC 1624).
+    base_ip_len: u16,
+    base_ip_csum: u16,
+}
+
+impl HeaderTemplate {
+    /// Builds the image. Fields of `bth` that vary per packet (opcode, SE,
+    /// pad count, AckReq, PSN) are overwritten by [`write_headers`]; the rest
+    /// (P_Key, M, FECN, BECN, DestQP) is kept. `eth.ethertype` is taken from
+    /// the IP version.
+    ///
+    /// [`write_headers`]: HeaderTemplate::write_headers
+    pub fn new(eth: &EthernetRepr, ip: &IpRepr, udp: &UdpRepr, bth: &BthRepr) -> Self {
+        let mut image = [0u8; MAX_TEMPLATE_LEN];
+        let eth = EthernetRepr {
+            ethertype: ip.ethertype(),
+            ..*eth
+        };
+        eth.emit(&mut EthernetFrame::new_unchecked(&mut image[..]));
+        let ip_off = eth.header_len();
+        let udp_off = ip_off + ip.header_len();
+        let bth_off = udp_off + udp::HEADER_LEN;
+        let len = bth_off + bth::HEADER_LEN;
+        // Base lengths: an empty packet (BTH + ICRC).
+        let base_udp_payload = bth::HEADER_LEN + ICRC_LEN;
+        ip.emit(&mut image[ip_off..], udp::HEADER_LEN + base_udp_payload);
+        udp.emit(
+            &mut UdpPacket::new_unchecked(&mut image[udp_off..]),
+            base_udp_payload,
+        );
+        bth.emit(&mut Bth::new_unchecked(&mut image[bth_off..len]));
+        let (v6, base_ip_len, base_ip_csum) = match ip {
+            IpRepr::Ipv4(_) => {
+                let p = Ipv4Packet::new_unchecked(&image[ip_off..]);
+                (false, p.total_len(), p.checksum())
+            }
+            IpRepr::Ipv6(_) => (true, 0, 0),
+        };
+        HeaderTemplate {
+            image,
+            len: len as u8,
+            ip_off: ip_off as u8,
+            udp_off: udp_off as u8,
+            v6,
+            base_ip_len,
+            base_ip_csum,
+        }
+    }
+
+    /// Builds the template from the headers of a whole-frame repr.
+    pub fn from_repr(repr: &RoceRepr) -> Self {
+        Self::new(&repr.eth, &repr.ip, &repr.udp, &repr.bth)
+    }
+
+    /// Length of the image (Ethernet .. BTH end); extension headers start here.
+    pub fn header_len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Offset of the IP header.
+    pub fn ip_offset(&self) -> usize {
+        usize::from(self.ip_off)
+    }
+
+    /// Offset of the BTH.
+    pub fn bth_offset(&self) -> usize {
+        usize::from(self.udp_off) + udp::HEADER_LEN
+    }
+
+    /// The image bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.image[..self.header_len()]
+    }
+
+    /// Pad count for a payload of `payload_len` bytes: `(−len) mod 4`.
+    pub const fn pad_for(payload_len: usize) -> usize {
+        (4 - payload_len % 4) % 4
+    }
+
+    /// Frame length for `ext_len` bytes of extension headers and
+    /// `payload_len` bytes of payload (pad and ICRC included).
+    pub fn frame_len(&self, ext_len: usize, payload_len: usize) -> usize {
+        self.header_len() + ext_len + payload_len + Self::pad_for(payload_len) + ICRC_LEN
+    }
+
+    /// Changes the destination QP in the image (UD: per work request).
+    pub fn set_dest_qp(&mut self, qpn: Qpn) {
+        let off = self.bth_offset();
+        Bth::new_unchecked(&mut self.image[off..]).set_dest_qp(qpn);
+    }
+
+    /// Copies the image into `frame` and patches the per-packet fields.
+    /// Afterwards the caller writes `ext_len` bytes of extension headers at
+    /// `header_len()` and the payload right after them, then calls
+    /// [`finish`](Self::finish). Returns the frame length.
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] if `frame` is shorter than the frame length;
+    /// [`Error::Malformed`] if the lengths do not fit the 16-bit IP/UDP length
+    /// fields.
+    pub fn write_headers(
+        &self,
+        frame: &mut [u8],
+        hdr: &PacketHeader,
+        ext_len: usize,
+        payload_len: usize,
+    ) -> Result<usize> {
+        let total = self.frame_len(ext_len, payload_len);
+        if frame.len() < total {
+            return Err(Error::Truncated);
+        }
+        let hl = self.header_len();
+        let udp_len = total - usize::from(self.udp_off);
+        let ip_total = total - usize::from(self.ip_off);
+        if ip_total > usize::from(u16::MAX) {
+            return Err(Error::Malformed);
+        }
+        frame[..hl].copy_from_slice(&self.image[..hl]);
+        let ip_off = usize::from(self.ip_off);
+        if self.v6 {
+            let mut p = Ipv6Packet::new_unchecked(&mut frame[ip_off..]);
+            p.set_payload_len(udp_len as u16);
+        } else {
+            let mut p = Ipv4Packet::new_unchecked(&mut frame[ip_off..]);
+            let new_len = ip_total as u16;
+            p.set_total_len(new_len);
+            p.set_checksum(ipv4::checksum_update(
+                self.base_ip_csum,
+                self.base_ip_len,
+                new_len,
+            ));
+        }
+        UdpPacket::new_unchecked(&mut frame[usize::from(self.udp_off)..]).set_len(udp_len as u16);
+        let mut b = Bth::new_unchecked(&mut frame[self.bth_offset()..hl]);
+        b.set_opcode(hdr.opcode);
+        b.set_solicited(hdr.solicited);
+        b.set_pad_count(Self::pad_for(payload_len) as u8);
+        b.set_ack_req(hdr.ack_req);
+        b.set_psn(hdr.psn);
+        Ok(total)
+    }
+
+    /// Zeroes the pad bytes (count taken from the BTH in `frame`) and writes
+    /// the ICRC of `frame[..frame_len]`.
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] / [`Error::Malformed`] if `frame` does not hold a
+    /// frame written by [`write_headers`](Self::write_headers) of `frame_len`
+    /// bytes.
+    pub fn finish(&self, frame: &mut [u8], frame_len: usize) -> Result<()> {
+        if frame.len() < frame_len || frame_len < self.header_len() + ICRC_LEN {
+            return Err(Error::Truncated);
+        }
+        let pad = usize::from(Bth::new_unchecked(&frame[self.bth_offset()..]).pad_count());
+        let icrc_off = frame_len - ICRC_LEN;
+        if icrc_off < self.header_len() + pad {
+            return Err(Error::Malformed);
+        }
+        frame[icrc_off - pad..icrc_off].fill(0);
+        icrc::fill(&mut frame[usize::from(self.ip_off)..frame_len])?;
+        Ok(())
+    }
+
+    /// One-call emit: headers, `ext`, payload from `emit_payload` (given
+    /// exactly `payload_len` bytes), pad, ICRC. Returns the frame length.
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] if `ext` does not match `hdr.opcode`, or the
+    /// opcode carries no payload and `payload_len` ≠ 0; otherwise as
+    /// [`write_headers`](Self::write_headers).
+    pub fn emit(
+        &self,
+        frame: &mut [u8],
+        hdr: &PacketHeader,
+        ext: &ExtRepr,
+        payload_len: usize,
+        emit_payload: impl FnOnce(&mut [u8]),
+    ) -> Result<usize> {
+        if !ext.matches(hdr.opcode) || (payload_len != 0 && !hdr.opcode.has_payload()) {
+            return Err(Error::Malformed);
+        }
+        let ext_len = ext.byte_len();
+        let total = self.write_headers(frame, hdr, ext_len, payload_len)?;
+        let hl = self.header_len();
+        ext.emit(&mut frame[hl..hl + ext_len])?;
+        let pay = hl + ext_len;
+        emit_payload(&mut frame[pay..pay + payload_len]);
+        self.finish(frame, total)?;
+        Ok(total)
+    }
+}
