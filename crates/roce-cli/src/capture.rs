@@ -181,11 +181,6 @@ impl CaptureFile {
         Ok(CaptureFile { bytes, format })
     }
 
-    /// The container format.
-    pub fn format(&self) -> Format {
-        self.format
-    }
-
     /// Calls `f` for every packet record in file order; stops at the first damaged
     /// record or block and returns its description.
     pub fn for_each_record(&self, mut f: impl FnMut(Record<'_>)) -> Result<(), RecordError> {

@@ -7,8 +7,10 @@
 //! `perf`, `pingpong` and `stats` will be added as further subcommands.
 
 mod capture;
+mod decode;
 mod link;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -44,35 +46,45 @@ struct DecodeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Decode(args) => {
-            let cap = match capture::CaptureFile::open(&args.file) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("rocev2: {}: {e}", args.file.display());
-                    return ExitCode::from(2);
-                }
-            };
-            let mut n = 0u64;
-            let mut scratch = Vec::new();
-            let walk = cap.for_each_record(|r| {
-                if link::to_ethernet(r.link, r.data, &mut scratch).is_ok() {
-                    n += 1;
-                    println!(
-                        "{n} {:?} {} of {} bytes",
-                        r.timestamp,
-                        r.data.len(),
-                        r.orig_len
-                    );
-                }
-            });
-            eprintln!("{n} frames ({:?}, json={})", cap.format(), args.json);
-            match walk {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("rocev2: {e}");
-                    ExitCode::from(1)
-                }
-            }
+        Command::Decode(args) => decode_cmd(&args),
+    }
+}
+
+/// Exit status: 0 all RoCE packets good; 1 some RoCE packet bad, some packet's link
+/// layer not decodable, or the file damaged after its header; 2 the file cannot be read
+/// at all.
+fn decode_cmd(args: &DecodeArgs) -> ExitCode {
+    let cap = match capture::CaptureFile::open(&args.file) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rocev2: {}: {e}", args.file.display());
+            return ExitCode::from(2);
         }
+    };
+    let format = if args.json {
+        decode::Format::Json
+    } else {
+        decode::Format::Text
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = decode::run(&cap, format, &mut out).and_then(|r| out.flush().map(|()| r));
+    let (summary, damage) = match result {
+        Ok(r) => r,
+        // A closed pipe (`rocev2 decode f | head`) is not an error worth a message.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rocev2: writing output: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    eprintln!("{}", summary.line());
+    if let Some(d) = &damage {
+        eprintln!("rocev2: {}: {d}", args.file.display());
+    }
+    if summary.roce_bad == 0 && summary.link_errors == 0 && damage.is_none() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

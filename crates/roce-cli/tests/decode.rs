@@ -1,0 +1,561 @@
+//! End-to-end tests of `rocev2 decode`, running the built binary.
+//!
+//! Reference material comes from `<workspace root>/../shared` (golden vectors, the
+//! Soft-RoCE capture and the independent checker `check_pcap.py`).
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use pcap_file::DataLink;
+use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
+use pcap_file::pcapng::PcapNgWriter;
+use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+use pcap_file::pcapng::blocks::interface_description::{
+    InterfaceDescriptionBlock, InterfaceDescriptionOption,
+};
+use serde_json::Value;
+
+fn shared() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("decode-{}-{name}", std::process::id()))
+}
+
+fn rocev2(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rocev2"))
+        .args(args)
+        .output()
+        .expect("run rocev2")
+}
+
+fn decode(path: &Path, json: bool) -> Output {
+    let p = path.to_str().expect("utf-8 path");
+    if json {
+        rocev2(&["decode", "--json", p])
+    } else {
+        rocev2(&["decode", p])
+    }
+}
+
+fn stdout_lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    stdout_lines(out)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+struct Vector {
+    id: String,
+    frame: Vec<u8>,
+    v: Value,
+}
+
+fn vectors() -> Vec<Vector> {
+    let text = std::fs::read_to_string(shared().join("spec/vectors.json")).expect("vectors.json");
+    let doc: Value = serde_json::from_str(&text).expect("vectors.json parses");
+    doc["vectors"]
+        .as_array()
+        .expect("vectors array")
+        .iter()
+        .map(|v| Vector {
+            id: v["id"].as_str().expect("id").to_owned(),
+            frame: hex(v["frame_hex"].as_str().expect("frame_hex")),
+            v: v.clone(),
+        })
+        .collect()
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// `"0x1f"` or `31` → 31.
+fn num(v: &Value) -> u64 {
+    match v {
+        Value::Number(n) => n.as_u64().expect("unsigned"),
+        Value::String(s) => {
+            let s = s.trim_start_matches("0x");
+            u64::from_str_radix(s, 16).unwrap_or_else(|_| panic!("not a hex number: {v}"))
+        }
+        _ => panic!("not a number: {v}"),
+    }
+}
+
+fn write_pcap(path: &Path, frames: &[Vec<u8>]) {
+    let header = PcapHeader {
+        datalink: DataLink::ETHERNET,
+        ..Default::default()
+    };
+    let file = std::fs::File::create(path).expect("create pcap");
+    let mut w = PcapWriter::with_header(file, header).expect("pcap header");
+    for (i, f) in frames.iter().enumerate() {
+        let ts = Duration::from_millis(1000 * i as u64 + 250);
+        w.write_packet(&PcapPacket::new(ts, f.len() as u32, f))
+            .expect("write packet");
+    }
+}
+
+fn write_pcapng(path: &Path, frames: &[Vec<u8>]) {
+    let file = std::fs::File::create(path).expect("create pcapng");
+    let mut w = PcapNgWriter::new(file).expect("pcapng section");
+    let idb = InterfaceDescriptionBlock {
+        linktype: DataLink::ETHERNET,
+        snaplen: 0xffff,
+        options: vec![InterfaceDescriptionOption::IfTsResol(9)],
+    };
+    w.write_pcapng_block(idb).expect("idb");
+    for (i, f) in frames.iter().enumerate() {
+        let epb = EnhancedPacketBlock {
+            interface_id: 0,
+            // pcap-file writes `timestamp.as_nanos()` as the raw tick count; with
+            // if_tsresol = 9 a tick is 1 ns.
+            timestamp: Duration::from_millis(1000 * i as u64 + 250),
+            original_len: f.len() as u32,
+            data: Cow::Borrowed(f),
+            options: vec![],
+        };
+        w.write_pcapng_block(epb).expect("epb");
+    }
+}
+
+/// Field-by-field comparison of one `--json` object with its `vectors.json` entry.
+fn check_vector(vec: &Vector, got: &Value) {
+    let id = &vec.id;
+    let bth = &vec.v["bth"];
+    let ext = &vec.v["ext"];
+    let eq = |key: &str, want: u64| {
+        assert_eq!(got[key].as_u64(), Some(want), "{id}: {key} in {got}");
+    };
+    let flag = |key: &str, want: &Value| {
+        assert_eq!(
+            got[key].as_bool(),
+            Some(num(want) == 1),
+            "{id}: {key} in {got}"
+        );
+    };
+    eq("opcode", num(&bth["opcode"]));
+    assert_eq!(got["opcode_name"], bth["opcode_name"], "{id}: opcode_name");
+    eq("dest_qp", num(&bth["dest_qp"]));
+    eq("psn", num(&bth["psn"]));
+    flag("ack_req", &bth["ackreq"]);
+    flag("se", &bth["se"]);
+    flag("mig_req", &bth["m"]);
+    flag("becn", &bth["becn"]);
+    flag("fecn", &bth["fecn"]);
+    eq("pad", num(&bth["padcnt"]));
+    eq("pkey", num(&bth["pkey"]));
+    eq("ip_version", num(&vec.v["ip_version"]));
+    eq("ecn", num(&vec.v["ip_tos_or_tclass"]) & 3);
+    eq("udp_sport", num(&vec.v["udp_sport"]));
+    eq("payload_len", num(&vec.v["payload_len"]));
+    assert_eq!(got["icrc_ok"], Value::Bool(true), "{id}: icrc_ok");
+    assert!(
+        got.get("error").is_none(),
+        "{id}: unexpected error in {got}"
+    );
+    assert!(
+        got.get("vlan").is_none(),
+        "{id}: no VLAN tag in the vectors"
+    );
+
+    // Addresses, read straight from the frame bytes (untagged Ethernet, no IP options).
+    let f = &vec.frame;
+    let (src, dst) = if num(&vec.v["ip_version"]) == 4 {
+        let a = |o: usize| std::net::Ipv4Addr::new(f[o], f[o + 1], f[o + 2], f[o + 3]).to_string();
+        (a(26), a(30))
+    } else {
+        let a = |o: usize| {
+            let b: [u8; 16] = f[o..o + 16].try_into().expect("16 bytes");
+            std::net::Ipv6Addr::from(b).to_string()
+        };
+        (a(22), a(38))
+    };
+    assert_eq!(got["src_ip"].as_str(), Some(src.as_str()), "{id}: src_ip");
+    assert_eq!(got["dst_ip"].as_str(), Some(dst.as_str()), "{id}: dst_ip");
+
+    // Extension headers: present exactly when the vector describes them.
+    let sub = |obj: &str, key: &str| got[obj][key].as_u64();
+    if ext.get("reth_va").is_some() {
+        assert_eq!(
+            sub("reth", "va"),
+            Some(num(&ext["reth_va"])),
+            "{id}: reth.va"
+        );
+        assert_eq!(
+            sub("reth", "rkey"),
+            Some(num(&ext["reth_rkey"])),
+            "{id}: reth.rkey"
+        );
+        assert_eq!(
+            sub("reth", "dma_len"),
+            Some(num(&ext["reth_dmalen"])),
+            "{id}: reth.dma_len"
+        );
+    } else {
+        assert!(got.get("reth").is_none(), "{id}: unexpected reth");
+    }
+    if ext.get("aeth_syndrome").is_some() {
+        assert_eq!(
+            sub("aeth", "syndrome"),
+            Some(num(&ext["aeth_syndrome"])),
+            "{id}: aeth.syndrome"
+        );
+        assert_eq!(
+            sub("aeth", "msn"),
+            Some(num(&ext["aeth_msn"])),
+            "{id}: aeth.msn"
+        );
+    } else {
+        assert!(got.get("aeth").is_none(), "{id}: unexpected aeth");
+    }
+    if ext.get("immdt").is_some() {
+        assert_eq!(
+            got["immdt"].as_u64(),
+            Some(num(&ext["immdt"])),
+            "{id}: immdt"
+        );
+    } else {
+        assert!(got.get("immdt").is_none(), "{id}: unexpected immdt");
+    }
+    if ext.get("deth_qkey").is_some() {
+        assert_eq!(
+            sub("deth", "qkey"),
+            Some(num(&ext["deth_qkey"])),
+            "{id}: deth.qkey"
+        );
+        assert_eq!(
+            sub("deth", "src_qp"),
+            Some(num(&ext["deth_src_qp"])),
+            "{id}: deth.src_qp"
+        );
+    } else {
+        assert!(got.get("deth").is_none(), "{id}: unexpected deth");
+    }
+    if ext.get("atomic_va").is_some() {
+        let swap = ext.get("swap").or(ext.get("add")).expect("swap or add");
+        assert_eq!(
+            sub("atomic_eth", "va"),
+            Some(num(&ext["atomic_va"])),
+            "{id}: atomic va"
+        );
+        assert_eq!(
+            sub("atomic_eth", "rkey"),
+            Some(num(&ext["atomic_rkey"])),
+            "{id}: atomic rkey"
+        );
+        assert_eq!(
+            sub("atomic_eth", "swap_add"),
+            Some(num(swap)),
+            "{id}: swap_add"
+        );
+        assert_eq!(
+            sub("atomic_eth", "compare"),
+            Some(num(&ext["compare"])),
+            "{id}: compare"
+        );
+    } else {
+        assert!(
+            got.get("atomic_eth").is_none(),
+            "{id}: unexpected atomic_eth"
+        );
+    }
+    assert!(
+        got.get("atomic_ack_eth").is_none(),
+        "{id}: no atomic ack in the vectors"
+    );
+    assert!(got.get("ieth").is_none(), "{id}: no IETH in the vectors");
+}
+
+#[test]
+fn vectors_pcap_matches_vectors_json() {
+    let vecs = vectors();
+    let out = decode(&shared().join("spec/vectors.pcap"), true);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let objs = json_lines(&out);
+    assert_eq!(objs.len(), vecs.len(), "one JSON object per vector");
+    for (vec, got) in vecs.iter().zip(&objs) {
+        check_vector(vec, got);
+    }
+}
+
+#[test]
+fn vectors_text_output_is_one_line_per_packet() {
+    let vecs = vectors();
+    let out = decode(&shared().join("spec/vectors.pcap"), false);
+    assert_eq!(out.status.code(), Some(0));
+    let lines = stdout_lines(&out);
+    assert_eq!(lines.len(), vecs.len());
+    let first_send = lines
+        .iter()
+        .find(|l| l.contains("SEND_FIRST"))
+        .expect("a SEND_FIRST line");
+    // rc_send_first: RC SEND_FIRST to QP 0x12, PSN 100, 256 bytes.
+    for part in [
+        "RC SEND_FIRST",
+        "qp=0x000012",
+        "psn=100",
+        "len=256",
+        "icrc=ok",
+    ] {
+        assert!(
+            first_send.contains(part),
+            "{part:?} missing from {first_send:?}"
+        );
+    }
+    assert!(lines.iter().all(|l| l.contains("icrc=ok")), "{lines:#?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("24 RoCE"), "summary on stderr: {stderr}");
+}
+
+#[test]
+fn pcapng_copy_decodes_like_pcap() {
+    let vecs = vectors();
+    let frames: Vec<Vec<u8>> = vecs.iter().map(|v| v.frame.clone()).collect();
+    let ng = tmp("vectors.pcapng");
+    write_pcapng(&ng, &frames);
+    let classic = tmp("vectors.pcap");
+    write_pcap(&classic, &frames);
+    let a = decode(&ng, true);
+    let b = decode(&classic, true);
+    std::fs::remove_file(&ng).ok();
+    std::fs::remove_file(&classic).ok();
+    assert_eq!(
+        a.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    assert_eq!(b.status.code(), Some(0));
+    let (a, b) = (json_lines(&a), json_lines(&b));
+    assert_eq!(a.len(), vecs.len());
+    for ((vec, x), y) in vecs.iter().zip(&a).zip(&b) {
+        check_vector(vec, x);
+        assert_eq!(x, y, "{}: pcapng and pcap decode differently", vec.id);
+    }
+    // Time stamps honour if_tsresol (1 ns ticks here): frame 3 is at 2.25 s.
+    assert_eq!(a[2]["timestamp_ns"].as_u64(), Some(2_250_000_000));
+}
+
+fn corrupt_case(name: &str, frame: Vec<u8>, reason: &str) {
+    let path = tmp(name);
+    write_pcap(&path, &[vectors()[0].frame.clone(), frame]);
+    let text = decode(&path, false);
+    let json = decode(&path, true);
+    std::fs::remove_file(&path).ok();
+    assert_eq!(text.status.code(), Some(1), "{name}: exit status");
+    assert_eq!(json.status.code(), Some(1), "{name}: exit status (json)");
+    let lines = stdout_lines(&text);
+    assert_eq!(lines.len(), 2, "{name}: {lines:#?}");
+    assert!(
+        lines[0].contains("icrc=ok"),
+        "{name}: good frame first: {lines:#?}"
+    );
+    assert!(
+        lines[1].contains(reason),
+        "{name}: expected {reason:?} in {:?}",
+        lines[1]
+    );
+    let objs = json_lines(&json);
+    assert_eq!(objs.len(), 2);
+    assert!(objs[0].get("error").is_none());
+    let bad = &objs[1];
+    let err = bad["error"].as_str().unwrap_or_default();
+    let icrc_bad = bad["icrc_ok"] == Value::Bool(false);
+    assert!(
+        err.contains(reason) || (reason.contains("icrc") && icrc_bad),
+        "{name}: expected {reason:?} in {bad}"
+    );
+}
+
+fn vector(id: &str) -> Vec<u8> {
+    vectors()
+        .into_iter()
+        .find(|v| v.id == id)
+        .unwrap_or_else(|| panic!("vector {id}"))
+        .frame
+}
+
+#[test]
+fn flipped_payload_bit_fails_icrc() {
+    let mut f = vector("rc_send_first");
+    f[42 + 12 + 100] ^= 0x10;
+    corrupt_case("flip.pcap", f, "icrc=bad");
+}
+
+#[test]
+fn wrong_pad_count_is_reported() {
+    // An ACK carries no payload, so PadCnt must be 0 (ROCEV2.md §1.7).
+    let mut f = vector("rc_ack");
+    f[42 + 1] |= 0x30;
+    corrupt_case("pad.pcap", f, "pad");
+}
+
+#[test]
+fn truncated_frame_is_reported() {
+    let mut f = vector("rc_send_first");
+    f.truncate(f.len() - 40);
+    corrupt_case("trunc.pcap", f, "truncated");
+}
+
+#[test]
+fn missing_and_garbage_files_exit_2() {
+    let out = rocev2(&["decode", "/nonexistent/rocev2-no-such-file.pcap"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one-line reason: {err}");
+    assert!(err.contains("No such file"), "{err}");
+
+    let garbage = tmp("garbage.pcap");
+    std::fs::write(&garbage, b"this is not a capture file at all\n").expect("write");
+    let out = decode(&garbage, false);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one-line reason: {err}");
+    assert!(err.contains("not a pcap"), "{err}");
+
+    // A pcap magic number followed by a cut-off global header.
+    std::fs::write(&garbage, [0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0]).expect("write");
+    let out = decode(&garbage, true);
+    std::fs::remove_file(&garbage).ok();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+}
+
+/// The number of RoCE packets `check_pcap.py` accepted ("N passed, M failed").
+fn check_pcap_counts(path: &Path) -> (u64, u64) {
+    let out = Command::new("python3")
+        .arg(shared().join("tools/check_pcap.py"))
+        .arg("--quiet")
+        .arg(path)
+        .output()
+        .expect("python3 runs check_pcap.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default().to_owned();
+    let words: Vec<&str> = last.split_whitespace().collect();
+    match words.as_slice() {
+        [p, "passed,", f, "failed", ..] => (p.parse().expect("count"), f.parse().expect("count")),
+        _ => panic!("unexpected check_pcap.py output: {text}"),
+    }
+}
+
+#[test]
+fn softroce_capture_every_icrc_good() {
+    let cap = shared().join("interop/captures/rc_pingpong.pcap");
+    let out = decode(&cap, true);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let objs = json_lines(&out);
+    assert!(!objs.is_empty());
+    for o in &objs {
+        assert_eq!(o["icrc_ok"], Value::Bool(true), "{o}");
+        assert!(o.get("error").is_none(), "{o}");
+    }
+    // Same packet count as the independent checker, which also passes them all.
+    let (passed, failed) = check_pcap_counts(&cap);
+    assert_eq!((objs.len() as u64, 0), (passed, failed));
+}
+
+#[test]
+fn unsupported_link_type_is_named() {
+    let path = tmp("linktype.pcap");
+    let header = PcapHeader {
+        datalink: DataLink::IEEE802_11,
+        ..Default::default()
+    };
+    let file = std::fs::File::create(&path).expect("create");
+    let mut w = PcapWriter::with_header(file, header).expect("header");
+    let f = vector("rc_ack");
+    w.write_packet(&PcapPacket::new(Duration::ZERO, f.len() as u32, &f))
+        .expect("packet");
+    drop(w);
+    let out = decode(&path, false);
+    std::fs::remove_file(&path).ok();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unsupported link type"), "{err}");
+    assert_ne!(out.status.code(), Some(0));
+}
+
+#[test]
+fn raw_ip_capture_decodes() {
+    let vecs = vectors();
+    let path = tmp("rawip.pcap");
+    let header = PcapHeader {
+        datalink: DataLink::RAW,
+        ..Default::default()
+    };
+    let file = std::fs::File::create(&path).expect("create");
+    let mut w = PcapWriter::with_header(file, header).expect("header");
+    for v in &vecs {
+        let ip = &v.frame[14..];
+        w.write_packet(&PcapPacket::new(Duration::ZERO, ip.len() as u32, ip))
+            .expect("packet");
+    }
+    drop(w);
+    let out = decode(&path, true);
+    std::fs::remove_file(&path).ok();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let objs = json_lines(&out);
+    assert_eq!(objs.len(), vecs.len());
+    for (v, o) in vecs.iter().zip(&objs) {
+        check_vector(v, o);
+    }
+}
+
+#[test]
+fn non_roce_packets_are_skipped_and_counted() {
+    let good = vector("rc_send_only_v4");
+    // Same frame to UDP port 53: not RoCE v2 (ROCEV2.md §1.4: RoCE is UDP dst 4791).
+    let mut dns = good.clone();
+    dns[36..38].copy_from_slice(&53u16.to_be_bytes());
+    // An ARP request (EtherType 0x0806).
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    arp.resize(60, 0);
+    let path = tmp("mixed.pcap");
+    write_pcap(&path, &[arp, good, dns]);
+    let out = decode(&path, false);
+    std::fs::remove_file(&path).ok();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = stdout_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("RC SEND_ONLY"), "{lines:#?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1 RoCE") && err.contains("2 non-RoCE"),
+        "{err}"
+    );
+}
