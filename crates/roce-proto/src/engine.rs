@@ -471,6 +471,7 @@ impl Engine {
                 retry_left: 0,
                 rnr_left: 0,
                 rnr_wait: false,
+                retrying: false,
             },
             sq: SendQueue::new(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data),
             rq: RecvQueue::new(cap.max_recv_wr, cap.max_recv_sge),

@@ -77,11 +77,8 @@ pub use config::{CapPolicy, DeviceAttr, EngineConfig};
 pub use engine::{Engine, FIRST_QPN, QpInfo, TxKind, TxMeta};
 pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
 pub use requester::{local_ack_timeout, packets_for};
-// INTERIM: roce-wire's identifier newtypes, included by path until roce-wire exports them.
-#[path = "../../roce-wire/src/types.rs"]
-mod wire_types;
+pub use roce_wire::{Msn, Psn, Qpn};
 pub use stats::Counters;
 pub use time::Instant;
 pub use timer::TimerKind;
 pub use verbs::*;
-pub use wire_types::{Msn, Psn, Qpn};

@@ -211,6 +211,9 @@ pub(crate) struct ReqCtx {
     pub(crate) rnr_left: u8,
     /// Waiting for the RNR timer: send nothing.
     pub(crate) rnr_wait: bool,
+    /// A NAK/implied-NAK retry is in progress: further NAKs and out-of-order responses do not start another one
+    /// until progress is made (only a timeout does, rxe `rxe_comp.c`).
+    pub(crate) retrying: bool,
 }
 
 /// What the responder still has to transmit, in PSN order (ACKs must not overtake READ responses).

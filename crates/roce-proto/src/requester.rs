@@ -471,7 +471,9 @@ impl Engine {
                     return;
                 };
                 match syndrome >> 5 {
-                    0b00 => self.ack_through(i, p, now, true),
+                    0b00 => {
+                        self.ack_through(i, p, now, true);
+                    }
                     0b01 => self.on_rnr_nak(i, p, syndrome & 0x1F, now),
                     0b11 => {
                         let code = syndrome & 0x1F;
@@ -497,19 +499,26 @@ impl Engine {
             op::READ_RESPONSE_FIRST
             | op::READ_RESPONSE_MIDDLE
             | op::READ_RESPONSE_LAST
-            | op::READ_RESPONSE_ONLY => self.on_read_response(i, pkt, now),
-            op::ATOMIC_ACKNOWLEDGE => self.on_atomic_ack(i, pkt, now),
+            | op::READ_RESPONSE_ONLY
+            | op::ATOMIC_ACKNOWLEDGE => self.on_rd_response(i, pkt, now),
             _ => self.stats.drop_bad_opcode += 1,
         }
     }
 
     /// Coalesced ACK through PSN `n` (`ROCEV2.md §4.4`): retire every SEND/WRITE whose last PSN ≤ n; an unanswered
     /// READ/atomic at or before `n` means its responses were lost (implied NAK).
-    pub(crate) fn ack_through(&mut self, i: usize, n: Psn, now: Instant, explicit: bool) {
-        let mut implied = None;
+    pub(crate) fn ack_through(
+        &mut self,
+        i: usize,
+        n: Psn,
+        now: Instant,
+        explicit: bool,
+    ) -> Option<Psn> {
+        // `blocked`: resume PSN of an unanswered READ/atomic that `n` covers — its responses were lost.
+        let mut blocked = None;
         loop {
             let Some(qp) = self.qps[i].as_deref_mut() else {
-                return;
+                return None;
             };
             let h = qp.sq.head;
             if h == qp.sq.tail {
@@ -520,8 +529,8 @@ impl Engine {
                 break;
             }
             if w.op.is_read_or_atomic() {
-                if explicit && n.diff(w.first_psn) >= 0 {
-                    implied = Some(w.first_psn + (w.rcvd / u64::from(qp.pmtu())) as u32);
+                if n.diff(w.first_psn) >= 0 {
+                    blocked = Some(w.first_psn + (w.rcvd / u64::from(qp.pmtu())) as u32);
                 }
                 break;
             }
@@ -532,25 +541,31 @@ impl Engine {
             }
         }
         let Some(qp) = self.qps[i].as_deref_mut() else {
-            return;
+            return None;
         };
-        let mut una = n + 1;
-        if let Some(resume) = implied {
-            una = resume;
-        }
+        // Never move the restart point past an unanswered READ/atomic.
+        let una = blocked.unwrap_or(n + 1);
         if una.diff(qp.req.una_psn) > 0 {
             qp.req.una_psn = una;
             self.progress(i, now);
         }
-        if let Some(resume) = implied {
-            self.stats.implied_nak_seq_err += 1;
-            if let Some(qp) = self.qps[i].as_deref_mut() {
+        if let (true, Some(resume)) = (explicit, blocked) {
+            // Implied NAK (`ROCEV2.md §4.4`).
+            let Some(qp) = self.qps[i].as_deref_mut() else {
+                return blocked;
+            };
+            if !qp.req.retrying {
                 qp.counters.implied_nak_seq_err += 1;
+                self.stats.implied_nak_seq_err += 1;
+                self.retry(i, resume, now);
+                if let Some(qp) = self.qps[i].as_deref_mut() {
+                    qp.req.retrying = true;
+                }
             }
-            self.retry(i, resume, now);
         }
         self.check_drained(i);
         self.kick(i);
+        blocked
     }
 
     /// Forward progress: reload retry counters and restart (or stop) the local ACK timer.
@@ -560,6 +575,7 @@ impl Engine {
         };
         qp.req.retry_left = qp.attr.retry_cnt;
         qp.req.rnr_left = qp.attr.rnr_retry;
+        qp.req.retrying = false;
         let qpn = qp.qpn.value();
         if qp.req.una_psn != qp.req.next_psn || qp.sq.head != qp.sq.cur {
             match local_ack_timeout(qp.attr.timeout) {
@@ -581,13 +597,17 @@ impl Engine {
         qp.counters.packet_seq_err += 1;
         self.stats.rcvd_seq_err += 1;
         self.stats.packet_seq_err += 1;
-        if qp.req.rnr_wait {
+        if qp.req.rnr_wait || (qp.req.retrying && p == qp.req.una_psn) {
             return;
         }
+        let mut from = p;
         if p.diff(qp.req.una_psn) > 0 {
-            self.ack_through(i, p - 1, now, false);
+            from = self.ack_through(i, p - 1, now, false).unwrap_or(p);
         }
-        self.retry(i, p, now);
+        self.retry(i, from, now);
+        if let Some(qp) = self.qps[i].as_deref_mut() {
+            qp.req.retrying = true;
+        }
     }
 
     fn on_rnr_nak(&mut self, i: usize, p: Psn, code: u8, now: Instant) {
@@ -616,7 +636,6 @@ impl Engine {
         }
         // Wait exactly the advertised RNR time, then go back to the NAKed PSN (S04, S19: no busy loop).
         qp.req.rnr_wait = true;
-        qp.req.una_psn = p;
         Timers::cancel(&mut qp.timers, TimerKind::AckTimeout);
         let qpn = qp.qpn.value();
         let wait = wire::rnr_timer(code);
@@ -734,12 +753,17 @@ impl Engine {
         self.enter_error(i);
     }
 
-    fn on_read_response(&mut self, i: usize, pkt: &RxPkt<'_>, now: Instant) {
+    /// READ response or ATOMIC ACK with PSN `p` (`ROCEV2.md §4.4`): it first acknowledges every earlier SEND/WRITE;
+    /// then it must belong to the READ/atomic at the head of the SQ. A response beyond an unanswered READ/atomic
+    /// means that one's responses were lost (implied NAK → retry from its resume PSN).
+    fn on_rd_response(&mut self, i: usize, pkt: &RxPkt<'_>, now: Instant) {
         let p = pkt.psn;
-        // A response beyond earlier SEND/WRITEs acknowledges them.
-        if self.qps[i].as_deref().is_some_and(|qp| {
-            p.diff(qp.req.una_psn) > 0 && !qp.sq.wqe(qp.sq.head).op.is_read_or_atomic()
-        }) {
+        let is_atomic_ack = pkt.opcode == op::ATOMIC_ACKNOWLEDGE;
+        // Retire SEND/WRITEs that end before `p` (coalesced acknowledgement, with progress).
+        if self.qps[i]
+            .as_deref()
+            .is_some_and(|qp| p.diff(qp.req.una_psn) > 0)
+        {
             self.ack_through(i, p - 1, now, false);
         }
         let Engine {
@@ -750,92 +774,78 @@ impl Engine {
         };
         let h = qp.sq.head;
         let pmtu = qp.pmtu();
-        if h == qp.sq.cur && qp.req.cur_pkt == 0 {
+        if h == qp.sq.tail || !qp.sq.wqe(h).started {
             stats.drop_stale_response += 1;
             return;
         }
         let w = *qp.sq.wqe(h);
-        if !matches!(w.op, SendOp::RdmaRead { .. }) || !w.started {
+        if !w.op.is_read_or_atomic() {
+            // A response inside a SEND/WRITE's PSN range: the responder is confused.
             self.fail_head(i, WcStatus::BadRespErr);
             return;
         }
-        let expect = w.first_psn + (w.rcvd / u64::from(pmtu)) as u32;
-        let d = p.diff(expect);
-        if d < 0 {
+        let resume = w.first_psn + (w.rcvd / u64::from(pmtu)) as u32;
+        if p.diff(resume) < 0 {
             stats.drop_stale_response += 1;
+            qp.counters.drop_stale_response += 1;
             return;
         }
-        if d > 0 {
-            // Responses lost in between: retry the READ from what we have.
-            stats.implied_nak_seq_err += 1;
-            qp.counters.implied_nak_seq_err += 1;
-            self.retry(i, expect, now);
-            return;
-        }
-        let remaining = w.len - w.rcvd;
-        let plen = pkt.payload.len() as u64;
-        let is_last = matches!(pkt.opcode, op::READ_RESPONSE_LAST | op::READ_RESPONSE_ONLY);
-        let len_ok = if is_last {
-            plen == remaining
-        } else {
-            plen == u64::from(pmtu) && remaining > plen
-        };
-        if !len_ok {
-            self.fail_head(i, WcStatus::BadRespErr);
-            return;
-        }
-        scatter(mrs, qp.sq.segs(h), w.rcvd, pkt.payload);
-        let wm = qp.sq.wqe_mut(h);
-        wm.rcvd += plen;
-        qp.req.una_psn = p + 1;
-        if is_last {
-            wm.resp_done = true;
-            self.retire_send(i, h, WcStatus::Success);
-        }
-        self.progress(i, now);
-        self.check_drained(i);
-        self.kick(i);
-    }
-
-    fn on_atomic_ack(&mut self, i: usize, pkt: &RxPkt<'_>, now: Instant) {
-        let p = pkt.psn;
-        if self.qps[i].as_deref().is_some_and(|qp| {
-            p.diff(qp.req.una_psn) > 0 && !qp.sq.wqe(qp.sq.head).op.is_read_or_atomic()
-        }) {
-            self.ack_through(i, p - 1, now, false);
-        }
-        let Engine {
-            qps, mrs, stats, ..
-        } = self;
-        let Some(qp) = qps[i].as_deref_mut() else {
-            return;
-        };
-        let h = qp.sq.head;
-        if h == qp.sq.cur {
-            stats.drop_stale_response += 1;
-            return;
-        }
-        let w = *qp.sq.wqe(h);
-        if !w.op.is_atomic() || !w.started || w.first_psn != p {
-            if w.op.is_atomic() && p.diff(w.first_psn) < 0 {
+        if p.diff(w.last_psn()) > 0 || p.diff(resume) > 0 {
+            // Responses of this READ/atomic were lost. One retry at a time: later out-of-order responses of the
+            // same burst are dropped until the retried responses arrive.
+            if qp.req.retrying {
                 stats.drop_stale_response += 1;
+                qp.counters.drop_stale_response += 1;
                 return;
             }
+            stats.implied_nak_seq_err += 1;
+            qp.counters.implied_nak_seq_err += 1;
+            self.retry(i, resume, now);
+            if let Some(qp) = self.qps[i].as_deref_mut() {
+                qp.req.retrying = true;
+            }
+            return;
+        }
+        // p == resume: the response we wait for.
+        if is_atomic_ack != w.op.is_atomic() {
             self.fail_head(i, WcStatus::BadRespErr);
             return;
         }
-        let Some(orig) = pkt.ext.atomic_ack else {
-            self.fail_head(i, WcStatus::BadRespErr);
-            return;
-        };
-        // The original value lands in the local 8-byte buffer in little-endian order (the host order of the
-        // x86/ARM machines this runs on, as a hardware RNIC writes it).
-        scatter(mrs, qp.sq.segs(h), 0, &orig.to_le_bytes());
-        let wm = qp.sq.wqe_mut(h);
-        wm.rcvd = 8;
-        wm.resp_done = true;
-        qp.req.una_psn = p + 1;
-        self.retire_send(i, h, WcStatus::Success);
+        if is_atomic_ack {
+            let Some(orig) = pkt.ext.atomic_ack else {
+                self.fail_head(i, WcStatus::BadRespErr);
+                return;
+            };
+            // The original value lands in the local 8-byte buffer in little-endian order (the host order of the
+            // x86/ARM machines this runs on, as a hardware RNIC writes it).
+            scatter(mrs, qp.sq.segs(h), 0, &orig.to_le_bytes());
+            let wm = qp.sq.wqe_mut(h);
+            wm.rcvd = 8;
+            wm.resp_done = true;
+            qp.req.una_psn = p + 1;
+            self.retire_send(i, h, WcStatus::Success);
+        } else {
+            let remaining = w.len - w.rcvd;
+            let plen = pkt.payload.len() as u64;
+            let is_last = matches!(pkt.opcode, op::READ_RESPONSE_LAST | op::READ_RESPONSE_ONLY);
+            let len_ok = if is_last {
+                plen == remaining
+            } else {
+                plen == u64::from(pmtu) && remaining > plen
+            };
+            if !len_ok {
+                self.fail_head(i, WcStatus::BadRespErr);
+                return;
+            }
+            scatter(mrs, qp.sq.segs(h), w.rcvd, pkt.payload);
+            let wm = qp.sq.wqe_mut(h);
+            wm.rcvd += plen;
+            qp.req.una_psn = p + 1;
+            if is_last {
+                wm.resp_done = true;
+                self.retire_send(i, h, WcStatus::Success);
+            }
+        }
         self.progress(i, now);
         self.check_drained(i);
         self.kick(i);

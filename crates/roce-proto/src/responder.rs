@@ -320,16 +320,22 @@ impl Engine {
                     self.stats.drop_stale_response += 1;
                     return;
                 }
-                // A replay supersedes any queued stream of the same resource.
-                qp.resp
-                    .out
-                    .retain(|it| !matches!(it, RespItem::Read { res, .. } if *res == ri as u32));
-                qp.resp.out.push_back(RespItem::Read {
+                // A replay supersedes a queued stream of the same resource in place (so ACKs queued behind it
+                // stay behind it); otherwise it goes to the back.
+                let item = RespItem::Read {
                     res: ri as u32,
                     psn: p,
                     offset: skip,
                     first: true,
-                });
+                };
+                let pos =
+                    qp.resp.out.iter().position(
+                        |it| matches!(it, RespItem::Read { res, .. } if *res == ri as u32),
+                    );
+                match pos {
+                    Some(pos) => qp.resp.out[pos] = item,
+                    None => qp.resp.out.push_back(item),
+                }
             }
             op::COMPARE_SWAP | op::FETCH_ADD => {
                 let hit = qp

@@ -1,4 +1,5 @@
 //! In-crate tests with a two-engine harness (`Pair`, after quinn-proto `tests/util.rs`).
 mod loss_tests;
 mod pair_tests;
+mod random_tests;
 mod util;

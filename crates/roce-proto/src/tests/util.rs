@@ -24,6 +24,8 @@ pub(crate) struct Pair {
     /// Returns false to drop a frame; may modify it (CE marking, corruption).
     pub filter: Filter,
     pub captured: Vec<(Instant, Dir, Vec<u8>)>,
+    /// Parallel to `captured`: whether the filter dropped the frame.
+    pub dropped: Vec<bool>,
     pub tx_buf_len: usize,
 }
 
@@ -55,6 +57,7 @@ impl Pair {
             wire: VecDeque::new(),
             filter: Box::new(|_, _| true),
             captured: Vec::new(),
+            dropped: Vec::new(),
             tx_buf_len: 9000,
         }
     }
@@ -76,7 +79,9 @@ impl Pair {
                 let mut f = buf[..meta.len].to_vec();
                 n += 1;
                 self.captured.push((self.now, dir, f.clone()));
-                if (self.filter)(dir, &mut f) {
+                let keep = (self.filter)(dir, &mut f);
+                self.dropped.push(!keep);
+                if keep {
                     self.wire.push_back((self.now + self.latency, dir, f));
                 }
             }

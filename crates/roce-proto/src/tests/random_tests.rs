@@ -1,0 +1,298 @@
+//! Randomised end-to-end runs: random WR mixes over a lossy, reordering-free wire with random PMTU; every WR must
+//! complete successfully, in order, and memory must match a model.
+
+use std::time::Duration;
+
+use super::util::*;
+use crate::*;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const SLOT: u64 = 10_000;
+
+fn run(seed: u64, nwr: usize, loss_pct: u64) {
+    let mut rng = Rng(seed);
+    let mtu = [
+        Mtu::Mtu256,
+        Mtu::Mtu512,
+        Mtu::Mtu1024,
+        Mtu::Mtu2048,
+        Mtu::Mtu4096,
+    ][rng.below(5) as usize];
+    let o = ConnOpts {
+        mtu,
+        timeout: 6,
+        retry_cnt: 7,
+        a_psn: Psn::new(0xFF_FF00 + rng.below(0x100) as u32),
+        max_rd_atomic: 1 + rng.below(4) as u8,
+        cap: QpCap {
+            max_send_wr: 512,
+            max_recv_wr: 512,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        },
+        ..ConnOpts::default()
+    };
+    let mut p = Pair::new();
+    let (a, b) = connect(&mut p, &o);
+    let n = nwr as u64;
+    let ma = mr(&mut p.a, a.pd, (SLOT * (n + 1)) as usize, |i| {
+        (i as u64 * 31 + seed) as u8
+    });
+    let mb = mr(&mut p.b, b.pd, (SLOT * (n + 1)) as usize, |i| {
+        (i as u64 * 17 + seed * 3) as u8
+    });
+    let mut lr = Rng(seed ^ 0xABCD);
+    p.filter = Box::new(move |_, _| lr.below(100) >= loss_pct);
+    let mut expect_b = p.b.mr_bytes(mb.lkey).unwrap().to_vec();
+    let mut expect_a = p.a.mr_bytes(ma.lkey).unwrap().to_vec();
+    let src_a = expect_a.clone();
+    let counter_off = SLOT * n; // 8-byte atomic cell in B
+    let mut counter = u64::from_le_bytes(
+        expect_b[counter_off as usize..counter_off as usize + 8]
+            .try_into()
+            .unwrap(),
+    );
+    let mut expected_wc = Vec::new();
+    let mut recv_id = 0u64;
+    let mut sg_store = Vec::new();
+    for i in 0..n {
+        let len = match rng.below(4) {
+            0 => 0,
+            1 => rng.below(64),
+            _ => rng.below(SLOT - 16),
+        } as u32;
+        let off = i * SLOT;
+        let kind = rng.below(7);
+        let (op, opcode) = match kind {
+            0 => (SendOp::Send, WcOpcode::Send),
+            1 => (SendOp::SendWithImm { imm: i as u32 }, WcOpcode::Send),
+            2 => (
+                SendOp::RdmaWrite {
+                    remote_addr: mb.addr + off,
+                    rkey: mb.rkey,
+                },
+                WcOpcode::RdmaWrite,
+            ),
+            3 => (
+                SendOp::RdmaWriteWithImm {
+                    remote_addr: mb.addr + off,
+                    rkey: mb.rkey,
+                    imm: 7,
+                },
+                WcOpcode::RdmaWrite,
+            ),
+            4 => (
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr + off,
+                    rkey: mb.rkey,
+                },
+                WcOpcode::RdmaRead,
+            ),
+            5 => (
+                SendOp::AtomicFetchAndAdd {
+                    remote_addr: mb.addr + counter_off,
+                    rkey: mb.rkey,
+                    add: i + 1,
+                },
+                WcOpcode::FetchAdd,
+            ),
+            _ => (
+                SendOp::AtomicCmpAndSwp {
+                    remote_addr: mb.addr + counter_off,
+                    rkey: mb.rkey,
+                    compare: counter,
+                    swap: i,
+                },
+                WcOpcode::CompSwap,
+            ),
+        };
+        let len = if kind >= 5 { 8 } else { len };
+        // Local SGL: up to 3 pieces of the slot.
+        let pieces = 1 + rng.below(3) as u32;
+        let mut sges = Vec::new();
+        let mut left = len;
+        let mut lo = off;
+        for k in 0..pieces {
+            let l = if k + 1 == pieces { left } else { left / 2 };
+            sges.push(sge(&ma, lo, l));
+            lo += u64::from(l) + 3;
+            left -= l;
+        }
+        let local_bytes = |v: &Vec<u8>| -> Vec<u8> {
+            let mut out = Vec::new();
+            for s in &sges {
+                let o = (s.addr - ma.addr) as usize;
+                out.extend_from_slice(&v[o..o + s.length as usize]);
+            }
+            out
+        };
+        match kind {
+            0 | 1 => {
+                p.b.post_recv(
+                    b.qpn,
+                    &[RecvWr {
+                        wr_id: recv_id,
+                        sg_list: &[sge(&mb, off, SLOT as u32)],
+                    }],
+                )
+                .unwrap();
+                recv_id += 1;
+                let data = local_bytes(&src_a);
+                expect_b[off as usize..off as usize + data.len()].copy_from_slice(&data);
+            }
+            2 | 3 => {
+                if kind == 3 {
+                    p.b.post_recv(
+                        b.qpn,
+                        &[RecvWr {
+                            wr_id: recv_id,
+                            sg_list: &[],
+                        }],
+                    )
+                    .unwrap();
+                    recv_id += 1;
+                }
+                let data = local_bytes(&src_a);
+                expect_b[off as usize..off as usize + data.len()].copy_from_slice(&data);
+            }
+            4 => {
+                let remote = expect_b[off as usize..off as usize + len as usize].to_vec();
+                let mut k = 0;
+                for s in &sges {
+                    let o = (s.addr - ma.addr) as usize;
+                    expect_a[o..o + s.length as usize]
+                        .copy_from_slice(&remote[k..k + s.length as usize]);
+                    k += s.length as usize;
+                }
+            }
+            _ => {
+                // Atomic: single 8-byte SGE.
+                sges = vec![sge(&ma, off, 8)];
+                let orig = counter;
+                counter = if kind == 5 {
+                    counter.wrapping_add(i + 1)
+                } else if counter == orig {
+                    i
+                } else {
+                    counter
+                };
+                expect_a[off as usize..off as usize + 8].copy_from_slice(&orig.to_le_bytes());
+            }
+        }
+        expected_wc.push((i, opcode));
+        sg_store.push((op, sges));
+    }
+    expect_b[counter_off as usize..counter_off as usize + 8]
+        .copy_from_slice(&counter.to_le_bytes());
+    // Post in random-size chains.
+    let mut k = 0;
+    while k < sg_store.len() {
+        let m = (1 + rng.below(8) as usize).min(sg_store.len() - k);
+        let wrs: Vec<SendWr<'_>> = sg_store[k..k + m]
+            .iter()
+            .enumerate()
+            .map(|(j, (op, s))| SendWr::new((k + j) as u64, *op, s))
+            .collect();
+        p.a.post_send(a.qpn, &wrs).unwrap();
+        k += m;
+        p.drive_for(Duration::from_micros(rng.below(50)));
+    }
+    p.drive_for(Duration::from_secs(30));
+    let wa = poll_all(&mut p.a, a.cq);
+    let got: Vec<_> = wa.iter().map(|w| (w.wr_id, w.opcode)).collect();
+    let bad: Vec<_> = wa
+        .iter()
+        .filter(|w| w.status != WcStatus::Success)
+        .collect();
+    if !bad.is_empty() && std::env::var("TRACE").is_ok() {
+        for ((t, d, f), dropped) in p.captured.iter().zip(&p.dropped) {
+            let (o, psn, ar) = bth_of(f);
+            let extra = if o == 0x0c {
+                format!(
+                    " va={:x} len={}",
+                    u64::from_be_bytes(f[54..62].try_into().unwrap()),
+                    u32::from_be_bytes(f[66..70].try_into().unwrap())
+                )
+            } else if o == 0x11 || o == 0x0d || o == 0x0f || o == 0x10 {
+                format!(" syn={:x}", f[54])
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "{t} {d:?} op={o:#x} psn={psn} ar={ar} len={}{extra}{}",
+                f.len(),
+                if *dropped { " DROPPED" } else { "" }
+            );
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "seed {seed}: errors {bad:?}\n{}\n{}",
+        p.a.qp_dump(a.qpn).unwrap(),
+        p.b.qp_dump(b.qpn).unwrap()
+    );
+    assert_eq!(got, expected_wc, "seed {seed}: completions in SQ order");
+    assert_eq!(
+        poll_all(&mut p.b, b.cq).len() as u64,
+        recv_id,
+        "seed {seed}"
+    );
+    assert!(
+        p.b.mr_bytes(mb.lkey).unwrap() == &expect_b[..],
+        "seed {seed}: responder memory"
+    );
+    assert!(
+        p.a.mr_bytes(ma.lkey).unwrap() == &expect_a[..],
+        "seed {seed}: requester memory"
+    );
+    // Every lease was returned.
+    assert!(p.a.dereg_mr(ma.lkey).is_ok());
+}
+
+#[test]
+fn random_ops_no_loss() {
+    for seed in 0..20 {
+        run(seed, 60, 0);
+    }
+}
+
+#[test]
+fn random_ops_with_loss() {
+    for seed in 100..130 {
+        run(seed, 60, 5);
+    }
+}
+
+#[test]
+#[ignore]
+fn many_seeds() {
+    let n: u64 = std::env::var("SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let loss: u64 = std::env::var("LOSS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let start: u64 = std::env::var("START")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    for seed in start..start + n {
+        run(seed, 100, loss);
+    }
+}
