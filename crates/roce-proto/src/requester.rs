@@ -517,9 +517,7 @@ impl Engine {
         // `blocked`: resume PSN of an unanswered READ/atomic that `n` covers — its responses were lost.
         let mut blocked = None;
         loop {
-            let Some(qp) = self.qps[i].as_deref_mut() else {
-                return None;
-            };
+            let qp = self.qps[i].as_deref_mut()?;
             let h = qp.sq.head;
             if h == qp.sq.tail {
                 break;
@@ -540,9 +538,7 @@ impl Engine {
                 break;
             }
         }
-        let Some(qp) = self.qps[i].as_deref_mut() else {
-            return None;
-        };
+        let qp = self.qps[i].as_deref_mut()?;
         // Never move the restart point past an unanswered READ/atomic.
         let una = blocked.unwrap_or(n + 1);
         if una.diff(qp.req.una_psn) > 0 {
