@@ -382,10 +382,13 @@ fn unknown_opcode_is_opaque() {
     assert!(p.to_string().starts_with("UNKNOWN(0x15) qp=0x000012"));
 }
 
+/// A named edit of a frame.
+type Edit = (&'static str, fn(&mut Vec<u8>));
+
 #[test]
 fn masked_fields_keep_icrc_v4() {
     let orig = vector("rc_write_first");
-    let edits: [(&str, fn(&mut Vec<u8>)); 6] = [
+    let edits: [Edit; 6] = [
         ("ttl", |f| f[22] = 1),
         ("ecn ce", |f| f[15] |= 0x03),
         ("dscp", |f| f[15] = 0xc0),
@@ -423,7 +426,7 @@ fn masked_fields_keep_icrc_v4() {
 #[test]
 fn masked_fields_keep_icrc_v6() {
     let orig = vector("rc_send_only_v6");
-    let edits: [(&str, fn(&mut Vec<u8>)); 5] = [
+    let edits: [Edit; 5] = [
         ("traffic class", |f| f[14] = 0x6c),
         ("ecn ce", |f| f[15] |= 0x30),
         ("flow label", |f| {
