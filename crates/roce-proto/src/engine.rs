@@ -356,7 +356,18 @@ impl Engine {
                 "sgid and dgid differ in IP version",
             ));
         }
-        let t = TxTemplate::new(self.cfg.mac, sgid, attr, 0);
+        let ident = self.ip_id ^ (self.ahs.len() as u16);
+        let t = TxTemplate::new(
+            self.cfg.mac,
+            sgid,
+            attr,
+            0,
+            Qpn::new(0),
+            false,
+            self.cfg.ecn_data,
+            self.cfg.cnp_dscp,
+            ident,
+        );
         let e = Some((pd, *attr, t));
         if let Some(i) = self.ahs.iter().position(Option::is_none) {
             self.ahs[i] = e;
@@ -697,6 +708,9 @@ impl Engine {
         // Apply.
         let mac = self.cfg.mac;
         let gids = self.cfg.gids.clone();
+        let (ecn_data, cnp_dscp) = (self.cfg.ecn_data, self.cfg.cnp_dscp);
+        // IPv4 identification of this QP's packets (fixed per QP, see `wire::TxTemplate`).
+        let ident = self.ip_id ^ (qpn.value() as u16);
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return Err(ModifyQpError::UnknownQp(qpn));
         };
@@ -787,6 +801,12 @@ impl Engine {
                 sgid,
                 &qp.attr.ah_attr,
                 wire::udp_sport(qp.qpn, qp.attr.dest_qp_num, qp.attr.ah_attr.flow_label),
+                qp.attr.dest_qp_num,
+                // S12: RC packets carry MigReq = 1 like hardware RNICs ("migrated", APM unused); receivers ignore it.
+                qp.qp_type == QpType::Rc,
+                ecn_data,
+                cnp_dscp,
+                ident,
             ));
         }
         if qp.qp_type == QpType::Ud && to >= QpState::Rtr && qp.tmpl.is_none() {
@@ -801,6 +821,11 @@ impl Engine {
                 sgid,
                 &av,
                 wire::udp_sport(qp.qpn, qp.qpn, 0),
+                Qpn::new(0),
+                false,
+                ecn_data,
+                cnp_dscp,
+                ident,
             ));
         }
         qp.state = to;

@@ -10,7 +10,7 @@ use crate::qp::Qp;
 use crate::time::Instant;
 use crate::timer::{TimerKind, Timers};
 use crate::verbs::{QpState, QpType, SendFlags, SendOp, WcStatus};
-use crate::wire::{self, Ext, RxPkt, TxHdr, op};
+use crate::wire::{self, Ext, RxPkt, TxClass, TxHdr, op};
 
 /// Local ACK timeout for the `timeout` attribute: 4.096 µs · 2^timeout; `None` for 0 (infinite) (`ROCEV2.md §4.2`).
 pub fn local_ack_timeout(timeout: u8) -> Option<Duration> {
@@ -202,15 +202,12 @@ impl Engine {
         };
         let mut ext = Ext::default();
         let mut hdr = TxHdr {
+            class: TxClass::Data,
             opcode: 0,
             se: false,
-            mig_req: rc,
             ack_req: false,
-            becn: false,
-            dest_qp: qp.attr.dest_qp_num,
             psn,
-            ecn: if cfg.ecn_data { wire::ECN_ECT0 } else { 0 },
-            dscp: None,
+            dest_qp: None,
         };
         let (offset, plen, last_pkt) = match w.op {
             SendOp::RdmaRead { remote_addr, rkey } => {
@@ -343,9 +340,8 @@ impl Engine {
                     } else {
                         op::UD_SEND_ONLY
                     };
-                    hdr.mig_req = false;
                     if let Some(d) = w.ud {
-                        hdr.dest_qp = d.remote_qpn;
+                        hdr.dest_qp = Some(d.remote_qpn);
                         let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
                             qp.attr.qkey
                         } else {
@@ -372,16 +368,13 @@ impl Engine {
         };
         // UD packets leave with the QP's own source port.
         let sport = qp.tmpl.as_ref().map_or(tmpl.sport, |t| t.sport);
-        // IPv4 identification = low 16 bits of the PSN: DF is set, so the value is free (RFC 6864), and because the
-        // ID is ICRC-covered this makes every retransmission byte-identical to the original (S05, go-back-N).
-        let ip_id = psn.value() as u16;
         let need = wire::frame_len(tmpl, &hdr, &ext, plen);
         if buf.len() < need {
             return Err(());
         }
         let inline = w.inline;
         let sq = &qp.sq;
-        let len = wire::emit(buf, tmpl, sport, ip_id, &hdr, &ext, plen, |out| {
+        let written = wire::emit(buf, tmpl, sport, &hdr, &ext, plen, |out| {
             if inline {
                 let src = sq.inline_bytes(cur);
                 let o = offset as usize;
@@ -390,8 +383,9 @@ impl Engine {
                 gather(mrs, sq.segs(cur), offset, out);
             }
         });
+        let Some(len) = written else { return Err(()) };
         // Commit state only now that the frame is written.
-        let meta_dscp = hdr.dscp.unwrap_or(tmpl.dscp());
+        let (meta_dscp, meta_ecn) = tmpl.marks(TxClass::Data, cfg.cnp_dscp);
         let w = qp.sq.wqe_mut(cur);
         if !w.started {
             w.started = true;
@@ -437,7 +431,7 @@ impl Engine {
             len,
             qpn,
             dscp: meta_dscp,
-            ecn: hdr.ecn,
+            ecn: meta_ecn,
             kind: if retransmit {
                 TxKind::Retransmit
             } else {

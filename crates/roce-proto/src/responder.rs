@@ -10,7 +10,7 @@ use crate::time::Instant;
 use crate::verbs::{
     AccessFlags, AsyncEvent, AsyncEventType, QpState, QpType, Rkey, Wc, WcFlags, WcOpcode, WcStatus,
 };
-use crate::wire::{self, Ext, ParseError, PeerAddr, RxPkt, TxHdr, op};
+use crate::wire::{self, Ext, ParseError, PeerAddr, RxPkt, TxClass, TxHdr, op};
 
 /// AETH syndromes (`ROCEV2.md §4.3`).
 const SYN_ACK: u8 = 0x1F;
@@ -51,10 +51,6 @@ impl Engine {
         };
         if !self.cfg.gids.contains(&pkt.dst_gid) {
             self.stats.drop_wrong_dest_ip += 1;
-            return;
-        }
-        if pkt.tver != 0 {
-            self.stats.drop_bad_tver += 1;
             return;
         }
         // P_Key: one table entry 0xFFFF (full member); match = equal low 15 bits (`ROCEV2.md §2.2`).
@@ -861,9 +857,8 @@ impl Engine {
         _now: Instant,
         buf: &mut [u8],
     ) -> Result<Option<TxMeta>, ()> {
-        let ip_id = self.ip_id.wrapping_add(1);
         let cnp_dscp = self.cfg.cnp_dscp;
-        let mac = self.cfg.mac;
+        let (mac, ecn_data, ident) = (self.cfg.mac, self.cfg.ecn_data, self.ip_id);
         let Engine { qps, cfg, .. } = self;
         let Some(qp) = qps[i].as_deref_mut() else {
             return Ok(None);
@@ -874,17 +869,13 @@ impl Engine {
             qp.resp.out.clear();
             return Ok(None);
         };
-        let rc = qp.qp_type == QpType::Rc;
         let mut hdr = TxHdr {
+            class: TxClass::Ctrl,
             opcode: op::ACKNOWLEDGE,
             se: false,
-            mig_req: rc,
             ack_req: false,
-            becn: false,
-            dest_qp: qp.attr.dest_qp_num,
             psn: Psn::new(0),
-            ecn: 0,
-            dscp: None,
+            dest_qp: None,
         };
         let mut ext = Ext::default();
         enum Which {
@@ -906,12 +897,10 @@ impl Engine {
         } else if qp.resp.cnp_pending {
             // CNP (`ROCEV2.md §6`): BECN=1, DestQP = the flow's sender, PSN 0, M=0, 16 zero bytes, DSCP cnp_dscp.
             hdr.opcode = op::CNP;
-            hdr.mig_req = false;
-            hdr.becn = true;
-            hdr.dscp = Some(cnp_dscp);
+            hdr.class = TxClass::Cnp;
             ext.cnp = true;
             if let Some(dest) = qp.resp.cnp_dest {
-                hdr.dest_qp = dest.qpn;
+                hdr.dest_qp = Some(dest.qpn);
                 if qp.qp_type == QpType::Ud {
                     let sgid = cfg.gids.first().copied().unwrap_or_default();
                     let av = crate::verbs::AhAttr {
@@ -919,7 +908,9 @@ impl Engine {
                         dmac: dest.mac,
                         ..Default::default()
                     };
-                    cnp_tmpl = wire::TxTemplate::new(mac, sgid, &av, tmpl.sport);
+                    cnp_tmpl = wire::TxTemplate::new(
+                        mac, sgid, &av, tmpl.sport, dest.qpn, false, ecn_data, cnp_dscp, ident,
+                    );
                     use_tmpl = &cnp_tmpl;
                 }
             }
@@ -944,8 +935,10 @@ impl Engine {
         if buf.len() < need {
             return Err(());
         }
-        let len = wire::emit(buf, use_tmpl, tmpl.sport, ip_id, &hdr, &ext, 0, |_| {});
-        let dscp = hdr.dscp.unwrap_or(use_tmpl.dscp());
+        let Some(len) = wire::emit(buf, use_tmpl, tmpl.sport, &hdr, &ext, 0, |_| {}) else {
+            return Err(());
+        };
+        let (dscp, ecn) = use_tmpl.marks(hdr.class, cnp_dscp);
         let kind = match which {
             Which::Fatal => {
                 qp.resp.fatal_nak = None;
@@ -961,12 +954,11 @@ impl Engine {
             }
         };
         let qpn = qp.qpn;
-        self.ip_id = ip_id;
         Ok(Some(TxMeta {
             len,
             qpn,
             dscp,
-            ecn: hdr.ecn,
+            ecn,
             kind,
         }))
     }
@@ -978,7 +970,7 @@ impl Engine {
         i: usize,
         buf: &mut [u8],
     ) -> Result<Option<TxMeta>, ()> {
-        let ip_id = self.ip_id.wrapping_add(1);
+        let cnp_dscp = self.cfg.cnp_dscp;
         let Engine { qps, mrs, .. } = self;
         let Some(qp) = qps[i].as_deref_mut() else {
             return Ok(None);
@@ -1007,15 +999,12 @@ impl Engine {
             (false, true) => op::READ_RESPONSE_LAST,
         };
         let hdr = TxHdr {
+            class: TxClass::Data,
             opcode,
             se: false,
-            mig_req: true,
             ack_req: false,
-            becn: false,
-            dest_qp: qp.attr.dest_qp_num,
             psn,
-            ecn: wire::ECN_ECT0,
-            dscp: None,
+            dest_qp: None,
         };
         let mut ext = Ext::default();
         if opcode != op::READ_RESPONSE_MIDDLE {
@@ -1029,19 +1018,12 @@ impl Engine {
             slot: r.mr.slot,
             offset: r.mr.offset + offset as usize,
         };
-        let len = wire::emit(
-            buf,
-            tmpl,
-            tmpl.sport,
-            ip_id,
-            &hdr,
-            &ext,
-            plen as usize,
-            |out| {
-                out.copy_from_slice(mrs.bytes(src, out.len()));
-            },
-        );
-        let dscp = tmpl.dscp();
+        let Some(len) = wire::emit(buf, tmpl, tmpl.sport, &hdr, &ext, plen as usize, |out| {
+            out.copy_from_slice(mrs.bytes(src, out.len()));
+        }) else {
+            return Err(());
+        };
+        let (dscp, ecn) = tmpl.marks(TxClass::Data, cnp_dscp);
         if last {
             qp.resp.out.pop_front();
         } else if let Some(RespItem::Read {
@@ -1056,12 +1038,11 @@ impl Engine {
             *f = false;
         }
         let qpn = qp.qpn;
-        self.ip_id = ip_id;
         Ok(Some(TxMeta {
             len,
             qpn,
             dscp,
-            ecn: hdr.ecn,
+            ecn,
             kind: TxKind::ReadResponse,
         }))
     }

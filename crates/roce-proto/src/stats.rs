@@ -86,12 +86,11 @@ counters! {
     cq_overflow,
     /// `poll_transmit` calls refused because the caller's buffer was too small (nothing consumed, S05).
     tx_refused,
-    /// Drop: frame is not RoCE v2 (EtherType, IP protocol, UDP port) or is truncated/malformed.
+    /// Drop: frame is not RoCE v2 (EtherType, IP protocol, UDP port) or is truncated/malformed (incl. TVer ≠ 0,
+    /// bad pad count, lengths that disagree — `roce_wire::RoceRepr::parse`).
     drop_malformed,
     /// Drop: BTH opcode unknown or not valid for the QP type.
     drop_bad_opcode,
-    /// Drop: TVer != 0.
-    drop_bad_tver,
     /// Drop: destination QP unknown or in a state that does not accept packets.
     drop_unknown_qp,
     /// Drop: IP addresses do not match the connected QP's address vector.

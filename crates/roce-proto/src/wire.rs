@@ -1,15 +1,23 @@
-//! The engine's narrow seam to the wire layer: what the requester/responder need from a frame (parse into an
-//! `RxPkt`, emit from a per-QP template). INTERIM: implemented locally until `roce-wire` publishes its frame API;
-//! every function here is to be replaced by the `roce-wire` equivalent (one concept, one place).
+//! The engine's narrow seam to `roce-wire` (one concept, one place): frame parsing (`RoceRepr::parse`, ICRC check),
+//! emission through per-QP `HeaderTemplate`s, the opcode table, the UDP source-port rule and the RNR timer table all
+//! come from `roce-wire`; this module only converts between its reprs and the compact shapes the requester and
+//! responder match on.
 
+use core::net::{Ipv4Addr, Ipv6Addr};
 use core::time::Duration;
+
+use roce_wire::template::PacketHeader;
+use roce_wire::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, CnpRepr, DethRepr, Ecn,
+    EtherType, EthernetAddress, EthernetRepr, ExtRepr, HeaderTemplate, IethRepr, ImmDtRepr, IpRepr,
+    Ipv4Repr, Ipv6Repr, Msn, Opcode, ROCE_V2_PORT, RethRepr, RoceRepr, UdpPacket, UdpRepr,
+};
 
 use crate::verbs::{AhAttr, Gid};
 use crate::{Psn, Qpn};
 
-/// ECN code points (IP TOS low two bits, `ROCEV2.md §1.4`).
-pub(crate) const ECN_ECT0: u8 = 0b10;
-pub(crate) const ECN_CE: u8 = 0b11;
+/// ECN code point CE (IP TOS low two bits `11`, `ROCEV2.md §1.4`).
+pub(crate) const ECN_CE: u8 = Ecn::Ce as u8;
 
 /// BTH opcodes as raw bytes for `match` arms, taken from the `roce_wire::Opcode` table (`ROCEV2.md §2.1`); the
 /// classification helpers read the same table (one truth for parse, emit and the engine).
@@ -81,26 +89,14 @@ pub(crate) mod op {
     }
 }
 
-/// RNR NAK timer code → wait (`ROCEV2.md §4.2` table, S04).
+/// RNR NAK timer code → wait (`ROCEV2.md §4.2` table via `roce_wire::rnr_timer_us`, S04).
 pub(crate) fn rnr_timer(code: u8) -> Duration {
-    const US: [u64; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
-        5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122_880, 163_840, 245_760,
-        327_680, 491_520,
-    ];
-    Duration::from_micros(US[(code & 0x1F) as usize])
+    Duration::from_micros(u64::from(roce_wire::rnr_timer_us(code & 0x1F)))
 }
 
-/// UDP source port from both QPNs (`ROCEV2.md §1.4`, `rdma_get_udp_sport`).
+/// UDP source port from both QPNs (`ROCEV2.md §1.4`, `roce_wire::udp_sport`).
 pub(crate) fn udp_sport(l: Qpn, r: Qpn, flow_label: u32) -> u16 {
-    let mut fl = flow_label & 0xF_FFFF;
-    if fl == 0 {
-        let mut v = u64::from(l.value()) * u64::from(r.value());
-        v ^= v >> 20;
-        v ^= v >> 40;
-        fl = (v & 0xF_FFFF) as u32;
-    }
-    (0xC000 | ((fl & 0x3FFF) ^ (fl >> 14))) as u16
+    roce_wire::udp_sport(l, r, flow_label)
 }
 
 /// Where a CNP for a UD flow goes.
@@ -111,12 +107,13 @@ pub(crate) struct PeerAddr {
     pub(crate) gid: Gid,
 }
 
-/// Extension headers of one packet (received or to send).
+/// Extension headers of one packet in the compact form the engine matches on (converted to/from
+/// `roce_wire::ExtRepr`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Ext {
     /// RETH: VA, R_Key, DMA length.
     pub(crate) reth: Option<(u64, u32, u32)>,
-    /// AETH: syndrome, MSN.
+    /// AETH: syndrome byte, MSN.
     pub(crate) aeth: Option<(u8, u32)>,
     /// AtomicETH: VA, R_Key, swap/add, compare.
     pub(crate) atomic: Option<(u64, u32, u64, u64)>,
@@ -133,221 +130,242 @@ pub(crate) struct Ext {
 }
 
 impl Ext {
-    fn len(&self) -> usize {
-        self.deth.map_or(0, |_| 8)
-            + self.reth.map_or(0, |_| 16)
-            + self.atomic.map_or(0, |_| 28)
-            + self.aeth.map_or(0, |_| 4)
-            + self.atomic_ack.map_or(0, |_| 8)
-            + self.imm.map_or(0, |_| 4)
-            + self.ieth.map_or(0, |_| 4)
-            + if self.cnp { 16 } else { 0 }
-    }
-}
-
-/// Per-packet BTH fields and IP marks.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TxHdr {
-    pub(crate) opcode: u8,
-    pub(crate) se: bool,
-    pub(crate) mig_req: bool,
-    pub(crate) ack_req: bool,
-    pub(crate) becn: bool,
-    pub(crate) dest_qp: Qpn,
-    pub(crate) psn: Psn,
-    pub(crate) ecn: u8,
-    /// DSCP override (CNPs); `None` = the template's.
-    pub(crate) dscp: Option<u8>,
-}
-
-/// Per-QP (or per-AH) header image: Ethernet + IP + UDP, built once.
-#[derive(Clone, Debug)]
-pub(crate) struct TxTemplate {
-    pub(crate) sport: u16,
-    ipv4: bool,
-    hdr: [u8; 62],
-    hlen: usize,
-    tclass: u8,
-}
-
-impl TxTemplate {
-    pub(crate) fn new(smac: [u8; 6], sgid: Gid, av: &AhAttr, sport: u16) -> TxTemplate {
-        let mut hdr = [0u8; 62];
-        hdr[0..6].copy_from_slice(&av.dmac);
-        hdr[6..12].copy_from_slice(&smac);
-        let ttl = if av.hop_limit == 0 { 64 } else { av.hop_limit };
-        let (ipv4, hlen) = match (sgid.as_ipv4(), av.dgid.as_ipv4()) {
-            (Some(s), Some(d)) => {
-                hdr[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-                let ip = &mut hdr[14..34];
-                ip[0] = 0x45;
-                ip[6] = 0x40; // DF
-                ip[8] = ttl;
-                ip[9] = 17;
-                ip[12..16].copy_from_slice(&s);
-                ip[16..20].copy_from_slice(&d);
-                (true, 42)
-            }
-            _ => {
-                hdr[12..14].copy_from_slice(&0x86DDu16.to_be_bytes());
-                let ip = &mut hdr[14..54];
-                ip[0] = 0x60;
-                ip[6] = 17;
-                ip[7] = ttl;
-                ip[8..24].copy_from_slice(&sgid.0);
-                ip[24..40].copy_from_slice(&av.dgid.0);
-                (false, 62)
-            }
-        };
-        let udp = &mut hdr[hlen - 8..hlen];
-        udp[0..2].copy_from_slice(&sport.to_be_bytes());
-        udp[2..4].copy_from_slice(&4791u16.to_be_bytes());
-        TxTemplate {
-            sport,
-            ipv4,
-            hdr,
-            hlen,
-            tclass: av.traffic_class,
+    fn to_repr(self) -> ExtRepr {
+        ExtRepr {
+            deth: self.deth.map(|(qkey, src_qp)| DethRepr { qkey, src_qp }),
+            feth: None,
+            reth: self
+                .reth
+                .map(|(va, rkey, dma_len)| RethRepr { va, rkey, dma_len }),
+            atomic_eth: self
+                .atomic
+                .map(|(va, rkey, swap_add, compare)| AtomicEthRepr {
+                    va,
+                    rkey,
+                    swap_add,
+                    compare,
+                }),
+            aeth: self.aeth.map(|(s, m)| AethRepr {
+                syndrome: AethSyndrome::from_byte(s),
+                msn: Msn::new(m),
+            }),
+            atomic_ack_eth: self
+                .atomic_ack
+                .map(|orig_value| AtomicAckEthRepr { orig_value }),
+            immdt: self.imm.map(|imm_data| ImmDtRepr { imm_data }),
+            ieth: self.ieth.map(|rkey| IethRepr { rkey }),
+            cnp: self.cnp.then_some(CnpRepr),
         }
     }
 
-    /// DSCP of data packets from this template.
-    pub(crate) fn dscp(&self) -> u8 {
-        self.tclass >> 2
+    fn from_repr(e: &ExtRepr) -> Ext {
+        Ext {
+            reth: e.reth.map(|r| (r.va, r.rkey, r.dma_len)),
+            aeth: e.aeth.map(|a| (a.syndrome.to_byte(), a.msn.value())),
+            atomic: e.atomic_eth.map(|a| (a.va, a.rkey, a.swap_add, a.compare)),
+            atomic_ack: e.atomic_ack_eth.map(|a| a.orig_value),
+            imm: e.immdt.map(|i| i.imm_data),
+            ieth: e.ieth.map(|i| i.rkey),
+            deth: e.deth.map(|d| (d.qkey, d.src_qp)),
+            cnp: e.cnp.is_some(),
+        }
     }
 }
 
-/// Length of the frame `emit` would write.
-pub(crate) fn frame_len(t: &TxTemplate, _h: &TxHdr, ext: &Ext, plen: usize) -> usize {
-    let pad = (4 - plen % 4) % 4;
-    t.hlen + 12 + ext.len() + plen + pad + 4
+/// Which of a QP's header images a frame uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxClass {
+    /// Requests and READ responses: ECT(0) (if configured), DSCP from the traffic class.
+    Data,
+    /// ACK / NAK / ATOMIC ACK: Not-ECT.
+    Ctrl,
+    /// CNP: DSCP `cnp_dscp`, BECN = 1, M = 0, PSN 0 (`ROCEV2.md §6`).
+    Cnp,
 }
 
-/// Writes a whole frame into `buf` (which must be at least `frame_len` long); `fill` writes the payload.
+/// Per-packet BTH fields.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TxHdr {
+    pub(crate) class: TxClass,
+    pub(crate) opcode: u8,
+    pub(crate) se: bool,
+    pub(crate) ack_req: bool,
+    pub(crate) psn: Psn,
+    /// UD: destination QP of this WR (the AH template has none).
+    pub(crate) dest_qp: Option<Qpn>,
+}
+
+/// Per-QP (or per-AH) header images (`roce_wire::HeaderTemplate`, STYLE W8), built once at RTR/RTS or `create_ah`.
+///
+/// The IPv4 identification is fixed per image: DF is set, so the value is free (RFC 6864), and since the ID is
+/// ICRC-covered a fixed value makes every retransmission byte-identical to the original (S05, go-back-N).
+#[derive(Clone, Debug)]
+pub(crate) struct TxTemplate {
+    pub(crate) sport: u16,
+    dscp: u8,
+    ecn_data: Ecn,
+    data: HeaderTemplate,
+    ctrl: HeaderTemplate,
+    cnp: HeaderTemplate,
+}
+
+fn ip_repr(
+    sgid: Gid,
+    dgid: Gid,
+    dscp: u8,
+    ecn: Ecn,
+    hop_limit: u8,
+    flow_label: u32,
+    ident: u16,
+) -> IpRepr {
+    match (sgid.as_ipv4(), dgid.as_ipv4()) {
+        (Some(s), Some(d)) => IpRepr::Ipv4(Ipv4Repr {
+            src_addr: Ipv4Addr::from(s),
+            dst_addr: Ipv4Addr::from(d),
+            dscp,
+            ecn,
+            ident,
+            dont_frag: true,
+            ttl: hop_limit,
+            protocol: 17,
+        }),
+        _ => IpRepr::Ipv6(Ipv6Repr {
+            src_addr: Ipv6Addr::from(sgid.0),
+            dst_addr: Ipv6Addr::from(dgid.0),
+            dscp,
+            ecn,
+            flow_label: flow_label & 0xF_FFFF,
+            next_header: 17,
+            hop_limit,
+        }),
+    }
+}
+
+impl TxTemplate {
+    /// Images for packets from `smac`/`sgid` to the path `av`, destination QP `dest_qp`, UDP source port `sport`.
+    /// `mig_req` is BTH.M of data/ACK packets (1 on RC, S12). `ident` is the IPv4 identification of this QP.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        smac: [u8; 6],
+        sgid: Gid,
+        av: &AhAttr,
+        sport: u16,
+        dest_qp: Qpn,
+        mig_req: bool,
+        ecn_data: bool,
+        cnp_dscp: u8,
+        ident: u16,
+    ) -> TxTemplate {
+        let eth = EthernetRepr {
+            src_addr: EthernetAddress(smac),
+            dst_addr: EthernetAddress(av.dmac),
+            vlan: None,
+            ethertype: EtherType::IPV4,
+        };
+        let hop = if av.hop_limit == 0 { 64 } else { av.hop_limit };
+        let dscp = av.traffic_class >> 2;
+        let udp = UdpRepr {
+            src_port: sport,
+            dst_port: ROCE_V2_PORT,
+        };
+        let bth = BthRepr {
+            opcode: Opcode(0),
+            solicited: false,
+            mig_req,
+            pad_count: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn: Psn::new(0),
+        };
+        let ecn_data = if ecn_data { Ecn::Ect0 } else { Ecn::NotEct };
+        let ip = |dscp, ecn| ip_repr(sgid, av.dgid, dscp, ecn, hop, av.flow_label, ident);
+        let data = HeaderTemplate::new(&eth, &ip(dscp, ecn_data), &udp, &bth);
+        let ctrl = HeaderTemplate::new(&eth, &ip(dscp, Ecn::NotEct), &udp, &bth);
+        let cnp_bth = BthRepr {
+            mig_req: false,
+            becn: true,
+            ..bth
+        };
+        let cnp = HeaderTemplate::new(&eth, &ip(cnp_dscp & 0x3F, Ecn::NotEct), &udp, &cnp_bth);
+        TxTemplate {
+            sport,
+            dscp,
+            ecn_data,
+            data,
+            ctrl,
+            cnp,
+        }
+    }
+
+    /// DSCP and ECN code point of a frame of class `c` (for `TxMeta`).
+    pub(crate) fn marks(&self, c: TxClass, cnp_dscp: u8) -> (u8, u8) {
+        match c {
+            TxClass::Data => (self.dscp, self.ecn_data as u8),
+            TxClass::Ctrl => (self.dscp, Ecn::NotEct as u8),
+            TxClass::Cnp => (cnp_dscp & 0x3F, Ecn::NotEct as u8),
+        }
+    }
+
+    fn image(&self, c: TxClass) -> &HeaderTemplate {
+        match c {
+            TxClass::Data => &self.data,
+            TxClass::Ctrl => &self.ctrl,
+            TxClass::Cnp => &self.cnp,
+        }
+    }
+}
+
+/// Length of the frame [`emit`] would write.
+pub(crate) fn frame_len(t: &TxTemplate, h: &TxHdr, ext: &Ext, plen: usize) -> usize {
+    t.image(h.class).frame_len(ext.to_repr().byte_len(), plen)
+}
+
+/// Writes a whole frame into `buf` (at least [`frame_len`] bytes): template headers, extension headers, payload via
+/// `fill`, pad, ICRC. `sport` overrides the image's UDP source port (UD: the QP's port on a shared AH image).
+/// `None` only if `buf` is too short or the lengths do not fit (callers check `frame_len` first).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit(
     buf: &mut [u8],
     t: &TxTemplate,
     sport: u16,
-    ip_id: u16,
     h: &TxHdr,
     ext: &Ext,
     plen: usize,
     fill: impl FnOnce(&mut [u8]),
-) -> usize {
-    let pad = (4 - plen % 4) % 4;
-    let total = frame_len(t, h, ext, plen);
-    let hl = t.hlen;
-    buf[..hl].copy_from_slice(&t.hdr[..hl]);
-    let udp_len = (total - hl + 8) as u16;
-    let tos = (h.dscp.unwrap_or(t.tclass >> 2) << 2) | (h.ecn & 3);
-    if t.ipv4 {
-        let ip = &mut buf[14..34];
-        ip[1] = tos;
-        ip[2..4].copy_from_slice(&(udp_len + 20).to_be_bytes());
-        ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
-        let mut sum = 0u32;
-        for c in ip.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-        }
-        while sum > 0xFFFF {
-            sum = (sum & 0xFFFF) + (sum >> 16);
-        }
-        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    } else {
-        let ip = &mut buf[14..54];
-        ip[0] = 0x60 | (tos >> 4);
-        ip[1] = (tos << 4) & 0xF0;
-        ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
+) -> Option<usize> {
+    let img = t.image(h.class);
+    let ext = ext.to_repr();
+    let ext_len = ext.byte_len();
+    let ph = PacketHeader {
+        opcode: Opcode(h.opcode),
+        solicited: h.se,
+        ack_req: h.ack_req,
+        psn: h.psn,
+    };
+    let total = img.write_headers(buf, &ph, ext_len, plen).ok()?;
+    if let Some(q) = h.dest_qp {
+        roce_wire::Bth::new_unchecked(&mut buf[img.bth_offset()..]).set_dest_qp(q);
     }
-    let udp = &mut buf[hl - 8..hl];
-    udp[0..2].copy_from_slice(&sport.to_be_bytes());
-    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
-    let b = &mut buf[hl..hl + 12];
-    b[0] = h.opcode;
-    b[1] = (u8::from(h.se) << 7) | (u8::from(h.mig_req) << 6) | ((pad as u8) << 4);
-    b[2] = 0xFF;
-    b[3] = 0xFF;
-    b[4] = u8::from(h.becn) << 6;
-    b[5..8].copy_from_slice(&h.dest_qp.value().to_be_bytes()[1..]);
-    b[8] = u8::from(h.ack_req) << 7;
-    b[9..12].copy_from_slice(&h.psn.value().to_be_bytes()[1..]);
-    let mut o = hl + 12;
-    if let Some((q, s)) = ext.deth {
-        buf[o..o + 4].copy_from_slice(&q.to_be_bytes());
-        buf[o + 4..o + 8].copy_from_slice(&s.value().to_be_bytes());
-        o += 8;
+    if sport != t.sport {
+        let udp_off = img.bth_offset() - roce_wire::udp::HEADER_LEN;
+        UdpPacket::new_unchecked(&mut buf[udp_off..]).set_src_port(sport);
     }
-    if let Some((va, rk, len)) = ext.reth {
-        buf[o..o + 8].copy_from_slice(&va.to_be_bytes());
-        buf[o + 8..o + 12].copy_from_slice(&rk.to_be_bytes());
-        buf[o + 12..o + 16].copy_from_slice(&len.to_be_bytes());
-        o += 16;
-    }
-    if let Some((va, rk, sa, cmp)) = ext.atomic {
-        buf[o..o + 8].copy_from_slice(&va.to_be_bytes());
-        buf[o + 8..o + 12].copy_from_slice(&rk.to_be_bytes());
-        buf[o + 12..o + 20].copy_from_slice(&sa.to_be_bytes());
-        buf[o + 20..o + 28].copy_from_slice(&cmp.to_be_bytes());
-        o += 28;
-    }
-    if let Some((syn, msn)) = ext.aeth {
-        buf[o] = syn;
-        buf[o + 1..o + 4].copy_from_slice(&msn.to_be_bytes()[1..]);
-        o += 4;
-    }
-    if let Some(v) = ext.atomic_ack {
-        buf[o..o + 8].copy_from_slice(&v.to_be_bytes());
-        o += 8;
-    }
-    if let Some(v) = ext.imm.or(ext.ieth) {
-        buf[o..o + 4].copy_from_slice(&v.to_be_bytes());
-        o += 4;
-    }
-    if ext.cnp {
-        buf[o..o + 16].fill(0);
-        o += 16;
-    }
-    fill(&mut buf[o..o + plen]);
-    o += plen;
-    buf[o..o + pad].fill(0);
-    o += pad;
-    let crc = icrc(&buf[14..o], t.ipv4);
-    buf[o..o + 4].copy_from_slice(&crc.to_le_bytes());
-    o + 4
-}
-
-fn icrc(l3: &[u8], ipv4: bool) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xFF; 8]);
-    let ihl = if ipv4 { 20 } else { 40 };
-    let mut hdr = [0u8; 60];
-    let n = ihl + 8 + 12;
-    hdr[..n].copy_from_slice(&l3[..n]);
-    if ipv4 {
-        hdr[1] = 0xFF;
-        hdr[8] = 0xFF;
-        hdr[10] = 0xFF;
-        hdr[11] = 0xFF;
-    } else {
-        hdr[0] |= 0x0F;
-        hdr[1] = 0xFF;
-        hdr[2] = 0xFF;
-        hdr[3] = 0xFF;
-        hdr[7] = 0xFF;
-    }
-    hdr[ihl + 6] = 0xFF;
-    hdr[ihl + 7] = 0xFF;
-    hdr[ihl + 8 + 4] = 0xFF;
-    h.update(&hdr[..n]);
-    h.update(&l3[n..]);
-    h.finalize()
+    let hl = img.header_len();
+    ext.emit(&mut buf[hl..hl + ext_len]).ok()?;
+    fill(&mut buf[hl + ext_len..hl + ext_len + plen]);
+    img.finish(buf, total).ok()?;
+    Some(total)
 }
 
 /// Why a frame was not accepted by the parser.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ParseError {
+    /// Not RoCE v2, truncated or inconsistent (`roce_wire::Error`).
     Malformed,
+    /// ICRC mismatch (S20).
     BadIcrc,
 }
 
@@ -359,176 +377,48 @@ pub(crate) struct RxPkt<'a> {
     pub(crate) dst_gid: Gid,
     pub(crate) ecn: u8,
     pub(crate) opcode: u8,
-    pub(crate) tver: u8,
     pub(crate) pkey: u16,
     pub(crate) dest_qp: Qpn,
     pub(crate) ack_req: bool,
     pub(crate) psn: Psn,
     pub(crate) ext: Ext,
     pub(crate) payload: &'a [u8],
+    /// The IP header bytes (copied into the UD GRH area).
     pub(crate) ip_header: &'a [u8],
 }
 
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-fn be64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_be_bytes(a)
+fn gid_of_v4(a: Ipv4Addr) -> Gid {
+    Gid::from_ipv4(a.octets())
 }
 
+/// Parses and ICRC-checks an Ethernet frame (`roce_wire::RoceRepr::parse`, masked-field ICRC, `ROCEV2.md §3`).
 pub(crate) fn parse(frame: &[u8]) -> Result<RxPkt<'_>, ParseError> {
-    use ParseError::Malformed as M;
-    if frame.len() < 14 {
-        return Err(M);
-    }
-    let mut src_mac = [0u8; 6];
-    src_mac.copy_from_slice(&frame[6..12]);
-    let et = u16::from_be_bytes([frame[12], frame[13]]);
-    let l3 = &frame[14..];
-    let (ipv4, ihl, ecn, src_gid, dst_gid, l3_len) = match et {
-        0x0800 => {
-            if l3.len() < 20 || l3[0] != 0x45 || l3[9] != 17 {
-                return Err(M);
-            }
-            let tl = u16::from_be_bytes([l3[2], l3[3]]) as usize;
-            let s = Gid::from_ipv4([l3[12], l3[13], l3[14], l3[15]]);
-            let d = Gid::from_ipv4([l3[16], l3[17], l3[18], l3[19]]);
-            (true, 20, l3[1] & 3, s, d, tl)
-        }
-        0x86DD => {
-            if l3.len() < 40 || l3[0] >> 4 != 6 || l3[6] != 17 {
-                return Err(M);
-            }
-            let pl = u16::from_be_bytes([l3[4], l3[5]]) as usize;
-            let mut s = [0u8; 16];
-            let mut d = [0u8; 16];
-            s.copy_from_slice(&l3[8..24]);
-            d.copy_from_slice(&l3[24..40]);
-            (false, 40, (l3[1] >> 4) & 3, Gid(s), Gid(d), pl + 40)
-        }
-        _ => return Err(M),
-    };
-    if l3_len > l3.len() || l3_len < ihl + 8 + 12 + 4 {
-        return Err(M);
-    }
-    let l3 = &l3[..l3_len];
-    let udp = &l3[ihl..ihl + 8];
-    if u16::from_be_bytes([udp[2], udp[3]]) != 4791
-        || u16::from_be_bytes([udp[4], udp[5]]) as usize != l3_len - ihl
-    {
-        return Err(M);
-    }
-    let body_end = l3_len - 4;
-    let want = u32::from_le_bytes([
-        l3[body_end],
-        l3[body_end + 1],
-        l3[body_end + 2],
-        l3[body_end + 3],
-    ]);
-    if cfg!(not(fuzzing)) && icrc(&l3[..body_end], ipv4) != want {
+    let p = RoceRepr::parse(frame).map_err(|_| ParseError::Malformed)?;
+    if !p.icrc_ok {
         return Err(ParseError::BadIcrc);
     }
-    let bth = &l3[ihl + 8..ihl + 20];
-    let opcode = bth[0];
-    let pad = ((bth[1] >> 4) & 3) as usize;
-    let tver = bth[1] & 0xF;
-    let pkey = u16::from_be_bytes([bth[2], bth[3]]);
-    let dest_qp = Qpn::new(be32(&[0, bth[5], bth[6], bth[7]]));
-    let ack_req = bth[8] & 0x80 != 0;
-    let psn = Psn::new(be32(&[0, bth[9], bth[10], bth[11]]));
-    let mut rest = &l3[ihl + 20..body_end];
-    let mut ext = Ext::default();
-    let take = |rest: &mut &'_ [u8], n: usize| -> Result<(), ParseError> {
-        if rest.len() < n { Err(M) } else { Ok(()) }
+    let r = &p.repr;
+    let (src_gid, dst_gid) = match &r.ip {
+        IpRepr::Ipv4(i) => (gid_of_v4(i.src_addr), gid_of_v4(i.dst_addr)),
+        IpRepr::Ipv6(i) => (Gid(i.src_addr.octets()), Gid(i.dst_addr.octets())),
     };
-    let low = opcode & 0x1F;
-    let class = opcode >> 5;
-    if opcode == op::CNP {
-        take(&mut rest, 16)?;
-        ext.cnp = true;
-        rest = &rest[16..];
-    } else if class == 3 {
-        if !(opcode == op::UD_SEND_ONLY || opcode == op::UD_SEND_ONLY_IMM) {
-            return Err(M);
-        }
-        take(&mut rest, 8)?;
-        ext.deth = Some((be32(rest), Qpn::new(be32(&rest[4..]))));
-        rest = &rest[8..];
-        if opcode == op::UD_SEND_ONLY_IMM {
-            take(&mut rest, 4)?;
-            ext.imm = Some(be32(rest));
-            rest = &rest[4..];
-        }
-    } else if class <= 1 {
-        if matches!(
-            low,
-            op::WRITE_FIRST | op::WRITE_ONLY | op::WRITE_ONLY_IMM | op::RDMA_READ_REQUEST
-        ) {
-            take(&mut rest, 16)?;
-            ext.reth = Some((be64(rest), be32(&rest[8..]), be32(&rest[12..])));
-            rest = &rest[16..];
-        }
-        if matches!(low, op::COMPARE_SWAP | op::FETCH_ADD) {
-            take(&mut rest, 28)?;
-            ext.atomic = Some((
-                be64(rest),
-                be32(&rest[8..]),
-                be64(&rest[12..]),
-                be64(&rest[20..]),
-            ));
-            rest = &rest[28..];
-        }
-        if matches!(
-            low,
-            op::READ_RESPONSE_FIRST
-                | op::READ_RESPONSE_LAST
-                | op::READ_RESPONSE_ONLY
-                | op::ACKNOWLEDGE
-                | op::ATOMIC_ACKNOWLEDGE
-        ) {
-            take(&mut rest, 4)?;
-            ext.aeth = Some((rest[0], be32(&[0, rest[1], rest[2], rest[3]])));
-            rest = &rest[4..];
-        }
-        if low == op::ATOMIC_ACKNOWLEDGE {
-            take(&mut rest, 8)?;
-            ext.atomic_ack = Some(be64(rest));
-            rest = &rest[8..];
-        }
-        if matches!(
-            low,
-            op::SEND_LAST_IMM | op::SEND_ONLY_IMM | op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM
-        ) {
-            take(&mut rest, 4)?;
-            ext.imm = Some(be32(rest));
-            rest = &rest[4..];
-        }
-        if matches!(low, op::SEND_LAST_INV | op::SEND_ONLY_INV) {
-            take(&mut rest, 4)?;
-            ext.ieth = Some(be32(rest));
-            rest = &rest[4..];
-        }
-    }
-    if pad > rest.len() {
-        return Err(M);
-    }
-    let payload = &rest[..rest.len() - pad];
+    let ip_off = r.eth.header_len();
+    let ip_header = frame
+        .get(ip_off..ip_off + r.ip.header_len())
+        .ok_or(ParseError::Malformed)?;
     Ok(RxPkt {
-        src_mac,
+        src_mac: r.eth.src_addr.0,
         src_gid,
         dst_gid,
-        ecn,
-        opcode,
-        tver,
-        pkey,
-        dest_qp,
-        ack_req,
-        psn,
-        ext,
-        payload,
-        ip_header: &frame[14..14 + ihl],
+        ecn: r.ip.ecn() as u8,
+        opcode: r.bth.opcode.0,
+        pkey: r.bth.pkey,
+        dest_qp: r.bth.dest_qp,
+        ack_req: r.bth.ack_req,
+        psn: r.bth.psn,
+        ext: Ext::from_repr(&r.ext),
+        payload: p.payload,
+        ip_header,
     })
 }
 
@@ -544,7 +434,7 @@ mod tests {
             .collect()
     }
 
-    /// `ROCEV2.md §3` worked example `rc_send_only_v4`.
+    /// `ROCEV2.md §3` worked example `rc_send_only_v4`: parse, and re-emit byte-identically through the template.
     #[test]
     fn golden_send_only_parses_and_reemits() {
         let f = hex(
@@ -568,22 +458,25 @@ mod tests {
             Gid::from_ipv4([192, 0, 2, 1]),
             &av,
             0xc132,
+            Qpn::new(0x12),
+            false,
+            true,
+            48,
+            0x0100,
         );
         let h = TxHdr {
+            class: TxClass::Data,
             opcode: op::SEND_ONLY,
             se: false,
-            mig_req: false,
             ack_req: true,
-            becn: false,
-            dest_qp: Qpn::new(0x12),
             psn: Psn::new(0),
-            ecn: ECN_ECT0,
-            dscp: None,
+            dest_qp: None,
         };
         let mut buf = [0u8; 128];
-        let n = emit(&mut buf, &t, 0xc132, 0x0100, &h, &Ext::default(), 16, |o| {
+        let n = emit(&mut buf, &t, 0xc132, &h, &Ext::default(), 16, |o| {
             o.copy_from_slice(&f[54..70])
-        });
+        })
+        .unwrap();
         assert_eq!(&buf[..n], &f[..]);
         // A flipped payload bit is a bad ICRC; a changed TTL/TOS is not (S20).
         let mut bad = f.clone();
