@@ -194,6 +194,11 @@ impl Pair {
         &mut self.nodes[i].engine
     }
 
+    /// A copy of node `i`'s port counters.
+    pub fn counters(&self, i: usize) -> Counters {
+        self.nodes[i].engine.counters().clone()
+    }
+
     /// Fault injector on the transmit path of node `i`.
     pub fn faults(&mut self, i: usize) -> &mut Faulty<SimPort> {
         self.nodes[i].faults()

@@ -447,3 +447,389 @@ fn s14_zero_length_psn() {
         vec![0, 10, 0]
     );
 }
+
+// ------------------------------------------------------------------------------------------------ timers
+
+/// RNR NAK timer codes in µs (`ROCEV2.md §4.2`, IBTA table; code 0 is the longest).
+const RNR_US: [u64; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+    5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760,
+    327_680, 491_520,
+];
+
+/// Local ACK timeout 4.096 µs · 2^t (`ROCEV2.md §4.2`).
+fn ack_timeout(t: u8) -> Duration {
+    Duration::from_nanos(4096 << t)
+}
+
+/// Capture times of node `from`'s packets matching `f`.
+fn times_of(p: &Pair, from: usize, f: impl Fn(&Pkt) -> bool) -> Vec<Instant> {
+    p.captured
+        .iter()
+        .filter(|c| c.from == from)
+        .filter(|c| Pkt::parse(&c.frame).is_some_and(|k| f(&k)))
+        .map(|c| c.at)
+        .collect()
+}
+
+/// One-way delay of a frame of `len` bytes on the default sim link (1 µs + serialisation at 100 Gb/s).
+fn wire_delay(len: usize) -> Duration {
+    Duration::from_micros(1) + Duration::from_nanos(((len.max(60) + 24) * 8 / 100) as u64)
+}
+
+// ------------------------------------------------------------------------------------------------ S04
+
+/// S04: after an RNR NAK the requester waits the advertised RNR delay (not its ACK timeout), for every code;
+/// rnr_retry 7 never exhausts; rnr_retry < 7 ends in RNR_RETRY_EXC_ERR after exactly that many retries.
+#[test]
+fn s04_rnr_retry_waits_the_rnr_timer() {
+    for code in [14u8, 1, 8, 12, 18, 0] {
+        // ACK timeout 8 (≈1.05 ms) is shorter than the 1.28 ms of code 14: the bug resent on the ACK timer.
+        let o = ConnOpts {
+            min_rnr_timer: code,
+            timeout: 8,
+            rnr_retry: 7,
+            ..ConnOpts::default()
+        };
+        let (mut p, a, b, ma, mb) = setup(&o);
+        let sg = [sge(&ma, 0, 100)];
+        p.a()
+            .post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &sg).signaled()])
+            .unwrap();
+        let naks_wanted = 5;
+        let ok = p.drive_until(Duration::from_secs(10), |p| {
+            times_of(p, 1, |k| k.aeth.is_some_and(|x| x.0 >> 5 == 1)).len() >= naks_wanted
+        });
+        assert!(ok, "code {code}: RNR NAKs keep coming");
+        // Let the last NAK reach the requester (less than the shortest RNR delay).
+        p.drive_for(Duration::from_micros(5));
+        let naks: Vec<(Instant, Pkt)> = p
+            .captured
+            .iter()
+            .filter(|c| c.from == 1)
+            .filter_map(|c| Pkt::parse(&c.frame).map(|k| (c.at, k)))
+            .filter(|(_, k)| k.aeth.is_some_and(|x| x.0 >> 5 == 1))
+            .collect();
+        for (_, k) in &naks {
+            assert_eq!(
+                k.aeth.unwrap().0,
+                0x20 | code,
+                "syndrome carries the responder's min_rnr_timer"
+            );
+            assert_eq!(k.psn, 100, "RNR NAK names the rejected PSN");
+        }
+        let sends = times_of(&p, 0, |k| k.opcode == 0x04 && k.psn == 100);
+        let delay = Duration::from_micros(RNR_US[code as usize]);
+        for (i, (t_nak, k)) in naks.iter().enumerate() {
+            let arrival = *t_nak + wire_delay(k.transport_len + 46);
+            let next = sends.iter().find(|&&t| t > *t_nak).copied();
+            let Some(next) = next else {
+                assert_eq!(
+                    i,
+                    naks.len() - 1,
+                    "code {code}: a retry follows every NAK but the last seen"
+                );
+                continue;
+            };
+            let gap = next - arrival;
+            assert!(
+                gap >= delay,
+                "code {code}: retry {gap:?} after the NAK, must wait {delay:?}"
+            );
+            assert!(
+                gap <= delay + Duration::from_micros(20),
+                "code {code}: retry late: {gap:?} vs {delay:?}"
+            );
+        }
+        assert!(
+            poll_all(p.a(), a.cq).is_empty(),
+            "rnr_retry 7 never exhausts"
+        );
+        assert_eq!(p.counters(0).rcvd_rnr_err, p.counters(1).send_rnr_err);
+        assert_eq!(
+            p.b().counters().send_rnr_err as usize,
+            times_of(&p, 1, |k| k.aeth.is_some_and(|x| x.0 >> 5 == 1)).len()
+        );
+        // A receive WR ends it.
+        recv(&mut p, b, 9, &[sge(&mb, 0, 128)]);
+        p.drive();
+        let wa = poll_all(p.a(), a.cq);
+        assert_eq!(
+            wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            vec![(1, WcStatus::Success)],
+            "code {code}"
+        );
+    }
+    // Finite rnr_retry: exactly that many retries, then RNR_RETRY_EXC_ERR and ERR; the rest is flushed.
+    for rnr_retry in [0u8, 1, 3, 6] {
+        let o = ConnOpts {
+            min_rnr_timer: 1,
+            rnr_retry,
+            ..ConnOpts::default()
+        };
+        let (mut p, a, _b, ma, _mb) = setup(&o);
+        let sg = [sge(&ma, 0, 100)];
+        let sg2 = [sge(&ma, 200, 100)];
+        p.a()
+            .post_send(
+                a.qpn,
+                &[
+                    SendWr::new(1, SendOp::Send, &sg).signaled(),
+                    SendWr::new(2, SendOp::Send, &sg2).signaled(),
+                ],
+            )
+            .unwrap();
+        p.drive();
+        let wa = poll_all(p.a(), a.cq);
+        assert_eq!(
+            wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            vec![(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)],
+            "rnr_retry {rnr_retry}"
+        );
+        assert_eq!(
+            times_of(&p, 0, |k| k.psn == 100 && k.is_request()).len(),
+            1 + rnr_retry as usize,
+            "rnr_retry {rnr_retry}"
+        );
+        assert_eq!(p.a().counters().rcvd_rnr_err, 1 + u64::from(rnr_retry));
+        assert_eq!(p.a().counters().retry_rnr_exceeded_err, 1);
+        assert_eq!(p.a().qp_info(a.qpn).unwrap().state, QpState::Err);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ S05
+
+fn s05_run(refuse_second: bool, busy: f64) -> (Vec<Vec<u8>>, Vec<u8>, u64) {
+    let cfg = PairConfig {
+        tx_budget: 1,
+        ..PairConfig::default()
+    };
+    let (mut p, a, b, ma, mb) = setup_with(cfg, &ConnOpts::default());
+    recv(&mut p, b, 1, &[sge(&mb, 0, 8192)]);
+    if busy > 0.0 {
+        p.faults(0).set_tx_faults(FaultConfig {
+            busy,
+            ..FaultConfig::default()
+        });
+    }
+    let sg = [
+        sge(&ma, 0, 1500),
+        sge(&ma, 3000, 1500),
+        sge(&ma, 7001, 1500),
+    ];
+    p.a()
+        .post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &sg).signaled()])
+        .unwrap();
+    if refuse_second {
+        assert!(p.drive_until(Duration::from_millis(1), |p| {
+            p.captured.iter().any(|c| c.from == 0)
+        }));
+        p.refuse_tx[0] = 1;
+    }
+    p.drive();
+    assert_eq!(poll_all(p.a(), a.cq)[0].status, WcStatus::Success);
+    assert_eq!(poll_all(p.b(), b.cq)[0].byte_len, 4500);
+    let frames = p
+        .captured
+        .iter()
+        .filter(|c| c.from == 0)
+        .map(|c| c.frame.clone())
+        .collect();
+    let got = mr_vec(&mut p, 1, &mb)[..4500].to_vec();
+    (frames, got, p.a().counters().tx_refused)
+}
+
+/// S05: a transmit refused by the link (busy) or by a too-small buffer consumes no PSN and the frame that is
+/// finally sent is byte-identical to the one an undisturbed run sends.
+#[test]
+fn s05_backpressure_keeps_sge_cursor() {
+    let (reference, data, refused) = s05_run(false, 0.0);
+    assert_eq!(refused, 0);
+    assert_eq!(
+        reference
+            .iter()
+            .filter(|f| Pkt::parse(f).unwrap().is_request())
+            .count(),
+        5,
+        "4500 B at PMTU 1024"
+    );
+    let mut want = Vec::new();
+    {
+        let (mut p, a, _, ma, _) = setup(&ConnOpts::default());
+        let _ = a;
+        let src = mr_vec(&mut p, 0, &ma);
+        for (o, l) in [(0, 1500), (3000, 1500), (7001, 1500)] {
+            want.extend_from_slice(&src[o..o + l]);
+        }
+    }
+    assert_eq!(data, want, "the message arrives byte-identical");
+    // Engine-level refusal of the 2nd packet.
+    let (frames, data2, refused) = s05_run(true, 0.0);
+    assert_eq!(refused, 1, "tx_refused counts the refusal");
+    assert_eq!(frames, reference, "same PSNs, same bytes");
+    assert_eq!(data2, want);
+    // Link-level back-pressure (tx_buf busy) on ~half the attempts.
+    let (frames, data3, _) = s05_run(false, 0.5);
+    assert_eq!(frames, reference);
+    assert_eq!(data3, want);
+}
+
+// ------------------------------------------------------------------------------------------------ S15
+
+/// S15: local ACK timeout = 4.096 µs · 2^timeout; exactly retry_cnt retransmissions; then RETRY_EXC_ERR, ERR,
+/// the rest flushed; timeout 0 = no retransmission timer.
+#[test]
+fn s15_local_ack_timeout() {
+    for timeout in [8u8, 10, 14, 18] {
+        let o = ConnOpts {
+            timeout,
+            retry_cnt: 3,
+            ..ConnOpts::default()
+        };
+        let (mut p, a, b, ma, mb) = setup(&o);
+        for i in 0..3 {
+            recv(&mut p, b, i, &[sge(&mb, 0, 4096)]);
+        }
+        // The peer silently drops everything.
+        p.faults(0).set_tx_faults(FaultConfig {
+            loss: 1.0,
+            ..FaultConfig::default()
+        });
+        let sgs: Vec<[Sge; 1]> = (0..3).map(|i| [sge(&ma, i * 100, 100)]).collect();
+        let wrs: Vec<SendWr> = sgs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SendWr::new(i as u64 + 1, SendOp::Send, s).signaled())
+            .collect();
+        let before = p.a().counters().clone();
+        p.a().post_send(a.qpn, &wrs).unwrap();
+        let t_post = p.now;
+        assert!(
+            p.drive_until(Duration::from_secs(100), |p| p.a().cq_len(a.cq) > 0),
+            "timeout {timeout}"
+        );
+        let t_err = p.now;
+        p.drive();
+        let tx = times_of(&p, 0, |k| k.psn == 100 && k.is_request());
+        assert_eq!(
+            tx.len(),
+            4,
+            "timeout {timeout}: 1 + retry_cnt transmissions of the first PSN"
+        );
+        let t = ack_timeout(timeout);
+        let slack = Duration::from_micros(10);
+        for w in tx.windows(2) {
+            let gap = w[1] - w[0];
+            assert!(
+                gap >= t && gap <= t + slack,
+                "timeout {timeout}: gap {gap:?}, want {t:?}"
+            );
+        }
+        let e = t_err - tx[3];
+        assert!(
+            e >= t && e <= t + slack,
+            "timeout {timeout}: error after {e:?}"
+        );
+        assert!(tx[0] - t_post < slack);
+        let wa = poll_all(p.a(), a.cq);
+        assert_eq!(
+            wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            vec![
+                (1, WcStatus::RetryExcErr),
+                (2, WcStatus::WrFlushErr),
+                (3, WcStatus::WrFlushErr)
+            ],
+            "timeout {timeout}"
+        );
+        assert_eq!(p.a().qp_info(a.qpn).unwrap().state, QpState::Err);
+        let c = p.a().counters().clone();
+        assert_eq!(
+            c.local_ack_timeout_err - before.local_ack_timeout_err,
+            4,
+            "one per expiry, the last one gives up"
+        );
+        assert_eq!(c.retry_exceeded_err - before.retry_exceeded_err, 1);
+        if timeout == 14 {
+            assert_eq!(t, Duration::from_nanos(67_108_864), "≈67.1 ms");
+        }
+    }
+    // timeout 0: infinite — no retransmission ever, no completion.
+    let o = ConnOpts {
+        timeout: 0,
+        retry_cnt: 3,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, _b, ma, mb) = setup(&o);
+    p.faults(0).set_tx_faults(FaultConfig {
+        loss: 1.0,
+        ..FaultConfig::default()
+    });
+    let sg = [sge(&ma, 0, 100)];
+    p.a()
+        .post_send(a.qpn, &[SendWr::new(1, write_op(&mb, 0), &sg).signaled()])
+        .unwrap();
+    p.drive_for(Duration::from_secs(3600));
+    assert_eq!(times_of(&p, 0, Pkt::is_request).len(), 1);
+    assert!(poll_all(p.a(), a.cq).is_empty());
+    assert_eq!(p.a().qp_info(a.qpn).unwrap().state, QpState::Rts);
+}
+
+// ------------------------------------------------------------------------------------------------ S19
+
+/// S19: RNR storm with min_rnr_timer 1 (10 µs) and infinite rnr_retry for 1 s of virtual time: retries no faster
+/// than the advertised delay, counters agree with the NAKs on the wire, bounded work, ends when a RECV is posted.
+#[test]
+fn s19_rnr_storm_bounded() {
+    let o = ConnOpts {
+        min_rnr_timer: 1,
+        rnr_retry: 7,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    let sg = [sge(&ma, 0, 64)];
+    p.a()
+        .post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &sg).signaled()])
+        .unwrap();
+    let wall = std::time::Instant::now();
+    let t0 = p.now;
+    let steps0 = p.steps;
+    p.drive_for(Duration::from_secs(1));
+    let elapsed = p.now - t0;
+    let tries = times_of(&p, 0, |k| k.is_request());
+    let naks = times_of(&p, 1, |k| k.aeth.is_some_and(|x| x.0 >> 5 == 1));
+    let max = (elapsed.as_micros() / 10) as usize + 1;
+    assert!(
+        tries.len() <= max,
+        "{} retries in {elapsed:?} exceeds one per 10 µs",
+        tries.len()
+    );
+    assert!(
+        tries.len() >= max / 2,
+        "{} retries: the requester must keep retrying (rnr_retry 7)",
+        tries.len()
+    );
+    for w in tries.windows(2) {
+        assert!(
+            w[1] - w[0] >= Duration::from_micros(10),
+            "retry faster than the RNR delay"
+        );
+    }
+    assert_eq!(p.a().counters().rcvd_rnr_err as usize, naks.len());
+    assert_eq!(p.b().counters().send_rnr_err as usize, naks.len());
+    let steps = p.steps - steps0;
+    assert!(
+        steps < 10 * tries.len() as u64 + 1000,
+        "bounded work: {steps} steps for {} retries",
+        tries.len()
+    );
+    println!(
+        "s19: {} retries, {} RNR NAKs in {elapsed:?} virtual, {steps} steps, {:?} wall",
+        tries.len(),
+        naks.len(),
+        wall.elapsed()
+    );
+    recv(&mut p, b, 7, &[sge(&mb, 0, 64)]);
+    p.drive();
+    assert_eq!(poll_all(p.a(), a.cq)[0].status, WcStatus::Success);
+    assert_eq!(poll_all(p.b(), b.cq)[0].status, WcStatus::Success);
+}
