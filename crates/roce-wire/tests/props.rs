@@ -232,7 +232,8 @@ fn uncovered(repr: &RoceRepr, len: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..ip).collect();
     let (udp, masked): (usize, Vec<usize>) = match repr.ip {
         IpRepr::Ipv4(_) => (ip + 20, vec![ip + 1, ip + 8, ip + 10, ip + 11]),
-        IpRepr::Ipv6(_) => (ip + 40, vec![ip + 1, ip + 2, ip + 3, ip + 7]),
+        // IPv6 byte 0 holds the version and the top of the (masked) traffic class.
+        IpRepr::Ipv6(_) => (ip + 40, vec![ip, ip + 1, ip + 2, ip + 3, ip + 7]),
     };
     v.extend(masked);
     v.extend([udp + 6, udp + 7, udp + 8 + 4]);
