@@ -108,6 +108,27 @@ pub struct RoceRepr {
     pub payload_len: usize,
 }
 
+/// Why [`RoceRepr::parse_explained`] rejected a frame: the [`Error`] class
+/// plus a short fixed reason such as `"UDP length disagrees with IP length"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rejection {
+    /// The error class ([`RoceRepr::parse`] returns just this).
+    pub error: Error,
+    /// What exactly was wrong.
+    pub reason: &'static str,
+}
+
+impl core::fmt::Display for Rejection {
+    /// `malformed: pad count larger than payload`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}: {}", self.error, self.reason)
+    }
+}
+
+const fn rej(error: Error, reason: &'static str) -> Rejection {
+    Rejection { error, reason }
+}
+
 /// Result of [`RoceRepr::parse`]: all fields plus the payload and the
 /// integrity checks that do not make the frame unparseable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,16 +190,30 @@ impl RoceRepr {
     ///   multiple of 4, or pad count larger than the bytes present.
     ///   (`ROCEV2.md §1.7`, §2.2.)
     pub fn parse(frame: &[u8]) -> Result<ParsedFrame<'_>> {
-        let ethf = EthernetFrame::new_checked(frame)?;
-        let eth = EthernetRepr::parse(&ethf)?;
+        Self::parse_explained(frame).map_err(|r| r.error)
+    }
+
+    /// [`parse`](Self::parse) with a human-readable reason on rejection (for
+    /// decoders, traces and drop counters). Never panics.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse), wrapped in a [`Rejection`].
+    pub fn parse_explained(frame: &[u8]) -> core::result::Result<ParsedFrame<'_>, Rejection> {
+        use Error::{Malformed, NotRoce, Truncated};
+        let ethf = EthernetFrame::new_checked(frame).map_err(|e| rej(e, "ethernet header"))?;
+        let eth = EthernetRepr::parse(&ethf).map_err(|e| rej(e, "ethernet header"))?;
         let ip_off = eth.header_len();
         let ip_buf = &frame[ip_off..];
         let (ip, ip_hdr_len, ip_payload, ip_checksum_ok) = match eth.ethertype {
             EtherType::IPV4 => {
-                let p = Ipv4Packet::new_checked(ip_buf)?;
-                let r = Ipv4Repr::parse(&p)?;
+                let p = Ipv4Packet::new_checked(ip_buf).map_err(|e| match e {
+                    Truncated => rej(e, "IPv4 total length exceeds frame"),
+                    _ => rej(e, "IPv4 header/total length"),
+                })?;
+                let r =
+                    Ipv4Repr::parse(&p).map_err(|e| rej(e, "IPv4 version, options or fragment"))?;
                 if r.protocol != ipv4::PROTOCOL_UDP {
-                    return Err(Error::NotRoce);
+                    return Err(rej(NotRoce, "IP protocol is not UDP"));
                 }
                 let ok = p.verify_checksum();
                 let total = usize::from(p.total_len());
@@ -190,10 +225,11 @@ impl RoceRepr {
                 )
             }
             EtherType::IPV6 => {
-                let p = Ipv6Packet::new_checked(ip_buf)?;
-                let r = Ipv6Repr::parse(&p)?;
+                let p = Ipv6Packet::new_checked(ip_buf)
+                    .map_err(|e| rej(e, "IPv6 payload length exceeds frame"))?;
+                let r = Ipv6Repr::parse(&p).map_err(|e| rej(e, "IPv6 version"))?;
                 if r.next_header != ipv4::PROTOCOL_UDP {
-                    return Err(Error::NotRoce);
+                    return Err(rej(NotRoce, "IPv6 next header is not UDP"));
                 }
                 let end = ipv6::HEADER_LEN + usize::from(p.payload_len());
                 (
@@ -203,47 +239,55 @@ impl RoceRepr {
                     true,
                 )
             }
-            _ => return Err(Error::NotRoce),
+            _ => return Err(rej(NotRoce, "EtherType is not IPv4/IPv6")),
         };
         if ip_payload.len() < udp::HEADER_LEN {
-            return Err(Error::Malformed);
+            return Err(rej(Malformed, "IP payload shorter than a UDP header"));
         }
         let udpp = UdpPacket::new_unchecked(ip_payload);
         if udpp.dst_port() != ROCE_V2_PORT {
-            return Err(Error::NotRoce);
+            return Err(rej(NotRoce, "UDP destination port is not 4791"));
         }
         if usize::from(udpp.len()) != ip_payload.len() {
-            return Err(Error::Malformed);
+            return Err(rej(Malformed, "UDP length disagrees with IP length"));
         }
-        let udp = UdpRepr::parse(&udpp)?;
+        let udp = UdpRepr::parse(&udpp).map_err(|e| rej(e, "UDP header"))?;
         let udp_payload = &ip_payload[udp::HEADER_LEN..];
         if udp_payload.len() < bth::HEADER_LEN + ICRC_LEN {
-            return Err(Error::Malformed);
+            return Err(rej(Malformed, "UDP payload too short for BTH and ICRC"));
         }
-        let bth = BthRepr::parse(&Bth::new_unchecked(udp_payload))?;
+        let bth = BthRepr::parse(&Bth::new_unchecked(udp_payload))
+            .map_err(|e| rej(e, "BTH TVer is not 0"))?;
         let transport = &udp_payload[bth::HEADER_LEN..udp_payload.len() - ICRC_LEN];
-        let ext = ExtRepr::parse(bth.opcode, transport).map_err(|_| Error::Malformed)?;
+        let ext = ExtRepr::parse(bth.opcode, transport)
+            .map_err(|_| rej(Malformed, "too short for the opcode's extension headers"))?;
         let ext_len = ext.byte_len();
         let body = &transport[ext_len..];
         let payload_len = match bth.opcode.info() {
             Some(info) if !info.has_payload() => {
-                if !body.is_empty() || bth.pad_count != 0 {
-                    return Err(Error::Malformed);
+                if !body.is_empty() {
+                    return Err(rej(Malformed, "payload on an opcode without payload"));
+                }
+                if bth.pad_count != 0 {
+                    return Err(rej(Malformed, "pad count on an opcode without payload"));
                 }
                 0
             }
             Some(_) => {
                 let pad = usize::from(bth.pad_count);
-                if body.len() % 4 != 0 || pad > body.len() {
-                    return Err(Error::Malformed);
+                if body.len() % 4 != 0 {
+                    return Err(rej(Malformed, "BTH..pad not a multiple of 4"));
+                }
+                if pad > body.len() {
+                    return Err(rej(Malformed, "pad count larger than payload"));
                 }
                 body.len() - pad
             }
             None => body.len(),
         };
         let ip_all = &frame[ip_off..];
-        let icrc = icrc::stored(ip_all)?;
-        let icrc_ok = cfg!(fuzzing) || icrc::compute(ip_all)? == icrc;
+        let (icrc, computed) = icrc::stored_and_computed(ip_all).map_err(|e| rej(e, "ICRC"))?;
+        let icrc_ok = cfg!(fuzzing) || computed == icrc;
         let payload_offset = ip_off + ip_hdr_len + udp::HEADER_LEN + bth::HEADER_LEN + ext_len;
         Ok(ParsedFrame {
             repr: RoceRepr {

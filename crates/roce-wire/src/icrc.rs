@@ -125,6 +125,16 @@ pub fn stored(ip: &[u8]) -> Result<u32> {
     Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
 }
 
+/// The stored ICRC and the computed one, in one pass over the layout.
+///
+/// # Errors
+/// As [`compute`].
+pub fn stored_and_computed(ip: &[u8]) -> Result<(u32, u32)> {
+    let l = layout(ip)?;
+    let s = &ip[l.icrc_off..l.icrc_off + ICRC_LEN];
+    Ok((u32::from_le_bytes([s[0], s[1], s[2], s[3]]), crc_of(ip, &l)))
+}
+
 /// Checks the stored ICRC. Under `cfg(fuzzing)` the check always passes so a
 /// fuzzer reaches the transport logic (STYLE W6).
 ///

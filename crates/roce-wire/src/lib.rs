@@ -118,7 +118,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-#[cfg(any(test, feature = "std"))]
+#[cfg(test)]
 #[macro_use]
 extern crate std;
 
@@ -157,7 +157,7 @@ pub use deth::{Deth, DethRepr};
 pub use eth::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr, VlanTag};
 pub use ext::ExtRepr;
 pub use feth::{Feth, FethRepr};
-pub use frame::{IpRepr, ParsedFrame, RoceFrame, RoceRepr};
+pub use frame::{IpRepr, ParsedFrame, Rejection, RoceFrame, RoceRepr};
 pub use icrc::ICRC_LEN;
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};

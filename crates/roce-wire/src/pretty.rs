@@ -4,7 +4,8 @@
 //! RC SEND_FIRST qp=0x000012 psn=100 A=0 pad=0 len=256 icrc=ok
 //! RC RDMA_WRITE_FIRST qp=0x000012 psn=200 A=0 pad=0 len=256 reth(va=0x7f0000001000 rkey=0x1234abcd len=600) icrc=ok
 //! RC ACKNOWLEDGE qp=0x000011 psn=103 A=0 pad=0 len=0 aeth(nak seq msn=5) icrc=ok
-//! malformed: truncated (len=40)
+//! malformed: IPv4 total length exceeds frame (truncated, len=40)
+//! not RoCE v2: UDP destination port is not 4791 (len=74)
 //! ```
 //!
 //! [`PrettyFrame`] never panics on arbitrary bytes (it only calls
@@ -131,16 +132,26 @@ impl fmt::Display for ParsedFrame<'_> {
 }
 
 /// Displays arbitrary bytes as one line: the parsed frame, or the reason it
-/// could not be parsed (`malformed: truncated (len=N)`, `not RoCE v2 (len=N)`).
+/// could not be parsed, with the reason from [`RoceRepr::parse_explained`]
+/// (`malformed: pad count larger than payload (malformed, len=62)`,
+/// `not RoCE v2: UDP destination port is not 4791 (len=74)`).
 #[derive(Debug, Clone, Copy)]
 pub struct PrettyFrame<'a>(pub &'a [u8]);
 
 impl fmt::Display for PrettyFrame<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match RoceRepr::parse(self.0) {
+        match RoceRepr::parse_explained(self.0) {
             Ok(p) => write!(f, "{p}"),
-            Err(Error::NotRoce) => write!(f, "not RoCE v2 (len={})", self.0.len()),
-            Err(e) => write!(f, "malformed: {e} (len={})", self.0.len()),
+            Err(r) if r.error == Error::NotRoce => {
+                write!(f, "not RoCE v2: {} (len={})", r.reason, self.0.len())
+            }
+            Err(r) => write!(
+                f,
+                "malformed: {} ({}, len={})",
+                r.reason,
+                r.error,
+                self.0.len()
+            ),
         }
     }
 }

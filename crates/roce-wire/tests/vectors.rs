@@ -201,8 +201,13 @@ fn pretty_lines() {
     );
     assert_eq!(
         PrettyFrame(&[0u8; 10]).to_string(),
-        "malformed: truncated (len=10)"
+        "malformed: ethernet header (truncated, len=10)"
     );
+}
+
+/// The rejection reason for `f` (panics if it parses).
+fn reason(f: &[u8]) -> &'static str {
+    RoceRepr::parse_explained(f).unwrap_err().reason
 }
 
 fn vector(id: &str) -> Vec<u8> {
@@ -251,6 +256,7 @@ fn wrong_padcnt_is_rejected() {
     f[43] |= 0x10;
     refresh(&mut f);
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "pad count on an opcode without payload");
     // Pad larger than what is there: SEND ONLY with 0 payload bytes and pad 1.
     let mut f = vector("rc_read_request");
     f[42] = Opcode::RC_SEND_ONLY.0; // READ REQUEST (RETH, no payload) -> SEND ONLY: 16 bytes payload
@@ -273,6 +279,7 @@ fn pad_larger_than_body_is_malformed() {
     f[38..40].copy_from_slice(&24u16.to_be_bytes());
     refresh(&mut f);
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "pad count larger than payload");
 }
 
 #[test]
@@ -284,6 +291,7 @@ fn bth_to_pad_not_multiple_of_four_is_malformed() {
     f[38..40].copy_from_slice(&39u16.to_be_bytes());
     refresh(&mut f);
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "BTH..pad not a multiple of 4");
 }
 
 #[test]
@@ -298,7 +306,7 @@ fn truncated_frames() {
         assert!(
             PrettyFrame(&f[..n])
                 .to_string()
-                .starts_with("malformed: truncated")
+                .ends_with(&format!("(truncated, len={n})"))
         );
     }
     let f6 = vector("rc_ack_v6");
@@ -315,11 +323,13 @@ fn length_and_header_inconsistencies() {
     f[38..40].copy_from_slice(&36u16.to_be_bytes());
     refresh_ip_only(&mut f);
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "UDP length disagrees with IP length");
     // IP total length shorter than the frame says: UDP len no longer matches.
     let mut f = vector("rc_send_only_v4");
     f[16..18].copy_from_slice(&56u16.to_be_bytes());
     refresh_ip_only(&mut f);
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "UDP length disagrees with IP length");
     // IP total length longer than the buffer.
     let mut f = vector("rc_send_only_v4");
     f[16..18].copy_from_slice(&100u16.to_be_bytes());
@@ -329,6 +339,7 @@ fn length_and_header_inconsistencies() {
     f[43] |= 0x01;
     refresh(&mut f);
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "BTH TVer is not 0");
     // Payload on an opcode without payload (ACK with 4 extra bytes).
     let mut f = vector("rc_ack");
     f.splice(58..58, [0u8; 4]);
@@ -336,15 +347,18 @@ fn length_and_header_inconsistencies() {
     f[38..40].copy_from_slice(&32u16.to_be_bytes());
     refresh(&mut f);
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "payload on an opcode without payload");
     // UDP payload too short for the extension headers of the opcode.
     let mut f = vector("rc_ack");
     f[42] = Opcode::RC_COMPARE_SWAP.0;
     refresh(&mut f);
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "too short for the opcode's extension headers");
     // IPv4 options.
     let mut f = vector("rc_ack");
     f[14] = 0x46;
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "IPv4 version, options or fragment");
 }
 
 fn refresh_ip_only(frame: &mut [u8]) {
@@ -357,15 +371,18 @@ fn not_roce() {
     let mut f = vector("rc_send_only_v4");
     f[36..38].copy_from_slice(&4792u16.to_be_bytes());
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::NotRoce);
+    assert_eq!(reason(&f), "UDP destination port is not 4791");
     assert!(PrettyFrame(&f).to_string().starts_with("not RoCE v2"));
     // TCP.
     let mut f = vector("rc_send_only_v4");
     f[23] = 6;
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::NotRoce);
+    assert_eq!(reason(&f), "IP protocol is not UDP");
     // ARP.
     let mut f = vector("rc_send_only_v4");
     f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::NotRoce);
+    assert_eq!(reason(&f), "EtherType is not IPv4/IPv6");
 }
 
 #[test]
@@ -444,6 +461,7 @@ fn masked_fields_keep_icrc_v6() {
     let mut f = orig.clone();
     f[14] = 0x76; // version nibble is covered
     assert_eq!(RoceRepr::parse(&f).unwrap_err(), Error::Malformed);
+    assert_eq!(reason(&f), "IPv6 version");
     let mut f = orig.clone();
     f[25] ^= 1; // source address
     assert!(!RoceRepr::parse(&f).unwrap().icrc_ok);
