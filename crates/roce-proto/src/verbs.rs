@@ -61,10 +61,11 @@ macro_rules! flags {
             pub const fn bits(self) -> u32 {
                 self.0
             }
+            /// Every flag as `(name, bit)`.
+            pub const ALL_BITS: &'static [(&'static str, u32)] = &[$((stringify!($flag), $v),)*];
             /// Names of the set bits (for diagnostics).
             pub fn names(self) -> impl Iterator<Item = &'static str> {
-                const ALL: &[(&str, u32)] = &[$((stringify!($flag), $v),)*];
-                ALL.iter().filter(move |(_, v)| self.0 & v != 0).map(|(n, _)| *n)
+                Self::ALL_BITS.iter().filter(move |(_, v)| self.0 & v != 0).map(|(n, _)| *n)
             }
         }
         impl BitOr for $name {

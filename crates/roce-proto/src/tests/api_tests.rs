@@ -1,0 +1,723 @@
+//! Verbs-level behaviour: device limits, caps (S09), max message (S10), MR leases, CQ overrun, SQD, fence and
+//! `max_rd_atomic`, UC resync, IPv6, counters and the QP dump.
+
+use std::time::Duration;
+
+use super::util::*;
+use crate::*;
+
+fn setup(o: &ConnOpts) -> (Pair, End, End, MrInfo, MrInfo) {
+    let mut p = Pair::new();
+    let (a, b) = connect(&mut p, o);
+    let ma = mr(&mut p.a, a.pd, 1 << 16, |i| (i % 251) as u8);
+    let mb = mr(&mut p.b, b.pd, 1 << 16, |_| 0);
+    (p, a, b, ma, mb)
+}
+
+#[test]
+fn query_device_reports_enforced_limits() {
+    let e = Engine::new(cfg(MAC_A, IP_A, 1));
+    let d = e.query_device();
+    assert!(d.max_sge >= 16 && d.max_inline_data >= 256);
+    assert_eq!(d.max_msg_sz, 1 << 31);
+    assert_eq!(d.max_mtu, Mtu::Mtu4096, "netdev 4200 → 4096");
+    let e = Engine::new(EngineConfig {
+        netdev_mtu: 1500,
+        ..cfg(MAC_A, IP_A, 1)
+    });
+    assert_eq!(
+        e.query_device().max_mtu,
+        Mtu::Mtu1024,
+        "rxe rule: largest IB MTU ≤ netdev MTU − 80"
+    );
+}
+
+#[test]
+fn s09_caps_reject_or_clamp() {
+    let mut e = Engine::new(cfg(MAC_A, IP_A, 1));
+    let pd = e.alloc_pd().unwrap();
+    let cq = e.create_cq(16).unwrap();
+    let max = e.query_device().max_inline_data;
+    let mut init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: max + 1,
+        },
+        sq_sig_all: false,
+    };
+    let err = e.create_qp(&init).unwrap_err();
+    assert_eq!(
+        err,
+        CreateQpError::CapExceeded {
+            field: "max_inline_data",
+            requested: max + 1,
+            limit: max
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "cap.max_inline_data = {} exceeds the device limit {max}",
+            max + 1
+        )
+    );
+    let mut e = Engine::new(EngineConfig {
+        cap_policy: CapPolicy::Clamp,
+        ..cfg(MAC_A, IP_A, 1)
+    });
+    let pd = e.alloc_pd().unwrap();
+    let cq = e.create_cq(16).unwrap();
+    init.pd = pd;
+    init.send_cq = cq;
+    init.recv_cq = cq;
+    let (qpn, cap) = e.create_qp(&init).unwrap();
+    assert_eq!(cap.max_inline_data, max);
+    assert_eq!(e.query_qp(qpn).unwrap().cap.max_inline_data, max);
+    // CQ in use cannot be destroyed; PD with a QP cannot be deallocated.
+    assert!(matches!(e.destroy_cq(cq), Err(ResourceError::Busy(_))));
+    assert!(matches!(e.dealloc_pd(pd), Err(ResourceError::Busy(_))));
+    e.destroy_qp(qpn).unwrap();
+    e.destroy_cq(cq).unwrap();
+    e.dealloc_pd(pd).unwrap();
+}
+
+#[test]
+fn s10_message_larger_than_max_msg_sz_is_loc_len_err() {
+    let (mut p, a, _b, ma, _mb) = setup(&ConnOpts::default());
+    // 2^31 + 1 bytes of SGEs (SGEs may overlap one MR).
+    let big =
+        p.a.reg_mr(a.pd, vec![0u8; 1 << 30], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let s = [sge(&big, 0, 1 << 30), sge(&big, 0, 1 << 30), sge(&ma, 0, 1)];
+    p.a.post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &s)])
+        .unwrap();
+    p.drive();
+    let wa = poll_all(&mut p.a, a.cq);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::LocLenErr)]
+    );
+    assert!(p.captured.is_empty(), "nothing was sent");
+    assert_eq!(p.a.qp_info(a.qpn).unwrap().state, QpState::Err);
+}
+
+#[test]
+fn post_errors_are_synchronous_and_name_the_wr() {
+    let (mut p, a, _b, ma, mb) = setup(&ConnOpts::default());
+    let s: Vec<Sge> = (0..5).map(|i| sge(&ma, i * 10, 10)).collect();
+    let ok = [sge(&ma, 0, 10)];
+    let e =
+        p.a.post_send(
+            a.qpn,
+            &[
+                SendWr::new(1, SendOp::Send, &ok),
+                SendWr::new(2, SendOp::Send, &s),
+            ],
+        )
+        .unwrap_err();
+    assert_eq!(
+        e,
+        PostError {
+            index: 1,
+            kind: PostErrorKind::TooManySges { given: 5, max: 4 }
+        }
+    );
+    // Before RTS posting fails with the state.
+    let o = ConnOpts::default();
+    let c = make_qp(&mut p.a, &o);
+    let e =
+        p.a.post_send(c.qpn, &[SendWr::new(3, SendOp::Send, &ok)])
+            .unwrap_err();
+    assert_eq!(e.kind, PostErrorKind::InvalidState(QpState::Reset));
+    // SQ full.
+    let o = ConnOpts {
+        cap: QpCap {
+            max_send_wr: 2,
+            ..ConnOpts::default().cap
+        },
+        ..ConnOpts::default()
+    };
+    let (x, _y) = connect(&mut p, &o);
+    let wrs: Vec<_> = (0..3)
+        .map(|i| {
+            SendWr::new(
+                i,
+                SendOp::RdmaWrite {
+                    remote_addr: mb.addr,
+                    rkey: mb.rkey,
+                },
+                &ok,
+            )
+        })
+        .collect();
+    assert_eq!(
+        p.a.post_send(x.qpn, &wrs).unwrap_err(),
+        PostError {
+            index: 2,
+            kind: PostErrorKind::QueueFull
+        }
+    );
+}
+
+#[test]
+fn dereg_mr_busy_while_leased_and_cq_overrun_event() {
+    let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&mb, 0, 100)],
+        }],
+    )
+    .unwrap();
+    assert!(
+        matches!(p.b.dereg_mr(mb.lkey), Err(ResourceError::Busy(_))),
+        "posted receive holds a lease"
+    );
+    p.a.post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &[sge(&ma, 0, 10)])])
+        .unwrap();
+    assert!(matches!(p.a.dereg_mr(ma.lkey), Err(ResourceError::Busy(_))));
+    p.drive();
+    assert!(p.a.dereg_mr(ma.lkey).is_ok());
+    let _ = poll_all(&mut p.b, b.cq);
+    assert!(p.b.dereg_mr(mb.lkey).is_ok());
+    // CQ overrun: depth-1 CQ, two completions.
+    let mut e = Engine::new(cfg(MAC_A, IP_A, 1));
+    let pd = e.alloc_pd().unwrap();
+    let cq = e.create_cq(1).unwrap();
+    let (q, _) = e
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let at = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: AccessFlags::EMPTY,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        q,
+        &at,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    e.post_recv(
+        q,
+        &[
+            RecvWr {
+                wr_id: 1,
+                sg_list: &[],
+            },
+            RecvWr {
+                wr_id: 2,
+                sg_list: &[],
+            },
+        ],
+    )
+    .unwrap();
+    e.modify_qp(
+        q,
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..at
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
+    let mut wc = [Wc::default(); 4];
+    assert_eq!(e.poll_cq(cq, &mut wc), 1);
+    assert_eq!(e.counters().cq_overflow, 1);
+    let evs: Vec<_> = std::iter::from_fn(|| e.poll_async_event())
+        .map(|ev| ev.event_type)
+        .collect();
+    assert!(evs.contains(&AsyncEventType::CqErr), "{evs:?}");
+    assert_eq!(e.poll_cq(cq, &mut wc), 0, "empty CQ is 0, not an error");
+}
+
+#[test]
+fn max_rd_atomic_and_fence_order_requests() {
+    let o = ConnOpts {
+        max_rd_atomic: 1,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&mb, 0, 100)],
+        }],
+    )
+    .unwrap();
+    let s = [sge(&ma, 0, 3000)];
+    let s2 = [sge(&ma, 4000, 3000)];
+    let w = [sge(&ma, 8000, 10)];
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(
+                1,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr,
+                    rkey: mb.rkey,
+                },
+                &s,
+            ),
+            SendWr::new(
+                2,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr,
+                    rkey: mb.rkey,
+                },
+                &s2,
+            ),
+            SendWr::new(3, SendOp::Send, &w).flags(SendFlags::FENCE),
+        ],
+    )
+    .unwrap();
+    // Only the first READ request goes out before its responses arrive.
+    let mut buf = vec![0u8; 9000];
+    assert!(p.a.poll_transmit(p.now, &mut buf).is_some());
+    assert!(
+        p.a.poll_transmit(p.now, &mut buf).is_none(),
+        "max_rd_atomic = 1 holds the second READ"
+    );
+    p.drive();
+    let reqs: Vec<(u8, u32)> = p
+        .captured
+        .iter()
+        .filter(|c| c.1 == Dir::AtoB)
+        .map(|c| (bth_of(&c.2).0, bth_of(&c.2).1))
+        .collect();
+    assert_eq!(reqs, vec![(0x0c, 100), (0x0c, 103), (0x04, 106)]);
+    // The fenced SEND left only after the second READ's last response.
+    let last_resp = p
+        .captured
+        .iter()
+        .position(|c| c.1 == Dir::BtoA && bth_of(&c.2).0 == 0x0f && bth_of(&c.2).1 == 105)
+        .unwrap();
+    let send = p
+        .captured
+        .iter()
+        .position(|c| c.1 == Dir::AtoB && bth_of(&c.2).0 == 0x04)
+        .unwrap();
+    assert!(send > last_resp);
+    assert_eq!(poll_all(&mut p.a, a.cq).len(), 3);
+}
+
+#[test]
+fn sqd_drains_and_notifies() {
+    let o = ConnOpts {
+        timeout: 8,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&mb, 0, 8000)],
+        }],
+    )
+    .unwrap();
+    let s = [sge(&ma, 0, 5000)];
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(1, SendOp::Send, &s),
+            SendWr::new(2, SendOp::Send, &s),
+        ],
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 9000];
+    let _ = p.a.poll_transmit(p.now, &mut buf).unwrap(); // FIRST of WR 1 leaves; the engine keeps the rest
+    let first = buf.clone();
+    let at = QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..QpAttr::default()
+    };
+    p.a.modify_qp(
+        a.qpn,
+        &at,
+        QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY,
+    )
+    .unwrap();
+    p.b.handle_frame(p.now, &first);
+    p.drive();
+    // WR 1 (already started) finished; WR 2 did not start.
+    let wa = poll_all(&mut p.a, a.cq);
+    assert_eq!(wa.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1]);
+    let evs: Vec<_> = std::iter::from_fn(|| p.a.poll_async_event())
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(evs, vec![AsyncEventType::SqDrained]);
+    // Back to RTS: WR 2 goes.
+    p.a.modify_qp(
+        a.qpn,
+        &QpAttr {
+            qp_state: QpState::Rts,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 2,
+            sg_list: &[sge(&mb, 0, 8000)],
+        }],
+    )
+    .unwrap();
+    p.drive();
+    assert_eq!(
+        poll_all(&mut p.a, a.cq)
+            .iter()
+            .map(|w| w.wr_id)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+}
+
+#[test]
+fn uc_gap_drops_partial_message_and_resyncs() {
+    let o = ConnOpts {
+        qp_type: QpType::Uc,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    p.b.post_recv(
+        b.qpn,
+        &[
+            RecvWr {
+                wr_id: 1,
+                sg_list: &[sge(&mb, 0, 8000)],
+            },
+            RecvWr {
+                wr_id: 2,
+                sg_list: &[sge(&mb, 0, 8000)],
+            },
+        ],
+    )
+    .unwrap();
+    // Drop the MIDDLE of the first 3-packet message.
+    let mut k = 0;
+    p.filter = Box::new(move |_, _| {
+        k += 1;
+        k != 2
+    });
+    let s = [sge(&ma, 0, 2500)];
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(1, SendOp::Send, &s),
+            SendWr::new(2, SendOp::Send, &s),
+        ],
+    )
+    .unwrap();
+    p.drive();
+    assert_eq!(
+        poll_all(&mut p.a, a.cq).len(),
+        2,
+        "UC completes at send time"
+    );
+    let wb = poll_all(&mut p.b, b.cq);
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(),
+        vec![(1, 2500)],
+        "second message lands in WR 1"
+    );
+    assert!(p.b.counters().drop_uc_out_of_seq >= 1);
+    assert_eq!(p.b.qp_info(b.qpn).unwrap().state, QpState::Rts);
+}
+
+#[test]
+fn ipv6_rc_round_trip() {
+    let ga = Gid([0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    let gb = Gid([0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+    let ca = EngineConfig {
+        mac: MAC_A,
+        gids: vec![ga],
+        ..EngineConfig::default()
+    };
+    let cb = EngineConfig {
+        mac: MAC_B,
+        gids: vec![gb],
+        ..EngineConfig::default()
+    };
+    let mut p = Pair::with_configs(ca, cb);
+    let o = ConnOpts::default();
+    let a = make_qp(&mut p.a, &o);
+    let b = make_qp(&mut p.b, &o);
+    // Bring up by hand with IPv6 GIDs.
+    for (e, me, peer, mac, gid, sq, rq) in [
+        (&mut p.a, a, b.qpn, MAC_B, gb, o.a_psn, o.b_psn),
+        (&mut p.b, b, a.qpn, MAC_A, ga, o.b_psn, o.a_psn),
+    ] {
+        let mut at = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: o.access,
+            ..QpAttr::default()
+        };
+        e.modify_qp(
+            me.qpn,
+            &at,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+        at.qp_state = QpState::Rtr;
+        at.ah_attr = AhAttr {
+            dgid: gid,
+            dmac: mac,
+            ..AhAttr::default()
+        };
+        at.dest_qp_num = peer;
+        at.rq_psn = rq;
+        e.modify_qp(
+            me.qpn,
+            &at,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        at.qp_state = QpState::Rts;
+        at.sq_psn = sq;
+        e.modify_qp(
+            me.qpn,
+            &at,
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+    }
+    let ma = mr(&mut p.a, a.pd, 4096, |i| i as u8);
+    let mb = mr(&mut p.b, b.pd, 4096, |_| 0);
+    let s = [sge(&ma, 0, 2000)];
+    p.a.post_send(
+        a.qpn,
+        &[SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: mb.addr,
+                rkey: mb.rkey,
+            },
+            &s,
+        )
+        .signaled()],
+    )
+    .unwrap();
+    p.drive();
+    assert_eq!(poll_all(&mut p.a, a.cq)[0].status, WcStatus::Success);
+    assert_eq!(
+        &p.b.mr_bytes(mb.lkey).unwrap()[..2000],
+        &p.a.mr_bytes(ma.lkey).unwrap()[..2000]
+    );
+    assert_eq!(&p.captured[0].2[12..14], &[0x86, 0xdd]);
+    // An IPv4 destination on an IPv6 source GID is rejected at modify time (S16).
+    let c = make_qp(&mut p.a, &o);
+    let at = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: o.access,
+        ..QpAttr::default()
+    };
+    p.a.modify_qp(
+        c.qpn,
+        &at,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    let at = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: AhAttr {
+            dgid: Gid::from_ipv4(IP_B),
+            ..AhAttr::default()
+        },
+        ..at
+    };
+    let e = p.a.modify_qp(
+        c.qpn,
+        &at,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    );
+    assert!(
+        matches!(
+            e,
+            Err(ModifyQpError::InvalidValue {
+                attr: "ah_attr.dgid",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn s11_counters_by_name_and_qp_dump() {
+    let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&mb, 0, 100)],
+        }],
+    )
+    .unwrap();
+    p.a.post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &[sge(&ma, 0, 10)])])
+        .unwrap();
+    p.drive();
+    for name in [
+        "sent_pkts",
+        "rcvd_pkts",
+        "duplicate_request",
+        "out_of_seq_request",
+        "rcvd_rnr_err",
+        "send_rnr_err",
+        "rcvd_seq_err",
+        "ack_deferred",
+        "retry_exceeded_err",
+        "retry_rnr_exceeded_err",
+        "completer_retry_err",
+        "send_err",
+        "link_downed",
+        "rdma_sends",
+        "rdma_recvs",
+        "local_ack_timeout_err",
+        "packet_seq_err",
+        "implied_nak_seq_err",
+        "rx_icrc_encapsulated",
+        "np_cnp_sent",
+        "rp_cnp_handled",
+        "np_ecn_marked_roce_packets",
+        "out_of_sequence",
+    ] {
+        assert!(Counters::NAMES.contains(&name), "{name}");
+    }
+    assert_eq!(p.a.counters().get("sent_pkts"), Some(1));
+    assert_eq!(p.b.counters().get("rdma_sends"), Some(1));
+    assert_eq!(p.a.counters().get("no_such_counter"), None);
+    assert_eq!(p.a.counters().iter().count(), Counters::NAMES.len());
+    assert_eq!(p.a.qp_counters(a.qpn).unwrap().sent_pkts, 1);
+    let dump = p.a.qp_dump(a.qpn).unwrap();
+    assert!(
+        dump.contains("state=Rts") && dump.contains("next_psn=101") && dump.contains("una_psn=101"),
+        "{dump}"
+    );
+    // S12: RC packets carry MigReq = 1.
+    assert!(p.captured.iter().all(|c| c.2[43] & 0x40 != 0));
+}
+
+#[test]
+fn zero_length_read_and_write() {
+    let (mut p, a, _b, ma, mb) = setup(&ConnOpts::default());
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(
+                1,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr,
+                    rkey: mb.rkey,
+                },
+                &[],
+            ),
+            SendWr::new(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: mb.addr,
+                    rkey: mb.rkey,
+                },
+                &[],
+            ),
+        ],
+    )
+    .unwrap();
+    p.drive();
+    let wa = poll_all(&mut p.a, a.cq);
+    assert_eq!(
+        wa.iter()
+            .map(|w| (w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        vec![(WcStatus::Success, 0); 2]
+    );
+    let frames: Vec<(u8, u32)> = p
+        .captured
+        .iter()
+        .map(|c| (bth_of(&c.2).0, bth_of(&c.2).1))
+        .collect();
+    assert_eq!(
+        frames,
+        vec![(0x0c, 100), (0x0a, 101), (0x10, 100), (0x11, 101)]
+    );
+    let _ = ma;
+}
+
+#[test]
+fn rate_controller_seam_parks_the_qp() {
+    let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
+    // 8 Mbit/s: a 1 KiB frame every ~1 ms.
+    p.a.set_rate_controller(a.qpn, Box::new(FixedRate::with_rate(8_000_000)))
+        .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&mb, 0, 8000)],
+        }],
+    )
+    .unwrap();
+    p.a.post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &[sge(&ma, 0, 4096)])])
+        .unwrap();
+    p.drive();
+    let t: Vec<_> = p
+        .captured
+        .iter()
+        .filter(|c| c.1 == Dir::AtoB)
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(t.len(), 4);
+    for w in t.windows(2) {
+        assert!(
+            w[1] - w[0] >= Duration::from_micros(1000),
+            "{:?}",
+            w[1] - w[0]
+        );
+    }
+    assert_eq!(poll_all(&mut p.a, a.cq)[0].status, WcStatus::Success);
+}
