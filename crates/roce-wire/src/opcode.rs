@@ -93,6 +93,21 @@ pub enum MsgPosition {
 }
 
 impl MsgPosition {
+    /// Position of packet `index` (0-based) in a message of `count` packets
+    /// (`ROCEV2.md §4.1`): `count <= 1` → `Only`; otherwise `First`, `Middle`…,
+    /// `Last`.
+    pub const fn of(index: usize, count: usize) -> Self {
+        if count <= 1 {
+            MsgPosition::Only
+        } else if index == 0 {
+            MsgPosition::First
+        } else if index + 1 >= count {
+            MsgPosition::Last
+        } else {
+            MsgPosition::Middle
+        }
+    }
+
     /// `true` for `First` and `Only` (a packet that starts a message).
     pub const fn starts_message(self) -> bool {
         matches!(self, MsgPosition::First | MsgPosition::Only)
@@ -521,6 +536,78 @@ impl Opcode {
     /// RoCE v2 congestion notification packet (0x81, `ROCEV2.md §6`).
     pub const CNP: Opcode = Opcode(0x81);
 
+    /// The SEND opcode for a packet at `pos` (`ROCEV2.md §2.1`). `imm` and
+    /// `inv` only apply to `Last`/`Only` (ignored on `First`/`Middle`);
+    /// asking for both returns `None`. RC supports all forms; UC has no
+    /// invalidate; UD has only `Only` (with or without immediate). Other
+    /// transports return `None`.
+    pub const fn send(
+        transport: Transport,
+        pos: MsgPosition,
+        imm: bool,
+        inv: bool,
+    ) -> Option<Opcode> {
+        let ends = matches!(pos, MsgPosition::Last | MsgPosition::Only);
+        if ends && imm && inv {
+            return None;
+        }
+        let base = match transport {
+            Transport::Rc => 0x00,
+            Transport::Uc if !(ends && inv) => 0x20,
+            Transport::Ud => {
+                return match (pos, inv) {
+                    (MsgPosition::Only, false) => Some(if imm {
+                        Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+                    } else {
+                        Opcode::UD_SEND_ONLY
+                    }),
+                    _ => None,
+                };
+            }
+            _ => return None,
+        };
+        let op = match pos {
+            MsgPosition::First => 0x00,
+            MsgPosition::Middle => 0x01,
+            MsgPosition::Last if imm => 0x03,
+            MsgPosition::Last if inv => 0x16,
+            MsgPosition::Last => 0x02,
+            MsgPosition::Only if imm => 0x05,
+            MsgPosition::Only if inv => 0x17,
+            MsgPosition::Only => 0x04,
+        };
+        Some(Opcode(base + op))
+    }
+
+    /// The RDMA WRITE opcode for a packet at `pos` on RC or UC (`ROCEV2.md
+    /// §2.1`); `imm` only applies to `Last`/`Only`. Other transports: `None`.
+    pub const fn rdma_write(transport: Transport, pos: MsgPosition, imm: bool) -> Option<Opcode> {
+        let base = match transport {
+            Transport::Rc => 0x00,
+            Transport::Uc => 0x20,
+            _ => return None,
+        };
+        let op = match pos {
+            MsgPosition::First => 0x06,
+            MsgPosition::Middle => 0x07,
+            MsgPosition::Last if imm => 0x09,
+            MsgPosition::Last => 0x08,
+            MsgPosition::Only if imm => 0x0B,
+            MsgPosition::Only => 0x0A,
+        };
+        Some(Opcode(base + op))
+    }
+
+    /// The RC RDMA READ RESPONSE opcode for a packet at `pos`.
+    pub const fn read_response(pos: MsgPosition) -> Opcode {
+        match pos {
+            MsgPosition::First => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+            MsgPosition::Middle => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+            MsgPosition::Last => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+            MsgPosition::Only => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        }
+    }
+
     /// The table entry, or `None` for an opcode this stack does not know.
     #[inline]
     pub fn info(self) -> Option<&'static OpcodeInfo> {
@@ -647,6 +734,54 @@ mod tests {
         );
         assert_eq!(Opcode::CNP.ext_len(), 16);
         assert_eq!(Opcode::RC_COMPARE_SWAP.ext_len(), 28);
+    }
+
+    #[test]
+    fn constructors_agree_with_table() {
+        use MsgPosition::*;
+        for t in [Transport::Rc, Transport::Uc, Transport::Ud, Transport::Xrc] {
+            for pos in [First, Middle, Last, Only] {
+                for imm in [false, true] {
+                    for inv in [false, true] {
+                        if let Some(op) = Opcode::send(t, pos, imm, inv) {
+                            let i = op.info().unwrap();
+                            assert_eq!((i.transport, i.kind, i.position), (t, OpKind::Send, pos));
+                            if pos.ends_message() {
+                                assert_eq!((i.immediate, i.invalidate), (imm, inv), "{}", i.name);
+                            }
+                        } else {
+                            assert!(
+                                (imm && inv && pos.ends_message())
+                                    || t == Transport::Xrc
+                                    || (t == Transport::Ud && (pos != Only || inv))
+                                    || (t == Transport::Uc && inv && pos.ends_message()),
+                                "{t:?} {pos:?} {imm} {inv}"
+                            );
+                        }
+                    }
+                    if let Some(op) = Opcode::rdma_write(t, pos, imm) {
+                        let i = op.info().unwrap();
+                        assert_eq!(
+                            (i.transport, i.kind, i.position),
+                            (t, OpKind::RdmaWrite, pos)
+                        );
+                        if pos.ends_message() {
+                            assert_eq!(i.immediate, imm);
+                        }
+                    } else {
+                        assert!(matches!(t, Transport::Ud | Transport::Xrc));
+                    }
+                }
+            }
+            let r = Opcode::read_response(Middle).info().unwrap();
+            assert_eq!((r.kind, r.position), (OpKind::RdmaReadResponse, Middle));
+        }
+        assert_eq!(MsgPosition::of(0, 1), Only);
+        assert_eq!(MsgPosition::of(0, 0), Only);
+        assert_eq!(MsgPosition::of(0, 3), First);
+        assert_eq!(MsgPosition::of(1, 3), Middle);
+        assert_eq!(MsgPosition::of(2, 3), Last);
+        assert_eq!(MsgPosition::of(1, 2), Last);
     }
 
     #[test]

@@ -111,6 +111,11 @@ impl HeaderTemplate {
         usize::from(self.ip_off)
     }
 
+    /// Offset of the UDP header (e.g. to patch the source port per UD WR).
+    pub fn udp_offset(&self) -> usize {
+        usize::from(self.udp_off)
+    }
+
     /// Offset of the BTH.
     pub fn bth_offset(&self) -> usize {
         usize::from(self.udp_off) + udp::HEADER_LEN
