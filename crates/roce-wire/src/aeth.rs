@@ -16,7 +16,7 @@ mod fld {
 /// Length of the AETH in bytes.
 pub const HEADER_LEN: usize = fld::MSN.end;
 
-/// Credit code meaning "no credit information" (`ROCEV2.md §4.3`); [rxe]
+/// Credit code meaning "no credit information" (`ROCEV2.md §4.3`); \[rxe\]
 /// always sends ACK syndrome 0x1F.
 pub const CREDIT_INVALID: u8 = 31;
 
@@ -100,7 +100,7 @@ pub enum AethSyndrome {
 }
 
 impl AethSyndrome {
-    /// The syndrome [rxe] sends in every ACK: credit code 31 (0x1F).
+    /// The syndrome \[rxe\] sends in every ACK: credit code 31 (0x1F).
     pub const ACK: AethSyndrome = AethSyndrome::Ack {
         credit: CREDIT_INVALID,
     };

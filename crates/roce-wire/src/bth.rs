@@ -210,7 +210,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
 }
 
 /// The BTH as a value (`ROCEV2.md §1.5`). TVer is not stored: [`BthRepr::parse`]
-/// rejects TVer ≠ 0 (`ROCEV2.md §2.2`, [rxe] drops such packets) and
+/// rejects TVer ≠ 0 (`ROCEV2.md §2.2`, \[rxe\] drops such packets) and
 /// [`BthRepr::emit`] writes 0. Reserved bits are ignored on parse and written
 /// as 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

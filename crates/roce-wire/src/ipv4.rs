@@ -329,7 +329,7 @@ pub struct Ipv4Repr {
     pub ecn: Ecn,
     /// Identification (covered by the ICRC).
     pub ident: u16,
-    /// DF flag ([rxe] sets it, `ROCEV2.md §1.2`).
+    /// DF flag (\[rxe\] sets it, `ROCEV2.md §1.2`).
     pub dont_frag: bool,
     /// TTL.
     pub ttl: u8,
@@ -343,7 +343,7 @@ impl Ipv4Repr {
     ///
     /// # Errors
     /// As [`Ipv4Packet::check_len`]; [`Error::Malformed`] if the version is
-    /// not 4, the header has options (RoCE v2 never sends them and [rxe]
+    /// not 4, the header has options (RoCE v2 never sends them and \[rxe\]
     /// assumes a 20-byte header), or the packet is a fragment.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Ipv4Packet<&T>) -> Result<Self> {
         p.check_len()?;

@@ -186,7 +186,7 @@ pub struct Ipv6Repr {
     pub dscp: u8,
     /// ECN code point.
     pub ecn: Ecn,
-    /// Flow label (20 bits; [rxe] sends 0).
+    /// Flow label (20 bits; \[rxe\] sends 0).
     pub flow_label: u32,
     /// Next header (17 for RoCE v2).
     pub next_header: u8,

@@ -144,6 +144,9 @@ impl HeaderTemplate {
     }
 
     /// Copies the image into `frame` and patches the per-packet fields.
+    /// PadCnt is set to `(−payload_len) mod 4`, which is what every known
+    /// payload-carrying opcode needs (`ROCEV2.md §1.7`); emit frames with
+    /// unknown opcodes through [`RoceRepr::emit`] instead.
     /// Afterwards the caller writes `ext_len` bytes of extension headers at
     /// `header_len()` and the payload right after them, then calls
     /// [`finish`](Self::finish). Returns the frame length.

@@ -116,7 +116,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpPacket<T> {
     }
 }
 
-/// UDP header as a value. The checksum is always emitted as 0 ([rxe] and HW
+/// UDP header as a value. The checksum is always emitted as 0 (\[rxe\] and HW
 /// send 0 over IPv4 and IPv6; the ICRC protects the packet, `ROCEV2.md §1.4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UdpRepr {
