@@ -336,6 +336,11 @@ impl Pair {
         }
     }
 
+    /// Moves virtual time forward by `d` without running anything (time passing on an idle network).
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+    }
+
     /// Steps for `d` of virtual time (or until idle).
     pub fn drive_for(&mut self, d: Duration) {
         let end = self.now + d;
