@@ -539,7 +539,13 @@ fn mark_ce(frame: &mut [u8]) -> bool {
 }
 
 mod locate {
-    //! Where the RoCE part of a frame lies (offsets into the Ethernet frame), via roce-wire views.
+    //! Where the RoCE part of a frame lies, and ECN marking — through roce-wire's header views (Ethernet with
+    //! 802.1Q tags, IPv4/IPv6, UDP), never by hand.
+
+    use roce_wire::{
+        Ecn, EtherType, EthernetFrame, Ipv4Packet, Ipv6Packet, ROCE_V2_PORT, UdpPacket, bth, ipv6,
+        udp,
+    };
 
     /// Offsets of a RoCE v2 packet in a frame.
     pub(super) struct Roce {
@@ -549,96 +555,67 @@ mod locate {
         pub(super) end: usize,
     }
 
-    const ETH_LEN: usize = 14;
-    const UDP_LEN: usize = 8;
-    const ROCE_PORT: u16 = 4791;
-
-    fn be16(b: &[u8], at: usize) -> Option<u16> {
-        Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
-    }
-
-    /// Offset of the L3 header and the EtherType, skipping 802.1Q tags.
-    fn l3(frame: &[u8]) -> Option<(usize, u16)> {
-        let mut off = 12;
-        let mut ty = be16(frame, off)?;
-        while ty == 0x8100 || ty == 0x88a8 {
-            off += 4;
-            ty = be16(frame, off)?;
-        }
-        Some((off + 2, ty))
-    }
+    const IP_PROTO_UDP: u8 = 17;
 
     pub(super) fn roce(frame: &[u8]) -> Option<Roce> {
-        let (l3, ty) = l3(frame)?;
-        debug_assert!(l3 >= ETH_LEN);
-        let udp = match ty {
-            0x0800 => {
-                let ihl = usize::from(*frame.get(l3)? & 0x0f) * 4;
-                if *frame.get(l3 + 9)? != 17 || ihl < 20 {
-                    return None;
-                }
-                l3 + ihl
+        let eth = EthernetFrame::new_checked(frame).ok()?;
+        let l3 = eth.header_len();
+        let ip = frame.get(l3..)?;
+        let udp_off = match eth.ethertype() {
+            EtherType::IPV4 => {
+                let p = Ipv4Packet::new_checked(ip).ok()?;
+                (p.protocol() == IP_PROTO_UDP).then(|| l3 + p.header_len())?
             }
-            0x86dd => {
-                if *frame.get(l3 + 6)? != 17 {
-                    return None;
-                }
-                l3 + 40
+            EtherType::IPV6 => {
+                let p = Ipv6Packet::new_checked(ip).ok()?;
+                (p.next_header() == IP_PROTO_UDP).then_some(l3 + ipv6::HEADER_LEN)?
             }
             _ => return None,
         };
-        if be16(frame, udp + 2)? != ROCE_PORT {
+        let u = UdpPacket::new_checked(frame.get(udp_off..)?).ok()?;
+        if u.dst_port() != ROCE_V2_PORT {
             return None;
         }
-        let end = udp + usize::from(be16(frame, udp + 4)?);
-        let bth = udp + UDP_LEN;
-        if end > frame.len() || end < bth + 12 + 4 {
+        let bth = udp_off + udp::HEADER_LEN;
+        let end = udp_off + usize::from(u.len());
+        if end > frame.len() || end < bth + bth::HEADER_LEN + roce_wire::ICRC_LEN {
             return None;
         }
         Some(Roce { bth, end })
     }
 
+    fn ect(e: Ecn) -> bool {
+        matches!(e, Ecn::Ect0 | Ecn::Ect1)
+    }
+
     pub(super) fn mark_ce(frame: &mut [u8]) -> bool {
-        let Some((l3, ty)) = l3(frame) else {
+        let Ok(eth) = EthernetFrame::new_checked(&*frame) else {
+            return false;
+        };
+        let (l3, ty) = (eth.header_len(), eth.ethertype());
+        let Some(ip) = frame.get_mut(l3..) else {
             return false;
         };
         match ty {
-            0x0800 => {
-                let Some(&vihl) = frame.get(l3) else {
+            EtherType::IPV4 => {
+                let Ok(mut p) = Ipv4Packet::new_checked(ip) else {
                     return false;
                 };
-                let ihl = usize::from(vihl & 0x0f) * 4;
-                if ihl < 20 || frame.len() < l3 + ihl {
+                if !ect(p.ecn()) {
                     return false;
                 }
-                let tos = frame[l3 + 1];
-                if tos & 3 == 0 || tos & 3 == 3 {
-                    return false;
-                }
-                frame[l3 + 1] = tos | 3;
-                frame[l3 + 10] = 0;
-                frame[l3 + 11] = 0;
-                let mut sum = 0u32;
-                for w in frame[l3..l3 + ihl].chunks_exact(2) {
-                    sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
-                }
-                while sum > 0xffff {
-                    sum = (sum & 0xffff) + (sum >> 16);
-                }
-                let ck = !(sum as u16);
-                frame[l3 + 10..l3 + 12].copy_from_slice(&ck.to_be_bytes());
+                p.set_ecn(Ecn::Ce);
+                p.fill_checksum();
                 true
             }
-            0x86dd => {
-                if frame.len() < l3 + 40 {
+            EtherType::IPV6 => {
+                let Ok(mut p) = Ipv6Packet::new_checked(ip) else {
+                    return false;
+                };
+                if !ect(p.ecn()) {
                     return false;
                 }
-                // Traffic class straddles bytes 0-1: ECN = bits 5-4 of byte 1.
-                let ecn = (frame[l3 + 1] >> 4) & 3;
-                if ecn == 0 || ecn == 3 {
-                    return false;
-                }
-                frame[l3 + 1] |= 0x30;
+                p.set_ecn(Ecn::Ce);
                 true
             }
             _ => false,
@@ -901,7 +878,21 @@ mod tests {
                 continue;
             }
             marked += 1;
+            assert!(
+                roce_wire::icrc::verify(&frame[l3..]).is_ok(),
+                "{name}: golden ICRC valid"
+            );
+            assert!(
+                roce_wire::icrc::verify(&f[l3..]).is_ok(),
+                "{name}: ICRC still valid after CE marking (roce-wire)"
+            );
             if ty == 0x0800 {
+                assert!(
+                    roce_wire::Ipv4Packet::new_checked(&f[l3..])
+                        .unwrap()
+                        .verify_checksum(),
+                    "{name}"
+                );
                 assert_eq!(f[l3 + 1] & 3, 3);
                 assert_eq!(f[l3 + 1] >> 2, frame[l3 + 1] >> 2, "DSCP kept");
                 let mut sum = 0u32;
@@ -951,6 +942,11 @@ mod tests {
                     "{name}: byte {i}"
                 );
                 assert_eq!((f[i] ^ frame[i]).count_ones(), 1);
+                assert_eq!(
+                    roce_wire::icrc::verify(&f[14..]),
+                    Err(roce_wire::Error::BadIcrc),
+                    "{name}: byte {i} caught"
+                );
             }
         }
         let mut short = vec![0u8; 20];
