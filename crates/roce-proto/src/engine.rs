@@ -112,6 +112,8 @@ pub struct Engine {
     pub(crate) stats: Counters,
     pub(crate) rng: u64,
     pub(crate) ip_id: u16,
+    /// Timer generation base for the next QP (see `QpTimers::with_base`).
+    pub(crate) timer_epoch: u32,
 }
 
 impl core::fmt::Debug for Engine {
@@ -152,6 +154,7 @@ impl Engine {
             stats: Counters::default(),
             rng,
             ip_id,
+            timer_epoch: 0,
         }
     }
 
@@ -499,7 +502,7 @@ impl Engine {
                 cnp_dest: None,
                 fatal_nak: None,
             },
-            timers: QpTimers::default(),
+            timers: QpTimers::with_base(self.timer_epoch),
             counters: Counters::default(),
             tmpl: None,
             rate: Box::new(FixedRate::unlimited()),
@@ -508,6 +511,7 @@ impl Engine {
             sqd_notified: false,
             comm_est: false,
         };
+        self.timer_epoch = self.timer_epoch.wrapping_add(1 << 20);
         self.qps[idx] = Some(Box::new(qp));
         self.live_qps += 1;
         for cq in [init.send_cq, init.recv_cq] {
@@ -847,7 +851,11 @@ impl Engine {
                     qp.resp.cnp_pending = false;
                     qp.resp.fatal_nak = None;
                     qp.req.rnr_wait = false;
+                    qp.req.retrying = false;
                     qp.req.cur_pkt = 0;
+                    qp.req.rd_atomic_out = 0;
+                    qp.resp.nak_sent = false;
+                    qp.comm_est = false;
                 }
             }
             QpState::Err if cur != QpState::Err => self.enter_error(i),

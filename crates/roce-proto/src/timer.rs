@@ -30,6 +30,15 @@ pub(crate) struct QpTimers {
 }
 
 impl QpTimers {
+    /// Timer slots whose generations start at `base`, so that heap entries left by a destroyed QP that used the same
+    /// QPN can never match the new QP's timers.
+    pub(crate) fn with_base(base: u32) -> QpTimers {
+        QpTimers {
+            deadline: [None; TIMER_KINDS],
+            generation: [base; TIMER_KINDS],
+        }
+    }
+
     pub(crate) fn get(&self, k: TimerKind) -> Option<Instant> {
         self.deadline[k as usize]
     }

@@ -296,3 +296,83 @@ fn many_seeds() {
         run(seed, 100, loss);
     }
 }
+
+/// Throughput of the two engines in one thread (no link): `cargo test --release -p roce-proto perf_pair -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore]
+fn perf_pair() {
+    for (size, mtu) in [
+        (4096u32, Mtu::Mtu4096),
+        (65536, Mtu::Mtu4096),
+        (64, Mtu::Mtu1024),
+    ] {
+        let o = ConnOpts {
+            mtu,
+            sq_sig_all: false,
+            cap: QpCap {
+                max_send_wr: 1024,
+                max_recv_wr: 1024,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            ..ConnOpts::default()
+        };
+        let mut p = Pair::new();
+        let (a, b) = connect(&mut p, &o);
+        let ma = mr(&mut p.a, a.pd, size as usize, |i| i as u8);
+        let mb = mr(&mut p.b, b.pd, size as usize, |_| 0);
+        let s = [sge(&ma, 0, size)];
+        let n = if size >= 4096 {
+            100_000 * 4096 / u64::from(size)
+        } else {
+            500_000
+        };
+        let t0 = std::time::Instant::now();
+        let mut buf = vec![0u8; 9000];
+        let mut frames = 0u64;
+        let mut posted = 0u64;
+        while posted < n {
+            let k = 64.min(n - posted);
+            let wrs: Vec<_> = (0..k)
+                .map(|i| {
+                    SendWr::new(
+                        posted + i,
+                        SendOp::RdmaWrite {
+                            remote_addr: mb.addr,
+                            rkey: mb.rkey,
+                        },
+                        &s,
+                    )
+                })
+                .collect();
+            p.a.post_send(a.qpn, &wrs).unwrap();
+            posted += k;
+            loop {
+                let mut moved = false;
+                while let Some(m) = p.a.poll_transmit(p.now, &mut buf) {
+                    p.b.handle_frame(p.now, &buf[..m.len]);
+                    frames += 1;
+                    moved = true;
+                }
+                while let Some(m) = p.b.poll_transmit(p.now, &mut buf) {
+                    p.a.handle_frame(p.now, &buf[..m.len]);
+                    moved = true;
+                }
+                if !moved {
+                    break;
+                }
+            }
+        }
+        let dt = t0.elapsed();
+        assert_eq!(p.a.qp_info(a.qpn).unwrap().sq_outstanding, 0);
+        eprintln!(
+            "RDMA WRITE {size} B, PMTU {}: {n} msgs, {frames} data frames in {:?}: {:.0} ns/frame (both engines), {:.2} Gbit/s payload",
+            mtu.bytes(),
+            dt,
+            dt.as_nanos() as f64 / frames as f64,
+            (n * u64::from(size) * 8) as f64 / dt.as_secs_f64() / 1e9
+        );
+    }
+}
