@@ -38,6 +38,14 @@
 //! `unsafe` code, and allocates nothing in parse or emit. Protocol facts cite
 //! `../shared/spec/ROCEV2.md` sections, IBTA Vol 1 or the Linux rxe source.
 //!
+//! ## Cargo features
+//!
+//! * `std` (default): lets `crc32fast` detect PCLMULQDQ / AVX2 / AVX-512
+//!   VPCLMULQDQ at run time. Without it the CRC can only use CPU features
+//!   enabled at compile time (`-C target-cpu=...`), which on a baseline
+//!   x86_64 build means a table-driven CRC several times slower. The crate
+//!   itself is `no_std` with or without this feature.
+//!
 //! ## Panic contract
 //!
 //! Views are cheap wrappers and index their buffer directly, so the rules
