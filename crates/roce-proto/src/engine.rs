@@ -51,6 +51,23 @@ pub enum TxKind {
     Cnp,
 }
 
+/// A QP dump: state, PSNs, queue depths, retry counters, timers and non-zero counters ([`Engine::qp_display`]).
+pub struct QpDump<'a> {
+    qp: &'a Qp,
+}
+
+impl core::fmt::Display for QpDump<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Display::fmt(self.qp, f)
+    }
+}
+
+impl core::fmt::Debug for QpDump<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Display::fmt(self.qp, f)
+    }
+}
+
 /// Summary of a QP for tests and tools ([`Engine::qp_info`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpInfo {
@@ -618,6 +635,16 @@ impl Engine {
     /// A human-readable dump of a QP (state, PSNs, queue depths, retry counters, timers, non-zero counters).
     pub fn qp_dump(&self, qpn: Qpn) -> Option<String> {
         self.qp(qpn).map(|q| q.to_string())
+    }
+
+    /// The same dump as a borrowed [`core::fmt::Display`] value (no allocation until formatted).
+    pub fn qp_display(&self, qpn: Qpn) -> Option<QpDump<'_>> {
+        self.qp(qpn).map(|qp| QpDump { qp })
+    }
+
+    /// QPNs of all live QPs, ascending (control path: scans the QP table).
+    pub fn qpns(&self) -> impl Iterator<Item = Qpn> + '_ {
+        self.qps.iter().flatten().map(|q| q.qpn)
     }
 
     /// `ibv_modify_qp`: validates the transition and attribute mask against the table of `ROCEV2.md §4.6` (errors name

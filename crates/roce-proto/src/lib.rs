@@ -74,7 +74,7 @@ mod tests;
 
 pub use cc::{FixedRate, RateController};
 pub use config::{CapPolicy, DeviceAttr, EngineConfig};
-pub use engine::{Engine, FIRST_QPN, QpInfo, TxKind, TxMeta};
+pub use engine::{Engine, FIRST_QPN, QpDump, QpInfo, TxKind, TxMeta};
 pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
 pub use requester::{local_ack_timeout, packets_for};
 pub use roce_wire::{Msn, Psn, Qpn};

@@ -846,3 +846,166 @@ fn s06_responder_length_checks() {
         vec![0x61]
     );
 }
+
+/// Sets up a connection, returns one real A→B SEND_ONLY frame (PSN 100, not delivered) to use as a template.
+fn injected_setup() -> (Pair, End, End, MrInfo, MrInfo, Vec<u8>) {
+    let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
+    p.a.post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &[sge(&ma, 0, 4)])])
+        .unwrap();
+    let mut buf = vec![0u8; 9000];
+    let m = p.a.poll_transmit(p.now, &mut buf).unwrap();
+    buf.truncate(m.len);
+    (p, a, b, ma, mb, buf)
+}
+
+fn naks_from(p: &mut Pair) -> Vec<(u8, u32)> {
+    let mut buf = vec![0u8; 9000];
+    let mut out = Vec::new();
+    while let Some(m) = p.b.poll_transmit(p.now, &mut buf) {
+        let f = &buf[..m.len];
+        out.push((f[54], bth_of(f).1));
+    }
+    out
+}
+
+#[test]
+fn s06_injected_length_violations_nak_invalid_request() {
+    use roce_wire::{ExtRepr, RethRepr};
+    let cases: Vec<(u8, ExtRepr, usize)> = vec![
+        (0x00, ExtRepr::NONE, 1000), // SEND_FIRST 1000 B on PMTU 1024
+        (0x04, ExtRepr::NONE, 1025), // SEND_ONLY 1025 B
+        (
+            0x0A,
+            ExtRepr {
+                reth: Some(RethRepr {
+                    va: 0,
+                    rkey: 0,
+                    dma_len: (1 << 31) + 1,
+                }),
+                ..ExtRepr::NONE
+            },
+            0,
+        ),
+    ];
+    for (opcode, ext, len) in cases {
+        let (mut p, _a, b, _ma, mb, tmpl) = injected_setup();
+        p.b.post_recv(
+            b.qpn,
+            &[RecvWr {
+                wr_id: 1,
+                sg_list: &[sge(&mb, 0, 4096)],
+            }],
+        )
+        .unwrap();
+        let mut ext = ext;
+        if let Some(r) = ext.reth.as_mut() {
+            r.va = mb.addr;
+            r.rkey = mb.rkey.0;
+        }
+        let f = craft(&tmpl, opcode, 100, ext, &vec![0xAB; len]);
+        p.b.handle_frame(p.now, &f);
+        assert_eq!(
+            naks_from(&mut p),
+            vec![(0x61, 100)],
+            "opcode {opcode:#x} len {len}"
+        );
+        assert_eq!(p.b.qp_info(b.qpn).unwrap().state, QpState::Err);
+        assert!(
+            p.b.mr_bytes(mb.lkey).unwrap().iter().all(|&x| x == 0),
+            "nothing written"
+        );
+    }
+    // SEND_LAST with 0 B after a valid FIRST.
+    let (mut p, _a, b, _ma, mb, tmpl) = injected_setup();
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&mb, 0, 4096)],
+        }],
+    )
+    .unwrap();
+    p.b.handle_frame(p.now, &craft(&tmpl, 0x00, 100, ExtRepr::NONE, &[1; 1024]));
+    p.b.handle_frame(p.now, &craft(&tmpl, 0x02, 101, ExtRepr::NONE, &[]));
+    // The QP goes to ERR at once: the pending ACK for 100 is superseded by the NAK, which acknowledges PSN 100 too.
+    assert_eq!(naks_from(&mut p), vec![(0x61, 101)]);
+}
+
+#[test]
+fn responder_filters_unknown_qp_pkey_peer_and_out_of_order() {
+    let (mut p, _a, b, _ma, mb, tmpl) = injected_setup();
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&mb, 0, 4096)],
+        }],
+    )
+    .unwrap();
+    // Unknown destination QP.
+    let mut f = tmpl.clone();
+    let mut r = roce_wire::RoceRepr::parse(&f).unwrap().repr;
+    r.bth.dest_qp = Qpn::new(0x7777);
+    r.emit(&mut f, |x| x.copy_from_slice(&tmpl[54..58]))
+        .unwrap();
+    p.b.handle_frame(p.now, &f);
+    assert_eq!(p.b.counters().drop_unknown_qp, 1);
+    // P_Key mismatch.
+    let mut r = roce_wire::RoceRepr::parse(&tmpl).unwrap().repr;
+    r.bth.pkey = 0x8001;
+    r.emit(&mut f, |x| x.copy_from_slice(&tmpl[54..58]))
+        .unwrap();
+    p.b.handle_frame(p.now, &f);
+    assert_eq!(p.b.counters().drop_pkey_mismatch, 1);
+    // Wrong peer (source IP not the connected QP's).
+    let mut r = roce_wire::RoceRepr::parse(&tmpl).unwrap().repr;
+    if let roce_wire::IpRepr::Ipv4(ip) = &mut r.ip {
+        ip.src_addr = core::net::Ipv4Addr::new(10, 9, 9, 9);
+    }
+    r.emit(&mut f, |x| x.copy_from_slice(&tmpl[54..58]))
+        .unwrap();
+    p.b.handle_frame(p.now, &f);
+    assert_eq!(p.b.counters().drop_wrong_peer, 1);
+    assert!(naks_from(&mut p).is_empty(), "silent drops");
+    // Out of order twice → exactly one NAK (PSN sequence error, expected PSN 100).
+    p.b.handle_frame(
+        p.now,
+        &craft(&tmpl, 0x04, 102, roce_wire::ExtRepr::NONE, &[1; 4]),
+    );
+    p.b.handle_frame(
+        p.now,
+        &craft(&tmpl, 0x04, 103, roce_wire::ExtRepr::NONE, &[1; 4]),
+    );
+    assert_eq!(naks_from(&mut p), vec![(0x60, 100)]);
+    assert_eq!(p.b.counters().out_of_seq_request, 2);
+    // A duplicate READ outside the saved range is silently dropped; a sub-range one is replayed.
+    p.b.handle_frame(p.now, &tmpl);
+    let read = |psn: u32, off: u64, len: u32| {
+        let ext = roce_wire::ExtRepr {
+            reth: Some(roce_wire::RethRepr {
+                va: mb.addr + off,
+                rkey: mb.rkey.0,
+                dma_len: len,
+            }),
+            ..roce_wire::ExtRepr::NONE
+        };
+        craft(&tmpl, 0x0C, psn, ext, &[])
+    };
+    p.b.handle_frame(p.now, &read(101, 0, 3000));
+    let first = naks_from(&mut p);
+    assert_eq!(
+        first.iter().map(|x| x.1).collect::<Vec<_>>(),
+        vec![100, 101, 102, 103]
+    );
+    p.b.handle_frame(p.now, &read(102, 1024, 1976));
+    assert_eq!(
+        naks_from(&mut p).iter().map(|x| x.1).collect::<Vec<_>>(),
+        vec![102, 103],
+        "replay from 102"
+    );
+    p.b.handle_frame(p.now, &read(102, 1000, 2000));
+    assert!(
+        naks_from(&mut p).is_empty(),
+        "not a sub-range of the saved request"
+    );
+}

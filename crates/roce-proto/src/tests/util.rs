@@ -347,3 +347,25 @@ pub(crate) fn bth_of(f: &[u8]) -> (u8, u32, bool) {
         b[8] & 0x80 != 0,
     )
 }
+
+/// Re-emits `template` (a captured frame) with a different opcode, PSN, extension headers and payload — for
+/// injecting hand-made requests (`roce_wire::RoceRepr`, so the ICRC is right).
+pub(crate) fn craft(
+    template: &[u8],
+    opcode: u8,
+    psn: u32,
+    ext: roce_wire::ExtRepr,
+    payload: &[u8],
+) -> Vec<u8> {
+    let p = roce_wire::RoceRepr::parse(template).unwrap();
+    let mut r = p.repr;
+    r.bth.opcode = roce_wire::Opcode(opcode);
+    r.bth.psn = Psn::new(psn);
+    r.bth.pad_count = ((4 - payload.len() % 4) % 4) as u8;
+    r.bth.ack_req = true;
+    r.ext = ext;
+    r.payload_len = payload.len();
+    let mut out = vec![0u8; r.buffer_len()];
+    r.emit(&mut out, |b| b.copy_from_slice(payload)).unwrap();
+    out
+}
