@@ -148,8 +148,12 @@ pub struct ParsedFrame<'a> {
     /// checksum is masked out of the ICRC, so a bad value does not affect
     /// `icrc_ok`.
     pub ip_checksum_ok: bool,
-    /// The raw UDP checksum (0 from every known RoCE sender; not verified).
+    /// The raw UDP checksum (0 from every known RoCE sender).
     pub udp_checksum: u16,
+    /// `true` if the UDP checksum is 0 or correct. Linux drops datagrams
+    /// with a wrong non-zero checksum (`ROCEV2.md §1.4`); receivers that
+    /// mirror it drop frames with `false` here. Does not affect `icrc_ok`.
+    pub udp_checksum_ok: bool,
     /// Bytes of the frame used (Ethernet header to ICRC end); anything after
     /// it in the input was Ethernet padding.
     pub frame_len: usize,
@@ -285,6 +289,10 @@ impl RoceRepr {
             }
             None => body.len(),
         };
+        let udp_checksum_ok = match &ip {
+            IpRepr::Ipv4(r) => udpp.verify_checksum(r.src_addr.into(), r.dst_addr.into()),
+            IpRepr::Ipv6(r) => udpp.verify_checksum(r.src_addr.into(), r.dst_addr.into()),
+        };
         let ip_all = &frame[ip_off..];
         let (icrc, computed) = icrc::stored_and_computed(ip_all).map_err(|e| rej(e, "ICRC"))?;
         let icrc_ok = cfg!(fuzzing) || computed == icrc;
@@ -304,6 +312,7 @@ impl RoceRepr {
             icrc_ok,
             ip_checksum_ok,
             udp_checksum: udpp.checksum(),
+            udp_checksum_ok,
             frame_len: ip_off + ip_hdr_len + ip_payload.len(),
         })
     }

@@ -127,6 +127,9 @@ impl fmt::Display for ParsedFrame<'_> {
         if !self.ip_checksum_ok {
             f.write_str(" ipcsum=bad")?;
         }
+        if !self.udp_checksum_ok {
+            f.write_str(" udpcsum=bad")?;
+        }
         Ok(())
     }
 }

@@ -21,6 +21,7 @@ fn rc_pingpong_capture() {
                 assert!(p.icrc_ok, "frame {i}: bad ICRC: {p}");
                 assert!(p.ip_checksum_ok, "frame {i}");
                 assert_eq!(p.udp_checksum, 0, "frame {i}: rxe sends UDP checksum 0");
+                assert!(p.udp_checksum_ok, "frame {i}");
                 *opcodes.entry(p.repr.bth.opcode.name()).or_insert(0usize) += 1;
                 let again = reemit(&p);
                 assert_eq!(&again[..], &f[..p.frame_len], "frame {i}: re-emit differs");

@@ -275,6 +275,7 @@ proptest! {
         let p = RoceRepr::parse(&f).unwrap();
         prop_assert!(p.icrc_ok);
         prop_assert!(p.ip_checksum_ok);
+        prop_assert!(p.udp_checksum_ok);
         prop_assert_eq!(p.repr, c.repr);
         prop_assert_eq!(p.payload, &c.payload[..]);
         prop_assert_eq!(p.frame_len, f.len());

@@ -552,3 +552,52 @@ fn emit_rejects_inconsistent_reprs() {
     };
     assert_eq!(ack_payload.emit(&mut buf, |_| {}), Err(Error::Malformed));
 }
+
+#[test]
+fn udp_checksum_zero_correct_or_wrong() {
+    use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
+    for id in ["rc_write_first", "rc_send_only_v6", "rc_ack_v6", "cnp"] {
+        let mut f = vector(id);
+        assert!(parse(&f).udp_checksum_ok, "{id}: zero is accepted");
+        // Fill in the correct checksum as computed by etherparse.
+        let (ip_off, udp_off) = if f[12] == 0x86 { (14, 54) } else { (14, 34) };
+        let h = PacketHeaders::from_ethernet_slice(&f).unwrap();
+        let Some(TransportHeader::Udp(u)) = h.transport else {
+            panic!("{id}")
+        };
+        let payload = &f[udp_off + 8..];
+        let c = match h.net {
+            Some(NetHeaders::Ipv4(ip, _)) => u.calc_checksum_ipv4(&ip, payload).unwrap(),
+            Some(NetHeaders::Ipv6(ip, _)) => u.calc_checksum_ipv6(&ip, payload).unwrap(),
+            _ => panic!("{id}"),
+        };
+        assert_ne!(c, 0);
+        assert_eq!(
+            udp::checksum(
+                ip_addr(&f, ip_off, true),
+                ip_addr(&f, ip_off, false),
+                &f[udp_off..]
+            ),
+            c,
+            "{id}"
+        );
+        f[udp_off + 6..udp_off + 8].copy_from_slice(&c.to_be_bytes());
+        let p = parse(&f);
+        assert!(p.udp_checksum_ok && p.icrc_ok, "{id}");
+        // A wrong non-zero checksum is reported; the ICRC does not cover it.
+        f[udp_off + 7] ^= 0x01;
+        let p = parse(&f);
+        assert!(!p.udp_checksum_ok && p.icrc_ok, "{id}");
+        assert!(p.to_string().ends_with("icrc=ok udpcsum=bad"), "{id}");
+    }
+}
+
+fn ip_addr(f: &[u8], ip_off: usize, src: bool) -> core::net::IpAddr {
+    if f[ip_off] >> 4 == 4 {
+        let o = ip_off + if src { 12 } else { 16 };
+        core::net::IpAddr::from(<[u8; 4]>::try_from(&f[o..o + 4]).unwrap())
+    } else {
+        let o = ip_off + if src { 8 } else { 24 };
+        core::net::IpAddr::from(<[u8; 16]>::try_from(&f[o..o + 16]).unwrap())
+    }
+}
