@@ -40,6 +40,24 @@
 //! # let _ = (qpn, mr);
 //! ```
 //!
+//! # Choices where the sources differ (documented once here)
+//!
+//! * `retry_cnt` 7 is a count of 7 retries (IBTA); rxe treats it as infinite. `rnr_retry` 7 is infinite.
+//! * RC packets carry BTH.MigReq = 1 ("migrated", what hardware RNICs send when APM is unused, S12); UD and CNP
+//!   packets carry 0; received MigReq is ignored.
+//! * The IPv4 identification is fixed per QP (DF is set, RFC 6864), so a retransmission is byte-identical to the
+//!   original frame (the ID is ICRC-covered).
+//! * Fence follows IBTA (wait for earlier READ/atomic WRs only), not rxe's "wait for everything".
+//! * Atomic operands live in memory in little-endian order (host order of x86/ARM), as a hardware RNIC writes them.
+//! * UD receive: payload + 40-byte GRH area larger than the receive WR → dropped and counted (`drop_ud_too_long`),
+//!   QP stays RTS (S07). UD sends larger than the path MTU are rejected at `post_send`.
+//! * After an RNR NAK the responder suppresses sequence NAKs until the NAKed PSN arrives again, and the requester
+//!   ignores NAKs while it waits, so a retry happens exactly one advertised RNR time later (S04, S19).
+//! * `local_ack_timeout_err` counts every local ACK timer expiry, including the last one that ends in RETRY_EXC_ERR
+//!   (S15: `retry_cnt` = 3 gives 4 expiries).
+//! * ACKs are coalesced but never delayed: every AckReq gets an ACK, several pending ones merge into the newest.
+//!   CNPs are paced by timestamp (at most one per QP per `cnp_interval`), so no AckCoalesce/CnpPacing timers exist.
+//!
 //! # Resource cleanup
 //!
 //! The engine owns MR buffers; [`Engine::dereg_mr`] returns the buffer and fails with `Busy` while a posted WR or a
