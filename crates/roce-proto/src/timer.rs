@@ -1,7 +1,7 @@
 //! Timers as data (STYLE E4): a binary heap of `(deadline, qpn, kind, generation)` with lazy invalidation.
 //!
 //! Each QP keeps one generation per [`TimerKind`]; re-arming or cancelling bumps it, so stale heap entries are
-//! skipped when they surface. [`Timers::next`] is what `Engine::poll_timeout` returns.
+//! skipped when they surface. `Timers::next` is what `Engine::poll_timeout` returns.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
