@@ -1,11 +1,12 @@
 //! `rocev2 decode`: one line (or JSON object) per RoCE v2 packet of a capture.
 //!
-//! Every frame goes through [`roce_wire::RoceRepr::parse`]; this module only classifies
+//! Every frame goes through [`roce_wire::RoceRepr::parse_explained`]; this module only classifies
 //! the outcome, formats it and keeps the counts. Classification:
-//! * parsed: a RoCE packet; good when the ICRC (`ROCEV2.md §3`) and, for IPv4, the
-//!   header checksum are right;
+//! * parsed: a RoCE packet; good when the ICRC (`ROCEV2.md §3`), the IPv4 header
+//!   checksum and a non-zero UDP checksum are right;
 //! * `Error::NotRoce`: not IP/UDP to port 4791 — skipped and counted;
-//! * `Error::Truncated` / `Error::Malformed`: reported as a bad RoCE packet when the
+//! * `Error::Truncated` / `Error::Malformed`: reported with roce-wire's reason as a bad
+//!   RoCE packet when the
 //!   bytes that are present say UDP destination port 4791 (`ROCEV2.md §1.4`), otherwise
 //!   counted as non-RoCE (e.g. a TCP segment cut by the capture's snap length).
 
@@ -116,7 +117,7 @@ pub fn run(
             }
             Outcome::Roce(p) => {
                 summary.roce += 1;
-                if !p.icrc_ok || !p.ip_checksum_ok {
+                if !frame_ok(p) {
                     summary.roce_bad += 1;
                 }
                 match format {
@@ -143,18 +144,16 @@ pub fn run(
 
 fn classify<'a>(frame: &'a [u8], rec: &Record<'_>) -> Outcome<'a> {
     let captured_short = rec.data.len() < rec.orig_len as usize;
-    match RoceRepr::parse(frame) {
+    match RoceRepr::parse_explained(frame) {
         Ok(p) => Outcome::Roce(p),
-        Err(Error::NotRoce) => Outcome::NotRoce,
-        Err(e) => {
+        Err(r) if r.error == Error::NotRoce => Outcome::NotRoce,
+        Err(r) => {
             if !udp_dport_is_roce(frame) {
                 return Outcome::NotRoce;
             }
-            let mut reason = match e {
-                Error::Truncated => "truncated".to_owned(),
-                Error::Malformed => "malformed".to_owned(),
-                other => other.to_string(),
-            };
+            // roce-wire's class and reason, e.g. "malformed: pad count on an opcode
+            // without payload".
+            let mut reason = r.to_string();
             if captured_short {
                 let _ = write!(
                     reason,
@@ -164,7 +163,7 @@ fn classify<'a>(frame: &'a [u8], rec: &Record<'_>) -> Outcome<'a> {
                 );
             }
             if let Some(ctx) = bth_context(frame) {
-                let _ = write!(reason, ": {ctx}");
+                let _ = write!(reason, "; {ctx}");
             }
             Outcome::Bad(reason)
         }
@@ -207,6 +206,13 @@ fn bth_context(frame: &[u8]) -> Option<String> {
     let bth = rf.bth();
     let repr = BthRepr::parse(&bth).ok()?;
     Some(repr.to_string())
+}
+
+/// A parsed frame is good when the ICRC and both checksums are right (a receiver drops
+/// it otherwise: rxe for the ICRC, the Linux IP/UDP stack for the checksums,
+/// `ROCEV2.md §1.2`, §1.4, §3).
+fn frame_ok(p: &ParsedFrame<'_>) -> bool {
+    p.icrc_ok && p.ip_checksum_ok && p.udp_checksum_ok
 }
 
 fn prefix(number: u64, ts: Duration, t0: Duration) -> String {
@@ -265,6 +271,8 @@ fn json_good(number: u64, ts: Duration, p: &ParsedFrame<'_>, frame: &[u8]) -> Va
     o.insert("icrc".into(), json!(p.icrc));
     o.insert("icrc_ok".into(), json!(p.icrc_ok));
     o.insert("ip_checksum_ok".into(), json!(p.ip_checksum_ok));
+    o.insert("udp_checksum".into(), json!(p.udp_checksum));
+    o.insert("udp_checksum_ok".into(), json!(p.udp_checksum_ok));
     if let Some(v) = r.eth.vlan {
         o.insert("vlan".into(), json!({ "vid": v.vid, "pcp": v.pcp }));
     }
@@ -311,6 +319,9 @@ fn json_good(number: u64, ts: Duration, p: &ParsedFrame<'_>, frame: &[u8]) -> Va
     }
     if !p.ip_checksum_ok {
         errors.push("bad IPv4 header checksum".to_owned());
+    }
+    if !p.udp_checksum_ok {
+        errors.push(format!("bad UDP checksum 0x{:04x}", p.udp_checksum));
     }
     if !errors.is_empty() {
         o.insert("error".into(), json!(errors.join("; ")));

@@ -357,8 +357,8 @@ fn pcapng_copy_decodes_like_pcap() {
 
 /// Decodes a capture of a good frame followed by `frame`: exit status 1, the good frame
 /// reported good, the bad one reported with every string of `reasons` in its text line
-/// and in its JSON `error`.
-fn corrupt_case(name: &str, frame: Vec<u8>, reasons: &[&str]) {
+/// and `json_reason` in its JSON `error`.
+fn corrupt_case(name: &str, frame: Vec<u8>, reasons: &[&str], json_reason: &str) {
     let path = tmp(name);
     write_pcap(&path, &[vectors()[0].frame.clone(), frame]);
     let text = decode(&path, false);
@@ -376,15 +376,17 @@ fn corrupt_case(name: &str, frame: Vec<u8>, reasons: &[&str]) {
     assert_eq!(objs.len(), 2);
     assert!(objs[0].get("error").is_none());
     let bad = &objs[1];
-    assert_ne!(bad["icrc_ok"], Value::Bool(true), "{name}: {bad}");
     let err = bad["error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains(json_reason),
+        "{name}: expected {json_reason:?} in {bad}"
+    );
     for reason in reasons {
         assert!(
             lines[1].contains(reason),
             "{name}: expected {reason:?} in {:?}",
             lines[1]
         );
-        assert!(err.contains(reason), "{name}: expected {reason:?} in {bad}");
     }
 }
 
@@ -405,7 +407,8 @@ fn flipped_payload_bit_fails_icrc() {
     corrupt_case(
         "flip.pcap",
         f,
-        &["ICRC stored 0x6eb163f6, computed 0x601c81f7"],
+        &["icrc=bad", "ICRC stored 0x6eb163f6, computed 0x601c81f7"],
+        "ICRC stored 0x6eb163f6, computed 0x601c81f7",
     );
 }
 
@@ -414,15 +417,45 @@ fn wrong_pad_count_is_reported() {
     // An ACK carries no payload, so PadCnt must be 0 (ROCEV2.md §1.7).
     let mut f = vector("rc_ack");
     f[42 + 1] |= 0x30;
-    // roce-wire reports "malformed"; the decoder adds the BTH fields that show why.
-    corrupt_case("pad.pcap", f, &["malformed", "RC_ACKNOWLEDGE", "pad=3"]);
+    corrupt_case(
+        "pad.pcap",
+        f,
+        &[
+            "malformed: pad count on an opcode without payload",
+            "RC_ACKNOWLEDGE",
+            "pad=3",
+        ],
+        "malformed: pad count on an opcode without payload",
+    );
+}
+
+#[test]
+fn wrong_udp_checksum_is_reported() {
+    // The UDP checksum is masked out of the ICRC (ROCEV2.md §3), but Linux drops a
+    // datagram whose non-zero checksum is wrong (§1.4).
+    let mut f = vector("rc_send_only_v4");
+    f[40..42].copy_from_slice(&[0x12, 0x34]);
+    corrupt_case(
+        "udpcsum.pcap",
+        f,
+        &["icrc=ok udpcsum=bad"],
+        "bad UDP checksum 0x1234",
+    );
 }
 
 #[test]
 fn truncated_frame_is_reported() {
     let mut f = vector("rc_send_first");
     f.truncate(f.len() - 40);
-    corrupt_case("trunc.pcap", f, &["truncated", "RC_SEND_FIRST"]);
+    corrupt_case(
+        "trunc.pcap",
+        f,
+        &[
+            "truncated: IPv4 total length exceeds frame",
+            "RC_SEND_FIRST",
+        ],
+        "truncated: IPv4 total length exceeds frame",
+    );
 }
 
 #[test]
@@ -589,7 +622,8 @@ fn snaplen_cut_frame_is_reported_with_capture_lengths() {
     let lines = stdout_lines(&out);
     assert_eq!(lines.len(), 1);
     assert!(
-        lines[0].contains("truncated (capture kept 128 of 314 bytes)"),
+        lines[0]
+            .contains("truncated: IPv4 total length exceeds frame (capture kept 128 of 314 bytes)"),
         "{lines:?}"
     );
 }
