@@ -75,7 +75,16 @@ impl ExtRepr {
 
     /// Total emitted length in bytes.
     pub fn byte_len(&self) -> usize {
-        self.headers().byte_len()
+        let n = |present: bool, h: ExtHeader| if present { h.byte_len() } else { 0 };
+        n(self.deth.is_some(), ExtHeader::Deth)
+            + n(self.feth.is_some(), ExtHeader::Feth)
+            + n(self.reth.is_some(), ExtHeader::Reth)
+            + n(self.atomic_eth.is_some(), ExtHeader::AtomicEth)
+            + n(self.aeth.is_some(), ExtHeader::Aeth)
+            + n(self.atomic_ack_eth.is_some(), ExtHeader::AtomicAckEth)
+            + n(self.immdt.is_some(), ExtHeader::ImmDt)
+            + n(self.ieth.is_some(), ExtHeader::Ieth)
+            + n(self.cnp.is_some(), ExtHeader::CnpBody)
     }
 
     /// Whether the headers present are exactly those `opcode` requires
@@ -91,30 +100,50 @@ impl ExtRepr {
     /// [`Error::Truncated`] if `buf` is shorter than the headers.
     pub fn parse(opcode: Opcode, buf: &[u8]) -> Result<Self> {
         let set = opcode.ext_headers();
+        let mut r = ExtRepr::NONE;
+        if set.is_empty() {
+            return Ok(r);
+        }
         if buf.len() < set.byte_len() {
             return Err(Error::Truncated);
         }
-        let mut r = ExtRepr::NONE;
+        // Straight-line, in wire order (ExtHeader declaration order).
         let mut off = 0;
-        for h in set.iter() {
-            let b = &buf[off..off + h.byte_len()];
-            match h {
-                ExtHeader::Deth => r.deth = Some(DethRepr::parse(&Deth::new_unchecked(b))?),
-                ExtHeader::Feth => r.feth = Some(FethRepr::parse(&Feth::new_unchecked(b))?),
-                ExtHeader::Reth => r.reth = Some(RethRepr::parse(&Reth::new_unchecked(b))?),
-                ExtHeader::AtomicEth => {
-                    r.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(b))?)
-                }
-                ExtHeader::Aeth => r.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(b))?),
-                ExtHeader::AtomicAckEth => {
-                    r.atomic_ack_eth =
-                        Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b))?)
-                }
-                ExtHeader::ImmDt => r.immdt = Some(ImmDtRepr::parse(&ImmDt::new_unchecked(b))?),
-                ExtHeader::Ieth => r.ieth = Some(IethRepr::parse(&Ieth::new_unchecked(b))?),
-                ExtHeader::CnpBody => r.cnp = Some(CnpRepr::parse(&CnpBody::new_unchecked(b))?),
+        let mut take = |h: ExtHeader| -> Option<&[u8]> {
+            if set.contains(h) {
+                let b = &buf[off..off + h.byte_len()];
+                off += h.byte_len();
+                Some(b)
+            } else {
+                None
             }
-            off += h.byte_len();
+        };
+        if let Some(b) = take(ExtHeader::Deth) {
+            r.deth = Some(DethRepr::parse(&Deth::new_unchecked(b))?);
+        }
+        if let Some(b) = take(ExtHeader::Feth) {
+            r.feth = Some(FethRepr::parse(&Feth::new_unchecked(b))?);
+        }
+        if let Some(b) = take(ExtHeader::Reth) {
+            r.reth = Some(RethRepr::parse(&Reth::new_unchecked(b))?);
+        }
+        if let Some(b) = take(ExtHeader::AtomicEth) {
+            r.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(b))?);
+        }
+        if let Some(b) = take(ExtHeader::Aeth) {
+            r.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(b))?);
+        }
+        if let Some(b) = take(ExtHeader::AtomicAckEth) {
+            r.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b))?);
+        }
+        if let Some(b) = take(ExtHeader::ImmDt) {
+            r.immdt = Some(ImmDtRepr::parse(&ImmDt::new_unchecked(b))?);
+        }
+        if let Some(b) = take(ExtHeader::Ieth) {
+            r.ieth = Some(IethRepr::parse(&Ieth::new_unchecked(b))?);
+        }
+        if let Some(b) = take(ExtHeader::CnpBody) {
+            r.cnp = Some(CnpRepr::parse(&CnpBody::new_unchecked(b))?);
         }
         Ok(r)
     }

@@ -72,6 +72,23 @@ fn layout(ip: &[u8]) -> Result<Layout> {
     })
 }
 
+/// Stored and computed ICRC for a packet whose layout the caller already
+/// validated (`ip[..icrc_off + 4]` exists, `hdr_len` = IP + UDP + BTH).
+pub(crate) fn stored_and_computed_at(ip: &[u8], v6: bool, icrc_off: usize) -> (u32, u32) {
+    let ip_hdr = if v6 {
+        ipv6::HEADER_LEN
+    } else {
+        ipv4::HEADER_LEN
+    };
+    let l = Layout {
+        hdr_len: ip_hdr + udp::HEADER_LEN + bth::HEADER_LEN,
+        icrc_off,
+        v6,
+    };
+    let s = &ip[l.icrc_off..l.icrc_off + ICRC_LEN];
+    (u32::from_le_bytes([s[0], s[1], s[2], s[3]]), crc_of(ip, &l))
+}
+
 /// Hashes the masked headers and the rest of the covered bytes.
 fn crc_of(ip: &[u8], l: &Layout) -> u32 {
     let mut masked = [0u8; MAX_MASKED];
