@@ -54,22 +54,20 @@ impl ExtRepr {
     /// The set of headers present.
     pub fn headers(&self) -> ExtHeaders {
         let mut s = ExtHeaders::NONE;
-        let present = [
-            (self.deth.is_some(), ExtHeader::Deth),
-            (self.feth.is_some(), ExtHeader::Feth),
-            (self.reth.is_some(), ExtHeader::Reth),
-            (self.atomic_eth.is_some(), ExtHeader::AtomicEth),
-            (self.aeth.is_some(), ExtHeader::Aeth),
-            (self.atomic_ack_eth.is_some(), ExtHeader::AtomicAckEth),
-            (self.immdt.is_some(), ExtHeader::ImmDt),
-            (self.ieth.is_some(), ExtHeader::Ieth),
-            (self.cnp.is_some(), ExtHeader::CnpBody),
-        ];
-        for (p, h) in present {
-            if p {
+        let mut add = |present: bool, h: ExtHeader| {
+            if present {
                 s = s.with(h);
             }
-        }
+        };
+        add(self.deth.is_some(), ExtHeader::Deth);
+        add(self.feth.is_some(), ExtHeader::Feth);
+        add(self.reth.is_some(), ExtHeader::Reth);
+        add(self.atomic_eth.is_some(), ExtHeader::AtomicEth);
+        add(self.aeth.is_some(), ExtHeader::Aeth);
+        add(self.atomic_ack_eth.is_some(), ExtHeader::AtomicAckEth);
+        add(self.immdt.is_some(), ExtHeader::ImmDt);
+        add(self.ieth.is_some(), ExtHeader::Ieth);
+        add(self.cnp.is_some(), ExtHeader::CnpBody);
         s
     }
 
@@ -155,60 +153,51 @@ impl ExtRepr {
     /// [`Error::Truncated`] if `buf` is shorter than `byte_len()`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let total = self.byte_len();
+        if total == 0 {
+            return Ok(0);
+        }
         if buf.len() < total {
             return Err(Error::Truncated);
         }
+        // Straight-line, in wire order (ExtHeader declaration order).
         let mut off = 0;
-        for h in self.headers().iter() {
-            let b = &mut buf[off..off + h.byte_len()];
-            match h {
-                ExtHeader::Deth => {
-                    if let Some(x) = &self.deth {
-                        x.emit(&mut Deth::new_unchecked(b));
-                    }
-                }
-                ExtHeader::Feth => {
-                    if let Some(x) = &self.feth {
-                        x.emit(&mut Feth::new_unchecked(b));
-                    }
-                }
-                ExtHeader::Reth => {
-                    if let Some(x) = &self.reth {
-                        x.emit(&mut Reth::new_unchecked(b));
-                    }
-                }
-                ExtHeader::AtomicEth => {
-                    if let Some(x) = &self.atomic_eth {
-                        x.emit(&mut AtomicEth::new_unchecked(b));
-                    }
-                }
-                ExtHeader::Aeth => {
-                    if let Some(x) = &self.aeth {
-                        x.emit(&mut Aeth::new_unchecked(b));
-                    }
-                }
-                ExtHeader::AtomicAckEth => {
-                    if let Some(x) = &self.atomic_ack_eth {
-                        x.emit(&mut AtomicAckEth::new_unchecked(b));
-                    }
-                }
-                ExtHeader::ImmDt => {
-                    if let Some(x) = &self.immdt {
-                        x.emit(&mut ImmDt::new_unchecked(b));
-                    }
-                }
-                ExtHeader::Ieth => {
-                    if let Some(x) = &self.ieth {
-                        x.emit(&mut Ieth::new_unchecked(b));
-                    }
-                }
-                ExtHeader::CnpBody => {
-                    if let Some(x) = &self.cnp {
-                        x.emit(&mut CnpBody::new_unchecked(b));
-                    }
-                }
-            }
+        let mut next = |h: ExtHeader| {
+            let r = off..off + h.byte_len();
             off += h.byte_len();
+            r
+        };
+        if let Some(x) = &self.deth {
+            x.emit(&mut Deth::new_unchecked(&mut buf[next(ExtHeader::Deth)]));
+        }
+        if let Some(x) = &self.feth {
+            x.emit(&mut Feth::new_unchecked(&mut buf[next(ExtHeader::Feth)]));
+        }
+        if let Some(x) = &self.reth {
+            x.emit(&mut Reth::new_unchecked(&mut buf[next(ExtHeader::Reth)]));
+        }
+        if let Some(x) = &self.atomic_eth {
+            x.emit(&mut AtomicEth::new_unchecked(
+                &mut buf[next(ExtHeader::AtomicEth)],
+            ));
+        }
+        if let Some(x) = &self.aeth {
+            x.emit(&mut Aeth::new_unchecked(&mut buf[next(ExtHeader::Aeth)]));
+        }
+        if let Some(x) = &self.atomic_ack_eth {
+            x.emit(&mut AtomicAckEth::new_unchecked(
+                &mut buf[next(ExtHeader::AtomicAckEth)],
+            ));
+        }
+        if let Some(x) = &self.immdt {
+            x.emit(&mut ImmDt::new_unchecked(&mut buf[next(ExtHeader::ImmDt)]));
+        }
+        if let Some(x) = &self.ieth {
+            x.emit(&mut Ieth::new_unchecked(&mut buf[next(ExtHeader::Ieth)]));
+        }
+        if let Some(x) = &self.cnp {
+            x.emit(&mut CnpBody::new_unchecked(
+                &mut buf[next(ExtHeader::CnpBody)],
+            ));
         }
         Ok(total)
     }

@@ -414,7 +414,8 @@ impl RoceRepr {
         let pad_off = pay_off + self.payload_len;
         emit_payload(&mut frame[pay_off..pad_off]);
         frame[pad_off..total - ICRC_LEN].fill(0);
-        icrc::fill(&mut frame[ip_off..])?;
+        let icrc_off = total - ICRC_LEN - ip_off;
+        icrc::fill_at(&mut frame[ip_off..], self.ip.version() == 6, icrc_off);
         Ok(total)
     }
 

@@ -89,6 +89,24 @@ pub(crate) fn stored_and_computed_at(ip: &[u8], v6: bool, icrc_off: usize) -> (u
     (u32::from_le_bytes([s[0], s[1], s[2], s[3]]), crc_of(ip, &l))
 }
 
+/// Computes and stores the ICRC of a packet whose layout the caller built
+/// (`ip[..icrc_off + 4]` exists).
+pub(crate) fn fill_at(ip: &mut [u8], v6: bool, icrc_off: usize) -> u32 {
+    let ip_hdr = if v6 {
+        ipv6::HEADER_LEN
+    } else {
+        ipv4::HEADER_LEN
+    };
+    let l = Layout {
+        hdr_len: ip_hdr + udp::HEADER_LEN + bth::HEADER_LEN,
+        icrc_off,
+        v6,
+    };
+    let v = crc_of(ip, &l);
+    ip[icrc_off..icrc_off + ICRC_LEN].copy_from_slice(&v.to_le_bytes());
+    v
+}
+
 /// Hashes the masked headers and the rest of the covered bytes.
 fn crc_of(ip: &[u8], l: &Layout) -> u32 {
     let mut masked = [0u8; MAX_MASKED];

@@ -203,7 +203,7 @@ impl HeaderTemplate {
     /// # Errors
     /// [`Error::Truncated`] / [`Error::Malformed`] if `frame` does not hold a
     /// frame written by [`write_headers`](Self::write_headers) of `frame_len`
-    /// bytes.
+    /// bytes (the IP length field must match `frame_len`).
     pub fn finish(&self, frame: &mut [u8], frame_len: usize) -> Result<()> {
         if frame.len() < frame_len || frame_len < self.header_len() + ICRC_LEN {
             return Err(Error::Truncated);
@@ -213,8 +213,20 @@ impl HeaderTemplate {
         if icrc_off < self.header_len() + pad {
             return Err(Error::Malformed);
         }
+        let ip_off = usize::from(self.ip_off);
+        // The IP length written by write_headers must agree with frame_len.
+        let ip_end = if self.v6 {
+            ip_off
+                + ipv6::HEADER_LEN
+                + usize::from(Ipv6Packet::new_unchecked(&frame[ip_off..]).payload_len())
+        } else {
+            ip_off + usize::from(Ipv4Packet::new_unchecked(&frame[ip_off..]).total_len())
+        };
+        if ip_end != frame_len {
+            return Err(Error::Malformed);
+        }
         frame[icrc_off - pad..icrc_off].fill(0);
-        icrc::fill(&mut frame[usize::from(self.ip_off)..frame_len])?;
+        icrc::fill_at(&mut frame[ip_off..frame_len], self.v6, icrc_off - ip_off);
         Ok(())
     }
 
