@@ -258,3 +258,141 @@ impl HeaderTemplate {
         Ok(total)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eth::{EtherType, EthernetAddress};
+    use crate::ipv4::{Ecn, Ipv4Repr};
+    use crate::udp::ROCE_V2_PORT;
+    use crate::{AethRepr, AethSyndrome, Msn};
+    use core::net::Ipv4Addr;
+
+    fn template() -> HeaderTemplate {
+        let eth = EthernetRepr {
+            src_addr: EthernetAddress([2, 0, 0, 0, 0, 1]),
+            dst_addr: EthernetAddress([2, 0, 0, 0, 0, 2]),
+            vlan: None,
+            ethertype: EtherType::IPV6, // corrected from the IP version
+        };
+        let ip = IpRepr::Ipv4(Ipv4Repr {
+            src_addr: Ipv4Addr::new(192, 0, 2, 1),
+            dst_addr: Ipv4Addr::new(192, 0, 2, 2),
+            dscp: 26,
+            ecn: Ecn::Ect0,
+            ident: 7,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+        });
+        let udp = UdpRepr {
+            src_port: 0xc132,
+            dst_port: ROCE_V2_PORT,
+        };
+        let bth = BthRepr {
+            opcode: Opcode::RC_SEND_ONLY,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::new(0x12),
+            ack_req: false,
+            psn: Psn::ZERO,
+        };
+        HeaderTemplate::new(&eth, &ip, &udp, &bth)
+    }
+
+    const HDR: PacketHeader = PacketHeader {
+        opcode: Opcode::RC_SEND_ONLY,
+        solicited: true,
+        ack_req: true,
+        psn: Psn::new(5),
+    };
+
+    #[test]
+    fn layout_and_emit() {
+        let t = template();
+        assert_eq!(
+            (
+                t.ip_offset(),
+                t.udp_offset(),
+                t.bth_offset(),
+                t.header_len()
+            ),
+            (14, 34, 42, 54)
+        );
+        assert_eq!(&t.as_bytes()[12..14], &[0x08, 0x00]);
+        assert_eq!(t.frame_len(0, 5), 54 + 5 + 3 + 4);
+        let mut f = [0u8; 80];
+        let n = t
+            .emit(&mut f, &HDR, &ExtRepr::NONE, 5, |b| {
+                b.copy_from_slice(b"hello")
+            })
+            .unwrap();
+        assert_eq!(n, 66);
+        let p = RoceRepr::parse(&f[..n]).unwrap();
+        assert!(p.icrc_ok && p.ip_checksum_ok);
+        assert_eq!(p.repr.bth.pad_count, 3);
+        assert_eq!(p.repr.bth.psn, Psn::new(5));
+        assert!(p.repr.bth.solicited && p.repr.bth.ack_req);
+        assert_eq!(p.payload, b"hello");
+    }
+
+    #[test]
+    fn set_dest_qp() {
+        let mut t = template();
+        t.set_dest_qp(Qpn::new(0x456));
+        let mut f = [0u8; 80];
+        let n = t.emit(&mut f, &HDR, &ExtRepr::NONE, 0, |_| {}).unwrap();
+        assert_eq!(
+            RoceRepr::parse(&f[..n]).unwrap().repr.bth.dest_qp,
+            Qpn::new(0x456)
+        );
+    }
+
+    #[test]
+    fn errors() {
+        let t = template();
+        let mut f = [0u8; 80];
+        // Buffer too short.
+        assert_eq!(
+            t.write_headers(&mut f[..60], &HDR, 0, 8),
+            Err(Error::Truncated)
+        );
+        // Extension headers that do not match the opcode.
+        let aeth = ExtRepr {
+            aeth: Some(AethRepr {
+                syndrome: AethSyndrome::ACK,
+                msn: Msn::ZERO,
+            }),
+            ..ExtRepr::NONE
+        };
+        assert_eq!(
+            t.emit(&mut f, &HDR, &aeth, 0, |_| {}),
+            Err(Error::Malformed)
+        );
+        // Payload on an opcode without payload.
+        let ack = PacketHeader {
+            opcode: Opcode::RC_ACKNOWLEDGE,
+            ..HDR
+        };
+        assert_eq!(
+            t.emit(&mut f, &ack, &aeth, 4, |_| {}),
+            Err(Error::Malformed)
+        );
+        // finish with a length that disagrees with the IP header.
+        let n = t.write_headers(&mut f, &HDR, 0, 8).unwrap();
+        assert_eq!(t.finish(&mut f, n + 4), Err(Error::Malformed));
+        assert_eq!(t.finish(&mut f, 10), Err(Error::Truncated));
+        t.finish(&mut f, n).unwrap();
+        assert!(RoceRepr::parse(&f[..n]).unwrap().icrc_ok);
+        // IP length limit.
+        let mut big = [0u8; 8];
+        assert_eq!(
+            t.write_headers(&mut big, &HDR, 0, 70_000),
+            Err(Error::Truncated)
+        );
+    }
+}
