@@ -1,0 +1,2 @@
+//! roce-verbs: the application-facing runtime (work in progress).
+#![warn(missing_docs)]
