@@ -501,6 +501,8 @@ impl<L: Link> Link for Faulty<L> {
     }
 
     fn flush(&mut self, now: Instant) -> Result<(), LinkError> {
+        // An uncommitted `tx_buf` is abandoned at flush (trait contract), so held frames may use the buffer.
+        self.tx_pending = false;
         self.release_tx(now)?;
         self.inner.flush(now)
     }
@@ -790,6 +792,25 @@ mod tests {
         b.rx_burst(Instant::from_millis(1), 8, &mut |f| got.push(id(f)))
             .unwrap();
         assert_eq!(got, vec![7]);
+    }
+
+    /// A driver takes a buffer, the engine has nothing to send, the driver flushes: held frames must still be
+    /// released on time (the uncommitted buffer is abandoned at flush).
+    #[test]
+    fn flush_abandons_uncommitted_buffer_and_releases_held() {
+        let (mut a, mut b) = pair(FaultConfig::default(), 0);
+        a.script_tx([Fault::Delay(Duration::from_micros(10))]);
+        a.transmit(Instant::ZERO, &numbered(1)).unwrap();
+        assert_eq!(a.held(), 1);
+        let t = Instant::from_micros(10);
+        let _ = a.tx_buf(t).unwrap();
+        a.flush(t).unwrap();
+        assert_eq!(a.held(), 0, "released although a tx_buf was outstanding");
+        assert!(matches!(a.tx_commit(t, 64), Err(LinkError::NoTxBuffer)));
+        let mut got = Vec::new();
+        b.rx_burst(Instant::from_millis(1), 8, &mut |f| got.push(id(f)))
+            .unwrap();
+        assert_eq!(got, vec![1]);
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //!
 //! Between a `tx_buf` and the matching `tx_commit`, calling `tx_buf` again returns **the same buffer with its
 //! contents intact**. Decorators rely on this to look at (and modify) the frame in `tx_commit`. A `tx_buf` that
-//! is never committed is simply reused by the next `tx_buf`.
+//! is never committed is simply reused by the next `tx_buf`, and abandoned by `flush`.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -34,11 +34,13 @@ pub mod fault;
 pub mod pcap;
 mod pool;
 pub mod sim;
+pub mod udp;
 
 pub use fault::{Fault, FaultConfig, FaultStats, Faulty, GilbertElliott};
 pub use pcap::{Pcap, PcapMode};
 pub use roce_proto::time::Instant;
 pub use sim::{SimConfig, SimNet, SimPort, SimStats};
+pub use udp::{IpIdPolicy, UdpConfig, UdpLink, UdpStats};
 
 /// What the backend does about the RoCE v2 ICRC (`STYLE.md` W6, `ROCEV2.md §3`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,6 +117,8 @@ pub trait Link {
     fn tx_commit(&mut self, now: Instant, len: usize) -> Result<(), LinkError>;
 
     /// Pushes queued frames to the medium (the doorbell). Frames a backend could not hand over stay queued.
+    /// A buffer taken with [`tx_buf`](Self::tx_buf) and not committed is abandoned (a driver calls `flush`
+    /// after the engine had nothing more to send into it).
     fn flush(&mut self, now: Instant) -> Result<(), LinkError>;
 
     /// The earliest instant at which this link will have something to do without new input (a frame arrives,

@@ -169,6 +169,7 @@ impl<L: Link, W: Write> Link for Pcap<L, W> {
     }
 
     fn flush(&mut self, now: Instant) -> Result<(), LinkError> {
+        self.tx_pending = false;
         self.inner.flush(now)
     }
 

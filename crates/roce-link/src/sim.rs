@@ -364,6 +364,7 @@ impl Link for SimPort {
     }
 
     fn flush(&mut self, _now: Instant) -> Result<(), LinkError> {
+        self.staged = false;
         Ok(())
     }
 

@@ -1,0 +1,959 @@
+//! The UDP socket backend: RoCE v2 over a kernel UDP socket on port 4791 ([`UdpLink`]).
+//!
+//! The engine speaks whole Ethernet frames; a UDP socket speaks UDP payloads (BTH .. ICRC). This backend converts
+//! in both directions so that the bytes the Linux kernel puts on the wire are the frame the engine built
+//! (except the MAC addresses, which the kernel's neighbour table chooses, and the IPv6 flow label, see below).
+//!
+//! # Transmit
+//!
+//! [`Link::tx_buf`] lends a slot of a preallocated batch; [`Link::tx_commit`] parses the frame's Ethernet / IPv4 or
+//! IPv6 / UDP headers (VLAN tags are stripped), checks them against what Linux will write, and queues the UDP
+//! payload; [`Link::flush`] hands the queue to the kernel with `sendmmsg(2)`, one call per run of frames that share
+//! a source port. Each datagram carries `IP_TOS` + `IP_TTL` (IPv6: `IPV6_TCLASS` + `IPV6_HOPLIMIT`) control
+//! messages taken from the frame's IP header, so DSCP, ECN (e.g. ECT(0)) and TTL are the engine's, per packet.
+//!
+//! The ICRC covers the IPv4 identification, flags, lengths and the UDP ports (`ROCEV2.md §3`), so:
+//!
+//! * **IP ID and DF.** Every socket sets `IP_MTU_DISCOVER = IP_PMTUDISC_DO` and is never connected; Linux then
+//!   writes DF and IP ID 0 (`ip_select_ident`: a DF packet from a socket without a destination gets ID 0;
+//!   `../shared/interop/README.md`, "Gotcha"). A frame whose IPv4 ID is not 0 or whose DF bit is clear would
+//!   leave with an ICRC that fails at the peer. Such frames are counted in [`UdpStats::tx_ip_hdr_mismatch`] and,
+//!   per [`IpIdPolicy`], dropped or repaired (ICRC recomputed for ID 0 + DF).
+//! * **UDP source port.** The engine uses a per-QP source port (`0xC000 | hash(QPNs)`, `ROCEV2.md §1.4`, as rxe
+//!   does: ECMP entropy, and the port is in the ICRC). The backend therefore sends each frame from a socket
+//!   bound to `local_ip:frame_source_port`, created on first use and cached (a 64 Ki-entry port → socket table,
+//!   O(1) per packet). The alternative, a fixed engine source port, would need an engine change and would lose
+//!   the per-QP entropy rxe peers expect. These sockets do **not** set `SO_REUSEADDR`: a port already owned by
+//!   another socket is reported (`EADDRINUSE`, frame dropped and counted in [`UdpStats::tx_errors`]) instead of
+//!   silently sharing its traffic. [`UdpConfig::max_tx_sockets`] bounds the number of file descriptors.
+//! * **UDP checksum.** The engine writes 0 (as rxe); IPv4 sockets set `SO_NO_CHECK`, IPv6 sockets
+//!   `UDP_NO_CHECK6_TX`/`UDP_NO_CHECK6_RX`, so the wire also carries 0 and zero-checksum IPv6 peers are accepted.
+//! * **IPv6 flow label** is chosen by the kernel (masked in the ICRC, so harmless).
+//!
+//! A frame the kernel cannot produce (source IP not the bound address, wrong family, not UDP to
+//! [`UdpConfig::peer_port`], inconsistent lengths) is dropped and counted in [`UdpStats::tx_invalid`].
+//!
+//! # Receive
+//!
+//! [`Link::rx_burst`] takes up to a burst with one `recvmmsg(2)`; each datagram lands in its slot behind a gap the
+//! size of the Ethernet + IP + UDP headers, which the backend then fills: MACs from [`UdpConfig::local_mac`]
+//! (destination) and [`UdpConfig::peer_mac`] (source); IPv4 with the received TOS (`IP_RECVTOS`, so CE marks
+//! reach the engine) and TTL (`IP_RECVTTL`), DF, ID 0, the right total length and a valid header checksum, the
+//! destination address from `IP_PKTINFO`; IPv6 with the received traffic class / hop limit, flow label 0; UDP
+//! with the sender's ports, the right length and checksum 0.
+//!
+//! **ICRC: verified here, once.** With [`UdpConfig::verify_rx_icrc`] (default) the backend checks the ICRC over
+//! the rebuilt frame, counts failures in [`UdpStats::rx_icrc_bad`], drops them, and reports
+//! [`IcrcCaps::rx_verified`]. The rebuilt IPv4 header assumes the sender used ID 0 + DF (true for this backend
+//! and for any unconnected-socket sender); a peer that numbers its IPv4 IDs (Linux rxe does) cannot be verified
+//! through a UDP socket, whose API never shows the received ID — for such peers use a raw backend, or turn the
+//! check off and accept that the engine's own check will reject those frames too.
+//!
+//! # Errors
+//!
+//! OS errors come back as [`LinkError::Io`] with the operation and address in the message. `EAGAIN`/`ENOBUFS`
+//! on send is back-pressure: the frames stay queued (nothing is lost), [`UdpStats::tx_busy`] counts it, and
+//! [`Link::tx_buf`] answers [`LinkError::Busy`] while the batch is full.
+
+use std::io;
+use std::mem;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+
+use roce_wire::{
+    EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Ipv4Packet, Ipv4Repr, Ipv6Packet,
+    Ipv6Repr, ROCE_V2_PORT, UdpPacket, UdpRepr, icrc, ipv4, ipv6, udp,
+};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::{IcrcCaps, Instant, Link, LinkCaps, LinkError};
+
+/// Length of an untagged Ethernet header.
+const ETH_LEN: usize = 14;
+/// `UDP_NO_CHECK6_TX` / `UDP_NO_CHECK6_RX` (linux/udp.h).
+const UDP_NO_CHECK6_TX: libc::c_int = 101;
+const UDP_NO_CHECK6_RX: libc::c_int = 102;
+/// Bytes of control-message space per datagram (aligned; two `int` cmsgs on TX, pktinfo + two on RX).
+const CMSG_WORDS: usize = 16;
+
+/// What [`UdpLink`] does with a frame whose IPv4 identification is not 0 or whose DF bit is clear: Linux will
+/// put ID 0 and DF on the wire, so that frame's ICRC would be wrong at the peer (`ROCEV2.md §3`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IpIdPolicy {
+    /// Drop it (counted in [`UdpStats::tx_ip_hdr_mismatch`]).
+    Drop,
+    /// Recompute the ICRC for the header Linux will send (ID 0, DF) and send it (counted in
+    /// [`UdpStats::tx_ip_hdr_mismatch`]). Costs one CRC pass over the packet.
+    #[default]
+    Repair,
+}
+
+/// Configuration of a [`UdpLink`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UdpConfig {
+    /// Local address to bind (IPv4 or IPv6, not unspecified). Transmitted frames must carry it as source IP.
+    pub local: IpAddr,
+    /// Local UDP port to receive on (default 4791, `ROCEV2.md §1.4`).
+    pub port: u16,
+    /// Destination UDP port transmitted frames must use (default 4791).
+    pub peer_port: u16,
+    /// Destination MAC written into rebuilt received frames (the engine's own MAC, `EngineConfig::mac`).
+    pub local_mac: [u8; 6],
+    /// Source MAC written into rebuilt received frames.
+    pub peer_mac: [u8; 6],
+    /// Largest frame in bytes including the 14-byte Ethernet header ([`LinkCaps::mtu`]). Default 14 + 4200
+    /// (the engine's default netdev MTU). The path MTU must allow it: DF is set, oversize sends fail (`EMSGSIZE`).
+    pub mtu: usize,
+    /// Frames per `sendmmsg` / `recvmmsg` ([`LinkCaps::max_burst`]); default 32.
+    pub burst: usize,
+    /// Verify the ICRC of received frames here (see the module docs). Default true.
+    pub verify_rx_icrc: bool,
+    /// Handling of transmitted frames with IPv4 ID ≠ 0 or DF clear.
+    pub ip_id: IpIdPolicy,
+    /// Most per-source-port transmit sockets to open (file descriptors); default 1024.
+    pub max_tx_sockets: usize,
+    /// `SO_RCVBUF` / `SO_SNDBUF` in bytes, if set (default 4 MiB; the kernel caps it at `rmem_max`/`wmem_max`).
+    pub socket_buffer: Option<usize>,
+}
+
+impl UdpConfig {
+    /// Defaults for a link bound to `local`.
+    pub fn new(local: IpAddr) -> UdpConfig {
+        UdpConfig {
+            local,
+            port: ROCE_V2_PORT,
+            peer_port: ROCE_V2_PORT,
+            local_mac: [0x02, 0, 0, 0, 0, 1],
+            peer_mac: [0x02, 0, 0, 0, 0, 2],
+            mtu: ETH_LEN + 4200,
+            burst: 32,
+            verify_rx_icrc: true,
+            ip_id: IpIdPolicy::Repair,
+            max_tx_sockets: 1024,
+            socket_buffer: Some(4 << 20),
+        }
+    }
+}
+
+/// Counters of a [`UdpLink`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpStats {
+    /// Datagrams handed to the kernel.
+    pub tx_frames: u64,
+    /// UDP payload bytes (BTH .. ICRC) handed to the kernel.
+    pub tx_bytes: u64,
+    /// `sendmmsg` calls that found the socket full (`EAGAIN`/`ENOBUFS`); the frames stayed queued.
+    pub tx_busy: u64,
+    /// Frames dropped because the kernel refused them (`EMSGSIZE`, unreachable, `EADDRINUSE` on a new source-port
+    /// socket, too many sockets).
+    pub tx_errors: u64,
+    /// Frames that are not IPv4/IPv6 + UDP to [`UdpConfig::peer_port`] from [`UdpConfig::local`] with
+    /// consistent lengths; dropped.
+    pub tx_invalid: u64,
+    /// IPv4 frames with ID ≠ 0 or DF clear (dropped or repaired per [`IpIdPolicy`]).
+    pub tx_ip_hdr_mismatch: u64,
+    /// Transmit sockets currently open (one per source port in use, plus the receive socket).
+    pub tx_sockets: u64,
+    /// Frames delivered to the receive sink.
+    pub rx_frames: u64,
+    /// Bytes (rebuilt frames) delivered to the receive sink.
+    pub rx_bytes: u64,
+    /// Datagrams dropped because the ICRC over the rebuilt frame is wrong (or the packet is too short to hold
+    /// BTH + ICRC).
+    pub rx_icrc_bad: u64,
+    /// Datagrams dropped because they were larger than the receive buffer (`MSG_TRUNC`).
+    pub rx_truncated: u64,
+}
+
+/// Per-slot metadata of a queued datagram.
+#[derive(Clone, Copy)]
+struct TxMeta {
+    /// Payload start within the slot.
+    off: usize,
+    /// Payload length.
+    len: usize,
+    /// Index into `socks`.
+    sock: u16,
+    /// IPv4 TOS / IPv6 traffic class.
+    tos: u8,
+    /// TTL / hop limit (0 = kernel default).
+    ttl: u8,
+    /// Destination address (`sockaddr_in` or `sockaddr_in6`; the v6 struct is large enough for both).
+    dst: libc::sockaddr_in6,
+}
+
+/// A RoCE v2 link over a kernel UDP socket (see the module docs for what it guarantees about the wire).
+pub struct UdpLink {
+    cfg: UdpConfig,
+    v6: bool,
+    /// Rebuilt header length: Ethernet + IP + UDP (42 or 62).
+    hdr: usize,
+    /// `socks[0]` receives (bound to `local:port`); the others send from one source port each.
+    socks: Vec<Socket>,
+    /// Source port → index into `socks` + 1 (0 = none yet).
+    port_map: Vec<u16>,
+    tx_data: Vec<u8>,
+    tx_meta: Vec<TxMeta>,
+    /// Frames `[tx_head, tx_tail)` are queued; slot `tx_tail` is the one `tx_buf` lends.
+    tx_head: usize,
+    tx_tail: usize,
+    tx_iov: Vec<libc::iovec>,
+    tx_msgs: Vec<libc::mmsghdr>,
+    tx_ctrl: Vec<[u64; CMSG_WORDS]>,
+    rx_data: Vec<u8>,
+    /// Receive slot size: `hdr` + the largest datagram + 1 (so a datagram that does not fit is seen truncated).
+    rx_slot: usize,
+    rx_iov: Vec<libc::iovec>,
+    rx_msgs: Vec<libc::mmsghdr>,
+    rx_ctrl: Vec<[u64; CMSG_WORDS]>,
+    rx_names: Vec<libc::sockaddr_in6>,
+    stats: UdpStats,
+}
+
+impl core::fmt::Debug for UdpLink {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("UdpLink")
+            .field("local", &self.cfg.local)
+            .field("port", &self.cfg.port)
+            .field("queued", &(self.tx_tail - self.tx_head))
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_ctx(e: io::Error, what: impl core::fmt::Display) -> LinkError {
+    LinkError::Io(io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+fn setopt(s: &Socket, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> io::Result<()> {
+    // SAFETY: `s` is an open socket; the option value is a valid `c_int` that outlives the call, and its size is
+    // passed exactly.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            (&val as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The zero-initialised value of a plain C struct.
+fn zeroed<T: Copy>() -> T {
+    // SAFETY: only used for libc structs (`sockaddr_in6`, `iovec`, `mmsghdr`) made of integers and raw pointers,
+    // for which all-zero bytes are a valid value.
+    unsafe { mem::zeroed() }
+}
+
+fn sockaddr_of(a: SocketAddr) -> libc::sockaddr_in6 {
+    let mut out: libc::sockaddr_in6 = zeroed();
+    match a {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: `sockaddr_in` (16 bytes) fits in `sockaddr_in6` (28 bytes); both are plain data and
+            // `write_unaligned` has no alignment requirement.
+            unsafe {
+                core::ptr::write_unaligned((&mut out as *mut libc::sockaddr_in6).cast(), sin)
+            };
+        }
+        SocketAddr::V6(a) => {
+            out.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            out.sin6_port = a.port().to_be();
+            out.sin6_addr.s6_addr = a.ip().octets();
+            out.sin6_scope_id = a.scope_id();
+        }
+    }
+    out
+}
+
+/// Reads an address filled in by the kernel (`msg_name`); `None` for other families.
+fn sockaddr_to(s: &libc::sockaddr_in6) -> Option<(IpAddr, u16)> {
+    match libc::c_int::from(s.sin6_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a `sockaddr_in` at the start of this (larger) buffer; unaligned read of
+            // plain data.
+            let sin: libc::sockaddr_in =
+                unsafe { core::ptr::read_unaligned((s as *const libc::sockaddr_in6).cast()) };
+            Some((
+                IpAddr::V4(Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes())),
+                u16::from_be(sin.sin_port),
+            ))
+        }
+        libc::AF_INET6 => Some((
+            IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)),
+            u16::from_be(s.sin6_port),
+        )),
+        _ => None,
+    }
+}
+
+/// What `tx_commit` learned from a frame's headers.
+struct Parsed {
+    off: usize,
+    len: usize,
+    sport: u16,
+    dst: IpAddr,
+    tos: u8,
+    ttl: u8,
+    /// IPv4 ID ≠ 0 or DF clear.
+    hdr_mismatch: bool,
+    /// Start of the IP header.
+    ip_off: usize,
+}
+
+impl UdpLink {
+    /// Opens the receive socket on `cfg.local:cfg.port` (non-blocking) and preallocates `cfg.burst` transmit and
+    /// receive slots of `cfg.mtu` bytes.
+    ///
+    /// # Errors
+    /// [`LinkError::Io`]: `InvalidInput` for an unspecified address or a zero burst / too small MTU; otherwise the
+    /// failing `socket`/`setsockopt`/`bind` with the address (e.g. `EADDRINUSE`, `EADDRNOTAVAIL`).
+    pub fn bind(cfg: UdpConfig) -> Result<UdpLink, LinkError> {
+        if cfg.local.is_unspecified() {
+            return Err(io_ctx(
+                io::Error::from(io::ErrorKind::InvalidInput),
+                "UdpLink needs a specific local address (the ICRC covers the source IP)",
+            ));
+        }
+        let v6 = cfg.local.is_ipv6();
+        let hdr = ETH_LEN
+            + if v6 {
+                ipv6::HEADER_LEN
+            } else {
+                ipv4::HEADER_LEN
+            }
+            + udp::HEADER_LEN;
+        if cfg.burst == 0 || cfg.mtu < hdr + 16 || cfg.mtu > 65535 || cfg.max_tx_sockets >= 65535 {
+            return Err(io_ctx(
+                io::Error::from(io::ErrorKind::InvalidInput),
+                format_args!(
+                    "UdpLink config: burst {} mtu {} max_tx_sockets {}",
+                    cfg.burst, cfg.mtu, cfg.max_tx_sockets
+                ),
+            ));
+        }
+        let rx = Self::socket(&cfg, cfg.port, true)?;
+        let burst = cfg.burst;
+        let rx_slot = cfg.mtu + 1 + 4; // + a possible VLAN tag's worth, + 1 to see truncation
+        let mut link = UdpLink {
+            v6,
+            hdr,
+            socks: vec![rx],
+            port_map: vec![0; 65536],
+            tx_data: vec![0; burst * cfg.mtu],
+            tx_meta: vec![
+                TxMeta {
+                    off: 0,
+                    len: 0,
+                    sock: 0,
+                    tos: 0,
+                    ttl: 0,
+                    dst: zeroed(),
+                };
+                burst
+            ],
+            tx_head: 0,
+            tx_tail: 0,
+            tx_iov: vec![zeroed(); burst],
+            tx_msgs: vec![zeroed(); burst],
+            tx_ctrl: vec![[0; CMSG_WORDS]; burst],
+            rx_data: vec![0; burst * rx_slot],
+            rx_slot,
+            rx_iov: vec![zeroed(); burst],
+            rx_msgs: vec![zeroed(); burst],
+            rx_ctrl: vec![[0; CMSG_WORDS]; burst],
+            rx_names: vec![zeroed(); burst],
+            stats: UdpStats {
+                tx_sockets: 1,
+                ..UdpStats::default()
+            },
+            cfg,
+        };
+        link.port_map[usize::from(link.cfg.port)] = 1;
+        Ok(link)
+    }
+
+    /// Creates a non-blocking socket bound to `cfg.local:port` with DF, no UDP checksum and (for the receive
+    /// socket) the ancillary data the receive path reads.
+    fn socket(cfg: &UdpConfig, port: u16, rx: bool) -> Result<Socket, LinkError> {
+        let local = SocketAddr::new(cfg.local, port);
+        let ctx = |what: &'static str| move |e| io_ctx(e, format_args!("{what} for UDP {local}"));
+        let domain = if cfg.local.is_ipv6() {
+            Domain::IPV6
+        } else {
+            Domain::IPV4
+        };
+        let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)).map_err(ctx("socket"))?;
+        s.set_nonblocking(true).map_err(ctx("O_NONBLOCK"))?;
+        if let Some(n) = cfg.socket_buffer {
+            s.set_send_buffer_size(n).map_err(ctx("SO_SNDBUF"))?;
+            if rx {
+                s.set_recv_buffer_size(n).map_err(ctx("SO_RCVBUF"))?;
+            }
+        }
+        if cfg.local.is_ipv6() {
+            s.set_only_v6(true).map_err(ctx("IPV6_V6ONLY"))?;
+            setopt(
+                &s,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            )
+            .map_err(ctx("IPV6_MTU_DISCOVER"))?;
+            setopt(&s, libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1).map_err(ctx("UDP_NO_CHECK6_TX"))?;
+            setopt(&s, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1).map_err(ctx("UDP_NO_CHECK6_RX"))?;
+            if rx {
+                setopt(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)
+                    .map_err(ctx("IPV6_RECVPKTINFO"))?;
+                setopt(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)
+                    .map_err(ctx("IPV6_RECVTCLASS"))?;
+                setopt(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)
+                    .map_err(ctx("IPV6_RECVHOPLIMIT"))?;
+            }
+        } else {
+            setopt(
+                &s,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            )
+            .map_err(ctx("IP_MTU_DISCOVER"))?;
+            setopt(&s, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1).map_err(ctx("SO_NO_CHECK"))?;
+            if rx {
+                setopt(&s, libc::IPPROTO_IP, libc::IP_PKTINFO, 1).map_err(ctx("IP_PKTINFO"))?;
+                setopt(&s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1).map_err(ctx("IP_RECVTOS"))?;
+                setopt(&s, libc::IPPROTO_IP, libc::IP_RECVTTL, 1).map_err(ctx("IP_RECVTTL"))?;
+            }
+        }
+        s.bind(&SockAddr::from(local)).map_err(ctx("bind"))?;
+        Ok(s)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &UdpConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> UdpStats {
+        self.stats
+    }
+
+    /// The address the receive socket is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.cfg.local, self.cfg.port)
+    }
+
+    /// Frames committed and not yet handed to the kernel.
+    pub fn queued(&self) -> usize {
+        self.tx_tail - self.tx_head
+    }
+
+    /// The receive socket's file descriptor (to wait for readability with `poll`/`epoll`).
+    pub fn rx_fd(&self) -> std::os::fd::RawFd {
+        self.socks[0].as_raw_fd()
+    }
+
+    /// Parses the headers of a committed frame; `None` if the kernel cannot send it as it is.
+    fn parse_tx(&self, f: &[u8]) -> Option<Parsed> {
+        let eth = EthernetFrame::new_checked(f).ok()?;
+        let ip_off = eth.header_len();
+        let ip = f.get(ip_off..)?;
+        let (src, dst, tos, ttl, ip_hdr, ip_end, mismatch) = match eth.ethertype() {
+            EtherType::IPV4 if !self.v6 => {
+                let p = Ipv4Packet::new_checked(ip).ok()?;
+                if p.header_len() != ipv4::HEADER_LEN
+                    || p.protocol() != ipv4::PROTOCOL_UDP
+                    || p.more_frags()
+                    || p.frag_offset() != 0
+                {
+                    return None;
+                }
+                let tos = ip[ipv4::TOS_OFFSET];
+                (
+                    IpAddr::V4(p.src_addr()),
+                    IpAddr::V4(p.dst_addr()),
+                    tos,
+                    p.ttl(),
+                    ipv4::HEADER_LEN,
+                    usize::from(p.total_len()),
+                    p.ident() != 0 || !p.dont_frag(),
+                )
+            }
+            EtherType::IPV6 if self.v6 => {
+                let p = Ipv6Packet::new_checked(ip).ok()?;
+                if p.next_header() != ipv4::PROTOCOL_UDP {
+                    return None;
+                }
+                (
+                    IpAddr::V6(p.src_addr()),
+                    IpAddr::V6(p.dst_addr()),
+                    p.traffic_class(),
+                    p.hop_limit(),
+                    ipv6::HEADER_LEN,
+                    ipv6::HEADER_LEN + usize::from(p.payload_len()),
+                    false,
+                )
+            }
+            _ => return None,
+        };
+        if src != self.cfg.local {
+            return None;
+        }
+        let u = UdpPacket::new_checked(ip.get(ip_hdr..ip_end)?).ok()?;
+        let udp_len = usize::from(u.len());
+        if u.dst_port() != self.cfg.peer_port || ip_hdr + udp_len != ip_end {
+            return None;
+        }
+        Some(Parsed {
+            off: ip_off + ip_hdr + udp::HEADER_LEN,
+            len: udp_len - udp::HEADER_LEN,
+            sport: u.src_port(),
+            dst,
+            tos,
+            ttl,
+            hdr_mismatch: mismatch,
+            ip_off,
+        })
+    }
+
+    /// Index of the socket bound to `sport`, creating it on first use.
+    fn sock_for(&mut self, sport: u16) -> Result<u16, LinkError> {
+        let m = self.port_map[usize::from(sport)];
+        if m != 0 {
+            return Ok(m - 1);
+        }
+        if self.socks.len() > self.cfg.max_tx_sockets {
+            return Err(io_ctx(
+                io::Error::other("too many source ports"),
+                format_args!(
+                    "UdpLink: source port {sport} would exceed max_tx_sockets {}",
+                    self.cfg.max_tx_sockets
+                ),
+            ));
+        }
+        let s = Self::socket(&self.cfg, sport, false)?;
+        self.socks.push(s);
+        self.stats.tx_sockets += 1;
+        let idx = (self.socks.len() - 1) as u16;
+        self.port_map[usize::from(sport)] = idx + 1;
+        Ok(idx)
+    }
+
+    /// Writes the per-datagram control messages of slot `i` into `tx_ctrl[i]`; returns their length.
+    fn tx_cmsgs(&mut self, i: usize) -> usize {
+        let m = self.tx_meta[i];
+        let (level, tos_name, ttl_name) = if self.v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, libc::IPV6_HOPLIMIT)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_TOS, libc::IP_TTL)
+        };
+        let ctrl = &mut self.tx_ctrl[i];
+        let mut items = [(tos_name, libc::c_int::from(m.tos)), (ttl_name, 0)];
+        let mut n = 1;
+        if m.ttl != 0 {
+            items[1].1 = libc::c_int::from(m.ttl);
+            n = 2;
+        }
+        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+        let space = unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) } as usize;
+        // SAFETY: as above.
+        let clen = unsafe { libc::CMSG_LEN(size_of::<libc::c_int>() as u32) } as usize;
+        let base = ctrl.as_mut_ptr().cast::<u8>();
+        for (k, &(name, val)) in items[..n].iter().enumerate() {
+            let hdr = libc::cmsghdr {
+                cmsg_len: clen as _,
+                cmsg_level: level,
+                cmsg_type: name,
+            };
+            // SAFETY: `ctrl` is 8-byte aligned and CMSG_WORDS * 8 = 128 bytes long; two items of `space` (16)
+            // bytes fit. The header is written at an aligned offset, the data at CMSG_LEN(0) after it, as
+            // CMSG_DATA would compute.
+            unsafe {
+                let p = base.add(k * space);
+                core::ptr::write_unaligned(p.cast::<libc::cmsghdr>(), hdr);
+                let data = p.add(libc::CMSG_LEN(0) as usize);
+                core::ptr::write_unaligned(data.cast::<libc::c_int>(), val);
+            }
+        }
+        n * space
+    }
+
+    /// Sends queued frames `[tx_head, end)` (all from socket `sock`) with one `sendmmsg`; returns how many the
+    /// kernel took.
+    fn send_run(&mut self, end: usize, sock: u16) -> io::Result<usize> {
+        let start = self.tx_head;
+        let mtu = self.cfg.mtu;
+        let addr_len = if self.v6 {
+            size_of::<libc::sockaddr_in6>()
+        } else {
+            size_of::<libc::sockaddr_in>()
+        } as libc::socklen_t;
+        for i in start..end {
+            let clen = self.tx_cmsgs(i);
+            let m = &mut self.tx_meta[i];
+            let k = i - start;
+            self.tx_iov[k] = libc::iovec {
+                // SAFETY: `off + len <= mtu` was checked in `tx_commit`, so the pointer stays inside slot `i` of
+                // `tx_data`.
+                iov_base: unsafe { self.tx_data.as_mut_ptr().add(i * mtu + m.off) }.cast(),
+                iov_len: m.len,
+            };
+            let h = &mut self.tx_msgs[k].msg_hdr;
+            h.msg_name = (&mut m.dst as *mut libc::sockaddr_in6).cast();
+            h.msg_namelen = addr_len;
+            h.msg_iov = &mut self.tx_iov[k];
+            h.msg_iovlen = 1;
+            h.msg_control = self.tx_ctrl[i].as_mut_ptr().cast();
+            h.msg_controllen = clen as _;
+            h.msg_flags = 0;
+            self.tx_msgs[k].msg_len = 0;
+        }
+        let fd = self.socks[usize::from(sock)].as_raw_fd();
+        // SAFETY: `tx_msgs[..end - start]` were just filled with pointers into `tx_meta`, `tx_iov`, `tx_ctrl` and
+        // `tx_data`, which are neither moved nor resized until this call returns; the count is at most `burst`.
+        let r = unsafe {
+            libc::sendmmsg(
+                fd,
+                self.tx_msgs.as_mut_ptr(),
+                (end - start) as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+
+    /// Rebuilds the Ethernet/IP/UDP header in front of the `len`-byte datagram in receive slot `i`; returns the
+    /// frame length, or `None` if the datagram's addresses are unusable.
+    fn rebuild(&mut self, i: usize, len: usize) -> Option<usize> {
+        let (src, sport) = sockaddr_to(&self.rx_names[i])?;
+        let ctrl = &self.rx_ctrl[i];
+        let clen = self.rx_msgs[i].msg_hdr.msg_controllen;
+        let mut tos = 0u8;
+        let mut ttl = 64u8;
+        let mut dst = self.cfg.local;
+        // Walk the control messages with the libc macros over this slot's header.
+        let mut hdr: libc::msghdr = zeroed();
+        hdr.msg_control = ctrl.as_ptr() as *mut libc::c_void;
+        hdr.msg_controllen = clen;
+        // SAFETY: `hdr` describes `ctrl` (CMSG_WORDS * 8 bytes, of which the kernel filled `clen` ≤ its size);
+        // CMSG_FIRSTHDR/CMSG_NXTHDR stay within `msg_controllen` and return null at the end.
+        let mut c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
+        while !c.is_null() {
+            // SAFETY: `c` is non-null and points at a complete cmsghdr inside `ctrl` (checked by the macros).
+            let (level, ty) = unsafe { ((*c).cmsg_level, (*c).cmsg_type) };
+            // SAFETY: CMSG_DATA of a valid header; the reads below match the sizes the kernel writes for each
+            // (level, type) pair (ip(7), ipv6(7)) and use unaligned reads.
+            let data = unsafe { libc::CMSG_DATA(c) };
+            match (level, ty) {
+                (libc::IPPROTO_IP, libc::IP_TOS) => {
+                    // SAFETY: IP_TOS carries one byte.
+                    tos = unsafe { *data };
+                }
+                (libc::IPPROTO_IP, libc::IP_TTL) => {
+                    // SAFETY: IP_TTL carries an int.
+                    ttl = unsafe { core::ptr::read_unaligned(data.cast::<libc::c_int>()) } as u8;
+                }
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    // SAFETY: IP_PKTINFO carries a struct in_pktinfo.
+                    let pi = unsafe { core::ptr::read_unaligned(data.cast::<libc::in_pktinfo>()) };
+                    dst = IpAddr::V4(Ipv4Addr::from(pi.ipi_addr.s_addr.to_ne_bytes()));
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    // SAFETY: IPV6_TCLASS carries an int.
+                    tos = unsafe { core::ptr::read_unaligned(data.cast::<libc::c_int>()) } as u8;
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                    // SAFETY: IPV6_HOPLIMIT carries an int.
+                    ttl = unsafe { core::ptr::read_unaligned(data.cast::<libc::c_int>()) } as u8;
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    // SAFETY: IPV6_PKTINFO carries a struct in6_pktinfo.
+                    let pi = unsafe { core::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>()) };
+                    dst = IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr));
+                }
+                _ => {}
+            }
+            // SAFETY: `c` is a valid header within `hdr`'s control buffer.
+            c = unsafe { libc::CMSG_NXTHDR(&hdr, c) };
+        }
+        let frame_len = self.hdr + len;
+        let slot = &mut self.rx_data[i * self.rx_slot..i * self.rx_slot + frame_len];
+        let (l2, rest) = slot.split_at_mut(ETH_LEN);
+        let ethertype = match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) if !self.v6 => {
+                Ipv4Repr {
+                    src_addr: s,
+                    dst_addr: d,
+                    dscp: tos >> 2,
+                    ecn: roce_wire::Ecn::from_bits(tos),
+                    ident: 0,
+                    dont_frag: true,
+                    ttl,
+                    protocol: ipv4::PROTOCOL_UDP,
+                }
+                .emit(
+                    &mut Ipv4Packet::new_unchecked(&mut rest[..ipv4::HEADER_LEN]),
+                    udp::HEADER_LEN + len,
+                );
+                EtherType::IPV4
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) if self.v6 => {
+                Ipv6Repr {
+                    src_addr: s,
+                    dst_addr: d,
+                    dscp: tos >> 2,
+                    ecn: roce_wire::Ecn::from_bits(tos),
+                    flow_label: 0,
+                    next_header: ipv4::PROTOCOL_UDP,
+                    hop_limit: ttl,
+                }
+                .emit(
+                    &mut Ipv6Packet::new_unchecked(&mut rest[..ipv6::HEADER_LEN]),
+                    udp::HEADER_LEN + len,
+                );
+                EtherType::IPV6
+            }
+            _ => return None,
+        };
+        let ip_len = self.hdr - ETH_LEN - udp::HEADER_LEN;
+        UdpRepr {
+            src_port: sport,
+            dst_port: self.cfg.port,
+        }
+        .emit(
+            &mut UdpPacket::new_unchecked(&mut rest[ip_len..ip_len + udp::HEADER_LEN]),
+            len,
+        );
+        EthernetRepr {
+            src_addr: EthernetAddress(self.cfg.peer_mac),
+            dst_addr: EthernetAddress(self.cfg.local_mac),
+            vlan: None,
+            ethertype,
+        }
+        .emit(&mut EthernetFrame::new_unchecked(l2));
+        Some(frame_len)
+    }
+}
+
+impl Link for UdpLink {
+    fn caps(&self) -> LinkCaps {
+        LinkCaps {
+            mtu: self.cfg.mtu,
+            max_burst: self.cfg.burst,
+            icrc: IcrcCaps {
+                rx_verified: self.cfg.verify_rx_icrc,
+                tx_computed: false,
+            },
+        }
+    }
+
+    fn rx_burst(
+        &mut self,
+        _now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<usize, LinkError> {
+        let n = max.min(self.cfg.burst);
+        if n == 0 {
+            return Ok(0);
+        }
+        let cap = self.rx_slot - self.hdr;
+        for i in 0..n {
+            self.rx_iov[i] = libc::iovec {
+                // SAFETY: slot `i` spans `rx_slot` bytes of `rx_data`; the datagram goes `hdr` bytes in, `cap`
+                // bytes long, ending exactly at the slot end.
+                iov_base: unsafe { self.rx_data.as_mut_ptr().add(i * self.rx_slot + self.hdr) }
+                    .cast(),
+                iov_len: cap,
+            };
+            let h = &mut self.rx_msgs[i].msg_hdr;
+            h.msg_name = (&mut self.rx_names[i] as *mut libc::sockaddr_in6).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            h.msg_iov = &mut self.rx_iov[i];
+            h.msg_iovlen = 1;
+            h.msg_control = self.rx_ctrl[i].as_mut_ptr().cast();
+            h.msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
+            h.msg_flags = 0;
+        }
+        // SAFETY: `rx_msgs[..n]` point into `rx_names`, `rx_iov`, `rx_ctrl`, `rx_data`, which stay in place for the
+        // call; each buffer length is given exactly; no timeout pointer.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.socks[0].as_raw_fd(),
+                self.rx_msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                core::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(io_ctx(
+                    e,
+                    format_args!("recvmmsg on UDP {}", self.local_addr()),
+                )),
+            };
+        }
+        let r = r as usize;
+        for i in 0..r {
+            let len = self.rx_msgs[i].msg_len as usize;
+            if self.rx_msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len >= cap {
+                self.stats.rx_truncated += 1;
+                continue;
+            }
+            let Some(flen) = self.rebuild(i, len) else {
+                self.stats.rx_icrc_bad += 1;
+                continue;
+            };
+            let start = i * self.rx_slot;
+            let frame = &mut self.rx_data[start..start + flen];
+            if self.cfg.verify_rx_icrc && icrc::verify(&frame[ETH_LEN..]).is_err() {
+                self.stats.rx_icrc_bad += 1;
+                continue;
+            }
+            self.stats.rx_frames += 1;
+            self.stats.rx_bytes += flen as u64;
+            sink(frame);
+        }
+        Ok(r)
+    }
+
+    fn tx_buf(&mut self, _now: Instant) -> Result<&mut [u8], LinkError> {
+        if self.tx_tail == self.cfg.burst {
+            return Err(LinkError::Busy);
+        }
+        let mtu = self.cfg.mtu;
+        let i = self.tx_tail;
+        Ok(&mut self.tx_data[i * mtu..(i + 1) * mtu])
+    }
+
+    fn tx_commit(&mut self, _now: Instant, len: usize) -> Result<(), LinkError> {
+        if self.tx_tail == self.cfg.burst {
+            return Err(LinkError::NoTxBuffer);
+        }
+        let mtu = self.cfg.mtu;
+        if len > mtu {
+            return Err(LinkError::TooLong { len, mtu });
+        }
+        let i = self.tx_tail;
+        let Some(p) = self.parse_tx(&self.tx_data[i * mtu..i * mtu + len]) else {
+            self.stats.tx_invalid += 1;
+            return Ok(());
+        };
+        if p.hdr_mismatch {
+            self.stats.tx_ip_hdr_mismatch += 1;
+            match self.cfg.ip_id {
+                IpIdPolicy::Drop => return Ok(()),
+                IpIdPolicy::Repair => {
+                    let ip = &mut self.tx_data[i * mtu + p.ip_off..i * mtu + len];
+                    let mut v = Ipv4Packet::new_unchecked(&mut *ip);
+                    v.set_ident(0);
+                    v.set_flags_and_offset(true, false, 0);
+                    v.fill_checksum();
+                    if icrc::fill(ip).is_err() {
+                        self.stats.tx_invalid += 1;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let sock = match self.sock_for(p.sport) {
+            Ok(s) => s,
+            Err(e) => {
+                self.stats.tx_errors += 1;
+                return Err(e);
+            }
+        };
+        self.tx_meta[i] = TxMeta {
+            off: p.off,
+            len: p.len,
+            sock,
+            tos: p.tos,
+            ttl: p.ttl,
+            dst: sockaddr_of(SocketAddr::new(p.dst, self.cfg.peer_port)),
+        };
+        self.tx_tail += 1;
+        Ok(())
+    }
+
+    fn flush(&mut self, _now: Instant) -> Result<(), LinkError> {
+        while self.tx_head < self.tx_tail {
+            let sock = self.tx_meta[self.tx_head].sock;
+            let mut end = self.tx_head + 1;
+            while end < self.tx_tail && self.tx_meta[end].sock == sock {
+                end += 1;
+            }
+            match self.send_run(end, sock) {
+                Ok(k) => {
+                    for m in &self.tx_meta[self.tx_head..self.tx_head + k] {
+                        self.stats.tx_bytes += m.len as u64;
+                    }
+                    self.stats.tx_frames += k as u64;
+                    self.tx_head += k;
+                    if k == 0 {
+                        break;
+                    }
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN | libc::ENOBUFS) => {
+                        self.stats.tx_busy += 1;
+                        break;
+                    }
+                    Some(libc::EINTR) => {}
+                    _ => {
+                        // The first datagram of the run is the one the kernel refused: drop it, keep the rest.
+                        let m = self.tx_meta[self.tx_head];
+                        self.tx_head += 1;
+                        self.stats.tx_errors += 1;
+                        if self.tx_head == self.tx_tail {
+                            self.tx_head = 0;
+                            self.tx_tail = 0;
+                        }
+                        let to = sockaddr_to(&m.dst).map(|(a, p)| SocketAddr::new(a, p));
+                        return Err(io_ctx(
+                            e,
+                            format_args!(
+                                "sendmmsg of a {}-byte datagram from {} to {to:?}",
+                                m.len,
+                                self.socks[usize::from(sock)]
+                                    .local_addr()
+                                    .ok()
+                                    .and_then(|a| a.as_socket())
+                                    .map_or_else(|| "?".to_owned(), |a| a.to_string()),
+                            ),
+                        ));
+                    }
+                },
+            }
+        }
+        if self.tx_head == self.tx_tail {
+            self.tx_head = 0;
+            self.tx_tail = 0;
+        }
+        Ok(())
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        None
+    }
+}
