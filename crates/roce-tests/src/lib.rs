@@ -125,6 +125,7 @@ pub struct Pair {
     pub refuse_tx: Vec<u32>,
     tx_budget: usize,
     rx_budget: usize,
+    stalls: u32,
 }
 
 impl Pair {
@@ -176,6 +177,7 @@ impl Pair {
             refuse_tx: vec![0; n],
             tx_budget: cfg.tx_budget,
             rx_budget: cfg.rx_budget,
+            stalls: 0,
         }
     }
 
@@ -269,12 +271,20 @@ impl Pair {
             return true;
         }
         match self.next_event() {
+            Some(t) if t > now => {
+                self.now = t;
+                self.stalls = 0;
+                true
+            }
             Some(t) => {
-                self.now = if t > now {
-                    t
-                } else {
-                    now + Duration::from_nanos(1)
-                };
+                // Something claims to be due but did nothing: a stuck engine timer or link. Nudge the clock,
+                // and fail loudly if it persists (a silent 1-ns crawl would look like a livelock much later).
+                self.stalls += 1;
+                assert!(
+                    self.stalls < 1000,
+                    "stuck: event due at {t} does nothing (now {now})"
+                );
+                self.now = now + Duration::from_nanos(1);
                 true
             }
             None => false,
