@@ -174,11 +174,14 @@ fn split(len: u32, n: usize, r: u64) -> Vec<u32> {
     out
 }
 
+/// An expected receive completion: (wr_id, opcode, byte_len, immediate, invalidated R_Key).
+type RecvExpect = (u64, WcOpcode, u32, Option<u32>, Option<Rkey>);
+
 struct Expect {
     /// (wr_id, opcode, READ byte_len) of signaled send WRs in order.
     send_wcs: Vec<(u64, WcOpcode, Option<u32>)>,
     /// (wr_id, opcode, byte_len, imm, invalidated rkey) of receive completions in order.
-    recv_wcs: Vec<(u64, WcOpcode, u32, Option<u32>, Option<Rkey>)>,
+    recv_wcs: Vec<RecvExpect>,
 }
 
 fn run(c: &Case) -> Result<(), TestCaseError> {
