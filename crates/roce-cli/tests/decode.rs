@@ -627,3 +627,39 @@ fn snaplen_cut_frame_is_reported_with_capture_lengths() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn linux_cooked_capture_decodes() {
+    // `tcpdump -i any` style: 16-byte SLL header (packet type "outgoing", ARPHRD_ETHER,
+    // 6-byte source address, protocol) instead of the Ethernet header.
+    let vecs = vectors();
+    let path = tmp("sll.pcap");
+    let header = PcapHeader {
+        datalink: DataLink::LINUX_SLL,
+        ..Default::default()
+    };
+    let file = std::fs::File::create(&path).expect("create");
+    let mut w = PcapWriter::with_header(file, header).expect("header");
+    for v in &vecs {
+        let mut pkt = vec![0, 4, 0, 1, 0, 6];
+        pkt.extend_from_slice(&v.frame[6..12]);
+        pkt.extend_from_slice(&[0, 0]);
+        pkt.extend_from_slice(&v.frame[12..]);
+        w.write_packet(&PcapPacket::new(Duration::ZERO, pkt.len() as u32, &pkt))
+            .expect("packet");
+    }
+    drop(w);
+    let out = decode(&path, true);
+    std::fs::remove_file(&path).ok();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let objs = json_lines(&out);
+    assert_eq!(objs.len(), vecs.len());
+    for (v, o) in vecs.iter().zip(&objs) {
+        check_vector(v, o);
+    }
+}
