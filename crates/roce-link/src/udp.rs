@@ -25,7 +25,10 @@
 //!   O(1) per packet). The alternative, a fixed engine source port, would need an engine change and would lose
 //!   the per-QP entropy rxe peers expect. These sockets do **not** set `SO_REUSEADDR`: a port already owned by
 //!   another socket is reported (`EADDRINUSE`, frame dropped and counted in [`UdpStats::tx_errors`]) instead of
-//!   silently sharing its traffic. [`UdpConfig::max_tx_sockets`] bounds the number of file descriptors.
+//!   silently sharing its traffic. [`UdpConfig::max_tx_sockets`] bounds the number of file descriptors. A new
+//!   socket is created in the calling thread's network namespace, so a link bound inside a namespace (`setns`)
+//!   must commit frames with new source ports from a thread in that namespace; otherwise `tx_commit` fails with
+//!   a "wrong network namespace" [`LinkError::Io`] instead of binding in the wrong one.
 //! * **UDP checksum.** The engine writes 0 (as rxe); IPv4 sockets set `SO_NO_CHECK`, IPv6 sockets
 //!   `UDP_NO_CHECK6_TX`/`UDP_NO_CHECK6_RX`, so the wire also carries 0 and zero-checksum IPv6 peers are accepted.
 //! * **IPv6 flow label** is chosen by the kernel (masked in the ICRC, so harmless).
@@ -207,8 +210,15 @@ pub struct UdpLink {
     rx_msgs: Vec<libc::mmsghdr>,
     rx_ctrl: Vec<[u64; CMSG_WORDS]>,
     rx_names: Vec<libc::sockaddr_in6>,
+    /// Inode of the network namespace the link was bound in (new source-port sockets must be created there).
+    netns: Option<u64>,
     stats: UdpStats,
 }
+
+// SAFETY: the only non-`Send` fields are the `iovec`/`mmsghdr` scratch arrays, whose raw pointers point into this
+// link's own heap buffers (or are stale). They are rewritten before every `sendmmsg`/`recvmmsg` and never read
+// otherwise, so moving the link to another thread moves everything they may refer to along with it.
+unsafe impl Send for UdpLink {}
 
 impl core::fmt::Debug for UdpLink {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -300,6 +310,14 @@ fn sockaddr_to(s: &libc::sockaddr_in6) -> Option<(IpAddr, u16)> {
     }
 }
 
+/// Inode of the calling thread's network namespace (`/proc/thread-self/ns/net`), if readable.
+fn current_netns() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .ok()
+        .map(|m| m.ino())
+}
+
 /// What `tx_commit` learned from a frame's headers.
 struct Parsed {
     off: usize,
@@ -376,6 +394,7 @@ impl UdpLink {
             rx_msgs: vec![zeroed(); burst],
             rx_ctrl: vec![[0; CMSG_WORDS]; burst],
             rx_names: vec![zeroed(); burst],
+            netns: current_netns(),
             stats: UdpStats {
                 tx_sockets: 1,
                 ..UdpStats::default()
@@ -542,6 +561,15 @@ impl UdpLink {
                 format_args!(
                     "UdpLink: source port {sport} would exceed max_tx_sockets {}",
                     self.cfg.max_tx_sockets
+                ),
+            ));
+        }
+        if current_netns() != self.netns {
+            return Err(io_ctx(
+                io::Error::other("wrong network namespace"),
+                format_args!(
+                    "UdpLink: source port {sport} needs a new socket, but this thread is not in the network \
+                     namespace the link was bound in"
                 ),
             ));
         }
