@@ -1,0 +1,206 @@
+//! Completion channels (`ibv_comp_channel`) with CQ moderation (`ibv_modify_cq` `cq_count`/`cq_period`, perftest
+//! `-Q`).
+//!
+//! A CQ created with a channel raises an event on it when the application has armed it ([`crate::Cq::req_notify`])
+//! and, since the last event, either `count` completions were published or `period` has passed since the first of
+//! them — whichever comes first. Events are one-shot: the application re-arms after each one (libibverbs
+//! semantics). In adaptive mode both limits start at the configured values and double (up to 16×) while events keep
+//! firing on the count limit in less than half the period (load), and halve back when the timer fires (idle), the
+//! way NIC drivers' adaptive interrupt moderation (DIM) trades latency for event rate.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use roce_proto::Instant;
+
+/// CQ moderation parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moderation {
+    /// Completions per event (≥ 1; 1 = an event per completion).
+    pub count: u32,
+    /// Longest delay from the first unreported completion to its event (zero = no timer, count only).
+    pub period: Duration,
+    /// Raise both limits under load, lower them when idle.
+    pub adaptive: bool,
+}
+
+impl Default for Moderation {
+    /// An event for every completion, no timer, not adaptive.
+    fn default() -> Self {
+        Moderation {
+            count: 1,
+            period: Duration::ZERO,
+            adaptive: false,
+        }
+    }
+}
+
+const ADAPTIVE_MAX_FACTOR: u32 = 16;
+
+/// Engine-side moderation bookkeeping of one CQ.
+#[derive(Clone, Debug)]
+pub(crate) struct ModerationState {
+    base: Moderation,
+    count: u32,
+    period: Duration,
+    pending: u32,
+    first_at: Option<Instant>,
+}
+
+impl ModerationState {
+    pub(crate) fn new(m: Moderation) -> ModerationState {
+        ModerationState {
+            base: m,
+            count: m.count.max(1),
+            period: m.period,
+            pending: 0,
+            first_at: None,
+        }
+    }
+
+    pub(crate) fn on_completions(&mut self, n: usize, now: Instant) {
+        if n == 0 {
+            return;
+        }
+        self.pending = self.pending.saturating_add(n as u32);
+        self.first_at.get_or_insert(now);
+    }
+
+    /// The timer deadline, if completions are waiting and a period is set.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        if self.period.is_zero() {
+            return None;
+        }
+        self.first_at.map(|t| t.saturating_add(self.period))
+    }
+
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.pending >= self.count
+            || (self.pending > 0 && self.deadline().is_some_and(|d| d <= now))
+    }
+
+    /// An event was raised at `now`: reset, and adapt the limits.
+    pub(crate) fn fired(&mut self, now: Instant) {
+        if self.base.adaptive {
+            let took = self
+                .first_at
+                .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+            let by_count = self.pending >= self.count;
+            let max_count = self.base.count.max(1).saturating_mul(ADAPTIVE_MAX_FACTOR);
+            let max_period = self.base.period.saturating_mul(ADAPTIVE_MAX_FACTOR);
+            if by_count && took < self.period / 2 {
+                self.count = self.count.saturating_mul(2).min(max_count);
+                self.period = (self.period * 2).min(max_period);
+            } else if !by_count {
+                self.count = (self.count / 2).max(self.base.count.max(1));
+                self.period = (self.period / 2).max(self.base.period);
+            }
+        }
+        self.pending = 0;
+        self.first_at = None;
+    }
+
+    /// Current limits `(count, period)` (they move in adaptive mode).
+    #[cfg(test)]
+    pub(crate) fn limits(&self) -> (u32, Duration) {
+        (self.count, self.period)
+    }
+}
+
+/// A completion channel: CQs that share it queue their events here; [`CompChannel::get_event`] blocks for one.
+#[derive(Debug, Default)]
+pub struct CompChannel {
+    events: Mutex<VecDeque<u32>>,
+    cv: Condvar,
+}
+
+impl CompChannel {
+    /// An empty channel.
+    pub fn new() -> CompChannel {
+        CompChannel::default()
+    }
+
+    pub(crate) fn notify(&self, cq: u32) {
+        if let Ok(mut q) = self.events.lock() {
+            q.push_back(cq);
+            self.cv.notify_one();
+        }
+    }
+
+    /// `ibv_get_cq_event`: waits up to `timeout` for an event and returns the id ([`crate::Cq::id`]) of the CQ
+    /// that raised it; `None` on timeout.
+    pub fn get_event(&self, timeout: Duration) -> Option<u32> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut q = self.events.lock().ok()?;
+        loop {
+            if let Some(cq) = q.pop_front() {
+                return Some(cq);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            q = self.cv.wait_timeout(q, left).ok()?.0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_or_period_whichever_first() {
+        let mut m = ModerationState::new(Moderation {
+            count: 4,
+            period: Duration::from_micros(100),
+            adaptive: false,
+        });
+        let t0 = Instant::from_micros(10);
+        m.on_completions(3, t0);
+        assert!(!m.due(t0));
+        assert_eq!(m.deadline(), Some(Instant::from_micros(110)));
+        assert!(!m.due(Instant::from_micros(109)));
+        assert!(m.due(Instant::from_micros(110)));
+        m.fired(Instant::from_micros(110));
+        assert!(!m.due(Instant::from_micros(500)));
+        m.on_completions(4, Instant::from_micros(600));
+        assert!(m.due(Instant::from_micros(600)));
+    }
+
+    #[test]
+    fn adaptive_raises_under_load_and_falls_back() {
+        let base = Moderation {
+            count: 2,
+            period: Duration::from_micros(100),
+            adaptive: true,
+        };
+        let mut m = ModerationState::new(base);
+        let mut t = Instant::from_micros(1000);
+        for _ in 0..10 {
+            let (c, _) = m.limits();
+            m.on_completions(c as usize, t);
+            assert!(m.due(t));
+            m.fired(t);
+            t = t.saturating_add(Duration::from_micros(1));
+        }
+        assert_eq!(m.limits(), (32, Duration::from_micros(1600)));
+        for _ in 0..10 {
+            m.on_completions(1, t);
+            let d = m.deadline().expect("timer");
+            assert!(m.due(d));
+            m.fired(d);
+            t = d;
+        }
+        assert_eq!(m.limits(), (2, Duration::from_micros(100)));
+    }
+
+    #[test]
+    fn channel_times_out_and_delivers() {
+        let c = CompChannel::new();
+        assert_eq!(c.get_event(Duration::from_millis(5)), None);
+        c.notify(7);
+        assert_eq!(c.get_event(Duration::from_millis(5)), Some(7));
+    }
+}

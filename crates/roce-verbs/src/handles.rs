@@ -1,0 +1,953 @@
+//! Thread-safe verbs handles (`STYLE.md` §4.3 V1–V7): [`Context`], [`Pd`], [`Mr`], [`Cq`], [`Qp`], [`Ah`].
+//!
+//! Handles are cheap `Clone`s (`Arc`), `Send + Sync`. Each keeps the objects it depends on alive (a QP holds its PD
+//! and CQs, an MR its PD, everything its context), so dropping in any order is safe (V1); the engine-side object is
+//! destroyed when the last handle goes. The engine thread stops when the last handle of its last device is dropped.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use roce_link::{Link, LinkError, SimConfig, SimNet};
+use roce_proto::{
+    AccessFlags, AhAttr, AhHandle, Counters, CqHandle, CreateQpError, DeviceAttr, Engine,
+    EngineConfig, Gid, Lkey, ModifyQpError, MrInfo, Mtu, Psn, QpAttr, QpAttrMask, QpCap,
+    QpInitAttr, QpState, QpType, Qpn, RecvWr, ResourceError, Rkey, SendWr, Sge, Wc,
+};
+
+use crate::channel::{CompChannel, Moderation};
+use crate::clock::Clock;
+use crate::runner::{self, CqSlot, Device, QpSlot, RuntimeConfig, RuntimeStats, Shared};
+use crate::wqe::{RecvWqe, SendWqe, WqeError};
+
+/// How long a control verb waits for the engine thread's answer before failing with [`Error::Timeout`].
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of control verbs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The engine refused a resource operation.
+    #[error(transparent)]
+    Resource(#[from] ResourceError),
+    /// The engine refused `create_qp`.
+    #[error(transparent)]
+    CreateQp(#[from] CreateQpError),
+    /// The engine refused `modify_qp`.
+    #[error(transparent)]
+    ModifyQp(#[from] ModifyQpError),
+    /// Opening the link failed.
+    #[error("opening the link failed: {0}")]
+    Link(#[from] LinkError),
+    /// The engine thread is gone (stopped or panicked).
+    #[error("the engine thread has stopped")]
+    EngineGone,
+    /// The engine thread did not answer within [`COMMAND_TIMEOUT`].
+    #[error("the engine thread did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Spawning the engine thread failed.
+    #[error("spawning the engine thread failed")]
+    Spawn(#[source] std::io::Error),
+    /// A bad argument detected by the runtime.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+}
+
+/// Errors of [`Qp::post_send`] / [`Qp::post_recv`] (synchronous checks, `STYLE.md` V3). Nothing of the chain was
+/// posted when one is returned. Errors the engine finds later (bad lkey, QP state) become completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The ring has no room for the whole chain (`ENOMEM` in libibverbs).
+    #[error("queue full: {free} free slots for {wanted} work requests")]
+    QueueFull {
+        /// Free ring slots.
+        free: usize,
+        /// WRs in the chain.
+        wanted: usize,
+    },
+    /// More SGEs than [`crate::MAX_SGE`] or the QP's capability.
+    #[error("too many SGEs")]
+    TooManySges,
+    /// Inline payload longer than [`crate::MAX_INLINE`] or the QP's `max_inline_data`.
+    #[error("inline data too long")]
+    InlineTooLong,
+}
+
+impl From<WqeError> for PostError {
+    fn from(e: WqeError) -> Self {
+        match e {
+            WqeError::TooManySges => PostError::TooManySges,
+            WqeError::InlineTooLong => PostError::InlineTooLong,
+        }
+    }
+}
+
+/// The engine thread of one or more devices; stopped and joined when the last context is dropped.
+#[derive(Debug)]
+struct Runtime {
+    shared: Arc<Shared>,
+    join: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shared.shutdown();
+        if let Ok(mut g) = self.join.lock()
+            && let Some(j) = g.take()
+            && j.join().is_err()
+        {
+            tracing::error!("the engine thread panicked");
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CtxInner {
+    rt: Arc<Runtime>,
+    dev: usize,
+    cfg: EngineConfig,
+    attr: DeviceAttr,
+}
+
+/// A device (one engine port on an engine thread): `ibv_context`.
+#[derive(Clone, Debug)]
+pub struct Context {
+    inner: Arc<CtxInner>,
+}
+
+/// What a link factory returns: one link per device, built on the engine thread (so links need not be `Send`).
+type LinkFactory = Box<dyn FnOnce() -> Result<Vec<Box<dyn Link>>, LinkError> + Send>;
+
+impl Context {
+    /// Opens one device on its own engine thread. `link` runs on that thread and builds the link.
+    ///
+    /// Errors: [`Error::Link`] if the factory fails, [`Error::Spawn`].
+    pub fn open<F>(cfg: EngineConfig, rt: RuntimeConfig, link: F) -> Result<Context, Error>
+    where
+        F: FnOnce() -> Result<Box<dyn Link>, LinkError> + Send + 'static,
+    {
+        let mut v = Context::open_group(vec![cfg], rt, Box::new(move || link().map(|l| vec![l])))?;
+        v.pop().ok_or(Error::EngineGone)
+    }
+
+    /// Opens several devices driven by **one** engine thread (needed when their links share single-threaded
+    /// state, like the ports of one [`SimNet`]). `links` must return one link per config, in order.
+    pub fn open_group(
+        cfgs: Vec<EngineConfig>,
+        rt: RuntimeConfig,
+        links: LinkFactory,
+    ) -> Result<Vec<Context>, Error> {
+        let shared = Arc::new(Shared::new());
+        let (tx, rx) = mpsc::sync_channel::<Result<(), Error>>(1);
+        let engine_cfgs = cfgs.clone();
+        let sh = Arc::clone(&shared);
+        let join = std::thread::Builder::new()
+            .name("roce-engine".into())
+            .spawn(move || {
+                let links = match links() {
+                    Ok(l) if l.len() == engine_cfgs.len() => l,
+                    Ok(_) => {
+                        let _ = tx.send(Err(Error::InvalidArgument("one link per device")));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(Error::Link(e)));
+                        return;
+                    }
+                };
+                let devs = engine_cfgs
+                    .into_iter()
+                    .zip(links)
+                    .map(|(c, l)| Device::new(Engine::new(c), l))
+                    .collect();
+                sh.set_thread(std::thread::current());
+                let _ = tx.send(Ok(()));
+                runner::run(devs, sh, rt, Clock::new());
+            })
+            .map_err(Error::Spawn)?;
+        let runtime = Arc::new(Runtime {
+            shared,
+            join: Mutex::new(Some(join)),
+        });
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(Error::EngineGone),
+        }
+        Ok(cfgs
+            .into_iter()
+            .enumerate()
+            .map(|(dev, cfg)| Context {
+                inner: Arc::new(CtxInner {
+                    rt: Arc::clone(&runtime),
+                    dev,
+                    attr: Engine::new(cfg.clone()).query_device(),
+                    cfg,
+                }),
+            })
+            .collect())
+    }
+
+    /// Two devices (MAC 02:00:00:00:00:01 / :02, GIDs `::ffff:192.0.2.1` / `.2`) on a simulated 100 Gb/s segment
+    /// ([`SimConfig::default`]), driven by one engine thread in real time.
+    pub fn sim_pair(rt: RuntimeConfig) -> Result<(Context, Context), Error> {
+        Context::sim_pair_with(rt, SimConfig::default(), |l| l)
+    }
+
+    /// Like [`sim_pair`](Self::sim_pair) with a segment configuration and a wrapper applied to each port's link
+    /// (decorators such as `Faulty` or `Pcap`; called with port 0, then port 1).
+    pub fn sim_pair_with<W>(
+        rt: RuntimeConfig,
+        sim: SimConfig,
+        mut wrap: W,
+    ) -> Result<(Context, Context), Error>
+    where
+        W: FnMut(Box<dyn Link>) -> Box<dyn Link> + Send + 'static,
+    {
+        let cfg = |i: u8| EngineConfig {
+            mac: [0x02, 0, 0, 0, 0, i],
+            gids: vec![Gid::from_ipv4([192, 0, 2, i])],
+            seed: u64::from(i),
+            ..EngineConfig::default()
+        };
+        let (a, b) = (cfg(1), cfg(2));
+        let (ma, mb) = (a.mac, b.mac);
+        let mut v = Context::open_group(
+            vec![a, b],
+            rt,
+            Box::new(move || {
+                let (_net, pa, pb): (SimNet, _, _) = SimNet::pair(sim, ma, mb);
+                Ok(vec![wrap(Box::new(pa)), wrap(Box::new(pb))])
+            }),
+        )?;
+        let b = v.pop().ok_or(Error::EngineGone)?;
+        let a = v.pop().ok_or(Error::EngineGone)?;
+        Ok((a, b))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.rt.shared
+    }
+
+    /// Runs `f` on the engine thread with this device and waits for its result.
+    fn call<R, F>(&self, f: F) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Device) -> R + Send + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.shared().submit(
+            self.inner.dev,
+            Box::new(move |d| {
+                let _ = tx.send(f(d));
+            }),
+        );
+        rx.recv_timeout(COMMAND_TIMEOUT).map_err(|e| match e {
+            mpsc::RecvTimeoutError::Timeout => Error::Timeout(COMMAND_TIMEOUT),
+            mpsc::RecvTimeoutError::Disconnected => Error::EngineGone,
+        })
+    }
+
+    /// Runs `f` on the engine thread without waiting (used by `Drop`).
+    fn cast<F>(&self, f: F)
+    where
+        F: FnOnce(&mut Device) + Send + 'static,
+    {
+        self.shared().submit(self.inner.dev, Box::new(f));
+    }
+
+    /// The engine configuration (MAC, GID table, netdev MTU).
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.cfg
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        self.inner.attr
+    }
+
+    /// GID at `index` of the port GID table.
+    pub fn gid(&self, index: usize) -> Option<Gid> {
+        self.inner.cfg.gids.get(index).copied()
+    }
+
+    /// Port counters (a snapshot taken on the engine thread).
+    pub fn counters(&self) -> Result<Counters, Error> {
+        self.call(|d| d.engine.counters().clone())
+    }
+
+    /// Counters of one QP.
+    pub fn qp_counters(&self, qpn: Qpn) -> Result<Option<Counters>, Error> {
+        self.call(move |d| d.engine.qp_counters(qpn).cloned())
+    }
+
+    /// Counters of the engine thread (shared by every device on it).
+    pub fn runtime_stats(&self) -> &RuntimeStats {
+        &self.shared().stats
+    }
+
+    /// A random initial PSN from the engine's seeded RNG.
+    pub fn random_psn(&self) -> Result<Psn, Error> {
+        self.call(|d| d.engine_mut().random_psn())
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> Result<Pd, Error> {
+        let h = self.call(|d| d.engine.alloc_pd())??;
+        Ok(Pd {
+            inner: Arc::new(PdInner {
+                ctx: self.clone(),
+                handle: h,
+            }),
+        })
+    }
+
+    /// `ibv_create_cq` with room for `depth` completions, optionally attached to a completion channel with the given
+    /// moderation. The ring between the engine thread and [`Cq::poll`] also holds `depth` entries; completions that
+    /// do not fit wait in the engine CQ (whose overrun rules apply, `ROCEV2.md §4.4`).
+    pub fn create_cq(
+        &self,
+        depth: u32,
+        channel: Option<&Arc<CompChannel>>,
+        moderation: Moderation,
+    ) -> Result<Cq, Error> {
+        if depth == 0 {
+            return Err(Error::InvalidArgument("cq depth must be at least 1"));
+        }
+        let (prod, cons) = rtrb::RingBuffer::<Wc>::new(depth as usize);
+        let armed = Arc::new(AtomicBool::new(false));
+        let notify = channel.map(|c| (Arc::clone(c), Arc::clone(&armed)));
+        let (handle, slot) = self.call(move |d| {
+            let h = d.engine.create_cq(depth)?;
+            let slot = Device::insert(&mut d.cqs, CqSlot::new(h, prod, notify, moderation));
+            Ok::<_, ResourceError>((h, slot))
+        })??;
+        Ok(Cq {
+            inner: Arc::new(CqInner {
+                ctx: self.clone(),
+                handle,
+                slot,
+                ring: Mutex::new(cons),
+                armed,
+            }),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct PdInner {
+    ctx: Context,
+    handle: roce_proto::PdHandle,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        let h = self.handle;
+        self.ctx.cast(move |d| {
+            if let Err(e) = d.engine.dealloc_pd(h) {
+                tracing::warn!(error = %e, "dealloc_pd failed");
+            }
+        });
+    }
+}
+
+/// A protection domain (`ibv_pd`).
+#[derive(Clone, Debug)]
+pub struct Pd {
+    inner: Arc<PdInner>,
+}
+
+impl Pd {
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// `ibv_reg_mr` of owned memory (`STYLE.md` V2): the engine takes the buffer; access it with [`Mr::read`] /
+    /// [`Mr::write`].
+    pub fn reg_mr(&self, buf: impl Into<Box<[u8]>>, access: AccessFlags) -> Result<Mr, Error> {
+        let buf: Box<[u8]> = buf.into();
+        let pd = self.inner.handle;
+        let info = self
+            .inner
+            .ctx
+            .call(move |d| d.engine.reg_mr(pd, buf, access))??;
+        Ok(Mr {
+            inner: Arc::new(MrInner {
+                pd: self.clone(),
+                info,
+            }),
+        })
+    }
+
+    /// `ibv_create_ah` (UD address vector).
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah, Error> {
+        let pd = self.inner.handle;
+        let attr = *attr;
+        let h = self
+            .inner
+            .ctx
+            .call(move |d| d.engine.create_ah(pd, &attr))??;
+        Ok(Ah {
+            inner: Arc::new(AhInner {
+                pd: self.clone(),
+                handle: h,
+            }),
+        })
+    }
+
+    /// `ibv_create_qp`. The granted capabilities are in [`Qp::cap`]; SGEs per WR are bounded by
+    /// [`crate::MAX_SGE`] and inline data by [`crate::MAX_INLINE`] as well.
+    pub fn create_qp(
+        &self,
+        qp_type: QpType,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Result<Qp, Error> {
+        if cap.max_send_sge as usize > crate::MAX_SGE || cap.max_recv_sge as usize > crate::MAX_SGE
+        {
+            return Err(Error::InvalidArgument("more SGEs than roce_verbs::MAX_SGE"));
+        }
+        if cap.max_inline_data as usize > crate::MAX_INLINE {
+            return Err(Error::InvalidArgument(
+                "inline data above roce_verbs::MAX_INLINE",
+            ));
+        }
+        let init = QpInitAttr {
+            qp_type,
+            pd: self.inner.handle,
+            send_cq: send_cq.inner.handle,
+            recv_cq: recv_cq.inner.handle,
+            cap,
+            sq_sig_all,
+        };
+        let pending = Arc::new(AtomicBool::new(false));
+        let p2 = Arc::clone(&pending);
+        let (scq, rcq) = (send_cq.inner.slot, recv_cq.inner.slot);
+        let (qpn, granted, slot, sqp, rqp) = self.inner.ctx.call(move |d| {
+            let (qpn, granted) = d.engine.create_qp(&init)?;
+            let (sqp, sqc) = rtrb::RingBuffer::<SendWqe>::new(granted.max_send_wr.max(1) as usize);
+            let (rqp, rqc) = rtrb::RingBuffer::<RecvWqe>::new(granted.max_recv_wr.max(1) as usize);
+            let slot = Device::insert(
+                &mut d.qps,
+                QpSlot::new(
+                    qpn,
+                    sqc,
+                    rqc,
+                    p2,
+                    scq,
+                    rcq,
+                    granted.max_send_wr,
+                    granted.max_recv_wr,
+                ),
+            );
+            Ok::<_, CreateQpError>((qpn, granted, slot, sqp, rqp))
+        })??;
+        Ok(Qp {
+            inner: Arc::new(QpInner {
+                pd: self.clone(),
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
+                qpn,
+                qp_type,
+                cap: granted,
+                slot,
+                sq: Mutex::new(sqp),
+                rq: Mutex::new(rqp),
+                pending,
+            }),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct MrInner {
+    pd: Pd,
+    info: MrInfo,
+}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        let lkey = self.info.lkey;
+        self.pd.inner.ctx.cast(move |d| {
+            if let Err(e) = d.engine.dereg_mr(lkey) {
+                tracing::warn!(error = %e, "dereg_mr failed; the buffer stays with the engine");
+            }
+        });
+    }
+}
+
+/// A memory region (`ibv_mr`) whose buffer the engine owns.
+#[derive(Clone, Debug)]
+pub struct Mr {
+    inner: Arc<MrInner>,
+}
+
+impl Mr {
+    /// Local key.
+    pub fn lkey(&self) -> Lkey {
+        self.inner.info.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> Rkey {
+        self.inner.info.rkey
+    }
+    /// Virtual address of byte 0.
+    pub fn addr(&self) -> u64 {
+        self.inner.info.addr
+    }
+    /// Length in bytes.
+    pub fn length(&self) -> u64 {
+        self.inner.info.length
+    }
+
+    /// An SGE for `len` bytes at byte `offset` (not checked here: the engine checks SGEs against the MR and reports
+    /// violations as completions, `STYLE.md` V3).
+    pub fn sge(&self, offset: u64, len: u32) -> Sge {
+        Sge {
+            addr: self.addr().wrapping_add(offset),
+            length: len,
+            lkey: self.lkey(),
+        }
+    }
+
+    /// Copies `len` bytes from byte `offset` of the MR. Errors: out of range.
+    pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>, Error> {
+        let lkey = self.lkey();
+        self.inner
+            .pd
+            .inner
+            .ctx
+            .call(move |d| {
+                let mut v = vec![0u8; len];
+                d.engine.mr_read(lkey, offset, &mut v).map(|()| v)
+            })?
+            .map_err(Error::from)
+    }
+
+    /// Copies `data` into the MR at byte `offset`. Errors: out of range.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), Error> {
+        let lkey = self.lkey();
+        let data = data.to_vec();
+        self.inner
+            .pd
+            .inner
+            .ctx
+            .call(move |d| d.engine.mr_write(lkey, offset, &data))?
+            .map_err(Error::from)
+    }
+}
+
+#[derive(Debug)]
+struct AhInner {
+    pd: Pd,
+    handle: AhHandle,
+}
+
+impl Drop for AhInner {
+    fn drop(&mut self) {
+        let h = self.handle;
+        self.pd.inner.ctx.cast(move |d| {
+            let _ = d.engine.destroy_ah(h);
+        });
+    }
+}
+
+/// An address handle (`ibv_ah`) for UD sends.
+#[derive(Clone, Debug)]
+pub struct Ah {
+    inner: Arc<AhInner>,
+}
+
+impl Ah {
+    /// The engine handle to put into [`roce_proto::UdDest::ah`]; valid while this `Ah` lives.
+    pub fn handle(&self) -> AhHandle {
+        self.inner.handle
+    }
+}
+
+struct CqInner {
+    ctx: Context,
+    handle: CqHandle,
+    slot: u32,
+    ring: Mutex<rtrb::Consumer<Wc>>,
+    armed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for CqInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cq")
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let (h, slot) = (self.handle, self.slot);
+        self.ctx.cast(move |d| {
+            if let Some(s) = d.cqs.get_mut(slot as usize) {
+                *s = None;
+            }
+            if let Err(e) = d.engine.destroy_cq(h) {
+                tracing::warn!(error = %e, "destroy_cq failed");
+            }
+        });
+    }
+}
+
+/// A completion queue (`ibv_cq`).
+#[derive(Clone, Debug)]
+pub struct Cq {
+    inner: Arc<CqInner>,
+}
+
+impl Cq {
+    /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many (0 = empty, not an error,
+    /// `STYLE.md` V6). Lock-free with respect to the engine thread; concurrent pollers of one CQ serialise on a
+    /// mutex.
+    pub fn poll(&self, out: &mut [Wc]) -> usize {
+        let Ok(mut ring) = self.inner.ring.lock() else {
+            return 0;
+        };
+        let n = out.len().min(ring.slots());
+        let Ok(chunk) = ring.read_chunk(n) else {
+            return 0;
+        };
+        let (a, b) = chunk.as_slices();
+        out[..a.len()].copy_from_slice(a);
+        out[a.len()..a.len() + b.len()].copy_from_slice(b);
+        chunk.commit_all();
+        n
+    }
+
+    /// `ibv_req_notify_cq`: arms the CQ so that its channel gets one event under the CQ's moderation rule. Poll the
+    /// CQ after arming: completions published before the arm do count toward the moderation limits.
+    pub fn req_notify(&self) {
+        self.inner.armed.store(true, Ordering::Release);
+        // Let a parked engine thread re-evaluate moderation deadlines now.
+        self.inner.ctx.cast(|_| {});
+    }
+
+    /// An id for this CQ, as returned by [`CompChannel::get_event`].
+    pub fn id(&self) -> u32 {
+        self.inner.handle.0
+    }
+}
+
+struct QpInner {
+    pd: Pd,
+    send_cq: Cq,
+    recv_cq: Cq,
+    qpn: Qpn,
+    qp_type: QpType,
+    cap: QpCap,
+    slot: u32,
+    sq: Mutex<rtrb::Producer<SendWqe>>,
+    rq: Mutex<rtrb::Producer<RecvWqe>>,
+    pending: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for QpInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.qpn)
+            .field("qp_type", &self.qp_type)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        let (qpn, slot) = (self.qpn, self.slot);
+        self.pd.inner.ctx.cast(move |d| {
+            if let Some(s) = d.qps.get_mut(slot as usize) {
+                *s = None;
+            }
+            if let Err(e) = d.engine.destroy_qp(qpn) {
+                tracing::warn!(error = %e, "destroy_qp failed");
+            }
+        });
+        let _ = (&self.send_cq, &self.recv_cq);
+    }
+}
+
+/// The peer-visible parameters of a QP, exchanged out of band before connecting (`STYLE.md` V7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpEndpoint {
+    /// QP number.
+    pub qpn: Qpn,
+    /// First PSN the QP will send (the peer's expected receive PSN).
+    pub psn: Psn,
+    /// Port GID (IPv4-mapped for IPv4).
+    pub gid: Gid,
+    /// Port MAC address.
+    pub mac: [u8; 6],
+}
+
+/// Parameters of [`Qp::connect`] (RESET→INIT→RTR→RTS), with perftest-like defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectOpts {
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Responder access (REMOTE_WRITE / REMOTE_READ / REMOTE_ATOMIC).
+    pub access: AccessFlags,
+    /// Local ACK timeout exponent (4.096 µs · 2^n; `ROCEV2.md §4.2`).
+    pub timeout: u8,
+    /// Transport retries (IBTA count).
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR timer code sent in RNR NAKs.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomic as initiator and as responder.
+    pub rd_atomic: u8,
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// Traffic class (DSCP << 2).
+    pub traffic_class: u8,
+}
+
+impl Default for ConnectOpts {
+    /// MTU 1024, all remote access, timeout 14 (≈67 ms), 7 retries, infinite RNR retries with the shortest RNR
+    /// timer (code 1, 0.01 ms), 16 outstanding READ/atomic.
+    fn default() -> Self {
+        ConnectOpts {
+            mtu: Mtu::Mtu1024,
+            access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            rd_atomic: 16,
+            sgid_index: 0,
+            traffic_class: 0,
+        }
+    }
+}
+
+/// A queue pair (`ibv_qp`).
+#[derive(Clone, Debug)]
+pub struct Qp {
+    inner: Arc<QpInner>,
+}
+
+impl Qp {
+    /// QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.inner.qpn
+    }
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+    /// Granted capabilities.
+    pub fn cap(&self) -> QpCap {
+        self.inner.cap
+    }
+    fn ctx(&self) -> &Context {
+        &self.inner.pd.inner.ctx
+    }
+
+    /// This QP's endpoint record for the peer, with first send PSN `psn`.
+    pub fn endpoint(&self, psn: Psn) -> QpEndpoint {
+        let cfg = self.ctx().config();
+        QpEndpoint {
+            qpn: self.qpn(),
+            psn,
+            gid: cfg.gids.first().copied().unwrap_or_default(),
+            mac: cfg.mac,
+        }
+    }
+
+    /// `ibv_post_send` of a chain: every WR is copied into the send ring, then **one** doorbell is rung. All or
+    /// nothing: on error nothing was posted.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let cap = self.inner.cap;
+        let mut ring = self.inner.sq.lock().unwrap_or_else(|p| p.into_inner());
+        let free = ring.slots();
+        if free < wrs.len() {
+            return Err(PostError::QueueFull {
+                free,
+                wanted: wrs.len(),
+            });
+        }
+        // Validate the whole chain before publishing any of it.
+        for wr in wrs {
+            if wr.sg_list.len() > cap.max_send_sge.max(1) as usize {
+                return Err(PostError::TooManySges);
+            }
+            let inline: usize = wr.inline_data.iter().map(|p| p.len()).sum();
+            if inline > cap.max_inline_data as usize {
+                return Err(PostError::InlineTooLong);
+            }
+        }
+        for wr in wrs {
+            let wqe = SendWqe::from_wr(wr)?;
+            // Cannot fail: room was checked under the lock.
+            let _ = ring.push(wqe);
+        }
+        drop(ring);
+        self.ctx()
+            .shared()
+            .ring(self.ctx().inner.dev, self.inner.slot, &self.inner.pending);
+        Ok(())
+    }
+
+    /// `ibv_post_recv` of a chain (one doorbell).
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let cap = self.inner.cap;
+        let mut ring = self.inner.rq.lock().unwrap_or_else(|p| p.into_inner());
+        let free = ring.slots();
+        if free < wrs.len() {
+            return Err(PostError::QueueFull {
+                free,
+                wanted: wrs.len(),
+            });
+        }
+        if wrs
+            .iter()
+            .any(|w| w.sg_list.len() > cap.max_recv_sge.max(1) as usize)
+        {
+            return Err(PostError::TooManySges);
+        }
+        for wr in wrs {
+            let _ = ring.push(RecvWqe::from_wr(wr)?);
+        }
+        drop(ring);
+        self.ctx()
+            .shared()
+            .ring(self.ctx().inner.dev, self.inner.slot, &self.inner.pending);
+        Ok(())
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), Error> {
+        let (qpn, attr) = (self.qpn(), *attr);
+        self.ctx()
+            .call(move |d| d.engine.modify_qp(qpn, &attr, mask))??;
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> Result<QpAttr, Error> {
+        let qpn = self.qpn();
+        self.ctx()
+            .call(move |d| d.engine.query_qp(qpn))?
+            .ok_or(Error::InvalidArgument("QP is gone"))
+    }
+
+    /// RC/UC: RESET→INIT→RTR→RTS towards `remote`, sending from `local_psn` (ibverbs `handshake`, `STYLE.md` V5).
+    pub fn connect(
+        &self,
+        remote: &QpEndpoint,
+        local_psn: Psn,
+        o: &ConnectOpts,
+    ) -> Result<(), Error> {
+        let rc = match self.qp_type() {
+            QpType::Rc => true,
+            QpType::Uc => false,
+            QpType::Ud => return Err(Error::InvalidArgument("connect is for RC/UC; use ready_ud")),
+        };
+        let access = if rc {
+            o.access
+        } else {
+            o.access & AccessFlags::REMOTE_WRITE
+        };
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: access,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &init,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: AhAttr {
+                dgid: remote.gid,
+                sgid_index: o.sgid_index,
+                traffic_class: o.traffic_class,
+                hop_limit: 64,
+                flow_label: 0,
+                dmac: remote.mac,
+            },
+            path_mtu: o.mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: o.rd_atomic,
+            min_rnr_timer: o.min_rnr_timer,
+            ..QpAttr::default()
+        };
+        let mut mask = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN;
+        if rc {
+            mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+        }
+        self.modify(&rtr, mask)?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: local_psn,
+            timeout: o.timeout,
+            retry_cnt: o.retry_cnt,
+            rnr_retry: o.rnr_retry,
+            max_rd_atomic: o.rd_atomic,
+            ..QpAttr::default()
+        };
+        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+        if rc {
+            mask |= QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&rts, mask)
+    }
+
+    /// UD: RESET→INIT (Q_Key `qkey`)→RTR→RTS sending from `psn`.
+    pub fn ready_ud(&self, qkey: u32, psn: Psn) -> Result<(), Error> {
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::InvalidArgument("ready_ud is for UD QPs"));
+        }
+        let a = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &a,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+        )?;
+        self.modify(
+            &QpAttr {
+                qp_state: QpState::Rtr,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )?;
+        self.modify(
+            &QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: psn,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+        )
+    }
+}

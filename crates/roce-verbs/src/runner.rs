@@ -1,0 +1,560 @@
+//! The engine thread (`STYLE.md` D1, D4, §10): owns one or more [`Engine`]s with their [`Link`]s and drives them.
+//!
+//! One loop iteration:
+//! 1. run queued control commands (create/modify/destroy, reg_mr, MR reads/writes, counters);
+//! 2. per device: `rx_burst` → `handle_frame` for each frame; `handle_timeout(now)` when the engine's deadline
+//!    has passed;
+//! 3. drain the QP rings named by doorbells (`post_send` / `post_recv` into the engine; WQEs wait in the ring while
+//!    the engine's SQ/RQ is full);
+//! 4. per device: `poll_transmit` into link transmit buffers up to `tx_budget` frames, then **one** `flush()`;
+//! 5. publish completions into the per-CQ rings (never more than a ring has room for: the rest stays in the engine
+//!    CQ, so no completion is lost) and fire completion-channel events (CQ moderation);
+//! 6. back off when idle: spin, then `yield_now`, then park until the next engine/link/moderation deadline
+//!    (at most `park_max`, because a real link's receive readiness is not visible to a parked thread).
+//!
+//! Application threads wake a parked engine thread with a doorbell (see [`Shared::ring`]).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::{Arc, Mutex};
+use std::thread::Thread;
+use std::time::Duration;
+
+use crossbeam_queue::SegQueue;
+use roce_link::{Link, min_instant};
+use roce_proto::{CqHandle, Engine, Instant, Qpn, Wc, WcStatus};
+
+use crate::channel::{CompChannel, Moderation, ModerationState};
+use crate::clock::Clock;
+use crate::wqe::{RecvWqe, SendWqe};
+
+/// A control command: runs on the engine thread with the device it targets.
+pub(crate) type Cmd = Box<dyn FnOnce(&mut Device) + Send>;
+
+/// Tuning of the engine thread loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// Pin the engine thread to this core (index into `core_affinity::get_core_ids()`); `None` = no pinning.
+    pub pin_core: Option<usize>,
+    /// Frames taken from the link per receive burst.
+    pub rx_burst: usize,
+    /// Frames produced per device per loop iteration before `flush()` (doorbell batching).
+    pub tx_budget: usize,
+    /// Idle time spent busy-polling before yielding.
+    pub spin: Duration,
+    /// Idle time (from the last useful iteration) after which the thread parks instead of yielding.
+    pub yield_for: Duration,
+    /// Longest single park (a real link's receive readiness is only seen when the thread runs).
+    pub park_max: Duration,
+}
+
+impl Default for RuntimeConfig {
+    /// No pinning, bursts of 32 frames, spin 20 µs, yield up to 2 ms idle, then park at most 1 ms at a time.
+    fn default() -> Self {
+        RuntimeConfig {
+            pin_core: None,
+            rx_burst: 32,
+            tx_budget: 32,
+            spin: Duration::from_micros(20),
+            yield_for: Duration::from_millis(2),
+            park_max: Duration::from_millis(1),
+        }
+    }
+}
+
+/// Counters of the engine thread itself (not the protocol): how often it looped, parked, was woken.
+#[derive(Debug, Default)]
+pub struct RuntimeStats {
+    /// Loop iterations.
+    pub loops: AtomicU64,
+    /// Times the thread parked.
+    pub parks: AtomicU64,
+    /// Unparks issued by application doorbells.
+    pub wakeups: AtomicU64,
+    /// Doorbells rung (one per posted chain).
+    pub doorbells: AtomicU64,
+    /// `flush()` calls that followed at least one frame.
+    pub flushes: AtomicU64,
+    /// Frames transmitted.
+    pub tx_frames: AtomicU64,
+    /// Frames received.
+    pub rx_frames: AtomicU64,
+    /// Link errors (other than back-pressure) seen by the loop.
+    pub link_errors: AtomicU64,
+}
+
+/// State shared between application threads and the engine thread.
+pub(crate) struct Shared {
+    /// QPs with newly posted work: `(device << 32) | qp slot`.
+    doorbells: SegQueue<u64>,
+    cmds: SegQueue<(usize, Cmd)>,
+    parked: AtomicBool,
+    pub(crate) stop: AtomicBool,
+    thread: Mutex<Option<Thread>>,
+    pub(crate) stats: RuntimeStats,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("doorbells", &self.doorbells.len())
+            .field("cmds", &self.cmds.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new() -> Shared {
+        Shared {
+            doorbells: SegQueue::new(),
+            cmds: SegQueue::new(),
+            parked: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            stats: RuntimeStats::default(),
+        }
+    }
+
+    pub(crate) fn set_thread(&self, t: Thread) {
+        if let Ok(mut g) = self.thread.lock() {
+            *g = Some(t);
+        }
+    }
+
+    /// Wakes the engine thread if (and only if) it is parked.
+    ///
+    /// Ordering: the caller has just published work (a ring push, a queue push). The SeqCst fence orders that
+    /// publication before the load of `parked`; the engine thread stores `parked = true` and then issues its own
+    /// SeqCst fence before re-checking the queues. So either the engine sees our work, or we see `parked` and
+    /// unpark it (Dekker pattern) — a wake-up cannot be lost.
+    fn wake(&self) {
+        fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::Relaxed) {
+            self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+            if let Ok(g) = self.thread.lock()
+                && let Some(t) = g.as_ref()
+            {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The doorbell: announces that QP `slot` of device `dev` has new ring entries.
+    pub(crate) fn ring(&self, dev: usize, slot: u32, pending: &AtomicBool) {
+        self.stats.doorbells.fetch_add(1, Ordering::Relaxed);
+        // Only one doorbell entry per QP is outstanding: the engine clears `pending` (SeqCst) before it drains the
+        // ring, so a push made after its drain started sets the flag again and enqueues the QP again.
+        if !pending.swap(true, Ordering::SeqCst) {
+            self.doorbells.push(((dev as u64) << 32) | u64::from(slot));
+        }
+        self.wake();
+    }
+
+    /// Queues a control command for device `dev`.
+    pub(crate) fn submit(&self, dev: usize, cmd: Cmd) {
+        self.cmds.push((dev, cmd));
+        self.wake();
+    }
+
+    /// Asks the loop to stop and wakes it.
+    pub(crate) fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Ok(g) = self.thread.lock()
+            && let Some(t) = g.as_ref()
+        {
+            t.unpark();
+        }
+    }
+}
+
+/// Engine-side state of one QP.
+pub(crate) struct QpSlot {
+    pub(crate) qpn: Qpn,
+    pub(crate) sq: rtrb::Consumer<SendWqe>,
+    pub(crate) rq: rtrb::Consumer<RecvWqe>,
+    pub(crate) pending: Arc<AtomicBool>,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    /// Already waiting in `Device::blocked`.
+    blocked: bool,
+}
+
+impl QpSlot {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qpn: Qpn,
+        sq: rtrb::Consumer<SendWqe>,
+        rq: rtrb::Consumer<RecvWqe>,
+        pending: Arc<AtomicBool>,
+        send_cq: u32,
+        recv_cq: u32,
+        max_send_wr: u32,
+        max_recv_wr: u32,
+    ) -> QpSlot {
+        QpSlot {
+            qpn,
+            sq,
+            rq,
+            pending,
+            send_cq,
+            recv_cq,
+            max_send_wr,
+            max_recv_wr,
+            blocked: false,
+        }
+    }
+}
+
+/// Engine-side state of one CQ.
+pub(crate) struct CqSlot {
+    pub(crate) handle: CqHandle,
+    pub(crate) ring: rtrb::Producer<Wc>,
+    pub(crate) notify: Option<(Arc<CompChannel>, Arc<AtomicBool>)>,
+    pub(crate) moder: ModerationState,
+    /// Completions made by the runtime itself (a WR the engine refused after the application's post returned).
+    pub(crate) synthetic: VecDeque<Wc>,
+}
+
+impl CqSlot {
+    pub(crate) fn new(
+        handle: CqHandle,
+        ring: rtrb::Producer<Wc>,
+        notify: Option<(Arc<CompChannel>, Arc<AtomicBool>)>,
+        moderation: Moderation,
+    ) -> CqSlot {
+        CqSlot {
+            handle,
+            ring,
+            notify,
+            moder: ModerationState::new(moderation),
+            synthetic: VecDeque::new(),
+        }
+    }
+}
+
+/// One device (port) on an engine thread.
+pub struct Device {
+    pub(crate) engine: Engine,
+    pub(crate) link: Box<dyn Link + 'static>,
+    pub(crate) qps: Vec<Option<QpSlot>>,
+    pub(crate) cqs: Vec<Option<CqSlot>>,
+    blocked: VecDeque<u32>,
+    wc_buf: Vec<Wc>,
+    pub(crate) now: Instant,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    pub(crate) fn new(engine: Engine, link: Box<dyn Link + 'static>) -> Device {
+        Device {
+            engine,
+            link,
+            qps: Vec::new(),
+            cqs: Vec::new(),
+            blocked: VecDeque::new(),
+            wc_buf: vec![Wc::default(); 64],
+            now: Instant::ZERO,
+        }
+    }
+
+    /// The engine (for control commands).
+    pub(crate) fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    /// Puts a slot value into the first free index of `v`.
+    pub(crate) fn insert<T>(v: &mut Vec<Option<T>>, item: T) -> u32 {
+        if let Some(i) = v.iter().position(Option::is_none) {
+            v[i] = Some(item);
+            i as u32
+        } else {
+            v.push(Some(item));
+            (v.len() - 1) as u32
+        }
+    }
+
+    /// Moves WQEs from QP `slot`'s rings into the engine while its queues have room. Returns true if any moved.
+    fn drain_qp(&mut self, slot: u32) -> bool {
+        let Some(Some(qp)) = self.qps.get_mut(slot as usize) else {
+            return false;
+        };
+        let qpn = qp.qpn;
+        let mut moved = false;
+        let mut stuck = false;
+        let info = self.engine.qp_info(qpn);
+        let (mut sq_out, mut rq_out) =
+            info.map_or((0, 0), |i| (i.sq_outstanding, i.rq_outstanding));
+        while let Ok(wqe) = qp.rq.peek() {
+            if rq_out >= qp.max_recv_wr {
+                stuck = true;
+                break;
+            }
+            let sges = wqe.sges;
+            let wr = roce_proto::RecvWr {
+                wr_id: wqe.wr_id,
+                sg_list: sges.as_slice(),
+            };
+            let r = self.engine.post_recv(qpn, &[wr]);
+            let wr_id = wqe.wr_id;
+            let _ = qp.rq.pop();
+            moved = true;
+            rq_out += 1;
+            if let Err(e) = r {
+                tracing::warn!(%qpn, error = %e, "post_recv refused by the engine; completing with LOC_QP_OP_ERR");
+                push_synthetic(
+                    &mut self.cqs,
+                    qp.recv_cq,
+                    qpn,
+                    wr_id,
+                    roce_proto::WcOpcode::Recv,
+                );
+            }
+        }
+        while let Ok(wqe) = qp.sq.peek() {
+            if sq_out >= qp.max_send_wr {
+                stuck = true;
+                break;
+            }
+            let r = wqe.with_wr(|wr| self.engine.post_send(qpn, std::slice::from_ref(wr)));
+            let (wr_id, opc) = (wqe.wr_id, wqe.op.wc_opcode());
+            let _ = qp.sq.pop();
+            moved = true;
+            sq_out += 1;
+            if let Err(e) = r {
+                tracing::warn!(%qpn, error = %e, "post_send refused by the engine; completing with LOC_QP_OP_ERR");
+                push_synthetic(&mut self.cqs, qp.send_cq, qpn, wr_id, opc);
+            }
+        }
+        if stuck && !qp.blocked {
+            qp.blocked = true;
+            self.blocked.push_back(slot);
+        }
+        moved
+    }
+
+    /// Retries QPs whose rings were left non-empty because the engine's queues were full.
+    fn retry_blocked(&mut self) -> bool {
+        let mut moved = false;
+        for _ in 0..self.blocked.len() {
+            let Some(slot) = self.blocked.pop_front() else {
+                break;
+            };
+            if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
+                qp.blocked = false;
+            } else {
+                continue;
+            }
+            moved |= self.drain_qp(slot);
+        }
+        moved
+    }
+
+    /// Moves engine completions into the CQ rings and fires moderated events. Returns completions published.
+    fn publish(&mut self, now: Instant) -> usize {
+        let mut total = 0;
+        for cq in self.cqs.iter_mut().flatten() {
+            let mut n = 0;
+            while cq.ring.slots() > 0
+                && let Some(wc) = cq.synthetic.pop_front()
+            {
+                let _ = cq.ring.push(wc);
+                n += 1;
+            }
+            loop {
+                let room = cq.ring.slots().min(self.wc_buf.len());
+                if room == 0 {
+                    break;
+                }
+                let got = self.engine.poll_cq(cq.handle, &mut self.wc_buf[..room]);
+                for wc in &self.wc_buf[..got] {
+                    // Cannot fail: at most `slots()` entries are pushed.
+                    let _ = cq.ring.push(*wc);
+                }
+                n += got;
+                if got < room {
+                    break;
+                }
+            }
+            if let Some((chan, armed)) = &cq.notify {
+                cq.moder.on_completions(n, now);
+                if cq.moder.due(now) && armed.swap(false, Ordering::AcqRel) {
+                    cq.moder.fired(now);
+                    chan.notify(cq.handle.0);
+                }
+            }
+            total += n;
+        }
+        total
+    }
+
+    /// Earliest moderation deadline of an armed CQ.
+    fn moderation_deadline(&self) -> Option<Instant> {
+        self.cqs
+            .iter()
+            .flatten()
+            .filter(|c| {
+                c.notify
+                    .as_ref()
+                    .is_some_and(|(_, a)| a.load(Ordering::Relaxed))
+            })
+            .filter_map(|c| c.moder.deadline())
+            .min()
+    }
+}
+
+fn push_synthetic(
+    cqs: &mut [Option<CqSlot>],
+    cq: u32,
+    qpn: Qpn,
+    wr_id: u64,
+    opcode: roce_proto::WcOpcode,
+) {
+    if let Some(Some(c)) = cqs.get_mut(cq as usize) {
+        c.synthetic.push_back(Wc {
+            wr_id,
+            status: WcStatus::LocQpOpErr,
+            opcode,
+            qp_num: qpn,
+            ..Wc::default()
+        });
+    }
+}
+
+/// The loop. Returns when `shared.stop` is set.
+pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig, clock: Clock) {
+    if let Some(core) = cfg.pin_core {
+        match core_affinity::get_core_ids().and_then(|ids| ids.get(core).copied()) {
+            Some(id) if core_affinity::set_for_current(id) => {}
+            _ => tracing::warn!(core, "could not pin the engine thread; running unpinned"),
+        }
+    }
+    let stats = &shared.stats;
+    let mut last_work = clock.now();
+    while !shared.stop.load(Ordering::Acquire) {
+        stats.loops.fetch_add(1, Ordering::Relaxed);
+        let now = clock.now();
+        let mut work = false;
+        while let Some((d, cmd)) = shared.cmds.pop() {
+            if let Some(dev) = devs.get_mut(d) {
+                dev.now = now;
+                cmd(dev);
+            }
+            work = true;
+        }
+        for dev in &mut devs {
+            let engine = &mut dev.engine;
+            match dev
+                .link
+                .rx_burst(now, cfg.rx_burst, &mut |f| engine.handle_frame(now, f))
+            {
+                Ok(n) => {
+                    if n > 0 {
+                        stats.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
+                        work = true;
+                    }
+                }
+                Err(e) => {
+                    stats.link_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "rx_burst failed");
+                }
+            }
+            if dev.engine.poll_timeout().is_some_and(|t| t <= now) {
+                dev.engine.handle_timeout(now);
+                work = true;
+            }
+        }
+        while let Some(db) = shared.doorbells.pop() {
+            let (d, slot) = ((db >> 32) as usize, db as u32);
+            if let Some(dev) = devs.get_mut(d) {
+                if let Some(Some(qp)) = dev.qps.get(slot as usize) {
+                    // Cleared before draining: a post after this point rings again (see `Shared::ring`).
+                    qp.pending.store(false, Ordering::SeqCst);
+                }
+                work |= dev.drain_qp(slot);
+            }
+        }
+        for dev in &mut devs {
+            work |= dev.retry_blocked();
+            let mut sent = 0;
+            while sent < cfg.tx_budget {
+                let buf = match dev.link.tx_buf(now) {
+                    Ok(b) => b,
+                    Err(roce_link::LinkError::Busy) => break,
+                    Err(e) => {
+                        stats.link_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "tx_buf failed");
+                        break;
+                    }
+                };
+                let Some(meta) = dev.engine.poll_transmit(now, buf) else {
+                    break;
+                };
+                if let Err(e) = dev.link.tx_commit(now, meta.len) {
+                    stats.link_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "tx_commit failed");
+                }
+                sent += 1;
+            }
+            if sent > 0 {
+                stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);
+                stats.flushes.fetch_add(1, Ordering::Relaxed);
+                work = true;
+            }
+            // Flush every iteration: a link may hold frames from an earlier Busy.
+            if let Err(e) = dev.link.flush(now) {
+                stats.link_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "flush failed");
+            }
+            if dev.publish(now) > 0 {
+                work = true;
+            }
+            while let Some(ev) = dev.engine.poll_async_event() {
+                tracing::debug!(?ev, "async event");
+            }
+        }
+        if work {
+            last_work = now;
+            continue;
+        }
+        let idle = now.saturating_duration_since(last_work);
+        if idle < cfg.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        let mut deadline: Option<Instant> = None;
+        for dev in &mut devs {
+            deadline = min_instant(deadline, dev.engine.poll_timeout());
+            deadline = min_instant(deadline, dev.link.poll_at());
+            deadline = min_instant(deadline, dev.moderation_deadline());
+        }
+        let until = deadline.map_or(cfg.park_max, |d| d.saturating_duration_since(now));
+        if until.is_zero() {
+            continue;
+        }
+        if idle < cfg.yield_for {
+            std::thread::yield_now();
+            continue;
+        }
+        // Park (Dekker with `Shared::wake`): announce, fence, re-check the queues, then sleep.
+        shared.parked.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if shared.doorbells.is_empty()
+            && shared.cmds.is_empty()
+            && !shared.stop.load(Ordering::SeqCst)
+        {
+            stats.parks.fetch_add(1, Ordering::Relaxed);
+            std::thread::park_timeout(until.min(cfg.park_max));
+        }
+        shared.parked.store(false, Ordering::Relaxed);
+    }
+}
