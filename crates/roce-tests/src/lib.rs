@@ -672,87 +672,47 @@ pub struct Pkt {
     pub pad_bytes: Vec<u8>,
     /// Transport bytes from the BTH up to (excluding) the ICRC.
     pub transport_len: usize,
+    /// roce-wire's verdict on the stored ICRC.
+    pub icrc_ok: bool,
 }
 
 impl Pkt {
-    /// Decodes an untagged IPv4/IPv6 RoCE v2 frame; `None` if it is not one.
+    /// Decodes a RoCE v2 frame with roce-wire's whole-frame parser ([`roce_wire::RoceRepr::parse`]); `None` if
+    /// it rejects the frame.
     pub fn parse(f: &[u8]) -> Option<Pkt> {
-        let ethertype = u16::from_be_bytes([*f.get(12)?, *f.get(13)?]);
-        let (l4, dscp, ecn) = match ethertype {
-            0x0800 => {
-                let tos = *f.get(15)?;
-                (14 + usize::from(f[14] & 0x0f) * 4, tos >> 2, tos & 3)
-            }
-            0x86dd => {
-                let tc = (u16::from_be_bytes([*f.get(14)?, *f.get(15)?]) >> 4) as u8;
-                (54, tc >> 2, tc & 3)
-            }
-            _ => return None,
-        };
-        let udp = f.get(l4..l4 + 8)?;
-        let sport = u16::from_be_bytes([udp[0], udp[1]]);
-        let dport = u16::from_be_bytes([udp[2], udp[3]]);
-        let udp_len = usize::from(u16::from_be_bytes([udp[4], udp[5]]));
-        let end = (l4 + udp_len).checked_sub(4)?;
-        let t = f.get(l4 + 8..end)?;
-        let bth = roce_wire::Bth::new_checked(t).ok()?;
-        let opcode = bth.opcode();
-        let info = opcode.info()?;
-        let mut p = Pkt {
-            opcode: opcode.0,
-            psn: bth.psn().value(),
-            dest_qp: bth.dest_qp().value(),
-            ack_req: bth.ack_req(),
-            solicited: bth.solicited(),
-            mig_req: bth.mig_req(),
-            pad: bth.pad_count(),
-            pkey: bth.pkey(),
-            becn: bth.becn(),
-            tver: bth.tver(),
-            sport,
-            dport,
-            dscp,
-            ecn,
-            reth: None,
-            atomic: None,
-            aeth: None,
-            deth: None,
-            imm: None,
-            ieth: None,
-            payload: Vec::new(),
-            pad_bytes: Vec::new(),
-            transport_len: t.len(),
-        };
-        let ext = &t[12..];
-        use roce_wire::ExtHeader as H;
-        let at = |h: H| info.ext.offset_of(h).and_then(|o| ext.get(o..));
-        if let Some(b) = at(H::Reth) {
-            let r = roce_wire::Reth::new_checked(b).ok()?;
-            p.reth = Some((r.va(), r.rkey(), r.dma_len()));
-        }
-        if let Some(b) = at(H::AtomicEth) {
-            let r = roce_wire::AtomicEth::new_checked(b).ok()?;
-            p.atomic = Some((r.va(), r.rkey(), r.swap_add(), r.compare()));
-        }
-        if let Some(b) = at(H::Aeth) {
-            let r = roce_wire::Aeth::new_checked(b).ok()?;
-            p.aeth = Some((r.syndrome_byte(), r.msn().value()));
-        }
-        if let Some(b) = at(H::Deth) {
-            let r = roce_wire::Deth::new_checked(b).ok()?;
-            p.deth = Some((r.qkey(), r.src_qp().value()));
-        }
-        if let Some(b) = at(H::ImmDt) {
-            p.imm = Some(roce_wire::ImmDt::new_checked(b).ok()?.imm_data());
-        }
-        if let Some(b) = at(H::Ieth) {
-            p.ieth = Some(roce_wire::Ieth::new_checked(b).ok()?.rkey());
-        }
-        let body = ext.get(info.ext.byte_len()..)?;
-        let plen = body.len().checked_sub(usize::from(p.pad))?;
-        p.payload = body[..plen].to_vec();
-        p.pad_bytes = body[plen..].to_vec();
-        Some(p)
+        let pf = roce_wire::RoceRepr::parse(f).ok()?;
+        let r = pf.repr;
+        let e = r.ext;
+        let pad = usize::from(r.bth.pad_count);
+        let pad_at = pf.payload_offset + pf.payload.len();
+        let bth_off = roce_wire::RoceFrame::new(f).ok()?.bth_offset();
+        let tver = roce_wire::RoceFrame::new(f).ok()?.bth().tver();
+        Some(Pkt {
+            opcode: r.bth.opcode.0,
+            psn: r.bth.psn.value(),
+            dest_qp: r.bth.dest_qp.value(),
+            ack_req: r.bth.ack_req,
+            solicited: r.bth.solicited,
+            mig_req: r.bth.mig_req,
+            pad: r.bth.pad_count,
+            pkey: r.bth.pkey,
+            becn: r.bth.becn,
+            tver,
+            sport: r.udp.src_port,
+            dport: r.udp.dst_port,
+            dscp: r.ip.dscp(),
+            ecn: r.ip.ecn().bits(),
+            reth: e.reth.map(|x| (x.va, x.rkey, x.dma_len)),
+            atomic: e.atomic_eth.map(|x| (x.va, x.rkey, x.swap_add, x.compare)),
+            aeth: e.aeth.map(|x| (x.syndrome.to_byte(), x.msn.value())),
+            deth: e.deth.map(|x| (x.qkey, x.src_qp.value())),
+            imm: e.immdt.map(|x| x.imm_data),
+            ieth: e.ieth.map(|x| x.rkey),
+            payload: pf.payload.to_vec(),
+            pad_bytes: f.get(pad_at..pad_at + pad)?.to_vec(),
+            transport_len: pad_at + pad - bth_off,
+            icrc_ok: pf.icrc_ok,
+        })
     }
 
     /// True for requester packets (opcode table direction).

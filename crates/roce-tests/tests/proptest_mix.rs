@@ -459,6 +459,12 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     }
 
     // Bounds of every request on the wire.
+    for c in &p.captured {
+        prop_assert!(
+            Pkt::parse(&c.frame).is_some_and(|k| k.icrc_ok),
+            "every emitted frame parses with a valid ICRC"
+        );
+    }
     for k in p.sent_by(0).iter().filter(|k| k.is_request()) {
         let range = k
             .reth

@@ -251,7 +251,9 @@ fn s03_icrc_byte_order() {
         if v.swap_bytes() != v {
             assert_ne!(tail, v.to_be_bytes(), "not big-endian");
         }
-        kinds.insert(Pkt::parse(&c.frame).unwrap().opcode);
+        let k = Pkt::parse(&c.frame).unwrap();
+        assert!(k.icrc_ok, "roce-wire agrees");
+        kinds.insert(k.opcode);
     }
     for op in [0x00u8, 0x02, 0x0A, 0x0C, 0x0D, 0x0F, 0x11, 0x12, 0x14] {
         assert!(kinds.contains(&op), "opcode {op:#04x} exercised");

@@ -34,13 +34,27 @@ fn soak_100k_messages_under_faults() {
         corrupt: 0.01,
         ..FaultConfig::default()
     };
-    let cfg = PairConfig { capture: false, fault_seed: 2026, ..PairConfig::default() };
+    let cfg = PairConfig {
+        capture: false,
+        fault_seed: 2026,
+        ..PairConfig::default()
+    };
     let mut p = Pair::with_config(cfg);
     // A short ACK timeout (≈1 ms) keeps tail-loss recovery quick in virtual time.
-    let cap = QpCap { max_recv_wr: SLOTS as u32, ..ConnOpts::default().cap };
-    let o = ConnOpts { timeout: 8, retry_cnt: 7, cap, ..ConnOpts::default() };
+    let cap = QpCap {
+        max_recv_wr: SLOTS as u32,
+        ..ConnOpts::default().cap
+    };
+    let o = ConnOpts {
+        timeout: 8,
+        retry_cnt: 7,
+        cap,
+        ..ConnOpts::default()
+    };
     let (a, b) = connect(&mut p, &o);
-    let src = reg(&mut p, a, SRC_LEN as usize, |i| (i.wrapping_mul(31) ^ (i >> 9)) as u8);
+    let src = reg(&mut p, a, SRC_LEN as usize, |i| {
+        (i.wrapping_mul(31) ^ (i >> 9)) as u8
+    });
     let dst = reg(&mut p, b, (SLOTS * SLOT_LEN) as usize, |_| 0);
     let src_bytes = p.e(0).mr_bytes(src.lkey).unwrap().to_vec();
     p.set_faults_all(faults);
@@ -54,13 +68,23 @@ fn soak_100k_messages_under_faults() {
         // Keep the receive ring full: slot = message index mod SLOTS.
         while recv_posted < MESSAGES && recv_posted < received + SLOTS {
             let sg = [sge(&dst, (recv_posted % SLOTS) * SLOT_LEN, SLOT_LEN as u32)];
-            p.e(1).post_recv(b.qpn, &[RecvWr { wr_id: recv_posted, sg_list: &sg }]).unwrap();
+            p.e(1)
+                .post_recv(
+                    b.qpn,
+                    &[RecvWr {
+                        wr_id: recv_posted,
+                        sg_list: &sg,
+                    }],
+                )
+                .unwrap();
             recv_posted += 1;
         }
         // Keep up to WINDOW sends outstanding.
         while posted < MESSAGES && posted < sent_done + WINDOW {
             let sg = [sge(&src, src_off(posted), size_of(posted))];
-            p.a().post_send(a.qpn, &[SendWr::new(posted, SendOp::Send, &sg).signaled()]).unwrap();
+            p.a()
+                .post_send(a.qpn, &[SendWr::new(posted, SendOp::Send, &sg).signaled()])
+                .unwrap();
             posted += 1;
         }
         let progressed = p.drive_until(Duration::from_secs(60), |p| {
@@ -68,12 +92,20 @@ fn soak_100k_messages_under_faults() {
         });
         let n = p.a().poll_cq(a.cq, &mut wcs);
         for w in &wcs[..n] {
-            assert_eq!((w.wr_id, w.status), (sent_done, WcStatus::Success), "send completions in order");
+            assert_eq!(
+                (w.wr_id, w.status),
+                (sent_done, WcStatus::Success),
+                "send completions in order"
+            );
             sent_done += 1;
         }
         let n = p.b().poll_cq(b.cq, &mut wcs);
-        for w in wcs[..n].to_vec() {
-            assert_eq!((w.wr_id, w.status), (received, WcStatus::Success), "receives in order");
+        for w in wcs[..n].iter().copied() {
+            assert_eq!(
+                (w.wr_id, w.status),
+                (received, WcStatus::Success),
+                "receives in order"
+            );
             let len = size_of(received);
             assert_eq!(w.byte_len, len);
             let off = ((received % SLOTS) * SLOT_LEN) as usize;
@@ -84,9 +116,16 @@ fn soak_100k_messages_under_faults() {
             }
             received += 1;
         }
-        if !progressed && n == 0 && p.next_event().is_none() && (received < MESSAGES || sent_done < MESSAGES) {
+        if !progressed
+            && n == 0
+            && p.next_event().is_none()
+            && (received < MESSAGES || sent_done < MESSAGES)
+        {
             // Idle with work outstanding is only possible if everything was delivered up to the window.
-            assert!(posted > sent_done || recv_posted > received, "stalled at {received} received / {sent_done} sent");
+            assert!(
+                posted > sent_done || recv_posted > received,
+                "stalled at {received} received / {sent_done} sent"
+            );
         }
     }
     let virt = p.now - t0;
@@ -111,6 +150,9 @@ fn soak_100k_messages_under_faults() {
     assert_eq!((sent_done, received), (MESSAGES, MESSAGES));
     assert_eq!(ca.retry_exceeded_err, 0);
     assert_eq!(cb.rdma_sends, MESSAGES);
-    assert!(fa.dropped > 0 && fa.corrupted > 0 && fa.duplicated > 0 && fa.reordered > 0, "faults were injected: {fa:?}");
+    assert!(
+        fa.dropped > 0 && fa.corrupted > 0 && fa.duplicated > 0 && fa.reordered > 0,
+        "faults were injected: {fa:?}"
+    );
     assert!(cb.rx_icrc_encapsulated > 0 && ca.retransmitted_pkts > 0);
 }
