@@ -487,7 +487,12 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        // 24 cases keep the debug suite fast; PROPTEST_CASES=N runs more.
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24),
+        max_shrink_iters: 64,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn random_work_requests_under_faults(c in case()) {
