@@ -161,11 +161,14 @@ pub struct UdpStats {
     pub rx_frames: u64,
     /// Bytes (rebuilt frames) delivered to the receive sink.
     pub rx_bytes: u64,
-    /// Datagrams dropped because the ICRC over the rebuilt frame is wrong (or the packet is too short to hold
-    /// BTH + ICRC).
+    /// Datagrams dropped because the ICRC over the rebuilt frame is wrong, or the datagram is too short to hold
+    /// BTH + ICRC.
     pub rx_icrc_bad: u64,
-    /// Datagrams dropped because they were larger than the receive buffer (`MSG_TRUNC`).
+    /// Datagrams dropped because the rebuilt frame would exceed [`UdpConfig::mtu`] (or the kernel truncated them,
+    /// `MSG_TRUNC`).
     pub rx_truncated: u64,
+    /// Datagrams dropped because their source or destination address is not of the link's family.
+    pub rx_bad_addr: u64,
 }
 
 /// Per-slot metadata of a queued datagram.
@@ -204,7 +207,7 @@ pub struct UdpLink {
     tx_msgs: Vec<libc::mmsghdr>,
     tx_ctrl: Vec<[u64; CMSG_WORDS]>,
     rx_data: Vec<u8>,
-    /// Receive slot size: `hdr` + the largest datagram + 1 (so a datagram that does not fit is seen truncated).
+    /// Receive slot size: `mtu` + 1 (so a datagram that does not fit is seen as too long).
     rx_slot: usize,
     rx_iov: Vec<libc::iovec>,
     rx_msgs: Vec<libc::mmsghdr>,
@@ -365,7 +368,7 @@ impl UdpLink {
         }
         let rx = Self::socket(&cfg, cfg.port, true)?;
         let burst = cfg.burst;
-        let rx_slot = cfg.mtu + 1 + 4; // + a possible VLAN tag's worth, + 1 to see truncation
+        let rx_slot = cfg.mtu + 1;
         let mut link = UdpLink {
             v6,
             hdr,
@@ -850,7 +853,7 @@ impl Link for UdpLink {
                 continue;
             }
             let Some(flen) = self.rebuild(i, len) else {
-                self.stats.rx_icrc_bad += 1;
+                self.stats.rx_bad_addr += 1;
                 continue;
             };
             let start = i * self.rx_slot;

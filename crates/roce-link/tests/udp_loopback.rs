@@ -391,3 +391,47 @@ fn ipv6_loopback() {
     assert_eq!(got, sent, "{:?}", b.stats());
     assert_eq!(b.stats().rx_icrc_bad, 0);
 }
+
+#[test]
+fn oversize_received_datagram_is_counted_and_dropped() {
+    let (a_ip, b_ip) = (v4(37, 1), v4(37, 2));
+    let mut a = UdpLink::bind(cfg(a_ip, 0xa)).expect("bind");
+    let mut cb = cfg(b_ip, 0xb);
+    cb.mtu = 1514;
+    let mut b = UdpLink::bind(cb).expect("bind");
+    let mk = |size: usize, psn| {
+        frame(
+            &F {
+                src: a_ip,
+                dst: b_ip,
+                dst_mac: 0xb,
+                sport: 0xc600,
+                dscp: 0,
+                ecn: Ecn::Ect0,
+                ident: 0,
+                ttl: 64,
+                psn,
+            },
+            &vec![3; size],
+        )
+    };
+    let fits = mk(1514 - 42 - 16, 1);
+    assert_eq!(fits.len(), 1514);
+    a.transmit(T0, &mk(2000, 0)).expect("transmit");
+    a.transmit(T0, &mk(1514 - 42 - 16 + 4, 2))
+        .expect("transmit");
+    a.transmit(T0, &fits).expect("transmit");
+    a.flush(T0).expect("flush");
+    let got = recv(&mut b, 1);
+    assert_eq!(got, vec![fits]);
+    assert_eq!(b.stats().rx_truncated, 2);
+}
+
+#[test]
+fn tx_buf_is_stable_until_commit() {
+    let a_ip = v4(38, 1);
+    let mut a = UdpLink::bind(cfg(a_ip, 0xa)).expect("bind");
+    a.tx_buf(T0).expect("buf")[..4].copy_from_slice(&[1, 2, 3, 4]);
+    assert_eq!(&a.tx_buf(T0).expect("buf")[..4], &[1, 2, 3, 4]);
+    assert!(a.tx_buf(T0).expect("buf").len() >= a.config().mtu);
+}
