@@ -1,0 +1,96 @@
+//! `rawudp` end to end on loopback: the sink counts what `send` sent, `ping` gets RTTs from `pong`.
+
+use std::process::{Command, Stdio};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rawudp"))
+}
+
+fn json(out: std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "rawudp failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn send_to_sink_counts_match() {
+    let sink = bin()
+        .args([
+            "sink",
+            "127.0.51.2:4791",
+            "--idle",
+            "0.3",
+            "--max-wait",
+            "10",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn sink");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let sent = json(
+        bin()
+            .args([
+                "send",
+                "127.0.51.2:4791",
+                "--size",
+                "1024",
+                "--seconds",
+                "0.3",
+            ])
+            .output()
+            .expect("send"),
+    );
+    let got = json(sink.wait_with_output().expect("sink"));
+    let (s, r) = (
+        sent["packets"].as_u64().expect("packets"),
+        got["packets"].as_u64().expect("packets"),
+    );
+    assert!(s > 0 && r > 0, "sent {s} received {r}");
+    assert!(r <= s);
+    assert_eq!(got["bytes"].as_u64(), Some(r * 1024));
+    assert!(sent["gbps"].as_f64().expect("gbps") > 0.0);
+}
+
+#[test]
+fn ping_pong_reports_percentiles() {
+    let pong = bin()
+        .args([
+            "pong",
+            "127.0.51.3:4791",
+            "--idle",
+            "0.5",
+            "--max-secs",
+            "20",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn pong");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let v = json(
+        bin()
+            .args([
+                "ping",
+                "127.0.51.3:4791",
+                "--size",
+                "64",
+                "--iters",
+                "300",
+                "--warmup",
+                "20",
+            ])
+            .output()
+            .expect("ping"),
+    );
+    let echoed = json(pong.wait_with_output().expect("pong"))["echoed"]
+        .as_u64()
+        .expect("echoed");
+    assert!(echoed >= 320, "echoed {echoed}");
+    let r = &v["rtt_us"];
+    let f = |k: &str| r[k].as_f64().expect(k);
+    assert!(f("min") > 0.0);
+    assert!(f("min") <= f("typical") && f("typical") <= f("p99") && f("p99") <= f("p99_9"));
+    assert!(f("p99_9") <= f("max"));
+}
