@@ -1,6 +1,6 @@
 #!/bin/bash
 # The raw-UDP baselines between two namespaces (scripts/netns.sh, veth MTU 9000): sendmmsg throughput at 64 B,
-# 1 KiB and 4 KiB payload (3 x 2 s each) and busy-poll ping-pong RTT at 64 B (3 x 20000 round trips after 2000
+# 1 KiB and 4 KiB payload (3 x 2 s each; raw sendmmsg and the same payload through roce_link::UdpLink) and busy-poll ping-pong RTT at 64 B (3 x 20000 round trips after 2000
 # warm-up). Sender/client on CPU 0, sink/pong on CPU 1, nice -20. Prints one line per run with its JSON. Root only.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,6 +20,13 @@ for size in 64 1024 4096; do
 		wait
 		echo "size=$size rep=$rep send=$s"
 		echo "size=$size rep=$rep sink=$(cat "$SINK")"
+		# The same payload as RoCE v2 SEND frames through roce_link::UdpLink (datagram = size + 16).
+		ip netns exec $NB nice -n -20 taskset -c 1 "$B" sink 198.18.1.2:4791 --idle 0.5 >"$SINK" &
+		sleep 0.3
+		s=$(ip netns exec $NA nice -n -20 taskset -c 0 "$B" link-send 198.18.1.2:4791 --local 198.18.1.1 --size $size --seconds 2)
+		wait
+		echo "size=$size rep=$rep link-send=$s"
+		echo "size=$size rep=$rep link-sink=$(cat "$SINK")"
 	done
 done
 for rep in 1 2 3; do

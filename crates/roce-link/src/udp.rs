@@ -25,7 +25,10 @@
 //!   O(1) per packet). The alternative, a fixed engine source port, would need an engine change and would lose
 //!   the per-QP entropy rxe peers expect. These sockets do **not** set `SO_REUSEADDR`: a port already owned by
 //!   another socket is reported (`EADDRINUSE`, frame dropped and counted in [`UdpStats::tx_errors`]) instead of
-//!   silently sharing its traffic. [`UdpConfig::max_tx_sockets`] bounds the number of file descriptors. A new
+//!   silently sharing its traffic. The range 0xC000..=0xFFFF overlaps Linux's default ephemeral ports
+//!   (32768..=60999); reserve it on hosts that run other UDP/TCP clients
+//!   (`sysctl net.ipv4.ip_local_reserved_ports=49152-65535`). [`UdpConfig::max_tx_sockets`] bounds the number
+//!   of file descriptors. A new
 //!   socket is created in the calling thread's network namespace, so a link bound inside a namespace (`setns`)
 //!   must commit frames with new source ports from a thread in that namespace; otherwise `tx_commit` fails with
 //!   a "wrong network namespace" [`LinkError::Io`] instead of binding in the wrong one.

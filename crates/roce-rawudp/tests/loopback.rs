@@ -94,3 +94,44 @@ fn ping_pong_reports_percentiles() {
     assert!(f("min") <= f("typical") && f("typical") <= f("p99") && f("p99") <= f("p99_9"));
     assert!(f("p99_9") <= f("max"));
 }
+
+#[test]
+fn link_send_to_sink_counts_match() {
+    let sink = bin()
+        .args([
+            "sink",
+            "127.0.51.4:4791",
+            "--idle",
+            "0.3",
+            "--max-wait",
+            "10",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn sink");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let sent = json(
+        bin()
+            .args([
+                "link-send",
+                "127.0.51.4:4791",
+                "--local",
+                "127.0.51.5",
+                "--size",
+                "1024",
+                "--seconds",
+                "0.3",
+            ])
+            .output()
+            .expect("link-send"),
+    );
+    let got = json(sink.wait_with_output().expect("sink"));
+    let (s, r) = (
+        sent["packets"].as_u64().expect("packets"),
+        got["packets"].as_u64().expect("packets"),
+    );
+    assert!(s > 0 && r > 0 && r <= s, "sent {s} received {r}");
+    // Each datagram is BTH (12) + payload + ICRC (4).
+    assert_eq!(got["bytes"].as_u64(), Some(r * (1024 + 16)));
+    assert_eq!(sent["tx_errors"].as_u64(), Some(0));
+}
