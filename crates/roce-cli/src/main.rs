@@ -4,11 +4,16 @@
 //! * `decode FILE [--json]` — print one line per RoCE v2 packet of a pcap/pcapng capture
 //!   (see [`decode`]).
 //!
-//! `perf`, `pingpong` and `stats` will be added as further subcommands.
+//! * `perf TEST [ADDRESS] [--loopback]` — perftest-style bandwidth and latency tests over the rocev2
+//!   runtime (see [`perf`]).
+//!
+//! `pingpong` and `stats` will be added as further subcommands.
 
 mod capture;
 mod decode;
 mod link;
+mod oob;
+mod perf;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -32,6 +37,9 @@ enum Command {
     /// summary on stderr. Exit status: 0 when every RoCE packet is well formed with a
     /// good ICRC, 1 otherwise, 2 when the file cannot be read.
     Decode(DecodeArgs),
+    /// perftest-style bandwidth/latency tests: `rocev2 perf write-bw --loopback`, server `rocev2 perf send-bw`,
+    /// client `rocev2 perf send-bw HOST`.
+    Perf(Box<perf::PerfArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -47,6 +55,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Decode(args) => decode_cmd(&args),
+        Command::Perf(args) => perf::run(&args),
     }
 }
 

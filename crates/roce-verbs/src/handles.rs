@@ -192,18 +192,18 @@ impl Context {
     /// Two devices (MAC 02:00:00:00:00:01 / :02, GIDs `::ffff:192.0.2.1` / `.2`) on a simulated 100 Gb/s segment
     /// ([`SimConfig::default`]), driven by one engine thread in real time.
     pub fn sim_pair(rt: RuntimeConfig) -> Result<(Context, Context), Error> {
-        Context::sim_pair_with(rt, SimConfig::default(), |l| l)
+        Context::sim_pair_with(rt, SimConfig::default(), Ok)
     }
 
     /// Like [`sim_pair`](Self::sim_pair) with a segment configuration and a wrapper applied to each port's link
-    /// (decorators such as `Faulty` or `Pcap`; called with port 0, then port 1).
+    /// (decorators such as `Faulty` or `Pcap`; called on the engine thread with port 0, then port 1).
     pub fn sim_pair_with<W>(
         rt: RuntimeConfig,
         sim: SimConfig,
         mut wrap: W,
     ) -> Result<(Context, Context), Error>
     where
-        W: FnMut(Box<dyn Link>) -> Box<dyn Link> + Send + 'static,
+        W: FnMut(Box<dyn Link>) -> Result<Box<dyn Link>, LinkError> + Send + 'static,
     {
         let cfg = |i: u8| EngineConfig {
             mac: [0x02, 0, 0, 0, 0, i],
@@ -218,7 +218,9 @@ impl Context {
             rt,
             Box::new(move || {
                 let (_net, pa, pb): (SimNet, _, _) = SimNet::pair(sim, ma, mb);
-                Ok(vec![wrap(Box::new(pa)), wrap(Box::new(pb))])
+                let a = wrap(Box::new(pa))?;
+                let b = wrap(Box::new(pb))?;
+                Ok(vec![a, b])
             }),
         )?;
         let b = v.pop().ok_or(Error::EngineGone)?;

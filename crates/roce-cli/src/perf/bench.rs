@@ -1,0 +1,960 @@
+//! The test loops of `rocev2 perf`, for both sides.
+//!
+//! # Memory layout (both sides)
+//!
+//! One MR of `R · (1 + K)` bytes: a transmit region (`R` bytes at offset 0, filled with this side's pattern) and `K`
+//! receive slots of `R` bytes (zeroed before each size). `R` = the largest size + 40 (UD GRH area), rounded up to
+//! 64; `K` = up to 16 slots (fewer for large sizes, at most 64 MiB of slots). Remote operations target the peer's
+//! slots (WRITE: slot `i mod K`; atomics: slot 0) or its transmit region (READ), by VA from the exchange.
+//!
+//! # Verification
+//!
+//! The two sides use different byte patterns. After each size: WRITE → the server checks the slots the client
+//! wrote; SEND → the server checks every slot a successful receive completed into (and, for RC, that it received
+//! every message the client completed); READ → the client checks its slots against the server's pattern;
+//! atomics → the server's 8-byte counter must equal the number of completed FETCH_ADDs; latency ping-pongs check
+//! the slot each side received into. The server reports its result in its answer to `done`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use roce_proto::{Qpn, WcOpcode};
+use roce_verbs::{
+    AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, Moderation, Mr, Pd, PostError,
+    Psn, Qp, QpCap, QpEndpoint, RecvWr, SendFlags, SendOp, SendWr, UdDest, Wc, WcStatus,
+};
+use serde_json::{Value, json};
+
+use super::report::{self, BwResult, LatStats};
+use super::{Conn, Output, Params, Test};
+use crate::oob::{Exchange, Oob, PeerInfo, QpRecord};
+
+/// Q_Key of the UD tests (perftest's).
+const QKEY: u32 = 0x1111_1111;
+/// UD receive buffers start with the 40-byte GRH area.
+const GRH: u64 = 40;
+/// Receive WRs kept posted per QP by SEND receivers.
+const RX_DEPTH: u32 = 256;
+/// Receive slots at most.
+const MAX_SLOTS: u64 = 16;
+/// Bytes of receive slots at most.
+const SLOT_BYTES: u64 = 64 << 20;
+/// How long a passive server waits for the client's `done`.
+const PASSIVE_WAIT: Duration = Duration::from_secs(3600);
+/// A run that completes nothing for this long is aborted (a lost message on UC/UD, a dead peer).
+const STALL: Duration = Duration::from_secs(10);
+
+fn pattern(side: u8, i: u64) -> u8 {
+    (i.wrapping_mul(31).wrapping_add(u64::from(side) * 101 + 7) % 251) as u8
+}
+
+fn pattern_buf(side: u8, len: u64) -> Vec<u8> {
+    (0..len).map(|i| pattern(side, i)).collect()
+}
+
+const CLIENT: u8 = 1;
+const SERVER: u8 = 2;
+
+struct Session {
+    _pd: Pd,
+    cq: Cq,
+    chan: Option<Arc<CompChannel>>,
+    qps: Vec<Qp>,
+    mr: Mr,
+    ah: Option<Ah>,
+    remote: PeerInfo,
+    r: u64,
+    k: u64,
+    p: Params,
+    wcs: Vec<Wc>,
+}
+
+impl Session {
+    fn slot_off(&self, s: u64) -> u64 {
+        self.r * (1 + s % self.k)
+    }
+
+    fn remote_qpn(&self, i: usize) -> Qpn {
+        Qpn::new(self.remote.qps.get(i).map_or(0, |q| q.qpn))
+    }
+
+    /// Polls the CQ into `self.wcs`; with events, sleeps on the channel when empty.
+    fn poll(&mut self) -> usize {
+        let n = self.cq.poll(&mut self.wcs);
+        if n > 0 {
+            return n;
+        }
+        if let Some(ch) = &self.chan {
+            self.cq.req_notify();
+            let n = self.cq.poll(&mut self.wcs);
+            if n > 0 {
+                return n;
+            }
+            let _ = ch.get_event(Duration::from_millis(10));
+            return self.cq.poll(&mut self.wcs);
+        }
+        std::hint::spin_loop();
+        0
+    }
+
+    fn recv_len(&self, size: u64) -> u32 {
+        (if self.p.conn == Conn::Ud {
+            size + GRH
+        } else {
+            size
+        }) as u32
+    }
+
+    fn post_recv(&self, qp: usize, slot: u64, size: u64) -> Result<(), PostError> {
+        let sge = [self.mr.sge(self.slot_off(slot), self.recv_len(size))];
+        self.qps[qp].post_recv(&[RecvWr {
+            wr_id: ((qp as u64) << 32) | (slot % self.k),
+            sg_list: &sge,
+        }])
+    }
+
+    fn ud(&self, i: usize) -> Option<UdDest> {
+        self.ah.as_ref().map(|ah| UdDest {
+            ah: ah.handle(),
+            remote_qpn: self.remote_qpn(i),
+            remote_qkey: QKEY,
+        })
+    }
+
+    fn inline_flag(&self, size: u64) -> SendFlags {
+        if size <= u64::from(self.p.inline) {
+            SendFlags::INLINE
+        } else {
+            SendFlags::EMPTY
+        }
+    }
+
+    /// Zeroes the receive slots and fills the transmit region with `side`'s pattern.
+    fn prepare(&self, side: u8, size: u64) -> Result<(), String> {
+        let e = |e: roce_verbs::Error| format!("preparing buffers: {e}");
+        self.mr.write(0, &pattern_buf(side, size)).map_err(e)?;
+        let used = (self.k * self.r) as usize;
+        self.mr
+            .write(self.r as usize, &vec![0u8; used])
+            .map_err(e)?;
+        Ok(())
+    }
+
+    /// Checks that slot `s` holds `side`'s pattern for `size` bytes (UD: after the GRH area).
+    fn check_slot(&self, side: u8, s: u64, size: u64) -> Result<(), String> {
+        let skip = if self.p.conn == Conn::Ud && matches!(self.p.test, Test::SendBw | Test::SendLat)
+        {
+            GRH
+        } else {
+            0
+        };
+        let got = self
+            .mr
+            .read((self.slot_off(s) + skip) as usize, size as usize)
+            .map_err(|e| format!("reading slot {s}: {e}"))?;
+        if let Some(i) = (0..size).find(|&i| got[i as usize] != pattern(side, i)) {
+            return Err(format!(
+                "data mismatch in receive slot {s} at byte {i}: got {:#04x}, expected {:#04x}",
+                got[i as usize],
+                pattern(side, i)
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn wc_error(wc: &Wc) -> String {
+    format!(
+        "work completion error: {} (wr_id {:#x}, QP {}, opcode {:?})",
+        wc.status, wc.wr_id, wc.qp_num, wc.opcode
+    )
+}
+
+/// Sets up resources, exchanges and connects, then runs every size. `is_client` chooses the role.
+pub fn run_side(
+    ctx: &Context,
+    p: &Params,
+    o: &mut Oob,
+    is_client: bool,
+    out: &Output,
+) -> Result<(), String> {
+    let r = match setup(ctx, p, o, out) {
+        Ok(s) => s,
+        Err(e) => {
+            o.send_error(&e);
+            return Err(e);
+        }
+    };
+    let mut s = r;
+    if out.print && !out.json {
+        println!(
+            "{}",
+            if p.test.is_bw() {
+                report::bw_header(out.gbits)
+            } else {
+                report::lat_header()
+            }
+        );
+    }
+    let sizes = p.sizes.clone();
+    for size in sizes {
+        let res = if is_client {
+            client_size(&mut s, o, size, out)
+        } else {
+            server_size(&mut s, o, size)
+        };
+        if let Err(e) = res {
+            o.send_error(&e);
+            return Err(e);
+        }
+    }
+    if out.print && !out.json {
+        println!("{}", report::footer());
+    }
+    o.sync("bye", json!({}), Duration::from_secs(10))
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn setup(ctx: &Context, p: &Params, o: &mut Oob, out: &Output) -> Result<Session, String> {
+    let e = |what: &str| {
+        let what = what.to_owned();
+        move |e: roce_verbs::Error| format!("{what}: {e}")
+    };
+    let max = p.sizes.iter().copied().max().unwrap_or(8);
+    let r = (max + GRH).div_ceil(64) * 64;
+    let k = (SLOT_BYTES / r).clamp(1, MAX_SLOTS);
+    let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
+    let rx_depth = if p.test.is_bw() { RX_DEPTH } else { 16 };
+    let depth = p.qps * (p.tx_depth.max(16) + rx_depth) + 64;
+    let chan = out.events.map(|_| Arc::new(CompChannel::new()));
+    let cq = ctx
+        .create_cq(depth, chan.as_ref(), out.events.unwrap_or_default())
+        .map_err(e("create_cq"))?;
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mr = pd
+        .reg_mr(vec![0u8; (r * (1 + k)) as usize], access)
+        .map_err(e("reg_mr"))?;
+    let cap = QpCap {
+        max_send_wr: p.tx_depth.max(16),
+        max_recv_wr: rx_depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: p.inline,
+    };
+    let mut qps = Vec::new();
+    let mut recs = Vec::new();
+    for _ in 0..p.qps {
+        let qp = pd
+            .create_qp(p.conn.qp_type(), &cq, &cq, cap, false)
+            .map_err(e("create_qp"))?;
+        let psn = ctx.random_psn().map_err(e("random_psn"))?;
+        recs.push(QpRecord {
+            qpn: qp.qpn().value(),
+            psn: psn.value(),
+        });
+        qps.push(qp);
+    }
+    let cfg = ctx.config();
+    let mine = PeerInfo {
+        qps: recs.clone(),
+        gid: cfg.gids.first().copied().unwrap_or_default().0,
+        mac: cfg.mac,
+        rkey: mr.rkey().0,
+        va: mr.addr(),
+        len: mr.length(),
+        mtu: p.mtu.bytes(),
+        params: Value::Null,
+    };
+    let remote = o.exchange(&mine).map_err(|e| e.to_string())?;
+    if remote.qps.len() != qps.len() {
+        return Err(format!(
+            "the peer has {} QPs, this side {}",
+            remote.qps.len(),
+            qps.len()
+        ));
+    }
+    if remote.len < r * (1 + k) {
+        return Err(format!(
+            "the peer's buffer ({} bytes) is smaller than needed ({})",
+            remote.len,
+            r * (1 + k)
+        ));
+    }
+    let mtu = if remote.mtu < p.mtu.bytes() {
+        super::mtu_of(remote.mtu).unwrap_or(p.mtu)
+    } else {
+        p.mtu
+    };
+    let opts = ConnectOpts {
+        mtu,
+        ..ConnectOpts::default()
+    };
+    let gid = roce_proto::Gid(remote.gid);
+    let mut ah = None;
+    for (i, qp) in qps.iter().enumerate() {
+        let rq = remote.qps[i];
+        if p.conn == Conn::Ud {
+            qp.ready_ud(QKEY, Psn::new(recs[i].psn))
+                .map_err(e("UD QP to RTS"))?;
+        } else {
+            let ep = QpEndpoint {
+                qpn: Qpn::new(rq.qpn),
+                psn: Psn::new(rq.psn),
+                gid,
+                mac: remote.mac,
+            };
+            qp.connect(&ep, Psn::new(recs[i].psn), &opts)
+                .map_err(e("connecting the QP"))?;
+        }
+    }
+    if p.conn == Conn::Ud {
+        let attr = AhAttr {
+            dgid: gid,
+            hop_limit: 64,
+            dmac: remote.mac,
+            ..AhAttr::default()
+        };
+        ah = Some(pd.create_ah(&attr).map_err(e("create_ah"))?);
+    }
+    o.sync("connected", json!({}), Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    Ok(Session {
+        _pd: pd,
+        cq,
+        chan,
+        qps,
+        mr,
+        ah,
+        remote,
+        r,
+        k,
+        p: p.clone(),
+        wcs: vec![Wc::default(); 64],
+    })
+}
+
+// ------------------------------------------------------------------------------------------------ client
+
+fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<(), String> {
+    o.sync("size", json!({ "size": size }), Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    s.prepare(CLIENT, size)?;
+    if matches!(s.p.test, Test::SendLat | Test::WriteLat) {
+        for q in 0..s.qps.len() {
+            for j in 0..16 {
+                s.post_recv(q, j, size)
+                    .map_err(|e| format!("post_recv: {e}"))?;
+            }
+        }
+    }
+    o.sync("ready", json!({}), Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    let test = s.p.test;
+    let conn = s.p.conn.name();
+    if test.is_bw() {
+        let (res, min_posted) = client_bw(s, size, out)?;
+        // Local verification (READ) before the server's.
+        let mut local = Ok(());
+        if s.p.verify && test == Test::ReadBw {
+            local = (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(SERVER, slot, size));
+        }
+        let reply = o
+            .sync(
+                "done",
+                json!({ "completed": res.iterations, "min_posted": min_posted }),
+                PASSIVE_WAIT,
+            )
+            .map_err(|e| e.to_string())?;
+        let verified = verdict(s, local, &reply, res.iterations)?;
+        emit(
+            out,
+            report::bw_line(&res, out.gbits),
+            report::bw_json(test.name(), conn, &res, verified),
+        );
+    } else {
+        let stats = client_lat(s, size)?;
+        let mut local = Ok(());
+        if s.p.verify
+            && matches!(test, Test::SendLat | Test::WriteLat | Test::ReadLat)
+            && stats.count() > 0
+        {
+            local = s.check_slot(SERVER, 0, size);
+        }
+        let reply = o
+            .sync(
+                "done",
+                json!({ "completed": stats.count(), "min_posted": stats.count() }),
+                PASSIVE_WAIT,
+            )
+            .map_err(|e| e.to_string())?;
+        let verified = verdict(s, local, &reply, stats.count())?;
+        emit(
+            out,
+            report::lat_line(size, &stats),
+            report::lat_json(test.name(), conn, size, &stats, verified),
+        );
+    }
+    Ok(())
+}
+
+/// Combines the local check and the server's answer; an error if verification failed.
+fn verdict(
+    s: &Session,
+    local: Result<(), String>,
+    reply: &Value,
+    completed: u64,
+) -> Result<Option<bool>, String> {
+    if !s.p.verify {
+        return Ok(None);
+    }
+    local.map_err(|e| format!("verification failed (client side): {e}"))?;
+    if let Some(false) = reply.get("verified").and_then(Value::as_bool) {
+        let d = reply.get("detail").and_then(Value::as_str).unwrap_or("?");
+        return Err(format!("verification failed (server side): {d}"));
+    }
+    if s.p.test.is_atomic() {
+        let v = reply.get("atomic_value").and_then(Value::as_u64);
+        if v != Some(completed) {
+            return Err(format!(
+                "verification failed: the server's counter is {v:?} after {completed} completed FETCH_ADDs"
+            ));
+        }
+    }
+    Ok(Some(true))
+}
+
+fn emit(out: &Output, line: String, j: Value) {
+    if !out.print {
+        return;
+    }
+    if out.json {
+        println!("{j}");
+    } else {
+        println!("{line}");
+    }
+}
+
+/// The bandwidth loop: keeps `tx_depth` WRs in flight per QP, `post_list` per post, a signaled WR every `cq_mod`.
+/// Returns the result and the smallest number of WRs posted on any QP.
+fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64), String> {
+    let p = s.p.clone();
+    let nq = s.qps.len();
+    let mut target = vec![
+        if p.duration.is_some() || p.infinite {
+            u64::MAX
+        } else {
+            p.iters
+        };
+        nq
+    ];
+    let mut posted = vec![0u64; nq];
+    let mut sig_end = vec![0u64; nq];
+    let mut completed = vec![0u64; nq];
+    let depth = u64::from(p.tx_depth);
+    let list = u64::from(p.post_list);
+    let cq_mod = u64::from(p.cq_mod);
+    let flags = s.inline_flag(size)
+        & if matches!(p.test, Test::SendBw | Test::WriteBw) {
+            SendFlags::INLINE
+        } else {
+            SendFlags::EMPTY
+        };
+    let rkey = roce_proto::Rkey(s.remote.rkey);
+    let t0 = Instant::now();
+    let mut samples: Vec<(Duration, u64)> = vec![(Duration::ZERO, 0)];
+    let mut last_sample = t0;
+    let mut last_progress = t0;
+    let mut stopping = false;
+    let mut total_done = 0u64;
+    // Infinite mode: per-second lines.
+    let mut sec_start = t0;
+    let mut sec_done = 0u64;
+    let mut sges = Vec::with_capacity(list as usize);
+    loop {
+        let now = Instant::now();
+        if !stopping && p.duration.is_some_and(|d| now.duration_since(t0) >= d) {
+            stopping = true;
+            for q in 0..nq {
+                // One more (signaled) WR if unsignaled ones are pending, so every posted WR is accounted for.
+                target[q] = if posted[q] > sig_end[q] {
+                    posted[q] + 1
+                } else {
+                    posted[q]
+                };
+            }
+        }
+        for q in 0..nq {
+            while posted[q] < target[q] && posted[q] - completed[q] < depth {
+                let n = list
+                    .min(target[q] - posted[q])
+                    .min(depth - (posted[q] - completed[q]));
+                sges.clear();
+                for k in 0..n {
+                    let i = posted[q] + k;
+                    let sge = match p.test {
+                        Test::SendBw | Test::WriteBw => s.mr.sge(0, size as u32),
+                        Test::ReadBw => s.mr.sge(s.slot_off(i), size as u32),
+                        _ => s.mr.sge(s.slot_off(0), 8),
+                    };
+                    sges.push([sge]);
+                }
+                let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(n as usize);
+                let mut sig = sig_end[q];
+                for k in 0..n {
+                    let i = posted[q] + k;
+                    let op = match p.test {
+                        Test::SendBw => SendOp::Send,
+                        Test::WriteBw => SendOp::RdmaWrite {
+                            remote_addr: s.remote.va + s.slot_off(i),
+                            rkey,
+                        },
+                        Test::ReadBw => SendOp::RdmaRead {
+                            remote_addr: s.remote.va,
+                            rkey,
+                        },
+                        _ => SendOp::AtomicFetchAndAdd {
+                            remote_addr: s.remote.va + s.slot_off(0),
+                            rkey,
+                            add: 1,
+                        },
+                    };
+                    let signaled = (i + 1) % cq_mod == 0 || i + 1 == target[q];
+                    let covered = i + 1 - sig;
+                    let mut wr = SendWr::new(((q as u64) << 48) | covered, op, &sges[k as usize])
+                        .flags(flags);
+                    if signaled {
+                        wr = wr.signaled();
+                        sig = i + 1;
+                    }
+                    if let Some(d) = s.ud(q) {
+                        wr = wr.ud(d);
+                    }
+                    wrs.push(wr);
+                }
+                match s.qps[q].post_send(&wrs) {
+                    Ok(()) => {
+                        posted[q] += n;
+                        sig_end[q] = sig;
+                    }
+                    Err(PostError::QueueFull { .. }) => break,
+                    Err(e) => return Err(format!("post_send: {e}")),
+                }
+            }
+        }
+        let n = s.poll();
+        for wc in &s.wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(wc_error(wc));
+            }
+            let q = (wc.wr_id >> 48) as usize;
+            let covered = wc.wr_id & 0xFFFF_FFFF_FFFF;
+            if let Some(c) = completed.get_mut(q) {
+                *c += covered;
+                total_done += covered;
+                sec_done += covered;
+            }
+        }
+        let now = Instant::now();
+        if n > 0 {
+            last_progress = now;
+            if now.duration_since(last_sample) >= Duration::from_micros(500) {
+                samples.push((now.duration_since(t0), total_done));
+                last_sample = now;
+            }
+        } else if now.duration_since(last_progress) > STALL {
+            return Err(format!(
+                "no completion for {STALL:?} ({total_done} of the posted WRs completed){}",
+                if p.conn == Conn::Rc {
+                    ""
+                } else {
+                    "; a message may have been lost (unreliable transport)"
+                }
+            ));
+        }
+        if p.infinite && now.duration_since(sec_start) >= Duration::from_secs(1) {
+            let r = BwResult {
+                size,
+                iterations: sec_done,
+                elapsed: now.duration_since(sec_start),
+                peak_bps: 0.0,
+            };
+            let r = BwResult {
+                peak_bps: r.avg_bytes_per_sec(),
+                ..r
+            };
+            emit(
+                out,
+                report::bw_line(&r, out.gbits),
+                report::bw_json(p.test.name(), p.conn.name(), &r, None),
+            );
+            sec_start = now;
+            sec_done = 0;
+        }
+        if (0..nq).all(|q| posted[q] == target[q] && completed[q] >= posted[q]) {
+            break;
+        }
+    }
+    let elapsed = t0.elapsed();
+    samples.push((elapsed, total_done));
+    let res = BwResult {
+        size,
+        iterations: total_done,
+        elapsed,
+        peak_bps: 0.0,
+    };
+    let peak = peak_bps(&samples, size, elapsed).max(res.avg_bytes_per_sec());
+    let min_posted = posted.iter().copied().min().unwrap_or(0);
+    Ok((
+        BwResult {
+            peak_bps: peak,
+            ..res
+        },
+        min_posted,
+    ))
+}
+
+/// Best bandwidth over windows of at least `max(1 ms, elapsed / 20)` between completion samples.
+fn peak_bps(samples: &[(Duration, u64)], size: u64, elapsed: Duration) -> f64 {
+    let w = (elapsed / 20).max(Duration::from_millis(1));
+    let mut best = 0.0f64;
+    let mut j = 0;
+    for i in 0..samples.len() {
+        if j < i {
+            j = i;
+        }
+        while j < samples.len() && samples[j].0 - samples[i].0 < w {
+            j += 1;
+        }
+        let Some(&(tj, cj)) = samples.get(j) else {
+            break;
+        };
+        let dt = (tj - samples[i].0).as_secs_f64();
+        if dt > 0.0 {
+            best = best.max((cj - samples[i].1) as f64 * size as f64 / dt);
+        }
+    }
+    best
+}
+
+/// The latency loop (one QP, one message in flight).
+fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
+    let p = s.p.clone();
+    let mut stats = LatStats::new();
+    let rkey = roce_proto::Rkey(s.remote.rkey);
+    let flags = if matches!(p.test, Test::SendLat | Test::WriteLat) {
+        s.inline_flag(size)
+    } else {
+        SendFlags::EMPTY
+    };
+    let t_start = Instant::now();
+    let mut i = 0u64;
+    let mut recv_slot = 0u64;
+    loop {
+        if let Some(d) = p.duration {
+            if t_start.elapsed() >= d {
+                break;
+            }
+        } else if i >= p.iters {
+            break;
+        }
+        let sge = match p.test {
+            Test::ReadLat => [s.mr.sge(s.slot_off(0), size as u32)],
+            Test::AtomicLat => [s.mr.sge(s.slot_off(0), 8)],
+            _ => [s.mr.sge(0, size as u32)],
+        };
+        let op = match p.test {
+            Test::SendLat => SendOp::Send,
+            Test::WriteLat => SendOp::RdmaWriteWithImm {
+                remote_addr: s.remote.va + s.slot_off(0),
+                rkey,
+                imm: i as u32,
+            },
+            Test::ReadLat => SendOp::RdmaRead {
+                remote_addr: s.remote.va,
+                rkey,
+            },
+            _ => SendOp::AtomicFetchAndAdd {
+                remote_addr: s.remote.va + s.slot_off(0),
+                rkey,
+                add: 1,
+            },
+        };
+        let mut wr = SendWr::new(i, op, &sge).flags(flags).signaled();
+        if let Some(d) = s.ud(0) {
+            wr = wr.ud(d);
+        }
+        let t0 = Instant::now();
+        s.qps[0]
+            .post_send(&[wr])
+            .map_err(|e| format!("post_send: {e}"))?;
+        // Ping-pong tests wait for the peer's reply (a receive); READ/atomic for their own completion.
+        let want_recv = matches!(p.test, Test::SendLat | Test::WriteLat);
+        let mut send_done = false;
+        let mut recv_done = !want_recv;
+        while !(send_done && recv_done) {
+            let n = s.poll();
+            for wc in &s.wcs[..n] {
+                if wc.status != WcStatus::Success {
+                    return Err(wc_error(wc));
+                }
+                match wc.opcode {
+                    WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+                        if !recv_done {
+                            let dt = t0.elapsed();
+                            stats.record((dt.as_nanos() / 2) as u64);
+                            recv_done = true;
+                        }
+                    }
+                    _ => {
+                        if !want_recv && !send_done {
+                            stats.record(t0.elapsed().as_nanos() as u64);
+                        }
+                        send_done = true;
+                    }
+                }
+            }
+            if t0.elapsed() > STALL {
+                return Err(format!(
+                    "iteration {i}: no reply within {STALL:?}{}",
+                    if p.conn == Conn::Rc {
+                        ""
+                    } else {
+                        " (a message was lost on an unreliable transport)"
+                    }
+                ));
+            }
+        }
+        if want_recv {
+            s.post_recv(0, recv_slot, size)
+                .map_err(|e| format!("post_recv: {e}"))?;
+            recv_slot += 1;
+        }
+        i += 1;
+    }
+    Ok(stats)
+}
+
+// ------------------------------------------------------------------------------------------------ server
+
+fn server_size(s: &mut Session, o: &mut Oob, _size: u64) -> Result<(), String> {
+    let v = o
+        .sync("size", json!({}), Duration::from_secs(3600))
+        .map_err(|e| e.to_string())?;
+    let size = v
+        .get("size")
+        .and_then(Value::as_u64)
+        .filter(|&x| x > 0 && x <= super::MAX_SIZE)
+        .ok_or("bad size from the client")?;
+    s.prepare(SERVER, size)?;
+    let active = matches!(s.p.test, Test::SendBw | Test::SendLat | Test::WriteLat);
+    let depth = if s.p.test == Test::SendBw {
+        u64::from(RX_DEPTH)
+    } else {
+        16
+    };
+    if active {
+        for q in 0..s.qps.len() {
+            for j in 0..depth {
+                s.post_recv(q, j, size)
+                    .map_err(|e| format!("post_recv: {e}"))?;
+            }
+        }
+    }
+    o.sync("ready", json!({}), Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    let Served {
+        done,
+        used,
+        received,
+    } = if active {
+        serve_active(s, o, size)?
+    } else {
+        let d = o
+            .recv_msg("done", PASSIVE_WAIT)
+            .map_err(|e| e.to_string())?;
+        Served {
+            done: d,
+            used: Vec::new(),
+            received: 0,
+        }
+    };
+    let completed = done.get("completed").and_then(Value::as_u64).unwrap_or(0);
+    let min_posted = done.get("min_posted").and_then(Value::as_u64).unwrap_or(0);
+    // Verify, then answer.
+    let mut answer = json!({ "verified": Value::Null, "received": received });
+    if s.p.verify {
+        let r = match s.p.test {
+            Test::WriteBw => {
+                (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(CLIENT, slot, size))
+            }
+            Test::SendBw => server_check_send(s, &used, received, size, completed),
+            Test::SendLat | Test::WriteLat => {
+                if completed > 0 {
+                    s.check_slot(CLIENT, 0, size)
+                } else {
+                    Ok(())
+                }
+            }
+            Test::AtomicBw | Test::AtomicLat => match s.mr.read(s.slot_off(0) as usize, 8) {
+                Ok(b) => {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&b);
+                    answer["atomic_value"] = json!(u64::from_le_bytes(a));
+                    Ok(())
+                }
+                Err(e) => Err(format!("reading the counter: {e}")),
+            },
+            Test::ReadBw | Test::ReadLat => Ok(()),
+        };
+        match r {
+            Ok(()) => answer["verified"] = json!(true),
+            Err(d) => {
+                answer["verified"] = json!(false);
+                answer["detail"] = json!(d);
+            }
+        }
+    }
+    o.send_msg("done", answer.clone())
+        .map_err(|e| e.to_string())?;
+    match answer.get("detail").and_then(Value::as_str) {
+        Some(d) => Err(format!("verification failed: {d}")),
+        None => Ok(()),
+    }
+}
+
+fn server_check_send(
+    s: &Session,
+    used: &[bool],
+    received: u64,
+    size: u64,
+    completed: u64,
+) -> Result<(), String> {
+    if s.p.conn == Conn::Rc && received < completed {
+        return Err(format!(
+            "received {received} messages, the client completed {completed}"
+        ));
+    }
+    if received == 0 && completed > 0 {
+        return Err("no message was received".into());
+    }
+    for (slot, &u) in used.iter().enumerate() {
+        if u {
+            s.check_slot(CLIENT, slot as u64, size)?;
+        }
+    }
+    Ok(())
+}
+
+/// What the active server loop saw.
+struct Served {
+    done: Value,
+    used: Vec<bool>,
+    received: u64,
+}
+
+/// Services receives (reposting them; ping-pong tests also reply) until the client's `done` has arrived and the
+/// CQ has then stayed quiet for a settle time (RC: an acknowledged message's receive completion is already in the
+/// engine CQ when the client sees its ACK, so a short settle suffices; UC/UD: a longer one for stragglers).
+fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, String> {
+    let flag = AtomicBool::new(false);
+    let mut used = vec![false; s.k as usize];
+    let mut received = 0u64;
+    let rkey = roce_proto::Rkey(s.remote.rkey);
+    let test = s.p.test;
+    let flags = if test == Test::SendBw {
+        SendFlags::EMPTY
+    } else {
+        s.inline_flag(size)
+    };
+    let settle = if s.p.conn == Conn::Rc {
+        Duration::from_millis(20)
+    } else {
+        Duration::from_millis(200)
+    };
+    let (done, loop_err) = std::thread::scope(|sc| {
+        let waiter = sc.spawn(|| {
+            let r = o.recv_msg("done", PASSIVE_WAIT);
+            flag.store(true, Ordering::Release);
+            r
+        });
+        let mut loop_err: Option<String> = None;
+        let mut reply_id = 0u64;
+        let mut quiet_since = Instant::now();
+        loop {
+            let n = s.poll();
+            if n > 0 {
+                quiet_since = Instant::now();
+            }
+            for idx in 0..n {
+                let wc = s.wcs[idx];
+                if wc.status != WcStatus::Success {
+                    loop_err.get_or_insert_with(|| wc_error(&wc));
+                    continue;
+                }
+                if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                    continue;
+                }
+                received += 1;
+                let q = (wc.wr_id >> 32) as usize;
+                let slot = wc.wr_id & 0xFFFF_FFFF;
+                if wc.opcode == WcOpcode::Recv {
+                    if let Some(u) = used.get_mut(slot as usize) {
+                        *u = true;
+                    }
+                    let want = s.recv_len(size);
+                    if wc.byte_len != want {
+                        loop_err.get_or_insert_with(|| {
+                            format!("received {} bytes, expected {want}", wc.byte_len)
+                        });
+                    }
+                }
+                if let Err(e) = s.post_recv(q, slot, size) {
+                    loop_err.get_or_insert_with(|| format!("post_recv: {e}"));
+                }
+                if test != Test::SendBw {
+                    let sge = [s.mr.sge(0, size as u32)];
+                    let op = if test == Test::WriteLat {
+                        SendOp::RdmaWriteWithImm {
+                            remote_addr: s.remote.va + s.slot_off(0),
+                            rkey,
+                            imm: reply_id as u32,
+                        }
+                    } else {
+                        SendOp::Send
+                    };
+                    let mut wr = SendWr::new(reply_id, op, &sge).flags(flags).signaled();
+                    if let Some(d) = s.ud(q) {
+                        wr = wr.ud(d);
+                    }
+                    reply_id += 1;
+                    if let Err(e) = s.qps[q].post_send(&[wr]) {
+                        loop_err.get_or_insert_with(|| format!("post_send: {e}"));
+                    }
+                }
+            }
+            if flag.load(Ordering::Acquire) && quiet_since.elapsed() >= settle {
+                break;
+            }
+        }
+        let done = waiter.join().unwrap_or_else(|_| {
+            Err(crate::oob::OobError::Protocol(
+                "the out-of-band reader panicked".into(),
+            ))
+        });
+        (done, loop_err)
+    });
+    let done = done.map_err(|e| e.to_string())?;
+    if let Some(e) = loop_err {
+        return Err(e);
+    }
+    Ok(Served {
+        done,
+        used,
+        received,
+    })
+}

@@ -1,0 +1,122 @@
+//! `--metrics ADDR`: serves the engine counters in the OpenMetrics text format for Prometheus while a perf run is
+//! going on. The engine's counters stay plain `u64`s; each scrape snapshots them on the engine thread and copies
+//! them into a fresh prometheus-client registry (zero hot-path cost, `../shared/DEPS.md`). The HTTP side is a tiny
+//! std `TcpListener` responder thread: every request gets the metrics.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use roce_proto::Counters;
+use roce_verbs::Context;
+
+type Labels = Vec<(String, String)>;
+
+/// Renders `devices` (label `side`) as OpenMetrics text.
+pub fn render(devices: &[(String, Context)]) -> String {
+    let mut reg = Registry::with_prefix("rocev2");
+    let snaps: Vec<(String, Option<Counters>)> = devices
+        .iter()
+        .map(|(side, ctx)| (side.clone(), ctx.counters().ok()))
+        .collect();
+    for name in Counters::NAMES {
+        let fam = Family::<Labels, Counter>::default();
+        for (side, c) in &snaps {
+            if let Some(v) = c.as_ref().and_then(|c| c.get(name)) {
+                fam.get_or_create(&vec![("side".to_owned(), side.clone())])
+                    .inc_by(v);
+            }
+        }
+        reg.register(*name, format!("engine counter {name}"), fam);
+    }
+    let mut out = String::new();
+    if encode(&mut out, &reg).is_err() {
+        out.clear();
+    }
+    out
+}
+
+/// The responder thread; stops when dropped.
+#[derive(Debug)]
+pub struct MetricsServer {
+    stop: Arc<AtomicBool>,
+    join: Option<JoinHandle<()>>,
+    addr: SocketAddr,
+}
+
+impl MetricsServer {
+    /// Binds `addr` and starts serving.
+    pub fn start(addr: &str, devices: Vec<(String, Context)>) -> std::io::Result<MetricsServer> {
+        let l = TcpListener::bind(addr)?;
+        let local = l.local_addr()?;
+        l.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = Arc::clone(&stop);
+        let join = std::thread::Builder::new()
+            .name("rocev2-metrics".into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((s, _)) => serve(s, &devices),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+            })?;
+        Ok(MetricsServer {
+            stop,
+            join: Some(join),
+            addr: local,
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+fn serve(mut s: TcpStream, devices: &[(String, Context)]) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    // Read the request head (up to the blank line or 8 KiB); its content does not matter.
+    let mut buf = [0u8; 8192];
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                got += n;
+                if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+        }
+    }
+    let body = render(devices);
+    let head = format!(
+        "HTTP/1.0 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = s.write_all(head.as_bytes());
+    let _ = s.write_all(body.as_bytes());
+}

@@ -1,0 +1,828 @@
+//! `rocev2 perf TEST [FLAGS] [ADDRESS]`: perftest-style bandwidth and latency tests over the rocev2 runtime.
+//!
+//! * no address: server (waits for a client on TCP `-p`, default 18515);
+//! * an address: client (connects to the server there);
+//! * `--loopback`: both ends in this process, over real UDP sockets on 127.0.0.1 (server) and 127.0.0.2 (client)
+//!   (`--loopback-ips` changes the pair, `--link sim` uses the in-memory simulated segment instead).
+//!
+//! Flags keep perftest's letters and meanings (`-s -n -D -a -q -t -m -I -Q -l -c -p -F --report_gbits
+//! --run_infinitely`); see `rocev2 perf --help`. The server follows the client's parameters (sent in the
+//! out-of-band hello). Data is verified at the end of every size (unless `--no-verify`): a mismatch is an error
+//! and a non-zero exit.
+
+mod bench;
+pub mod metrics;
+pub mod report;
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use roce_link::{
+    FaultConfig, Faulty, Link, LinkError, Pcap, PcapMode, SimConfig, UdpConfig, UdpLink,
+};
+use roce_proto::{EngineConfig, Gid, Mtu, QpType};
+use roce_verbs::{Context, Moderation, RuntimeConfig};
+use serde_json::{Value, json};
+
+use crate::oob::{Oob, OobError};
+
+/// The perf tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Test {
+    /// SEND bandwidth (RC, UC, UD).
+    SendBw,
+    /// RDMA WRITE bandwidth (RC, UC).
+    WriteBw,
+    /// RDMA READ bandwidth (RC).
+    ReadBw,
+    /// Atomic FETCH_AND_ADD bandwidth (RC).
+    AtomicBw,
+    /// SEND ping-pong latency, half round trip (RC, UC, UD).
+    SendLat,
+    /// RDMA WRITE ping-pong latency, half round trip (RC, UC).
+    WriteLat,
+    /// RDMA READ latency, full round trip (RC).
+    ReadLat,
+    /// Atomic FETCH_AND_ADD latency, full round trip (RC).
+    AtomicLat,
+}
+
+impl Test {
+    /// The kebab-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::SendBw => "send-bw",
+            Test::WriteBw => "write-bw",
+            Test::ReadBw => "read-bw",
+            Test::AtomicBw => "atomic-bw",
+            Test::SendLat => "send-lat",
+            Test::WriteLat => "write-lat",
+            Test::ReadLat => "read-lat",
+            Test::AtomicLat => "atomic-lat",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<Test> {
+        Test::value_variants()
+            .iter()
+            .copied()
+            .find(|t| t.name() == s)
+    }
+
+    /// Bandwidth (true) or latency test.
+    pub fn is_bw(self) -> bool {
+        matches!(
+            self,
+            Test::SendBw | Test::WriteBw | Test::ReadBw | Test::AtomicBw
+        )
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Test::SendBw => "Send BW Test",
+            Test::WriteBw => "RDMA_Write BW Test",
+            Test::ReadBw => "RDMA_Read BW Test",
+            Test::AtomicBw => "Atomic FETCH_AND_ADD BW Test",
+            Test::SendLat => "Send Latency Test",
+            Test::WriteLat => "RDMA_Write Latency Test",
+            Test::ReadLat => "RDMA_Read Latency Test",
+            Test::AtomicLat => "Atomic FETCH_AND_ADD Latency Test",
+        }
+    }
+
+    fn is_atomic(self) -> bool {
+        matches!(self, Test::AtomicBw | Test::AtomicLat)
+    }
+}
+
+/// Connection type (`-c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "UPPER")]
+pub enum Conn {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl Conn {
+    fn name(self) -> &'static str {
+        match self {
+            Conn::Rc => "RC",
+            Conn::Uc => "UC",
+            Conn::Ud => "UD",
+        }
+    }
+    fn from_name(s: &str) -> Option<Conn> {
+        match s {
+            "RC" => Some(Conn::Rc),
+            "UC" => Some(Conn::Uc),
+            "UD" => Some(Conn::Ud),
+            _ => None,
+        }
+    }
+    fn qp_type(self) -> QpType {
+        match self {
+            Conn::Rc => QpType::Rc,
+            Conn::Uc => QpType::Uc,
+            Conn::Ud => QpType::Ud,
+        }
+    }
+}
+
+/// Link used by `--loopback`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LinkKind {
+    /// Kernel UDP sockets on port 4791 (`UdpLink`).
+    Udp,
+    /// The in-memory simulated segment (100 Gb/s, 1 µs), one engine thread for both ends.
+    Sim,
+}
+
+/// `rocev2 perf` arguments.
+#[derive(Clone, Debug, Args)]
+pub struct PerfArgs {
+    /// Test to run.
+    #[arg(value_enum)]
+    pub test: Test,
+    /// Server address (client mode). Without it (and without --loopback) this side is the server.
+    pub address: Option<String>,
+    /// Message size in bytes (default 65536 for bandwidth, 2 for latency; atomics are always 8).
+    #[arg(short = 's', long)]
+    pub size: Option<u64>,
+    /// Iterations per QP (default 5000 for write-bw, 1000 otherwise).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long)]
+    pub duration: Option<f64>,
+    /// Run every size 2 B .. 8 MiB (powers of two; UD: up to the MTU).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Number of QPs (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
+    /// TX depth: WRs outstanding per QP (default 128 for bandwidth, 1 for latency).
+    #[arg(short = 't', long = "tx-depth")]
+    pub tx_depth: Option<u32>,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    #[arg(short = 'm', long, default_value_t = 4096)]
+    pub mtu: u32,
+    /// Largest message sent inline (SEND and WRITE; default 0 for bandwidth, 220 for latency; at most 256).
+    #[arg(short = 'I', long = "inline_size")]
+    pub inline_size: Option<u32>,
+    /// CQ moderation: request a completion every N WRs (bandwidth; default 100, at most the TX depth). With
+    /// -e it is also the completion-channel event count.
+    #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
+    pub cq_mod: u32,
+    /// Post list: WRs per post_send call (doorbell batch).
+    #[arg(short = 'l', long = "post_list", default_value_t = 1)]
+    pub post_list: u32,
+    /// Connection type.
+    #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
+    pub conn: Conn,
+    /// Report bandwidth in Gb/s instead of MB/s (2^20 bytes).
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Accepted for perftest compatibility (no CPU-frequency check is made).
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Bandwidth tests: run until interrupted, printing a line per second.
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
+    /// Wait for completions on a completion channel (events) instead of busy polling.
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+    /// Completion-channel moderation period in µs (with -e): an event after -Q completions or this long.
+    #[arg(long = "cq-period", default_value_t = 100)]
+    pub cq_period_us: u64,
+    /// Adaptive completion-channel moderation (with -e).
+    #[arg(long = "adaptive-moderation")]
+    pub adaptive: bool,
+    /// Both ends in this process over UDP on 127.0.0.1 / 127.0.0.2.
+    #[arg(long)]
+    pub loopback: bool,
+    /// Server and client addresses for --loopback.
+    #[arg(long = "loopback-ips", value_delimiter = ',', num_args = 2, default_values_t = [IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))])]
+    pub loopback_ips: Vec<IpAddr>,
+    /// Link of --loopback.
+    #[arg(long, value_enum, default_value = "udp")]
+    pub link: LinkKind,
+    /// Local address to bind (client: TCP source and RoCE address; server: TCP listen address).
+    #[arg(long)]
+    pub ip: Option<IpAddr>,
+    /// Out-of-band connect/accept/read timeout in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub timeout: f64,
+    /// Print one JSON object per size instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip the end-of-run data verification.
+    #[arg(long = "no-verify")]
+    pub no_verify: bool,
+    /// Print the engine counters at the end.
+    #[arg(long)]
+    pub stats: bool,
+    /// Serve the engine counters for Prometheus at this address (e.g. 127.0.0.1:9100) while running.
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Capture this side's frames (both directions) to a pcap file (--loopback: the client's).
+    #[arg(long)]
+    pub pcap: Option<PathBuf>,
+    /// Drop each transmitted frame with this probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub loss: f64,
+    /// Reorder transmitted frames with this probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub reorder: f64,
+    /// Duplicate transmitted frames with this probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub dup: f64,
+    /// Corrupt (flip an ICRC-covered bit of) transmitted frames with this probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub corrupt: f64,
+    /// Mark ECN CE on transmitted ECN-capable frames with this probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub ce: f64,
+    /// Seed of the fault injector and the engines.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Pin the engine thread to this core.
+    #[arg(long = "engine-core")]
+    pub engine_core: Option<usize>,
+}
+
+/// Resolved run parameters, shared by both sides (the client sends them in its hello).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Params {
+    pub test: Test,
+    pub conn: Conn,
+    pub sizes: Vec<u64>,
+    pub iters: u64,
+    pub duration: Option<Duration>,
+    pub qps: u32,
+    pub tx_depth: u32,
+    pub mtu: Mtu,
+    pub inline: u32,
+    pub cq_mod: u32,
+    pub post_list: u32,
+    pub verify: bool,
+    pub infinite: bool,
+}
+
+const MAX_SIZE: u64 = 8 << 20;
+
+fn mtu_of(bytes: u32) -> Option<Mtu> {
+    Some(match bytes {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+impl Params {
+    fn from_args(a: &PerfArgs) -> Result<Params, String> {
+        let t = a.test;
+        let mtu = mtu_of(a.mtu)
+            .ok_or_else(|| format!("-m {}: the MTU must be 256, 512, 1024, 2048 or 4096", a.mtu))?;
+        match (t, a.conn) {
+            (Test::SendBw | Test::SendLat, _) => {}
+            (Test::WriteBw | Test::WriteLat, Conn::Rc | Conn::Uc) => {}
+            (_, Conn::Rc) => {}
+            _ => {
+                return Err(format!(
+                    "{} does not run over {} (as in perftest)",
+                    t.name(),
+                    a.conn.name()
+                ));
+            }
+        }
+        let default_size = if t.is_bw() { 65536 } else { 2 };
+        let mut sizes: Vec<u64> = if a.all {
+            (1..=23).map(|i| 1u64 << i).collect()
+        } else {
+            vec![a.size.unwrap_or(default_size)]
+        };
+        if t.is_atomic() {
+            sizes = vec![8];
+        }
+        if a.conn == Conn::Ud {
+            let m = u64::from(mtu.bytes());
+            if a.all {
+                sizes.retain(|&s| s <= m);
+            } else if sizes.iter().any(|&s| s > m) {
+                return Err(format!("UD messages must fit the MTU ({m} bytes)"));
+            }
+        }
+        if let Some(&s) = sizes.iter().find(|&&s| s == 0 || s > MAX_SIZE) {
+            return Err(format!("-s {s}: the size must be 1 .. {MAX_SIZE} bytes"));
+        }
+        let iters = a
+            .iters
+            .unwrap_or(if t == Test::WriteBw { 5000 } else { 1000 });
+        if iters == 0 {
+            return Err("-n must be at least 1".into());
+        }
+        let duration = match a.duration {
+            Some(d) if d.is_finite() && d > 0.0 => Some(Duration::from_secs_f64(d)),
+            Some(_) => return Err("-D must be a positive number of seconds".into()),
+            None => None,
+        };
+        let qps = if t.is_bw() { a.qps.max(1) } else { 1 };
+        if qps > 64 {
+            return Err("-q: at most 64 QPs".into());
+        }
+        let tx_depth = a
+            .tx_depth
+            .unwrap_or(if t.is_bw() { 128 } else { 1 })
+            .clamp(1, 4096);
+        let inline = a.inline_size.unwrap_or(if t.is_bw() { 0 } else { 220 });
+        if inline > roce_verbs::MAX_INLINE as u32 {
+            return Err(format!(
+                "-I {inline}: at most {} bytes inline",
+                roce_verbs::MAX_INLINE
+            ));
+        }
+        let post_list = a.post_list.clamp(1, tx_depth);
+        let cq_mod = a.cq_mod.clamp(1, tx_depth);
+        for p in [a.loss, a.reorder, a.dup, a.corrupt, a.ce] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err("fault probabilities must be within 0..1".into());
+            }
+        }
+        if a.run_infinitely && !t.is_bw() {
+            return Err("--run_infinitely applies to bandwidth tests".into());
+        }
+        Ok(Params {
+            test: t,
+            conn: a.conn,
+            sizes,
+            iters,
+            duration,
+            qps,
+            tx_depth,
+            mtu,
+            inline,
+            cq_mod,
+            post_list,
+            verify: !a.no_verify,
+            infinite: a.run_infinitely,
+        })
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "test": self.test.name(),
+            "conn": self.conn.name(),
+            "sizes": self.sizes,
+            "iters": self.iters,
+            "duration_s": self.duration.map(|d| d.as_secs_f64()),
+            "qps": self.qps,
+            "tx_depth": self.tx_depth,
+            "mtu": self.mtu.bytes(),
+            "inline": self.inline,
+            "cq_mod": self.cq_mod,
+            "post_list": self.post_list,
+            "verify": self.verify,
+            "infinite": self.infinite,
+        })
+    }
+
+    fn from_json(v: &Value) -> Result<Params, String> {
+        let u = |f: &str| {
+            v.get(f)
+                .and_then(Value::as_u64)
+                .ok_or_else(|| format!("client parameters: bad `{f}`"))
+        };
+        let u32f = |f: &str| {
+            u(f).and_then(|x| u32::try_from(x).map_err(|_| format!("client parameters: bad `{f}`")))
+        };
+        let test = v
+            .get("test")
+            .and_then(Value::as_str)
+            .and_then(Test::from_name)
+            .ok_or("client parameters: bad `test`")?;
+        let conn = v
+            .get("conn")
+            .and_then(Value::as_str)
+            .and_then(Conn::from_name)
+            .ok_or("client parameters: bad `conn`")?;
+        let sizes: Vec<u64> = v
+            .get("sizes")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        if sizes.is_empty() || sizes.iter().any(|&s| s == 0 || s > MAX_SIZE) {
+            return Err("client parameters: bad `sizes`".into());
+        }
+        let p = Params {
+            test,
+            conn,
+            sizes,
+            iters: u("iters")?.max(1),
+            duration: v
+                .get("duration_s")
+                .and_then(Value::as_f64)
+                .filter(|d| d.is_finite() && *d > 0.0)
+                .map(Duration::from_secs_f64),
+            qps: u32f("qps")?.clamp(1, 64),
+            tx_depth: u32f("tx_depth")?.clamp(1, 4096),
+            mtu: mtu_of(u32f("mtu")?).ok_or("client parameters: bad `mtu`")?,
+            inline: u32f("inline")?.min(roce_verbs::MAX_INLINE as u32),
+            cq_mod: u32f("cq_mod")?.max(1),
+            post_list: u32f("post_list")?.max(1),
+            verify: v.get("verify").and_then(Value::as_bool).unwrap_or(true),
+            infinite: v.get("infinite").and_then(Value::as_bool).unwrap_or(false),
+        };
+        Ok(p)
+    }
+}
+
+/// Output options of one side.
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// Print tables / JSON (false for the in-process server of --loopback).
+    pub print: bool,
+    pub json: bool,
+    pub gbits: bool,
+    /// Wait on a completion channel with this moderation (`-e`).
+    pub events: Option<Moderation>,
+}
+
+fn fault_config(a: &PerfArgs) -> Option<FaultConfig> {
+    if a.loss == 0.0 && a.reorder == 0.0 && a.dup == 0.0 && a.corrupt == 0.0 && a.ce == 0.0 {
+        return None;
+    }
+    Some(FaultConfig {
+        loss: a.loss,
+        corrupt: a.corrupt,
+        ce_mark: a.ce,
+        reorder: a.reorder,
+        reorder_depth: 3,
+        reorder_max_hold: Duration::from_millis(1),
+        duplicate: a.dup,
+        ..FaultConfig::default()
+    })
+}
+
+fn mac_of(ip: IpAddr) -> [u8; 6] {
+    let o = match ip {
+        IpAddr::V4(v) => v.octets(),
+        IpAddr::V6(v) => {
+            let x = v.octets();
+            [x[12], x[13], x[14], x[15]]
+        }
+    };
+    [0x02, 0x00, o[0], o[1], o[2], o[3]]
+}
+
+fn gid_of(ip: IpAddr) -> Gid {
+    match ip {
+        IpAddr::V4(v) => Gid::from_ipv4(v.octets()),
+        IpAddr::V6(v) => Gid(v.octets()),
+    }
+}
+
+fn engine_cfg(ip: IpAddr, seed: u64) -> EngineConfig {
+    EngineConfig {
+        mac: mac_of(ip),
+        gids: vec![gid_of(ip)],
+        seed,
+        ..EngineConfig::default()
+    }
+}
+
+fn wrap_link(
+    base: Box<dyn Link>,
+    faults: Option<FaultConfig>,
+    seed: u64,
+    pcap: Option<&PathBuf>,
+) -> Result<Box<dyn Link>, LinkError> {
+    let mut l = base;
+    if let Some(f) = faults {
+        l = Box::new(Faulty::new(l, f, FaultConfig::default(), seed));
+    }
+    if let Some(p) = pcap {
+        let file = File::create(p).map_err(LinkError::Io)?;
+        l = Box::new(Pcap::new(l, BufWriter::new(file), PcapMode::Both)?);
+    }
+    Ok(l)
+}
+
+fn runtime_cfg(a: &PerfArgs) -> RuntimeConfig {
+    RuntimeConfig {
+        pin_core: a.engine_core,
+        ..RuntimeConfig::default()
+    }
+}
+
+/// Opens a device on a UdpLink bound to `local`, frames from `peer` (decorated per the flags).
+fn open_udp(
+    a: &PerfArgs,
+    local: IpAddr,
+    peer: IpAddr,
+    seed: u64,
+    pcap: bool,
+) -> Result<Context, String> {
+    let faults = fault_config(a);
+    let pcap = if pcap { a.pcap.clone() } else { None };
+    let ucfg = UdpConfig {
+        local_mac: mac_of(local),
+        peer_mac: mac_of(peer),
+        ..UdpConfig::new(local)
+    };
+    Context::open(engine_cfg(local, seed), runtime_cfg(a), move || {
+        let base: Box<dyn Link> = Box::new(UdpLink::bind(ucfg)?);
+        wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
+    })
+    .map_err(|e| {
+        format!(
+            "opening the RoCE device on {local} (UDP 4791): {e}: {}",
+            source_chain(&e)
+        )
+    })
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&c.to_string());
+        s.push_str("; ");
+        cur = c.source();
+    }
+    s.trim_end_matches("; ").to_owned()
+}
+
+fn oob_timeout(a: &PerfArgs) -> Duration {
+    Duration::from_secs_f64(if a.timeout.is_finite() && a.timeout > 0.0 {
+        a.timeout
+    } else {
+        10.0
+    })
+}
+
+/// Entry point of `rocev2 perf`.
+pub fn run(a: &PerfArgs) -> ExitCode {
+    let params = match Params::from_args(a) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("rocev2 perf: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let out = Output {
+        print: true,
+        json: a.json,
+        gbits: a.report_gbits,
+        events: a.events.then(|| Moderation {
+            count: params.cq_mod,
+            period: Duration::from_micros(a.cq_period_us),
+            adaptive: a.adaptive,
+        }),
+    };
+    let r = if a.loopback {
+        loopback(a, &params, &out)
+    } else if let Some(addr) = &a.address {
+        client(a, &params, addr, &out, None)
+    } else {
+        server(a, &out, None)
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rocev2 perf: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn print_stats(side: &str, ctx: &Context) {
+    match ctx.counters() {
+        Ok(c) => {
+            println!("engine counters ({side}):");
+            for (name, v) in c.iter() {
+                if v != 0 {
+                    println!("  {name:<32} {v}");
+                }
+            }
+        }
+        Err(e) => eprintln!("rocev2 perf: counters of the {side}: {e}"),
+    }
+}
+
+fn loopback(a: &PerfArgs, params: &Params, out: &Output) -> Result<(), String> {
+    let (srv_ip, cli_ip) = match a.loopback_ips.as_slice() {
+        [s, c] => (*s, *c),
+        _ => return Err("--loopback-ips takes two addresses".into()),
+    };
+    let timeout = oob_timeout(a);
+    let listener =
+        TcpListener::bind((srv_ip, 0)).map_err(|e| format!("listening on {srv_ip}: {e}"))?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let sim = if a.link == LinkKind::Sim {
+        let faults = fault_config(a);
+        let pcap = a.pcap.clone();
+        let seed = a.seed;
+        let mut n = 0u64;
+        let (c_srv, c_cli) =
+            Context::sim_pair_with(runtime_cfg(a), SimConfig::default(), move |l| {
+                n += 1;
+                let cap = if n == 2 { pcap.as_ref() } else { None };
+                wrap_link(l, faults, seed.wrapping_add(n), cap)
+            })
+            .map_err(|e| format!("opening the simulated devices: {e}"))?;
+        Some((c_srv, c_cli))
+    } else {
+        None
+    };
+    let srv_args = a.clone();
+    let srv_sim = sim.as_ref().map(|(s, _)| s.clone());
+    let srv_out = Output {
+        print: false,
+        ..out.clone()
+    };
+    let server = std::thread::Builder::new()
+        .name("perf-server".into())
+        .spawn(move || {
+            let mut o = Oob::accept(&listener, timeout).map_err(|e| e.to_string())?;
+            server_session(&srv_args, &srv_out, &mut o, srv_sim)
+        })
+        .map_err(|e| e.to_string())?;
+    let mut client_args = a.clone();
+    client_args.port = port;
+    client_args.ip = Some(cli_ip);
+    let cr = client(
+        &client_args,
+        params,
+        &srv_ip.to_string(),
+        out,
+        sim.map(|(_, c)| c),
+    );
+    let sr = server
+        .join()
+        .unwrap_or_else(|_| Err("the server thread panicked".into()));
+    match (cr, sr) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(c), _) => Err(c),
+        (Ok(()), Err(s)) => Err(format!("server side: {s}")),
+    }
+}
+
+fn server(a: &PerfArgs, out: &Output, sim: Option<Context>) -> Result<(), String> {
+    let ip = a.ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let listener = TcpListener::bind((ip, a.port))
+        .map_err(|e| format!("listening on {ip}:{}: {e}", a.port))?;
+    if out.print && !out.json {
+        println!(
+            "************************************\n* Waiting for client to connect... *\n************************************"
+        );
+    }
+    let mut o = Oob::accept(&listener, Duration::from_secs(3600)).map_err(|e| e.to_string())?;
+    server_session(a, out, &mut o, sim)
+}
+
+fn server_session(
+    a: &PerfArgs,
+    out: &Output,
+    o: &mut Oob,
+    sim: Option<Context>,
+) -> Result<(), String> {
+    let hello = o.hello(None).map_err(|e| e.to_string())?;
+    let params = match Params::from_json(&hello) {
+        Ok(p) => p,
+        Err(e) => {
+            o.send_error(&e);
+            return Err(e);
+        }
+    };
+    let ctx = match sim {
+        Some(c) => c,
+        None => {
+            let local = o.local_addr().map_err(|e| e.to_string())?.ip();
+            let peer = o.peer_addr().ip();
+            match open_udp(
+                a,
+                local,
+                peer,
+                a.seed.wrapping_mul(2),
+                a.address.is_none() && !a.loopback,
+            ) {
+                Ok(c) => c,
+                Err(e) => {
+                    o.send_error(&e);
+                    return Err(e);
+                }
+            }
+        }
+    };
+    let _metrics = start_metrics(a, &[("server", &ctx)], !a.loopback)?;
+    let r = bench::run_side(&ctx, &params, o, false, out);
+    if a.stats && !a.loopback {
+        print_stats("server", &ctx);
+    }
+    r
+}
+
+fn start_metrics(
+    a: &PerfArgs,
+    devs: &[(&str, &Context)],
+    enabled: bool,
+) -> Result<Option<metrics::MetricsServer>, String> {
+    match (&a.metrics, enabled) {
+        (Some(addr), true) => {
+            let m = metrics::MetricsServer::start(
+                addr,
+                devs.iter()
+                    .map(|(s, c)| ((*s).to_owned(), (*c).clone()))
+                    .collect(),
+            )
+            .map_err(|e| format!("--metrics {addr}: {e}"))?;
+            eprintln!(
+                "rocev2 perf: serving metrics on http://{}/metrics",
+                m.addr()
+            );
+            Ok(Some(m))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn client(
+    a: &PerfArgs,
+    params: &Params,
+    host: &str,
+    out: &Output,
+    sim: Option<Context>,
+) -> Result<(), String> {
+    let timeout = oob_timeout(a);
+    let mut o = Oob::connect(host, a.port, a.ip, timeout).map_err(|e| match &e {
+        OobError::Io { .. } => format!("{e} (is a `rocev2 perf` server running there?)"),
+        _ => e.to_string(),
+    })?;
+    o.hello(Some(params.to_json())).map_err(|e| e.to_string())?;
+    let ctx = match sim {
+        Some(c) => c,
+        None => {
+            let local = o.local_addr().map_err(|e| e.to_string())?.ip();
+            let peer = o.peer_addr().ip();
+            match open_udp(a, local, peer, a.seed.wrapping_mul(2).wrapping_add(1), true) {
+                Ok(c) => c,
+                Err(e) => {
+                    o.send_error(&e);
+                    return Err(e);
+                }
+            }
+        }
+    };
+    if out.print && !out.json {
+        print_banner(params, &ctx, &o);
+    }
+    let _metrics = start_metrics(a, &[("client", &ctx)], true)?;
+    let r = bench::run_side(&ctx, params, &mut o, true, out);
+    if a.stats {
+        print_stats("client", &ctx);
+    }
+    r
+}
+
+fn print_banner(p: &Params, ctx: &Context, o: &Oob) {
+    let gid = ctx.gid(0).unwrap_or_default();
+    println!("{}", report::footer());
+    println!("                    {}", p.test.title());
+    println!(
+        " Number of qps   : {}\t\tTransport type : IB (RoCE v2, rocev2 software RNIC)",
+        p.qps
+    );
+    println!(
+        " Connection type : {}\t\tUsing SRQ      : OFF",
+        p.conn.name()
+    );
+    println!(" TX depth        : {}", p.tx_depth);
+    if p.test.is_bw() {
+        println!(" CQ Moderation   : {}", p.cq_mod);
+        println!(" Post List       : {}", p.post_list);
+    }
+    println!(" Mtu             : {}[B]", p.mtu.bytes());
+    println!(" Link type       : Ethernet (UDP 4791)");
+    println!(" GID index       : 0 ({gid})");
+    println!(" Max inline data : {}[B]", p.inline);
+    println!(" Peer            : {}", o.peer_addr());
+    println!(
+        " Data verification : {}",
+        if p.verify { "ON" } else { "OFF" }
+    );
+}

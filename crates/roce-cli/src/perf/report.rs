@@ -1,0 +1,244 @@
+//! Results of `rocev2 perf` runs and their output: perftest-style tables and `--json` objects.
+//!
+//! Units follow perftest: `MB/sec` is 2^20 bytes per second, `--report_gbits` gives 10^9 bits per second,
+//! `MsgRate` is 10^6 messages per second, latencies are microseconds. `t_typical` is the median.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+
+const LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// One bandwidth result line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BwResult {
+    /// Message size in bytes.
+    pub size: u64,
+    /// Completed messages (all QPs).
+    pub iterations: u64,
+    /// Elapsed time from the first post to the last completion.
+    pub elapsed: Duration,
+    /// Peak bandwidth in bytes per second (best of the run's sampled windows).
+    pub peak_bps: f64,
+}
+
+impl BwResult {
+    /// Average bandwidth in bytes per second.
+    pub fn avg_bytes_per_sec(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 {
+            (self.size * self.iterations) as f64 / s
+        } else {
+            0.0
+        }
+    }
+
+    /// Message rate in Mpps.
+    pub fn msg_rate_mpps(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 {
+            self.iterations as f64 / s / 1e6
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Latency statistics of one size, in nanoseconds.
+#[derive(Debug)]
+pub struct LatStats {
+    hist: Histogram<u64>,
+    sum: f64,
+    sum_sq: f64,
+    min: u64,
+    max: u64,
+    n: u64,
+}
+
+impl LatStats {
+    /// Empty statistics (values up to 100 s, 3 significant digits).
+    pub fn new() -> LatStats {
+        LatStats {
+            // Constant bounds that hdrhistogram accepts (1 ns .. 100 s, 3 significant digits).
+            hist: Histogram::new_with_bounds(1, 100_000_000_000, 3)
+                .expect("constant histogram bounds"),
+            sum: 0.0,
+            sum_sq: 0.0,
+            min: u64::MAX,
+            max: 0,
+            n: 0,
+        }
+    }
+
+    /// Records one sample.
+    pub fn record(&mut self, ns: u64) {
+        let ns = ns.max(1);
+        let _ = self.hist.record(ns.min(100_000_000_000));
+        self.sum += ns as f64;
+        self.sum_sq += (ns as f64) * (ns as f64);
+        self.min = self.min.min(ns);
+        self.max = self.max.max(ns);
+        self.n += 1;
+    }
+
+    /// Samples recorded.
+    pub fn count(&self) -> u64 {
+        self.n
+    }
+
+    fn us(ns: f64) -> f64 {
+        ns / 1000.0
+    }
+
+    /// `(t_min, t_max, t_typical, t_avg, t_stdev, p99, p99.9)` in µs.
+    pub fn summary(&self) -> [f64; 7] {
+        if self.n == 0 {
+            return [0.0; 7];
+        }
+        let n = self.n as f64;
+        let avg = self.sum / n;
+        let var = (self.sum_sq / n - avg * avg).max(0.0);
+        [
+            Self::us(self.min as f64),
+            Self::us(self.max as f64),
+            Self::us(self.hist.value_at_quantile(0.5) as f64),
+            Self::us(avg),
+            Self::us(var.sqrt()),
+            Self::us(self.hist.value_at_quantile(0.99) as f64),
+            Self::us(self.hist.value_at_quantile(0.999) as f64),
+        ]
+    }
+}
+
+/// Header of the result table.
+pub fn bw_header(gbits: bool) -> String {
+    let unit = if gbits { "Gb/sec" } else { "MB/sec" };
+    format!(
+        "{LINE}\n #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]"
+    )
+}
+
+fn bw_unit(bytes_per_sec: f64, gbits: bool) -> f64 {
+    if gbits {
+        bytes_per_sec * 8.0 / 1e9
+    } else {
+        bytes_per_sec / (1 << 20) as f64
+    }
+}
+
+/// One table line.
+pub fn bw_line(r: &BwResult, gbits: bool) -> String {
+    format!(
+        " {:<10} {:<10}       {:.2}            {:.2}  \t\t   {:.6}",
+        r.size,
+        r.iterations,
+        bw_unit(r.peak_bps, gbits),
+        bw_unit(r.avg_bytes_per_sec(), gbits),
+        r.msg_rate_mpps()
+    )
+}
+
+/// Closing line of a table.
+pub fn footer() -> &'static str {
+    LINE
+}
+
+/// The `--json` object of a bandwidth result.
+pub fn bw_json(test: &str, conn: &str, r: &BwResult, verified: Option<bool>) -> Value {
+    json!({
+        "test": test,
+        "connection": conn,
+        "size": r.size,
+        "iterations": r.iterations,
+        "elapsed_s": r.elapsed.as_secs_f64(),
+        "bw_peak_gbps": bw_unit(r.peak_bps, true),
+        "bw_avg_gbps": bw_unit(r.avg_bytes_per_sec(), true),
+        "bw_peak_mbps": bw_unit(r.peak_bps, false),
+        "bw_avg_mbps": bw_unit(r.avg_bytes_per_sec(), false),
+        "msg_rate_mpps": r.msg_rate_mpps(),
+        "verified": verified,
+    })
+}
+
+/// Header of the latency table.
+pub fn lat_header() -> String {
+    format!(
+        "{LINE}\n #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+    )
+}
+
+/// One latency table line.
+pub fn lat_line(size: u64, s: &LatStats) -> String {
+    let [min, max, typ, avg, sd, p99, p999] = s.summary();
+    format!(
+        " {:<7} {:<10}     {:<10.2}     {:<10.2}   {:<10.2}       {:<10.2}     {:<10.2}      {:<10.2}             {:<10.2}",
+        size,
+        s.count(),
+        min,
+        max,
+        typ,
+        avg,
+        sd,
+        p99,
+        p999
+    )
+}
+
+/// The `--json` object of a latency result.
+pub fn lat_json(test: &str, conn: &str, size: u64, s: &LatStats, verified: Option<bool>) -> Value {
+    let [min, max, typ, avg, sd, p99, p999] = s.summary();
+    json!({
+        "test": test,
+        "connection": conn,
+        "size": size,
+        "iterations": s.count(),
+        "t_min_us": min,
+        "t_max_us": max,
+        "t_typical_us": typ,
+        "t_avg_us": avg,
+        "t_stdev_us": sd,
+        "p99_us": p99,
+        "p999_us": p999,
+        "verified": verified,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bw_units() {
+        let r = BwResult {
+            size: 1 << 20,
+            iterations: 1000,
+            elapsed: Duration::from_secs(1),
+            peak_bps: 2.0 * (1u64 << 30) as f64,
+        };
+        assert_eq!(bw_unit(r.avg_bytes_per_sec(), false), 1000.0);
+        assert!((bw_unit(r.avg_bytes_per_sec(), true) - 8.388608).abs() < 1e-9);
+        assert!((r.msg_rate_mpps() - 0.001).abs() < 1e-12);
+        let line = bw_line(&r, false);
+        assert!(
+            line.contains("2048.00") && line.contains("1000.00"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn latency_summary() {
+        let mut s = LatStats::new();
+        for v in 1..=1000u64 {
+            s.record(v * 1000);
+        }
+        let [min, max, typ, avg, _sd, p99, p999] = s.summary();
+        assert_eq!(min, 1.0);
+        assert_eq!(max, 1000.0);
+        assert!((typ - 500.0).abs() < 1.0, "{typ}");
+        assert!((avg - 500.5).abs() < 1e-9);
+        assert!((p99 - 990.0).abs() < 1.0, "{p99}");
+        assert!((p999 - 999.0).abs() < 1.0, "{p999}");
+    }
+}
