@@ -13,7 +13,7 @@ use crate::qp::{
 use crate::state::check_modify;
 use crate::stats::Counters;
 use crate::time::Instant;
-use crate::timer::{QpTimers, TimerKind, Timers};
+use crate::timer::{QpTimers, Settle, TimerKind, Timers};
 use crate::verbs::*;
 use crate::wire::{self, TxTemplate};
 use crate::{Psn, Qpn};
@@ -138,6 +138,7 @@ impl core::fmt::Debug for Engine {
         f.debug_struct("Engine")
             .field("qps", &self.live_qps)
             .field("mrs", &self.mrs.len())
+            .field("timer_entries", &self.timers.len())
             .finish_non_exhaustive()
     }
 }
@@ -1161,35 +1162,36 @@ impl Engine {
         self.qp(qpn).map(|q| &q.counters)
     }
 
-    /// The earliest instant at which [`handle_timeout`](Self::handle_timeout) has work, if any.
+    /// The earliest instant at which [`handle_timeout`](Self::handle_timeout) has work, if any (settles stale heap
+    /// entries first, so the answer is exact).
     #[must_use]
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        let qps = &self.qps;
-        self.timers.next(|q, k, g| {
-            let Some(i) = q.checked_sub(FIRST_QPN) else {
-                return false;
-            };
-            match qps.get(i as usize) {
-                Some(Some(qp)) => Timers::gen_of(&qp.timers, k) == Some(g),
-                _ => false,
+        loop {
+            let (at, q, _, _) = self.timers.peek()?;
+            let qt = Self::qp_timers(&mut self.qps, q);
+            if self.timers.settle(qt, Instant::ZERO, false) == Settle::Pending {
+                return Some(at);
             }
-        })
+        }
+    }
+
+    fn qp_timers(qps: &mut [Option<Box<Qp>>], qpn: u32) -> Option<&mut QpTimers> {
+        let i = qpn.checked_sub(FIRST_QPN)? as usize;
+        qps.get_mut(i)?.as_deref_mut().map(|qp| &mut qp.timers)
     }
 
     /// Processes every timer due at `now` (ACK timeouts → go-back-N or RETRY_EXC_ERR, RNR waits → retransmit,
     /// shaper waits → the QP becomes runnable).
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some((q, kind, generation)) = self.timers.pop_due(now) {
-            let Some(i) = q.checked_sub(FIRST_QPN).map(|x| x as usize) else {
-                continue;
-            };
-            let Some(Some(qp)) = self.qps.get_mut(i) else {
-                continue;
-            };
-            if !Timers::is_current(&qp.timers, kind, generation) {
-                continue;
+        while let Some((at, q, _, _)) = self.timers.peek() {
+            if at > now {
+                break;
             }
-            Timers::cancel(&mut qp.timers, kind);
+            let qt = Self::qp_timers(&mut self.qps, q);
+            let Settle::Fire(kind) = self.timers.settle(qt, now, true) else {
+                continue;
+            };
+            let i = (q - FIRST_QPN) as usize;
             match kind {
                 TimerKind::AckTimeout => self.on_ack_timeout(i, now),
                 TimerKind::RnrRetry => self.on_rnr_timer(i),

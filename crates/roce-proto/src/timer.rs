@@ -1,7 +1,11 @@
-//! Timers as data (STYLE E4): a binary heap of `(deadline, qpn, kind, generation)` with lazy invalidation.
+//! Timers as data (STYLE E4): a binary heap of `(instant, qpn, kind, generation)` entries with lazy invalidation.
 //!
-//! Each QP keeps one generation per [`TimerKind`]; re-arming or cancelling bumps it, so stale heap entries are
-//! skipped when they surface. `Timers::next` is what `Engine::poll_timeout` returns.
+//! Each QP keeps, per [`TimerKind`], its logical deadline and the earliest heap entry queued for it. Re-arming a
+//! timer *later* (the common case: the local ACK timer restarts on every ACK) does not push a new entry; when the
+//! queued entry surfaces, the engine re-queues it at the real deadline. Re-arming *earlier* pushes a new entry.
+//! Cancelling only clears the deadline. So the heap holds O(QPs × kinds) entries however fast timers are re-armed,
+//! and no entry of a destroyed QP can fire for a new QP with the same QPN (the generation differs,
+//! [`QpTimers::with_base`]). `Engine::poll_timeout` returns the head after settling it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -20,22 +24,32 @@ pub enum TimerKind {
     Shaper = 2,
 }
 
+impl TimerKind {
+    const ALL: [TimerKind; TIMER_KINDS] = [
+        TimerKind::AckTimeout,
+        TimerKind::RnrRetry,
+        TimerKind::Shaper,
+    ];
+}
+
 pub(crate) const TIMER_KINDS: usize = 3;
 
 /// One QP's timer slots.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct QpTimers {
-    pub(crate) deadline: [Option<Instant>; TIMER_KINDS],
-    generation: [u32; TIMER_KINDS],
+    deadline: [Option<Instant>; TIMER_KINDS],
+    queued: [Option<Instant>; TIMER_KINDS],
+    generation: u32,
 }
 
 impl QpTimers {
-    /// Timer slots whose generations start at `base`, so that heap entries left by a destroyed QP that used the same
-    /// QPN can never match the new QP's timers.
+    /// Timer slots of a new QP; `base` must differ from every earlier QP's so that heap entries left by a destroyed
+    /// QP that used the same QPN never match.
     pub(crate) fn with_base(base: u32) -> QpTimers {
         QpTimers {
             deadline: [None; TIMER_KINDS],
-            generation: [base; TIMER_KINDS],
+            queued: [None; TIMER_KINDS],
+            generation: base,
         }
     }
 
@@ -44,68 +58,91 @@ impl QpTimers {
     }
 }
 
+/// What a surfaced heap entry means for its QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// Not (or no longer) relevant: drop it.
+    Stale,
+    /// The timer is due: it has been disarmed, run its handler.
+    Fire(TimerKind),
+    /// The deadline moved later; the entry was re-queued at the real deadline.
+    Requeued,
+    /// A live entry for a deadline in the future: the heap head is accurate.
+    Pending,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Timers {
     heap: BinaryHeap<Reverse<(Instant, u32, u8, u32)>>,
 }
 
 impl Timers {
+    /// Arms (or re-arms) timer `k` of a QP for `at`.
     pub(crate) fn set(&mut self, qt: &mut QpTimers, qpn: u32, k: TimerKind, at: Instant) {
         let i = k as usize;
-        if qt.deadline[i] == Some(at) {
-            return;
-        }
-        qt.generation[i] = qt.generation[i].wrapping_add(1);
         qt.deadline[i] = Some(at);
-        self.heap
-            .push(Reverse((at, qpn, k as u8, qt.generation[i])));
+        if qt.queued[i].is_none_or(|q| at < q) {
+            qt.queued[i] = Some(at);
+            self.heap.push(Reverse((at, qpn, k as u8, qt.generation)));
+        }
     }
 
+    /// Disarms timer `k` (its heap entry is dropped when it surfaces).
     pub(crate) fn cancel(qt: &mut QpTimers, k: TimerKind) {
-        let i = k as usize;
-        if qt.deadline[i].is_some() {
-            qt.generation[i] = qt.generation[i].wrapping_add(1);
-            qt.deadline[i] = None;
-        }
+        qt.deadline[k as usize] = None;
     }
 
-    /// Earliest live deadline; discards stale entries at the head (`live` says whether an entry is current).
-    pub(crate) fn next(&mut self, mut live: impl FnMut(u32, u8, u32) -> bool) -> Option<Instant> {
-        while let Some(Reverse((at, q, k, g))) = self.heap.peek().copied() {
-            if live(q, k, g) {
-                return Some(at);
-            }
-            self.heap.pop();
-        }
-        None
+    /// The head entry: `(instant, qpn, kind, generation)`.
+    pub(crate) fn peek(&self) -> Option<(Instant, u32, u8, u32)> {
+        self.heap.peek().map(|Reverse(e)| *e)
     }
 
-    /// Pops one entry due at or before `now` (stale entries included; the caller checks the generation).
-    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(u32, TimerKind, u32)> {
-        let Reverse((at, q, k, g)) = *self.heap.peek()?;
-        if at > now {
-            return None;
-        }
-        self.heap.pop();
-        let kind = match k {
-            0 => TimerKind::AckTimeout,
-            1 => TimerKind::RnrRetry,
-            _ => TimerKind::Shaper,
+    /// Removes the head entry and decides what it means for `qt` (the QP it names, if it still exists) at `now`.
+    /// `consume` = false (from `poll_timeout`) never fires: a due entry is put back.
+    pub(crate) fn settle(
+        &mut self,
+        qt: Option<&mut QpTimers>,
+        now: Instant,
+        consume: bool,
+    ) -> Settle {
+        let Some(Reverse((at, qpn, k, generation))) = self.heap.pop() else {
+            return Settle::Stale;
         };
-        Some((q, kind, g))
-    }
-
-    pub(crate) fn is_current(qt: &QpTimers, k: TimerKind, generation: u32) -> bool {
-        qt.deadline[k as usize].is_some() && qt.generation[k as usize] == generation
-    }
-
-    pub(crate) fn gen_of(qt: &QpTimers, k: u8) -> Option<u32> {
-        let i = k as usize;
-        if i < TIMER_KINDS && qt.deadline[i].is_some() {
-            Some(qt.generation[i])
-        } else {
-            None
+        let Some(qt) = qt else { return Settle::Stale };
+        let Some(&kind) = TimerKind::ALL.get(k as usize) else {
+            return Settle::Stale;
+        };
+        if qt.generation != generation {
+            return Settle::Stale;
         }
+        let i = kind as usize;
+        if qt.queued[i] == Some(at) {
+            qt.queued[i] = None;
+        }
+        match qt.deadline[i] {
+            None => Settle::Stale,
+            Some(d) if d <= now && consume => {
+                qt.deadline[i] = None;
+                Settle::Fire(kind)
+            }
+            Some(d) => {
+                // Re-queue at the real deadline unless an entry at or before it is already queued.
+                if qt.queued[i].is_none_or(|q| d < q) {
+                    qt.queued[i] = Some(d);
+                    self.heap.push(Reverse((d, qpn, k, generation)));
+                }
+                if d == at {
+                    Settle::Pending
+                } else {
+                    Settle::Requeued
+                }
+            }
+        }
+    }
+
+    /// Number of heap entries (for tests and the QP dump).
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
     }
 }
 
@@ -114,21 +151,69 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rearm_invalidates_old_entries() {
+    fn rearm_later_does_not_grow_the_heap_and_fires_at_the_real_deadline() {
         let mut t = Timers::default();
-        let mut q = QpTimers::default();
-        t.set(&mut q, 7, TimerKind::AckTimeout, Instant::from_micros(10));
-        t.set(&mut q, 7, TimerKind::AckTimeout, Instant::from_micros(20));
-        let qc = q;
+        let mut q = QpTimers::with_base(7);
+        for k in 1..=1000u64 {
+            t.set(
+                &mut q,
+                9,
+                TimerKind::AckTimeout,
+                Instant::from_micros(10 + k),
+            );
+        }
+        assert_eq!(t.len(), 1);
+        // The entry at 11 µs surfaces and is re-queued at 1010 µs.
+        assert_eq!(t.peek().map(|e| e.0), Some(Instant::from_micros(11)));
         assert_eq!(
-            t.next(|_, k, g| Timers::gen_of(&qc, k) == Some(g)),
-            Some(Instant::from_micros(20))
+            t.settle(Some(&mut q), Instant::from_micros(11), true),
+            Settle::Requeued
         );
-        let (qpn, k, g) = t.pop_due(Instant::from_micros(25)).unwrap();
-        assert_eq!((qpn, k), (7, TimerKind::AckTimeout));
-        assert!(Timers::is_current(&q, k, g));
-        Timers::cancel(&mut q, TimerKind::AckTimeout);
-        assert!(!Timers::is_current(&q, k, g));
-        assert_eq!(t.pop_due(Instant::from_micros(25)), None);
+        assert_eq!(t.peek().map(|e| e.0), Some(Instant::from_micros(1010)));
+        assert_eq!(
+            t.settle(Some(&mut q), Instant::from_micros(1010), true),
+            Settle::Fire(TimerKind::AckTimeout)
+        );
+        assert_eq!(q.get(TimerKind::AckTimeout), None);
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn earlier_rearm_and_cancel() {
+        let mut t = Timers::default();
+        let mut q = QpTimers::with_base(1);
+        t.set(&mut q, 9, TimerKind::RnrRetry, Instant::from_micros(100));
+        t.set(&mut q, 9, TimerKind::RnrRetry, Instant::from_micros(50));
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            t.settle(Some(&mut q), Instant::from_micros(50), true),
+            Settle::Fire(TimerKind::RnrRetry)
+        );
+        assert_eq!(
+            t.settle(Some(&mut q), Instant::from_micros(100), true),
+            Settle::Stale
+        );
+        t.set(&mut q, 9, TimerKind::Shaper, Instant::from_micros(200));
+        Timers::cancel(&mut q, TimerKind::Shaper);
+        assert_eq!(
+            t.settle(Some(&mut q), Instant::from_micros(300), true),
+            Settle::Stale
+        );
+        // An entry of an older QP with the same QPN never fires for the new one.
+        let mut old = QpTimers::with_base(1);
+        t.set(&mut old, 9, TimerKind::AckTimeout, Instant::from_micros(10));
+        let mut new = QpTimers::with_base(2);
+        new.deadline[0] = Some(Instant::from_micros(10));
+        assert_eq!(
+            t.settle(Some(&mut new), Instant::from_micros(10), true),
+            Settle::Stale
+        );
+        // Peeking (consume = false) never fires.
+        t.set(&mut new, 9, TimerKind::AckTimeout, Instant::from_micros(20));
+        assert_eq!(
+            t.settle(Some(&mut new), Instant::from_micros(30), false),
+            Settle::Pending
+        );
+        assert_eq!(t.peek().map(|e| e.0), Some(Instant::from_micros(20)));
     }
 }

@@ -455,3 +455,38 @@ fn ud_too_long_is_dropped_and_qp_stays_rts() {
     assert_eq!(p.b.counters().drop_qkey_mismatch, 1);
     assert!(poll_all(&mut p.b, b.cq).is_empty());
 }
+
+#[test]
+fn timer_heap_stays_small_under_continuous_acks() {
+    let (mut p, a, _b, ma, mb) = setup(&ConnOpts::default());
+    let s = [sge(&ma, 0, 1024)];
+    for round in 0..200u64 {
+        let wrs: Vec<_> = (0..8)
+            .map(|i| {
+                SendWr::new(
+                    round * 8 + i,
+                    SendOp::RdmaWrite {
+                        remote_addr: mb.addr,
+                        rkey: mb.rkey,
+                    },
+                    &s,
+                )
+            })
+            .collect();
+        p.a.post_send(a.qpn, &wrs).unwrap();
+        p.drive_for(std::time::Duration::from_micros(20));
+    }
+    p.drive();
+    assert_eq!(poll_all(&mut p.a, a.cq).len(), 1600);
+    let dbg = format!("{:?}", p.a);
+    let n: usize = dbg
+        .split("timer_entries: ")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(n <= 3, "{dbg}");
+}
