@@ -96,15 +96,23 @@ fn num(v: &Value) -> u64 {
 }
 
 fn write_pcap(path: &Path, frames: &[Vec<u8>]) {
+    write_pcap_link(path, DataLink::ETHERNET, 0xffff, frames, usize::MAX);
+}
+
+/// A classic pcap with link type `datalink` and snapshot length `snaplen`; frame `i` is
+/// stamped 1.25 s + i s and stored cut to `keep` bytes (its original length recorded).
+fn write_pcap_link(path: &Path, datalink: DataLink, snaplen: u32, frames: &[Vec<u8>], keep: usize) {
     let header = PcapHeader {
-        datalink: DataLink::ETHERNET,
+        datalink,
+        snaplen,
         ..Default::default()
     };
     let file = std::fs::File::create(path).expect("create pcap");
     let mut w = PcapWriter::with_header(file, header).expect("pcap header");
     for (i, f) in frames.iter().enumerate() {
         let ts = Duration::from_millis(1000 * i as u64 + 250);
-        w.write_packet(&PcapPacket::new(ts, f.len() as u32, f))
+        let data = &f[..f.len().min(keep)];
+        w.write_packet(&PcapPacket::new(ts, f.len() as u32, data))
             .expect("write packet");
     }
 }
@@ -480,16 +488,13 @@ fn softroce_capture_every_icrc_good() {
 #[test]
 fn unsupported_link_type_is_named() {
     let path = tmp("linktype.pcap");
-    let header = PcapHeader {
-        datalink: DataLink::IEEE802_11,
-        ..Default::default()
-    };
-    let file = std::fs::File::create(&path).expect("create");
-    let mut w = PcapWriter::with_header(file, header).expect("header");
-    let f = vector("rc_ack");
-    w.write_packet(&PcapPacket::new(Duration::ZERO, f.len() as u32, &f))
-        .expect("packet");
-    drop(w);
+    write_pcap_link(
+        &path,
+        DataLink::IEEE802_11,
+        0xffff,
+        &[vector("rc_ack")],
+        usize::MAX,
+    );
     let out = decode(&path, false);
     std::fs::remove_file(&path).ok();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -501,18 +506,8 @@ fn unsupported_link_type_is_named() {
 fn raw_ip_capture_decodes() {
     let vecs = vectors();
     let path = tmp("rawip.pcap");
-    let header = PcapHeader {
-        datalink: DataLink::RAW,
-        ..Default::default()
-    };
-    let file = std::fs::File::create(&path).expect("create");
-    let mut w = PcapWriter::with_header(file, header).expect("header");
-    for v in &vecs {
-        let ip = &v.frame[14..];
-        w.write_packet(&PcapPacket::new(Duration::ZERO, ip.len() as u32, ip))
-            .expect("packet");
-    }
-    drop(w);
+    let packets: Vec<Vec<u8>> = vecs.iter().map(|v| v.frame[14..].to_vec()).collect();
+    write_pcap_link(&path, DataLink::RAW, 0xffff, &packets, usize::MAX);
     let out = decode(&path, true);
     std::fs::remove_file(&path).ok();
     assert_eq!(
@@ -561,18 +556,14 @@ fn non_roce_packets_are_skipped_and_counted() {
 
 #[test]
 fn snaplen_cut_frame_is_reported_with_capture_lengths() {
-    let f = vector("rc_send_first");
     let path = tmp("snaplen.pcap");
-    let header = PcapHeader {
-        datalink: DataLink::ETHERNET,
-        snaplen: 128,
-        ..Default::default()
-    };
-    let file = std::fs::File::create(&path).expect("create");
-    let mut w = PcapWriter::with_header(file, header).expect("header");
-    w.write_packet(&PcapPacket::new(Duration::ZERO, f.len() as u32, &f[..128]))
-        .expect("packet");
-    drop(w);
+    write_pcap_link(
+        &path,
+        DataLink::ETHERNET,
+        128,
+        &[vector("rc_send_first")],
+        128,
+    );
     let out = decode(&path, false);
     std::fs::remove_file(&path).ok();
     assert_eq!(out.status.code(), Some(1));
@@ -591,21 +582,17 @@ fn linux_cooked_capture_decodes() {
     // 6-byte source address, protocol) instead of the Ethernet header.
     let vecs = vectors();
     let path = tmp("sll.pcap");
-    let header = PcapHeader {
-        datalink: DataLink::LINUX_SLL,
-        ..Default::default()
-    };
-    let file = std::fs::File::create(&path).expect("create");
-    let mut w = PcapWriter::with_header(file, header).expect("header");
-    for v in &vecs {
-        let mut pkt = vec![0, 4, 0, 1, 0, 6];
-        pkt.extend_from_slice(&v.frame[6..12]);
-        pkt.extend_from_slice(&[0, 0]);
-        pkt.extend_from_slice(&v.frame[12..]);
-        w.write_packet(&PcapPacket::new(Duration::ZERO, pkt.len() as u32, &pkt))
-            .expect("packet");
-    }
-    drop(w);
+    let packets: Vec<Vec<u8>> = vecs
+        .iter()
+        .map(|v| {
+            let mut pkt = vec![0, 4, 0, 1, 0, 6];
+            pkt.extend_from_slice(&v.frame[6..12]);
+            pkt.extend_from_slice(&[0, 0]);
+            pkt.extend_from_slice(&v.frame[12..]);
+            pkt
+        })
+        .collect();
+    write_pcap_link(&path, DataLink::LINUX_SLL, 0xffff, &packets, usize::MAX);
     let out = decode(&path, true);
     std::fs::remove_file(&path).ok();
     assert_eq!(
