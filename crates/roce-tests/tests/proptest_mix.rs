@@ -1,5 +1,6 @@
 //! Property test: random mixes of work requests (every RC opcode, 0 B to 1 MiB, 1–16 SGEs, inline, unsignaled)
-//! over random fault schedules (loss, reorder, duplication, corruption). For every case:
+//! over random fault schedules (loss, Gilbert–Elliott burst loss, reorder, delay, duplication, corruption).
+//! For every case:
 //!
 //! * every signaled send WR completes exactly once, in post order, with SUCCESS and the right opcode (and READ
 //!   byte_len); every receive completes in order with the right length / immediate / invalidated R_Key;
@@ -117,22 +118,34 @@ fn wr() -> impl Strategy<Value = WrSpec> {
 }
 
 fn faults() -> impl Strategy<Value = FaultConfig> {
+    let burst =
+        prop::option::of(
+            (0.001f64..0.02, 0.2f64..0.8).prop_map(|(gb, bg)| GilbertElliott {
+                p_good_to_bad: gb,
+                p_bad_to_good: bg,
+                loss_good: 0.0,
+                loss_bad: 1.0,
+            }),
+        );
     (
-        0.0f64..0.08,
-        0.0f64..0.08,
-        1u32..4,
-        0.0f64..0.04,
-        0.0f64..0.04,
+        (0.0f64..0.08, 0.0f64..0.08, 1u32..4),
+        (0.0f64..0.04, 0.0f64..0.04, 0.0f64..0.03),
+        burst,
     )
-        .prop_map(|(loss, reorder, depth, duplicate, corrupt)| FaultConfig {
-            loss,
-            reorder,
-            reorder_depth: depth,
-            reorder_max_hold: Duration::from_micros(20),
-            duplicate,
-            corrupt,
-            ..FaultConfig::default()
-        })
+        .prop_map(
+            |((loss, reorder, depth), (duplicate, corrupt, delay), burst_loss)| FaultConfig {
+                loss,
+                burst_loss,
+                reorder,
+                reorder_depth: depth,
+                reorder_max_hold: Duration::from_micros(20),
+                delay,
+                delay_time: Duration::from_micros(30),
+                duplicate,
+                corrupt,
+                ..FaultConfig::default()
+            },
+        )
 }
 
 fn case() -> impl Strategy<Value = Case> {
