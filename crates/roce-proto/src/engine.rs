@@ -1180,6 +1180,22 @@ impl Engine {
         qps.get_mut(i)?.as_deref_mut().map(|qp| &mut qp.timers)
     }
 
+    /// Input: the driver saw the link go down (`up = false`) or come back. Raises `PortErr` / `PortActive` and counts
+    /// `link_downed` (rxe semantics). QPs are not touched: their retransmit timers recover or expire as usual.
+    pub fn handle_link_change(&mut self, up: bool) {
+        let event_type = if up {
+            AsyncEventType::PortActive
+        } else {
+            self.stats.link_downed += 1;
+            AsyncEventType::PortErr
+        };
+        self.events.push_back(AsyncEvent {
+            event_type,
+            qpn: None,
+            cq: None,
+        });
+    }
+
     /// Processes every timer due at `now` (ACK timeouts → go-back-N or RETRY_EXC_ERR, RNR waits → retransmit,
     /// shaper waits → the QP becomes runnable).
     pub fn handle_timeout(&mut self, now: Instant) {

@@ -56,7 +56,7 @@ counters! {
     completer_retry_err,
     /// Error completions of send WRs, except flushes (rxe `send_err`).
     send_err,
-    /// Link-down events (rxe `link_downed`; the sans-IO engine has no link, stays 0 unless the driver reports).
+    /// Link-down events reported by the driver through `Engine::handle_link_change` (rxe `link_downed`).
     link_downed,
     /// SEND messages received completely (rxe `rdma_sends` counts send requests; we count received SENDs).
     rdma_sends,

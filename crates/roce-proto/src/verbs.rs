@@ -767,6 +767,10 @@ pub enum AsyncEventType {
     SqDrained,
     /// IBV_EVENT_COMM_EST: first packet received in RTR.
     CommEst,
+    /// IBV_EVENT_PORT_ACTIVE: the driver reported the link up.
+    PortActive,
+    /// IBV_EVENT_PORT_ERR: the driver reported the link down.
+    PortErr,
 }
 
 /// An asynchronous event, returned by [`crate::Engine::poll_async_event`].

@@ -721,3 +721,18 @@ fn rate_controller_seam_parks_the_qp() {
     }
     assert_eq!(poll_all(&mut p.a, a.cq)[0].status, WcStatus::Success);
 }
+
+#[test]
+fn link_events_are_counted() {
+    let mut e = Engine::new(cfg(MAC_A, IP_A, 1));
+    e.handle_link_change(false);
+    e.handle_link_change(true);
+    assert_eq!(e.counters().link_downed, 1);
+    let evs: Vec<_> = std::iter::from_fn(|| e.poll_async_event())
+        .map(|ev| ev.event_type)
+        .collect();
+    assert_eq!(
+        evs,
+        vec![AsyncEventType::PortErr, AsyncEventType::PortActive]
+    );
+}
