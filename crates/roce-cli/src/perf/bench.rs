@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use roce_proto::{Qpn, WcOpcode};
 use roce_verbs::{
-    AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, Moderation, Mr, Pd, PostError,
-    Psn, Qp, QpCap, QpEndpoint, RecvWr, SendFlags, SendOp, SendWr, UdDest, Wc, WcStatus,
+    AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, Mr, Pd, PostError, Psn, Qp,
+    QpCap, QpEndpoint, RecvWr, SendFlags, SendOp, SendWr, UdDest, Wc, WcStatus,
 };
 use serde_json::{Value, json};
 
@@ -94,7 +94,8 @@ impl Session {
             let _ = ch.get_event(Duration::from_millis(10));
             return self.cq.poll(&mut self.wcs);
         }
-        std::hint::spin_loop();
+        // Busy polling, but give the CPU away when empty: on small machines the engine threads share the cores.
+        std::thread::yield_now();
         0
     }
 
@@ -523,7 +524,7 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
                             add: 1,
                         },
                     };
-                    let signaled = (i + 1) % cq_mod == 0 || i + 1 == target[q];
+                    let signaled = (i + 1).is_multiple_of(cq_mod) || i + 1 == target[q];
                     let covered = i + 1 - sig;
                     let mut wr = SendWr::new(((q as u64) << 48) | covered, op, &sges[k as usize])
                         .flags(flags);

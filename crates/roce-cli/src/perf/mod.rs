@@ -213,7 +213,7 @@ pub struct PerfArgs {
     #[arg(long)]
     pub loopback: bool,
     /// Server and client addresses for --loopback.
-    #[arg(long = "loopback-ips", value_delimiter = ',', num_args = 2, default_values_t = [IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))])]
+    #[arg(long = "loopback-ips", value_delimiter = ',', default_values_t = [IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))])]
     pub loopback_ips: Vec<IpAddr>,
     /// Link of --loopback.
     #[arg(long, value_enum, default_value = "udp")]
@@ -610,14 +610,20 @@ pub fn run(a: &PerfArgs) -> ExitCode {
     }
 }
 
-fn print_stats(side: &str, ctx: &Context) {
+/// `--stats`: the non-zero engine counters (to stderr with `--json`, so stdout stays JSON).
+fn print_stats(side: &str, ctx: &Context, json: bool) {
     match ctx.counters() {
         Ok(c) => {
-            println!("engine counters ({side}):");
+            let mut text = format!("engine counters ({side}):\n");
             for (name, v) in c.iter() {
                 if v != 0 {
-                    println!("  {name:<32} {v}");
+                    text.push_str(&format!("  {name:<32} {v}\n"));
                 }
+            }
+            if json {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
             }
         }
         Err(e) => eprintln!("rocev2 perf: counters of the {side}: {e}"),
@@ -731,8 +737,8 @@ fn server_session(
     };
     let _metrics = start_metrics(a, &[("server", &ctx)], !a.loopback)?;
     let r = bench::run_side(&ctx, &params, o, false, out);
-    if a.stats && !a.loopback {
-        print_stats("server", &ctx);
+    if a.stats {
+        print_stats("server", &ctx, a.json);
     }
     r
 }
@@ -794,7 +800,7 @@ fn client(
     let _metrics = start_metrics(a, &[("client", &ctx)], true)?;
     let r = bench::run_side(&ctx, params, &mut o, true, out);
     if a.stats {
-        print_stats("client", &ctx);
+        print_stats("client", &ctx, a.json);
     }
     r
 }
@@ -820,7 +826,11 @@ fn print_banner(p: &Params, ctx: &Context, o: &Oob) {
     println!(" Link type       : Ethernet (UDP 4791)");
     println!(" GID index       : 0 ({gid})");
     println!(" Max inline data : {}[B]", p.inline);
-    println!(" Peer            : {}", o.peer_addr());
+    println!(
+        " Peer            : {} (out-of-band format {:?})",
+        o.peer_addr(),
+        o.format()
+    );
     println!(
         " Data verification : {}",
         if p.verify { "ON" } else { "OFF" }

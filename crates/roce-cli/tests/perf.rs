@@ -1,0 +1,340 @@
+//! End-to-end tests of `rocev2 perf`, running the built binary with `--loopback` (both ends in one process over
+//! real UDP sockets). Every test uses its own 127.0.N.1 / 127.0.N.2 pair (`--loopback-ips`) because the RoCE port
+//! 4791 is fixed, so tests can run in parallel.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn rocev2(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rocev2"))
+        .args(args)
+        .output()
+        .expect("run rocev2")
+}
+
+fn ips(n: u8) -> String {
+    format!("127.0.{n}.1,127.0.{n}.2")
+}
+
+/// Runs a loopback test and returns its JSON lines (asserting exit 0).
+fn loopback_json(test: &str, net: u8, extra: &[&str]) -> Vec<Value> {
+    let ips = ips(net);
+    let mut args = vec![
+        "perf",
+        test,
+        "--loopback",
+        "--loopback-ips",
+        &ips,
+        "--json",
+        "--timeout",
+        "20",
+    ];
+    args.extend_from_slice(extra);
+    let t0 = Instant::now();
+    let out = rocev2(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{args:?} failed ({:?}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "{args:?} took {:?}",
+        t0.elapsed()
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn check_bw(v: &Value, test: &str, size: u64, iters: u64) {
+    assert_eq!(v["test"], test);
+    assert_eq!(v["size"], size);
+    assert_eq!(v["iterations"], iters);
+    assert_eq!(v["verified"], true, "{v}");
+    for f in ["bw_avg_gbps", "bw_peak_gbps", "msg_rate_mpps"] {
+        let x = v[f].as_f64().unwrap_or(-1.0);
+        assert!(x > 0.0 && x.is_finite(), "{f} = {x} in {v}");
+    }
+    assert!(
+        v["bw_peak_gbps"].as_f64() >= v["bw_avg_gbps"].as_f64(),
+        "{v}"
+    );
+}
+
+fn check_lat(v: &Value, test: &str, size: u64, iters: u64) {
+    assert_eq!(v["test"], test);
+    assert_eq!(v["size"], size);
+    assert_eq!(v["iterations"], iters);
+    assert_eq!(v["verified"], true, "{v}");
+    let g = |f: &str| v[f].as_f64().unwrap_or(-1.0);
+    assert!(g("t_min_us") > 0.0, "{v}");
+    assert!(
+        g("t_min_us") <= g("t_typical_us") && g("t_typical_us") <= g("p99_us") + 0.01,
+        "{v}"
+    );
+    assert!(
+        g("p99_us") <= g("p999_us") + 0.01 && g("t_avg_us") > 0.0,
+        "{v}"
+    );
+}
+
+#[test]
+fn every_bw_test_verifies_over_loopback() {
+    for (i, t) in ["send-bw", "write-bw", "read-bw"].iter().enumerate() {
+        let v = loopback_json(
+            t,
+            80 + i as u8,
+            &["-s", "1000", "-n", "300", "-q", "2", "-l", "4", "-Q", "8"],
+        );
+        assert_eq!(v.len(), 1, "one JSON object");
+        // -n is per QP, as in perftest.
+        check_bw(&v[0], t, 1000, 600);
+    }
+    let v = loopback_json("atomic-bw", 83, &["-n", "300"]);
+    check_bw(&v[0], "atomic-bw", 8, 300);
+}
+
+#[test]
+fn every_lat_test_verifies_over_loopback() {
+    for (i, t) in ["send-lat", "write-lat", "read-lat"].iter().enumerate() {
+        let v = loopback_json(t, 90 + i as u8, &["-s", "300", "-n", "100"]);
+        assert_eq!(v.len(), 1);
+        check_lat(&v[0], t, 300, 100);
+    }
+    let v = loopback_json("atomic-lat", 93, &["-n", "100"]);
+    check_lat(&v[0], "atomic-lat", 8, 100);
+}
+
+#[test]
+fn uc_and_ud_where_perftest_has_them() {
+    let v = loopback_json(
+        "send-bw",
+        100,
+        &["-c", "UD", "-s", "512", "-n", "200", "-m", "1024"],
+    );
+    // UD may drop under load (no retransmission); whatever arrived was verified.
+    assert_eq!(v[0]["verified"], true);
+    let v = loopback_json("send-lat", 101, &["-c", "UD", "-n", "50"]);
+    check_lat(&v[0], "send-lat", 2, 50);
+    let v = loopback_json("write-bw", 102, &["-c", "UC", "-s", "2048", "-n", "200"]);
+    check_bw(&v[0], "write-bw", 2048, 200);
+    let v = loopback_json("write-lat", 103, &["-c", "UC", "-n", "50"]);
+    check_lat(&v[0], "write-lat", 2, 50);
+    // perftest has no READ over UC.
+    let out = rocev2(&["perf", "read-bw", "-c", "UC", "--loopback"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not run over UC"));
+}
+
+#[test]
+fn loss_still_completes_with_verified_data() {
+    let v = loopback_json(
+        "write-bw",
+        110,
+        &[
+            "-s", "3000", "-n", "400", "--loss", "0.05", "--seed", "7", "--stats",
+        ],
+    );
+    check_bw(&v[0], "write-bw", 3000, 400);
+    let v = loopback_json(
+        "send-bw",
+        111,
+        &[
+            "-s",
+            "1500",
+            "-n",
+            "300",
+            "--loss",
+            "0.05",
+            "--reorder",
+            "0.05",
+            "--dup",
+            "0.02",
+            "-m",
+            "1024",
+        ],
+    );
+    check_bw(&v[0], "send-bw", 1500, 300);
+}
+
+#[test]
+fn duration_mode_counts_what_completed() {
+    let v = loopback_json("write-bw", 120, &["-s", "512", "-D", "0.5"]);
+    let n = v[0]["iterations"].as_u64().unwrap_or(0);
+    assert!(n > 0, "{}", v[0]);
+    assert_eq!(v[0]["verified"], true);
+    let e = v[0]["elapsed_s"].as_f64().unwrap_or(0.0);
+    assert!((0.45..5.0).contains(&e), "elapsed {e}");
+}
+
+#[test]
+fn text_table_matches_perftest_columns() {
+    let ips = ips(121);
+    let out = rocev2(&[
+        "perf",
+        "write-bw",
+        "--loopback",
+        "--loopback-ips",
+        &ips,
+        "-s",
+        "64",
+        "-n",
+        "50",
+        "--report_gbits",
+    ]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(
+        s.contains(
+            "#bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+        ),
+        "{s}"
+    );
+    let line = s
+        .lines()
+        .find(|l| l.trim_start().starts_with("64 "))
+        .expect("result line");
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols.len(), 5, "{line}");
+    assert_eq!(cols[1], "50");
+}
+
+#[test]
+fn client_without_server_fails_fast() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let t0 = Instant::now();
+    let out = rocev2(&[
+        "perf",
+        "write-bw",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--timeout",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        err.contains(&format!("connecting to 127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(
+        err.contains("is a `rocev2 perf` server running there?"),
+        "{err}"
+    );
+}
+
+#[test]
+fn silent_server_times_out() {
+    // A TCP listener that never answers: the client's read timeout ends the run.
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let t0 = Instant::now();
+    let out = rocev2(&[
+        "perf",
+        "send-lat",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--timeout",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("waiting for `hello`"), "{err}");
+    drop(l);
+}
+
+#[test]
+fn pcap_capture_decodes_with_good_icrc() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let file = dir.join(format!("perf-{}.pcap", std::process::id()));
+    let f = file.to_string_lossy().into_owned();
+    let v = loopback_json(
+        "send-bw",
+        130,
+        &["-s", "2000", "-n", "20", "-m", "1024", "--pcap", &f],
+    );
+    check_bw(&v[0], "send-bw", 2000, 20);
+    // 20 messages of 2 packets each plus ACKs, both directions: every frame decodes with a good ICRC.
+    let out = rocev2(&["decode", &f]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert!(lines >= 40, "{lines} packets in the capture");
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn metrics_are_served_while_running() {
+    let mport = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let maddr = format!("127.0.0.1:{mport}");
+    let ips = ips(140);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rocev2"))
+        .args([
+            "perf",
+            "write-bw",
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "-s",
+            "256",
+            "-D",
+            "3",
+            "--metrics",
+            &maddr,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let t0 = Instant::now();
+    let mut body = String::new();
+    while t0.elapsed() < Duration::from_secs(3) {
+        if let Ok(mut s) = TcpStream::connect(&maddr) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+            let _ = s.read_to_string(&mut body);
+            if body.contains("rocev2_sent_pkts_total{side=\"client\"}") {
+                break;
+            }
+            body.clear();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = child.wait().expect("wait");
+    assert!(status.success());
+    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    assert!(body.contains("# TYPE rocev2_sent_pkts counter"), "{body}");
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+}
