@@ -358,14 +358,8 @@ impl Engine {
     /// Executes an in-sequence RC request packet.
     fn execute(&mut self, i: usize, pkt: &RxPkt<'_>) -> Exec {
         let Engine {
-            qps,
-            mrs,
-            cqs,
-            stats,
-            events,
-            ..
+            qps, mrs, stats, ..
         } = self;
-        let _ = (&cqs, &events);
         let Some(qp) = qps[i].as_deref_mut() else {
             return Exec::Drop;
         };
