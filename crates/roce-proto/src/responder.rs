@@ -4,7 +4,6 @@
 
 use crate::Psn;
 use crate::engine::{Engine, TxKind, TxMeta};
-use crate::mr::MrFault;
 use crate::qp::{InMsg, RdResource, RespItem};
 use crate::time::Instant;
 use crate::verbs::{
@@ -505,6 +504,8 @@ impl Engine {
                             AccessFlags::REMOTE_WRITE,
                         ) {
                             Ok(r) => (r, u64::from(dlen), 0),
+                            // A zero-length WRITE touches no memory: R_Key and VA are not checked (IBTA, rxe).
+                            Err(_) if dlen == 0 => (crate::qp::NO_SEG.mr, 0, 0),
                             Err(_) => {
                                 return Exec::Fatal {
                                     syndrome: NAK_REM_ACCESS,
@@ -590,9 +591,8 @@ impl Engine {
                     AccessFlags::REMOTE_READ,
                 ) {
                     Ok(r) => r,
-                    Err(
-                        MrFault::BadKey | MrFault::WrongPd | MrFault::OutOfBounds | MrFault::Access,
-                    ) if dlen == 0 => crate::qp::NO_SEG.mr,
+                    // A zero-length READ reads no memory: R_Key and VA are not checked (IBTA, rxe).
+                    Err(_) if dlen == 0 => crate::qp::NO_SEG.mr,
                     Err(_) => {
                         return Exec::Fatal {
                             syndrome: NAK_REM_ACCESS,

@@ -736,3 +736,36 @@ fn link_events_are_counted() {
         vec![AsyncEventType::PortErr, AsyncEventType::PortActive]
     );
 }
+
+#[test]
+fn zero_length_rdma_skips_rkey_checks() {
+    let (mut p, a, _b, _ma, _mb) = setup(&ConnOpts::default());
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(
+                1,
+                SendOp::RdmaRead {
+                    remote_addr: 0,
+                    rkey: Rkey(0xdead),
+                },
+                &[],
+            ),
+            SendWr::new(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: Rkey(0xdead),
+                },
+                &[],
+            ),
+        ],
+    )
+    .unwrap();
+    p.drive();
+    let wa = poll_all(&mut p.a, a.cq);
+    assert_eq!(
+        wa.iter().map(|w| w.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success; 2]
+    );
+}
