@@ -7,8 +7,9 @@ use core::time::Duration;
 
 use crate::time::Instant;
 
-/// Per-QP reaction-point hook. All inputs carry `now`; no method reads a clock.
-pub trait RateController: fmt::Debug {
+/// Per-QP reaction-point hook. All inputs carry `now`; no method reads a clock. `Send` so the engine can move to
+/// its driver thread.
+pub trait RateController: fmt::Debug + Send {
     /// A data packet of `bytes` (whole frame) was handed to the link at `now`.
     fn on_tx(&mut self, now: Instant, bytes: usize);
     /// A CNP for this QP was received at `now` (`ROCEV2.md §6`).

@@ -1004,7 +1004,10 @@ impl Engine {
         w.inline = inline;
         w.ud = ud;
         // Length rules (S10; atomics: exactly one 8-byte local buffer).
-        if len > max_msg || (wr.op.is_atomic() && len != 8) {
+        // A message may not span more than 2^22 PSNs (a quarter of the 24-bit space): beyond that the window
+        // compares of `ROCEV2.md §2.3` break. Only a > 1 GiB message at PMTU 256 can hit this.
+        let too_many_psns = crate::requester::packets_for(len, qp.pmtu()) > (1 << 22);
+        if len > max_msg || too_many_psns || (wr.op.is_atomic() && len != 8) {
             w.local_err = Some(WcStatus::LocLenErr);
         }
         if inline {

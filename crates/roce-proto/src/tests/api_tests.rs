@@ -769,3 +769,9 @@ fn zero_length_rdma_skips_rkey_checks() {
         vec![WcStatus::Success; 2]
     );
 }
+
+#[test]
+fn engine_is_send() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Engine>();
+}
