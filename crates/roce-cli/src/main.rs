@@ -47,6 +47,15 @@ struct DecodeArgs {
     /// Capture file (pcap or pcapng; Ethernet, Linux cooked SLL/SLL2 or raw IP).
     file: PathBuf,
     /// Print one JSON object per RoCE packet per line instead of text.
+    ///
+    /// Keys — integers: frame, timestamp_ns, opcode, dest_qp, psn, pad, pkey, ip_version,
+    /// dscp, ecn, ttl, udp_sport, udp_dport, payload_len, icrc, udp_checksum; booleans:
+    /// ack_req, se, mig_req, becn, fecn, icrc_ok, ip_checksum_ok, udp_checksum_ok;
+    /// strings: opcode_name, src_ip, dst_ip. When present: vlan {vid, pcp}, reth {va, rkey,
+    /// dma_len}, aeth {syndrome, msn}, immdt, ieth, deth {qkey, src_qp}, atomic_eth {va,
+    /// rkey, swap_add, compare}, atomic_ack_eth {orig}, feth (integers), and error (string)
+    /// for a bad packet. A packet that cannot be parsed has only frame, timestamp_ns,
+    /// icrc_ok (null) and error.
     #[arg(long)]
     json: bool,
 }
