@@ -38,7 +38,12 @@ impl Write for Sink {
 
 fn views_after_checks(data: &[u8]) {
     if let Ok(eth) = EthernetFrame::new_checked(data) {
-        black_box((eth.has_vlan(), eth.header_len(), eth.dst_addr(), eth.src_addr()));
+        black_box((
+            eth.has_vlan(),
+            eth.header_len(),
+            eth.dst_addr(),
+            eth.src_addr(),
+        ));
         black_box((eth.vlan(), eth.ethertype()));
         let l3 = eth.payload();
         match eth.ethertype() {
@@ -62,8 +67,20 @@ fn views_after_checks(data: &[u8]) {
 
 fn ipv4(b: &[u8]) {
     if let Ok(p) = Ipv4Packet::new_checked(b) {
-        black_box((p.version(), p.header_len(), p.dscp(), p.ecn(), p.total_len()));
-        black_box((p.ident(), p.dont_frag(), p.more_frags(), p.frag_offset(), p.ttl()));
+        black_box((
+            p.version(),
+            p.header_len(),
+            p.dscp(),
+            p.ecn(),
+            p.total_len(),
+        ));
+        black_box((
+            p.ident(),
+            p.dont_frag(),
+            p.more_frags(),
+            p.frag_offset(),
+            p.ttl(),
+        ));
         black_box((p.protocol(), p.checksum(), p.src_addr(), p.dst_addr()));
         black_box(p.verify_checksum());
         udp(p.payload());
@@ -72,7 +89,13 @@ fn ipv4(b: &[u8]) {
 
 fn ipv6(b: &[u8]) {
     if let Ok(p) = Ipv6Packet::new_checked(b) {
-        black_box((p.version(), p.traffic_class(), p.dscp(), p.ecn(), p.flow_label()));
+        black_box((
+            p.version(),
+            p.traffic_class(),
+            p.dscp(),
+            p.ecn(),
+            p.flow_label(),
+        ));
         black_box((p.payload_len(), p.next_header(), p.hop_limit()));
         black_box((p.src_addr(), p.dst_addr()));
         udp(p.payload());
@@ -81,7 +104,13 @@ fn ipv6(b: &[u8]) {
 
 fn udp(b: &[u8]) {
     if let Ok(u) = UdpPacket::new_checked(b) {
-        black_box((u.src_port(), u.dst_port(), u.len(), u.is_empty(), u.checksum()));
+        black_box((
+            u.src_port(),
+            u.dst_port(),
+            u.len(),
+            u.is_empty(),
+            u.checksum(),
+        ));
         let payload = u.payload();
         if let Ok(h) = Bth::new_checked(payload) {
             bth(h);
@@ -90,8 +119,21 @@ fn udp(b: &[u8]) {
 }
 
 fn bth<T: AsRef<[u8]>>(h: Bth<T>) {
-    black_box((h.opcode(), h.solicited(), h.mig_req(), h.pad_count(), h.tver()));
-    black_box((h.pkey(), h.fecn(), h.becn(), h.dest_qp(), h.ack_req(), h.psn()));
+    black_box((
+        h.opcode(),
+        h.solicited(),
+        h.mig_req(),
+        h.pad_count(),
+        h.tver(),
+    ));
+    black_box((
+        h.pkey(),
+        h.fecn(),
+        h.becn(),
+        h.dest_qp(),
+        h.ack_req(),
+        h.psn(),
+    ));
     let op = h.opcode();
     black_box((op.info(), op.is_known(), op.transport(), op.name()));
     black_box((op.ext_headers(), op.ext_len(), op.has_payload()));
@@ -138,8 +180,15 @@ fn parsed_frame_invariants(data: &[u8]) {
     assert!(p.frame_len <= data.len(), "frame_len beyond input");
     assert_eq!(p.payload.len(), repr.payload_len);
     assert!(p.payload_offset + repr.payload_len <= p.frame_len);
-    assert_eq!(&data[p.payload_offset..p.payload_offset + repr.payload_len], p.payload);
-    assert_eq!(repr.buffer_len(), p.frame_len, "buffer_len disagrees with the parsed frame");
+    assert_eq!(
+        &data[p.payload_offset..p.payload_offset + repr.payload_len],
+        p.payload
+    );
+    assert_eq!(
+        repr.buffer_len(),
+        p.frame_len,
+        "buffer_len disagrees with the parsed frame"
+    );
 
     // parse ∘ emit = id
     let mut out = vec![0u8; repr.buffer_len()];
@@ -169,7 +218,10 @@ fn parsed_frame_invariants(data: &[u8]) {
             })
             .unwrap_or_else(|e| panic!("template emit failed: {e:?} for {repr:?}"));
         assert_eq!(m, n);
-        assert_eq!(via_template, out, "template and repr emit differ for {repr:?}");
+        assert_eq!(
+            via_template, out,
+            "template and repr emit differ for {repr:?}"
+        );
     }
 }
 
