@@ -338,3 +338,110 @@ fn metrics_are_served_while_running() {
     assert!(body.contains("# TYPE rocev2_sent_pkts counter"), "{body}");
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
 }
+
+#[test]
+fn a_data_mismatch_fails_the_run() {
+    // The hidden testing flag alters one verified byte (or the atomic counter) before verification.
+    for (i, t) in [
+        "write-bw",
+        "read-bw",
+        "atomic-bw",
+        "send-bw",
+        "send-lat",
+        "read-lat",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let ips = ips(150 + i as u8);
+        let out = rocev2(&[
+            "perf",
+            t,
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "-s",
+            "128",
+            "-n",
+            "20",
+            "--json",
+            "--debug-corrupt-before-verify",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{t}: {err}");
+        assert!(err.contains("verification failed"), "{t}: {err}");
+        // The same run without the flag passes, so the failure is the injected mismatch.
+        let out = rocev2(&[
+            "perf",
+            t,
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "-s",
+            "128",
+            "-n",
+            "20",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{t}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // --no-verify skips the check entirely.
+        let out = rocev2(&[
+            "perf",
+            t,
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "-s",
+            "128",
+            "-n",
+            "20",
+            "--json",
+            "--no-verify",
+            "--debug-corrupt-before-verify",
+        ]);
+        assert!(
+            out.status.success(),
+            "{t}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v["verified"], Value::Null);
+    }
+}
+
+#[test]
+fn completion_channel_with_moderation() {
+    let v = loopback_json("send-lat", 160, &["-e", "-n", "100"]);
+    check_lat(&v[0], "send-lat", 2, 100);
+    let v = loopback_json(
+        "write-bw",
+        161,
+        &[
+            "-e",
+            "-s",
+            "4096",
+            "-n",
+            "500",
+            "-Q",
+            "16",
+            "--cq-period",
+            "50",
+            "--adaptive-moderation",
+        ],
+    );
+    check_bw(&v[0], "write-bw", 4096, 500);
+}
+
+#[test]
+fn sim_link_loopback() {
+    let v = loopback_json(
+        "write-bw",
+        162,
+        &["--link", "sim", "-s", "4096", "-n", "500", "--loss", "0.02"],
+    );
+    check_bw(&v[0], "write-bw", 4096, 500);
+}

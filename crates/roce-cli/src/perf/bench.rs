@@ -142,6 +142,31 @@ impl Session {
         Ok(())
     }
 
+    /// `--debug-corrupt-before-verify`: flips byte 0 of slot 0 (after the UD GRH area) or bumps the atomic
+    /// counter, so that the verification that follows must fail.
+    fn sabotage(&self) -> Result<(), String> {
+        if !self.p.debug_corrupt {
+            return Ok(());
+        }
+        let off = self.slot_off(0) as usize;
+        let skip = if self.p.conn == Conn::Ud {
+            GRH as usize
+        } else {
+            0
+        };
+        let b = self.mr.read(off + skip, 8).map_err(|e| e.to_string())?;
+        let new: Vec<u8> = if self.p.test.is_atomic() {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b);
+            u64::from_le_bytes(a).wrapping_add(1).to_le_bytes().to_vec()
+        } else {
+            let mut v = b.clone();
+            v[0] ^= 0xff;
+            v
+        };
+        self.mr.write(off + skip, &new).map_err(|e| e.to_string())
+    }
+
     /// Checks that slot `s` holds `side`'s pattern for `size` bytes (UD: after the GRH area).
     fn check_slot(&self, side: u8, s: u64, size: u64) -> Result<(), String> {
         let skip = if self.p.conn == Conn::Ud && matches!(self.p.test, Test::SendBw | Test::SendLat)
@@ -362,6 +387,7 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
         // Local verification (READ) before the server's.
         let mut local = Ok(());
         if s.p.verify && test == Test::ReadBw {
+            s.sabotage()?;
             local = (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(SERVER, slot, size));
         }
         let reply = o
@@ -384,6 +410,7 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
             && matches!(test, Test::SendLat | Test::WriteLat | Test::ReadLat)
             && stats.count() > 0
         {
+            s.sabotage()?;
             local = s.check_slot(SERVER, 0, size);
         }
         let reply = o
@@ -789,6 +816,9 @@ fn server_size(s: &mut Session, o: &mut Oob, _size: u64) -> Result<(), String> {
     // Verify, then answer.
     let mut answer = json!({ "verified": Value::Null, "received": received });
     if s.p.verify {
+        if !matches!(s.p.test, Test::ReadBw | Test::ReadLat) {
+            s.sabotage()?;
+        }
         let r = match s.p.test {
             Test::WriteBw => {
                 (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(CLIENT, slot, size))

@@ -257,6 +257,9 @@ pub struct PerfArgs {
     /// Seed of the fault injector and the engines.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Testing aid: alter one verified byte (or the atomic counter) just before verification, which must then fail.
+    #[arg(long = "debug-corrupt-before-verify", hide = true)]
+    pub debug_corrupt: bool,
     /// Pin the engine thread to this core.
     #[arg(long = "engine-core")]
     pub engine_core: Option<usize>,
@@ -278,6 +281,8 @@ pub struct Params {
     pub post_list: u32,
     pub verify: bool,
     pub infinite: bool,
+    /// Alter verified data before verifying (testing aid, hidden flag).
+    pub debug_corrupt: bool,
 }
 
 const MAX_SIZE: u64 = 8 << 20;
@@ -380,6 +385,7 @@ impl Params {
             post_list,
             verify: !a.no_verify,
             infinite: a.run_infinitely,
+            debug_corrupt: a.debug_corrupt,
         })
     }
 
@@ -398,6 +404,7 @@ impl Params {
             "post_list": self.post_list,
             "verify": self.verify,
             "infinite": self.infinite,
+            "debug_corrupt": self.debug_corrupt,
         })
     }
 
@@ -446,6 +453,10 @@ impl Params {
             post_list: u32f("post_list")?.max(1),
             verify: v.get("verify").and_then(Value::as_bool).unwrap_or(true),
             infinite: v.get("infinite").and_then(Value::as_bool).unwrap_or(false),
+            debug_corrupt: v
+                .get("debug_corrupt")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         };
         Ok(p)
     }
