@@ -1,14 +1,14 @@
 //! `rocev2 decode`: one line (or JSON object) per RoCE v2 packet of a capture.
 //!
-//! Every frame goes through [`roce_wire::RoceRepr::parse_explained`]; this module only classifies
-//! the outcome, formats it and keeps the counts. Classification:
+//! Every frame goes through [`roce_wire::RoceRepr::parse_explained`]; this module only
+//! classifies the outcome, formats it and keeps the counts. Classification:
 //! * parsed: a RoCE packet; good when the ICRC (`ROCEV2.md §3`), the IPv4 header
 //!   checksum and a non-zero UDP checksum are right;
 //! * `Error::NotRoce`: not IP/UDP to port 4791 — skipped and counted;
 //! * `Error::Truncated` / `Error::Malformed`: reported with roce-wire's reason as a bad
-//!   RoCE packet when the
-//!   bytes that are present say UDP destination port 4791 (`ROCEV2.md §1.4`), otherwise
-//!   counted as non-RoCE (e.g. a TCP segment cut by the capture's snap length).
+//!   RoCE packet when the bytes that are present say UDP destination port 4791
+//!   (`ROCEV2.md §1.4`), otherwise counted as non-RoCE (e.g. a TCP segment cut by the
+//!   capture's snap length).
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -40,7 +40,8 @@ pub struct Summary {
     pub records: u64,
     /// RoCE v2 packets (good or bad).
     pub roce: u64,
-    /// RoCE packets that are malformed, truncated, or fail the ICRC / IPv4 checksum.
+    /// RoCE packets that are malformed, truncated, or fail the ICRC, the IPv4 header
+    /// checksum or a non-zero UDP checksum.
     pub roce_bad: u64,
     /// Packets that are not RoCE v2 (skipped).
     pub non_roce: u64,
