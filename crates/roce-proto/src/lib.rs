@@ -44,7 +44,7 @@
 //!
 //! * `retry_cnt` 7 is a count of 7 retries (IBTA); rxe treats it as infinite. `rnr_retry` 7 is infinite.
 //! * RC packets carry BTH.MigReq = 1 ("migrated", what hardware RNICs send when APM is unused, S12); UD and CNP
-//!   packets carry 0; received MigReq is ignored.
+//!   packets carry 0 (UC too); received MigReq is ignored.
 //! * The IPv4 identification is fixed per QP (DF is set, RFC 6864), so a retransmission is byte-identical to the
 //!   original frame (the ID is ICRC-covered).
 //! * Fence follows IBTA (wait for earlier READ/atomic WRs only), not rxe's "wait for everything".

@@ -490,3 +490,60 @@ fn timer_heap_stays_small_under_continuous_acks() {
         .unwrap();
     assert!(n <= 3, "{dbg}");
 }
+
+#[test]
+fn uc_immediate_variants() {
+    let o = ConnOpts {
+        qp_type: QpType::Uc,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    p.b.post_recv(
+        b.qpn,
+        &[
+            RecvWr {
+                wr_id: 1,
+                sg_list: &[sge(&mb, 0, 4096)],
+            },
+            RecvWr {
+                wr_id: 2,
+                sg_list: &[],
+            },
+        ],
+    )
+    .unwrap();
+    let s = [sge(&ma, 0, 1500)];
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(1, SendOp::SendWithImm { imm: 11 }, &s),
+            SendWr::new(
+                2,
+                SendOp::RdmaWriteWithImm {
+                    remote_addr: mb.addr + 8192,
+                    rkey: mb.rkey,
+                    imm: 22,
+                },
+                &s,
+            ),
+        ],
+    )
+    .unwrap();
+    p.drive();
+    let wb = poll_all(&mut p.b, b.cq);
+    assert_eq!(
+        wb.iter()
+            .map(|w| (w.wr_id, w.opcode, w.imm_data, w.byte_len))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcOpcode::Recv, 11, 1500),
+            (2, WcOpcode::RecvRdmaWithImm, 22, 1500)
+        ]
+    );
+    let ops: Vec<u8> = p.captured.iter().map(|c| c.2[42]).collect();
+    assert_eq!(ops, vec![0x20, 0x23, 0x26, 0x29], "UC opcodes = RC | 0x20");
+    assert!(
+        p.captured.iter().all(|c| c.2[43] & 0x40 == 0),
+        "MigReq only on RC"
+    );
+}
