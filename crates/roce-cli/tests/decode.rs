@@ -617,3 +617,34 @@ fn linux_cooked_capture_decodes() {
         check_vector(v, o);
     }
 }
+
+#[test]
+fn tcp_capture_has_no_roce_packets() {
+    // perftest's TCP out-of-band exchange: 41 packets, none of them RoCE.
+    let cap = shared().join("interop/captures/perftest_tcp_exchange.pcap");
+    let out = decode(&cap, false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        err.contains("41 packets: 0 RoCE (0 bad), 41 non-RoCE"),
+        "{err}"
+    );
+    assert_eq!(check_pcap_counts(&cap), (0, 0));
+}
+
+#[test]
+fn snaplen_cut_non_roce_packet_is_not_reported() {
+    // A long TCP segment cut to 60 bytes by the snap length fails IP length checks just
+    // like a cut RoCE packet, but it is not RoCE: skipped, exit 0.
+    let mut tcp = vector("rc_send_first");
+    tcp[14 + 9] = 6;
+    let path = tmp("tcpcut.pcap");
+    write_pcap_link(&path, DataLink::ETHERNET, 60, &[tcp], 60);
+    let out = decode(&path, false);
+    std::fs::remove_file(&path).ok();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(err.contains("0 RoCE (0 bad), 1 non-RoCE"), "{err}");
+}
