@@ -228,7 +228,7 @@ pub fn run_side(
         let res = if is_client {
             client_size(&mut s, o, size, out)
         } else {
-            server_size(&mut s, o, size)
+            server_size(&mut s, o, out)
         };
         if let Err(e) = res {
             o.send_error(&e);
@@ -393,7 +393,12 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
         let reply = o
             .sync(
                 "done",
-                json!({ "completed": res.iterations, "min_posted": min_posted }),
+                json!({
+                    "completed": res.iterations,
+                    "min_posted": min_posted,
+                    "line": report::bw_line(&res, out.gbits),
+                    "json": report::bw_json(test.name(), conn, &res, None),
+                }),
                 PASSIVE_WAIT,
             )
             .map_err(|e| e.to_string())?;
@@ -416,7 +421,12 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
         let reply = o
             .sync(
                 "done",
-                json!({ "completed": stats.count(), "min_posted": stats.count() }),
+                json!({
+                    "completed": stats.count(),
+                    "min_posted": stats.count(),
+                    "line": report::lat_line(size, &stats),
+                    "json": report::lat_json(test.name(), conn, size, &stats, None),
+                }),
                 PASSIVE_WAIT,
             )
             .map_err(|e| e.to_string())?;
@@ -769,7 +779,7 @@ fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
 
 // ------------------------------------------------------------------------------------------------ server
 
-fn server_size(s: &mut Session, o: &mut Oob, _size: u64) -> Result<(), String> {
+fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String> {
     let v = o
         .sync("size", json!({}), Duration::from_secs(3600))
         .map_err(|e| e.to_string())?;
@@ -852,6 +862,15 @@ fn server_size(s: &mut Session, o: &mut Oob, _size: u64) -> Result<(), String> {
     }
     o.send_msg("done", answer.clone())
         .map_err(|e| e.to_string())?;
+    // Print the client's measurement, as perftest's server does, with this side's verification outcome.
+    if let Some(line) = done.get("line").and_then(Value::as_str) {
+        let mut j = done.get("json").cloned().unwrap_or(Value::Null);
+        if j.is_object() {
+            j["verified"] = answer["verified"].clone();
+            j["side"] = json!("server");
+        }
+        emit(out, line.to_owned(), j);
+    }
     match answer.get("detail").and_then(Value::as_str) {
         Some(d) => Err(format!("verification failed: {d}")),
         None => Ok(()),
