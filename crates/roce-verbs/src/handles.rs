@@ -828,6 +828,17 @@ impl Qp {
         Ok(())
     }
 
+    /// Waits until every WR posted so far has been handed to the engine (as far as its queues have room), so a
+    /// receive posted before this call is guaranteed to be there when the next packet is processed. Posting
+    /// itself is asynchronous (a ring push); use this before telling a peer over another channel that receives
+    /// are ready (UC/UD have no RNR retry).
+    pub fn sync(&self) -> Result<(), Error> {
+        let slot = self.inner.slot;
+        self.ctx().call(move |d| {
+            d.drain_qp(slot);
+        })
+    }
+
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), Error> {
         let (qpn, attr) = (self.qpn(), *attr);

@@ -284,7 +284,7 @@ impl Device {
     }
 
     /// Moves WQEs from QP `slot`'s rings into the engine while its queues have room. Returns true if any moved.
-    fn drain_qp(&mut self, slot: u32) -> bool {
+    pub(crate) fn drain_qp(&mut self, slot: u32) -> bool {
         let Some(Some(qp)) = self.qps.get_mut(slot as usize) else {
             return false;
         };

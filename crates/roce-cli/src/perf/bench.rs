@@ -16,7 +16,7 @@
 //! the slot each side received into. The server reports its result in its answer to `done`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use roce_proto::{Qpn, WcOpcode};
@@ -376,6 +376,9 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
                 s.post_recv(q, j, size)
                     .map_err(|e| format!("post_recv: {e}"))?;
             }
+            s.qps[q]
+                .sync()
+                .map_err(|e| format!("handing receives to the engine: {e}"))?;
         }
     }
     o.sync("ready", json!({}), Duration::from_secs(30))
@@ -801,6 +804,9 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
                 s.post_recv(q, j, size)
                     .map_err(|e| format!("post_recv: {e}"))?;
             }
+            s.qps[q]
+                .sync()
+                .map_err(|e| format!("handing receives to the engine: {e}"))?;
         }
     }
     o.sync("ready", json!({}), Duration::from_secs(30))
@@ -912,6 +918,7 @@ struct Served {
 /// engine CQ when the client sees its ACK, so a short settle suffices; UC/UD: a longer one for stragglers).
 fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, String> {
     let flag = AtomicBool::new(false);
+    let client_completed = AtomicU64::new(0);
     let mut used = vec![false; s.k as usize];
     let mut received = 0u64;
     let rkey = roce_proto::Rkey(s.remote.rkey);
@@ -929,12 +936,20 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
     let (done, loop_err) = std::thread::scope(|sc| {
         let waiter = sc.spawn(|| {
             let r = o.recv_msg("done", PASSIVE_WAIT);
+            let n = r
+                .as_ref()
+                .ok()
+                .and_then(|v| v.get("completed"))
+                .and_then(Value::as_u64);
+            client_completed.store(n.unwrap_or(u64::MAX), Ordering::Relaxed);
+            // Release: the count above is visible to whoever sees the flag.
             flag.store(true, Ordering::Release);
             r
         });
         let mut loop_err: Option<String> = None;
         let mut reply_id = 0u64;
         let mut quiet_since = Instant::now();
+        let mut done_at: Option<Instant> = None;
         loop {
             let n = s.poll();
             if n > 0 {
@@ -987,8 +1002,20 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
                     }
                 }
             }
-            if flag.load(Ordering::Acquire) && quiet_since.elapsed() >= settle {
-                break;
+            if flag.load(Ordering::Acquire) {
+                let t = *done_at.get_or_insert_with(Instant::now);
+                // RC SEND: every message the client saw acknowledged has been received; wait for its completion
+                // to be published (bounded), then stop. Otherwise: stop once the CQ has been quiet for `settle`.
+                let all_in = s.p.conn == Conn::Rc
+                    && test == Test::SendBw
+                    && received >= client_completed.load(Ordering::Relaxed);
+                if all_in
+                    || (quiet_since.elapsed() >= settle
+                        && (test != Test::SendBw || s.p.conn != Conn::Rc))
+                    || t.elapsed() >= Duration::from_secs(5)
+                {
+                    break;
+                }
             }
         }
         let done = waiter.join().unwrap_or_else(|_| {
