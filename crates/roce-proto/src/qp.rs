@@ -394,6 +394,7 @@ impl fmt::Display for Qp {
             }
         }
         writeln!(f)?;
+        writeln!(f, "  rate: {:?}", self.rate)?;
         write!(f, "  counters:")?;
         for (n, v) in self.counters.iter().filter(|(_, v)| *v != 0) {
             write!(f, " {n}={v}")?;
