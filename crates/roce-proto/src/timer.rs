@@ -5,7 +5,7 @@
 //! queued entry surfaces, the engine re-queues it at the real deadline. Re-arming *earlier* pushes a new entry.
 //! Cancelling only clears the deadline. So the heap holds O(QPs × kinds) entries however fast timers are re-armed,
 //! and no entry of a destroyed QP can fire for a new QP with the same QPN (the generation differs,
-//! [`QpTimers::with_base`]). `Engine::poll_timeout` returns the head after settling it.
+//! `QpTimers::with_base`). `Engine::poll_timeout` returns the head after settling it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
