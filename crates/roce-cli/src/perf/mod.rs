@@ -631,6 +631,20 @@ fn print_stats(side: &str, ctx: &Context, json: bool) {
                     text.push_str(&format!("  {name:<32} {v}\n"));
                 }
             }
+            let r = ctx.runtime_stats();
+            let ld =
+                |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+            text.push_str(&format!(
+                "runtime ({side} engine thread): loops {} parks {} wakeups {} doorbells {} flushes {} tx_frames {} rx_frames {} link_errors {}\n",
+                ld(&r.loops),
+                ld(&r.parks),
+                ld(&r.wakeups),
+                ld(&r.doorbells),
+                ld(&r.flushes),
+                ld(&r.tx_frames),
+                ld(&r.rx_frames),
+                ld(&r.link_errors)
+            ));
             if json {
                 eprint!("{text}");
             } else {
