@@ -491,6 +491,12 @@ impl Engine {
             cap,
             attr: QpAttr {
                 cap,
+                // UD has no PATH_MTU attribute: its messages are limited by the port MTU (`ROCEV2.md §4.1`).
+                path_mtu: if init.qp_type == QpType::Ud {
+                    self.query_device().max_mtu
+                } else {
+                    QpAttr::default().path_mtu
+                },
                 ..QpAttr::default()
             },
             req: ReqCtx {

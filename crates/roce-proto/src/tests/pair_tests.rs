@@ -547,3 +547,52 @@ fn uc_immediate_variants() {
         "MigReq only on RC"
     );
 }
+
+#[test]
+fn ud_messages_use_the_port_mtu() {
+    let o = ConnOpts {
+        qp_type: QpType::Ud,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    let ah =
+        p.a.create_ah(
+            a.pd,
+            &AhAttr {
+                dgid: Gid::from_ipv4(IP_B),
+                dmac: MAC_B,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 8,
+            sg_list: &[sge(&mb, 0, 8192)],
+        }],
+    )
+    .unwrap();
+    let dest = UdDest {
+        ah,
+        remote_qpn: b.qpn,
+        remote_qkey: 0x1111_1111,
+    };
+    let s = [sge(&ma, 0, 4096)];
+    p.a.post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &s).ud(dest)])
+        .unwrap();
+    p.drive();
+    assert_eq!(
+        p.captured.len(),
+        1,
+        "one UD SEND_ONLY of 4096 B (netdev 4200 → port MTU 4096)"
+    );
+    assert_eq!(poll_all(&mut p.b, b.cq)[0].byte_len, 4096 + 40);
+    let s = [sge(&ma, 0, 4097)];
+    assert_eq!(
+        p.a.post_send(a.qpn, &[SendWr::new(2, SendOp::Send, &s).ud(dest)])
+            .unwrap_err()
+            .kind,
+        PostErrorKind::UdTooLarge(4097)
+    );
+}
