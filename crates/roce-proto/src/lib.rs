@@ -63,6 +63,16 @@
 //! The engine owns MR buffers; [`Engine::dereg_mr`] returns the buffer and fails with `Busy` while a posted WR or a
 //! saved READ responder resource still uses the MR. CQs and PDs cannot be destroyed while QPs use them.
 //!
+//! # Testing
+//!
+//! `cargo test -p roce-proto` runs unit tests and the in-crate two-engine harness (`src/tests/`: a quinn-style `Pair`
+//! over an in-memory wire with latency, loss/CE filters and capture): every opcode and QP type, segmentation and PSN
+//! wrap, go-back-N, timeouts, RNR, flushes, responder rules with injected frames, counters, a proptest of
+//! `modify_qp` against the `ROCEV2.md §4.6` table and a proptest throwing ICRC-valid arbitrary frames at live QPs.
+//! Ignored extras: `cargo test --release -p roce-proto many_seeds -- --ignored` (SEEDS, LOSS, START env vars:
+//! randomized lossy WR mixes) and `perf_pair -- --ignored --nocapture` (two engines, one thread, no link).
+//! The named scenarios S01–S20, the WR property test and the soak live in `crates/roce-tests`.
+//!
 //! # For the detail-oriented
 //!
 //! Protocol rules cite `../shared/spec/ROCEV2.md` sections (IBTA Vol 1 ch. 9 transport, ch. 11 verbs, Annex A17
