@@ -1,7 +1,10 @@
 //! Results of `rocev2 perf` runs and their output: perftest-style tables and `--json` objects.
 //!
 //! Units follow perftest: `MB/sec` is 2^20 bytes per second, `--report_gbits` gives 10^9 bits per second,
-//! `MsgRate` is 10^6 messages per second, latencies are microseconds. `t_typical` is the median.
+//! `MsgRate` is 10^6 messages per second, latencies are microseconds. `t_typical` is the median. `#iterations` is
+//! the number of completed messages summed over all QPs (with `-q N`, `N · -n`); bandwidth and message rate are
+//! computed from it. Latency tests report half the round trip for SEND/WRITE ping-pongs and the full round trip
+//! for READ and atomics, as perftest does.
 
 use std::time::Duration;
 
