@@ -503,9 +503,9 @@ fn run_rnr(seed: u64, loss_pct: u64) -> u64 {
         (0..n).map(|i| (i, lens[i as usize])).collect::<Vec<_>>(),
         "seed {seed}"
     );
-    for i in 0..n as usize {
+    for (i, &l) in lens.iter().enumerate() {
         let o = i * SLOT as usize;
-        let l = lens[i] as usize;
+        let l = l as usize;
         assert_eq!(
             &p.b.mr_bytes(mb.lkey).unwrap()[o..o + l],
             &p.a.mr_bytes(ma.lkey).unwrap()[o..o + l],
