@@ -480,6 +480,17 @@ impl Engine {
                                 4 => WcStatus::RemInvRdReqErr,
                                 _ => WcStatus::RemOpErr,
                             };
+                            match status {
+                                WcStatus::RemInvReqErr => {
+                                    qp.counters.req_remote_invalid_request += 1;
+                                    self.stats.req_remote_invalid_request += 1;
+                                }
+                                WcStatus::RemAccessErr => {
+                                    qp.counters.req_remote_access_errors += 1;
+                                    self.stats.req_remote_access_errors += 1;
+                                }
+                                _ => {}
+                            }
                             // Everything before the NAKed PSN was received; the WR containing it failed.
                             if p.diff(qp.req.una_psn) > 0 {
                                 self.ack_through(i, p - 1, now, false);

@@ -194,6 +194,14 @@ impl Engine {
         qp.resp.fatal_nak = Some((psn, syndrome));
         qp.counters.resp_nak_sent += 1;
         self.stats.resp_nak_sent += 1;
+        if syndrome == NAK_REM_ACCESS {
+            qp.counters.resp_remote_access_errors += 1;
+            self.stats.resp_remote_access_errors += 1;
+        }
+        if wc == Some(WcStatus::LocLenErr) {
+            qp.counters.resp_local_length_error += 1;
+            self.stats.resp_local_length_error += 1;
+        }
         let qpn = qp.qpn;
         let ev = if syndrome == NAK_REM_ACCESS {
             AsyncEventType::QpAccessErr
@@ -537,6 +545,8 @@ impl Engine {
                     qp.resp.msg = InMsg::None;
                     qp.counters.rdma_recvs += 1;
                     stats.rdma_recvs += 1;
+                    qp.counters.rx_write_requests += 1;
+                    stats.rx_write_requests += 1;
                     if with_imm {
                         let h = qp.rq.head;
                         let wc = Wc {
@@ -631,6 +641,8 @@ impl Engine {
                 });
                 qp.counters.rdma_recvs += 1;
                 stats.rdma_recvs += 1;
+                qp.counters.rx_read_requests += 1;
+                stats.rx_read_requests += 1;
                 Exec::Done {
                     psns: npsn,
                     msg_end: true,
@@ -690,6 +702,8 @@ impl Engine {
                     orig,
                     msn,
                 });
+                qp.counters.rx_atomic_requests += 1;
+                stats.rx_atomic_requests += 1;
                 Exec::Done {
                     psns: 1,
                     msg_end: true,

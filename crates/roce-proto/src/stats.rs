@@ -78,6 +78,20 @@ counters! {
     np_ecn_marked_roce_packets,
     /// Out-of-sequence packets seen (mlx5 `out_of_sequence`, responder side).
     out_of_sequence,
+    /// RDMA READ requests executed by the responder (mlx5 `rx_read_requests`).
+    rx_read_requests,
+    /// RDMA WRITE messages executed by the responder (mlx5 `rx_write_requests`).
+    rx_write_requests,
+    /// Atomic requests executed by the responder (mlx5 `rx_atomic_requests`).
+    rx_atomic_requests,
+    /// NAK remote access error received by the requester (mlx5 `req_remote_access_errors`).
+    req_remote_access_errors,
+    /// NAK invalid request received by the requester (mlx5 `req_remote_invalid_request`).
+    req_remote_invalid_request,
+    /// Receive WRs too small for an incoming message (mlx5 `resp_local_length_error`).
+    resp_local_length_error,
+    /// NAK remote access error sent by the responder (mlx5 `resp_remote_access_errors`).
+    resp_remote_access_errors,
     /// Packets retransmitted by go-back-N.
     retransmitted_pkts,
     /// NAKs sent with a class A/C error (0x61-0x63).

@@ -495,6 +495,8 @@ fn remote_access_and_invalid_request_naks() {
         [0u8; 8],
         "nothing written outside the MR"
     );
+    assert_eq!(p.a.counters().req_remote_access_errors, 1);
+    assert_eq!(p.b.counters().resp_remote_access_errors, 1);
     // Misaligned atomic → NAK invalid request → REM_INV_REQ_ERR.
     let (mut p, a, _b, ma, mb) = setup(&ConnOpts::default());
     let s = [sge(&ma, 0, 8)];
@@ -539,6 +541,8 @@ fn remote_access_and_invalid_request_naks() {
         wb.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
         vec![(7, WcStatus::LocLenErr), (8, WcStatus::WrFlushErr)]
     );
+    assert_eq!(p.a.counters().req_remote_invalid_request, 1);
+    assert_eq!(p.b.counters().resp_local_length_error, 1);
 }
 
 #[test]

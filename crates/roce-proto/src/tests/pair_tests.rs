@@ -141,6 +141,15 @@ fn rc_write_read_and_imm() {
     // READ 3000 at PMTU 1024 reserves 3 PSNs: requests at 100..105 (WRITE 5), 105 (IMM), 106 READ → next 109.
     assert_eq!(p.a.qp_info(a.qpn).unwrap().next_psn, Psn::new(109));
     assert_eq!(p.b.qp_info(b.qpn).unwrap().epsn, Psn::new(109));
+    let c = p.b.counters();
+    assert_eq!(
+        (
+            c.rx_write_requests,
+            c.rx_read_requests,
+            c.rx_atomic_requests
+        ),
+        (2, 1, 0)
+    );
 }
 
 #[test]
