@@ -57,7 +57,7 @@ const CLIENT: u8 = 1;
 const SERVER: u8 = 2;
 
 struct Session {
-    _pd: Pd,
+    pd: Pd,
     cq: Cq,
     chan: Option<Arc<CompChannel>>,
     qps: Vec<Qp>,
@@ -350,7 +350,7 @@ fn setup(ctx: &Context, p: &Params, o: &mut Oob, out: &Output) -> Result<Session
     o.sync("connected", json!({}), Duration::from_secs(30))
         .map_err(|e| e.to_string())?;
     Ok(Session {
-        _pd: pd,
+        pd,
         cq,
         chan,
         qps,
@@ -821,6 +821,10 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
         let d = o
             .recv_msg("done", PASSIVE_WAIT)
             .map_err(|e| e.to_string())?;
+        if s.p.conn != Conn::Rc {
+            // UC: the client's completions only mean "sent"; let in-flight packets land before verifying.
+            settle_rx(s);
+        }
         Served {
             done: d,
             used: Vec::new(),
@@ -904,6 +908,23 @@ fn server_check_send(
         }
     }
     Ok(())
+}
+
+/// Waits until this side's received-packet counter has not moved for 100 ms (at most 2 s).
+fn settle_rx(s: &Session) {
+    let ctx = s.pd.context();
+    let read = || ctx.counters().map(|c| c.rcvd_pkts).unwrap_or(0);
+    let t0 = Instant::now();
+    let mut last = read();
+    let mut still = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) && still.elapsed() < Duration::from_millis(100) {
+        std::thread::sleep(Duration::from_millis(10));
+        let now = read();
+        if now != last {
+            last = now;
+            still = Instant::now();
+        }
+    }
 }
 
 /// What the active server loop saw.
