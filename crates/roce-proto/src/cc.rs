@@ -18,6 +18,13 @@ pub trait RateController: fmt::Debug + Send {
     fn eligible_at(&self, now: Instant) -> Instant;
     /// Current rate limit in bits per second (`None` = line rate).
     fn rate_bps(&self) -> Option<u64>;
+    /// The instant at which the controller next wants [`on_timer`](Self::on_timer) (DCQCN: alpha update, rate
+    /// increase). The engine re-reads it after every call into the controller and keeps one `RateTimer` armed.
+    fn next_timer(&self) -> Option<Instant> {
+        None
+    }
+    /// Timer callback for [`next_timer`](Self::next_timer).
+    fn on_timer(&mut self, _now: Instant) {}
 }
 
 /// A fixed-rate (or unlimited) controller: paces data to `rate_bps` if set; CNPs are counted by the engine and

@@ -556,6 +556,7 @@ impl Engine {
         if let Some(q) = self.qps[i].as_mut() {
             q.rate = rc;
         }
+        self.arm_rate_timer(i);
         Ok(())
     }
 
@@ -878,6 +879,7 @@ impl Engine {
                         TimerKind::AckTimeout,
                         TimerKind::RnrRetry,
                         TimerKind::Shaper,
+                        TimerKind::RateTimer,
                     ] {
                         Timers::cancel(&mut qp.timers, k);
                     }
@@ -1221,7 +1223,29 @@ impl Engine {
                 TimerKind::AckTimeout => self.on_ack_timeout(i, now),
                 TimerKind::RnrRetry => self.on_rnr_timer(i),
                 TimerKind::Shaper => self.kick(i),
+                TimerKind::RateTimer => {
+                    if let Some(qp) = self.qps[i].as_deref_mut() {
+                        qp.rate.on_timer(now);
+                    }
+                    self.arm_rate_timer(i);
+                    self.kick(i);
+                }
             }
+        }
+    }
+
+    /// Keeps the QP's `RateTimer` in line with `RateController::next_timer`.
+    pub(crate) fn arm_rate_timer(&mut self, i: usize) {
+        let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) else {
+            return;
+        };
+        match qp.rate.next_timer() {
+            Some(t) => {
+                let qpn = qp.qpn.value();
+                self.timers
+                    .set(&mut qp.timers, qpn, TimerKind::RateTimer, t);
+            }
+            None => Timers::cancel(&mut qp.timers, TimerKind::RateTimer),
         }
     }
 
@@ -1287,6 +1311,7 @@ impl Engine {
                     if let Some(qp) = self.qps[i].as_deref_mut() {
                         qp.rate.on_tx(now, meta.len);
                     }
+                    self.arm_rate_timer(i);
                     self.kick(i);
                     self.account_tx(i, &meta);
                     return Some(meta);
@@ -1389,6 +1414,7 @@ impl Engine {
             TimerKind::AckTimeout,
             TimerKind::RnrRetry,
             TimerKind::Shaper,
+            TimerKind::RateTimer,
         ] {
             Timers::cancel(&mut qp.timers, k);
         }

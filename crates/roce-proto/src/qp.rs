@@ -388,6 +388,7 @@ impl fmt::Display for Qp {
             TimerKind::AckTimeout,
             TimerKind::RnrRetry,
             TimerKind::Shaper,
+            TimerKind::RateTimer,
         ] {
             if let Some(t) = self.timers.get(k) {
                 write!(f, " {k:?}@{t}")?;

@@ -152,6 +152,8 @@ impl Engine {
         qp.counters.rp_cnp_handled += 1;
         qp.counters.rcvd_pkts += 1;
         qp.rate.on_cnp(now);
+        self.arm_rate_timer(i);
+        self.kick(i);
     }
 
     /// Queues an ACK for `psn`, coalescing with an ACK already waiting at the back (`ROCEV2.md §5`).

@@ -22,6 +22,8 @@ pub enum TimerKind {
     RnrRetry = 1,
     /// Rate-controller seam: the QP is not eligible to send before this instant (per-QP "eligible at").
     Shaper = 2,
+    /// The rate controller's own timer (`RateController::next_timer`; DCQCN alpha/rate-increase timers).
+    RateTimer = 3,
 }
 
 impl TimerKind {
@@ -29,10 +31,11 @@ impl TimerKind {
         TimerKind::AckTimeout,
         TimerKind::RnrRetry,
         TimerKind::Shaper,
+        TimerKind::RateTimer,
     ];
 }
 
-pub(crate) const TIMER_KINDS: usize = 3;
+pub(crate) const TIMER_KINDS: usize = 4;
 
 /// One QP's timer slots.
 #[derive(Clone, Copy, Debug, Default)]

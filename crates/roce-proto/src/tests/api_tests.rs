@@ -775,3 +775,68 @@ fn engine_is_send() {
     fn assert_send<T: Send>() {}
     assert_send::<Engine>();
 }
+
+/// A controller that asks for a timer 10 µs after each CNP and records the calls (the DCQCN seam).
+#[derive(Debug, Default)]
+struct Probe {
+    cnps: u32,
+    timers: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    due: Option<Instant>,
+}
+
+impl RateController for Probe {
+    fn on_tx(&mut self, _now: Instant, _bytes: usize) {}
+    fn on_cnp(&mut self, now: Instant) {
+        self.cnps += 1;
+        self.due = Some(now + Duration::from_micros(10));
+    }
+    fn eligible_at(&self, now: Instant) -> Instant {
+        now
+    }
+    fn rate_bps(&self) -> Option<u64> {
+        None
+    }
+    fn next_timer(&self) -> Option<Instant> {
+        self.due
+    }
+    fn on_timer(&mut self, now: Instant) {
+        assert!(self.due.is_some_and(|d| d <= now));
+        self.timers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.due = None;
+    }
+}
+
+#[test]
+fn rate_controller_gets_cnps_and_its_timer() {
+    let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
+    let fired = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    p.a.set_rate_controller(
+        a.qpn,
+        Box::new(Probe {
+            timers: fired.clone(),
+            ..Probe::default()
+        }),
+    )
+    .unwrap();
+    p.filter = Box::new(|d, f| {
+        if d == Dir::AtoB {
+            f[15] |= 3;
+        }
+        true
+    });
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&mb, 0, 100)],
+        }],
+    )
+    .unwrap();
+    p.a.post_send(a.qpn, &[SendWr::new(1, SendOp::Send, &[sge(&ma, 0, 10)])])
+        .unwrap();
+    p.drive();
+    assert_eq!(p.a.counters().rp_cnp_handled, 1);
+    assert_eq!(fired.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert!(p.a.qp_dump(a.qpn).unwrap().contains("cnps: 1"));
+}
