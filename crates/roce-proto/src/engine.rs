@@ -398,9 +398,23 @@ impl Engine {
         Ok(AhHandle(self.ahs.len() as u32))
     }
 
-    /// `ibv_destroy_ah`.
+    /// `ibv_destroy_ah`: fails with `Busy` while a posted, not yet completed UD WR names it (control path: scans
+    /// the send queues).
     pub fn destroy_ah(&mut self, ah: AhHandle) -> Result<(), ResourceError> {
+        let in_use = self.qps.iter().flatten().any(|qp| {
+            let mut w = qp.sq.head;
+            while w != qp.sq.tail {
+                if qp.sq.wqe(w).ud.is_some_and(|d| d.ah == ah) {
+                    return true;
+                }
+                w = w.wrapping_add(1);
+            }
+            false
+        });
         match self.ahs.get_mut((ah.0 as usize).wrapping_sub(1)) {
+            Some(Some(_)) if in_use => {
+                Err(ResourceError::Busy("AH is used by posted work requests"))
+            }
             Some(e @ Some(_)) => {
                 *e = None;
                 Ok(())

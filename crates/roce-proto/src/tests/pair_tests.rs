@@ -605,3 +605,44 @@ fn ud_messages_use_the_port_mtu() {
         PostErrorKind::UdTooLarge(4097)
     );
 }
+
+#[test]
+fn destroy_ah_busy_while_used() {
+    let o = ConnOpts {
+        qp_type: QpType::Ud,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    let ah =
+        p.a.create_ah(
+            a.pd,
+            &AhAttr {
+                dgid: Gid::from_ipv4(IP_B),
+                dmac: MAC_B,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 8,
+            sg_list: &[sge(&mb, 0, 256)],
+        }],
+    )
+    .unwrap();
+    let dest = UdDest {
+        ah,
+        remote_qpn: b.qpn,
+        remote_qkey: 0x1111_1111,
+    };
+    p.a.post_send(
+        a.qpn,
+        &[SendWr::new(1, SendOp::Send, &[sge(&ma, 0, 16)]).ud(dest)],
+    )
+    .unwrap();
+    assert!(matches!(p.a.destroy_ah(ah), Err(ResourceError::Busy(_))));
+    p.drive();
+    assert!(p.a.destroy_ah(ah).is_ok());
+    assert!(p.a.destroy_ah(ah).is_err());
+}
