@@ -445,3 +445,29 @@ fn sim_link_loopback() {
     );
     check_bw(&v[0], "write-bw", 4096, 500);
 }
+
+#[test]
+fn busy_roce_port_is_a_clear_error() {
+    let _squatter = std::net::UdpSocket::bind("127.0.170.2:4791").expect("bind 4791");
+    let t0 = Instant::now();
+    let out = rocev2(&[
+        "perf",
+        "write-bw",
+        "--loopback",
+        "--loopback-ips",
+        "127.0.170.1,127.0.170.2",
+        "-n",
+        "10",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("127.0.170.2:4791") && err.contains("in use"),
+        "{err}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t0.elapsed()
+    );
+}

@@ -38,7 +38,7 @@ pub enum Error {
     #[error(transparent)]
     ModifyQp(#[from] ModifyQpError),
     /// Opening the link failed.
-    #[error("opening the link failed: {0}")]
+    #[error("opening the link failed")]
     Link(#[from] LinkError),
     /// The engine thread is gone (stopped or panicked).
     #[error("the engine thread has stopped")]

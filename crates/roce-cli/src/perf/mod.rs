@@ -560,10 +560,13 @@ fn open_udp(
         wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
     })
     .map_err(|e| {
-        format!(
-            "opening the RoCE device on {local} (UDP 4791): {e}: {}",
-            source_chain(&e)
-        )
+        let chain = source_chain(&e);
+        let hint = if chain.contains("in use") {
+            " (another RoCE stack or rocev2 run owns this address and port)"
+        } else {
+            ""
+        };
+        format!("opening the RoCE device on {local} (UDP 4791): {e}: {chain}{hint}")
     })
 }
 
