@@ -197,7 +197,8 @@ pub struct PerfArgs {
     /// Accepted for perftest compatibility (no CPU-frequency check is made).
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
-    /// Bandwidth tests: run until interrupted, printing a line per second.
+    /// Bandwidth tests: run until interrupted, printing a line per second (nothing is verified: the run never
+    /// ends).
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
     /// Wait for completions on a completion channel (events) instead of busy polling.
