@@ -357,6 +357,29 @@ impl Pair {
         self.drive_until(d, |p| p.now >= end);
     }
 
+    /// The last `n` captured frames, one line each (`time node→ frame`), pretty-printed by roce-wire
+    /// ([`roce_wire::PrettyFrame`]) — for assertion messages.
+    pub fn dump(&self, n: usize) -> String {
+        let mut out = String::new();
+        for c in self
+            .captured
+            .iter()
+            .rev()
+            .take(n)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            out.push_str(&format!(
+                "{} node{}→ {}\n",
+                c.at,
+                c.from,
+                roce_wire::PrettyFrame(&c.frame)
+            ));
+        }
+        out
+    }
+
     /// Captured frames sent by node `from`, decoded (non-RoCE frames skipped).
     pub fn sent_by(&self, from: usize) -> Vec<Pkt> {
         self.captured

@@ -56,6 +56,8 @@ struct WrSpec {
 #[derive(Clone, Debug)]
 struct Case {
     mtu: Mtu,
+    /// Initiator depth (outstanding READ/atomic requests).
+    max_rd_atomic: u8,
     wrs: Vec<WrSpec>,
     faults: FaultConfig,
     seed: u64,
@@ -118,13 +120,16 @@ fn wr() -> impl Strategy<Value = WrSpec> {
 }
 
 fn faults() -> impl Strategy<Value = FaultConfig> {
+    // Bursts are kept short (mean ≤ 2 frames, half lost): the Gilbert–Elliott state advances per frame, so on a
+    // quiet QP a long burst spans many ACK timeouts and legitimately exhausts retry_cnt (IBTA: RETRY_EXC_ERR,
+    // covered by S15) — a property test that expects success must not generate such schedules.
     let burst =
         prop::option::of(
-            (0.001f64..0.02, 0.2f64..0.8).prop_map(|(gb, bg)| GilbertElliott {
+            (0.001f64..0.02, 0.5f64..0.9).prop_map(|(gb, bg)| GilbertElliott {
                 p_good_to_bad: gb,
                 p_bad_to_good: bg,
                 loss_good: 0.0,
-                loss_bad: 1.0,
+                loss_bad: 0.5,
             }),
         );
     (
@@ -154,9 +159,11 @@ fn case() -> impl Strategy<Value = Case> {
         prop::collection::vec(wr(), 1..10),
         faults(),
         any::<u64>(),
+        prop_oneof![Just(1u8), Just(2), Just(16)],
     )
-        .prop_map(|(mtu, wrs, faults, seed)| Case {
+        .prop_map(|(mtu, wrs, faults, seed, max_rd_atomic)| Case {
             mtu,
+            max_rd_atomic,
             wrs,
             faults,
             seed,
@@ -200,6 +207,7 @@ struct Expect {
 fn run(c: &Case) -> Result<(), TestCaseError> {
     let o = ConnOpts {
         mtu: c.mtu,
+        max_rd_atomic: c.max_rd_atomic,
         sq_sig_all: false,
         ..ConnOpts::default()
     };
@@ -246,6 +254,13 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         }
         if w.inline {
             flags |= SendFlags::INLINE;
+        }
+        // Fence and solicited do not change the outcome; they exercise their paths.
+        if (w.r >> 60) & 1 == 1 {
+            flags |= SendFlags::FENCE;
+        }
+        if (w.r >> 61) & 1 == 1 {
+            flags |= SendFlags::SOLICITED;
         }
         // Gather list from random places of the source region (for SEND/WRITE), and the bytes it names.
         let gather = |pieces: &[u32]| -> (Vec<Sge>, Vec<u8>) {
@@ -432,7 +447,15 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         .iter()
         .map(|(id, op, _)| (*id, WcStatus::Success, *op))
         .collect();
-    prop_assert_eq!(got, want, "send completions");
+    prop_assert_eq!(
+        got,
+        want,
+        "send completions; a counters {:?}; faults a {:?} b {:?}; last frames:\n{}",
+        p.counters(0),
+        p.nodes[0].link.inner().tx_stats(),
+        p.nodes[1].link.inner().tx_stats(),
+        p.dump(40)
+    );
     for (w, (_, _, rl)) in wa.iter().zip(&exp.send_wcs) {
         if let Some(l) = rl {
             prop_assert_eq!(w.byte_len, *l, "READ byte_len");
@@ -557,6 +580,7 @@ fn every_opcode_under_heavy_faults() {
     };
     run(&Case {
         mtu: Mtu::Mtu1024,
+        max_rd_atomic: 2,
         wrs,
         faults,
         seed: 77,
