@@ -87,8 +87,17 @@ fn check_lat(v: &Value, test: &str, size: u64, iters: u64) {
     );
 }
 
+/// The perf tests each start busy-polling client and server engine threads; run them one at a time so that on a
+/// 2-core CI machine they do not starve each other (an unreliable UC/UD run cannot recover a datagram the kernel
+/// dropped under CPU starvation).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn every_bw_test_verifies_over_loopback() {
+    let _serial = serial();
     for (i, t) in ["send-bw", "write-bw", "read-bw"].iter().enumerate() {
         let v = loopback_json(
             t,
@@ -105,6 +114,7 @@ fn every_bw_test_verifies_over_loopback() {
 
 #[test]
 fn every_lat_test_verifies_over_loopback() {
+    let _serial = serial();
     for (i, t) in ["send-lat", "write-lat", "read-lat"].iter().enumerate() {
         let v = loopback_json(t, 90 + i as u8, &["-s", "300", "-n", "100"]);
         assert_eq!(v.len(), 1);
@@ -116,6 +126,7 @@ fn every_lat_test_verifies_over_loopback() {
 
 #[test]
 fn uc_and_ud_where_perftest_has_them() {
+    let _serial = serial();
     let v = loopback_json(
         "send-bw",
         100,
@@ -137,6 +148,7 @@ fn uc_and_ud_where_perftest_has_them() {
 
 #[test]
 fn loss_still_completes_with_verified_data() {
+    let _serial = serial();
     let v = loopback_json(
         "write-bw",
         110,
@@ -168,6 +180,7 @@ fn loss_still_completes_with_verified_data() {
 
 #[test]
 fn duration_mode_counts_what_completed() {
+    let _serial = serial();
     let v = loopback_json("write-bw", 120, &["-s", "512", "-D", "0.5"]);
     let n = v[0]["iterations"].as_u64().unwrap_or(0);
     assert!(n > 0, "{}", v[0]);
@@ -178,6 +191,7 @@ fn duration_mode_counts_what_completed() {
 
 #[test]
 fn text_table_matches_perftest_columns() {
+    let _serial = serial();
     let ips = ips(121);
     let out = rocev2(&[
         "perf",
@@ -210,6 +224,7 @@ fn text_table_matches_perftest_columns() {
 
 #[test]
 fn client_without_server_fails_fast() {
+    let _serial = serial();
     let port = TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
@@ -244,6 +259,7 @@ fn client_without_server_fails_fast() {
 
 #[test]
 fn silent_server_times_out() {
+    let _serial = serial();
     // A TCP listener that never answers: the client's read timeout ends the run.
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
@@ -270,6 +286,7 @@ fn silent_server_times_out() {
 
 #[test]
 fn pcap_capture_decodes_with_good_icrc() {
+    let _serial = serial();
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let file = dir.join(format!("perf-{}.pcap", std::process::id()));
     let f = file.to_string_lossy().into_owned();
@@ -293,6 +310,7 @@ fn pcap_capture_decodes_with_good_icrc() {
 
 #[test]
 fn metrics_are_served_while_running() {
+    let _serial = serial();
     let mport = TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
@@ -341,6 +359,7 @@ fn metrics_are_served_while_running() {
 
 #[test]
 fn a_data_mismatch_fails_the_run() {
+    let _serial = serial();
     // The hidden testing flag alters one verified byte (or the atomic counter) before verification.
     for (i, t) in [
         "write-bw",
@@ -415,6 +434,7 @@ fn a_data_mismatch_fails_the_run() {
 
 #[test]
 fn completion_channel_with_moderation() {
+    let _serial = serial();
     let v = loopback_json("send-lat", 160, &["-e", "-n", "100"]);
     check_lat(&v[0], "send-lat", 2, 100);
     let v = loopback_json(
@@ -438,6 +458,7 @@ fn completion_channel_with_moderation() {
 
 #[test]
 fn sim_link_loopback() {
+    let _serial = serial();
     let v = loopback_json(
         "write-bw",
         162,
@@ -448,6 +469,7 @@ fn sim_link_loopback() {
 
 #[test]
 fn busy_roce_port_is_a_clear_error() {
+    let _serial = serial();
     let _squatter = std::net::UdpSocket::bind("127.0.170.2:4791").expect("bind 4791");
     let t0 = Instant::now();
     let out = rocev2(&[
