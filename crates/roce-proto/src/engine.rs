@@ -15,6 +15,7 @@ use crate::stats::Counters;
 use crate::time::Instant;
 use crate::timer::{QpTimers, Settle, TimerKind, Timers};
 use crate::verbs::*;
+use crate::wire::IPV4_IDENT;
 use crate::wire::{self, TxTemplate};
 use crate::{Psn, Qpn};
 
@@ -377,7 +378,7 @@ impl Engine {
                 "sgid and dgid differ in IP version",
             ));
         }
-        let ident = self.ip_id ^ (self.ahs.len() as u16);
+        let ident = IPV4_IDENT;
         let t = TxTemplate::new(
             self.cfg.mac,
             sgid,
@@ -763,7 +764,7 @@ impl Engine {
         let gids = self.cfg.gids.clone();
         let (ecn_data, cnp_dscp) = (self.cfg.ecn_data, self.cfg.cnp_dscp);
         // IPv4 identification of this QP's packets (fixed per QP, see `wire::TxTemplate`).
-        let ident = self.ip_id ^ (qpn.value() as u16);
+        let ident = IPV4_IDENT;
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return Err(ModifyQpError::UnknownQp(qpn));
         };
