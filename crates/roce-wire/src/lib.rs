@@ -25,6 +25,8 @@
 //!   immediate/invalidate). Parsing, emission, segmentation and the engine
 //!   all consult it.
 //! * [`types`]: 24-bit [`Psn`] (wrapping, window compare), [`Qpn`], [`Msn`].
+//! * [`gid`]: [`Gid`], the port GID (IPv4-mapped `::ffff:a.b.c.d` ↔ 16 bytes,
+//!   the hex form of the rdma-core pingpong exchange).
 //! * [`icrc`]: the invariant CRC (`ROCEV2.md §3`), seeded so the LRH stand-in
 //!   costs nothing, masked header copies on the stack.
 //! * [`frame`]: [`RoceRepr`], a whole Ethernet/IP/UDP/BTH/ext/payload/ICRC
@@ -145,6 +147,7 @@ pub mod eth;
 pub mod ext;
 pub mod feth;
 pub mod frame;
+pub mod gid;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
@@ -166,6 +169,7 @@ pub use eth::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr, VlanTag};
 pub use ext::ExtRepr;
 pub use feth::{Feth, FethRepr};
 pub use frame::{IpRepr, ParsedFrame, Rejection, RoceFrame, RoceRepr};
+pub use gid::{Gid, GidHex};
 pub use icrc::ICRC_LEN;
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};
