@@ -13,12 +13,14 @@
 mod bench;
 pub mod metrics;
 pub mod report;
+pub mod udp_stats;
 
 use std::fs::File;
 use std::io::BufWriter;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -30,6 +32,7 @@ use roce_verbs::{Context, Moderation, RuntimeConfig};
 use serde_json::{Value, json};
 
 use crate::oob::{Oob, OobError};
+use udp_stats::{SharedUdpStats, UdpTap};
 
 /// The perf tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -541,14 +544,15 @@ fn runtime_cfg(a: &PerfArgs) -> RuntimeConfig {
     }
 }
 
-/// Opens a device on a UdpLink bound to `local`, frames from `peer` (decorated per the flags).
+/// Opens a device on a UdpLink bound to `local`, frames from `peer` (decorated per the flags); also returns the
+/// link's counters for `--stats`.
 fn open_udp(
     a: &PerfArgs,
     local: IpAddr,
     peer: IpAddr,
     seed: u64,
     pcap: bool,
-) -> Result<Context, String> {
+) -> Result<(Context, Arc<SharedUdpStats>), String> {
     let faults = fault_config(a);
     let pcap = if pcap { a.pcap.clone() } else { None };
     let ucfg = UdpConfig {
@@ -556,10 +560,13 @@ fn open_udp(
         peer_mac: mac_of(peer),
         ..UdpConfig::new(local)
     };
+    let link_stats = Arc::new(SharedUdpStats::default());
+    let tap_stats = Arc::clone(&link_stats);
     Context::open(engine_cfg(local, seed), runtime_cfg(a), move || {
-        let base: Box<dyn Link> = Box::new(UdpLink::bind(ucfg)?);
+        let base: Box<dyn Link> = Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats));
         wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
     })
+    .map(|c| (c, link_stats))
     .map_err(|e| {
         let chain = source_chain(&e);
         let hint = if chain.contains("in use") {
@@ -625,8 +632,8 @@ pub fn run(a: &PerfArgs) -> ExitCode {
     }
 }
 
-/// `--stats`: the non-zero engine counters (to stderr with `--json`, so stdout stays JSON).
-fn print_stats(side: &str, ctx: &Context, json: bool) {
+/// `--stats`: the non-zero engine counters and UDP link counters (to stderr with `--json`, so stdout stays JSON).
+fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: bool) {
     match ctx.counters() {
         Ok(c) => {
             let mut text = format!("engine counters ({side}):\n");
@@ -649,6 +656,12 @@ fn print_stats(side: &str, ctx: &Context, json: bool) {
                 ld(&r.rx_frames),
                 ld(&r.link_errors)
             ));
+            if let Some(l) = link {
+                text.push_str(&format!("udp link counters ({side}):\n"));
+                for (name, v) in l.iter().filter(|(_, v)| *v != 0) {
+                    text.push_str(&format!("  {name:<32} {v}\n"));
+                }
+            }
             if json {
                 eprint!("{text}");
             } else {
@@ -744,8 +757,8 @@ fn server_session(
             return Err(e);
         }
     };
-    let ctx = match sim {
-        Some(c) => c,
+    let (ctx, link_stats) = match sim {
+        Some(c) => (c, None),
         None => {
             let local = o.local_addr().map_err(|e| e.to_string())?.ip();
             let peer = o.peer_addr().ip();
@@ -756,7 +769,7 @@ fn server_session(
                 a.seed.wrapping_mul(2),
                 a.address.is_none() && !a.loopback,
             ) {
-                Ok(c) => c,
+                Ok((c, s)) => (c, Some(s)),
                 Err(e) => {
                     o.send_error(&e);
                     return Err(e);
@@ -767,7 +780,7 @@ fn server_session(
     let _metrics = start_metrics(a, &[("server", &ctx)], !a.loopback)?;
     let r = bench::run_side(&ctx, &params, o, false, out);
     if a.stats {
-        print_stats("server", &ctx, a.json);
+        print_stats("server", &ctx, link_stats.as_deref(), a.json);
     }
     r
 }
@@ -809,13 +822,13 @@ fn client(
         _ => e.to_string(),
     })?;
     o.hello(Some(params.to_json())).map_err(|e| e.to_string())?;
-    let ctx = match sim {
-        Some(c) => c,
+    let (ctx, link_stats) = match sim {
+        Some(c) => (c, None),
         None => {
             let local = o.local_addr().map_err(|e| e.to_string())?.ip();
             let peer = o.peer_addr().ip();
             match open_udp(a, local, peer, a.seed.wrapping_mul(2).wrapping_add(1), true) {
-                Ok(c) => c,
+                Ok((c, s)) => (c, Some(s)),
                 Err(e) => {
                     o.send_error(&e);
                     return Err(e);
@@ -829,7 +842,7 @@ fn client(
     let _metrics = start_metrics(a, &[("client", &ctx)], true)?;
     let r = bench::run_side(&ctx, params, &mut o, true, out);
     if a.stats {
-        print_stats("client", &ctx, a.json);
+        print_stats("client", &ctx, link_stats.as_deref(), a.json);
     }
     r
 }
