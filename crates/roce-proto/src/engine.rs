@@ -6,7 +6,7 @@ use crate::cc::{FixedRate, RateController};
 use crate::config::{CapPolicy, DeviceAttr, EngineConfig};
 use crate::cq::Cq;
 use crate::error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
-use crate::mr::MrTable;
+use crate::mr::{MrBuffer, MrTable};
 use crate::qp::{
     InMsg, Qp, RdResource, RecvQueue, RecvWqe, ReqCtx, RespCtx, Seg, SendQueue, SendWqe,
 };
@@ -233,10 +233,15 @@ impl Engine {
     /// `ibv_reg_mr`: the engine takes ownership of `buffer` (STYLE V2) and assigns it a virtual address range.
     /// Use [`mr_read`](Self::mr_read) / [`mr_write`](Self::mr_write) / [`mr_bytes`](Self::mr_bytes) to access it and
     /// [`dereg_mr`](Self::dereg_mr) to get it back.
+    ///
+    /// `buffer` is anything that converts into an [`MrBuffer`]: `Vec<u8>`, `Box<[u8]>`, `&[u8]` (copied), `[u8; N]`
+    /// or any [`MrMemory`](crate::MrMemory) (e.g. huge-page memory mapped by a driver); the MR's length is its
+    /// length in bytes at this call. Errors: `InvalidHandle` (dead PD), `Exhausted` (`max_mr`), `InvalidArgument` (longer than
+    /// `max_mr_size`, or REMOTE_WRITE/REMOTE_ATOMIC without LOCAL_WRITE); on error the buffer is dropped.
     pub fn reg_mr(
         &mut self,
         pd: PdHandle,
-        buffer: impl Into<Box<[u8]>>,
+        buffer: impl Into<MrBuffer>,
         access: AccessFlags,
     ) -> Result<MrInfo, ResourceError> {
         if !self.pd_live(pd) {
@@ -260,20 +265,21 @@ impl Engine {
         Ok(self.mrs.register(pd, buf, access))
     }
 
-    /// `ibv_dereg_mr`: returns the buffer. Fails with `Busy` while an in-flight WR (or a saved READ responder
-    /// resource) holds a lease on the MR.
-    pub fn dereg_mr(&mut self, lkey: Lkey) -> Result<Box<[u8]>, ResourceError> {
+    /// `ibv_dereg_mr`: returns the buffer ([`MrBuffer::downcast`] recovers its concrete type). Fails with `Busy`
+    /// while an in-flight WR (or a saved READ responder resource) holds a lease on the MR, `InvalidHandle` for an
+    /// unknown key.
+    pub fn dereg_mr(&mut self, lkey: Lkey) -> Result<MrBuffer, ResourceError> {
         self.mrs.deregister(lkey)
     }
 
     /// The whole MR buffer (read-only view).
     pub fn mr_bytes(&self, lkey: Lkey) -> Option<&[u8]> {
-        self.mrs.get(lkey).map(|m| &m.buf[..])
+        self.mrs.get(lkey).map(|m| m.buf.as_slice())
     }
 
     /// The whole MR buffer, writable by the application (the engine is not running while you hold it).
     pub fn mr_bytes_mut(&mut self, lkey: Lkey) -> Option<&mut [u8]> {
-        self.mrs.get_mut(lkey).map(|m| &mut m.buf[..])
+        self.mrs.get_mut(lkey).map(|m| m.buf.as_mut_slice())
     }
 
     /// Copies `out.len()` bytes starting at byte `offset` of the MR into `out`.
@@ -284,6 +290,7 @@ impl Engine {
             .ok_or(ResourceError::InvalidHandle("lkey"))?;
         let src = m
             .buf
+            .as_slice()
             .get(offset..offset.saturating_add(out.len()))
             .ok_or(ResourceError::InvalidArgument("range"))?;
         out.copy_from_slice(src);
@@ -303,6 +310,7 @@ impl Engine {
             .ok_or(ResourceError::InvalidHandle("lkey"))?;
         let dst = m
             .buf
+            .as_mut_slice()
             .get_mut(offset..offset.saturating_add(data.len()))
             .ok_or(ResourceError::InvalidArgument("range"))?;
         dst.copy_from_slice(data);

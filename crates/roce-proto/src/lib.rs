@@ -60,8 +60,10 @@
 //!
 //! # Resource cleanup
 //!
-//! The engine owns MR buffers; [`Engine::dereg_mr`] returns the buffer and fails with `Busy` while a posted WR or a
-//! saved READ responder resource still uses the MR. CQs and PDs cannot be destroyed while QPs use them.
+//! The engine owns MR buffers ([`MrBuffer`]: any [`MrMemory`] — `Vec<u8>`, `Box<[u8]>`, or memory a driver mapped,
+//! such as huge pages — reached through one dynamic call per access); [`Engine::dereg_mr`] returns the buffer and
+//! fails with `Busy` while a posted WR or a saved READ responder resource still uses the MR. CQs and PDs cannot be
+//! destroyed while QPs use them.
 //!
 //! # Testing
 //!
@@ -104,6 +106,7 @@ pub use cc::{FixedRate, RateController};
 pub use config::{CapPolicy, DeviceAttr, EngineConfig};
 pub use engine::{Engine, FIRST_QPN, QpDump, QpInfo, TxKind, TxMeta};
 pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
+pub use mr::{MrBuffer, MrMemory};
 pub use requester::{local_ack_timeout, packets_for};
 pub use roce_wire::{Msn, Psn, Qpn};
 pub use stats::Counters;
