@@ -40,7 +40,7 @@ pub use fault::{Fault, FaultConfig, FaultStats, Faulty, GilbertElliott};
 pub use pcap::{Pcap, PcapMode};
 pub use roce_proto::time::Instant;
 pub use sim::{SimConfig, SimNet, SimPort, SimStats};
-pub use udp::{IpIdPolicy, UdpConfig, UdpLink, UdpStats};
+pub use udp::{IpIdPolicy, RxMode, UdpConfig, UdpLink, UdpStats};
 
 /// What the backend does about the RoCE v2 ICRC (`STYLE.md` W6, `ROCEV2.md §3`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

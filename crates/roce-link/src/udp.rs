@@ -18,7 +18,11 @@
 //!   writes DF and IP ID 0 (`ip_select_ident`: a DF packet from a socket without a destination gets ID 0;
 //!   `../shared/interop/README.md`, "Gotcha"). A frame whose IPv4 ID is not 0 or whose DF bit is clear would
 //!   leave with an ICRC that fails at the peer. Such frames are counted in [`UdpStats::tx_ip_hdr_mismatch`] and,
-//!   per [`IpIdPolicy`], dropped or repaired (ICRC recomputed for ID 0 + DF).
+//!   per [`IpIdPolicy`], dropped or repaired (ICRC recomputed for ID 0 + DF). The rocev2 engine itself always
+//!   writes ID 0 + DF (`roce_proto` `wire::IPV4_IDENT`), so its frames never take this path; it exists for
+//!   *foreign* frames sent through the link: frames received from a stack that numbers its IDs (rxe, via
+//!   [`RxMode::Packet`]) and replayed or relayed, or captured rxe traffic sent again. For those, `Repair` (the
+//!   default) makes them valid on the wire at the cost of one CRC pass; `Drop` refuses them.
 //! * **UDP source port.** The engine uses a per-QP source port (`0xC000 | hash(QPNs)`, `ROCEV2.md §1.4`, as rxe
 //!   does: ECMP entropy, and the port is in the ICRC). The backend therefore sends each frame from a socket
 //!   bound to `local_ip:frame_source_port`, created on first use and cached (a 64 Ki-entry port → socket table,
@@ -51,9 +55,29 @@
 //! **ICRC: verified here, once.** With [`UdpConfig::verify_rx_icrc`] (default) the backend checks the ICRC over
 //! the rebuilt frame, counts failures in [`UdpStats::rx_icrc_bad`], drops them, and reports
 //! [`IcrcCaps::rx_verified`]. The rebuilt IPv4 header assumes the sender used ID 0 + DF (true for this backend
-//! and for any unconnected-socket sender); a peer that numbers its IPv4 IDs (Linux rxe does) cannot be verified
-//! through a UDP socket, whose API never shows the received ID — for such peers use a raw backend, or turn the
-//! check off and accept that the engine's own check will reject those frames too.
+//! and for any unconnected-socket sender); a peer that numbers its IPv4 IDs (Linux rxe does: an incrementing ID,
+//! `../shared/interop/README.md`, "Guest rxe0 facts") cannot be verified through a UDP socket, whose API never
+//! shows the received ID. For such peers use [`RxMode::Packet`].
+//!
+//! ## [`RxMode::Packet`]: frames as they came off the wire
+//!
+//! With [`UdpConfig::rx`] = [`RxMode::Packet`], received frames come from an `AF_PACKET` socket bound to the
+//! interface that owns [`UdpConfig::local`] (found with `getifaddrs`, or named by [`UdpConfig::rx_interface`]) in
+//! the namespace the link is bound in. A classic BPF program attached with `SO_ATTACH_FILTER` keeps only frames
+//! that this host did not send (`pkt_type` ≠ `PACKET_OUTGOING`, so loopback frames are seen once), are IPv4
+//! (IPv6) UDP to `local`, are not fragments, and go to UDP port [`UdpConfig::port`]; the kernel discards the rest
+//! before they are queued. The socket is opened with protocol 0 and bound to the IP EtherType only after the
+//! filter is in place, so no unfiltered frame ever reaches it. Frames reach the engine byte for byte as received
+//! (real MACs, the sender's IP identification, flags, TTL, checksum), trimmed to the IP length (Ethernet padding
+//! removed); the ICRC is verified over those bytes and failures are counted in [`UdpStats::rx_icrc_bad`] as in
+//! socket mode. The UDP socket stays bound to the port, so the kernel answers nothing with ICMP port-unreachable,
+//! and gets a drop-all filter (attached before `bind`), so its queue never fills. Transmit is unchanged (UDP
+//! sockets).
+//!
+//! Limits: needs `CAP_NET_RAW`; sees only frames that arrive on that one interface (a peer on the same host
+//! whose traffic to a non-loopback address goes through `lo` is not seen; use socket mode, or
+//! `rx_interface = "lo"`); VLAN tags are stripped by the kernel before packet taps, so frames arrive untagged;
+//! IPv6 frames with extension headers are not accepted.
 //!
 //! # Errors
 //!
@@ -82,8 +106,29 @@ const UDP_NO_CHECK6_RX: libc::c_int = 102;
 /// Bytes of control-message space per datagram (aligned; two `int` cmsgs on TX, pktinfo + two on RX).
 const CMSG_WORDS: usize = 16;
 
+/// Classic BPF opcodes (linux/bpf_common.h), as the `u16` `sock_filter::code` field wants them.
+mod bpf {
+    // BPF_LD = 0x00, BPF_W = 0x00, BPF_H = 0x08, BPF_B = 0x10, BPF_ABS = 0x20, BPF_IND = 0x40.
+    pub const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    pub const LD_H_ABS: u16 = 0x28; // BPF_LD | BPF_H | BPF_ABS
+    pub const LD_B_ABS: u16 = 0x30; // BPF_LD | BPF_B | BPF_ABS
+    pub const LD_H_IND: u16 = 0x48; // BPF_LD | BPF_H | BPF_IND
+    pub const LDX_B_MSH: u16 = 0x01 | 0x10 | 0xa0; // BPF_LDX | BPF_B | BPF_MSH
+    pub const JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
+    pub const JSET_K: u16 = 0x05 | 0x40; // BPF_JMP | BPF_JSET | BPF_K
+    pub const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    /// `SKF_AD_OFF + SKF_AD_PKTTYPE`: ancillary load of the skb's packet type (linux/filter.h).
+    pub const AD_PKTTYPE: u32 = 0xFFFF_F000 + 4;
+    /// `PACKET_OUTGOING` (linux/if_packet.h): a copy of a frame this host sent.
+    pub const PACKET_OUTGOING: u32 = 4;
+    /// Bytes of a frame an accepting filter keeps (all of it).
+    pub const ACCEPT: u32 = 0x0004_0000;
+}
+
 /// What [`UdpLink`] does with a frame whose IPv4 identification is not 0 or whose DF bit is clear: Linux will
-/// put ID 0 and DF on the wire, so that frame's ICRC would be wrong at the peer (`ROCEV2.md §3`).
+/// put ID 0 and DF on the wire, so that frame's ICRC would be wrong at the peer (`ROCEV2.md §3`). Frames from the
+/// rocev2 engine always carry ID 0 + DF; this only matters for foreign frames (rxe's numbered IDs) that are sent
+/// through the link again, see the module docs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IpIdPolicy {
     /// Drop it (counted in [`UdpStats::tx_ip_hdr_mismatch`]).
@@ -92,6 +137,21 @@ pub enum IpIdPolicy {
     /// [`UdpStats::tx_ip_hdr_mismatch`]). Costs one CRC pass over the packet.
     #[default]
     Repair,
+}
+
+/// Where [`UdpLink`] takes received frames from (see the module docs, "Receive").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RxMode {
+    /// From the UDP socket bound to [`UdpConfig::port`]; the Ethernet/IP/UDP header is rebuilt, assuming the
+    /// sender wrote IPv4 ID 0 + DF (any rocev2 [`UdpLink`], any unconnected-socket sender). No privileges needed.
+    #[default]
+    Socket,
+    /// Whole frames as they came off the wire, from an `AF_PACKET` socket on the interface that owns
+    /// [`UdpConfig::local`] (or [`UdpConfig::rx_interface`]), filtered in the kernel (classic BPF) to UDP to
+    /// `local:port`. Needed to verify the ICRC of senders that number their IPv4 IDs, such as Linux Soft-RoCE (rxe).
+    /// The UDP socket stays bound to the port (so the kernel sends no ICMP port-unreachable) with a drop-all filter
+    /// (so its queue never fills). Needs `CAP_NET_RAW`.
+    Packet,
 }
 
 /// Configuration of a [`UdpLink`].
@@ -120,6 +180,11 @@ pub struct UdpConfig {
     pub max_tx_sockets: usize,
     /// `SO_RCVBUF` / `SO_SNDBUF` in bytes, if set (default 4 MiB; the kernel caps it at `rmem_max`/`wmem_max`).
     pub socket_buffer: Option<usize>,
+    /// Receive path (default [`RxMode::Socket`]).
+    pub rx: RxMode,
+    /// [`RxMode::Packet`]: the interface to capture on; `None` (default) = the interface that owns
+    /// [`UdpConfig::local`] in the namespace the link is bound in.
+    pub rx_interface: Option<String>,
 }
 
 impl UdpConfig {
@@ -137,6 +202,8 @@ impl UdpConfig {
             ip_id: IpIdPolicy::Repair,
             max_tx_sockets: 1024,
             socket_buffer: Some(4 << 20),
+            rx: RxMode::Socket,
+            rx_interface: None,
         }
     }
 }
@@ -218,6 +285,8 @@ pub struct UdpLink {
     rx_names: Vec<libc::sockaddr_in6>,
     /// Inode of the network namespace the link was bound in (new source-port sockets must be created there).
     netns: Option<u64>,
+    /// [`RxMode::Packet`]: the filtered `AF_PACKET` socket frames are read from.
+    pkt: Option<Socket>,
     stats: UdpStats,
 }
 
@@ -324,6 +393,237 @@ fn current_netns() -> Option<u64> {
         .map(|m| m.ino())
 }
 
+fn sock_filter(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// `SO_ATTACH_FILTER` of a classic BPF program (socket(7), filter.txt).
+fn attach_filter(s: &Socket, prog: &[libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        filter: prog.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` points at `prog`, which outlives the call (the kernel copies the program); the option size
+    // is exact.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&fprog as *const libc::sock_fprog).cast(),
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The classic BPF program of [`RxMode::Packet`]: accept frames that were not sent by this host (`pkt_type` ≠
+/// `PACKET_OUTGOING`), are IPv4 (IPv6) UDP to `local`, not fragments, and go to UDP port `port`; drop the rest.
+/// Offsets are from the start of the Ethernet header (no VLAN tag: the kernel strips it before packet taps).
+fn rx_filter(local: IpAddr, port: u16) -> Vec<libc::sock_filter> {
+    use bpf::*;
+    let f = sock_filter;
+    let port = u32::from(port);
+    let mut p = vec![
+        f(LD_W_ABS, 0, 0, AD_PKTTYPE),
+        // Jump targets are patched below (relative offsets to the final "drop").
+        f(JEQ_K, 0, 0, PACKET_OUTGOING),
+    ];
+    match local {
+        IpAddr::V4(a) => {
+            p.extend([
+                f(LD_H_ABS, 0, 0, 12),
+                f(JEQ_K, 0, 0, 0x0800),
+                f(LD_B_ABS, 0, 0, 14 + 9),
+                f(JEQ_K, 0, 0, u32::from(ipv4::PROTOCOL_UDP)),
+                f(LD_W_ABS, 0, 0, 14 + 16),
+                f(JEQ_K, 0, 0, u32::from_be_bytes(a.octets())),
+                // MF or a fragment offset: not a whole datagram.
+                f(LD_H_ABS, 0, 0, 14 + 6),
+                f(JSET_K, 0, 0, 0x3fff),
+                // X = IPv4 header length; A = UDP destination port.
+                f(LDX_B_MSH, 0, 0, 14),
+                f(LD_H_IND, 0, 0, 14 + 2),
+                f(JEQ_K, 0, 0, port),
+            ]);
+        }
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            p.extend([
+                f(LD_H_ABS, 0, 0, 12),
+                f(JEQ_K, 0, 0, 0x86dd),
+                f(LD_B_ABS, 0, 0, 14 + 6),
+                f(JEQ_K, 0, 0, u32::from(ipv4::PROTOCOL_UDP)),
+            ]);
+            for w in 0..4u32 {
+                let i = w as usize * 4;
+                p.push(f(LD_W_ABS, 0, 0, 14 + 24 + w * 4));
+                p.push(f(
+                    JEQ_K,
+                    0,
+                    0,
+                    u32::from_be_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]),
+                ));
+            }
+            p.extend([f(LD_H_ABS, 0, 0, 14 + 40 + 2), f(JEQ_K, 0, 0, port)]);
+        }
+    }
+    // Accept, then drop. Patch every conditional jump: the last JEQ falls through to accept; every other test
+    // jumps to drop when it fails (JEQ: jf; JSET and the PACKET_OUTGOING test: jt).
+    let accept = p.len();
+    p.push(f(RET_K, 0, 0, ACCEPT));
+    let drop = p.len();
+    p.push(f(RET_K, 0, 0, 0));
+    for (i, ins) in p[..accept].iter_mut().enumerate() {
+        let to_drop = (drop - i - 1) as u8;
+        match ins.code {
+            JEQ_K if i == 1 => ins.jt = to_drop,
+            JSET_K => ins.jt = to_drop,
+            JEQ_K => ins.jf = to_drop,
+            _ => {}
+        }
+    }
+    p
+}
+
+/// Index and name of the interface that owns `addr` in the calling thread's network namespace (getifaddrs(3));
+/// a loopback address not configured on any interface (127.0.0.2) belongs to the loopback interface.
+fn owning_interface(addr: IpAddr) -> io::Result<(u32, String)> {
+    let mut list: *mut libc::ifaddrs = core::ptr::null_mut();
+    // SAFETY: `list` is a valid out-pointer; on success it must be freed with freeifaddrs (done below).
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut found = None;
+    // 127.0.0.0/8 (and ::1) are local through `lo` without being configured one by one.
+    let mut loopback = None;
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: `ifa_addr` is non-null and points at a sockaddr whose family says which struct it is.
+        let fam = libc::c_int::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let a = match fam {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a `sockaddr_in`.
+                let sin =
+                    unsafe { core::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>()) };
+                IpAddr::V4(Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: an AF_INET6 address is a `sockaddr_in6`.
+                let sin6 =
+                    unsafe { core::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in6>()) };
+                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
+        let is_lo = ifa.ifa_flags & libc::IFF_LOOPBACK as libc::c_uint != 0;
+        if a == addr || (is_lo && addr.is_loopback() && loopback.is_none()) {
+            // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            // SAFETY: as above.
+            let idx = unsafe { libc::if_nametoindex(ifa.ifa_name) };
+            let hit = Some((idx, name.to_string_lossy().into_owned()));
+            if a == addr {
+                found = hit;
+                break;
+            }
+            loopback = hit;
+        }
+    }
+    let found = found.or(loopback);
+    // SAFETY: `list` came from getifaddrs and is freed once; no reference into it survives (the name was copied).
+    unsafe { libc::freeifaddrs(list) };
+    match found {
+        Some((idx, name)) if idx != 0 => Ok((idx, name)),
+        Some((_, name)) => Err(io::Error::other(format!("interface {name} has no index"))),
+        None => Err(io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            format!("no interface in this network namespace has address {addr}"),
+        )),
+    }
+}
+
+/// The [`RxMode::Packet`] socket: `AF_PACKET`/`SOCK_RAW`, opened with protocol 0 (receives nothing), filtered,
+/// then bound to the interface with the IP EtherType, so no unfiltered frame is ever queued.
+fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {
+    let (ifindex, ifname) = match &cfg.rx_interface {
+        Some(name) => {
+            let c = std::ffi::CString::new(name.as_str()).map_err(|_| {
+                io_ctx(
+                    io::Error::from(io::ErrorKind::InvalidInput),
+                    "interface name with NUL",
+                )
+            })?;
+            // SAFETY: `c` is a NUL-terminated string.
+            let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+            if idx == 0 {
+                return Err(io_ctx(
+                    io::Error::last_os_error(),
+                    format_args!("interface {name}"),
+                ));
+            }
+            (idx, name.clone())
+        }
+        None => owning_interface(cfg.local).map_err(|e| {
+            io_ctx(
+                e,
+                format_args!(
+                    "finding the interface of {} for AF_PACKET receive",
+                    cfg.local
+                ),
+            )
+        })?,
+    };
+    let ctx = |what: &'static str| {
+        let ifname = ifname.clone();
+        move |e| io_ctx(e, format_args!("{what} (AF_PACKET on {ifname})"))
+    };
+    let s = Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(0))).map_err(|e| {
+        let hint = if e.kind() == io::ErrorKind::PermissionDenied {
+            " (needs CAP_NET_RAW: run as root, or use the socket receive mode)"
+        } else {
+            ""
+        };
+        io_ctx(e, format_args!("AF_PACKET socket{hint}"))
+    })?;
+    attach_filter(&s, &rx_filter(cfg.local, cfg.port)).map_err(ctx("SO_ATTACH_FILTER"))?;
+    if let Some(n) = cfg.socket_buffer {
+        s.set_recv_buffer_size(n).map_err(ctx("SO_RCVBUF"))?;
+    }
+    s.set_nonblocking(true).map_err(ctx("O_NONBLOCK"))?;
+    let ethertype = if cfg.local.is_ipv6() {
+        libc::ETH_P_IPV6
+    } else {
+        libc::ETH_P_IP
+    } as u16;
+    let mut sll: libc::sockaddr_ll = zeroed();
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = ethertype.to_be();
+    sll.sll_ifindex = ifindex as i32;
+    // SAFETY: `sll` is a valid `sockaddr_ll` and its exact size is passed.
+    let r = unsafe {
+        libc::bind(
+            s.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(ctx("bind")(io::Error::last_os_error()));
+    }
+    Ok(s)
+}
+
 /// What `tx_commit` learned from a frame's headers.
 struct Parsed {
     off: usize,
@@ -370,6 +670,10 @@ impl UdpLink {
             ));
         }
         let rx = Self::socket(&cfg, cfg.port, true)?;
+        let pkt = match cfg.rx {
+            RxMode::Socket => None,
+            RxMode::Packet => Some(packet_socket(&cfg)?),
+        };
         let burst = cfg.burst;
         let rx_slot = cfg.mtu + 1;
         let mut link = UdpLink {
@@ -401,6 +705,7 @@ impl UdpLink {
             rx_ctrl: vec![[0; CMSG_WORDS]; burst],
             rx_names: vec![zeroed(); burst],
             netns: current_netns(),
+            pkt,
             stats: UdpStats {
                 tx_sockets: 1,
                 ..UdpStats::default()
@@ -463,6 +768,12 @@ impl UdpLink {
                 setopt(&s, libc::IPPROTO_IP, libc::IP_RECVTTL, 1).map_err(ctx("IP_RECVTTL"))?;
             }
         }
+        if rx && cfg.rx == RxMode::Packet {
+            // Frames are read from AF_PACKET; the socket only keeps the port owned. Attached before `bind`, so
+            // not a single datagram is ever queued.
+            attach_filter(&s, &[sock_filter(bpf::RET_K, 0, 0, 0)])
+                .map_err(ctx("SO_ATTACH_FILTER (drop all)"))?;
+        }
         s.bind(&SockAddr::from(local)).map_err(ctx("bind"))?;
         Ok(s)
     }
@@ -487,9 +798,13 @@ impl UdpLink {
         self.tx_tail - self.tx_head
     }
 
-    /// The receive socket's file descriptor (to wait for readability with `poll`/`epoll`).
+    /// The file descriptor received frames arrive on (to wait for readability with `poll`/`epoll`): the UDP
+    /// socket, or in [`RxMode::Packet`] the `AF_PACKET` socket.
     pub fn rx_fd(&self) -> std::os::fd::RawFd {
-        self.socks[0].as_raw_fd()
+        match &self.pkt {
+            Some(p) => p.as_raw_fd(),
+            None => self.socks[0].as_raw_fd(),
+        }
     }
 
     /// Parses the headers of a committed frame; `None` if the kernel cannot send it as it is.
@@ -674,6 +989,84 @@ impl UdpLink {
         }
     }
 
+    /// [`RxMode::Packet`] receive: up to `n` whole frames with one `recvmmsg` on the `AF_PACKET` socket, each
+    /// trimmed to its IP length (Ethernet padding removed), ICRC-verified over the bytes as received.
+    fn rx_packet(&mut self, n: usize, sink: &mut dyn FnMut(&mut [u8])) -> Result<usize, LinkError> {
+        let Some(pkt) = &self.pkt else {
+            return Ok(0);
+        };
+        let cap = self.rx_slot;
+        for i in 0..n {
+            self.rx_iov[i] = libc::iovec {
+                // SAFETY: slot `i` spans `rx_slot` bytes of `rx_data`.
+                iov_base: unsafe { self.rx_data.as_mut_ptr().add(i * self.rx_slot) }.cast(),
+                iov_len: cap,
+            };
+            let h = &mut self.rx_msgs[i].msg_hdr;
+            h.msg_name = core::ptr::null_mut();
+            h.msg_namelen = 0;
+            h.msg_iov = &mut self.rx_iov[i];
+            h.msg_iovlen = 1;
+            h.msg_control = core::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+        }
+        // SAFETY: `rx_msgs[..n]` point into `rx_iov` and `rx_data`, which stay in place for the call; no name or
+        // control buffers; no timeout pointer.
+        let r = unsafe {
+            libc::recvmmsg(
+                pkt.as_raw_fd(),
+                self.rx_msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                core::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(io_ctx(
+                    e,
+                    format_args!("recvmmsg on AF_PACKET for {}", self.local_addr()),
+                )),
+            };
+        }
+        let r = r as usize;
+        for i in 0..r {
+            let len = self.rx_msgs[i].msg_len as usize;
+            if self.rx_msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len >= cap {
+                self.stats.rx_truncated += 1;
+                continue;
+            }
+            let start = i * self.rx_slot;
+            let frame = &mut self.rx_data[start..start + len];
+            // The filter guarantees the EtherType and family; the IP length says where the packet ends.
+            let ip_end = if self.v6 {
+                frame.get(ETH_LEN + 4..ETH_LEN + 6).map(|b| {
+                    ETH_LEN + ipv6::HEADER_LEN + usize::from(u16::from_be_bytes([b[0], b[1]]))
+                })
+            } else {
+                frame
+                    .get(ETH_LEN + 2..ETH_LEN + 4)
+                    .map(|b| ETH_LEN + usize::from(u16::from_be_bytes([b[0], b[1]])))
+            };
+            let Some(flen) = ip_end.filter(|&e| e <= len) else {
+                self.stats.rx_truncated += 1;
+                continue;
+            };
+            let frame = &mut frame[..flen];
+            if self.cfg.verify_rx_icrc && icrc::verify(&frame[ETH_LEN..]).is_err() {
+                self.stats.rx_icrc_bad += 1;
+                continue;
+            }
+            self.stats.rx_frames += 1;
+            self.stats.rx_bytes += flen as u64;
+            sink(frame);
+        }
+        Ok(r)
+    }
+
     /// Rebuilds the Ethernet/IP/UDP header in front of the `len`-byte datagram in receive slot `i`; returns the
     /// frame length, or `None` if the datagram's addresses are unusable.
     fn rebuild(&mut self, i: usize, len: usize) -> Option<usize> {
@@ -808,6 +1201,9 @@ impl Link for UdpLink {
         let n = max.min(self.cfg.burst);
         if n == 0 {
             return Ok(0);
+        }
+        if self.pkt.is_some() {
+            return self.rx_packet(n, sink);
         }
         let cap = self.rx_slot - self.hdr;
         for i in 0..n {

@@ -1,0 +1,457 @@
+//! `RxMode::Packet` (AF_PACKET receive for foreign senders) in network namespaces:
+//!
+//! * over a veth pair (`scripts/netns.sh`): a raw `IP_HDRINCL` sender writes RoCE v2 frames the way Linux rxe does
+//!   (a numbered, nonzero IPv4 ID, UDP checksum 0); the packet-mode link delivers them byte for byte (the real
+//!   MACs and IP header), ICRC-verified, and a roce-proto engine with a UD QP completes a receive for them whose
+//!   GRH area holds that IP header. A corrupted ICRC is counted and dropped, a frame to another UDP port never
+//!   reaches the link, and the kernel's UDP socket on 4791 queues nothing (its drop counter moves instead).
+//! * over `lo` inside a namespace: frames sent by a socket-mode UdpLink arrive once each (the outgoing copy is
+//!   filtered out).
+//!
+//! Root only: skipped with a printed reason otherwise. Namespaces are deleted by a drop guard, also on panic.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant as StdInstant};
+
+use roce_link::{Instant, Link, RxMode, UdpConfig, UdpLink};
+use roce_proto::{
+    AccessFlags, Engine, EngineConfig, Gid, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, Sge, Wc, WcStatus,
+};
+use roce_wire::{
+    BthRepr, DethRepr, Ecn, EtherType, EthernetAddress, EthernetRepr, ExtRepr, IpRepr, Ipv4Repr,
+    Opcode, Psn, Qpn, ROCE_V2_PORT, RoceRepr, UdpRepr, icrc,
+};
+
+const T0: Instant = Instant::ZERO;
+const QKEY: u32 = 0x1111_1111;
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Namespaces from `scripts/netns.sh up` (a veth pair) or plain `ip netns add`; deleted on drop.
+struct Netns {
+    names: Vec<String>,
+}
+
+impl Netns {
+    fn root_check() -> Result<(), String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root".into());
+        }
+        if Command::new("ip").arg("-V").output().is_err() {
+            return Err("iproute2 `ip` not found".into());
+        }
+        Ok(())
+    }
+
+    fn pair(tag: &str, ip_a: &str, ip_b: &str) -> Result<Netns, String> {
+        Self::root_check()?;
+        let pid = std::process::id();
+        let ns = Netns {
+            names: vec![format!("rp{tag}{pid}a"), format!("rp{tag}{pid}b")],
+        };
+        let out = Command::new("bash")
+            .arg(workspace().join("scripts/netns.sh"))
+            .args(["up", &ns.names[0], &ns.names[1], ip_a, ip_b, "1500"])
+            .output()
+            .map_err(|e| format!("netns.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "netns.sh up failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(ns)
+    }
+
+    fn single(tag: &str) -> Result<Netns, String> {
+        Self::root_check()?;
+        let name = format!("rp{tag}{}", std::process::id());
+        let ns = Netns {
+            names: vec![name.clone()],
+        };
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .is_ok_and(|s| s.success())
+            && Command::new("ip")
+                .args(["-n", &name, "link", "set", "lo", "up"])
+                .status()
+                .is_ok_and(|s| s.success());
+        if ok {
+            Ok(ns)
+        } else {
+            Err("ip netns add failed".into())
+        }
+    }
+
+    fn mac(&self, k: usize) -> [u8; 6] {
+        let out = Command::new("bash")
+            .arg(workspace().join("scripts/netns.sh"))
+            .args(["mac", &self.names[k]])
+            .output()
+            .expect("netns.sh mac");
+        let s = String::from_utf8_lossy(&out.stdout);
+        let v: Vec<u8> = s
+            .trim()
+            .split(':')
+            .map(|x| u8::from_str_radix(x, 16).expect("mac"))
+            .collect();
+        v.try_into().expect("6 bytes")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// Runs `f` on a thread that has joined network namespace `ns`; sockets it creates stay in that namespace.
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).expect("open netns");
+        // SAFETY: `file` is an open namespace file descriptor; setns only changes this thread's namespace.
+        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+/// A UD SEND_ONLY frame as rxe writes it: the given IPv4 ID and DF bit, TTL 64, UDP checksum 0.
+fn ud_frame(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    dport: u16,
+    ident: u16,
+    df: bool,
+    psn: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let repr = RoceRepr {
+        eth: EthernetRepr {
+            src_addr: EthernetAddress([0; 6]),
+            dst_addr: EthernetAddress([0; 6]),
+            vlan: None,
+            ethertype: EtherType::IPV4,
+        },
+        ip: IpRepr::Ipv4(Ipv4Repr {
+            src_addr: src,
+            dst_addr: dst,
+            dscp: 0,
+            ecn: Ecn::NotEct,
+            ident,
+            dont_frag: df,
+            ttl: 64,
+            protocol: 17,
+        }),
+        udp: UdpRepr {
+            src_port: 0xc123,
+            dst_port: dport,
+        },
+        bth: BthRepr {
+            opcode: Opcode::UD_SEND_ONLY,
+            solicited: false,
+            mig_req: false,
+            pad_count: ((4 - payload.len() % 4) % 4) as u8,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::new(0x11),
+            ack_req: false,
+            psn: Psn::new(psn),
+        },
+        ext: ExtRepr {
+            deth: Some(DethRepr {
+                qkey: QKEY,
+                src_qp: Qpn::new(0x22),
+            }),
+            ..ExtRepr::NONE
+        },
+        payload_len: payload.len(),
+    };
+    let mut buf = vec![0u8; 128 + payload.len()];
+    let n = repr.emit_with_payload(&mut buf, payload).expect("emit");
+    buf.truncate(n);
+    buf
+}
+
+/// Sends the IP packet of `frame` (bytes 14..) through a raw `IP_HDRINCL` socket (the kernel keeps the ID because
+/// it is nonzero, and fills in the same checksum and length roce-wire wrote).
+fn send_raw(sock: &socket2::Socket, frame: &[u8], dst: Ipv4Addr) {
+    let addr = socket2::SockAddr::from(std::net::SocketAddrV4::new(dst, 0));
+    let n = sock.send_to(&frame[14..], &addr).expect("raw send");
+    assert_eq!(n, frame.len() - 14);
+}
+
+fn recv_all(l: &mut UdpLink, want: usize, wait: Duration) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    let t = StdInstant::now();
+    while got.len() < want && t.elapsed() < wait {
+        l.rx_burst(T0, 64, &mut |f: &mut [u8]| got.push(f.to_vec()))
+            .expect("rx");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    got
+}
+
+/// `(rx_queue, drops)` of the UDP socket on `port` from `/proc/thread-self/net/udp` (call in the namespace).
+fn udp_socket_queue_and_drops(port: u16) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/udp").ok()?;
+    let want = format!(":{port:04X}");
+    text.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if !f.get(1)?.ends_with(&want) {
+            return None;
+        }
+        let rxq = u64::from_str_radix(f.get(4)?.split(':').nth(1)?, 16).ok()?;
+        let drops = f.last()?.parse().ok()?;
+        Some((rxq, drops))
+    })
+}
+
+/// A UD QP (Q_Key 0x11111111) ready to receive into a 4 KiB MR; returns `(engine, cq, lkey, addr)`.
+fn ud_engine(
+    ip: Ipv4Addr,
+    mac: [u8; 6],
+) -> (Engine, roce_proto::CqHandle, roce_proto::Lkey, u64, Qpn) {
+    let mut e = Engine::new(EngineConfig {
+        mac,
+        gids: vec![Gid::from_ipv4(ip.octets())],
+        ..EngineConfig::default()
+    });
+    let pd = e.alloc_pd().expect("pd");
+    let mr = e
+        .reg_mr(pd, vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+        .expect("mr");
+    let cq = e.create_cq(16).expect("cq");
+    let (qpn, _) = e
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Ud,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        })
+        .expect("qp");
+    e.modify_qp(
+        qpn,
+        &QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qkey: QKEY,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )
+    .expect("init");
+    for (st, mask) in [
+        (QpState::Rtr, QpAttrMask::STATE),
+        (QpState::Rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN),
+    ] {
+        e.modify_qp(
+            qpn,
+            &QpAttr {
+                qp_state: st,
+                ..QpAttr::default()
+            },
+            mask,
+        )
+        .expect("rtr/rts");
+    }
+    (e, cq, mr.lkey, mr.addr, qpn)
+}
+
+#[test]
+fn veth_rxe_style_frames_reach_the_engine_intact() {
+    let ns = match Netns::pair("v", "198.18.5.1/24", "198.18.5.2/24") {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    let (mac_a, mac_b) = (ns.mac(0), ns.mac(1));
+    let (ip_a, ip_b) = (Ipv4Addr::new(198, 18, 5, 1), Ipv4Addr::new(198, 18, 5, 2));
+
+    let mut b = in_netns(&ns.names[1], move || {
+        let mut c = UdpConfig::new(IpAddr::V4(ip_b));
+        c.rx = RxMode::Packet;
+        c.mtu = 14 + 1500;
+        UdpLink::bind(c).expect("bind packet-mode link")
+    });
+    let raw = in_netns(&ns.names[0], || {
+        let s = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::RAW,
+            Some(socket2::Protocol::from(libc::IPPROTO_RAW)),
+        )
+        .expect("raw socket");
+        s.set_header_included_v4(true).expect("IP_HDRINCL");
+        s
+    });
+
+    let p1: Vec<u8> = (0..100u8).collect();
+    let p2: Vec<u8> = (0..1023u32).map(|i| (i * 7) as u8).collect();
+    let f1 = ud_frame(ip_a, ip_b, ROCE_V2_PORT, 0x1234, true, 1, &p1);
+    let f2 = ud_frame(ip_a, ip_b, ROCE_V2_PORT, 0x1235, false, 2, &p2);
+    let mut bad = ud_frame(ip_a, ip_b, ROCE_V2_PORT, 0x1236, true, 3, &p1);
+    let k = bad.len() - 10;
+    bad[k] ^= 0x40;
+    let other_port = ud_frame(ip_a, ip_b, ROCE_V2_PORT + 1, 0x1237, true, 4, &p1);
+    for f in [&f1, &bad, &other_port, &f2] {
+        send_raw(&raw, f, ip_b);
+    }
+    let got = recv_all(&mut b, 2, Duration::from_secs(3));
+    // One more poll so that anything that should not have arrived had the chance to.
+    std::thread::sleep(Duration::from_millis(50));
+    let extra = recv_all(&mut b, 1, Duration::from_millis(50));
+    assert!(extra.is_empty(), "unexpected frames: {extra:?}");
+
+    // Byte for byte: the kernel's Ethernet header (real MACs) + the IP packet as sent (ID, flags, checksum 0).
+    let on_wire = |f: &[u8]| {
+        let mut w = f.to_vec();
+        w[0..6].copy_from_slice(&mac_b);
+        w[6..12].copy_from_slice(&mac_a);
+        w
+    };
+    assert_eq!(got.len(), 2, "stats {:?}", b.stats());
+    assert_eq!(got[0], on_wire(&f1));
+    assert_eq!(got[1], on_wire(&f2));
+    assert_eq!(&got[0][14 + 4..14 + 6], &[0x12, 0x34], "IP ID as sent");
+    assert_eq!(got[1][14 + 6] & 0x40, 0, "DF clear as sent");
+    let st = b.stats();
+    assert_eq!(st.rx_frames, 2);
+    assert_eq!(st.rx_icrc_bad, 1, "{st:?}");
+
+    // The UDP socket on 4791 stayed empty: its drop-all filter discarded the three datagrams to 4791.
+    let q = in_netns(&ns.names[1], || udp_socket_queue_and_drops(ROCE_V2_PORT));
+    let (rxq, drops) = q.expect("UDP socket on 4791 in /proc/thread-self/net/udp");
+    assert_eq!(rxq, 0, "UDP socket queue");
+    assert_eq!(drops, 3, "UDP socket drops (filtered)");
+
+    // The engine accepts them: ICRC over the true header, a UD receive with the IP header in the GRH area.
+    let (mut e, cq, lkey, addr, qpn) = ud_engine(ip_b, mac_b);
+    assert_eq!(
+        qpn,
+        Qpn::new(0x11),
+        "first QPN (the frames are addressed to 0x11)"
+    );
+    for (i, len) in [(0u64, 40 + p1.len()), (1, 40 + p2.len())] {
+        e.post_recv(
+            qpn,
+            &[RecvWr {
+                wr_id: i,
+                sg_list: &[Sge {
+                    addr: addr + i * 2048,
+                    length: len as u32,
+                    lkey,
+                }],
+            }],
+        )
+        .expect("post_recv");
+    }
+    for f in &got {
+        icrc::verify(&f[14..]).expect("ICRC");
+        e.handle_frame(Instant::ZERO, f);
+    }
+    let mut wc = [Wc::default(); 4];
+    let n = e.poll_cq(cq, &mut wc);
+    assert_eq!(n, 2, "completions; engine counters {:?}", e.counters());
+    for (w, (p, f)) in wc[..2].iter().zip([(&p1, &f1), (&p2, &f2)]) {
+        assert_eq!(w.status, WcStatus::Success);
+        assert_eq!(w.byte_len as usize, 40 + p.len());
+        assert_eq!(w.src_qp, Qpn::new(0x22));
+        let mut buf = vec![0u8; 40 + p.len()];
+        e.mr_read(lkey, w.wr_id as usize * 2048, &mut buf)
+            .expect("mr_read");
+        assert_eq!(
+            &buf[20..40],
+            &f[14..34],
+            "GRH area holds the received IPv4 header"
+        );
+        assert_eq!(&buf[40..], &p[..]);
+    }
+    assert_eq!(e.counters().rx_icrc_encapsulated, 0);
+}
+
+#[test]
+fn loopback_frames_arrive_once() {
+    let ns = match Netns::single("l") {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    let name = ns.names[0].clone();
+    let (got, st) = in_netns(&name, || {
+        let ip_a = Ipv4Addr::new(127, 0, 0, 1);
+        let ip_b = Ipv4Addr::new(127, 0, 0, 2);
+        let mut a = UdpLink::bind(UdpConfig::new(IpAddr::V4(ip_a))).expect("bind a");
+        let mut cb = UdpConfig::new(IpAddr::V4(ip_b));
+        cb.rx = RxMode::Packet;
+        let mut b = UdpLink::bind(cb).expect("bind b (packet, lo)");
+        let frames: Vec<Vec<u8>> = (0..10u32)
+            .map(|i| ud_frame(ip_a, ip_b, ROCE_V2_PORT, 0, true, i, &[i as u8; 64]))
+            .collect();
+        for f in &frames {
+            a.transmit(T0, f).expect("transmit");
+        }
+        a.flush(T0).expect("flush");
+        let got = recv_all(&mut b, 20, Duration::from_millis(500));
+        let ips: Vec<Vec<u8>> = got.iter().map(|f| f[14..].to_vec()).collect();
+        let want: Vec<Vec<u8>> = frames.iter().map(|f| f[14..].to_vec()).collect();
+        assert_eq!(ips, want, "each frame once, in order, IP packet intact");
+        (got.len(), b.stats())
+    });
+    assert_eq!(got, 10);
+    assert_eq!(st.rx_icrc_bad, 0);
+}
+
+#[test]
+fn packet_mode_errors_are_clear() {
+    if Netns::root_check().is_err() {
+        // Without CAP_NET_RAW the AF_PACKET socket itself is refused; the message names the remedy.
+        let mut c = UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        c.port = 0;
+        c.rx = RxMode::Packet;
+        let e = UdpLink::bind(c).expect_err("AF_PACKET needs CAP_NET_RAW");
+        assert!(format!("{e}: {:?}", e).contains("CAP_NET_RAW"), "{e:?}");
+        return;
+    }
+    let ns = match Netns::single("e") {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    let name = ns.names[0].clone();
+    let msg = in_netns(&name, || {
+        let mut c = UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        c.rx = RxMode::Packet;
+        c.rx_interface = Some("no-such-if0".into());
+        format!("{:?}", UdpLink::bind(c).expect_err("unknown interface"))
+    });
+    assert!(msg.contains("no-such-if0"), "{msg}");
+}
