@@ -12,7 +12,7 @@ use std::time::Duration;
 use roce_link::{Link, LinkError, SimConfig, SimNet};
 use roce_proto::{
     AccessFlags, AhAttr, AhHandle, Counters, CqHandle, CreateQpError, DeviceAttr, Engine,
-    EngineConfig, Gid, Lkey, ModifyQpError, MrInfo, Mtu, Psn, QpAttr, QpAttrMask, QpCap,
+    EngineConfig, Gid, Lkey, ModifyQpError, MrBuffer, MrInfo, Mtu, Psn, QpAttr, QpAttrMask, QpCap,
     QpInitAttr, QpState, QpType, Qpn, RecvWr, ResourceError, Rkey, SendWr, Sge, Wc,
 };
 
@@ -52,6 +52,9 @@ pub enum Error {
     /// A bad argument detected by the runtime.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// Mapping MR memory failed ([`Pd::reg_mr_hugepages`]).
+    #[error("allocating MR memory failed")]
+    Alloc(#[source] std::io::Error),
 }
 
 /// Errors of [`Qp::post_send`] / [`Qp::post_recv`] (synchronous checks, `STYLE.md` V3). Nothing of the chain was
@@ -368,8 +371,16 @@ impl Pd {
 
     /// `ibv_reg_mr` of owned memory (`STYLE.md` V2): the engine takes the buffer; access it with [`Mr::read`] /
     /// [`Mr::write`].
-    pub fn reg_mr(&self, buf: impl Into<Box<[u8]>>, access: AccessFlags) -> Result<Mr, Error> {
-        let buf: Box<[u8]> = buf.into();
+    ///
+    /// `buf` is a `Vec<u8>`, `Box<[u8]>`, `&[u8]` (copied), `[u8; N]`, a [`HugePageBuffer`](crate::HugePageBuffer)
+    /// or any other [`MrMemory`](roce_proto::MrMemory); the MR covers all of its bytes. Errors: the engine's
+    /// (`Error::Resource`: dead PD, `max_mr`, `max_mr_size`, REMOTE_WRITE without LOCAL_WRITE), `EngineGone`,
+    /// `Timeout`.
+    pub fn reg_mr(&self, buf: impl Into<MrBuffer>, access: AccessFlags) -> Result<Mr, Error> {
+        let buf: MrBuffer = buf.into();
+        let huge = buf
+            .downcast_ref::<crate::HugePageBuffer>()
+            .is_some_and(|h| h.is_huge());
         let pd = self.inner.handle;
         let info = self
             .inner
@@ -379,8 +390,22 @@ impl Pd {
             inner: Arc::new(MrInner {
                 pd: self.clone(),
                 info,
+                huge,
             }),
         })
+    }
+
+    /// `ibv_reg_mr` of `len` zeroed bytes on 2 MiB huge pages (perftest `--use_hugepages`), falling back to normal
+    /// pages with a `tracing::warn!` when the kernel has no free huge pages
+    /// ([`HugePagePolicy::Prefer`](crate::HugePagePolicy::Prefer)); [`Mr::is_huge`] tells which. For a hard requirement pass
+    /// `HugePageBuffer::alloc(len, HugePagePolicy::Require)?` to [`reg_mr`](Self::reg_mr).
+    ///
+    /// Errors: `Alloc` (the fallback mapping failed too, or `len` overflows when rounded to 2 MiB), then as
+    /// [`reg_mr`](Self::reg_mr).
+    pub fn reg_mr_hugepages(&self, len: usize, access: AccessFlags) -> Result<Mr, Error> {
+        let buf = crate::HugePageBuffer::alloc(len, crate::HugePagePolicy::Prefer)
+            .map_err(Error::Alloc)?;
+        self.reg_mr(buf, access)
     }
 
     /// `ibv_create_ah` (UD address vector).
@@ -469,6 +494,7 @@ impl Pd {
 struct MrInner {
     pd: Pd,
     info: MrInfo,
+    huge: bool,
 }
 
 impl Drop for MrInner {
@@ -504,6 +530,10 @@ impl Mr {
     /// Length in bytes.
     pub fn length(&self) -> u64 {
         self.inner.info.length
+    }
+    /// True when the buffer is a [`HugePageBuffer`](crate::HugePageBuffer) that got hugetlb (2 MiB) pages.
+    pub fn is_huge(&self) -> bool {
+        self.inner.huge
     }
 
     /// An SGE for `len` bytes at byte `offset` (not checked here: the engine checks SGEs against the MR and reports

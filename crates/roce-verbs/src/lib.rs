@@ -14,9 +14,11 @@
 //!
 //! # Memory
 //!
-//! MR buffers are owned by the engine (`roce_proto::Engine::reg_mr` takes a `Box<[u8]>`), which leases them while a
-//! WR uses them, so no safe call can make the engine touch freed memory; applications read and write MR contents
-//! with [`Mr::read`] / [`Mr::write`] (copies, executed on the engine thread between packets).
+//! MR buffers are owned by the engine (`roce_proto::Engine::reg_mr` takes any [`MrMemory`] boxed as an
+//! [`MrBuffer`]: `Vec<u8>`, `Box<[u8]>`, or a [`HugePageBuffer`]), which leases them while a WR uses them, so no safe
+//! call can make the engine touch freed memory; applications read and write MR contents with [`Mr::read`] /
+//! [`Mr::write`] (copies, executed on the engine thread between packets). [`Pd::reg_mr_hugepages`] puts an MR on
+//! 2 MiB huge pages (reserved in `/proc/sys/vm/nr_hugepages`), falling back to normal pages with a warning.
 //!
 //! # Example
 //!
@@ -36,6 +38,7 @@
 mod channel;
 mod clock;
 mod handles;
+mod hugepage;
 mod runner;
 mod wqe;
 
@@ -44,9 +47,11 @@ pub use clock::Clock;
 pub use handles::{
     Ah, COMMAND_TIMEOUT, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint,
 };
+pub use hugepage::{HUGE_PAGE_SIZE, HugePageBuffer, HugePagePolicy};
 pub use roce_proto::{
-    AccessFlags, AhAttr, Counters, EngineConfig, Gid, Mtu, Psn, QpAttr, QpAttrMask, QpCap, QpState,
-    QpType, RecvWr, Rkey, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
+    AccessFlags, AhAttr, Counters, EngineConfig, Gid, MrBuffer, MrMemory, Mtu, Psn, QpAttr,
+    QpAttrMask, QpCap, QpState, QpType, RecvWr, Rkey, SendFlags, SendOp, SendWr, Sge, UdDest, Wc,
+    WcOpcode, WcStatus,
 };
 pub use runner::{RuntimeConfig, RuntimeStats};
 pub use wqe::{MAX_INLINE, MAX_SGE};
