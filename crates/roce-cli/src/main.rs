@@ -14,6 +14,7 @@ mod decode;
 mod link;
 mod oob;
 mod perf;
+mod pingpong;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -40,6 +41,9 @@ enum Command {
     /// perftest-style bandwidth/latency tests: `rocev2 perf write-bw --loopback`, server `rocev2 perf send-bw`,
     /// client `rocev2 perf send-bw HOST`.
     Perf(Box<perf::PerfArgs>),
+    /// ibv_rc_pingpong / ibv_ud_pingpong compatible test: server `rocev2 pingpong [rc|ud]`, client
+    /// `rocev2 pingpong [rc|ud] SERVER`; interoperates with the rdma-core tools (use -g 1 on their side).
+    Pingpong(Box<pingpong::PingpongArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Decode(args) => decode_cmd(&args),
         Command::Perf(args) => perf::run(&args),
+        Command::Pingpong(args) => pingpong::run(&args),
     }
 }
 

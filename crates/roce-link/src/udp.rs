@@ -491,8 +491,12 @@ fn rx_filter(local: IpAddr, port: u16) -> Vec<libc::sock_filter> {
 }
 
 /// Index and name of the interface that owns `addr` in the calling thread's network namespace (getifaddrs(3));
-/// a loopback address not configured on any interface (127.0.0.2) belongs to the loopback interface.
-fn owning_interface(addr: IpAddr) -> io::Result<(u32, String)> {
+/// a loopback address not configured on any interface (127.0.0.2) belongs to the loopback interface. This is the
+/// interface [`RxMode::Packet`] captures on; callers can also use it to tell whether an address is local.
+///
+/// # Errors
+/// `AddrNotAvailable` when no interface has the address; the `getifaddrs` error otherwise.
+pub fn interface_of(addr: IpAddr) -> io::Result<(u32, String)> {
     let mut list: *mut libc::ifaddrs = core::ptr::null_mut();
     // SAFETY: `list` is a valid out-pointer; on success it must be freed with freeifaddrs (done below).
     if unsafe { libc::getifaddrs(&mut list) } != 0 {
@@ -574,7 +578,7 @@ fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {
             }
             (idx, name.clone())
         }
-        None => owning_interface(cfg.local).map_err(|e| {
+        None => interface_of(cfg.local).map_err(|e| {
             io_ctx(
                 e,
                 format_args!(
