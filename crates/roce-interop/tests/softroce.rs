@@ -188,7 +188,14 @@ fn side_name(s: Side) -> &'static str {
 fn perftest_cases() -> Vec<Case> {
     let bw_sizes = [1u64, PMTU as u64, PMTU as u64 + 1, 4096, MIB];
     let lat_sizes = [1u64, PMTU as u64, PMTU as u64 + 1, 4096];
-    let tools: [(&str, &str, &[u64], &'static str, Option<&'static str>); 6] = [
+    type Tool<'a> = (
+        &'a str,
+        &'a str,
+        &'a [u64],
+        &'static str,
+        Option<&'static str>,
+    );
+    let tools: [Tool; 6] = [
         ("ib_send_bw", "send-bw", &bw_sizes, "RC_SEND", None),
         ("ib_write_bw", "write-bw", &bw_sizes, "RC_RDMA_WRITE", None),
         (
