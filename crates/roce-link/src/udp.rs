@@ -70,7 +70,10 @@
 //! filter is in place, so no unfiltered frame ever reaches it. Frames reach the engine byte for byte as received
 //! (real MACs, the sender's IP identification, flags, TTL, checksum), trimmed to the IP length (Ethernet padding
 //! removed); the ICRC is verified over those bytes and failures are counted in [`UdpStats::rx_icrc_bad`] as in
-//! socket mode. The UDP socket stays bound to the port, so the kernel answers nothing with ICMP port-unreachable,
+//! socket mode. One field can differ from what a remote sender wrote: a frame sent by a socket on this host
+//! through a veth or `lo` with checksum offload still holds a partial UDP checksum (`PACKET_AUXDATA` reports
+//! `TP_STATUS_CSUMNOTREADY`); the link completes it, as the NIC would have (not ICRC-covered, so only captures
+//! notice). The UDP socket stays bound to the port, so the kernel answers nothing with ICMP port-unreachable,
 //! and gets a drop-all filter (attached before `bind`), so its queue never fills. Transmit is unchanged (UDP
 //! sockets).
 //!
@@ -601,6 +604,7 @@ fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {
         io_ctx(e, format_args!("AF_PACKET socket{hint}"))
     })?;
     attach_filter(&s, &rx_filter(cfg.local, cfg.port)).map_err(ctx("SO_ATTACH_FILTER"))?;
+    setopt(&s, libc::SOL_PACKET, libc::PACKET_AUXDATA, 1).map_err(ctx("PACKET_AUXDATA"))?;
     if let Some(n) = cfg.socket_buffer {
         s.set_recv_buffer_size(n).map_err(ctx("SO_RCVBUF"))?;
     }
@@ -626,6 +630,72 @@ fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {
         return Err(ctx("bind")(io::Error::last_os_error()));
     }
     Ok(s)
+}
+
+/// `tp_status` of the `PACKET_AUXDATA` control message of one received frame (0 if absent).
+fn aux_status(ctrl: &[u64; CMSG_WORDS], msg: &libc::msghdr) -> u32 {
+    let mut hdr: libc::msghdr = zeroed();
+    hdr.msg_control = ctrl.as_ptr() as *mut libc::c_void;
+    hdr.msg_controllen = msg.msg_controllen;
+    // SAFETY: `hdr` describes `ctrl`, of which the kernel filled `msg_controllen` bytes (≤ its size); the macros stay
+    // within that length and return null at the end.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
+    while !c.is_null() {
+        // SAFETY: `c` is non-null and points at a complete cmsghdr inside `ctrl`.
+        let (level, ty) = unsafe { ((*c).cmsg_level, (*c).cmsg_type) };
+        if level == libc::SOL_PACKET && ty == libc::PACKET_AUXDATA {
+            // SAFETY: PACKET_AUXDATA carries a `struct tpacket_auxdata` (packet(7)); unaligned read of plain data.
+            let aux = unsafe {
+                core::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::tpacket_auxdata>())
+            };
+            return aux.tp_status;
+        }
+        // SAFETY: `c` is a valid header within `hdr`'s control buffer.
+        c = unsafe { libc::CMSG_NXTHDR(&hdr, c) };
+    }
+    0
+}
+
+/// Completes the UDP checksum of a frame whose sender left it to checksum offload (`TP_STATUS_CSUMNOTREADY`: a
+/// packet from a socket on this host, crossing a veth or `lo`, still holds only the pseudo-header sum). The value
+/// is what a NIC would have put on the wire; a zero checksum ("none", what RoCE senders write) is left alone. The
+/// UDP checksum is not covered by the ICRC (`ROCEV2.md §3`), so this changes nothing for the engine; it keeps
+/// captures of received frames valid.
+fn finish_udp_checksum(frame: &mut [u8], v6: bool) {
+    let ip_len = if v6 {
+        ipv6::HEADER_LEN
+    } else {
+        ipv4::HEADER_LEN
+    };
+    let Some(ip) = frame.get(ETH_LEN..) else {
+        return;
+    };
+    let (src, dst) = if v6 {
+        match Ipv6Packet::new_checked(ip) {
+            Ok(p) => (IpAddr::V6(p.src_addr()), IpAddr::V6(p.dst_addr())),
+            Err(_) => return,
+        }
+    } else {
+        match Ipv4Packet::new_checked(ip) {
+            Ok(p) => (IpAddr::V4(p.src_addr()), IpAddr::V4(p.dst_addr())),
+            Err(_) => return,
+        }
+    };
+    let Some(seg) = frame.get_mut(ETH_LEN + ip_len..) else {
+        return;
+    };
+    let (len, sum) = match UdpPacket::new_checked(&*seg) {
+        Ok(u) => (usize::from(u.len()), u.checksum()),
+        Err(_) => return,
+    };
+    let Some(dgram) = seg.get(..len) else {
+        return;
+    };
+    if sum == 0 {
+        return;
+    }
+    let c = udp::checksum(src, dst, dgram);
+    UdpPacket::new_unchecked(seg).set_checksum(c);
 }
 
 /// What `tx_commit` learned from a frame's headers.
@@ -1011,12 +1081,12 @@ impl UdpLink {
             h.msg_namelen = 0;
             h.msg_iov = &mut self.rx_iov[i];
             h.msg_iovlen = 1;
-            h.msg_control = core::ptr::null_mut();
-            h.msg_controllen = 0;
+            h.msg_control = self.rx_ctrl[i].as_mut_ptr().cast();
+            h.msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
             h.msg_flags = 0;
         }
-        // SAFETY: `rx_msgs[..n]` point into `rx_iov` and `rx_data`, which stay in place for the call; no name or
-        // control buffers; no timeout pointer.
+        // SAFETY: `rx_msgs[..n]` point into `rx_iov`, `rx_ctrl` and `rx_data`, which stay in place for the call; no
+        // name buffer; no timeout pointer.
         let r = unsafe {
             libc::recvmmsg(
                 pkt.as_raw_fd(),
@@ -1059,7 +1129,13 @@ impl UdpLink {
                 self.stats.rx_truncated += 1;
                 continue;
             };
+            let csum_not_ready = aux_status(&self.rx_ctrl[i], &self.rx_msgs[i].msg_hdr)
+                & libc::TP_STATUS_CSUMNOTREADY
+                != 0;
             let frame = &mut frame[..flen];
+            if csum_not_ready {
+                finish_udp_checksum(frame, self.v6);
+            }
             if self.cfg.verify_rx_icrc && icrc::verify(&frame[ETH_LEN..]).is_err() {
                 self.stats.rx_icrc_bad += 1;
                 continue;
