@@ -262,9 +262,19 @@ fn setup(ctx: &Context, p: &Params, o: &mut Oob, out: &Output) -> Result<Session
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
-    let mr = pd
-        .reg_mr(vec![0u8; (r * (1 + k)) as usize], access)
-        .map_err(e("reg_mr"))?;
+    let len = (r * (1 + k)) as usize;
+    let mr = if out.hugepages {
+        pd.reg_mr_hugepages(len, access)
+    } else {
+        pd.reg_mr(vec![0u8; len], access)
+    }
+    .map_err(e("reg_mr"))?;
+    if out.hugepages && !mr.is_huge() && out.print {
+        eprintln!(
+            "rocev2 perf: warning: --use_hugepages: no free 2 MiB huge pages (see /proc/sys/vm/nr_hugepages); \
+             the {len}-byte test buffer uses normal pages"
+        );
+    }
     let cap = QpCap {
         max_send_wr: p.tx_depth.max(16),
         max_recv_wr: rx_depth,
@@ -660,7 +670,7 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
 }
 
 /// Best bandwidth over windows of at least `max(1 ms, elapsed / 20)` between completion samples.
-fn peak_bps(samples: &[(Duration, u64)], size: u64, elapsed: Duration) -> f64 {
+pub(super) fn peak_bps(samples: &[(Duration, u64)], size: u64, elapsed: Duration) -> f64 {
     let w = (elapsed / 20).max(Duration::from_millis(1));
     let mut best = 0.0f64;
     let mut j = 0;

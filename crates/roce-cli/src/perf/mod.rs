@@ -11,6 +11,7 @@
 //! and a non-zero exit.
 
 mod bench;
+mod compat;
 pub mod metrics;
 pub mod report;
 pub mod udp_stats;
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use roce_link::{
-    FaultConfig, Faulty, Link, LinkError, Pcap, PcapMode, SimConfig, UdpConfig, UdpLink,
+    FaultConfig, Faulty, Link, LinkError, Pcap, PcapMode, RxMode, SimConfig, UdpConfig, UdpLink,
 };
 use roce_proto::{EngineConfig, Gid, Mtu, QpType};
 use roce_verbs::{Context, Moderation, RuntimeConfig};
@@ -200,6 +201,10 @@ pub struct PerfArgs {
     /// Accepted for perftest compatibility (no CPU-frequency check is made).
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
+    /// Put this side's test buffer on 2 MiB huge pages (reserve them first: `echo N > /proc/sys/vm/nr_hugepages`).
+    /// Without free huge pages a warning is printed and normal pages are used.
+    #[arg(long = "use_hugepages")]
+    pub use_hugepages: bool,
     /// Bandwidth tests: run until interrupted, printing a line per second (nothing is verified: the run never
     /// ends).
     #[arg(long = "run_infinitely")]
@@ -267,6 +272,30 @@ pub struct PerfArgs {
     /// Pin the engine thread to this core.
     #[arg(long = "engine-core")]
     pub engine_core: Option<usize>,
+    /// Speak perftest's out-of-band exchange (without -R) and put perftest's traffic pattern on the wire, so that
+    /// ib_send_bw / ib_write_bw / ib_read_bw / ib_atomic_bw / ib_send_lat / ib_write_lat pair with this side (same
+    /// flags on both sides; no parameter exchange).
+    #[arg(long = "perftest-compat")]
+    pub perftest_compat: bool,
+    /// perftest's GID index: accepted; this side always uses the IPv4-mapped GID of its address.
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u32>,
+    /// perftest's device name: accepted and ignored (the device is the UDP link on the local address).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub ib_dev: Option<String>,
+    /// Receive path of the UDP link: `socket` (rocev2 peers), or `packet` (AF_PACKET, needs CAP_NET_RAW; needed
+    /// for peers that number their IPv4 IDs, such as Linux rxe).
+    #[arg(long = "rx-mode", value_enum, default_value = "socket")]
+    pub rx_mode: RxModeArg,
+}
+
+/// `--rx-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RxModeArg {
+    /// The UDP socket (the IP header is rebuilt assuming IPv4 ID 0 + DF).
+    Socket,
+    /// AF_PACKET on the interface that owns the local address.
+    Packet,
 }
 
 /// Resolved run parameters, shared by both sides (the client sends them in its hello).
@@ -475,6 +504,8 @@ pub struct Output {
     pub gbits: bool,
     /// Wait on a completion channel with this moderation (`-e`).
     pub events: Option<Moderation>,
+    /// Register the test buffer on huge pages (`--use_hugepages`).
+    pub hugepages: bool,
 }
 
 fn fault_config(a: &PerfArgs) -> Option<FaultConfig> {
@@ -558,6 +589,10 @@ fn open_udp(
     let ucfg = UdpConfig {
         local_mac: mac_of(local),
         peer_mac: mac_of(peer),
+        rx: match a.rx_mode {
+            RxModeArg::Socket => RxMode::Socket,
+            RxModeArg::Packet => RxMode::Packet,
+        },
         ..UdpConfig::new(local)
     };
     let link_stats = Arc::new(SharedUdpStats::default());
@@ -610,13 +645,24 @@ pub fn run(a: &PerfArgs) -> ExitCode {
         print: true,
         json: a.json,
         gbits: a.report_gbits,
+        hugepages: a.use_hugepages,
         events: a.events.then(|| Moderation {
             count: params.cq_mod,
             period: Duration::from_micros(a.cq_period_us),
             adaptive: a.adaptive,
         }),
     };
-    let r = if a.loopback {
+    if a.ib_dev.is_some() && !a.json {
+        eprintln!("rocev2 perf: -d is ignored (the device is the UDP link on the local address)");
+    }
+    if a.gid_index.is_some() && !a.json {
+        eprintln!(
+            "rocev2 perf: -x is accepted; the GID in use is the IPv4-mapped GID of the local address"
+        );
+    }
+    let r = if a.perftest_compat {
+        compat::run(a, &params, &out)
+    } else if a.loopback {
         loopback(a, &params, &out)
     } else if let Some(addr) = &a.address {
         client(a, &params, addr, &out, None)
