@@ -1,0 +1,361 @@
+//! Helpers shared by the multi-process `rocev2 perf` tests (`netns_e2e.rs`, `malformed.rs`): child processes that
+//! are killed when dropped, readiness checks through `/proc/PID/net/*` (which never consume the server's single
+//! accept), `--stats` parsing, the independent pcap checker, and two network namespaces joined by a veth pair that
+//! are deleted when dropped.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The `rocev2` binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rocev2")
+}
+
+/// `<checkout>/../shared` (the reference material beside the checkout).
+pub fn shared_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+}
+
+/// A per-test scratch directory under `CARGO_TARGET_TMPDIR`, emptied first.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create scratch dir");
+    d
+}
+
+/// Perf runs start busy-polling engine threads; on a 2-core machine concurrent runs starve each other (and an
+/// unreliable UC/UD run cannot recover a datagram the kernel dropped meanwhile), so the tests of one file take
+/// turns. (Cargo runs test files one after another.)
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A child process whose stdout/stderr go to files; killed (and reaped) when dropped unless it has exited.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+/// What a finished [`Proc`] left behind.
+#[derive(Debug)]
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// The stdout lines parsed as JSON (panics on a non-JSON line).
+    pub fn json_lines(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Finished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Proc {
+    /// Spawns `argv` (program first); output goes to `dir/name.out|.err`.
+    pub fn spawn(name: &str, dir: &Path, argv: &[String]) -> Proc {
+        let out = dir.join(format!("{name}.out"));
+        let err = dir.join(format!("{name}.err"));
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(File::create(&out).expect("stdout file"))
+            .stderr(File::create(&err).expect("stderr file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {argv:?}: {e}"));
+        Proc {
+            name: name.to_owned(),
+            child,
+            out,
+            err,
+            status: None,
+        }
+    }
+
+    /// The process id (with `ip netns exec`, the id of the program itself: `ip` execs it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `Some(status)` once it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        self.status
+    }
+
+    /// Waits up to `limit`; panics (the guard then kills it) if it is still running, showing its output.
+    pub fn wait(&mut self, limit: Duration) -> Finished {
+        let t0 = Instant::now();
+        while self.try_wait().is_none() {
+            if t0.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{} still running after {limit:?}\n--- stdout\n{}--- stderr\n{}",
+                    self.name,
+                    self.read(&self.out),
+                    self.read(&self.err)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Finished {
+            status: self.status.expect("exited"),
+            stdout: self.read(&self.out),
+            stderr: self.read(&self.err),
+        }
+    }
+
+    /// Output so far (for failure messages).
+    pub fn output_so_far(&self) -> String {
+        format!(
+            "--- {} stdout\n{}--- {} stderr\n{}",
+            self.name,
+            self.read(&self.out),
+            self.name,
+            self.read(&self.err)
+        )
+    }
+
+    fn read(&self, p: &Path) -> String {
+        std::fs::read_to_string(p).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.try_wait().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Whether process `pid` (in its own network namespace) has a socket of `proto` ("tcp" or "udp") bound to
+/// `ip:port` — for TCP, listening. Reads `/proc/PID/net/PROTO`, so the check never touches the socket.
+pub fn has_socket(pid: u32, proto: &str, ip: [u8; 4], port: u16) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{proto}")) else {
+        return false;
+    };
+    // `local_address` is the address as a host-order u32 in hex (little-endian machines: reversed octets).
+    let addr = u32::from_ne_bytes(ip);
+    let want = format!("{addr:08X}:{port:04X}");
+    let want_any = format!("{:08X}:{port:04X}", 0u32);
+    text.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && (f[1] == want || f[1] == want_any) && (proto != "tcp" || f[3] == "0A")
+    })
+}
+
+/// Waits until `p` has the socket (see [`has_socket`]); panics with its output if it exits or time runs out.
+pub fn wait_socket(p: &mut Proc, proto: &str, ip: [u8; 4], port: u16, limit: Duration) {
+    let t0 = Instant::now();
+    while !has_socket(p.pid(), proto, ip, port) {
+        if let Some(s) = p.try_wait() {
+            panic!(
+                "{} exited ({s:?}) before opening {proto} port {port}\n{}",
+                p.name,
+                p.output_so_far()
+            );
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "{} did not open {proto} port {port} within {limit:?}\n{}",
+            p.name,
+            p.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Counters of one `--stats` section (`engine counters (server):` or `udp link counters (server):`): the
+/// non-zero ones are printed, so an absent name is 0.
+pub fn stats_section(text: &str, header: &str) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    let mut lines = text.lines().skip_while(|l| l.trim() != header);
+    if lines.next().is_none() {
+        panic!("no `{header}` section in:\n{text}");
+    }
+    for l in lines {
+        if !l.starts_with("  ") {
+            break;
+        }
+        let mut it = l.split_whitespace();
+        if let (Some(k), Some(v), None) = (it.next(), it.next(), it.next())
+            && let Ok(v) = v.parse()
+        {
+            m.insert(k.to_owned(), v);
+        }
+    }
+    m
+}
+
+/// Runs `shared/tools/check_pcap.py --strict` (with `--pmtu` if given) on `file`; asserts it passes and returns
+/// the number of RoCE packets it checked.
+pub fn check_pcap(file: &Path, pmtu: Option<u32>) -> u64 {
+    let script = shared_dir().join("tools/check_pcap.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).arg("--quiet").arg("--strict");
+    if let Some(m) = pmtu {
+        cmd.arg("--pmtu").arg(m.to_string());
+    }
+    let out = cmd
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("running python3 {}: {e}", script.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "check_pcap.py {} failed ({:?}):\n{text}{}",
+        file.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = text.lines().last().unwrap_or("");
+    let mut it = last.split_whitespace();
+    let passed: u64 = match (it.next(), it.next(), it.next(), it.next()) {
+        (Some(p), Some("passed,"), Some("0"), Some("failed")) => p.parse().unwrap_or(0),
+        _ => panic!(
+            "unexpected check_pcap.py summary `{last}` for {}",
+            file.display()
+        ),
+    };
+    passed
+}
+
+/// Why the namespace tests cannot run here, if they cannot.
+pub fn netns_unavailable() -> Option<String> {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        })
+        .unwrap_or_default();
+    if uid != "0" {
+        return Some(format!("not running as root (uid {uid})"));
+    }
+    match Command::new("ip").args(["netns", "list"]).output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "`ip netns list` failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("iproute2 `ip` not runnable: {e}")),
+    }
+}
+
+/// Two network namespaces joined by a veth pair (`scripts/netns.sh up`), deleted when dropped (also on panic).
+/// Names carry the test process id; namespaces left by a killed earlier run (its pid gone) are removed first.
+pub struct NetnsPair {
+    pub a: String,
+    pub b: String,
+    pub ip_a: String,
+    pub ip_b: String,
+}
+
+const PREFIX: &str = "rcetest";
+
+fn netns_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns.sh")
+}
+
+impl NetnsPair {
+    /// Creates `rcetest<pid>-<tag>a` / `...b` with `ip_a`/`ip_b` (in 198.18.0.0/15) on links of `mtu` bytes.
+    pub fn up(tag: &str, ip_a: &str, ip_b: &str, mtu: u32) -> NetnsPair {
+        remove_stale();
+        let pid = std::process::id();
+        let pair = NetnsPair {
+            a: format!("{PREFIX}{pid}-{tag}a"),
+            b: format!("{PREFIX}{pid}-{tag}b"),
+            ip_a: ip_a.to_owned(),
+            ip_b: ip_b.to_owned(),
+        };
+        let out = Command::new("bash")
+            .arg(netns_script())
+            .args(["up", &pair.a, &pair.b])
+            .arg(format!("{ip_a}/24"))
+            .arg(format!("{ip_b}/24"))
+            .arg(mtu.to_string())
+            .output()
+            .expect("run scripts/netns.sh");
+        assert!(
+            out.status.success(),
+            "netns.sh up failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        pair
+    }
+
+    /// `ip netns exec NS rocev2 ARGS...` as an argv.
+    pub fn argv(ns: &str, args: &[String]) -> Vec<String> {
+        let mut v: Vec<String> = ["ip", "netns", "exec", ns, bin()]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        v.extend_from_slice(args);
+        v
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(netns_script())
+            .args(["down", &self.a, &self.b])
+            .output();
+    }
+}
+
+/// Deletes `rcetest<pid>-...` namespaces whose test process no longer exists.
+fn remove_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if !pid.is_empty() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+}
+
+/// `args` as owned strings.
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}

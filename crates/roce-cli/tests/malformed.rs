@@ -1,0 +1,463 @@
+//! A `rocev2 perf` server under attack: while it serves a real client run (two processes over UDP on
+//! 127.0.N.x), a third address sends it a burst of hostile datagrams to UDP 4791. The client run must complete
+//! with verified data, the server must exit 0, and its `--stats` must count every hostile datagram, exactly, in
+//! the counter for its kind:
+//!
+//! | datagram | counted by |
+//! |---|---|
+//! | shorter than BTH + ICRC (0, 5, 11, 15 bytes) | UDP link `rx_icrc_bad` (no ICRC to check) |
+//! | valid frame with a corrupted ICRC (to the server's own QP) | UDP link `rx_icrc_bad` |
+//! | larger than the link MTU (9000 bytes) | UDP link `rx_truncated` |
+//! | good ICRC, cut inside RETH / DETH / AtomicETH | engine `drop_malformed` |
+//! | good ICRC, BTH TVer 1 | engine `drop_malformed` |
+//! | good ICRC, unknown destination QP | engine `drop_unknown_qp` |
+//! | good ICRC, opcode unknown or not valid for the QP type, to the server's QP | engine `drop_bad_opcode` |
+//! | good ICRC, wrong P_Key | engine `drop_pkey_mismatch` |
+//! | good ICRC, UD SEND with a wrong Q_Key (UD server) | engine `drop_qkey_mismatch` |
+//!
+//! The UDP backend rebuilds the Ethernet/IPv4/UDP headers of a received datagram (IPv4 ID 0, DF, the socket's
+//! addresses and ports) and checks the ICRC over that image, so the "good ICRC" datagrams are sealed here over the
+//! same image with roce-wire (and checked with `RoceRepr::parse` before they are sent). The server's QP is the
+//! first one its engine creates ([`roce_proto::FIRST_QPN`]); the counts prove the hostile frames reached it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use common::{Proc, scratch, serial, stats_section, strings};
+use roce_wire::{
+    Bth, BthRepr, Ecn, Ipv4Packet, Ipv4Repr, Opcode, Psn, Qpn, ROCE_V2_PORT, RoceRepr, UdpPacket,
+    UdpRepr, icrc,
+};
+
+/// Where a hostile datagram must be counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Counter {
+    /// UDP link `rx_icrc_bad`.
+    LinkIcrc,
+    /// UDP link `rx_truncated`.
+    LinkTruncated,
+    /// Engine `drop_malformed`.
+    Malformed,
+    /// Engine `drop_unknown_qp`.
+    UnknownQp,
+    /// Engine `drop_bad_opcode`.
+    BadOpcode,
+    /// Engine `drop_pkey_mismatch`.
+    Pkey,
+    /// Engine `drop_qkey_mismatch`.
+    Qkey,
+}
+
+impl Counter {
+    const ALL: [Counter; 7] = [
+        Counter::LinkIcrc,
+        Counter::LinkTruncated,
+        Counter::Malformed,
+        Counter::UnknownQp,
+        Counter::BadOpcode,
+        Counter::Pkey,
+        Counter::Qkey,
+    ];
+    /// `(section, name)` in the `--stats` output.
+    fn name(self) -> (&'static str, &'static str) {
+        match self {
+            Counter::LinkIcrc => ("udp", "rx_icrc_bad"),
+            Counter::LinkTruncated => ("udp", "rx_truncated"),
+            Counter::Malformed => ("engine", "drop_malformed"),
+            Counter::UnknownQp => ("engine", "drop_unknown_qp"),
+            Counter::BadOpcode => ("engine", "drop_bad_opcode"),
+            Counter::Pkey => ("engine", "drop_pkey_mismatch"),
+            Counter::Qkey => ("engine", "drop_qkey_mismatch"),
+        }
+    }
+}
+
+/// Builds UDP payloads (BTH .. ICRC) as the server's UDP link will see them.
+struct Forge {
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+}
+
+/// RC/UC/UD opcodes used below (IBTA Vol 1 Table 38, `ROCEV2.md §1.6`).
+const RC_SEND_ONLY: u8 = 0x04;
+const RC_WRITE_ONLY: u8 = 0x0A;
+const RC_READ_REQUEST: u8 = 0x0C;
+const RC_FETCH_ADD: u8 = 0x14;
+const UC_SEND_ONLY: u8 = 0x24;
+const UD_SEND_ONLY: u8 = 0x64;
+
+impl Forge {
+    /// A BTH (TVer 0, P_Key 0xFFFF unless given).
+    fn bth(opcode: u8, dest_qp: u32, pkey: u16) -> Vec<u8> {
+        let mut b = vec![0u8; 12];
+        BthRepr {
+            opcode: Opcode(opcode),
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::new(dest_qp),
+            ack_req: true,
+            psn: Psn::new(0x123),
+        }
+        .emit(&mut Bth::new_unchecked(&mut b[..]));
+        b
+    }
+
+    /// Appends the ICRC computed over the IPv4 + UDP header image the receiving UDP link rebuilds (ID 0, DF).
+    fn seal(&self, mut body: Vec<u8>) -> Vec<u8> {
+        body.extend_from_slice(&[0; 4]);
+        let mut image = vec![0u8; 28 + body.len()];
+        Ipv4Repr {
+            src_addr: self.src,
+            dst_addr: self.dst,
+            dscp: 0,
+            ecn: Ecn::NotEct,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+        }
+        .emit(
+            &mut Ipv4Packet::new_unchecked(&mut image[..]),
+            8 + body.len(),
+        );
+        UdpRepr {
+            src_port: self.sport,
+            dst_port: ROCE_V2_PORT,
+        }
+        .emit(&mut UdpPacket::new_unchecked(&mut image[20..]), body.len());
+        image[28..].copy_from_slice(&body);
+        icrc::fill(&mut image).expect("ICRC over the header image");
+        image[28..].to_vec()
+    }
+
+    /// The whole Ethernet frame the server's link hands its engine for `payload` (for self-checks).
+    fn frame(&self, payload: &[u8]) -> Vec<u8> {
+        let mut image = vec![0u8; 14 + 28 + payload.len()];
+        image[12] = 0x08;
+        Ipv4Repr {
+            src_addr: self.src,
+            dst_addr: self.dst,
+            dscp: 0,
+            ecn: Ecn::NotEct,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+        }
+        .emit(
+            &mut Ipv4Packet::new_unchecked(&mut image[14..]),
+            8 + payload.len(),
+        );
+        UdpRepr {
+            src_port: self.sport,
+            dst_port: ROCE_V2_PORT,
+        }
+        .emit(
+            &mut UdpPacket::new_unchecked(&mut image[34..]),
+            payload.len(),
+        );
+        image[42..].copy_from_slice(payload);
+        image
+    }
+
+    /// The hostile datagrams with the counter each must land in. `qpn` is the server's QP, a UD QP if `ud`.
+    fn hostile(&self, qpn: u32, ud: bool) -> Vec<(&'static str, Vec<u8>, Counter)> {
+        let mut v = Vec::new();
+        // Shorter than BTH + ICRC.
+        for n in [0usize, 5, 11, 15] {
+            v.push((
+                "short",
+                (0..n).map(|i| i as u8).collect(),
+                Counter::LinkIcrc,
+            ));
+        }
+        // A valid SEND ONLY to the server's own QP, ICRC corrupted (would be accepted with a good one).
+        let mut send = Self::bth(RC_SEND_ONLY, qpn, 0xFFFF);
+        send.extend_from_slice(&[0x5a; 8]);
+        let mut bad = self.seal(send.clone());
+        let last = bad.len() - 1;
+        bad[last] ^= 0x01;
+        v.push(("bad ICRC", bad, Counter::LinkIcrc));
+        // One byte flipped in the payload, ICRC left as it was.
+        let mut bad = self.seal(send.clone());
+        bad[14] ^= 0x80;
+        v.push(("payload bit flip", bad, Counter::LinkIcrc));
+        // Oversized.
+        v.push(("oversized", vec![0x11; 9000], Counter::LinkTruncated));
+        // Cut inside an extension header, ICRC good.
+        for (op, keep) in [
+            (RC_WRITE_ONLY, 8usize),
+            (RC_READ_REQUEST, 12),
+            (RC_FETCH_ADD, 20),
+            (UD_SEND_ONLY, 4),
+        ] {
+            let mut b = Self::bth(op, qpn, 0xFFFF);
+            b.extend((0..keep).map(|i| i as u8));
+            v.push(("cut extension header", self.seal(b), Counter::Malformed));
+        }
+        // TVer 1.
+        let mut b = send.clone();
+        b[1] |= 0x01;
+        v.push(("TVer 1", self.seal(b), Counter::Malformed));
+        // Unknown destination QPs (QP 1 is not implemented; the second slot is unused).
+        for q in [0u32, 1, qpn + 1, 0xABCDEF, 0xFFFFFF] {
+            let mut b = Self::bth(RC_SEND_ONLY, q, 0xFFFF);
+            b.extend_from_slice(&[0x5a; 8]);
+            v.push(("unknown QP", self.seal(b), Counter::UnknownQp));
+        }
+        // Opcodes the QP must refuse: SENDs of the other transports, a reserved RC opcode, a reserved class.
+        let mut b = Self::bth(UC_SEND_ONLY, qpn, 0xFFFF);
+        b.extend_from_slice(&[0x5a; 8]);
+        v.push(("UC opcode", self.seal(b), Counter::BadOpcode));
+        if ud {
+            let mut b = Self::bth(RC_SEND_ONLY, qpn, 0xFFFF);
+            b.extend_from_slice(&[0x5a; 8]);
+            v.push(("RC opcode to UD QP", self.seal(b), Counter::BadOpcode));
+            // A UD SEND with a Q_Key other than perf's 0x11111111.
+            let mut b = Self::bth(UD_SEND_ONLY, qpn, 0xFFFF);
+            b.extend_from_slice(&[0x22, 0x22, 0x22, 0x22, 0, 0, 0, 9]);
+            b.extend_from_slice(&[0x5a; 8]);
+            v.push(("Q_Key mismatch", self.seal(b), Counter::Qkey));
+        } else {
+            let mut b = Self::bth(UD_SEND_ONLY, qpn, 0xFFFF);
+            b.extend_from_slice(&[0x11, 0x11, 0x11, 0x11, 0, 0, 0, 9]);
+            b.extend_from_slice(&[0x5a; 8]);
+            v.push(("UD opcode to RC QP", self.seal(b), Counter::BadOpcode));
+        }
+        for op in [0x1F, 0xE5] {
+            let mut b = Self::bth(op, qpn, 0xFFFF);
+            b.extend_from_slice(&[0x5a; 8]);
+            v.push(("reserved opcode", self.seal(b), Counter::BadOpcode));
+        }
+        // Wrong P_Key.
+        let mut b = Self::bth(RC_SEND_ONLY, qpn, 0x1234);
+        b.extend_from_slice(&[0x5a; 8]);
+        v.push(("P_Key mismatch", self.seal(b), Counter::Pkey));
+        v
+    }
+}
+
+/// Self-check: what roce-wire says about a datagram must match the counter it is expected in.
+fn self_check(f: &Forge, what: &str, d: &[u8], c: Counter) {
+    if matches!(c, Counter::LinkTruncated) || d.len() < 16 {
+        return;
+    }
+    let frame = f.frame(d);
+    let parsed = RoceRepr::parse(&frame);
+    match c {
+        Counter::LinkIcrc => {
+            let p = parsed.unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            assert!(!p.icrc_ok, "{what}: ICRC should be bad");
+        }
+        Counter::Malformed => {
+            assert!(parsed.is_err(), "{what}: should not parse: {parsed:?}");
+            // ... yet its ICRC (over the declared lengths) is right, so the link passes it to the engine.
+            icrc::verify(&frame[14..]).unwrap_or_else(|e| panic!("{what}: ICRC {e:?}"));
+        }
+        _ => {
+            let p = parsed.unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            assert!(p.icrc_ok, "{what}: ICRC should be good");
+        }
+    }
+}
+
+fn free_tcp_port(ip: &str) -> u16 {
+    TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// The value of `rocev2_<name>_total{side="server"}` from the server's metrics endpoint, if reachable.
+fn scrape(addr: &str, name: &str) -> Option<u64> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    let key = format!("rocev2_{name}_total{{side=\"server\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Runs `test` over `conn` between 127.0.`net`.1 (server) and .2 (client), attacks the server from .3 once
+/// traffic flows, and checks the outcome.
+fn attack_during(test: &str, conn: &str, net: u8, client_extra: &[&str]) {
+    let srv_ip = format!("127.0.{net}.1");
+    let cli_ip = format!("127.0.{net}.2");
+    let att_ip = format!("127.0.{net}.3");
+    let dir = scratch(&format!("malformed-{test}-{conn}"));
+    let port = free_tcp_port(&srv_ip).to_string();
+    let mport = free_tcp_port(&srv_ip);
+    let maddr = format!("{srv_ip}:{mport}");
+    let mut srv_argv = vec![common::bin().to_owned()];
+    srv_argv.extend(strings(&[
+        "perf",
+        test,
+        "--ip",
+        &srv_ip,
+        "-p",
+        &port,
+        "--json",
+        "--stats",
+        "--metrics",
+        &maddr,
+    ]));
+    let mut server = Proc::spawn("server", &dir, &srv_argv);
+    common::wait_socket(
+        &mut server,
+        "tcp",
+        [127, 0, net, 1],
+        port.parse().expect("port"),
+        Duration::from_secs(20),
+    );
+    let mut cli_argv = vec![common::bin().to_owned()];
+    cli_argv.extend(strings(&[
+        "perf",
+        test,
+        &srv_ip,
+        "-p",
+        &port,
+        "--ip",
+        &cli_ip,
+        "-c",
+        conn,
+        "--json",
+        "--timeout",
+        "20",
+    ]));
+    cli_argv.extend(strings(client_extra));
+    let mut client = Proc::spawn("client", &dir, &cli_argv);
+
+    // Attack once the server's QP is receiving the client's traffic.
+    let t0 = Instant::now();
+    while scrape(&maddr, "rcvd_pkts").unwrap_or(0) == 0 {
+        assert!(
+            server.try_wait().is_none() && client.try_wait().is_none(),
+            "a side ended before traffic flowed\n{}\n{}",
+            server.output_so_far(),
+            client.output_so_far()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no traffic at the server\n{}\n{}",
+            server.output_so_far(),
+            client.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sock = UdpSocket::bind((att_ip.as_str(), 0)).expect("bind attacker");
+    let forge = Forge {
+        src: att_ip.parse().expect("ip"),
+        dst: srv_ip.parse().expect("ip"),
+        sport: sock.local_addr().expect("addr").port(),
+    };
+    let hostile = forge.hostile(roce_proto::FIRST_QPN, conn == "UD");
+    for (what, d, c) in &hostile {
+        self_check(&forge, what, d, *c);
+    }
+    const ROUNDS: u64 = 3;
+    let mut expected = std::collections::BTreeMap::new();
+    for _ in 0..ROUNDS {
+        for (what, d, c) in &hostile {
+            let n = sock
+                .send_to(d, (srv_ip.as_str(), ROCE_V2_PORT))
+                .unwrap_or_else(|e| panic!("send {what}: {e}"));
+            assert_eq!(n, d.len());
+            *expected.entry(*c).or_insert(0u64) += 1;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The burst hit a server that was still serving.
+    assert!(
+        client.try_wait().is_none(),
+        "the client finished before the burst was sent; lengthen its run\n{}",
+        client.output_so_far()
+    );
+
+    let c = client.wait(Duration::from_secs(60));
+    let s = server.wait(Duration::from_secs(30));
+    assert!(c.status.success(), "client {c}\nserver {s}");
+    assert!(s.status.success(), "server {s}\nclient {c}");
+    let cj = c.json_lines();
+    assert_eq!(cj.len(), 1, "{c}");
+    assert_eq!(cj[0]["verified"], true, "{c}");
+    assert_eq!(cj[0]["connection"], conn, "{c}");
+    assert!(cj[0]["iterations"].as_u64().unwrap_or(0) > 0, "{c}");
+    let sj = s.json_lines();
+    assert_eq!(sj.len(), 1, "{s}");
+    assert_eq!(sj[0]["verified"], true, "{s}");
+
+    let engine = stats_section(&s.stderr, "engine counters (server):");
+    let link = stats_section(&s.stderr, "udp link counters (server):");
+    let mut report = String::new();
+    for k in Counter::ALL {
+        let want = expected.get(&k).copied().unwrap_or(0);
+        let (sec, name) = k.name();
+        let got = if sec == "udp" { &link } else { &engine }
+            .get(name)
+            .copied()
+            .unwrap_or(0);
+        if got != want {
+            report.push_str(&format!("  {sec} {name}: counted {got}, sent {want}\n"));
+        }
+    }
+    // The link verifies ICRCs, so the engine's own ICRC counter stays 0; no datagram had a foreign address family.
+    for (m, name) in [(&engine, "rx_icrc_encapsulated"), (&link, "rx_bad_addr")] {
+        if let Some(v) = m.get(name) {
+            report.push_str(&format!("  {name}: {v}, expected 0\n"));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "{test} over {conn}: hostile datagrams miscounted:\n{report}server stats:\n{}",
+        s.stderr
+    );
+    eprintln!(
+        "malformed: {test} {conn}: {} hostile datagrams counted exactly ({expected:?})",
+        hostile.len() as u64 * ROUNDS
+    );
+}
+
+#[test]
+fn hostile_datagrams_during_rc_send_bw() {
+    let _serial = serial();
+    attack_during(
+        "send-bw",
+        "RC",
+        211,
+        &["-s", "3000", "-m", "1024", "-D", "3"],
+    );
+}
+
+#[test]
+fn hostile_datagrams_during_ud_send_lat() {
+    let _serial = serial();
+    attack_during(
+        "send-lat",
+        "UD",
+        212,
+        &["-s", "1024", "-m", "1024", "-D", "3"],
+    );
+}
+
+#[test]
+fn hostile_datagrams_during_rc_read_bw() {
+    let _serial = serial();
+    // The server is passive (its responder answers READs): the hostile frames meet the responder path only.
+    attack_during(
+        "read-bw",
+        "RC",
+        213,
+        &["-s", "5000", "-m", "1024", "-D", "3"],
+    );
+}
