@@ -550,11 +550,11 @@ fn session(
         }
         (Test::SendLat, _) => {
             let st = send_lat(&mut s, is_client, &mut rx_posted)?;
-            emit_lat(out, test, g.size, &st);
+            emit_lat(out, test, g.size, p.iters, &st);
         }
         (Test::WriteLat, _) => {
             let st = write_lat(&mut s, is_client)?;
-            emit_lat(out, test, g.size, &st);
+            emit_lat(out, test, g.size, p.iters, &st);
             std::thread::sleep(WRITE_LAT_LINGER);
         }
         _ => return Err(format!("{} is not a perftest-compatible test", test.name())),
@@ -975,13 +975,17 @@ fn emit_peer_bw(out: &Output, test: Test, r: &PtBwReport) {
     }
 }
 
-fn emit_lat(out: &Output, test: Test, size: u64, st: &LatStats) {
+/// A latency result; `iterations` is the message count each way (`-n`), `samples` the recorded half round trips
+/// (one fewer on the side that answers last, as perftest's own `iters - 1` deltas).
+fn emit_lat(out: &Output, test: Test, size: u64, iters: u64, st: &LatStats) {
     if !out.print {
         return;
     }
     if out.json {
         let mut j = report::lat_json(test.name(), "RC", size, st, None);
         j["perftest_compat"] = json!(true);
+        j["samples"] = json!(st.count());
+        j["iterations"] = json!(iters);
         println!("{j}");
     } else {
         println!("{}", report::lat_line(size, st));
