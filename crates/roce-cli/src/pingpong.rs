@@ -750,7 +750,7 @@ fn run_traffic(s: &Session, p: &Params, remote: &Dest, client: bool) -> Result<D
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 return Err(format!(
-                    "Failed status {} ({}) for wr_id {}{}",
+                    "Failed status {} ({}) for wr_id {}{}{}",
                     wc.status.name(),
                     wc.status as u32,
                     wc.wr_id,
@@ -761,7 +761,8 @@ fn run_traffic(s: &Session, p: &Params, remote: &Dest, client: bool) -> Result<D
                         WcStatus::RemInvReqErr | WcStatus::LocLenErr =>
                             " (message larger than the receive buffer: different -s on the two sides?)",
                         _ => "",
-                    }
+                    },
+                    stall_hint(s)
                 ));
             }
             match wc.wr_id {
