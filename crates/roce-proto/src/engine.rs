@@ -561,12 +561,27 @@ impl Engine {
         self.timer_epoch = self.timer_epoch.wrapping_add(1 << 20);
         self.qps[idx] = Some(Box::new(qp));
         self.live_qps += 1;
+        self.reserve_per_qp();
         for cq in [init.send_cq, init.recv_cq] {
             if let Some(c) = self.cq_mut(cq) {
                 c.users += 1;
             }
         }
         Ok((qpn, cap))
+    }
+
+    /// Sizes the engine-wide queues the per-packet path pushes to, so that after `create_qp` no packet allocates:
+    /// the scheduling queues hold each QP at most once (`in_ctrl_q` / `in_data_q`), so capacity for every QP slot
+    /// bounds them; the timer heap gets two entries per timer kind per QP; the async event queue room for two
+    /// events per QP beyond those not yet polled.
+    fn reserve_per_qp(&mut self) {
+        let slots = self.qps.len();
+        self.ctrl_q.reserve(slots.saturating_sub(self.ctrl_q.len()));
+        self.data_q.reserve(slots.saturating_sub(self.data_q.len()));
+        let timers = 2 * crate::timer::TIMER_KINDS * self.live_qps as usize;
+        self.timers
+            .reserve(timers.saturating_sub(self.timers.len()));
+        self.events.reserve(2 * self.live_qps as usize);
     }
 
     /// Replaces the QP's rate controller (the DCQCN seam; default [`FixedRate::unlimited`]).

@@ -143,6 +143,12 @@ impl Timers {
         }
     }
 
+    /// Makes room for `n` more entries, so arming timers after `create_qp` allocates nothing (the heap holds about
+    /// one entry per armed (QP, kind); re-arming earlier adds a short-lived stale one).
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.heap.reserve(n);
+    }
+
     /// Number of heap entries (for tests and the QP dump).
     pub(crate) fn len(&self) -> usize {
         self.heap.len()
