@@ -547,3 +547,39 @@ fn six_tests_rocev2_to_rocev2_through_a_checking_relay() {
         }
     }
 }
+
+#[test]
+fn mismatched_flags_are_detected_at_the_barriers() {
+    let _s = serial();
+    let net = 170;
+    let port = free_port(ip(net, 1));
+    let srv = spawn(&server_args(
+        "write-bw",
+        net,
+        port,
+        &["-n", "50", "-q", "1"],
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    let cli = spawn(&[
+        "perf".into(),
+        "write-bw".into(),
+        ip(net, 1).to_string(),
+        "--perftest-compat".into(),
+        "--ip".into(),
+        ip(net, 2).to_string(),
+        "-p".into(),
+        port.to_string(),
+        "-n".into(),
+        "50".into(),
+        "-q".into(),
+        "2".into(),
+        "--timeout".into(),
+        "5".into(),
+    ]);
+    let so = wait(srv, Duration::from_secs(30));
+    let co = wait(cli, Duration::from_secs(30));
+    assert_eq!(so.status.code(), Some(1));
+    assert_ne!(co.status.code(), Some(0));
+    let e = String::from_utf8_lossy(&so.stderr);
+    assert!(e.contains("same -q"), "{e}");
+}
