@@ -7,7 +7,10 @@
 //! * `perf TEST [ADDRESS] [--loopback]` — perftest-style bandwidth and latency tests over the rocev2
 //!   runtime (see [`perf`]).
 //!
-//! `pingpong` and `stats` will be added as further subcommands.
+//! * `pingpong [rc|ud] [SERVER]` — `ibv_rc_pingpong` / `ibv_ud_pingpong` compatible test that interoperates
+//!   with the rdma-core tools and Linux Soft-RoCE (see [`pingpong`]).
+//!
+//! `stats` will be added as a further subcommand.
 
 mod capture;
 mod decode;
