@@ -200,7 +200,8 @@ fn run(ns: &NetnsPair, dir: &Path, port: u16, r: &Run) -> Outcome {
 }
 
 /// The runs without loss: every test over every connection type perftest offers it on, at a 1-byte size and at
-/// a size that needs several PMTU-sized packets (UD: a full-PMTU message, the largest UD allows).
+/// a size that needs several PMTU-sized packets (UD: a full-PMTU message, the largest UD allows), plus RC sizes
+/// at the PMTU boundary.
 fn lossless_runs() -> Vec<Run> {
     let mut v = Vec::new();
     let mk = |test, conn, size, iters| Run {
@@ -239,6 +240,11 @@ fn lossless_runs() -> Vec<Run> {
         if conn == "RC" {
             v.push(mk("atomic-bw", conn, None, 300));
             v.push(mk("atomic-lat", conn, None, 100));
+            // Exactly one PMTU (an ONLY packet), one byte more (FIRST + 1-byte LAST), two PMTUs (READ response
+            // FIRST + LAST with no MIDDLE).
+            v.push(mk("send-bw", conn, Some(1024), 150));
+            v.push(mk("write-bw", conn, Some(1025), 150));
+            v.push(mk("read-bw", conn, Some(2048), 150));
         }
     }
     v
@@ -254,8 +260,9 @@ fn every_test_and_connection_type_over_veth() {
     let ns = NetnsPair::up("all", IP_A, IP_B, LINK_MTU);
     let dir = scratch("netns-all");
     let runs = lossless_runs();
-    // 8 RC + 4 UC + 2 UD test/connection pairs, two sizes each except the atomics (always 8 bytes).
-    assert_eq!(runs.len(), 26);
+    // 8 RC + 4 UC + 2 UD test/connection pairs, two sizes each except the atomics (always 8 bytes), and three
+    // PMTU-boundary sizes.
+    assert_eq!(runs.len(), 29);
     for (i, r) in runs.iter().enumerate() {
         let o = run(&ns, &dir, 18600 + i as u16, r);
         // Without loss nothing is retransmitted and a reliable run receives every message.
