@@ -455,3 +455,57 @@ fn packet_mode_errors_are_clear() {
     });
     assert!(msg.contains("no-such-if0"), "{msg}");
 }
+
+#[test]
+fn veth_offloaded_udp_checksum_is_completed() {
+    let ns = match Netns::pair("c", "198.18.6.1/24", "198.18.6.2/24") {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    let (ip_a, ip_b) = (Ipv4Addr::new(198, 18, 6, 1), Ipv4Addr::new(198, 18, 6, 2));
+    let mut b = in_netns(&ns.names[1], move || {
+        let mut c = UdpConfig::new(IpAddr::V4(ip_b));
+        c.rx = RxMode::Packet;
+        c.mtu = 14 + 1500;
+        UdpLink::bind(c).expect("bind packet-mode link")
+    });
+    // A plain UDP socket (kernel checksum, offloaded on veth: the frame crosses with a partial checksum), unconnected
+    // with IP_PMTUDISC_DO so the kernel writes DF + IP ID 0 and the ICRC computed for that header holds (with the
+    // default IP_PMTUDISC_WANT this kernel numbers the ID).
+    let payload: Vec<u8> = (0..200u8).collect();
+    let f = ud_frame(ip_a, ip_b, ROCE_V2_PORT, 0, true, 9, &payload);
+    in_netns(&ns.names[0], move || {
+        let s = std::net::UdpSocket::bind((ip_a, 0xc123)).expect("bind");
+        let pmtu_do: libc::c_int = libc::IP_PMTUDISC_DO;
+        // SAFETY: `s` is an open socket; the option value is a c_int that outlives the call, its size exact.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                (&pmtu_do as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "IP_MTU_DISCOVER");
+        s.send_to(&f[42..], (ip_b, ROCE_V2_PORT)).expect("send");
+    });
+    let got = recv_all(&mut b, 1, Duration::from_secs(3));
+    assert_eq!(got.len(), 1, "stats {:?}", b.stats());
+    let g = &got[0];
+    let u = roce_wire::UdpPacket::new_checked(&g[34..]).expect("udp");
+    assert_ne!(u.checksum(), 0, "the sender's socket computes a checksum");
+    assert!(
+        u.verify_checksum(IpAddr::V4(ip_a), IpAddr::V4(ip_b)),
+        "UDP checksum completed: 0x{:04x}",
+        u.checksum()
+    );
+    icrc::verify(&g[14..]).expect("ICRC unaffected");
+    assert_eq!(
+        &g[42..],
+        &ud_frame(ip_a, ip_b, ROCE_V2_PORT, 0, true, 9, &payload)[42..]
+    );
+}
