@@ -333,7 +333,9 @@ struct Side {
     pd: PdHandle,
     rc: Qpn,
     ud: Qpn,
+    uc: Qpn,
     rc_cq: CqHandle,
+    /// CQ of the UD and UC QPs.
     ud_cq: CqHandle,
     /// Source of gathers, target of remote WRITE/READ/atomics.
     mr: MrInfo,
@@ -368,9 +370,11 @@ fn make_side(e: &mut Engine) -> Side {
     };
     let rc = qp(e, QpType::Rc, rc_cq);
     let ud = qp(e, QpType::Ud, ud_cq);
+    let uc = qp(e, QpType::Uc, ud_cq);
     Side {
         rc,
         ud,
+        uc,
         rc_cq,
         ud_cq,
         mr,
@@ -446,6 +450,46 @@ fn bring_up_rc(
     .unwrap();
 }
 
+/// RESET→INIT→RTR→RTS of the UC QP `me` towards `peer`.
+fn bring_up_uc(e: &mut Engine, me: Qpn, peer: Qpn, peer_mac: [u8; 6], peer_ip: [u8; 4]) {
+    let mut at = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: ALL_ACCESS,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        me,
+        &at,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    at.qp_state = QpState::Rtr;
+    at.ah_attr = AhAttr {
+        dgid: Gid::from_ipv4(peer_ip),
+        dmac: peer_mac,
+        ..AhAttr::default()
+    };
+    at.path_mtu = Mtu::Mtu1024;
+    at.dest_qp_num = peer;
+    at.rq_psn = Psn::new(0xFF_FFF0);
+    e.modify_qp(
+        me,
+        &at,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN,
+    )
+    .unwrap();
+    at.qp_state = QpState::Rts;
+    at.sq_psn = Psn::new(0xFF_FFF0);
+    e.modify_qp(me, &at, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        .unwrap();
+}
+
 fn bring_up_ud(e: &mut Engine, me: Qpn) {
     let mut at = QpAttr {
         qp_state: QpState::Init,
@@ -475,6 +519,8 @@ fn connect(net: &mut Net, timeout: u8) -> (Side, Side) {
     bring_up_rc(&mut net.b, b.rc, a.rc, MAC_A, IP_A, timeout);
     bring_up_ud(&mut net.a, a.ud);
     bring_up_ud(&mut net.b, b.ud);
+    bring_up_uc(&mut net.a, a.uc, b.uc, MAC_B, IP_B);
+    bring_up_uc(&mut net.b, b.uc, a.uc, MAC_A, IP_A);
     let av = |mac, ip| AhAttr {
         dgid: Gid::from_ipv4(ip),
         dmac: mac,
@@ -511,8 +557,8 @@ fn sge(m: &MrInfo, off: u64, len: u32) -> Sge {
 const B_RECVS_PER_ITER: u32 = 5;
 /// UD receives kept posted at B.
 const UD_RECVS: u32 = 32;
-/// UD sends per iteration.
-const UD_SENDS_PER_ITER: u32 = 2;
+/// UC receives kept posted at B.
+const UC_RECVS: u32 = 16;
 
 fn post_b_recvs(net: &mut Net, b: &Side, iter: u64) {
     for k in 0..B_RECVS_PER_ITER {
@@ -543,12 +589,17 @@ fn post_a_recv(net: &mut Net, a: &Side, iter: u64) {
         .unwrap();
 }
 
-fn post_ud_recvs(net: &mut Net, b: &Side, n: u32) {
+/// Posts `n` receives on B's UD or UC QP `qpn` (UD: 40-byte GRH area + 1 KiB; UC: 4 KiB).
+fn post_unrel_recvs(net: &mut Net, b: &Side, qpn: Qpn, n: u32) {
     for k in 0..n {
-        let sg = [sge(&b.rx, 40_000 + u64::from(k % 8) * 1100, 1100)];
+        let sg = if qpn == b.ud {
+            [sge(&b.rx, 40_000 + u64::from(k % 8) * 1100, 1100)]
+        } else {
+            [sge(&b.rx, 50_000, 4096)]
+        };
         net.b
             .post_recv(
-                b.ud,
+                qpn,
                 &[RecvWr {
                     wr_id: u64::from(k),
                     sg_list: &sg,
@@ -667,9 +718,35 @@ fn post_sends(net: &mut Net, a: &Side, b: &Side, iter: u64, t: &mut Tally) {
             .ud(dest),
         SendWr::new(id + 1, SendOp::Send, &ud_sge).ud(dest),
     ];
-    debug_assert_eq!(wrs.len() as u32, UD_SENDS_PER_ITER);
     net.a.post_send(a.ud, &wrs).unwrap();
-    t.a_ud_expected += UD_SENDS_PER_ITER;
+    t.a_ud_expected += wrs.len() as u32;
+
+    // UC: multi-packet SEND, WRITE and WRITE_WITH_IMM (complete once on the wire; lost ones are simply gone).
+    let uc_send = [sge(&a.mr, 0, 2500)];
+    let uc_write = [sge(&a.mr, 4096, 3000)];
+    let uc_wimm = [sge(&a.mr, 9000, 1500)];
+    let wrs = [
+        SendWr::new(id, SendOp::Send, &uc_send),
+        SendWr::new(
+            id + 1,
+            SendOp::RdmaWrite {
+                remote_addr: base + 56_000,
+                rkey: b.mr.rkey,
+            },
+            &uc_write,
+        ),
+        SendWr::new(
+            id + 2,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: base + 60_000,
+                rkey: b.mr.rkey,
+                imm: 9,
+            },
+            &uc_wimm,
+        ),
+    ];
+    net.a.post_send(a.uc, &wrs).unwrap();
+    t.a_ud_expected += wrs.len() as u32;
 }
 
 /// Drains the CQs into a fixed array, checking every status; reposts consumed UD receives.
@@ -693,13 +770,15 @@ fn reap(net: &mut Net, a: &Side, b: &Side, t: &mut Tally) {
         t.a_ud_send += u as u32;
         let r = net.b.poll_cq(b.ud_cq, &mut wcs);
         for wc in &wcs[..r] {
-            assert_eq!(wc.status, WcStatus::Success, "B UD completion {wc:?}");
-            assert_eq!(wc.opcode, WcOpcode::Recv);
+            assert_eq!(wc.status, WcStatus::Success, "B UD/UC completion {wc:?}");
+            assert!(matches!(
+                wc.opcode,
+                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm
+            ));
+            let qpn = wc.qp_num;
+            post_unrel_recvs(net, b, qpn, 1);
         }
         t.b_ud_recv += r as u32;
-        if r > 0 {
-            post_ud_recvs(net, b, r as u32);
-        }
         if n + m + u + r == 0 {
             break;
         }
@@ -767,11 +846,46 @@ fn assert_zero(what: &str, (allocs, reallocs, deallocs): (u64, u64, u64)) {
     );
 }
 
+/// A rate controller that wants `on_timer` every 10 µs (exercises the engine's `RateTimer`).
+#[derive(Debug, Default)]
+struct Ticking {
+    next: Instant,
+}
+
+/// `Ticking::on_timer` calls (all engines of this binary).
+static TICKS: AtomicU64 = AtomicU64::new(0);
+
+impl RateController for Ticking {
+    fn on_tx(&mut self, _now: Instant, _bytes: usize) {}
+    fn on_cnp(&mut self, _now: Instant) {}
+    fn eligible_at(&self, now: Instant) -> Instant {
+        now
+    }
+    fn rate_bps(&self) -> Option<u64> {
+        None
+    }
+    fn next_timer(&self) -> Option<Instant> {
+        Some(self.next)
+    }
+    fn on_timer(&mut self, now: Instant) {
+        TICKS.fetch_add(1, Ordering::Relaxed);
+        self.next = now + Duration::from_micros(10);
+    }
+}
+
 fn run(loss_permille: u32, ce_every: u32, rnr_every: u64, warmup: u64, iters: u64) -> Net {
     let mut net = Net::new(loss_permille, ce_every);
     // timeout 8 = 1.05 ms local ACK timeout (virtual time).
     let (a, b) = connect(&mut net, 8);
-    post_ud_recvs(&mut net, &b, UD_RECVS);
+    post_unrel_recvs(&mut net, &b, b.ud, UD_RECVS);
+    post_unrel_recvs(&mut net, &b, b.uc, UC_RECVS);
+    // Rate-controller paths: B's RC QP is paced (Shaper timer), A's UC QP has a controller with its own timer.
+    net.b
+        .set_rate_controller(b.rc, Box::new(FixedRate::with_rate(20_000_000_000)))
+        .unwrap();
+    net.a
+        .set_rate_controller(a.uc, Box::new(Ticking::default()))
+        .unwrap();
     let late = |i: u64| rnr_every > 0 && i % rnr_every == rnr_every - 1;
     for i in 0..warmup {
         iteration(&mut net, &a, &b, i, late(i));
@@ -795,7 +909,12 @@ fn run(loss_permille: u32, ce_every: u32, rnr_every: u64, warmup: u64, iters: u6
 #[test]
 fn steady_state_allocates_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let ticks = TICKS.load(Ordering::Relaxed);
     let net = run(0, 0, 0, 0, 1000);
+    assert!(
+        TICKS.load(Ordering::Relaxed) > ticks + 100,
+        "RateTimer fired"
+    );
     let c = net.a.counters();
     assert_eq!(c.retransmitted_pkts, 0);
     assert!(
@@ -809,18 +928,26 @@ fn steady_state_allocates_nothing() {
 #[test]
 fn lossy_steady_state_allocates_nothing() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let net = run(20, 16, 5, 0, 3000);
-    // The recovery paths did run inside the measured loop's workload.
-    let (a, b) = (net.a.counters(), net.b.counters());
-    assert!(net.dropped > 100, "dropped {}", net.dropped);
-    assert!(net.ce_marked > 100, "CE marked {}", net.ce_marked);
-    assert!(a.retransmitted_pkts > 0 && b.retransmitted_pkts > 0);
-    assert!(a.local_ack_timeout_err > 0, "{a:?}");
-    assert!(a.rcvd_seq_err > 0, "{a:?}");
-    assert!(a.implied_nak_seq_err + b.implied_nak_seq_err > 0);
-    assert!(b.duplicate_request > 0, "{b:?}");
-    assert!(a.rcvd_rnr_err > 0, "{a:?}");
-    assert!(b.np_cnp_sent > 0 && a.rp_cnp_handled > 0);
+    // (loss ‰, CE-mark every n-th ECT frame, late receives every n-th iteration)
+    for (loss, ce, rnr) in [(5, 8, 3), (20, 16, 5), (60, 32, 7)] {
+        let net = run(loss, ce, rnr, 0, 1500);
+        // The recovery paths did run inside the measured loop's workload.
+        let (a, b) = (net.a.counters(), net.b.counters());
+        let ctx = format!("loss {loss}‰: A {a:?}\nB {b:?}");
+        assert!(net.dropped > 100, "dropped {} ({ctx})", net.dropped);
+        assert!(net.ce_marked > 100, "CE marked {} ({ctx})", net.ce_marked);
+        assert!(
+            a.retransmitted_pkts > 0 && b.retransmitted_pkts > 0,
+            "{ctx}"
+        );
+        assert!(a.local_ack_timeout_err > 0, "{ctx}");
+        assert!(a.rcvd_seq_err > 0, "{ctx}");
+        assert!(a.implied_nak_seq_err + b.implied_nak_seq_err > 0, "{ctx}");
+        assert!(b.duplicate_request > 0, "{ctx}");
+        assert!(a.rcvd_rnr_err > 0, "{ctx}");
+        assert!(b.np_cnp_sent > 0 && a.rp_cnp_handled > 0, "{ctx}");
+        assert!(b.drop_uc_out_of_seq > 0, "{ctx}");
+    }
 }
 
 #[test]
