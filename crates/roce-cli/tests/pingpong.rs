@@ -587,3 +587,153 @@ fn rc_netns_rocev2_server_python_client() {
 fn ud_netns_rocev2_server_python_client() {
     python_peer("ud", "u", 1024, 100, 200);
 }
+
+/// A namespace with IPv6 addresses fd00::1 and fd00::2 on `lo`; deleted on drop.
+struct Netns6(String);
+
+impl Netns6 {
+    fn up(tag: &str) -> Result<Netns6, String> {
+        let uid = Command::new("id")
+            .arg("-u")
+            .output()
+            .map_err(|e| e.to_string())?;
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            return Err("not root".into());
+        }
+        let ns = Netns6(format!("pp{tag}{}", std::process::id()));
+        let run = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let ok = run(&["netns", "add", &ns.0])
+            && run(&["-n", &ns.0, "link", "set", "lo", "up"])
+            && run(&[
+                "-n",
+                &ns.0,
+                "addr",
+                "add",
+                "fd00::1/128",
+                "dev",
+                "lo",
+                "nodad",
+            ])
+            && run(&[
+                "-n",
+                &ns.0,
+                "addr",
+                "add",
+                "fd00::2/128",
+                "dev",
+                "lo",
+                "nodad",
+            ]);
+        if ok {
+            Ok(ns)
+        } else {
+            Err("cannot set up the IPv6 namespace".into())
+        }
+    }
+}
+
+impl Drop for Netns6 {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+#[test]
+fn rc_ipv6_both_receive_modes() {
+    let ns = match Netns6::up("6") {
+        Ok(n) => n,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    for (rx, port) in [("socket", 18710u16), ("packet", 18711)] {
+        let pcap =
+            std::env::temp_dir().join(format!("pingpong_v6_{rx}_{}.pcap", std::process::id()));
+        let (pcap_s, port_s) = (pcap.to_string_lossy().into_owned(), port.to_string());
+        let server = spawn(
+            Some(&ns.0),
+            &[
+                bin(),
+                "pingpong",
+                "rc",
+                "--ip",
+                "fd00::1",
+                "-p",
+                &port_s,
+                "-n",
+                "100",
+                "-c",
+                "--rx",
+                rx,
+                "--pcap",
+                &pcap_s,
+                "--timeout",
+                "20",
+            ],
+        );
+        wait_listening6(&ns.0, port);
+        let client = spawn(
+            Some(&ns.0),
+            &[
+                bin(),
+                "pingpong",
+                "rc",
+                "fd00::1",
+                "--ip",
+                "fd00::2",
+                "-p",
+                &port_s,
+                "-n",
+                "100",
+                "-c",
+                "--rx",
+                rx,
+                "--timeout",
+                "20",
+            ],
+        );
+        let (co, _) = wait_bounded(client, Duration::from_secs(60));
+        let (so, _) = wait_bounded(server, Duration::from_secs(30));
+        assert!(co.status.success(), "{rx} client: {}", text(&co));
+        assert!(so.status.success(), "{rx} server: {}", text(&so));
+        let sout = String::from_utf8_lossy(&so.stdout);
+        assert_eq!(iters_line(&sout), Some(100), "{sout}");
+        assert!(
+            sout.contains("GID fd00::1") && sout.contains("GID fd00::2"),
+            "{sout}"
+        );
+        if let Some((passed, failed)) = check_pcap(&pcap) {
+            assert_eq!(failed, 0);
+            // 4 data packets each way per iteration, plus ACKs.
+            assert!(passed >= 800, "{passed}");
+        }
+        let _ = std::fs::remove_file(&pcap);
+    }
+}
+
+/// Waits until something listens on TCP `port` over IPv6 in namespace `ns` (`/proc/net/tcp6`).
+fn wait_listening6(ns: &str, port: u16) {
+    let want = format!(":{port:04X}");
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        let table = Command::new("ip")
+            .args(["netns", "exec", ns, "cat", "/proc/net/tcp6"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        if table.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+        }) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on TCP6 {port}");
+}
