@@ -737,3 +737,100 @@ fn wait_listening6(ns: &str, port: u16) {
     }
     panic!("nothing listens on TCP6 {port}");
 }
+
+#[test]
+fn unprivileged_auto_falls_back_to_socket_and_packet_is_refused() {
+    let ns = match NetnsPair::up("n", "198.18.10.1/24", "198.18.10.2/24") {
+        Ok(n) => n,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipping: setpriv unavailable");
+        return;
+    }
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let with = |cmd: &[&str]| -> Vec<String> {
+        nobody.iter().chain(cmd).map(|s| (*s).to_owned()).collect()
+    };
+    // The peer is on another host (namespace): auto would pick packet mode, which needs CAP_NET_RAW.
+    let s_cmd = with(&[
+        bin(),
+        "pingpong",
+        "--ip",
+        "198.18.10.2",
+        "-n",
+        "50",
+        "-c",
+        "--timeout",
+        "20",
+    ]);
+    let server = spawn(Some(&ns.b), &as_refs(&s_cmd));
+    wait_listening(Some(&ns.b), 18515);
+    let c_cmd = with(&[
+        bin(),
+        "pingpong",
+        "198.18.10.2",
+        "-n",
+        "50",
+        "-c",
+        "--timeout",
+        "20",
+    ]);
+    let client = spawn(Some(&ns.a), &as_refs(&c_cmd));
+    let (co, _) = wait_bounded(client, Duration::from_secs(60));
+    let (so, _) = wait_bounded(server, Duration::from_secs(30));
+    for (side, o) in [("client", &co), ("server", &so)] {
+        assert!(o.status.success(), "{side}: {}", text(o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("AF_PACKET receive not permitted"),
+            "{side}: {}",
+            text(o)
+        );
+        assert_eq!(iters_line(&String::from_utf8_lossy(&o.stdout)), Some(50));
+    }
+    // Asked for explicitly, packet mode is an error naming the capability.
+    let s_cmd = with(&[
+        bin(),
+        "pingpong",
+        "--ip",
+        "198.18.10.2",
+        "--rx",
+        "packet",
+        "--timeout",
+        "20",
+    ]);
+    let server = spawn(Some(&ns.b), &as_refs(&s_cmd));
+    wait_listening(Some(&ns.b), 18515);
+    let c_cmd = with(&[
+        bin(),
+        "pingpong",
+        "198.18.10.2",
+        "--rx",
+        "socket",
+        "--timeout",
+        "5",
+    ]);
+    let client = spawn(Some(&ns.a), &as_refs(&c_cmd));
+    let (so, dt) = wait_bounded(server, Duration::from_secs(30));
+    let (co, _) = wait_bounded(client, Duration::from_secs(30));
+    assert_eq!(so.status.code(), Some(1), "{}", text(&so));
+    assert!(
+        String::from_utf8_lossy(&so.stderr).contains("CAP_NET_RAW"),
+        "{}",
+        text(&so)
+    );
+    assert_eq!(co.status.code(), Some(1), "{}", text(&co));
+    assert!(dt < Duration::from_secs(20), "{dt:?}");
+}
+
+fn as_refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
