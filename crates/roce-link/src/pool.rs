@@ -4,12 +4,26 @@
 #[derive(Debug, Default)]
 pub(crate) struct FramePool {
     free: Vec<Vec<u8>>,
+    /// Capacity of a newly allocated buffer (at least the frame's length), so that a recycled buffer never has to
+    /// grow for a later, longer frame.
+    frame_cap: usize,
 }
 
 impl FramePool {
+    /// A pool whose buffers hold frames of up to `frame_cap` bytes without growing.
+    pub(crate) fn with_frame_cap(frame_cap: usize) -> Self {
+        FramePool {
+            free: Vec::new(),
+            frame_cap,
+        }
+    }
+
     /// A buffer holding a copy of `data` (recycled when one is free).
     pub(crate) fn copy_of(&mut self, data: &[u8]) -> Vec<u8> {
-        let mut v = self.free.pop().unwrap_or_default();
+        let mut v = self
+            .free
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(self.frame_cap.max(data.len())));
         v.clear();
         v.extend_from_slice(data);
         v

@@ -214,7 +214,7 @@ impl SimNet {
         let core = Core {
             cfg,
             ports: Vec::new(),
-            pool: FramePool::default(),
+            pool: FramePool::with_frame_cap(cfg.mtu),
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             seq: 0,
         };
