@@ -583,3 +583,129 @@ fn mismatched_flags_are_detected_at_the_barriers() {
     let e = String::from_utf8_lossy(&so.stderr);
     assert!(e.contains("same -q"), "{e}");
 }
+
+/// Tears the guest and the extra bridge address down however the test ends.
+struct RxeGuard {
+    vm: std::path::PathBuf,
+    name: &'static str,
+    addr: &'static str,
+}
+
+impl Drop for RxeGuard {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.vm).args(["down", self.name]).output();
+        let _ = Command::new("ip")
+            .args([
+                "netns", "exec", "roce-net", "ip", "addr", "del", self.addr, "dev", "roce-br",
+            ])
+            .output();
+    }
+}
+
+/// The six tests in both roles against perftest on Linux rxe in a QEMU guest (`../shared/interop/softroce-vm`;
+/// root, several minutes under TCG): `cargo test -p roce-cli --test perftest_compat -- --ignored`. rocev2 uses its
+/// own address 198.18.0.107 on the namespace's bridge (198.18.0.1 may be in use) and `--rx-mode packet`.
+#[test]
+#[ignore = "boots a QEMU guest with rxe (root, several minutes)"]
+fn six_tests_against_perftest_on_rxe() {
+    let _s = serial();
+    let vm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/interop/softroce-vm");
+    let (guest, guest_ip, host_ip) = ("ptcompat", "198.18.0.7", "198.18.0.107");
+    let up = Command::new(&vm)
+        .args(["up", guest, guest_ip])
+        .output()
+        .expect("softroce-vm");
+    assert!(
+        up.status.success(),
+        "softroce-vm up: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let _guard = RxeGuard {
+        vm: vm.clone(),
+        name: guest,
+        addr: "198.18.0.107/24",
+    };
+    let _ = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            "roce-net",
+            "ip",
+            "addr",
+            "add",
+            "198.18.0.107/24",
+            "dev",
+            "roce-br",
+        ])
+        .output();
+    let rocev2 = |args: &[&str]| -> Child {
+        let mut v = vec!["netns", "exec", "roce-net", bin(), "perf"];
+        v.extend_from_slice(args);
+        v.extend_from_slice(&[
+            "--perftest-compat",
+            "--ip",
+            host_ip,
+            "--rx-mode",
+            "packet",
+            "-n",
+            "200",
+            "--json",
+            // An emulated guest on a busy host can delay rxe's ACKs past 7 × 67 ms (seen once with send-lat at load
+            // average 7): wait up to 7 × 1 s.
+            "-u",
+            "18",
+        ]);
+        Command::new("ip")
+            .args(&v)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ip netns exec rocev2")
+    };
+    let guest_cmd = |cmd: String| -> Child {
+        Command::new(&vm)
+            .args(["exec", "-t", "150", guest, &cmd])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("softroce-vm exec")
+    };
+    for test in [
+        "write-bw",
+        "send-bw",
+        "read-bw",
+        "atomic-bw",
+        "send-lat",
+        "write-lat",
+    ] {
+        let pt = format!("ib_{}", test.replace('-', "_"));
+        // perftest server in the guest, rocev2 client.
+        let g = guest_cmd(format!("{pt} -d rxe0 -x 1 -F -n 200"));
+        std::thread::sleep(Duration::from_secs(3));
+        let c = rocev2(&[test, guest_ip]);
+        let co = wait(c, Duration::from_secs(170));
+        let go = wait(g, Duration::from_secs(170));
+        for (who, o) in [("rocev2 client", &co), ("perftest server", &go)] {
+            assert!(
+                o.status.success(),
+                "{test} {who}: {}\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        // rocev2 server, perftest client in the guest.
+        let s = rocev2(&[test]);
+        std::thread::sleep(Duration::from_secs(1));
+        let g = guest_cmd(format!("{pt} -d rxe0 -x 1 -F -n 200 {host_ip}"));
+        let go = wait(g, Duration::from_secs(170));
+        let so = wait(s, Duration::from_secs(170));
+        for (who, o) in [("rocev2 server", &so), ("perftest client", &go)] {
+            assert!(
+                o.status.success(),
+                "{test} {who}: {}\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+}

@@ -192,7 +192,17 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
         true,
     )?;
     let geo = Geometry::new(p, u64::from(cycle), u64::from(cache_line));
-    let r = session(&ctx, p, &geo, &mut x, is_client, mtu, &version, out);
+    let r = session(
+        &ctx,
+        p,
+        &geo,
+        &mut x,
+        is_client,
+        mtu,
+        &version,
+        a.qp_timeout,
+        out,
+    );
     if a.stats {
         super::print_stats(
             if is_client { "client" } else { "server" },
@@ -335,6 +345,7 @@ fn connect_qp(
     my: &PtRecord,
     mtu: Mtu,
     peer_mac: [u8; 6],
+    qp_timeout: u8,
 ) -> Result<(), String> {
     let e = |what: &'static str| move |e: roce_verbs::Error| format!("{what}: {e}");
     let init = QpAttr {
@@ -380,7 +391,7 @@ fn connect_qp(
     let rts = QpAttr {
         qp_state: QpState::Rts,
         sq_psn: Psn::new(my.psn),
-        timeout: 14,
+        timeout: qp_timeout,
         retry_cnt: 7,
         rnr_retry: 7,
         max_rd_atomic: r.out_reads.clamp(1, u32::from(OUT_READS)) as u8,
@@ -407,6 +418,7 @@ fn session(
     is_client: bool,
     mtu: Mtu,
     version: &str,
+    qp_timeout: u8,
     out: &Output,
 ) -> Result<(), String> {
     let e = |what: &'static str| move |e: roce_verbs::Error| format!("{what}: {e}");
@@ -486,7 +498,7 @@ fn session(
     }
     check_peer_gid(remote[0].gid, peer_ip)?;
     for i in 0..q {
-        connect_qp(&qps[i], &remote[i], &mine[i], mtu, peer_mac)?;
+        connect_qp(&qps[i], &remote[i], &mine[i], mtu, peer_mac, qp_timeout)?;
     }
     if out.print {
         banner(p, g, &mine[0], &remote[0], mtu, version, x, is_client, out);

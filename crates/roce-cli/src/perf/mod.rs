@@ -287,6 +287,10 @@ pub struct PerfArgs {
     /// for peers that number their IPv4 IDs, such as Linux rxe).
     #[arg(long = "rx-mode", value_enum, default_value = "socket")]
     pub rx_mode: RxModeArg,
+    /// With --perftest-compat: the QP's local ACK timeout exponent (4.096 µs · 2^N, as perftest's -u; default 14 ≈
+    /// 67 ms). Raise it for a slow peer, e.g. rxe in an emulated guest.
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub qp_timeout: u8,
 }
 
 /// `--rx-mode`.
