@@ -10,6 +10,8 @@ pub(crate) struct Cq {
     pub(crate) ring: VecDeque<Wc>,
     pub(crate) depth: usize,
     pub(crate) users: u32,
+    /// On the engine's ready list (`Engine::poll_ready_cq`).
+    pub(crate) ready: bool,
 }
 
 impl Cq {
@@ -18,6 +20,7 @@ impl Cq {
             ring: VecDeque::with_capacity(depth),
             depth,
             users: 0,
+            ready: false,
         }
     }
 

@@ -127,6 +127,9 @@ pub struct Engine {
     pub(crate) ctrl_q: VecDeque<u32>,
     pub(crate) data_q: VecDeque<u32>,
     pub(crate) events: VecDeque<AsyncEvent>,
+    /// CQs that received a completion since [`Engine::poll_ready_cq`] last returned them (indices; each at most
+    /// once, capacity reserved at `create_cq`).
+    pub(crate) cq_ready: VecDeque<u32>,
     pub(crate) stats: Counters,
     pub(crate) rng: u64,
     pub(crate) ip_id: u16,
@@ -170,6 +173,7 @@ impl Engine {
             ctrl_q: VecDeque::new(),
             data_q: VecDeque::new(),
             events: VecDeque::new(),
+            cq_ready: VecDeque::new(),
             stats: Counters::default(),
             rng,
             ip_id,
@@ -330,12 +334,21 @@ impl Engine {
             return Err(ResourceError::Exhausted("max_cq"));
         }
         let cq = Cq::new(depth as usize);
-        if let Some(i) = self.cqs.iter().position(Option::is_none) {
-            self.cqs[i] = Some(cq);
-            return Ok(CqHandle(i as u32 + 1));
-        }
-        self.cqs.push(Some(cq));
-        Ok(CqHandle(self.cqs.len() as u32))
+        let i = match self.cqs.iter().position(Option::is_none) {
+            Some(i) => {
+                self.cqs[i] = Some(cq);
+                i
+            }
+            None => {
+                self.cqs.push(Some(cq));
+                self.cqs.len() - 1
+            }
+        };
+        // The ready list holds each CQ at most once: room for every slot means it never grows on the data path.
+        let slots = self.cqs.len();
+        self.cq_ready
+            .reserve(slots.saturating_sub(self.cq_ready.len()));
+        Ok(CqHandle(i as u32 + 1))
     }
 
     /// `ibv_destroy_cq`: fails with `Busy` while a QP uses it.
@@ -343,6 +356,11 @@ impl Engine {
         let slot = self.cq_mut(cq).ok_or(ResourceError::InvalidHandle("cq"))?;
         if slot.users > 0 {
             return Err(ResourceError::Busy("CQ is used by a QP"));
+        }
+        if slot.ready {
+            // Control path: drop its ready-list entry so a new CQ in the same slot is not reported by it.
+            let idx = cq.0 - 1;
+            self.cq_ready.retain(|&c| c != idx);
         }
         self.cqs[cq.0 as usize - 1] = None;
         Ok(())
@@ -358,6 +376,27 @@ impl Engine {
     #[must_use]
     pub fn poll_cq(&mut self, cq: CqHandle, out: &mut [Wc]) -> usize {
         self.cq_mut(cq).map_or(0, |c| c.poll(out))
+    }
+
+    /// The next CQ that received at least one completion since this method last returned it, or `None`.
+    ///
+    /// A driver that serves many CQs (one per QP is common) calls this instead of polling every CQ on every loop:
+    /// the engine keeps a FIFO of CQs that gained completions, each CQ on it at most once, so the cost is O(1) per
+    /// CQ with news, never a scan over all CQs. Edge-triggered: a CQ is listed again only when a *new* completion
+    /// arrives after it was returned, so a caller that does not drain it fully (e.g. its own ring is full) must
+    /// remember to poll it again. Completions taken with [`poll_cq`](Self::poll_cq) without consulting the list do
+    /// not remove the CQ from it (it may then be reported with nothing left to poll).
+    #[must_use]
+    pub fn poll_ready_cq(&mut self) -> Option<CqHandle> {
+        while let Some(i) = self.cq_ready.pop_front() {
+            if let Some(Some(c)) = self.cqs.get_mut(i as usize)
+                && c.ready
+            {
+                c.ready = false;
+                return Some(CqHandle(i + 1));
+            }
+        }
+        None
     }
 
     /// Completions waiting in a CQ.
@@ -1431,7 +1470,14 @@ impl Engine {
 
     /// Pushes a completion; on overrun counts it and raises `CqErr`.
     pub(crate) fn push_wc(&mut self, cq: CqHandle, wc: Wc) {
-        let ok = self.cq_mut(cq).is_some_and(|c| c.push(wc));
+        let mut ok = false;
+        if let Some(c) = self.cq_mut(cq) {
+            ok = c.push(wc);
+            if ok && !c.ready {
+                c.ready = true;
+                self.cq_ready.push_back(cq.0 - 1);
+            }
+        }
         if !ok {
             self.stats.cq_overflow += 1;
             self.events.push_back(AsyncEvent {

@@ -840,3 +840,69 @@ fn rate_controller_gets_cnps_and_its_timer() {
     assert_eq!(fired.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert!(p.a.qp_dump(a.qpn).unwrap().contains("cnps: 1"));
 }
+
+#[test]
+fn ready_cq_list_reports_each_cq_with_news_once() {
+    let mut p = Pair::new();
+    let o = ConnOpts::default();
+    let (a1, b1) = connect(&mut p, &o);
+    let (a2, b2) = connect(&mut p, &o);
+    let dst = mr(&mut p.b, b1.pd, 4096, |_| 0);
+    let dst2 = mr(&mut p.b, b2.pd, 4096, |_| 0);
+    assert_eq!(p.a.poll_ready_cq(), None);
+    let send = |p: &mut Pair, qpn: Qpn, id: u64| {
+        p.a.post_send(qpn, &[SendWr::new(id, SendOp::Send, &[]).inline(&[b"hi"])])
+            .unwrap();
+    };
+    let recv = |p: &mut Pair, qpn: Qpn, m: &MrInfo| {
+        p.b.post_recv(
+            qpn,
+            &[RecvWr {
+                wr_id: 0,
+                sg_list: &[sge(m, 0, 64)],
+            }],
+        )
+        .unwrap();
+    };
+    recv(&mut p, b1.qpn, &dst);
+    send(&mut p, a1.qpn, 1);
+    p.drive();
+    assert_eq!(p.a.poll_ready_cq(), Some(a1.cq));
+    assert_eq!(p.a.poll_ready_cq(), None, "listed once");
+    assert_eq!(p.b.poll_ready_cq(), Some(b1.cq));
+    assert_eq!(p.b.poll_ready_cq(), None);
+    // Two completions on one CQ: listed once. A CQ returned and left undrained is listed again only on news.
+    recv(&mut p, b2.qpn, &dst2);
+    recv(&mut p, b2.qpn, &dst2);
+    send(&mut p, a2.qpn, 2);
+    send(&mut p, a2.qpn, 3);
+    p.drive();
+    assert_eq!(p.a.poll_ready_cq(), Some(a2.cq));
+    assert_eq!(p.a.poll_ready_cq(), None);
+    assert_eq!(p.a.cq_len(a2.cq), 2);
+    recv(&mut p, b2.qpn, &dst2);
+    send(&mut p, a2.qpn, 4);
+    p.drive();
+    assert_eq!(p.a.poll_ready_cq(), Some(a2.cq));
+    assert_eq!(p.a.cq_len(a2.cq), 3);
+    // FIFO order across CQs.
+    recv(&mut p, b1.qpn, &dst);
+    recv(&mut p, b2.qpn, &dst2);
+    send(&mut p, a2.qpn, 5);
+    p.drive();
+    send(&mut p, a1.qpn, 6);
+    p.drive();
+    assert_eq!(p.a.poll_ready_cq(), Some(a2.cq));
+    assert_eq!(p.a.poll_ready_cq(), Some(a1.cq));
+    assert_eq!(p.a.poll_ready_cq(), None);
+    // A destroyed CQ leaves the list; a new CQ in its slot is not reported for the old one's completions.
+    recv(&mut p, b1.qpn, &dst);
+    send(&mut p, a1.qpn, 7);
+    p.drive();
+    p.a.destroy_qp(a1.qpn).unwrap();
+    p.a.destroy_cq(a1.cq).unwrap();
+    let c = p.a.create_cq(8).unwrap();
+    assert_eq!(c, a1.cq, "slot reused");
+    assert_eq!(p.a.poll_ready_cq(), None);
+    assert_eq!(poll_all(&mut p.a, a2.cq).len(), 4);
+}
