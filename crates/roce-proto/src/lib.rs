@@ -73,6 +73,8 @@
 //! `modify_qp` against the `ROCEV2.md §4.6` table and a proptest throwing ICRC-valid arbitrary frames at live QPs.
 //! Ignored extras: `cargo test --release -p roce-proto many_seeds -- --ignored` (SEEDS, LOSS, START env vars:
 //! randomized lossy WR mixes) and `perf_pair -- --ignored --nocapture` (two engines, one thread, no link).
+//! `tests/no_alloc.rs` (its own binary, with a counting `#[global_allocator]`) proves the per-packet path allocates
+//! and frees nothing from the first packet on, lossless and lossy, for RC, UC and UD and every opcode.
 //! The named scenarios S01–S20, the WR property test and the soak live in `crates/roce-tests`.
 //!
 //! # For the detail-oriented
