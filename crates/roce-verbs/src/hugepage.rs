@@ -7,8 +7,8 @@
 //! (advised `MADV_HUGEPAGE`, so transparent huge pages may still back it) and logs a `tracing::warn!`;
 //! [`HugePagePolicy::Require`] returns the error. Both kinds of mapping are zeroed by the kernel.
 //!
-//! This is perftest's `--use_hugepages` (it maps `SHM_HUGETLB` System V segments; a private anonymous mapping gives
-//! the same pages without a segment left behind on a crash).
+//! `rocev2 perf --use_hugepages` (perftest's flag name) allocates its test buffers here. A private anonymous mapping
+//! is used rather than a System V `SHM_HUGETLB` segment, so nothing is left behind if the process dies.
 
 use std::io;
 
@@ -24,8 +24,7 @@ const HUGE_PAGE_BITS: u8 = 21;
 /// What [`HugePageBuffer::alloc`] does when no huge page can be had.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HugePagePolicy {
-    /// Fall back to normal pages and log a warning (perftest's behaviour is to fail; this is friendlier and the
-    /// caller can check [`HugePageBuffer::is_huge`]).
+    /// Fall back to normal pages and log a warning; the caller can check [`HugePageBuffer::is_huge`].
     #[default]
     Prefer,
     /// Fail with the `mmap` error.
