@@ -8,9 +8,9 @@
 # * Throughput, for each payload size 64, 1024 and 4096 B and each repetition (sizes interleaved, so drifting load
 #   hits every row alike): `rawudp send` (sendmmsg, 32 per call) -> `rawudp sink` (recvmmsg); the same payload as
 #   RoCE v2 SEND frames through roce_link::UdpLink (`rawudp link-send`) -> sink; `rocev2 perf write-bw -s SIZE`
-#   server/client (RC, -m 4096, -t 128, -Q 100, -l 1, -D S, data verification on).
+#   server/client (RC, -m 4096, -t 128, -Q 100, -l 1, -D S, data verification on), busy-polled and with -e.
 # * Latency, each repetition: `rawudp ping`/`pong` (busy-poll, 64 B, --lat-iters round trips after 2000 warm-up)
-#   and `rocev2 perf send-lat -s 64 -n N` (RC, inline; reports half round trips).
+#   and `rocev2 perf send-lat -s 64 -n N` (RC, inline; reports half round trips), busy-polled and with -e.
 # * Profile (unless --no-profile, and only if `perf` works): per scenario one run under `perf stat` (syscall
 #   tracepoints, context switches) and /usr/bin/time (user/sys CPU), and one under `perf record` (cpu-clock
 #   sampling, DWARF call graphs), classified by crates/roce-rawudp/bench/report.py.
@@ -18,11 +18,11 @@
 # Sender/client side in namespace A on CPU 0, sink/server side in namespace B on CPU 1, both `nice -n -20`.
 # Builds release once and runs private copies of the binaries (the shared target directory may be rebuilt
 # meanwhile). Raw results are kept in crates/roce-rawudp/results/real-wire-<UTC date>.jsonl. Root only; about
-# 4 minutes with the defaults. Everything it starts (namespaces, processes, temp files) is removed on exit.
+# 6 minutes with the defaults. Everything it starts (namespaces, processes, temp files) is removed on exit.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-REPS=5 SECS=2 LAT_ITERS=20000 PROFILE=1 WRITE=1
+REPS=5 SECS=2 LAT_ITERS=10000 PROFILE=1 WRITE=1
 while [ $# -gt 0 ]; do
 	case $1 in
 	--reps) REPS=$2; shift 2 ;;
@@ -139,7 +139,7 @@ cat >"$D/meta.json" <<EOF
  "rmem_max": "$(sysctl -n net.core.rmem_max)", "wmem_max": "$(sysctl -n net.core.wmem_max)"}
 EOF
 
-say "== throughput: $REPS reps x sizes $SIZES x (raw sendmmsg, UdpLink, rocev2 write-bw), ${SECS} s each"
+say "== throughput: $REPS reps x sizes $SIZES x (raw sendmmsg, UdpLink, rocev2 write-bw, write-bw -e), ${SECS} s each"
 for rep in $(seq 1 "$REPS"); do
 	for size in $SIZES; do
 		# Raw sendmmsg -> sink.
@@ -168,11 +168,21 @@ for rep in $(seq 1 "$REPS"); do
 		reap
 		record roce-bw "$size" "$rep" "$D/cli.out" "$D/cli.err"
 		record roce-bw-server "$size" "$rep" "$D/srv.out" "$D/srv.err"
+		# The same with -e: the application threads sleep on a completion channel instead of yield-polling.
+		# shellcheck disable=SC2086
+		bg "${B[@]}" timeout 60 "$ROCE" perf write-bw --json --stats -e -s "$size" -D "$SECS" $BW_OPTS --ip "$IPB" \
+			>"$D/srv.out" 2>"$D/srv.err"
+		listening "$NB" tcp 18515
+		# shellcheck disable=SC2086
+		"${A[@]}" timeout 60 "$ROCE" perf write-bw --json --stats -e -s "$size" -D "$SECS" $BW_OPTS --ip "$IPA" "$IPB" \
+			>"$D/cli.out" 2>"$D/cli.err" || true
+		reap
+		record roce-bw-ev "$size" "$rep" "$D/cli.out" "$D/cli.err"
 		say "   rep $rep size $size done (load $(load1))"
 	done
 done
 
-say "== latency: $REPS reps x (raw busy-poll ping-pong, rocev2 send-lat), 64 B, $LAT_ITERS iterations"
+say "== latency: $REPS reps x (raw busy-poll ping-pong, rocev2 send-lat, send-lat -e), 64 B, $LAT_ITERS iterations"
 for rep in $(seq 1 "$REPS"); do
 	bg "${B[@]}" timeout 60 "$RAW" pong "$IPB:$PORT" --idle 1 --max-secs 50 >/dev/null 2>"$D/pong.err"
 	listening "$NB" udp "$PORT"
@@ -187,6 +197,13 @@ for rep in $(seq 1 "$REPS"); do
 		>"$D/cli.out" 2>"$D/cli.err" || true
 	reap
 	record roce-lat 64 "$rep" "$D/cli.out" "$D/cli.err"
+	bg "${B[@]}" timeout 60 "$ROCE" perf send-lat --json --stats -e -s 64 -n "$LAT_ITERS" --ip "$IPB" \
+		>"$D/srv.out" 2>"$D/srv.err"
+	listening "$NB" tcp 18515
+	"${A[@]}" timeout 60 "$ROCE" perf send-lat --json --stats -e -s 64 -n "$LAT_ITERS" --ip "$IPA" "$IPB" \
+		>"$D/cli.out" 2>"$D/cli.err" || true
+	reap
+	record roce-lat-ev 64 "$rep" "$D/cli.out" "$D/cli.err"
 	say "   rep $rep done (load $(load1))"
 done
 
@@ -200,10 +217,15 @@ if [ "$PROFILE" = 1 ] && perf stat -e task-clock true >/dev/null 2>&1; then
 	# wrap NAME MODE: sets W to the prefix measuring one side (stat: /usr/bin/time + perf stat; record: perf record).
 	wrap() {
 		if [ "$2" = stat ]; then
+			grep '^cpu[0-9]' /proc/stat >"$PROF/$1.cpus0"
 			W=(/usr/bin/time -f "$TIMEFMT" -o "$PROF/$1.time" perf stat -x, -o "$PROF/$1.stat" -e "$EV" --)
 		else
 			W=(perf record -q -F 999 --call-graph dwarf,16384 -o "$PROF/$1.data" --)
 		fi
+	}
+	# snap NAME MODE: after a side-A run under stat, the per-CPU counters again (all processes on each CPU).
+	snap() {
+		[ "$2" != stat ] || grep '^cpu[0-9]' /proc/stat >"$PROF/$1.cpus1"
 	}
 	for mode in stat record; do
 		for size in 64 4096; do
@@ -213,6 +235,7 @@ if [ "$PROFILE" = 1 ] && perf stat -e task-clock true >/dev/null 2>&1; then
 			wrap "raw-send-$size" "$mode"
 			"${A[@]}" timeout 60 "${W[@]}" "$RAW" send "$IPB:$PORT" --size "$size" --seconds "$SECS" \
 				>"$PROF/raw-send-$size.$mode.json" 2>>"$PROF/err" || true
+			snap "raw-send-$size" "$mode"
 			reap
 			wrap "roce-bw-server-$size" "$mode"
 			# shellcheck disable=SC2086
@@ -223,6 +246,7 @@ if [ "$PROFILE" = 1 ] && perf stat -e task-clock true >/dev/null 2>&1; then
 			# shellcheck disable=SC2086
 			"${A[@]}" timeout 60 "${W[@]}" "$ROCE" perf write-bw --json --stats -s "$size" -D "$SECS" \
 				$BW_OPTS --ip "$IPA" "$IPB" >"$PROF/roce-bw-$size.$mode.json" 2>"$PROF/roce-bw-$size.$mode.err" || true
+			snap "roce-bw-$size" "$mode"
 			reap
 		done
 		wrap raw-pong "$mode"
@@ -231,6 +255,7 @@ if [ "$PROFILE" = 1 ] && perf stat -e task-clock true >/dev/null 2>&1; then
 		wrap raw-ping "$mode"
 		"${A[@]}" timeout 60 "${W[@]}" "$RAW" ping "$IPB:$PORT" --size 64 --iters "$LAT_ITERS" --warmup 2000 \
 			>"$PROF/raw-ping.$mode.json" 2>>"$PROF/err" || true
+		snap raw-ping "$mode"
 		reap
 		wrap roce-lat-server "$mode"
 		bg "${B[@]}" timeout 60 "${W[@]}" "$ROCE" perf send-lat --json --stats -s 64 -n "$LAT_ITERS" \
@@ -239,6 +264,7 @@ if [ "$PROFILE" = 1 ] && perf stat -e task-clock true >/dev/null 2>&1; then
 		wrap roce-lat "$mode"
 		"${A[@]}" timeout 60 "${W[@]}" "$ROCE" perf send-lat --json --stats -s 64 -n "$LAT_ITERS" --ip "$IPA" \
 			"$IPB" >"$PROF/roce-lat.$mode.json" 2>"$PROF/roce-lat.$mode.err" || true
+		snap roce-lat "$mode"
 		reap
 		say "   $mode done (load $(load1))"
 	done

@@ -153,7 +153,8 @@ def bundle(meta, results, profdir):
     prof = doc["profile"]
     for p in sorted(glob.glob(os.path.join(profdir, "*"))):
         base = os.path.basename(p)
-        m = re.match(r"^(.*)\.(stat|time|classes\.json|stat\.json|record\.json|stat\.err|record\.err)$", base)
+        m = re.match(r"^(.*)\.(stat|time|cpus0|cpus1|classes\.json|stat\.json|record\.json|stat\.err|record\.err)$",
+                     base)
         if not m:
             continue
         name, kind = m.groups()
@@ -163,6 +164,8 @@ def bundle(meta, results, profdir):
                 e["perf_stat"] = parse_stat(p)
             elif kind == "time":
                 e["time"] = json.loads(open(p).read().strip().splitlines()[-1])
+            elif kind in ("cpus0", "cpus1"):
+                e[kind] = {l.split()[0]: [int(x) for x in l.split()[1:]] for l in open(p) if l.startswith("cpu")}
             elif kind == "classes.json":
                 e["profile"] = json.load(open(p))
             elif kind.endswith(".json"):
@@ -173,7 +176,27 @@ def bundle(meta, results, profdir):
                 e[kind.split(".")[0] + "_counters"] = parse_counters(open(p).read())
         except (ValueError, IndexError, OSError) as ex:
             e.setdefault("errors", []).append(f"{base}: {ex}")
+    for e in prof.values():
+        a, b = e.pop("cpus0", None), e.pop("cpus1", None)
+        if a and b:
+            e["cpus"] = cpu_shares(a, b)
     return doc
+
+
+def cpu_shares(a, b):
+    """Per-CPU /proc/stat deltas as % of the CPU's time: user (+nice), system, softirq (+irq), idle (+iowait), steal."""
+    out = {}
+    for cpu in a:
+        if cpu not in b:
+            continue
+        d = [y - x for x, y in zip(a[cpu], b[cpu])]
+        d += [0] * (8 - len(d))
+        tot = sum(d[:8])
+        if tot <= 0:
+            continue
+        out[cpu] = {"user": pct(d[0] + d[1], tot), "system": pct(d[2], tot), "softirq": pct(d[5] + d[6], tot),
+                    "idle": pct(d[3] + d[4], tot), "steal": pct(d[7], tot), "ticks": tot}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- markdown
@@ -210,6 +233,13 @@ def series(results, kind, size, path):
     return out
 
 
+def last_line(text):
+    lines = [l.strip() for l in str(text).splitlines() if l.strip()]
+    tagged = [l for l in lines if l.startswith(("rocev2 perf:", "rawudp:"))]
+    line = tagged[-1] if tagged else (lines[-1] if lines else "")
+    return line[:160].replace("|", "/").replace("`", "'")
+
+
 def pct(n, d):
     return 100.0 * n / d if d else 0.0
 
@@ -230,12 +260,13 @@ def markdown(doc, results_path):
     w("")
     w("```sh")
     args = f"--reps {m['reps']} --seconds {secs} --lat-iters {m['lat_iters']}"
-    default = args == "--reps 5 --seconds 2 --lat-iters 20000"
+    default = args == "--reps 5 --seconds 2 --lat-iters 10000"
     w(f"sudo scripts/bench-real-wire.sh" + ("" if default else " " + args)
       + ("            # = " + args + " (the defaults)" if default else "   # as run here"))
     w("```")
     w("")
-    dirty = f", {m['dirty']} uncommitted file(s) under crates/" if str(m.get("dirty", "0")) not in ("0", "") else ""
+    dirty = (f" (built from the shared working tree, which had {m['dirty']} uncommitted file(s) under crates/)"
+             if str(m.get("dirty", "0")) not in ("0", "") else "")
     w(f"Code: `{m['commit']}`{dirty}, release profile. Run: {m['date']}. Machine: {m['cpus']} vCPUs "
       f"\"{m['cpu_model']}\" ({m['hypervisor']} guest), {m['mem']} RAM, Linux {m['kernel']}, {m['rustc']}; "
       f"`net.core.rmem_max`/`wmem_max` {m['rmem_max']}/{m['wmem_max']}. "
@@ -268,8 +299,9 @@ def markdown(doc, results_path):
       "RoCE v2 SEND frame copied into each `UdpLink` TX slot and flushed, no engine (datagram = payload + 16 B).")
     w("")
     w("| payload | raw sent, Mpps | raw delivered, Mpps | raw delivered, Gb/s | UdpLink delivered, Mpps | "
-      "rocev2 write-bw, Mpps | rocev2 write-bw, Gb/s | **rocev2 / raw delivered** |")
-    w("|---|---|---|---|---|---|---|---|")
+      "rocev2 write-bw, Mpps | rocev2 write-bw, Gb/s | **rocev2 / raw delivered** | rocev2 write-bw -e, Mpps | "
+      "**-e / raw delivered** |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
     ratios_bw = {}
     for s in sizes:
         sent = series(R, "raw-send", s, ["mpps"])
@@ -282,15 +314,22 @@ def markdown(doc, results_path):
         ratio = med(roce.values()) / med(deliv.values()) if roce and deliv else None
         ratios_bw[s] = ratio
         v = lambda d: fmt(med(list(d.values()))) + rng(list(d.values()))
+        ev = series(R, "roce-bw-ev", s, ["msg_rate_mpps"])
+        per_ev = [ev[k] / deliv[k] for k in ev if k in deliv and deliv[k] > 0]
+        ratio_ev = med(ev.values()) / med(deliv.values()) if ev and deliv else None
         w(f"| {s} B | {v(sent)} | {v(deliv)} | {v(dg)} | {v(link)} | {v(roce)} | {v(rg)} | "
-          f"**{fmt(ratio)}**{rng(per)} |")
+          f"**{fmt(ratio)}**{rng(per)} | {v(ev)} | **{fmt(ratio_ev)}**{rng(per_ev)} |")
     fails = [r for r in R if "error" in r]
     w("")
     w("The ratio is median rocev2 rate / median raw delivered rate (range: the per-repetition ratios). Target of "
-      "later work: ≥ 0.9.")
+      "later work: ≥ 0.9. `-e` is the same run with `-e` on both sides: the application thread sleeps on the "
+      "completion channel (`-Q 100` completions or 100 µs per event) instead of polling the CQ and calling "
+      "`sched_yield` when it is empty, so the engine thread has the CPU to itself while it works.")
     if fails:
-        w(f"{len(fails)} run(s) produced no result and are left out: "
-          + "; ".join(f"{r['kind']} {r['size']} B rep {r['rep']}" for r in fails) + ".")
+        w("")
+        w(f"**{len(fails)} run(s) failed** and are left out of the medians: "
+          + "; ".join(f"{r['kind']} {r['size']} B rep {r['rep']} (`{last_line(r.get('error', ''))}`)"
+                      for r in fails) + ".")
     w("")
     w("### Latency: `rocev2 perf send-lat` vs raw busy-poll ping-pong")
     w("")
@@ -307,8 +346,9 @@ def markdown(doc, results_path):
       "against `t_typical`** (both medians).")
     w("")
     w("| 64 B | raw RTT, µs | raw RTT / 2, µs | rocev2 send-lat t_typical (½ RTT), µs | **rocev2 / (raw RTT / 2)** | "
-      "raw RTT/2 p99, µs | rocev2 p99 (½ RTT), µs |")
-    w("|---|---|---|---|---|---|---|")
+      "raw RTT/2 p99, µs | rocev2 p99 (½ RTT), µs | send-lat -e t_typical, µs | **-e / (raw RTT / 2)** | "
+      "send-lat -e p99, µs |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
     rtt = series(R, "raw-ping", 64, ["rtt_us", "typical"])
     rp99 = series(R, "raw-ping", 64, ["rtt_us", "p99"])
     lt = series(R, "roce-lat", 64, ["t_typical_us"])
@@ -317,8 +357,13 @@ def markdown(doc, results_path):
     per = [lt[k] / half[k] for k in lt if k in half and half[k] > 0]
     lat_ratio = med(lt.values()) / med(half.values()) if lt and half else None
     v = lambda d: fmt(med(list(d.values()))) + rng(list(d.values()))
+    et = series(R, "roce-lat-ev", 64, ["t_typical_us"])
+    ep99 = series(R, "roce-lat-ev", 64, ["p99_us"])
+    per_ev = [et[k] / half[k] for k in et if k in half and half[k] > 0]
+    ev_ratio = med(et.values()) / med(half.values()) if et and half else None
     w(f"| median | {v(rtt)} | {v(half)} | {v(lt)} | **{fmt(lat_ratio)}**{rng(per)} | "
-      f"{v({k: x / 2 for k, x in rp99.items()})} | {v(lp99)} |")
+      f"{v({k: x / 2 for k, x in rp99.items()})} | {v(lp99)} | {v(et)} | **{fmt(ev_ratio)}**{rng(per_ev)} | "
+      f"{v(ep99)} |")
     w("")
     w("Target of later work: ≤ 1.2.")
     w("")
@@ -362,9 +407,9 @@ def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
     w("CPU time and system calls per side (one run each, ~" + f"{m['seconds']} s; "
       "\"per msg\" = per message the client completed or the raw sender sent):")
     w("")
-    w("| run | side | user s | sys s | sys share | send calls / msg | pkts / sendmmsg | receive calls / msg | "
+    w("| run | side | user s | sys s | CPU / wall | sys share | send calls / msg | pkts / sendmmsg | receive calls / msg | "
       "sched_yield / msg | futex / msg | ctx switches / msg |")
-    w("|---|---|---|---|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for s in (64, 4096):
         rows.append((f"raw send {s} B", f"raw-send-{s}", f"raw-sink-{s}", f"raw-send-{s}"))
@@ -392,14 +437,36 @@ def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
                 elif label.startswith("raw send") and n:
                     tx = n / sm
             cs = P.get(name, {}).get("perf_stat", {}).get("context-switches")
-            w(f"| {label} | {side} | {fmt(u)} | {fmt(sy)} | {fmt(share)} % | {fmt(per('sendmmsg', 'sendto'))} | {fmt(tx)} | "
+            wall = tm(name, "wall_s")
+            busy = pct(u + sy, wall) if None not in (u, sy, wall) else None
+            w(f"| {label} | {side} | {fmt(u)} | {fmt(sy)} | {fmt(busy)} % | {fmt(share)} % | {fmt(per('sendmmsg', 'sendto'))} | {fmt(tx)} | "
               f"{fmt(per('recvmmsg', 'recvfrom'))} | {fmt(per('sched_yield'))} | {fmt(per('futex'))} | "
               f"{fmt(cs / n if cs is not None and n else None)} |")
     w("")
-    w("Send calls are `sendmmsg` + `sendto`, receive calls `recvmmsg` + `recvfrom` (including the ones that "
+    w("\"CPU / wall\" is the CPU time the process got over its lifetime (setup and verification included): "
+      "below 100 % the side was not always running (other jobs on the shared VM took its CPU) or its kernel work "
+      "ran as softirq, which is not charged to the process (next table). "
+      "Send calls are `sendmmsg` + `sendto`, receive calls `recvmmsg` + `recvfrom` (including the ones that "
       "find nothing: `EAGAIN`); \"pkts / sendmmsg\" is frames handed to the kernel per `sendmmsg` (raw: packets "
       "sent; rocev2: the engine thread's `tx_frames` counter).")
     w("")
+    cpu_rows = [(l, n) for l, n in (("raw send 64 B", "raw-send-64"), ("rocev2 write-bw 64 B", "roce-bw-64"),
+                                    ("raw send 4096 B", "raw-send-4096"), ("rocev2 write-bw 4096 B", "roce-bw-4096"),
+                                    ("raw ping-pong", "raw-ping"), ("rocev2 send-lat", "roce-lat"))
+                if P.get(n, {}).get("cpus")]
+    if cpu_rows:
+        w("What each CPU did while side A ran (all processes, from `/proc/stat`; user time includes other jobs "
+          "on the VM — `nice` does not outweigh other sessions' cgroups — and softirq time is mostly the veth "
+          "receive path, which the kernel does not charge to the process):")
+        w("")
+        w("| run | CPU | user % | system % | softirq % | idle % | steal % |")
+        w("|---|---|---|---|---|---|---|")
+        for l, n in cpu_rows:
+            for cpu, c in sorted(P[n]["cpus"].items()):
+                side = {f"cpu{m['cpu_a']}": " (A)", f"cpu{m['cpu_b']}": " (B)"}.get(cpu, "")
+                w(f"| {l} | {cpu}{side} | {fmt(c['user'])} | {fmt(c['system'])} | {fmt(c['softirq'])} | "
+                  f"{fmt(c['idle'])} | {fmt(c['steal'])} |")
+        w("")
     # Profile class table for side A.
     prof_rows = [("raw send 64 B", "raw-send-64"), ("rocev2 write-bw 64 B", "roce-bw-64"),
                  ("raw send 4096 B", "raw-send-4096"), ("rocev2 write-bw 4096 B", "roce-bw-4096"),
