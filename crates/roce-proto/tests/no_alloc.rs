@@ -3,16 +3,17 @@
 //!
 //! This test binary installs a counting `#[global_allocator]`. Counting is armed per thread (a thread-local flag), so
 //! the test harness and tests running in parallel on other threads do not disturb the count. Each test builds two
-//! engines through the public API — an RC pair (both engines are requester and responder) and a UD pair — and
-//! shuttles frames between them with its own allocation-free wire (preallocated frame buffers, a FIFO with fixed
-//! latency, optional loss and CE marking). Right after the QPs reach RTS — no warm-up: every queue the per-packet
-//! path pushes to is sized at `create_qp` / `create_cq` — it arms the counter and runs a steady state of
+//! engines through the public API — an RC pair (both engines are requester and responder), a UC pair and a UD pair
+//! — and shuttles frames between them with its own allocation-free wire (preallocated frame buffers, a FIFO with
+//! fixed latency, optional loss and CE marking). Right after the QPs reach RTS — no warm-up: every queue the
+//! per-packet path pushes to is sized at `create_qp` / `create_cq` — it arms the counter and runs a steady state of
 //! `post_send` (SEND / SEND_WITH_IMM / RDMA WRITE / WRITE_WITH_IMM / READ / CMP_AND_SWP / FETCH_AND_ADD; inline and
 //! SGE; single- and multi-packet; FENCE and SOLICITED), `post_recv`, `poll_transmit` → `handle_frame`, ACKs,
-//! `poll_cq`, `poll_timeout` / `handle_timeout`, `poll_async_event`, and asserts that not one allocation,
-//! reallocation or deallocation happened. The lossy variant drops frames (so local ACK timeouts, sequence NAKs,
-//! implied NAKs, go-back-N, duplicate requests and READ/atomic replays run), marks some data frames CE (CNPs) and
-//! posts some receives late (RNR NAK → RNR wait → retry).
+//! `poll_ready_cq` / `poll_cq`, `poll_timeout` / `handle_timeout`, `poll_async_event`, a paced QP (`Shaper` timer)
+//! and a rate controller with its own timer (`RateTimer`), and asserts that not one allocation, reallocation or
+//! deallocation happened. The lossy variant (three loss rates) drops frames, so local ACK timeouts, sequence NAKs,
+//! implied NAKs, go-back-N retransmissions and duplicate requests run (it asserts each of those counters moved), marks
+//! some data frames CE (CNPs) and posts some receives late (RNR NAK → RNR wait → retry).
 //!
 //! On failure the message names the counts and the engine frames of the first few allocations in the armed region.
 
