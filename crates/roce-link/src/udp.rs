@@ -8,8 +8,13 @@
 //!
 //! [`Link::tx_buf`] lends a slot of a preallocated batch; [`Link::tx_commit`] parses the frame's Ethernet / IPv4 or
 //! IPv6 / UDP headers (VLAN tags are stripped), checks them against what Linux will write, and queues the UDP
-//! payload; [`Link::flush`] hands the queue to the kernel with `sendmmsg(2)`, one call per run of frames that share
-//! a source port. Each datagram carries `IP_TOS` + `IP_TTL` (IPv6: `IPV6_TCLASS` + `IPV6_HOPLIMIT`) control
+//! payload; [`Link::flush`] hands the queue to the kernel with `sendmmsg(2)`, **one call per source-port socket**:
+//! the queued frames are grouped by socket (stably, so frames of one socket — and so of one QP — leave in the order
+//! they were committed), so two or more busy QPs whose frames the engine interleaves still cost one system call per
+//! QP per flush, not one per frame ([`UdpStats::tx_sendmmsg`] counts the calls). Frames of different sockets may
+//! leave in another order than committed; nothing depends on that order (each QP's packets are ordered by their own
+//! PSNs, and a QP always uses one source port). Grouping uses preallocated index arrays (no allocation) and at most
+//! `burst`² / 2 comparisons per flush. Each datagram carries `IP_TOS` + `IP_TTL` (IPv6: `IPV6_TCLASS` + `IPV6_HOPLIMIT`) control
 //! messages taken from the frame's IP header, so DSCP, ECN (e.g. ECT(0)) and TTL are the engine's, per packet.
 //!
 //! The ICRC covers the IPv4 identification, flags, lengths and the UDP ports (`ROCEV2.md §3`), so:
@@ -218,6 +223,8 @@ pub struct UdpStats {
     pub tx_frames: u64,
     /// UDP payload bytes (BTH .. ICRC) handed to the kernel.
     pub tx_bytes: u64,
+    /// `sendmmsg(2)` calls made (successful or not); `tx_frames / tx_sendmmsg` is the average batch.
+    pub tx_sendmmsg: u64,
     /// `sendmmsg` calls that found the socket full (`EAGAIN`/`ENOBUFS`); the frames stayed queued.
     pub tx_busy: u64,
     /// Frames dropped because the kernel refused them (`EMSGSIZE`, unreachable, `EADDRINUSE` on a new source-port
@@ -273,9 +280,16 @@ pub struct UdpLink {
     port_map: Vec<u16>,
     tx_data: Vec<u8>,
     tx_meta: Vec<TxMeta>,
-    /// Frames `[tx_head, tx_tail)` are queued; slot `tx_tail` is the one `tx_buf` lends.
-    tx_head: usize,
-    tx_tail: usize,
+    /// Free transmit slots (a stack; the top is the slot `tx_buf` lends). Capacity `burst`, never grows.
+    tx_free: Vec<u16>,
+    /// Queued slots in commit order. Capacity `burst`.
+    tx_pend: Vec<u16>,
+    /// Scratch of `flush`: the slots of one socket's group, in commit order. Capacity `burst`.
+    tx_sel: Vec<u16>,
+    /// Scratch of `flush`, by position in `tx_pend`: already put into a group.
+    tx_grouped: Vec<bool>,
+    /// Scratch of `flush`, by slot: sent or dropped (leaves the queue).
+    tx_done: Vec<bool>,
     tx_iov: Vec<libc::iovec>,
     tx_msgs: Vec<libc::mmsghdr>,
     tx_ctrl: Vec<[u64; CMSG_WORDS]>,
@@ -303,7 +317,7 @@ impl core::fmt::Debug for UdpLink {
         f.debug_struct("UdpLink")
             .field("local", &self.cfg.local)
             .field("port", &self.cfg.port)
-            .field("queued", &(self.tx_tail - self.tx_head))
+            .field("queued", &self.tx_pend.len())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -734,7 +748,12 @@ impl UdpLink {
                 ipv4::HEADER_LEN
             }
             + udp::HEADER_LEN;
-        if cfg.burst == 0 || cfg.mtu < hdr + 16 || cfg.mtu > 65535 || cfg.max_tx_sockets >= 65535 {
+        if cfg.burst == 0
+            || cfg.burst > usize::from(u16::MAX)
+            || cfg.mtu < hdr + 16
+            || cfg.mtu > 65535
+            || cfg.max_tx_sockets >= 65535
+        {
             return Err(io_ctx(
                 io::Error::from(io::ErrorKind::InvalidInput),
                 format_args!(
@@ -767,8 +786,12 @@ impl UdpLink {
                 };
                 burst
             ],
-            tx_head: 0,
-            tx_tail: 0,
+            // Popped from the end: slot 0 is lent first.
+            tx_free: (0..burst as u16).rev().collect(),
+            tx_pend: Vec::with_capacity(burst),
+            tx_sel: Vec::with_capacity(burst),
+            tx_grouped: vec![false; burst],
+            tx_done: vec![false; burst],
             tx_iov: vec![zeroed(); burst],
             tx_msgs: vec![zeroed(); burst],
             tx_ctrl: vec![[0; CMSG_WORDS]; burst],
@@ -869,7 +892,7 @@ impl UdpLink {
 
     /// Frames committed and not yet handed to the kernel.
     pub fn queued(&self) -> usize {
-        self.tx_tail - self.tx_head
+        self.tx_pend.len()
     }
 
     /// The file descriptor received frames arrive on (to wait for readability with `poll`/`epoll`): the UDP
@@ -1015,20 +1038,20 @@ impl UdpLink {
         n * space
     }
 
-    /// Sends queued frames `[tx_head, end)` (all from socket `sock`) with one `sendmmsg`; returns how many the
-    /// kernel took.
-    fn send_run(&mut self, end: usize, sock: u16) -> io::Result<usize> {
-        let start = self.tx_head;
+    /// Sends the slots `tx_sel[from..]` (all queued on socket `sock`, in commit order) with one `sendmmsg`;
+    /// returns how many the kernel took (a prefix of them).
+    fn send_group(&mut self, from: usize, sock: u16) -> io::Result<usize> {
         let mtu = self.cfg.mtu;
         let addr_len = if self.v6 {
             size_of::<libc::sockaddr_in6>()
         } else {
             size_of::<libc::sockaddr_in>()
         } as libc::socklen_t;
-        for i in start..end {
+        let count = self.tx_sel.len() - from;
+        for k in 0..count {
+            let i = usize::from(self.tx_sel[from + k]);
             let clen = self.tx_cmsgs(i);
             let m = &mut self.tx_meta[i];
-            let k = i - start;
             self.tx_iov[k] = libc::iovec {
                 // SAFETY: `off + len <= mtu` was checked in `tx_commit`, so the pointer stays inside slot `i` of
                 // `tx_data`.
@@ -1046,13 +1069,14 @@ impl UdpLink {
             self.tx_msgs[k].msg_len = 0;
         }
         let fd = self.socks[usize::from(sock)].as_raw_fd();
-        // SAFETY: `tx_msgs[..end - start]` were just filled with pointers into `tx_meta`, `tx_iov`, `tx_ctrl` and
-        // `tx_data`, which are neither moved nor resized until this call returns; the count is at most `burst`.
+        self.stats.tx_sendmmsg += 1;
+        // SAFETY: `tx_msgs[..count]` were just filled with pointers into `tx_meta`, `tx_iov`, `tx_ctrl` and
+        // `tx_data`, which are neither moved nor resized until this call returns; `count` is at most `burst`.
         let r = unsafe {
             libc::sendmmsg(
                 fd,
                 self.tx_msgs.as_mut_ptr(),
-                (end - start) as libc::c_uint,
+                count as libc::c_uint,
                 libc::MSG_DONTWAIT,
             )
         };
@@ -1061,6 +1085,55 @@ impl UdpLink {
         } else {
             Ok(r as usize)
         }
+    }
+
+    /// Sends the group in `tx_sel` (socket `sock`) until it is all sent, the socket is full (`EAGAIN`/`ENOBUFS`:
+    /// the rest stays queued) or the kernel refuses a datagram (that one is dropped and counted, the rest of the
+    /// group stays queued; the error is returned). Sent and dropped slots are marked in `tx_done`.
+    fn send_sel(&mut self, sock: u16) -> Result<(), LinkError> {
+        let mut off = 0;
+        while off < self.tx_sel.len() {
+            match self.send_group(off, sock) {
+                Ok(0) => break,
+                Ok(k) => {
+                    for &slot in &self.tx_sel[off..off + k] {
+                        let slot = usize::from(slot);
+                        self.tx_done[slot] = true;
+                        self.stats.tx_bytes += self.tx_meta[slot].len as u64;
+                    }
+                    self.stats.tx_frames += k as u64;
+                    off += k;
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN | libc::ENOBUFS) => {
+                        self.stats.tx_busy += 1;
+                        break;
+                    }
+                    Some(libc::EINTR) => {}
+                    _ => {
+                        // The first datagram of the call is the one the kernel refused: drop it.
+                        let slot = usize::from(self.tx_sel[off]);
+                        self.tx_done[slot] = true;
+                        self.stats.tx_errors += 1;
+                        let m = self.tx_meta[slot];
+                        let to = sockaddr_to(&m.dst).map(|(a, p)| SocketAddr::new(a, p));
+                        return Err(io_ctx(
+                            e,
+                            format_args!(
+                                "sendmmsg of a {}-byte datagram from {} to {to:?}",
+                                m.len,
+                                self.socks[usize::from(sock)]
+                                    .local_addr()
+                                    .ok()
+                                    .and_then(|a| a.as_socket())
+                                    .map_or_else(|| "?".to_owned(), |a| a.to_string()),
+                            ),
+                        ));
+                    }
+                },
+            }
+        }
+        Ok(())
     }
 
     /// [`RxMode::Packet`] receive: up to `n` whole frames with one `recvmmsg` on the `AF_PACKET` socket, each
@@ -1349,23 +1422,23 @@ impl Link for UdpLink {
     }
 
     fn tx_buf(&mut self, _now: Instant) -> Result<&mut [u8], LinkError> {
-        if self.tx_tail == self.cfg.burst {
+        let Some(&i) = self.tx_free.last() else {
             return Err(LinkError::Busy);
-        }
+        };
         let mtu = self.cfg.mtu;
-        let i = self.tx_tail;
+        let i = usize::from(i);
         Ok(&mut self.tx_data[i * mtu..(i + 1) * mtu])
     }
 
     fn tx_commit(&mut self, _now: Instant, len: usize) -> Result<(), LinkError> {
-        if self.tx_tail == self.cfg.burst {
+        let Some(&slot) = self.tx_free.last() else {
             return Err(LinkError::NoTxBuffer);
-        }
+        };
         let mtu = self.cfg.mtu;
         if len > mtu {
             return Err(LinkError::TooLong { len, mtu });
         }
-        let i = self.tx_tail;
+        let i = usize::from(slot);
         let Some(p) = self.parse_tx(&self.tx_data[i * mtu..i * mtu + len]) else {
             self.stats.tx_invalid += 1;
             return Ok(());
@@ -1402,65 +1475,54 @@ impl Link for UdpLink {
             ttl: p.ttl,
             dst: sockaddr_of(SocketAddr::new(p.dst, self.cfg.peer_port)),
         };
-        self.tx_tail += 1;
+        self.tx_free.pop();
+        self.tx_pend.push(slot);
         Ok(())
     }
 
     fn flush(&mut self, _now: Instant) -> Result<(), LinkError> {
-        while self.tx_head < self.tx_tail {
-            let sock = self.tx_meta[self.tx_head].sock;
-            let mut end = self.tx_head + 1;
-            while end < self.tx_tail && self.tx_meta[end].sock == sock {
-                end += 1;
+        let n = self.tx_pend.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.tx_grouped[..n].fill(false);
+        for &slot in &self.tx_pend {
+            self.tx_done[usize::from(slot)] = false;
+        }
+        let mut first_err = None;
+        // One group per socket, in order of first appearance; stable within the group.
+        for start in 0..n {
+            if self.tx_grouped[start] {
+                continue;
             }
-            match self.send_run(end, sock) {
-                Ok(k) => {
-                    for m in &self.tx_meta[self.tx_head..self.tx_head + k] {
-                        self.stats.tx_bytes += m.len as u64;
-                    }
-                    self.stats.tx_frames += k as u64;
-                    self.tx_head += k;
-                    if k == 0 {
-                        break;
-                    }
+            let sock = self.tx_meta[usize::from(self.tx_pend[start])].sock;
+            self.tx_sel.clear();
+            for j in start..n {
+                let slot = self.tx_pend[j];
+                if !self.tx_grouped[j] && self.tx_meta[usize::from(slot)].sock == sock {
+                    self.tx_grouped[j] = true;
+                    self.tx_sel.push(slot);
                 }
-                Err(e) => match e.raw_os_error() {
-                    Some(libc::EAGAIN | libc::ENOBUFS) => {
-                        self.stats.tx_busy += 1;
-                        break;
-                    }
-                    Some(libc::EINTR) => {}
-                    _ => {
-                        // The first datagram of the run is the one the kernel refused: drop it, keep the rest.
-                        let m = self.tx_meta[self.tx_head];
-                        self.tx_head += 1;
-                        self.stats.tx_errors += 1;
-                        if self.tx_head == self.tx_tail {
-                            self.tx_head = 0;
-                            self.tx_tail = 0;
-                        }
-                        let to = sockaddr_to(&m.dst).map(|(a, p)| SocketAddr::new(a, p));
-                        return Err(io_ctx(
-                            e,
-                            format_args!(
-                                "sendmmsg of a {}-byte datagram from {} to {to:?}",
-                                m.len,
-                                self.socks[usize::from(sock)]
-                                    .local_addr()
-                                    .ok()
-                                    .and_then(|a| a.as_socket())
-                                    .map_or_else(|| "?".to_owned(), |a| a.to_string()),
-                            ),
-                        ));
-                    }
-                },
+            }
+            if let Err(e) = self.send_sel(sock)
+                && first_err.is_none()
+            {
+                first_err = Some(e);
             }
         }
-        if self.tx_head == self.tx_tail {
-            self.tx_head = 0;
-            self.tx_tail = 0;
+        // Keep what was not sent, in commit order; sent and dropped slots become free again.
+        let mut w = 0;
+        for r in 0..n {
+            let slot = self.tx_pend[r];
+            if self.tx_done[usize::from(slot)] {
+                self.tx_free.push(slot);
+            } else {
+                self.tx_pend[w] = slot;
+                w += 1;
+            }
         }
-        Ok(())
+        self.tx_pend.truncate(w);
+        first_err.map_or(Ok(()), Err)
     }
 
     fn poll_at(&self) -> Option<Instant> {

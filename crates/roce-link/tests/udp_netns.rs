@@ -319,6 +319,14 @@ fn veth_wire_bytes_equal_engine_frames_and_pass_check_pcap() {
     let got_a = recv_all(&mut a, 1);
 
     assert_eq!(wire_ab.len(), sent_ab.len(), "captured A->B");
+    // `flush` sends one batch per source-port socket, so frames of different ports may leave in another order than
+    // committed; within a port the order is kept. A stable sort by UDP source port normalises both sides.
+    let by_port = |v: &[Vec<u8>]| {
+        let mut v = v.to_vec();
+        v.sort_by_key(|f| u16::from_be_bytes([f[34], f[35]]));
+        v
+    };
+    let (wire_ab, got_b, sent_ab) = (by_port(&wire_ab), by_port(&got_b), by_port(&sent_ab));
     for (w, s) in wire_ab.iter().zip(&sent_ab) {
         assert_eq!(w, s, "wire bytes differ from the engine frame");
     }
