@@ -3,7 +3,7 @@
 # (scripts/netns.sh, 198.18.1.1 <-> 198.18.1.2, MTU 9000), all in one run, and the "Real wire" section of
 # BENCHMARKS.md regenerated from what was measured.
 #
-#   sudo scripts/bench-real-wire.sh [--reps N] [--seconds S] [--lat-iters N] [--no-profile] [--no-write]
+#   sudo scripts/bench-real-wire.sh [--reps N] [--seconds S] [--lat-iters N] [--no-profile] [--no-write] [--worktree]
 #
 # * Throughput, for each payload size 64, 1024 and 4096 B and each repetition (sizes interleaved, so drifting load
 #   hits every row alike): `rawudp send` (sendmmsg, 32 per call) -> `rawudp sink` (recvmmsg); the same payload as
@@ -16,13 +16,14 @@
 #   sampling, DWARF call graphs), classified by crates/roce-rawudp/bench/report.py.
 #
 # Sender/client side in namespace A on CPU 0, sink/server side in namespace B on CPU 1, both `nice -n -20`.
-# Builds release once and runs private copies of the binaries (the shared target directory may be rebuilt
-# meanwhile). Raw results are kept in crates/roce-rawudp/results/real-wire-<UTC date>.jsonl. Root only; about
-# 6 minutes with the defaults. Everything it starts (namespaces, processes, temp files) is removed on exit.
+# Builds release once, from the committed HEAD exported into target/bench-real-wire/src (with --worktree: the
+# working tree as it is, in the usual target directory), and runs private copies of the binaries. Raw results are
+# kept in crates/roce-rawudp/results/real-wire-<UTC time>.json. Root only; about 6 minutes with the defaults
+# (plus the first build). Everything it starts (namespaces, processes, temp files) is removed on exit.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-REPS=5 SECS=2 LAT_ITERS=10000 PROFILE=1 WRITE=1
+REPS=5 SECS=2 LAT_ITERS=10000 PROFILE=1 WRITE=1 WORKTREE=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--reps) REPS=$2; shift 2 ;;
@@ -30,6 +31,7 @@ while [ $# -gt 0 ]; do
 	--lat-iters) LAT_ITERS=$2; shift 2 ;;
 	--no-profile) PROFILE=0; shift ;;
 	--no-write) WRITE=0; shift ;;
+	--worktree) WORKTREE=1; shift ;;
 	-h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench-real-wire.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
@@ -63,10 +65,24 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "== building (release) and copying the binaries to $D"
-cargo build --release -q -p roce-cli -p roce-rawudp --manifest-path "$ROOT/Cargo.toml"
-TD=$(cargo metadata --format-version 1 --no-deps --manifest-path "$ROOT/Cargo.toml" |
-	python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+# The code measured: the committed HEAD, exported to a private tree and built in a private target directory
+# (kept between runs, so later builds are incremental), unless --worktree asks for the working tree as it is.
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
+if [ "$WORKTREE" = 1 ]; then
+	say "== building the working tree (release)"
+	cargo build --release -q -p roce-cli -p roce-rawudp --manifest-path "$ROOT/Cargo.toml"
+	TD=$(cargo metadata --format-version 1 --no-deps --manifest-path "$ROOT/Cargo.toml" |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+	DIRTY=$(git -C "$ROOT" status --porcelain -- crates Cargo.toml Cargo.lock | grep -c . || true)
+else
+	say "== building $COMMIT (release) in $ROOT/target/bench-real-wire"
+	TD=$ROOT/target/bench-real-wire
+	rm -rf "$TD/src"
+	mkdir -p "$TD/src"
+	git -C "$ROOT" archive HEAD | tar -x -C "$TD/src"
+	cargo build --release -q -p roce-cli -p roce-rawudp --manifest-path "$TD/src/Cargo.toml" --target-dir "$TD"
+	DIRTY=0
+fi
 cp "$TD/release/rocev2" "$TD/release/rawudp" "$D/"
 RAW=$D/rawudp ROCE=$D/rocev2
 
@@ -131,7 +147,7 @@ listening() {
 cat >"$D/meta.json" <<EOF
 {"reps": $REPS, "seconds": $SECS, "lat_iters": $LAT_ITERS, "sizes": [${SIZES// /, }],
  "bw_opts": "$BW_OPTS", "cpu_a": $CPU_A, "cpu_b": $CPU_B, "ip_a": "$IPA", "ip_b": "$IPB",
- "commit": "$(git -C "$ROOT" rev-parse --short HEAD)", "dirty": "$(git -C "$ROOT" status --porcelain -- crates | grep -c . || true)",
+ "commit": "$COMMIT", "dirty": "$DIRTY",
  "date": "$(date -u +%Y-%m-%dT%H:%MZ)", "loadavg_start": "$(cut -d' ' -f1-3 /proc/loadavg)",
  "cpu_model": "$(lscpu | sed -n 's/^Model name: *//p' | head -1)", "cpus": "$(nproc)",
  "hypervisor": "$(lscpu | sed -n 's/^Hypervisor vendor: *//p' | head -1)",

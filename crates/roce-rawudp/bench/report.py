@@ -516,12 +516,39 @@ def share(P, name, *prefixes):
     return pct(n, pr["samples"])
 
 
+SAMPLE_HZ = 999  # perf record -F in scripts/bench-real-wire.sh
+
+
+def us_per_msg(P, name, *prefixes):
+    """Side-A CPU µs per message in the `perf record` run: samples / SAMPLE_HZ / messages (classes by prefix)."""
+    e = P.get(name, {})
+    pr, res = e.get("profile"), e.get("record_result") or {}
+    n = res.get("packets") or res.get("iterations")
+    if not pr or not n:
+        return None
+    k = sum(v for c, v in pr["classes"].items() if not prefixes or any(c.startswith(p) for p in prefixes))
+    return k / SAMPLE_HZ / n * 1e6
+
+
 def summary(w, doc, ratios_bw, lat_ratio):
     """Sentences built from the measured numbers above."""
     P, R = doc["profile"], doc["results"]
     w("Reading of this run (numbers from the tables above):")
     w("")
     for s in (64, 4096):
+        raw, roce = f"raw-send-{s}", f"roce-bw-{s}"
+        parts = [("`sendmmsg`", ("kernel: sendmmsg",)), ("`sched_yield`", ("kernel: sched_yield",)),
+                 ("`recvmmsg`", ("kernel: recvmmsg",)), ("other kernel", ("kernel: other", "kernel: softirq",
+                                                                          "kernel: futex")),
+                 ("user space", ("user: ",))]
+        if us_per_msg(P, raw) and us_per_msg(P, roce):
+            w(f"* **CPU per message, {s} B** (side A, `perf record` runs: samples ÷ {SAMPLE_HZ} Hz ÷ messages): "
+              f"raw {fmt(us_per_msg(P, raw))} µs, of which `sendmmsg` {fmt(us_per_msg(P, raw, 'kernel: sendmmsg'))} "
+              f"µs; rocev2 {fmt(us_per_msg(P, roce))} µs = "
+              + " + ".join(f"{fmt(us_per_msg(P, roce, *pf))} {lbl}" for lbl, pf in parts)
+              + f". Per message rocev2's `sendmmsg` costs "
+              f"{fmt(us_per_msg(P, roce, 'kernel: sendmmsg') / us_per_msg(P, raw, 'kernel: sendmmsg'))}× the raw "
+              "one; everything else is overhead the raw sender does not have.")
         raw_n = P.get(f"raw-send-{s}", {}).get("stat_result", {}).get("packets")
         roce_n = P.get(f"roce-bw-{s}", {}).get("stat_result", {}).get("iterations")
         rk = share(P, f"raw-send-{s}", "kernel: sendmmsg")
