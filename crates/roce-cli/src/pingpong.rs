@@ -11,8 +11,10 @@
 //! * **Traffic**: the client sends first; each side sends its next message only when its previous send has
 //!   completed and the peer's message has arrived; `-n` messages each way. Every side keeps `-r` receives posted,
 //!   topping them up when one is left.
-//! * **RC QP**: path MTU `-m` (default 1024), min RNR timer 12, local ACK timeout 14 (≈67 ms), retry count 7, RNR
-//!   retry 7, one outstanding READ/atomic each way, no remote access; default message size 4096.
+//! * **RC QP**: path MTU `-m` (default 1024; lowered, with a note, to the active MTU of the local address: its
+//!   network device's MTU − 80 rounded down to an IB MTU, as Linux rxe — `perf::port_mtu`), min RNR timer 12,
+//!   local ACK timeout 14 (≈67 ms), retry count 7, RNR retry 7, one outstanding READ/atomic each way, no remote
+//!   access; default message size 4096.
 //! * **UD QP**: Q_Key 0x11111111, an address handle to the peer's GID, receive buffers with 40 bytes of GRH space
 //!   in front of the payload; default message size 1024 (rdma-core's help says 2048, which is larger than rxe's
 //!   1024-byte MTU on a 1500-byte Ethernet, so it cannot work against rxe); a message must fit the MTU (`-m`).
@@ -77,6 +79,8 @@ use roce_verbs::{
 };
 use roce_wire::{Gid, Qpn};
 
+use crate::perf::port_mtu;
+
 /// Length of the rdma-core pingpong exchange record, including its NUL.
 const RECORD_LEN: usize = 52;
 /// The message that ends the exchange.
@@ -129,7 +133,9 @@ pub struct PingpongArgs {
     /// Number of exchanges (messages each way).
     #[arg(short = 'n', long, default_value_t = 1000)]
     iters: u32,
-    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096 (UD: the largest message).
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096 (UD: the largest message). Capped by the active MTU of
+    /// the local address (the MTU of its network device minus 80, rounded down to one of those, as Linux rxe:
+    /// 1500 → 1024), with a note when that lowers it.
     #[arg(short = 'm', long, default_value_t = 1024)]
     mtu: u32,
     /// Receives to keep posted.
@@ -197,29 +203,12 @@ impl Params {
                 }
             },
         };
-        let mtu = match a.mtu {
-            256 => Mtu::Mtu256,
-            512 => Mtu::Mtu512,
-            1024 => Mtu::Mtu1024,
-            2048 => Mtu::Mtu2048,
-            4096 => Mtu::Mtu4096,
-            m => {
-                return Err(format!(
-                    "-m {m}: the MTU must be 256, 512, 1024, 2048 or 4096"
-                ));
-            }
-        };
+        let mtu = port_mtu::parse_flag(a.mtu)?;
         let size = a.size.unwrap_or(match transport {
             Transport::Rc => 4096,
             Transport::Ud => 1024,
         });
-        if transport == Transport::Ud && size > mtu.bytes() {
-            return Err(format!(
-                "Requested size larger than port MTU ({}): a UD message is one packet (-s {size}, -m {})",
-                mtu.bytes(),
-                mtu.bytes()
-            ));
-        }
+        check_ud_size(transport, size, mtu)?;
         if size > (1 << 30) {
             return Err(format!("-s {size}: at most 1 GiB"));
         }
@@ -246,6 +235,42 @@ impl Params {
             chk: a.chk,
         })
     }
+}
+
+/// A UD message is one packet: it must fit the MTU.
+fn check_ud_size(transport: Transport, size: u32, mtu: Mtu) -> Result<(), String> {
+    if transport == Transport::Ud && size > mtu.bytes() {
+        return Err(format!(
+            "Requested size larger than port MTU ({}): a UD message is one packet (-s {size}, -m {})",
+            mtu.bytes(),
+            mtu.bytes()
+        ));
+    }
+    Ok(())
+}
+
+/// `p` with its MTU capped by the active MTU of `local` ([`port_mtu`]), printing a note when that lowers it (or
+/// when the active MTU cannot be found).
+///
+/// # Errors
+/// A UD message size that no longer fits.
+fn with_port_mtu(p: &Params, local: IpAddr) -> Result<Params, String> {
+    let mut p = p.clone();
+    match port_mtu::of_address(local) {
+        Ok(act) => {
+            let (m, note) = port_mtu::cap(p.mtu, &act, local);
+            if let Some(n) = note {
+                eprintln!("rocev2 pingpong: note: {n}");
+            }
+            p.mtu = m;
+        }
+        Err(e) => eprintln!(
+            "rocev2 pingpong: note: the active MTU of {local} is unknown ({e}); using -m {}",
+            p.mtu.bytes()
+        ),
+    }
+    check_ud_size(p.transport, p.size as u32, p.mtu)?;
+    Ok(p)
 }
 
 /// One side's exchange record (`LLLL:QQQQQQ:PPPPPP:GID`).
@@ -881,6 +906,7 @@ fn client(a: &PingpongArgs, p: &Params, host: &str) -> Result<(), String> {
             .ip()
             .to_canonical(),
     };
+    let p = &with_port_mtu(p, local)?;
     let mut s = setup(a, p, local, peer)?;
     println!("{}", address_line("local", &s.local, p.transport));
     write_one(&mut tcp, &s.local.encode(), "Couldn't send local address")?;
@@ -945,6 +971,7 @@ fn server(a: &PingpongArgs, p: &Params) -> Result<(), String> {
             .ip()
             .to_canonical(),
     };
+    let p = &with_port_mtu(p, local)?;
     let mut s = setup(a, p, local, peer)?;
     println!("{}", address_line("local", &s.local, p.transport));
     let mut buf = [0u8; RECORD_LEN];

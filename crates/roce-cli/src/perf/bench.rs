@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use roce_proto::{Qpn, WcOpcode};
+use roce_proto::{Mtu, Qpn, WcOpcode};
 use roce_verbs::{
     AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, Mr, Pd, PostError, Psn, Qp,
     QpCap, QpEndpoint, RecvWr, SendFlags, SendOp, SendWr, UdDest, Wc, WcStatus,
@@ -213,6 +213,9 @@ pub fn run_side(
         }
     };
     let mut s = r;
+    if is_client && out.print && !out.json {
+        super::print_banner(&s.p, ctx, o);
+    }
     if out.print && !out.json {
         println!(
             "{}",
@@ -321,6 +324,7 @@ fn setup(ctx: &Context, p: &Params, o: &mut Oob, out: &Output) -> Result<Session
             r * (1 + k)
         ));
     }
+    // Each side has capped its own MTU by its active MTU (`super::apply_port_mtu`); the path uses the smaller.
     let mtu = if remote.mtu < p.mtu.bytes() {
         super::mtu_of(remote.mtu).unwrap_or(p.mtu)
     } else {
@@ -369,7 +373,8 @@ fn setup(ctx: &Context, p: &Params, o: &mut Oob, out: &Output) -> Result<Session
         remote,
         r,
         k,
-        p: p.clone(),
+        // The path MTU both sides use from here on (the banner shows it).
+        p: Params { mtu, ..p.clone() },
         wcs: vec![Wc::default(); 64],
     })
 }
@@ -418,6 +423,7 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
         let verified = verdict(s, local, &reply, res.iterations)?;
         emit(
             out,
+            s.p.mtu,
             report::bw_line(&res, out.gbits),
             report::bw_json(test.name(), conn, &res, verified),
         );
@@ -446,6 +452,7 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
         let verified = verdict(s, local, &reply, stats.count())?;
         emit(
             out,
+            s.p.mtu,
             report::lat_line(size, &stats),
             report::lat_json(test.name(), conn, size, &stats, verified),
         );
@@ -479,11 +486,15 @@ fn verdict(
     Ok(Some(true))
 }
 
-fn emit(out: &Output, line: String, j: Value) {
+/// Prints one result: the table line, or the JSON object with the path MTU in use (`mtu`, bytes) added.
+fn emit(out: &Output, mtu: Mtu, line: String, mut j: Value) {
     if !out.print {
         return;
     }
     if out.json {
+        if j.is_object() {
+            j["mtu"] = json!(mtu.bytes());
+        }
         println!("{j}");
     } else {
         println!("{line}");
@@ -640,6 +651,7 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
             };
             emit(
                 out,
+                p.mtu,
                 report::bw_line(&r, out.gbits),
                 report::bw_json(p.test.name(), p.conn.name(), &r, None),
             );
@@ -889,7 +901,7 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
             j["verified"] = answer["verified"].clone();
             j["side"] = json!("server");
         }
-        emit(out, line.to_owned(), j);
+        emit(out, s.p.mtu, line.to_owned(), j);
     }
     match answer.get("detail").and_then(Value::as_str) {
         Some(d) => Err(format!("verification failed: {d}")),

@@ -41,7 +41,9 @@
 //! one MR with remote write/read/atomic access; the record publishes the receive half (`vaddr`), the MR's rkey, this
 //! side's IPv4-mapped GID, and out_reads = 16 for READ/atomic tests (1 otherwise, as perftest). This side's
 //! responder accepts its own out_reads; as initiator it keeps at most `min(16, peer's out_reads)` READ/atomic
-//! requests outstanding. The path MTU is the smaller of the two sides' (`-m`; rxe on a 1500-byte link offers 1024).
+//! requests outstanding. The path MTU is the smaller of the two sides' offers: this side offers the active MTU of its
+//! address (the netdev MTU − 80 rounded down to an IB MTU, see `port_mtu`; 1024 on a 1500-byte link, as rxe), or a
+//! smaller `-m`.
 //!
 //! # GID check
 //!
@@ -182,10 +184,14 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
     };
     let is_client = a.address.is_some();
     let e = |e: crate::oob::OobError| e.to_string();
+    let local = x.local_addr().map_err(e)?.ip();
+    // Offer the active MTU of the local address (or a smaller -m), as perftest offers its port's active MTU.
+    let mut p = p.clone();
+    super::apply_port_mtu(a, &mut p, local, is_client, out.print)?;
+    let p = &p;
     let version = x.versions().map_err(e)?;
     let (cycle, cache_line) = x.sys_data(CYCLE_BUFFER, CACHE_LINE).map_err(e)?;
     let mtu = mtu_of_enum(x.mtu(p.mtu as u8).map_err(e)?);
-    let local = x.local_addr().map_err(e)?.ip();
     let peer = x.peer_addr().ip();
     let (ctx, link_stats) = super::open_udp(
         a,

@@ -13,6 +13,7 @@
 mod bench;
 mod compat;
 pub mod metrics;
+pub mod port_mtu;
 pub mod report;
 pub mod udp_stats;
 
@@ -176,9 +177,12 @@ pub struct PerfArgs {
     /// TX depth: WRs outstanding per QP (default 128 for bandwidth, 1 for latency).
     #[arg(short = 't', long = "tx-depth")]
     pub tx_depth: Option<u32>,
-    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
-    #[arg(short = 'm', long, default_value_t = 4096)]
-    pub mtu: u32,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096. Default: the active MTU of the local RoCE address, the
+    /// largest of those at most the MTU of the network device owning it minus 80 (as Linux rxe: 1500 → 1024,
+    /// 9000 and loopback → 4096; `--link sim`: 4096). A larger -m is lowered to the active MTU with a note; the two
+    /// sides then use the smaller of their MTUs.
+    #[arg(short = 'm', long)]
+    pub mtu: Option<u32>,
     /// Largest message sent inline (SEND and WRITE; default 0 for bandwidth, 220 for latency; at most 256).
     #[arg(short = 'I', long = "inline_size")]
     pub inline_size: Option<u32>,
@@ -325,21 +329,85 @@ pub struct Params {
 const MAX_SIZE: u64 = 8 << 20;
 
 fn mtu_of(bytes: u32) -> Option<Mtu> {
-    Some(match bytes {
-        256 => Mtu::Mtu256,
-        512 => Mtu::Mtu512,
-        1024 => Mtu::Mtu1024,
-        2048 => Mtu::Mtu2048,
-        4096 => Mtu::Mtu4096,
-        _ => return None,
+    port_mtu::parse_flag(bytes).ok()
+}
+
+/// UD messages are single packets: with `-a` drops the sizes above `mtu`, otherwise refuses them.
+fn fit_ud_sizes(conn: Conn, sizes: &mut Vec<u64>, mtu: Mtu, all: bool) -> Result<(), String> {
+    if conn != Conn::Ud {
+        return Ok(());
+    }
+    let m = u64::from(mtu.bytes());
+    if all {
+        sizes.retain(|&s| s <= m);
+    } else if let Some(s) = sizes.iter().find(|&&s| s > m) {
+        return Err(format!(
+            "UD messages must fit the MTU ({m} bytes; -s {s} does not)"
+        ));
+    }
+    Ok(())
+}
+
+/// Caps `p.mtu` by this side's own limits once its local RoCE address `local` is known: its `-m` (a server
+/// follows the client's parameters, so this is where its own -m counts) and the active MTU of the device owning
+/// `local` (`--loopback`: the loopback device; see [`port_mtu`]). A `-m` above the active MTU gets a note on
+/// stderr when `note`; an unknown active MTU leaves `p.mtu` as requested, with a note. The peer does the same and
+/// the exchange takes the smaller of the two (`bench.rs`).
+///
+/// # Errors
+/// A UD size that no longer fits (the client's `-a` list is trimmed instead).
+fn apply_port_mtu(
+    a: &PerfArgs,
+    p: &mut Params,
+    local: IpAddr,
+    is_client: bool,
+    note: bool,
+) -> Result<(), String> {
+    if let Some(own) = a.mtu.and_then(mtu_of) {
+        p.mtu = p.mtu.min(own);
+    }
+    let active = if a.loopback {
+        port_mtu::of_loopback()
+    } else {
+        port_mtu::of_address(local)
+    };
+    match active {
+        Ok(act) => {
+            let (m, lowered) = port_mtu::cap(p.mtu, &act, local);
+            // The server's note is about its own -m only: a client's larger MTU is simply negotiated down.
+            let own_flag = a.mtu.is_some_and(|f| f > act.mtu.bytes());
+            if let (Some(n), true, true) = (lowered, note, own_flag) {
+                eprintln!("rocev2 perf: note: {n}");
+            }
+            p.mtu = m;
+        }
+        Err(e) => {
+            if note {
+                eprintln!(
+                    "rocev2 perf: note: the active MTU of {local} is unknown ({e}); using {} bytes",
+                    p.mtu.bytes()
+                );
+            }
+        }
+    }
+    let all = a.all && is_client;
+    fit_ud_sizes(p.conn, &mut p.sizes, p.mtu, all).map_err(|e| {
+        format!(
+            "{e}: the active MTU of {local} on this side is {} bytes",
+            p.mtu.bytes()
+        )
     })
 }
 
 impl Params {
     fn from_args(a: &PerfArgs) -> Result<Params, String> {
         let t = a.test;
-        let mtu = mtu_of(a.mtu)
-            .ok_or_else(|| format!("-m {}: the MTU must be 256, 512, 1024, 2048 or 4096", a.mtu))?;
+        // Without -m the largest; capped by the active MTU once the local address is known (`apply_port_mtu`).
+        let mtu = a
+            .mtu
+            .map(port_mtu::parse_flag)
+            .transpose()?
+            .unwrap_or(Mtu::Mtu4096);
         match (t, a.conn) {
             (Test::SendBw | Test::SendLat, _) => {}
             (Test::WriteBw | Test::WriteLat, Conn::Rc | Conn::Uc) => {}
@@ -361,14 +429,7 @@ impl Params {
         if t.is_atomic() {
             sizes = vec![8];
         }
-        if a.conn == Conn::Ud {
-            let m = u64::from(mtu.bytes());
-            if a.all {
-                sizes.retain(|&s| s <= m);
-            } else if sizes.iter().any(|&s| s > m) {
-                return Err(format!("UD messages must fit the MTU ({m} bytes)"));
-            }
-        }
+        fit_ud_sizes(a.conn, &mut sizes, mtu, a.all)?;
         if let Some(&s) = sizes.iter().find(|&&s| s == 0 || s > MAX_SIZE) {
             return Err(format!("-s {s}: the size must be 1 .. {MAX_SIZE} bytes"));
         }
@@ -800,7 +861,7 @@ fn server_session(
     sim: Option<Context>,
 ) -> Result<(), String> {
     let hello = o.hello(None).map_err(|e| e.to_string())?;
-    let params = match Params::from_json(&hello) {
+    let mut params = match Params::from_json(&hello) {
         Ok(p) => p,
         Err(e) => {
             o.send_error(&e);
@@ -812,6 +873,10 @@ fn server_session(
         None => {
             let local = o.local_addr().map_err(|e| e.to_string())?.ip();
             let peer = o.peer_addr().ip();
+            if let Err(e) = apply_port_mtu(a, &mut params, local, false, out.print) {
+                o.send_error(&e);
+                return Err(e);
+            }
             match open_udp(
                 a,
                 local,
@@ -871,6 +936,16 @@ fn client(
         OobError::Io { .. } => format!("{e} (is a `rocev2 perf` server running there?)"),
         _ => e.to_string(),
     })?;
+    let mut params = params.clone();
+    // `--link sim`: the simulated segment carries 4096-byte packets; otherwise cap by the local device.
+    if sim.is_none() {
+        let local = o.local_addr().map_err(|e| e.to_string())?.ip();
+        if let Err(e) = apply_port_mtu(a, &mut params, local, true, out.print) {
+            o.send_error(&e);
+            return Err(e);
+        }
+    }
+    let params = &params;
     o.hello(Some(params.to_json())).map_err(|e| e.to_string())?;
     let (ctx, link_stats) = match sim {
         Some(c) => (c, None),
@@ -886,9 +961,6 @@ fn client(
             }
         }
     };
-    if out.print && !out.json {
-        print_banner(params, &ctx, &o);
-    }
     let _metrics = start_metrics(a, &[("client", &ctx)], true)?;
     let r = bench::run_side(&ctx, params, &mut o, true, out);
     if a.stats {
@@ -897,6 +969,7 @@ fn client(
     r
 }
 
+/// The client's banner (printed by `bench::run_side` once the exchange has settled the MTU both sides use).
 fn print_banner(p: &Params, ctx: &Context, o: &Oob) {
     let gid = ctx.gid(0).unwrap_or_default();
     println!("{}", report::footer());
