@@ -613,8 +613,7 @@ impl Engine {
                     }
                 };
                 let Some(ri) = alloc_resource(&mut qp.resp) else {
-                    // Every resource is still streaming: the requester exceeded our max_dest_rd_atomic. Drop; it
-                    // retries after its timeout.
+                    // No responder resources (cannot happen once in RTR: at least one is sized there).
                     stats.drop_stale_response += 1;
                     return Exec::Drop;
                 };
@@ -1058,24 +1057,38 @@ impl Engine {
     }
 }
 
-/// Picks the resource slot for a new READ/atomic: the ring's next slot unless a queued READ stream still uses it.
+/// Picks the responder resource for a new (in-sequence) READ/atomic: always the ring's next slot, i.e. the oldest
+/// saved request, which is overwritten. If a response stream of that slot is still queued (a replay for an
+/// earlier duplicate), it is dropped from the response queue: it would otherwise stream the new request's data
+/// under the old PSNs. `None` only if the QP has no resources at all.
+///
+/// Why the oldest slot is always free to reuse: the resources form a ring of `max_dest_rd_atomic` entries filled in
+/// PSN order (`ROCEV2.md §4.2`: responder resources = saved READ/atomic state for duplicates; `§5`: a duplicate
+/// READ is re-executed from its saved request, a duplicate atomic answered from its saved result, an unknown one
+/// silently dropped), and the requester may have at most `max_rd_atomic` of them outstanding (`§4.5`), which IBTA
+/// requires to be no more than the remote `max_dest_rd_atomic` (initiator depth vs. responder resources). A new
+/// READ/atomic therefore means the requester has completed the one `max_dest_rd_atomic` requests back — it retires
+/// them in order — so neither its saved state nor a queued replay of it is needed any more. Linux rxe does the
+/// same (`rxe_resp.c`: the resource at `res_head` is freed and reused unconditionally, duplicates find theirs by
+/// PSN range). Skipping a busy slot instead (as this code once did) evicts a *newer* request the requester may
+/// still retry, whose duplicates then find no resource and are dropped until the requester gives up with
+/// RETRY_EXC_ERR (reproduced by `roce-tests/tests/read_loss.rs`).
 fn alloc_resource(resp: &mut crate::qp::RespCtx) -> Option<usize> {
     let n = resp.res.len();
     if n == 0 {
         return None;
     }
-    for k in 0..n {
-        let ri = (resp.res_next as usize + k) % n;
-        let busy = resp
-            .out
-            .iter()
-            .any(|it| matches!(it, RespItem::Read { res, .. } if *res as usize == ri));
-        if !busy {
-            resp.res_next = ((ri + 1) % n) as u32;
-            return Some(ri);
-        }
+    let ri = resp.res_next as usize % n;
+    resp.res_next = ((ri + 1) % n) as u32;
+    // At most one queued stream per resource: a duplicate replaces a queued stream in place (`on_duplicate`).
+    if let Some(pos) = resp
+        .out
+        .iter()
+        .position(|it| matches!(it, RespItem::Read { res, .. } if *res as usize == ri))
+    {
+        resp.out.remove(pos);
     }
-    None
+    Some(ri)
 }
 
 fn release_resource(mrs: &mut crate::mr::MrTable, r: &mut RdResource) {

@@ -1,0 +1,327 @@
+//! RDMA READ (and atomic) bandwidth under random loss, shaped like `rocev2 perf read-bw`
+//! (`crates/roce-cli/src/perf/bench.rs` with roce-verbs `ConnectOpts::default()`): RC, PMTU 1024,
+//! `max_rd_atomic` = `max_dest_rd_atomic` = 16, local ACK timeout 14 (≈67 ms), `retry_cnt` 7, 128 WRs posted, every
+//! one signaled. READs of 3000 bytes need three response packets each, so loss hits the middle of response streams
+//! and the requester re-requests partial READs (`ROCEV2.md §4.4`, `§5`). Loss is seeded and applies to both
+//! directions.
+//!
+//! Every READ must complete successfully with the bytes of the responder's MR, every atomic with the value the
+//! cell held before it (so each executed exactly once); no `RETRY_EXC_ERR`; and the responder must never have
+//! dropped a duplicate READ/atomic for want of its saved state (`drop_stale_response`), since with loss alone (no
+//! reordering) the requester only ever re-requests what the responder must still hold.
+//!
+//! The "slow responder" runs pace the responder's QP below the link rate and use a 1 ms link, so READ responses
+//! (and replays for duplicate READs) wait in the responder's own queue while new READs arrive — what a loaded
+//! machine does to `rocev2 perf`. Before the responder-resource fix (`roce-proto` `responder.rs`,
+//! `alloc_resource`) most of those seeds ended in `RETRY_EXC_ERR` (measured: 5 of seeds 1..=8 for READs).
+//!
+//! `sweep_seeds` (ignored) sweeps seeds with the parameters taken from the environment, for investigation.
+
+use std::time::Duration;
+
+use roce_proto::*;
+use roce_tests::*;
+
+/// One run's parameters.
+#[derive(Clone, Copy, Debug)]
+struct ReadRun {
+    /// Fault-injector seed (node i uses seed + i).
+    seed: u64,
+    /// Independent loss probability in both directions.
+    loss: f64,
+    /// READ length in bytes.
+    size: u32,
+    /// WRs to complete.
+    iters: u64,
+    /// WRs posted at once (perf `-t`).
+    depth: u64,
+    /// Every `atomic_every`-th WR is a FETCH_ADD instead of a READ (0: READs only).
+    atomic_every: u64,
+    /// Line rate of the simulated link.
+    bandwidth_bps: u64,
+    /// One-way propagation delay of the link.
+    propagation: Duration,
+    /// Pacing rate of the responder's QP in bit/s (0: unpaced). Below the link rate, READ responses wait in the
+    /// responder's own queue (as when its CPU, not the wire, is the bottleneck), so duplicate READs and new READs
+    /// meet queued response streams.
+    responder_rate_bps: u64,
+    /// Frames per step each node may transmit.
+    tx_budget: usize,
+}
+
+impl Default for ReadRun {
+    fn default() -> Self {
+        ReadRun {
+            seed: 1,
+            loss: 0.05,
+            size: 3000,
+            iters: 400,
+            depth: 128,
+            atomic_every: 0,
+            bandwidth_bps: 1_000_000_000,
+            propagation: Duration::from_micros(5),
+            responder_rate_bps: 0,
+            tx_budget: 4,
+        }
+    }
+}
+
+impl ReadRun {
+    /// The slow-responder shape: 10 Gb/s link with 1 ms propagation, responder paced to 1 Gb/s.
+    fn slow_responder() -> ReadRun {
+        ReadRun {
+            bandwidth_bps: 10_000_000_000,
+            propagation: Duration::from_millis(1),
+            responder_rate_bps: 1_000_000_000,
+            ..ReadRun::default()
+        }
+    }
+}
+
+/// Counters of a successful run.
+#[derive(Clone, Debug)]
+struct ReadOutcome {
+    requester: Counters,
+    responder: Counters,
+}
+
+/// Destination slots (and source regions / atomic cells) reused round-robin.
+const SLOTS: u64 = 64;
+
+/// Frames of the capture to print on failure (`READ_LOSS_DUMP=n`; capture is off without it).
+fn dump_len() -> usize {
+    std::env::var("READ_LOSS_DUMP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs `r`; `Err` describes the first failed or out-of-order completion, a data mismatch or a stall.
+fn run(r: ReadRun) -> Result<ReadOutcome, String> {
+    let cfg = PairConfig {
+        capture: dump_len() > 0,
+        fault_seed: r.seed,
+        tx_budget: r.tx_budget,
+        sim: SimConfig {
+            bandwidth_bps: r.bandwidth_bps,
+            propagation: r.propagation,
+            ..SimConfig::default()
+        },
+        ..PairConfig::default()
+    };
+    let mut p = Pair::with_config(cfg);
+    let o = ConnOpts {
+        mtu: Mtu::Mtu1024,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        timeout: 14,
+        retry_cnt: 7,
+        ..ConnOpts::default()
+    };
+    let (a, b) = connect(&mut p, &o);
+    if r.responder_rate_bps > 0 {
+        p.b()
+            .set_rate_controller(b.qpn, Box::new(FixedRate::with_rate(r.responder_rate_bps)))
+            .map_err(|e| format!("{e:?}"))?;
+    }
+    let slot = u64::from(r.size.max(8)).div_ceil(64) * 64;
+    let len = (SLOTS * slot) as usize;
+    let dst = reg(&mut p, a, len, |_| 0);
+    // The responder's buffer: a position-dependent pattern, so a response from the wrong READ or offset is caught.
+    let src = reg(&mut p, b, len, |i| (i.wrapping_mul(131) ^ (i >> 8)) as u8);
+    let cells = reg(&mut p, b, (SLOTS * 8) as usize, |_| 0);
+    let src_bytes = p.e(1).mr_bytes(src.lkey).expect("src").to_vec();
+    // FETCH_ADD cell k adds 1 per use; the value returned to use number n of cell k must be n.
+    let mut cell_uses = [0u64; SLOTS as usize];
+    let mut expect_orig = std::collections::VecDeque::new();
+    p.set_faults_all(FaultConfig {
+        loss: r.loss,
+        ..FaultConfig::default()
+    });
+    let is_atomic = |n: u64| r.atomic_every > 0 && n % r.atomic_every == r.atomic_every - 1;
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut wcs = vec![Wc::default(); 256];
+    while done < r.iters {
+        while posted < r.iters && posted < done + r.depth.min(SLOTS) {
+            let k = posted % SLOTS;
+            let (op, sg) = if is_atomic(posted) {
+                expect_orig.push_back(cell_uses[k as usize]);
+                cell_uses[k as usize] += 1;
+                (
+                    SendOp::AtomicFetchAndAdd {
+                        remote_addr: cells.addr + k * 8,
+                        rkey: cells.rkey,
+                        add: 1,
+                    },
+                    [sge(&dst, k * slot, 8)],
+                )
+            } else {
+                (
+                    SendOp::RdmaRead {
+                        remote_addr: src.addr + k * slot,
+                        rkey: src.rkey,
+                    },
+                    [sge(&dst, k * slot, r.size)],
+                )
+            };
+            let wr = SendWr::new(posted, op, &sg).signaled();
+            p.a()
+                .post_send(a.qpn, &[wr])
+                .map_err(|e| format!("{e:?}"))?;
+            posted += 1;
+        }
+        let seen = p.drive_until(Duration::from_secs(30), |p| {
+            p.nodes[0].engine.cq_len(a.cq) > 0
+        });
+        let n = p.a().poll_cq(a.cq, &mut wcs);
+        if !seen && n == 0 {
+            return Err(format!(
+                "stalled at {done}/{} completions; requester {:?}; responder {:?}",
+                r.iters,
+                p.counters(0),
+                p.counters(1)
+            ));
+        }
+        for w in &wcs[..n] {
+            if (w.wr_id, w.status) != (done, WcStatus::Success) {
+                return Err(format!(
+                    "completion {done}: got wr_id {} {:?}; requester {:?}; responder {:?}\n{}",
+                    w.wr_id,
+                    w.status,
+                    p.counters(0),
+                    p.counters(1),
+                    p.dump(dump_len())
+                ));
+            }
+            let off = ((done % SLOTS) * slot) as usize;
+            let mine = p.e(0).mr_bytes(dst.lkey).expect("dst");
+            if is_atomic(done) {
+                let mut v = [0u8; 8];
+                v.copy_from_slice(&mine[off..off + 8]);
+                let want = expect_orig.pop_front();
+                if Some(u64::from_le_bytes(v)) != want {
+                    return Err(format!(
+                        "atomic {done}: original value {} (expected {want:?})",
+                        u64::from_le_bytes(v)
+                    ));
+                }
+            } else if mine[off..off + r.size as usize] != src_bytes[off..off + r.size as usize] {
+                return Err(format!("READ {done}: data differs from the responder's MR"));
+            }
+            // Clear the slot so the next WR into it must really land.
+            p.a().mr_bytes_mut(dst.lkey).expect("dst")[off..off + slot as usize].fill(0);
+            done += 1;
+        }
+    }
+    let responder = p.counters(1);
+    if responder.drop_stale_response != 0 {
+        return Err(format!(
+            "the responder dropped {} duplicate READ/atomic requests without saved state: {responder:?}",
+            responder.drop_stale_response
+        ));
+    }
+    Ok(ReadOutcome {
+        requester: p.counters(0),
+        responder,
+    })
+}
+
+/// Runs `base` for each seed in `seeds`; panics listing every failing seed. Checks that loss really caused
+/// retransmissions and duplicate requests.
+fn assert_all_pass(base: ReadRun, seeds: std::ops::RangeInclusive<u64>) {
+    let mut fails = Vec::new();
+    for seed in seeds {
+        match run(ReadRun { seed, ..base }) {
+            Ok(out) => {
+                assert!(
+                    out.requester.retransmitted_pkts > 0 && out.responder.duplicate_request > 0,
+                    "seed {seed}: loss caused no retransmission: {out:?}"
+                );
+            }
+            Err(e) => fails.push((seed, e)),
+        }
+    }
+    assert!(
+        fails.is_empty(),
+        "{} seeds failed with {base:?}: {fails:#?}",
+        fails.len()
+    );
+}
+
+/// 3000-byte READs (3 response packets each) at 5% loss both ways, responder at line rate.
+#[test]
+fn read_bw_multi_packet_under_loss() {
+    assert_all_pass(ReadRun::default(), 1..=8);
+}
+
+/// The same with the responder slower than the link: response streams and replays queue at the responder while
+/// new READs arrive. This is the `rocev2 perf read-bw` failure of the netns test
+/// (`rc_read_bw_multi_packet_under_loss`): before the fix a new READ skipped the resource whose replay was still
+/// queued and overwrote a newer one the requester still needed.
+#[test]
+fn read_bw_multi_packet_under_loss_slow_responder() {
+    assert_all_pass(ReadRun::slow_responder(), 1..=8);
+}
+
+/// READs and FETCH_ADDs (every 4th WR) share the responder resources: a duplicate atomic must be answered from its
+/// saved result (never re-executed) however new READs recycle the ring.
+#[test]
+fn reads_and_atomics_under_loss_slow_responder() {
+    assert_all_pass(
+        ReadRun {
+            atomic_every: 4,
+            ..ReadRun::slow_responder()
+        },
+        1..=8,
+    );
+}
+
+/// Seed sweep for investigation: `cargo test -p roce-tests --release --test read_loss -- --ignored --nocapture`.
+/// Environment: `READ_LOSS_SEEDS` (count, default 200), `READ_LOSS_FIRST` (first seed), `READ_LOSS_SLOW=1` (slow
+/// responder shape), `READ_LOSS_LOSS`, `READ_LOSS_SIZE`, `READ_LOSS_ATOMIC_EVERY`, `READ_LOSS_BW` (link bit/s),
+/// `READ_LOSS_PROP_US`, `READ_LOSS_RATE` (responder pacing bit/s), `READ_LOSS_BUDGET`, `READ_LOSS_DUMP` (frames
+/// to print on failure).
+#[test]
+#[ignore = "seed sweep for investigation; the fixed-seed tests run by default"]
+fn sweep_seeds() {
+    fn env<T: std::str::FromStr>(k: &str) -> Option<T> {
+        std::env::var(k).ok().and_then(|v| v.parse().ok())
+    }
+    let n: u64 = env("READ_LOSS_SEEDS").unwrap_or(200);
+    let first: u64 = env("READ_LOSS_FIRST").unwrap_or(1);
+    let mut base = if env::<u8>("READ_LOSS_SLOW") == Some(1) {
+        ReadRun::slow_responder()
+    } else {
+        ReadRun::default()
+    };
+    if let Some(v) = env("READ_LOSS_LOSS") {
+        base.loss = v;
+    }
+    if let Some(v) = env("READ_LOSS_SIZE") {
+        base.size = v;
+    }
+    if let Some(v) = env("READ_LOSS_ATOMIC_EVERY") {
+        base.atomic_every = v;
+    }
+    if let Some(v) = env("READ_LOSS_BW") {
+        base.bandwidth_bps = v;
+    }
+    if let Some(v) = env("READ_LOSS_PROP_US") {
+        base.propagation = Duration::from_micros(v);
+    }
+    if let Some(v) = env("READ_LOSS_RATE") {
+        base.responder_rate_bps = v;
+    }
+    if let Some(v) = env("READ_LOSS_BUDGET") {
+        base.tx_budget = v;
+    }
+    let mut fails = 0;
+    for seed in first..first + n {
+        if let Err(e) = run(ReadRun { seed, ..base }) {
+            fails += 1;
+            println!("seed {seed}: {e}");
+        }
+    }
+    println!("{base:?}: {fails} of {n} seeds failed");
+    assert_eq!(fails, 0);
+}
