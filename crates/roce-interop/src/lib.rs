@@ -673,7 +673,8 @@ pub fn classify(delta: &BTreeMap<String, u64>, new_log: &[String]) -> Verdict {
     v
 }
 
-/// tcpdump on [`BRIDGE`] inside [`NETNS`]: full frames of UDP 4791 and the TCP exchange (port 18515).
+/// tcpdump on [`BRIDGE`] inside [`NETNS`]: UDP 4791 and the TCP exchange (port 18515), 2048-byte snap length
+/// (whole frames: the bridge MTU is 1500), 64 MiB ring.
 pub struct Capture {
     bg: Option<Bg>,
     /// The pcap file.
@@ -745,10 +746,12 @@ impl Capture {
         })
     }
 
-    /// Stop tcpdump (SIGTERM after a short grace for in-flight frames). Returns its summary lines (e.g.
-    /// `0 packets dropped by kernel`) and the number of frames the kernel dropped, if reported.
+    /// Stop tcpdump: SIGTERM after 1.5 s, longer than libpcap's 1 s buffer timeout, so every ring block holding
+    /// frames has been handed to tcpdump (without `--immediate-mode`, which costs a wakeup per frame and made
+    /// tcpdump drop frames on a loaded machine). Returns its summary lines (e.g. `0 packets dropped by kernel`)
+    /// and the number of frames the kernel dropped, if reported.
     pub fn stop(mut self) -> (String, u64) {
-        thread::sleep(Duration::from_millis(700));
+        thread::sleep(Duration::from_millis(1500));
         let mut summary = String::new();
         if let Some(mut bg) = self.bg.take()
             && let Some(mut child) = bg.child.take()
