@@ -323,8 +323,7 @@ fn rc_recovers_from_5_percent_loss_on_both_sides() {
     let tests: [(&str, Option<u64>, u64); 8] = [
         ("send-bw", Some(3000), 200),
         ("write-bw", Some(3000), 200),
-        // Single-packet READ responses here; multi-packet ones under loss: `rc_read_bw_multi_packet_under_loss`.
-        ("read-bw", Some(1000), 200),
+        ("read-bw", Some(3000), 200),
         ("atomic-bw", None, 300),
         ("send-lat", Some(2100), 100),
         ("write-lat", Some(2100), 100),
@@ -461,7 +460,6 @@ fn unreliable_latency_under_loss_fails_cleanly() {
 /// and that READ can then never be answered. (rxe reuses the round-robin slot unconditionally: with as many
 /// responder resources as the requester may have READs outstanding, the oldest is always complete.)
 #[test]
-#[ignore = "known roce-proto responder bug: a READ's resource is evicted while the requester still needs it"]
 fn rc_read_bw_multi_packet_under_loss() {
     if skip() {
         return;
