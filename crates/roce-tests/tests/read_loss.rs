@@ -13,7 +13,9 @@
 //! The "slow responder" runs pace the responder's QP below the link rate and use a 1 ms link, so READ responses
 //! (and replays for duplicate READs) wait in the responder's own queue while new READs arrive — what a loaded
 //! machine does to `rocev2 perf`. Before the responder-resource fix (`roce-proto` `responder.rs`,
-//! `alloc_resource`) most of those seeds ended in `RETRY_EXC_ERR` (measured: 5 of seeds 1..=8 for READs).
+//! `alloc_resource`) most of those seeds ended in `RETRY_EXC_ERR` (measured: 7 of seeds 1..=8 for READs, 8 of 8
+//! for the READ+atomic mix). `queued_replay_of_the_oldest_read_does_not_evict_a_newer_one` is the same failure
+//! as one scripted timeline (it ended in `RETRY_EXC_ERR` after 7 dropped duplicates before the fix).
 //!
 //! `sweep_seeds` (ignored) sweeps seeds with the parameters taken from the environment, for investigation.
 
@@ -324,4 +326,111 @@ fn sweep_seeds() {
     }
     println!("{base:?}: {fails} of {n} seeds failed");
     assert_eq!(fails, 0);
+}
+
+/// The failure in slow motion (two responder resources, three 3000-byte READs X, Y, Z; a 1 ms link; a local ACK
+/// timeout of ≈1 ms, so the requester retries X and Y while their responses are still on the wire; the responder
+/// paced to 25 Mb/s, so its response streams queue):
+///
+/// 1. X and Y are executed (resources 0 and 1); X's stream leaves; the spurious timeout re-requests X and Y.
+/// 2. Duplicate X finds X's stream gone and queues a replay of X behind Y; duplicate Y restarts Y's queued stream.
+///    The restarted Y MIDDLE is dropped (scripted), so the requester still needs Y.
+/// 3. X's original responses complete X; the requester sends Z, which reaches the responder while X's replay is
+///    still queued.
+/// 4. Z must take resource 0 (X, completed) and drop X's replay. The old rule skipped the busy resource 0 and
+///    overwrote Y, so every re-request of Y's rest was dropped (`drop_stale_response`, 7 times) until
+///    `RETRY_EXC_ERR` — the symptom seen in the netns test.
+#[test]
+fn queued_replay_of_the_oldest_read_does_not_evict_a_newer_one() {
+    let cfg = PairConfig {
+        sim: SimConfig {
+            bandwidth_bps: 10_000_000_000,
+            propagation: Duration::from_millis(1),
+            ..SimConfig::default()
+        },
+        ..PairConfig::default()
+    };
+    let mut p = Pair::with_config(cfg);
+    let o = ConnOpts {
+        max_rd_atomic: 2,
+        max_dest_rd_atomic: 2,
+        timeout: 8,
+        retry_cnt: 7,
+        ..ConnOpts::default()
+    };
+    let (a, b) = connect(&mut p, &o);
+    p.b()
+        .set_rate_controller(b.qpn, Box::new(FixedRate::with_rate(25_000_000)))
+        .expect("rate controller");
+    let dst = reg(&mut p, a, 3 * 4096, |_| 0);
+    let src = reg(&mut p, b, 3 * 4096, |i| (i * 7 + (i >> 8)) as u8);
+    // Responder frames: X F/M/L, Y F, Y F (restart), Y M (restart) ← dropped.
+    p.faults(1).script_tx([
+        Fault::Pass,
+        Fault::Pass,
+        Fault::Pass,
+        Fault::Pass,
+        Fault::Pass,
+        Fault::Drop,
+    ]);
+    let sgs: Vec<[Sge; 1]> = (0..3).map(|k| [sge(&dst, k * 4096, 3000)]).collect();
+    let wrs: Vec<SendWr> = (0..3u64)
+        .map(|k| {
+            SendWr::new(
+                k,
+                SendOp::RdmaRead {
+                    remote_addr: src.addr + k * 4096,
+                    rkey: src.rkey,
+                },
+                &sgs[k as usize],
+            )
+            .signaled()
+        })
+        .collect();
+    p.a().post_send(a.qpn, &wrs).expect("post_send");
+    p.drive_for(Duration::from_millis(100));
+    let wc = poll_all(p.a(), a.cq);
+    let log = p.dump(60);
+    let statuses: Vec<(u64, WcStatus)> = wc.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            (0, WcStatus::Success),
+            (1, WcStatus::Success),
+            (2, WcStatus::Success)
+        ],
+        "{log}"
+    );
+    let want = p.e(1).mr_bytes(src.lkey).expect("src").to_vec();
+    let got = p.e(0).mr_bytes(dst.lkey).expect("dst");
+    for k in 0..3 {
+        let r = k * 4096..k * 4096 + 3000;
+        assert!(got[r.clone()] == want[r], "READ {k}: wrong data");
+    }
+    assert_eq!(p.counters(1).drop_stale_response, 0, "{log}");
+    // The preconditions really occurred: X's replay was queued (X FIRST sent twice, the second time after Z's
+    // request was sent) and Y's rest was re-requested.
+    let z_sent = p
+        .captured
+        .iter()
+        .find(|c| c.from == 0 && Pkt::parse(&c.frame).is_some_and(|k| k.psn == 106))
+        .map(|c| c.at)
+        .expect("Z sent");
+    let x_first: Vec<Instant> = p
+        .captured
+        .iter()
+        .filter(|c| c.from == 1)
+        .filter(|c| Pkt::parse(&c.frame).is_some_and(|k| k.psn == 100 && k.opcode == 0x0D))
+        .map(|c| c.at)
+        .collect();
+    assert!(
+        x_first.len() == 2 && x_first[1] > z_sent,
+        "X replay not queued behind Z: {x_first:?}, Z at {z_sent}\n{log}"
+    );
+    assert!(
+        p.sent_by(0)
+            .iter()
+            .any(|k| k.psn == 104 && k.reth.is_some_and(|r| r.2 == 3000 - 1024)),
+        "Y's rest was not re-requested\n{log}"
+    );
 }
