@@ -29,6 +29,19 @@ const GUEST_IP: &str = "198.18.0.2";
 const PMTU: u32 = 1024;
 const OOB_PORT: u16 = 18515;
 const MIB: u64 = 1 << 20;
+/// rocev2 `--stats` counters (UdpLink, engine) that mean a frame from rxe was rejected as malformed or misaddressed.
+const ROCEV2_REJECTS: &[&str] = &[
+    "rx_icrc_bad",
+    "rx_truncated",
+    "rx_bad_addr",
+    "drop_malformed",
+    "drop_bad_opcode",
+    "drop_wrong_peer",
+    "drop_wrong_dest_ip",
+    "drop_pkey_mismatch",
+    "drop_qkey_mismatch",
+    "drop_ud_too_long",
+];
 /// PID-file tag of the guest tool of the running case (`Guest::spawn_tracked`).
 const GUEST_TAG: &str = "roce-case";
 
@@ -563,9 +576,20 @@ fn run_case_inner(
     let _ = write!(
         summary,
         "guest: {} | host: {}",
-        last_line(&guest_out.stdout),
-        last_line(&host_out.stdout)
+        result_line(&guest_out.stdout),
+        result_line(&host_out.stdout)
     );
+    // rocev2's own receive-side verdict on rxe's frames (AF_PACKET: real IP headers, so the ICRC is checked).
+    let rc = rocev2_counters(&host_out.stdout);
+    for (k, n) in rc.iter().filter(|(_, n)| **n > 0) {
+        if ROCEV2_REJECTS.contains(&k.as_str()) {
+            p.push(format!(
+                "rocev2 --stats: {k} {n} (frames from rxe rejected)"
+            ));
+        } else if k.ends_with("_err") || k.starts_with("drop_") {
+            notes.push(format!("rocev2 {k} {n}"));
+        }
+    }
     // Independent ICRC/header check of everything on the bridge.
     let chk = check_pcap(ctx.sr.shared(), &pcap, Some(PMTU), &dir.join("check_pcap"));
     let python = matches!(case.host, HostProg::PythonPeer(_));
@@ -653,14 +677,38 @@ fn run_case_inner(
     p
 }
 
-fn last_line(s: &str) -> String {
-    s.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
+/// The result line of a tool's output: the data row after perftest's `#bytes` header, else pingpong's
+/// `... iters in ...` line, else the last non-empty line; whitespace squeezed.
+fn result_line(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    let pick = lines
+        .iter()
+        .position(|l| l.contains("#bytes"))
+        .and_then(|i| lines.get(i + 1))
+        .or_else(|| lines.iter().rev().find(|l| l.contains(" iters in ")))
+        .or_else(|| lines.iter().rev().find(|l| !l.trim().is_empty()))
+        .copied()
+        .unwrap_or("");
+    pick.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
         .chars()
         .take(100)
+        .collect()
+}
+
+/// `  name value` counter lines of `rocev2 ... --stats` output.
+fn rocev2_counters(out: &str) -> BTreeMap<String, u64> {
+    out.lines()
+        .filter(|l| l.starts_with("  "))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (k, v) = (it.next()?, it.next()?);
+            if it.next().is_some() {
+                return None;
+            }
+            Some((k.to_string(), v.parse().ok()?))
+        })
         .collect()
 }
 
