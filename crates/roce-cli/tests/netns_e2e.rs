@@ -10,9 +10,9 @@
 //!
 //! Loss (`--loss 0.05` on both sides, different seeds per run):
 //! * RC, all eight tests: go-back-N recovers every loss; the run must complete with verified data and the
-//!   counters of the two sides must show retransmissions (so the loss really happened). `read-bw` runs there
-//!   with single-packet responses; with multi-packet responses it currently fails about one run in three with
-//!   RETRY_EXC_ERR (a responder bug, see `rc_read_bw_multi_packet_under_loss`, ignored until fixed).
+//!   counters of the two sides must show retransmissions (so the loss really happened). `read-bw` uses
+//!   3000-byte READs (multi-packet responses); `rc_read_bw_multi_packet_under_loss` repeats that 30 times at 10%
+//!   loss, the regression test of a fixed responder bug (see its doc comment).
 //! * UC and UD bandwidth tests (`send-bw`, `write-bw` over UC; `send-bw` over UD): nothing is retransmitted. perf
 //!   counts a client WR as completed when sent, the server verifies every receive slot a message landed in (UC
 //!   WRITE: the slots the client wrote, any of several writes of the same pattern fills one) and, for SEND, that
@@ -451,14 +451,15 @@ fn unreliable_latency_under_loss_fails_cleanly() {
 }
 
 /// `read-bw` of 3000-byte READs (3 response packets each at PMTU 1024, 128 WRs deep, 16 READs outstanding) under
-/// 10% loss on both sides, 30 times. Fails today (measured: 11 of 30 runs at 5% loss on the loaded 2-core
-/// machine, 1 of 8 at 10% when idle) with `IBV_WC_RETRY_EXC_ERR`: the
-/// requester retransmits the oldest unanswered READ every local ACK timeout and the responder never replays it,
+/// 10% loss on both sides, 30 times. Regression test: before commit 2b470cf it failed (measured: 11 of 30 runs at
+/// 5% loss on the loaded 2-core machine, 1 of 8 at 10% when idle) with `IBV_WC_RETRY_EXC_ERR`: the
+/// requester retransmitted the oldest unanswered READ every local ACK timeout and the responder never replayed it,
 /// counting each duplicate in its `drop_stale_response`. Cause (roce-proto `responder.rs`, `alloc_resource`): a
-/// new READ takes the next responder resource round-robin but skips a slot whose replay is still queued in the
-/// response stream, so it evicts a newer resource instead — one whose READ the requester is still waiting for —
-/// and that READ can then never be answered. (rxe reuses the round-robin slot unconditionally: with as many
-/// responder resources as the requester may have READs outstanding, the oldest is always complete.)
+/// new READ took the next responder resource round-robin but skipped a slot whose replay was still queued in the
+/// response stream, so it evicted a newer resource instead — one whose READ the requester was still waiting for —
+/// and that READ could then never be answered. The fix reuses the slot and drops its queued replay (rxe reuses
+/// the round-robin slot unconditionally: with as many responder resources as the requester may have READs
+/// outstanding, the oldest is always complete.)
 #[test]
 fn rc_read_bw_multi_packet_under_loss() {
     if skip() {
