@@ -4,7 +4,7 @@
 # ../shared/interop/softroce-vm.
 #
 #   1. rxe:    ib_write_bw / ib_send_lat (perftest, -x 1 -F) between rxe0 of g2 (server) and g1 (client)
-#   2. rocev2: rxe is removed from both guests (rdma link delete rxe0; modprobe -r rdma_rxe, which frees
+#   2. rocev2: rxe is removed from both guests (rdma link delete rxe0; rmmod rdma_rxe, which frees
 #              UDP 4791), then `rocev2 perf write-bw` / `send-lat` between the same two guests, same sizes,
 #              iterations and path MTU (1024, rxe's active MTU on a 1500-byte link).
 # The rocev2 binary is the workspace's release build, stripped (objcopy --strip-all) and pushed gzipped
@@ -125,7 +125,7 @@ done
 
 # --- 2. rocev2 <-> rocev2 (rxe removed: it owns UDP 4791) ---------------------------------------------
 for g in g1 g2; do
-    "$VM" exec -t 60 $g 'rdma link delete rxe0 && modprobe -r rdma_rxe && ! ss -Hlun | grep -q ":4791 " && echo rxe removed' \
+    "$VM" exec -t 60 $g 'rdma link delete rxe0 && rmmod rdma_rxe && ! ss -Hlun | grep -q ":4791 " && echo rxe removed' \
         > "$OUT/rxe-remove-$g.txt" 2>&1 || { cat "$OUT/rxe-remove-$g.txt" >&2; die "cannot remove rxe from $g"; }
 done
 RV="/root/rocev2 perf"
@@ -153,7 +153,9 @@ echo
 echo "Machine: $(nproc) vCPUs ($CPU), $(free -g | awk '/Mem:/{print $2}') GiB, host Linux $(uname -r); $QEMU,"
 echo "TCG (no KVM), two guests with 1 vCPU and 256 MiB each, Debian kernel $KVER, rxe on virtio-net, one bridge,"
 echo "link MTU 1500, path MTU $MTU on both stacks. Host load average (1/5/15 min) at start $LOAD_START, at end"
-echo "$LOAD_END (other engineers' builds shared the 2 cores; each QEMU guest busy-polling eats most of a core)."
+echo "$LOAD_END (the 2 host cores are shared with other engineers' builds and tests; a busy-polling guest eats most of a core)."
+echo "The ratio is rocev2's value over rxe's: below 1 means rocev2 is slower for bandwidth, above 1 means it is slower for"
+echo "latency."
 echo
 echo "| test | size | iters | rxe ↔ rxe | rocev2 ↔ rocev2 | rocev2 / rxe |"
 echo "|---|---|---|---|---|---|"
