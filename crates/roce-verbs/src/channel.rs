@@ -113,6 +113,8 @@ impl ModerationState {
 pub struct CompChannel {
     events: Mutex<VecDeque<u32>>,
     cv: Condvar,
+    /// CQs attached over the channel's life (room reserved for one event each).
+    attached: std::sync::atomic::AtomicUsize,
 }
 
 impl CompChannel {
@@ -121,6 +123,25 @@ impl CompChannel {
         CompChannel::default()
     }
 
+    /// A CQ was attached (control path, application thread): reserves room for its event so that
+    /// [`notify`](Self::notify) does not allocate while each attached CQ has at most one event queued (events are
+    /// one-shot: a CQ fires again only after `req_notify`; an application that re-arms without calling
+    /// [`get_event`](Self::get_event) can queue more, and the queue then grows).
+    pub(crate) fn attach(&self) {
+        if let Ok(mut q) = self.events.lock() {
+            let n = self
+                .attached
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            // `reserve` counts from the current length: make the capacity at least one slot per attached CQ.
+            let len = q.len();
+            q.reserve(n.saturating_sub(len));
+        }
+    }
+
+    /// Queues an event of CQ `cq` (engine thread). Event path only (at most one per arm, never per packet): takes
+    /// the mutex, which only a thread inside [`get_event`](Self::get_event) contends, for a push into reserved room
+    /// and a condition-variable signal.
     pub(crate) fn notify(&self, cq: u32) {
         if let Ok(mut q) = self.events.lock() {
             q.push_back(cq);

@@ -18,7 +18,7 @@ use roce_proto::{
 
 use crate::channel::{CompChannel, Moderation};
 use crate::clock::Clock;
-use crate::runner::{self, CqSlot, Device, QpSlot, RuntimeConfig, RuntimeStats, Shared};
+use crate::runner::{self, CqNotify, CqSlot, Device, QpSlot, RuntimeConfig, RuntimeStats, Shared};
 use crate::wqe::{RecvWqe, SendWqe, WqeError};
 
 /// How long a control verb waits for the engine thread's answer before failing with [`Error::Timeout`].
@@ -141,7 +141,11 @@ impl Context {
         rt: RuntimeConfig,
         links: LinkFactory,
     ) -> Result<Vec<Context>, Error> {
-        let shared = Arc::new(Shared::new());
+        let max_objects = cfgs
+            .iter()
+            .map(|c| c.device.max_qp as usize + c.device.max_cq as usize)
+            .sum();
+        let shared = Arc::new(Shared::new(max_objects));
         let (tx, rx) = mpsc::sync_channel::<Result<(), Error>>(1);
         let engine_cfgs = cfgs.clone();
         let sh = Arc::clone(&shared);
@@ -322,10 +326,19 @@ impl Context {
         }
         let (prod, cons) = rtrb::RingBuffer::<Wc>::new(depth as usize);
         let armed = Arc::new(AtomicBool::new(false));
-        let notify = channel.map(|c| (Arc::clone(c), Arc::clone(&armed)));
+        let arm_pending = Arc::new(AtomicBool::new(false));
+        if let Some(c) = channel {
+            // Room for this CQ's event, so firing it on the engine thread does not allocate.
+            c.attach();
+        }
+        let notify = channel.map(|c| CqNotify {
+            chan: Arc::clone(c),
+            armed: Arc::clone(&armed),
+            arm_pending: Arc::clone(&arm_pending),
+        });
         let (handle, slot) = self.call(move |d| {
             let h = d.engine.create_cq(depth)?;
-            let slot = Device::insert(&mut d.cqs, CqSlot::new(h, prod, notify, moderation));
+            let slot = d.put_cq(CqSlot::new(h, prod, notify, moderation));
             Ok::<_, ResourceError>((h, slot))
         })??;
         Ok(Cq {
@@ -335,6 +348,7 @@ impl Context {
                 slot,
                 ring: Mutex::new(cons),
                 armed,
+                arm_pending,
             }),
         })
     }
@@ -607,6 +621,7 @@ struct CqInner {
     slot: u32,
     ring: Mutex<rtrb::Consumer<Wc>>,
     armed: Arc<AtomicBool>,
+    arm_pending: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for CqInner {
@@ -621,9 +636,7 @@ impl Drop for CqInner {
     fn drop(&mut self) {
         let (h, slot) = (self.handle, self.slot);
         self.ctx.cast(move |d| {
-            if let Some(s) = d.cqs.get_mut(slot as usize) {
-                *s = None;
-            }
+            d.remove_cq(slot);
             if let Err(e) = d.engine.destroy_cq(h) {
                 tracing::warn!(error = %e, "destroy_cq failed");
             }
@@ -659,9 +672,13 @@ impl Cq {
     /// `ibv_req_notify_cq`: arms the CQ so that its channel gets one event under the CQ's moderation rule. Poll the
     /// CQ after arming: completions published before the arm do count toward the moderation limits.
     pub fn req_notify(&self) {
-        self.inner.armed.store(true, Ordering::Release);
-        // Let a parked engine thread re-evaluate moderation deadlines now.
-        self.inner.ctx.cast(|_| {});
+        self.inner.armed.store(true, Ordering::SeqCst);
+        // The arm doorbell: the engine thread evaluates this CQ's moderation now (no allocation, no lock).
+        self.inner.ctx.shared().ring_arm(
+            self.inner.ctx.inner.dev,
+            self.inner.slot,
+            &self.inner.arm_pending,
+        );
     }
 
     /// An id for this CQ, as returned by [`CompChannel::get_event`].

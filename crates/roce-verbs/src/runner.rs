@@ -5,7 +5,7 @@
 //! 2. per device: `rx_burst` → `handle_frame` for each frame; `handle_timeout(now)` when the engine's deadline
 //!    has passed;
 //! 3. drain the QP rings named by doorbells (`post_send` / `post_recv` into the engine; WQEs wait in the ring while
-//!    the engine's SQ/RQ is full);
+//!    the engine's SQ/RQ is full) and evaluate the CQs named by arm doorbells ([`crate::Cq::req_notify`]);
 //! 4. per device: `poll_transmit` into link transmit buffers up to `tx_budget` frames, then **one** `flush()`;
 //! 5. publish completions into the per-CQ rings (never more than a ring has room for: the rest stays in the engine
 //!    CQ, so no completion is lost) and fire completion-channel events (CQ moderation);
@@ -13,14 +13,38 @@
 //!    (at most `park_max`, because a real link's receive readiness is not visible to a parked thread).
 //!
 //! Application threads wake a parked engine thread with a doorbell (see [`Shared::ring`]).
+//!
+//! # Per-packet cost
+//!
+//! Nothing here allocates, locks or scans all QPs/CQs per packet or per post (`docs/ARCHITECTURE.md`):
+//!
+//! * **Doorbells** go through one fixed-capacity lock-free MPMC queue (`crossbeam_queue::ArrayQueue`, allocated once
+//!   when the engine thread starts). Each QP has a "doorbell pending" flag and each CQ an "arm pending" flag; an
+//!   entry is pushed only when the flag goes from clear to set, and the engine clears the flag before acting on the
+//!   entry, so a QP or CQ has at most one entry queued and the queue is sized for every QP and CQ the devices allow
+//!   (twice over: destroyed objects may leave a stale entry that is consumed on the next pass). Should a push still
+//!   fail (pathological create/destroy churn), the producer sets an overflow flag and the engine falls back to one
+//!   pass over every QP and CQ — correct, and only on that path. Alternatives weighed: one rtrb SPSC ring per
+//!   producer needs a registry of producer threads (QP handles are `Sync`, any thread may post); the previous
+//!   `SegQueue` allocated a block every 31 pushes on the posting thread and freed it on the engine thread.
+//! * **Completions**: the engine lists the CQs that gained completions ([`Engine::poll_ready_cq`], each once); a CQ
+//!   whose ring was full (or that has runtime-made completions waiting) goes on a short pending list, retried on
+//!   every pass until drained. Runner CQ slots are indexed by the engine's CQ index, so no lookup is needed.
+//! * **Moderation timers** of armed CQs live in a binary heap (at most one entry per CQ, capacity reserved at
+//!   `create_cq`); the idle path looks only at its top.
+//! * **Events** ([`CompChannel`]): firing one takes the channel's mutex, pushes into a queue whose capacity was
+//!   reserved when the CQ was attached (no allocation), and signals the condition variable. That lock is on the
+//!   event path only — at most one event per `req_notify` (events are one-shot), never per packet or per
+//!   completion — and is contended only by a thread inside [`CompChannel::get_event`].
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::thread::Thread;
 use std::time::Duration;
 
-use crossbeam_queue::SegQueue;
+use crossbeam_queue::{ArrayQueue, SegQueue};
 use roce_link::{Link, min_instant};
 use roce_proto::{CqHandle, Engine, Instant, Qpn, Wc, WcStatus};
 
@@ -83,10 +107,15 @@ pub struct RuntimeStats {
     pub link_errors: AtomicU64,
 }
 
+/// Doorbell entry kind bit: the entry names a CQ that was armed (else a QP with new ring entries).
+const DB_CQ_ARM: u64 = 1 << 63;
+
 /// State shared between application threads and the engine thread.
 pub(crate) struct Shared {
-    /// QPs with newly posted work: `(device << 32) | qp slot`.
-    doorbells: SegQueue<u64>,
+    /// QPs with newly posted work and CQs newly armed: `kind | (device << 32) | slot` (see the module docs).
+    doorbells: ArrayQueue<u64>,
+    /// A doorbell push found the queue full: the engine must look at every QP and CQ once.
+    db_overflow: AtomicBool,
     cmds: SegQueue<(usize, Cmd)>,
     parked: AtomicBool,
     pub(crate) stop: AtomicBool,
@@ -105,9 +134,11 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    pub(crate) fn new() -> Shared {
+    /// `max_objects`: QPs + CQs all devices on the thread allow (the doorbell queue holds twice that).
+    pub(crate) fn new(max_objects: usize) -> Shared {
         Shared {
-            doorbells: SegQueue::new(),
+            doorbells: ArrayQueue::new(max_objects.saturating_mul(2).max(64)),
+            db_overflow: AtomicBool::new(false),
             cmds: SegQueue::new(),
             parked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -146,9 +177,25 @@ impl Shared {
         // Only one doorbell entry per QP is outstanding: the engine clears `pending` (SeqCst) before it drains the
         // ring, so a push made after its drain started sets the flag again and enqueues the QP again.
         if !pending.swap(true, Ordering::SeqCst) {
-            self.doorbells.push(((dev as u64) << 32) | u64::from(slot));
+            self.push_doorbell(((dev as u64) << 32) | u64::from(slot));
         }
         self.wake();
+    }
+
+    /// The arm doorbell: CQ `slot` of device `dev` was armed (`req_notify`); the engine re-evaluates its moderation
+    /// (completions published before the arm count). `arm_pending` plays the role of the QP's `pending` flag.
+    pub(crate) fn ring_arm(&self, dev: usize, slot: u32, arm_pending: &AtomicBool) {
+        if !arm_pending.swap(true, Ordering::SeqCst) {
+            self.push_doorbell(DB_CQ_ARM | ((dev as u64) << 32) | u64::from(slot));
+        }
+        self.wake();
+    }
+
+    fn push_doorbell(&self, db: u64) {
+        if self.doorbells.push(db).is_err() {
+            // Only under heavy create/destroy churn (see the module docs): the engine scans once.
+            self.db_overflow.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Queues a control command for device `dev`.
@@ -208,21 +255,35 @@ impl QpSlot {
     }
 }
 
+/// Completion-channel attachment of a CQ.
+pub(crate) struct CqNotify {
+    pub(crate) chan: Arc<CompChannel>,
+    /// Set by `req_notify`, cleared when an event fires (one-shot).
+    pub(crate) armed: Arc<AtomicBool>,
+    /// An arm doorbell for this CQ is queued (see [`Shared::ring_arm`]).
+    pub(crate) arm_pending: Arc<AtomicBool>,
+}
+
 /// Engine-side state of one CQ.
 pub(crate) struct CqSlot {
     pub(crate) handle: CqHandle,
     pub(crate) ring: rtrb::Producer<Wc>,
-    pub(crate) notify: Option<(Arc<CompChannel>, Arc<AtomicBool>)>,
+    pub(crate) notify: Option<CqNotify>,
     pub(crate) moder: ModerationState,
-    /// Completions made by the runtime itself (a WR the engine refused after the application's post returned).
+    /// Completions made by the runtime itself (a WR the engine refused after the application's post returned;
+    /// an error path, so this queue may allocate).
     pub(crate) synthetic: VecDeque<Wc>,
+    /// On `Device::cq_pending`.
+    listed: bool,
+    /// Has an entry in `Device::cq_timers`.
+    timer_queued: bool,
 }
 
 impl CqSlot {
     pub(crate) fn new(
         handle: CqHandle,
         ring: rtrb::Producer<Wc>,
-        notify: Option<(Arc<CompChannel>, Arc<AtomicBool>)>,
+        notify: Option<CqNotify>,
         moderation: Moderation,
     ) -> CqSlot {
         CqSlot {
@@ -231,7 +292,28 @@ impl CqSlot {
             notify,
             moder: ModerationState::new(moderation),
             synthetic: VecDeque::new(),
+            listed: false,
+            timer_queued: false,
         }
+    }
+
+    /// Fires the channel event if the CQ is armed and its moderation rule is met. Returns true if it fired.
+    fn maybe_fire(&mut self, now: Instant) -> bool {
+        let Some(n) = &self.notify else {
+            return false;
+        };
+        if self.moder.due(now) && n.armed.swap(false, Ordering::AcqRel) {
+            self.moder.fired(now);
+            n.chan.notify(self.handle.0);
+            return true;
+        }
+        false
+    }
+
+    fn is_armed(&self) -> bool {
+        self.notify
+            .as_ref()
+            .is_some_and(|n| n.armed.load(Ordering::Acquire))
     }
 }
 
@@ -240,8 +322,13 @@ pub struct Device {
     pub(crate) engine: Engine,
     pub(crate) link: Box<dyn Link + 'static>,
     pub(crate) qps: Vec<Option<QpSlot>>,
+    /// Indexed by the engine's CQ index (`CqHandle.0 - 1`), so [`Engine::poll_ready_cq`] names the slot.
     pub(crate) cqs: Vec<Option<CqSlot>>,
     blocked: VecDeque<u32>,
+    /// CQs with completions left over (ring was full, or runtime-made completions wait); each listed once.
+    cq_pending: VecDeque<u32>,
+    /// Moderation deadlines of armed CQs: `(deadline, cq slot)`, at most one entry per CQ.
+    cq_timers: BinaryHeap<Reverse<(Instant, u32)>>,
     wc_buf: Vec<Wc>,
     pub(crate) now: Instant,
 }
@@ -262,6 +349,8 @@ impl Device {
             qps: Vec::new(),
             cqs: Vec::new(),
             blocked: VecDeque::new(),
+            cq_pending: VecDeque::new(),
+            cq_timers: BinaryHeap::new(),
             wc_buf: vec![Wc::default(); 64],
             now: Instant::ZERO,
         }
@@ -281,6 +370,31 @@ impl Device {
             v.push(Some(item));
             (v.len() - 1) as u32
         }
+    }
+
+    /// Installs the runtime state of engine CQ `cq` (control path): slot index = engine CQ index; room on the
+    /// pending list and the timer heap is reserved for every slot.
+    pub(crate) fn put_cq(&mut self, cq: CqSlot) -> u32 {
+        let i = (cq.handle.0 as usize).saturating_sub(1);
+        if self.cqs.len() <= i {
+            self.cqs.resize_with(i + 1, || None);
+        }
+        self.cqs[i] = Some(cq);
+        let n = self.cqs.len();
+        self.cq_pending
+            .reserve(n.saturating_sub(self.cq_pending.len()));
+        self.cq_timers
+            .reserve(n.saturating_sub(self.cq_timers.len()));
+        i as u32
+    }
+
+    /// Removes the runtime state of CQ `slot` (control path), with its pending-list and timer entries.
+    pub(crate) fn remove_cq(&mut self, slot: u32) {
+        if let Some(s) = self.cqs.get_mut(slot as usize) {
+            *s = None;
+        }
+        self.cq_pending.retain(|&c| c != slot);
+        self.cq_timers.retain(|Reverse((_, c))| *c != slot);
     }
 
     /// Moves WQEs from QP `slot`'s rings into the engine while its queues have room. Returns true if any moved.
@@ -313,6 +427,7 @@ impl Device {
                 tracing::warn!(%qpn, error = %e, "post_recv refused by the engine; completing with LOC_QP_OP_ERR");
                 push_synthetic(
                     &mut self.cqs,
+                    &mut self.cq_pending,
                     qp.recv_cq,
                     qpn,
                     wr_id,
@@ -332,7 +447,14 @@ impl Device {
             sq_out += 1;
             if let Err(e) = r {
                 tracing::warn!(%qpn, error = %e, "post_send refused by the engine; completing with LOC_QP_OP_ERR");
-                push_synthetic(&mut self.cqs, qp.send_cq, qpn, wr_id, opc);
+                push_synthetic(
+                    &mut self.cqs,
+                    &mut self.cq_pending,
+                    qp.send_cq,
+                    qpn,
+                    wr_id,
+                    opc,
+                );
             }
         }
         if stuck && !qp.blocked {
@@ -360,66 +482,147 @@ impl Device {
     }
 
     /// Moves engine completions into the CQ rings and fires moderated events. Returns completions published.
+    ///
+    /// Looks only at CQs left over from earlier passes and at those the engine reports with news
+    /// ([`Engine::poll_ready_cq`]); never at every CQ.
     fn publish(&mut self, now: Instant) -> usize {
         let mut total = 0;
-        for cq in self.cqs.iter_mut().flatten() {
-            let mut n = 0;
-            while cq.ring.slots() > 0
-                && let Some(wc) = cq.synthetic.pop_front()
-            {
-                let _ = cq.ring.push(wc);
-                n += 1;
+        for _ in 0..self.cq_pending.len() {
+            let Some(slot) = self.cq_pending.pop_front() else {
+                break;
+            };
+            if let Some(Some(cq)) = self.cqs.get_mut(slot as usize) {
+                cq.listed = false;
             }
-            loop {
-                let room = cq.ring.slots().min(self.wc_buf.len());
-                if room == 0 {
-                    break;
-                }
-                let got = self.engine.poll_cq(cq.handle, &mut self.wc_buf[..room]);
-                for wc in &self.wc_buf[..got] {
-                    // Cannot fail: at most `slots()` entries are pushed.
-                    let _ = cq.ring.push(*wc);
-                }
-                n += got;
-                if got < room {
-                    break;
-                }
-            }
-            if let Some((chan, armed)) = &cq.notify {
-                cq.moder.on_completions(n, now);
-                if cq.moder.due(now) && armed.swap(false, Ordering::AcqRel) {
-                    cq.moder.fired(now);
-                    chan.notify(cq.handle.0);
-                }
-            }
-            total += n;
+            total += self.publish_cq(slot, now);
+        }
+        while let Some(h) = self.engine.poll_ready_cq() {
+            total += self.publish_cq(h.0.wrapping_sub(1), now);
         }
         total
     }
 
-    /// Earliest moderation deadline of an armed CQ.
+    /// Publishes what CQ `slot` has (runtime-made completions first, then the engine's) into its ring; lists it on
+    /// `cq_pending` if some remain; runs its moderation. Returns completions published.
+    fn publish_cq(&mut self, slot: u32, now: Instant) -> usize {
+        let Some(Some(cq)) = self.cqs.get_mut(slot as usize) else {
+            return 0;
+        };
+        let mut n = 0;
+        while cq.ring.slots() > 0
+            && let Some(wc) = cq.synthetic.pop_front()
+        {
+            let _ = cq.ring.push(wc);
+            n += 1;
+        }
+        loop {
+            let room = cq.ring.slots().min(self.wc_buf.len());
+            if room == 0 {
+                break;
+            }
+            let got = self.engine.poll_cq(cq.handle, &mut self.wc_buf[..room]);
+            for wc in &self.wc_buf[..got] {
+                // Cannot fail: at most `slots()` entries are pushed.
+                let _ = cq.ring.push(*wc);
+            }
+            n += got;
+            if got < room {
+                break;
+            }
+        }
+        if !cq.listed && (!cq.synthetic.is_empty() || self.engine.cq_len(cq.handle) > 0) {
+            // The ring is full: the engine will not list this CQ again until a new completion, so remember it.
+            cq.listed = true;
+            self.cq_pending.push_back(slot);
+        }
+        if n > 0 && cq.notify.is_some() {
+            cq.moder.on_completions(n, now);
+            self.moderate(slot, now);
+        }
+        n
+    }
+
+    /// Fires CQ `slot`'s event if it is armed and due; otherwise, if armed with a pending deadline, makes sure a
+    /// timer entry exists (at most one per CQ).
+    fn moderate(&mut self, slot: u32, now: Instant) {
+        let Some(Some(cq)) = self.cqs.get_mut(slot as usize) else {
+            return;
+        };
+        if cq.maybe_fire(now) || cq.timer_queued || !cq.is_armed() {
+            return;
+        }
+        if let Some(d) = cq.moder.deadline() {
+            cq.timer_queued = true;
+            // Room for one entry per CQ slot was reserved in `put_cq`.
+            self.cq_timers.push(Reverse((d, slot)));
+        }
+    }
+
+    /// An arm doorbell for CQ `slot`: completions published before the arm count toward its moderation limits.
+    fn on_arm(&mut self, slot: u32, now: Instant) {
+        if let Some(Some(CqSlot {
+            notify: Some(n), ..
+        })) = self.cqs.get(slot as usize)
+        {
+            // Cleared before evaluating: an arm after this point rings again (see `Shared::ring_arm`).
+            n.arm_pending.store(false, Ordering::SeqCst);
+            self.moderate(slot, now);
+        }
+    }
+
+    /// Runs the moderation timers that are due. Returns true if any was due.
+    fn run_timers(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        while let Some(&Reverse((t, slot))) = self.cq_timers.peek() {
+            if t > now {
+                break;
+            }
+            self.cq_timers.pop();
+            any = true;
+            if let Some(Some(cq)) = self.cqs.get_mut(slot as usize) {
+                cq.timer_queued = false;
+                // Re-queues with the CQ's current deadline if it is armed and not yet due.
+                self.moderate(slot, now);
+            }
+        }
+        any
+    }
+
+    /// Earliest moderation deadline of an armed CQ (the top of the timer heap; an entry is never later than its
+    /// CQ's deadline).
     fn moderation_deadline(&self) -> Option<Instant> {
-        self.cqs
-            .iter()
-            .flatten()
-            .filter(|c| {
-                c.notify
-                    .as_ref()
-                    .is_some_and(|(_, a)| a.load(Ordering::Relaxed))
-            })
-            .filter_map(|c| c.moder.deadline())
-            .min()
+        self.cq_timers.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// The doorbell queue overflowed: look at every QP ring and every armed CQ once.
+    fn recover_overflow(&mut self, now: Instant) -> bool {
+        let mut moved = false;
+        for slot in 0..self.qps.len() as u32 {
+            if let Some(Some(qp)) = self.qps.get(slot as usize) {
+                qp.pending.store(false, Ordering::SeqCst);
+                moved |= self.drain_qp(slot);
+            }
+        }
+        for slot in 0..self.cqs.len() as u32 {
+            self.on_arm(slot, now);
+        }
+        moved
     }
 }
 
 fn push_synthetic(
     cqs: &mut [Option<CqSlot>],
+    pending: &mut VecDeque<u32>,
     cq: u32,
     qpn: Qpn,
     wr_id: u64,
     opcode: roce_proto::WcOpcode,
 ) {
     if let Some(Some(c)) = cqs.get_mut(cq as usize) {
+        if !c.listed {
+            c.listed = true;
+            pending.push_back(cq);
+        }
         c.synthetic.push_back(Wc {
             wr_id,
             status: WcStatus::LocQpOpErr,
@@ -474,13 +677,23 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
             }
         }
         while let Some(db) = shared.doorbells.pop() {
-            let (d, slot) = ((db >> 32) as usize, db as u32);
-            if let Some(dev) = devs.get_mut(d) {
-                if let Some(Some(qp)) = dev.qps.get(slot as usize) {
-                    // Cleared before draining: a post after this point rings again (see `Shared::ring`).
-                    qp.pending.store(false, Ordering::SeqCst);
-                }
-                work |= dev.drain_qp(slot);
+            let (d, slot) = (((db & !DB_CQ_ARM) >> 32) as usize, db as u32);
+            let Some(dev) = devs.get_mut(d) else {
+                continue;
+            };
+            if db & DB_CQ_ARM != 0 {
+                dev.on_arm(slot, now);
+                continue;
+            }
+            if let Some(Some(qp)) = dev.qps.get(slot as usize) {
+                // Cleared before draining: a post after this point rings again (see `Shared::ring`).
+                qp.pending.store(false, Ordering::SeqCst);
+            }
+            work |= dev.drain_qp(slot);
+        }
+        if shared.db_overflow.swap(false, Ordering::SeqCst) {
+            for dev in &mut devs {
+                work |= dev.recover_overflow(now);
             }
         }
         for dev in &mut devs {
@@ -518,6 +731,7 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
             if dev.publish(now) > 0 {
                 work = true;
             }
+            dev.run_timers(now);
             while let Some(ev) = dev.engine.poll_async_event() {
                 tracing::debug!(?ev, "async event");
             }
@@ -549,6 +763,7 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
         shared.parked.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         if shared.doorbells.is_empty()
+            && !shared.db_overflow.load(Ordering::SeqCst)
             && shared.cmds.is_empty()
             && !shared.stop.load(Ordering::SeqCst)
         {
