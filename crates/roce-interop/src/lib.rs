@@ -688,18 +688,8 @@ impl Capture {
         let _ = fs::remove_file(path);
         let mut c = Command::new("ip");
         c.args([
-            "netns",
-            "exec",
-            NETNS,
-            "tcpdump",
-            "-i",
-            BRIDGE,
-            "-n",
-            "-U",
-            "--immediate-mode",
-            "-s",
-            "0",
-            "-w",
+            "netns", "exec", NETNS, "tcpdump", "-i", BRIDGE, "-n", "-U", "-B", "65536", "-s",
+            "2048", "-w",
         ])
         .arg(path)
         .arg("udp port 4791 or tcp port 18515")
