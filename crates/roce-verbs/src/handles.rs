@@ -1011,3 +1011,122 @@ impl Qp {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_proto::{SendOp, WcStatus};
+
+    /// More QPs ring at once than the doorbell queue holds (its minimum is 64 entries, and `max_qp` / `max_cq` are
+    /// configured small): the producers flag an overflow, the engine thread looks at every QP once, and every
+    /// WR still completes.
+    #[test]
+    fn doorbell_overflow_falls_back_to_one_pass_over_all_qps() {
+        let cfg = |i: u8| EngineConfig {
+            mac: [0x02, 0, 0, 0, 0, i],
+            gids: vec![Gid::from_ipv4([192, 0, 2, i])],
+            seed: u64::from(i),
+            device: DeviceAttr {
+                max_qp: 8,
+                max_cq: 8,
+                ..DeviceAttr::default()
+            },
+            ..EngineConfig::default()
+        };
+        let (a, b) = (cfg(1), cfg(2));
+        let (ma, mb) = (a.mac, b.mac);
+        let mut v = Context::open_group(
+            vec![a, b],
+            RuntimeConfig::default(),
+            Box::new(move || {
+                let (_net, pa, pb) = SimNet::pair(SimConfig::default(), ma, mb);
+                Ok(vec![Box::new(pa) as Box<dyn Link>, Box::new(pb)])
+            }),
+        )
+        .expect("open");
+        let (cb, ca) = (v.pop().expect("b"), v.pop().expect("a"));
+        let (pda, pdb) = (ca.alloc_pd().expect("pd"), cb.alloc_pd().expect("pd"));
+        let (cqa, cqb) = (
+            ca.create_cq(64, None, Moderation::default()).expect("cq"),
+            cb.create_cq(64, None, Moderation::default()).expect("cq"),
+        );
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mra = pda.reg_mr(vec![0u8; 64], access).expect("mr");
+        let mrb = pdb.reg_mr(vec![0u8; 64], access).expect("mr");
+        let mut qps = Vec::new();
+        for i in 0..8u32 {
+            let qa = pda
+                .create_qp(QpType::Rc, &cqa, &cqa, cap, false)
+                .expect("qp a");
+            let qb = pdb
+                .create_qp(QpType::Rc, &cqb, &cqb, cap, false)
+                .expect("qp b");
+            let (pa, pb) = (Psn::new(10 + i), Psn::new(500 + i));
+            let o = ConnectOpts::default();
+            qa.connect(&qb.endpoint(pb), pa, &o).expect("connect a");
+            qb.connect(&qa.endpoint(pa), pb, &o).expect("connect b");
+            qps.push((qa, qb));
+        }
+        // Hold the engine thread so that no doorbell is consumed while the QPs ring. With one entry per QP the
+        // 64-entry queue cannot fill, so QPs 0..7 clear their pending flag after each post (as a destroyed QP's
+        // stale entry would leave it) and push 70 entries; QP 7 then posts once and finds the queue full: only the
+        // overflow pass can find its WR.
+        let (tx, rx) = mpsc::channel::<()>();
+        ca.cast(move |_| {
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        });
+        let post = |qa: &Qp, id: u64| {
+            let sge = [mra.sge(0, 8)];
+            let wr = SendWr::new(
+                id,
+                SendOp::RdmaWrite {
+                    remote_addr: mrb.addr(),
+                    rkey: mrb.rkey(),
+                },
+                &sge,
+            )
+            .signaled();
+            qa.post_send(&[wr]).expect("post");
+        };
+        let mut posted = 0u64;
+        for round in 0..10u64 {
+            for (qa, _) in &qps[..7] {
+                post(qa, round);
+                qa.inner.pending.store(false, Ordering::SeqCst);
+                posted += 1;
+            }
+        }
+        post(&qps[7].0, 99);
+        posted += 1;
+        let _ = tx.send(());
+        let mut got = 0u64;
+        let mut wcs = [Wc::default(); 16];
+        let t0 = std::time::Instant::now();
+        let mut last_qp_done = false;
+        while got < posted {
+            let k = cqa.poll(&mut wcs);
+            assert!(wcs[..k].iter().all(|w| w.status == WcStatus::Success));
+            last_qp_done |= wcs[..k].iter().any(|w| w.qp_num == qps[7].0.qpn());
+            got += k as u64;
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{got}/{posted} completions"
+            );
+            std::thread::yield_now();
+        }
+        assert!(last_qp_done);
+        assert!(
+            ca.runtime_stats()
+                .doorbell_overflows
+                .load(Ordering::Relaxed)
+                >= 1
+        );
+    }
+}

@@ -105,10 +105,16 @@ pub struct RuntimeStats {
     pub rx_frames: AtomicU64,
     /// Link errors (other than back-pressure) seen by the loop.
     pub link_errors: AtomicU64,
+    /// Times the doorbell queue was found full and the loop looked at every QP and CQ once instead (expected 0; see
+    /// the `runner` module docs).
+    pub doorbell_overflows: AtomicU64,
 }
 
 /// Doorbell entry kind bit: the entry names a CQ that was armed (else a QP with new ring entries).
 const DB_CQ_ARM: u64 = 1 << 63;
+
+/// Largest doorbell queue (16 bytes per entry: 4 MiB), for configurations with very large `max_qp`/`max_cq`.
+const MAX_DOORBELLS: usize = 1 << 18;
 
 /// State shared between application threads and the engine thread.
 pub(crate) struct Shared {
@@ -134,10 +140,11 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    /// `max_objects`: QPs + CQs all devices on the thread allow (the doorbell queue holds twice that).
+    /// `max_objects`: QPs + CQs all devices on the thread allow (the doorbell queue holds twice that, at least 64
+    /// and at most [`MAX_DOORBELLS`] entries; beyond that the overflow path keeps it correct).
     pub(crate) fn new(max_objects: usize) -> Shared {
         Shared {
-            doorbells: ArrayQueue::new(max_objects.saturating_mul(2).max(64)),
+            doorbells: ArrayQueue::new(max_objects.saturating_mul(2).clamp(64, MAX_DOORBELLS)),
             db_overflow: AtomicBool::new(false),
             cmds: SegQueue::new(),
             parked: AtomicBool::new(false),
@@ -692,6 +699,7 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
             work |= dev.drain_qp(slot);
         }
         if shared.db_overflow.swap(false, Ordering::SeqCst) {
+            stats.doorbell_overflows.fetch_add(1, Ordering::Relaxed);
             for dev in &mut devs {
                 work |= dev.recover_overflow(now);
             }
