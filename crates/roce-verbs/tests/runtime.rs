@@ -385,13 +385,15 @@ fn many_threads_many_qps_one_engine() {
             }
             let got = b.mr.read(0, 4096).expect("read");
             assert!(got.iter().all(|&x| x == t + 1), "thread {t}: remote buffer");
-            (a.qp.qpn(), b.qp.qpn())
+            // Returned, so the QPs outlive every worker: a QP dropped early could hand its QPN to a later one.
+            (a, b)
         }));
     }
-    let mut qpns = Vec::new();
-    for h in handles {
-        qpns.push(h.join().expect("worker"));
-    }
+    let ends: Vec<(End, End)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("worker"))
+        .collect();
+    let mut qpns: Vec<_> = ends.iter().map(|(a, b)| (a.qp.qpn(), b.qp.qpn())).collect();
     qpns.sort();
     qpns.dedup();
     assert_eq!(qpns.len(), 4, "distinct QPs");
