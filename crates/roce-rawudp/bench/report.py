@@ -456,7 +456,7 @@ def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
                 if P.get(n, {}).get("cpus")]
     if cpu_rows:
         w("What each CPU did while side A ran (all processes, from `/proc/stat`; user time includes other jobs "
-          "on the VM — `nice` does not outweigh other sessions' cgroups — and softirq time is mostly the veth "
+          "on the VM, which ran on these CPUs despite `nice -n -20`, and softirq time is mostly the veth "
           "receive path, which the kernel does not charge to the process):")
         w("")
         w("| run | CPU | user % | system % | softirq % | idle % | steal % |")
@@ -569,8 +569,8 @@ def summary(w, doc, ratios_bw, lat_ratio):
         w(f"* **write-bw {s} B** (rocev2/raw {fmt(ratios_bw.get(s))}): the raw sender spends {fmt(rk)} % of its "
           f"CPU inside `sendmmsg` (the useful work: both ends of the kernel path); the rocev2 client process "
           f"(application + engine thread on one CPU) only {fmt(ok)} %. The client's CPU goes to `sched_yield` "
-          f"({fmt(oy)} %; {fmt(ys / roce_n if ys else None)} calls and {fmt(cs / roce_n if cs else None)} context "
-          f"switches per message: the application thread's CQ poll yields whenever the CQ is empty, "
+          f"({fmt(oy)} % of the `perf record` run; the `perf stat` run made {fmt(ys / roce_n if ys else None)} calls and "
+          f"{fmt(cs / roce_n if cs else None)} context switches per message: the application thread's CQ poll yields whenever the CQ is empty, "
           f"`roce-cli/src/perf/bench.rs`, so the two threads hand the CPU back and forth), receiving ACKs (`recvmmsg`, {fmt(orx)} %; {fmt(acks)} ACK per data packet) and "
           f"user-space work ({fmt(ou)} %, of which ICRC {fmt(icrc)} %). The engine thread got "
           f"{fmt(pct(thr.get('roce-engine', 0), tot))} % of the samples, the application thread "
