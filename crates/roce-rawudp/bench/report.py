@@ -570,8 +570,9 @@ def summary(w, doc, ratios_bw, lat_ratio):
           f"CPU inside `sendmmsg` (the useful work: both ends of the kernel path); the rocev2 client process "
           f"(application + engine thread on one CPU) only {fmt(ok)} %. The client's CPU goes to `sched_yield` "
           f"({fmt(oy)} % of the `perf record` run; the `perf stat` run made {fmt(ys / roce_n if ys else None)} calls and "
-          f"{fmt(cs / roce_n if cs else None)} context switches per message: the application thread's CQ poll yields whenever the CQ is empty, "
-          f"`roce-cli/src/perf/bench.rs`, so the two threads hand the CPU back and forth), receiving ACKs (`recvmmsg`, {fmt(orx)} %; {fmt(acks)} ACK per data packet) and "
+          f"{fmt(cs / roce_n if cs else None)} context switches per message"
+          + (": the application thread's CQ poll yields whenever the CQ is empty, `roce-cli/src/perf/bench.rs`, so "
+             "the two threads hand the CPU back and forth" if oy >= 10 else "") + f"), receiving ACKs (`recvmmsg`, {fmt(orx)} %; {fmt(acks)} ACK per data packet) and "
           f"user-space work ({fmt(ou)} %, of which ICRC {fmt(icrc)} %). The engine thread got "
           f"{fmt(pct(thr.get('roce-engine', 0), tot))} % of the samples, the application thread "
           f"{fmt(pct(thr.get('rocev2', 0), tot))} %. Messages in the profiled runs: raw {raw_n}, rocev2 {roce_n}.")
@@ -581,13 +582,14 @@ def summary(w, doc, ratios_bw, lat_ratio):
     it = P.get("roce-lat", {}).get("stat_result", {}).get("iterations")
     rm = P.get("roce-lat", {}).get("perf_stat", {}).get("syscalls:sys_enter_recvmmsg")
     loops = lc.get("runtime_loops")
-    if spin is not None and it:
+    if spin is not None and it and y is not None:
         w(f"* **send-lat** (rocev2/raw {fmt(lat_ratio)}): per round trip the client process made "
           f"{fmt(rm / it if rm else None)} `recvmmsg` calls and its engine loop ran {fmt(loops / it if loops else None)} "
           f"times; {fmt(spin)} % of its CPU is in `recvmmsg` and {fmt(y)} % in `sched_yield`. The engine thread "
-          "keeps polling the socket for its idle spin time (`RuntimeConfig::spin`, 20 µs by default) before it "
-          "yields, and it shares one CPU with the application thread that must run to see the completion and post "
-          "the answer: with one CPU per side the two threads take turns instead of overlapping.")
+          "polls the socket (one `recvmmsg` per loop) for its idle spin time (`RuntimeConfig::spin`, 20 µs by "
+          "default) before it yields, and it shares one CPU with the application thread that must run to see the "
+          "completion and post the answer; `-e`, where the application thread sleeps instead of polling, lowers "
+          "t_typical (table above), which points at the two threads competing for the one CPU.")
     w("")
 
 
