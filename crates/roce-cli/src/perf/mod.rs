@@ -440,7 +440,9 @@ impl Params {
             return Err("-n must be at least 1".into());
         }
         let duration = match a.duration {
-            Some(d) if d.is_finite() && d > 0.0 => Some(Duration::from_secs_f64(d)),
+            Some(d) if d.is_finite() && d > 0.0 => {
+                Some(Duration::try_from_secs_f64(d).map_err(|_| format!("-D {d}: too large"))?)
+            }
             Some(_) => return Err("-D must be a positive number of seconds".into()),
             None => None,
         };
@@ -542,7 +544,12 @@ impl Params {
                 .get("duration_s")
                 .and_then(Value::as_f64)
                 .filter(|d| d.is_finite() && *d > 0.0)
-                .map(Duration::from_secs_f64),
+                // A hostile client's `duration_s: 1e300` must not panic `Duration::from_secs_f64`.
+                .map(|d| {
+                    Duration::try_from_secs_f64(d)
+                        .map_err(|_| "client parameters: bad `duration_s`")
+                })
+                .transpose()?,
             qps: u32f("qps")?.clamp(1, 64),
             tx_depth: u32f("tx_depth")?.clamp(1, 4096),
             mtu: mtu_of(u32f("mtu")?).ok_or("client parameters: bad `mtu`")?,

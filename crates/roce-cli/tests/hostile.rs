@@ -1,0 +1,59 @@
+//! Hostile out-of-band peers against the real `rocev2` binary: bad input must end in a clear error and a non-zero
+//! exit (never a panic, exit code 101) within the timeout.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `rocev2 perf` server on 127.0.0.221:`port`; a hostile client sends one `hello` with `params`.
+fn server_vs_hello(port: u16, params: &str) -> (Option<i32>, String) {
+    let mut srv = Command::new(env!("CARGO_BIN_EXE_rocev2"))
+        .args([
+            "perf",
+            "write-bw",
+            "--timeout",
+            "3",
+            "-p",
+            &port.to_string(),
+        ])
+        .args(["--ip", "127.0.0.221"])
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rocev2");
+    let t0 = Instant::now();
+    let mut s = loop {
+        match TcpStream::connect(("127.0.0.221", port)) {
+            Ok(s) => break s,
+            Err(_) if t0.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("server never listened: {e}"),
+        }
+    };
+    let line = format!(r#"{{"proto":"rocev2-perf","v":1,"kind":"hello","body":{params}}}"#);
+    s.write_all(line.as_bytes()).expect("write");
+    s.write_all(b"\n").expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut reply = String::new();
+    let _ = BufReader::new(&s).read_line(&mut reply);
+    drop(s);
+    let out = srv.wait_with_output().expect("wait");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn huge_duration_from_the_client_is_an_error_not_a_panic() {
+    // Before the fix: `Duration::from_secs_f64(1e300)` panicked in the server (exit 101).
+    let params = r#"{"test":"write-bw","conn":"RC","sizes":[64],"iters":10,"duration_s":1e300,"qps":1,"tx_depth":16,"mtu":1024,"inline":0,"cq_mod":1,"post_list":1}"#;
+    let (code, err) = server_vs_hello(18721, params);
+    assert_ne!(code, Some(101), "panicked: {err}");
+    assert_ne!(code, Some(0), "accepted a 1e300 s duration: {err}");
+    assert!(err.contains("duration_s"), "unclear error: {err}");
+}
