@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// A `rocev2 perf` server on 127.0.0.221:`port`; a hostile client sends one `hello` with `params`.
 fn server_vs_hello(port: u16, params: &str) -> (Option<i32>, String) {
-    let mut srv = Command::new(env!("CARGO_BIN_EXE_rocev2"))
+    let srv = Command::new(env!("CARGO_BIN_EXE_rocev2"))
         .args([
             "perf",
             "write-bw",
