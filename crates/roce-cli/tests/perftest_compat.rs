@@ -584,6 +584,34 @@ fn mismatched_flags_are_detected_at_the_barriers() {
     assert!(e.contains("same -q"), "{e}");
 }
 
+/// Takes [`roce_interop::LOCK_FILE`] with `flock` (as `roce_interop::SoftRoce::acquire` and
+/// `scripts/interop-bench.sh` do), waiting up to `limit`, so this guest never overlaps the interop suite's guests
+/// or its teardown of the `roce-net` bridge. Held until the returned file is dropped.
+fn softroce_lock(limit: Duration) -> std::fs::File {
+    let path = roce_interop::LOCK_FILE;
+    let f = std::fs::File::create(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let t0 = Instant::now();
+    let mut said = false;
+    loop {
+        match f.try_lock() {
+            Ok(()) => return f,
+            Err(std::fs::TryLockError::WouldBlock) => {
+                assert!(
+                    t0.elapsed() < limit,
+                    "{path} still held after {} s",
+                    limit.as_secs()
+                );
+                if !said {
+                    eprintln!("waiting for {path} (another Soft-RoCE run is active)");
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            Err(std::fs::TryLockError::Error(e)) => panic!("lock {path}: {e}"),
+        }
+    }
+}
+
 /// Tears the guest and the extra bridge address down however the test ends.
 struct RxeGuard {
     vm: std::path::PathBuf,
@@ -609,6 +637,8 @@ impl Drop for RxeGuard {
 #[ignore = "boots a QEMU guest with rxe (root, several minutes)"]
 fn six_tests_against_perftest_on_rxe() {
     let _s = serial();
+    // Declared before the guard, so released after the guest is down.
+    let _lock = softroce_lock(Duration::from_secs(1800));
     let vm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/interop/softroce-vm");
     let (guest, guest_ip, host_ip) = ("ptcompat", "198.18.0.7", "198.18.0.107");
     let up = Command::new(&vm)
