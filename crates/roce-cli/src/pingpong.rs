@@ -13,7 +13,7 @@
 //!   topping them up when one is left.
 //! * **RC QP**: path MTU `-m` (default 1024; lowered, with a note, to the active MTU of the local address: its
 //!   network device's MTU − 80 rounded down to an IB MTU, as Linux rxe — `perf::port_mtu`), min RNR timer 12,
-//!   local ACK timeout 14 (≈67 ms), retry count 7, RNR retry 7, one outstanding READ/atomic each way, no remote
+//!   local ACK timeout `-u` (default 14 ≈ 67 ms), retry count 7, RNR retry 7, one outstanding READ/atomic each way, no remote
 //!   access; default message size 4096.
 //! * **UD QP**: Q_Key 0x11111111, an address handle to the peer's GID, receive buffers with 40 bytes of GRH space
 //!   in front of the payload; default message size 1024 (rdma-core's help says 2048, which is larger than rxe's
@@ -58,7 +58,8 @@
 //! # Bounded waits
 //!
 //! `--timeout` (default 20 s) bounds waiting for a client to connect, the connect, every exchange read, and the
-//! time without a completion in the traffic phase; RC errors (transport retries exhausted after ≈7 × 67 ms) end
+//! time without a completion in the traffic phase; RC errors (transport retries exhausted after ≈7 × 67 ms with the
+//! default `-u 14`; raise `-u` for a slow peer such as rxe in an emulated guest) end
 //! the run earlier. Any failure prints one line naming the step and exits 1.
 
 use std::fs::File;
@@ -165,6 +166,10 @@ pub struct PingpongArgs {
     /// Receive path: packet (AF_PACKET, real IP headers; needed for rxe), socket (UDP socket), auto.
     #[arg(long, value_enum, default_value_t = RxArg::Auto)]
     rx: RxArg,
+    /// RC: the QP's local ACK timeout exponent (4.096 µs · 2^N, as perftest's -u and `rocev2 perf -u`; default 14
+    /// ≈ 67 ms, the ibv_rc_pingpong value). Raise it for a slow peer, e.g. rxe in an emulated guest.
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    qp_timeout: u8,
     /// Write every RoCE frame sent and received to this pcap file.
     #[arg(long)]
     pcap: Option<PathBuf>,
@@ -184,6 +189,8 @@ struct Params {
     rx_depth: u32,
     timeout: Duration,
     chk: bool,
+    /// Local ACK timeout exponent of the RC QP (`-u`).
+    qp_timeout: u8,
 }
 
 impl Params {
@@ -233,6 +240,7 @@ impl Params {
             rx_depth: a.rx_depth,
             timeout: Duration::from_secs_f64(a.timeout),
             chk: a.chk,
+            qp_timeout: a.qp_timeout,
         })
     }
 }
@@ -659,7 +667,7 @@ fn connect_rc(s: &Session, p: &Params, remote: &Dest, peer: IpAddr) -> Result<()
     let opts = ConnectOpts {
         mtu: p.mtu,
         access: AccessFlags::EMPTY,
-        timeout: 14,
+        timeout: p.qp_timeout,
         retry_cnt: 7,
         rnr_retry: 7,
         min_rnr_timer: 12,

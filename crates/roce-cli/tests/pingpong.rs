@@ -476,6 +476,62 @@ impl Drop for NetnsPair {
     }
 }
 
+/// `-u` sets the RC QP's local ACK timeout: against a peer that completes the exchange but never acknowledges,
+/// `-u 18` (≈1.07 s per try, 8 tries with retry count 7) takes at least 7 s to reach RETRY_EXC_ERR, where the
+/// default 14 takes ≈0.5 s; `-u 0` is refused as a bad argument.
+#[test]
+fn qp_timeout_sets_the_local_ack_timeout() {
+    let bad = Command::new(bin())
+        .args(["pingpong", "127.0.208.1", "-u", "0"])
+        .output()
+        .expect("rocev2");
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    for (u, min, max) in [("14", 0.0, 6.0), ("18", 7.0, 25.0)] {
+        let l = TcpListener::bind(("127.0.208.1", 0)).expect("listen");
+        let port = l.local_addr().expect("addr").port();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            let mut rec = [0u8; 52];
+            s.read_exact(&mut rec).expect("client record");
+            let mut mine = b"0000:000011:000100:00000000000000000000ffff7f00d001".to_vec();
+            mine.push(0);
+            s.write_all(&mine).expect("write");
+            let mut done = [0u8; 5];
+            s.read_exact(&mut done).expect("done");
+            done
+        });
+        let port_s = port.to_string();
+        let (o, dt) = wait_bounded(
+            spawn(
+                None,
+                &[
+                    bin(),
+                    "pingpong",
+                    "127.0.208.1",
+                    "--ip",
+                    "127.0.208.2",
+                    "-p",
+                    &port_s,
+                    "-u",
+                    u,
+                    "--timeout",
+                    "30",
+                ],
+            ),
+            Duration::from_secs(60),
+        );
+        assert_eq!(&fake.join().expect("fake"), b"done\0");
+        assert_eq!(o.status.code(), Some(1), "-u {u}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("IBV_WC_RETRY_EXC_ERR"),
+            "-u {u}: {}",
+            text(&o)
+        );
+        let secs = dt.as_secs_f64();
+        assert!(secs >= min && secs < max, "-u {u}: {secs:.2} s");
+    }
+}
+
 /// Runs `check_pcap.py --quiet`; returns `(passed, failed)` from its last line.
 fn check_pcap(file: &Path) -> Option<(u64, u64)> {
     let out = Command::new("python3")
