@@ -18,6 +18,7 @@ mod link;
 mod oob;
 mod perf;
 mod pingpong;
+mod rxmode;
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -70,7 +70,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use roce_link::{Link, LinkError, Pcap, PcapMode, RxMode, UdpConfig, UdpLink};
 use roce_proto::{EngineConfig, Mtu, QpType};
 use roce_verbs::{
@@ -81,6 +81,7 @@ use roce_verbs::{
 use roce_wire::{Gid, Qpn};
 
 use crate::perf::port_mtu;
+use crate::rxmode::{self, RxArg};
 
 /// Length of the rdma-core pingpong exchange record, including its NUL.
 const RECORD_LEN: usize = 52;
@@ -99,17 +100,6 @@ const SEND_WRID: u64 = 2;
 enum Transport {
     Rc,
     Ud,
-}
-
-/// `--rx`: where received frames come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum RxArg {
-    /// `packet` unless the peer is on this host, falling back to `socket` without CAP_NET_RAW.
-    Auto,
-    /// AF_PACKET: real IP headers, needed for Linux rxe peers (root / CAP_NET_RAW).
-    Packet,
-    /// The UDP socket: enough for rocev2 peers, no privileges.
-    Socket,
 }
 
 /// Arguments of `rocev2 pingpong`.
@@ -444,11 +434,6 @@ fn mac_of(ip: IpAddr) -> [u8; 6] {
     [0x02, 0x00, o[0], o[1], o[2], o[3]]
 }
 
-/// Whether `ip` is an address of this host (loopback, or configured on an interface of this namespace).
-fn is_local(ip: IpAddr) -> bool {
-    ip.is_loopback() || roce_link::udp::interface_of(ip).is_ok()
-}
-
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -462,12 +447,6 @@ fn source_chain(e: &dyn std::error::Error) -> String {
 
 /// Opens the device: a UdpLink on `local` (receive mode per `--rx`), wrapped in a pcap writer with `--pcap`.
 fn open_device(a: &PingpongArgs, local: IpAddr, peer: IpAddr) -> Result<(Context, RxMode), String> {
-    let want = match a.rx {
-        RxArg::Packet => RxMode::Packet,
-        RxArg::Socket => RxMode::Socket,
-        RxArg::Auto if is_local(peer) => RxMode::Socket,
-        RxArg::Auto => RxMode::Packet,
-    };
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -503,30 +482,15 @@ fn open_device(a: &PingpongArgs, local: IpAddr, peer: IpAddr) -> Result<(Context
             Ok(l)
         })
     };
-    match open(want) {
-        Ok(c) => Ok((c, want)),
-        Err(e) => {
-            let msg = source_chain(&e);
-            if a.rx == RxArg::Auto && want == RxMode::Packet && msg.contains("CAP_NET_RAW") {
-                eprintln!(
-                    "rocev2 pingpong: warning: AF_PACKET receive not permitted, using the UDP socket; packets \
-                     from Linux rxe will fail the ICRC check (run as root or with CAP_NET_RAW)"
-                );
-                open(RxMode::Socket)
-                    .map(|c| (c, RxMode::Socket))
-                    .map_err(|e| {
-                        format!("opening the RoCE device on {local}: {}", source_chain(&e))
-                    })
-            } else {
-                let hint = if msg.contains("in use") {
-                    " (another RoCE stack or rocev2 run owns UDP 4791 on this address)"
-                } else {
-                    ""
-                };
-                Err(format!("opening the RoCE device on {local}: {msg}{hint}"))
-            }
-        }
-    }
+    rxmode::open(a.rx, peer, "rocev2 pingpong", open).map_err(|e| {
+        let msg = source_chain(&e);
+        let hint = if msg.contains("in use") {
+            " (another RoCE stack or rocev2 run owns UDP 4791 on this address)"
+        } else {
+            ""
+        };
+        format!("opening the RoCE device on {local}: {msg}{hint}")
+    })
 }
 
 /// Verbs objects of one run.
@@ -720,8 +684,8 @@ fn stall_hint(s: &Session) -> String {
     );
     if c.rx_icrc_encapsulated > 0 {
         h.push_str(&format!(", {} with a bad ICRC", c.rx_icrc_encapsulated));
-        if s.rx == RxMode::Socket {
-            h.push_str(" (a sender that numbers its IPv4 IDs, like Linux rxe, needs --rx packet)");
+        if let Some(hint) = rxmode::icrc_hint(s.rx, c.rx_icrc_encapsulated) {
+            h.push_str(&format!(" ({hint})"));
         }
     }
     if c.drop_wrong_peer > 0 {

@@ -193,7 +193,7 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
     let (cycle, cache_line) = x.sys_data(CYCLE_BUFFER, CACHE_LINE).map_err(e)?;
     let mtu = mtu_of_enum(x.mtu(p.mtu as u8).map_err(e)?);
     let peer = x.peer_addr().ip();
-    let (ctx, link_stats) = super::open_udp(
+    let (ctx, link_stats, rx) = super::open_udp(
         a,
         local,
         peer,
@@ -212,6 +212,7 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
         a.qp_timeout,
         out,
     );
+    let r = super::with_rx_hint(r, rx, &link_stats);
     if a.stats {
         super::print_stats(
             if is_client { "client" } else { "server" },

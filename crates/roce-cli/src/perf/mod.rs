@@ -9,6 +9,10 @@
 //! --run_infinitely`); see `rocev2 perf --help`. The server follows the client's parameters (sent in the
 //! out-of-band hello). Data is verified at the end of every size (unless `--no-verify`): a mismatch is an error
 //! and a non-zero exit.
+//!
+//! Receive mode (`--rx auto|packet|socket`, alias `--rx-mode`): as `rocev2 pingpong` (see `crate::rxmode`); `auto`
+//! is `socket` for a peer on this host (so `--loopback`) and `packet` otherwise. A run that fails after frames
+//! failed the ICRC check in socket mode says that a Linux rxe peer needs `--rx packet`.
 
 mod bench;
 mod compat;
@@ -34,6 +38,7 @@ use roce_verbs::{Context, Moderation, RuntimeConfig};
 use serde_json::{Value, json};
 
 use crate::oob::{Oob, OobError};
+use crate::rxmode::{self, RxArg};
 use udp_stats::{SharedUdpStats, UdpTap};
 
 /// The perf tests.
@@ -287,23 +292,15 @@ pub struct PerfArgs {
     /// perftest's device name: accepted and ignored (the device is the UDP link on the local address).
     #[arg(short = 'd', long = "ib-dev")]
     pub ib_dev: Option<String>,
-    /// Receive path of the UDP link: `socket` (rocev2 peers), or `packet` (AF_PACKET, needs CAP_NET_RAW; needed
-    /// for peers that number their IPv4 IDs, such as Linux rxe).
-    #[arg(long = "rx-mode", value_enum, default_value = "socket")]
-    pub rx_mode: RxModeArg,
+    /// Receive path of the UDP link: packet (AF_PACKET, real IP headers, needs CAP_NET_RAW; needed for peers that
+    /// number their IPv4 IDs, such as Linux rxe), socket (UDP socket; rocev2 peers), auto (socket when the peer's
+    /// address is on this host, otherwise packet, falling back to socket without CAP_NET_RAW).
+    #[arg(long = "rx", visible_alias = "rx-mode", value_enum, default_value_t = RxArg::Auto)]
+    pub rx: RxArg,
     /// With --perftest-compat: the QP's local ACK timeout exponent (4.096 µs · 2^N, as perftest's -u; default 14 ≈
     /// 67 ms). Raise it for a slow peer, e.g. rxe in an emulated guest.
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     pub qp_timeout: u8,
-}
-
-/// `--rx-mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum RxModeArg {
-    /// The UDP socket (the IP header is rebuilt assuming IPv4 ID 0 + DF).
-    Socket,
-    /// AF_PACKET on the interface that owns the local address.
-    Packet,
 }
 
 /// Resolved run parameters, shared by both sides (the client sends them in its hello).
@@ -647,41 +644,56 @@ fn runtime_cfg(a: &PerfArgs) -> RuntimeConfig {
     }
 }
 
-/// Opens a device on a UdpLink bound to `local`, frames from `peer` (decorated per the flags); also returns the
-/// link's counters for `--stats`.
+/// Opens a device on a UdpLink bound to `local`, frames from `peer` (decorated per the flags; receive mode per
+/// `--rx`); also returns the link's counters for `--stats` and the receive mode in use.
 fn open_udp(
     a: &PerfArgs,
     local: IpAddr,
     peer: IpAddr,
     seed: u64,
     pcap: bool,
-) -> Result<(Context, Arc<SharedUdpStats>), String> {
+) -> Result<(Context, Arc<SharedUdpStats>, RxMode), String> {
     let faults = fault_config(a);
     let pcap = if pcap { a.pcap.clone() } else { None };
-    let ucfg = UdpConfig {
-        local_mac: mac_of(local),
-        peer_mac: mac_of(peer),
-        rx: match a.rx_mode {
-            RxModeArg::Socket => RxMode::Socket,
-            RxModeArg::Packet => RxMode::Packet,
-        },
-        ..UdpConfig::new(local)
-    };
     let link_stats = Arc::new(SharedUdpStats::default());
-    let tap_stats = Arc::clone(&link_stats);
-    Context::open(engine_cfg(local, seed), runtime_cfg(a), move || {
-        let base: Box<dyn Link> = Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats));
-        wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
-    })
-    .map(|c| (c, link_stats))
-    .map_err(|e| {
-        let chain = source_chain(&e);
-        let hint = if chain.contains("in use") {
-            " (another RoCE stack or rocev2 run owns this address and port)"
-        } else {
-            ""
+    let open = |rx: RxMode| {
+        let ucfg = UdpConfig {
+            local_mac: mac_of(local),
+            peer_mac: mac_of(peer),
+            rx,
+            ..UdpConfig::new(local)
         };
-        format!("opening the RoCE device on {local} (UDP 4791): {e}: {chain}{hint}")
+        let tap_stats = Arc::clone(&link_stats);
+        let pcap = pcap.clone();
+        Context::open(engine_cfg(local, seed), runtime_cfg(a), move || {
+            let base: Box<dyn Link> = Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats));
+            wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
+        })
+    };
+    rxmode::open(a.rx, peer, "rocev2 perf", open)
+        .map(|(c, rx)| (c, Arc::clone(&link_stats), rx))
+        .map_err(|e| {
+            let chain = source_chain(&e);
+            let hint = if chain.contains("in use") {
+                " (another RoCE stack or rocev2 run owns this address and port)"
+            } else {
+                ""
+            };
+            format!("opening the RoCE device on {local} (UDP 4791): {e}: {chain}{hint}")
+        })
+}
+
+/// Adds the `--rx packet` hint to a failed run whose UDP link (in socket mode) counted frames with a bad ICRC.
+fn with_rx_hint(r: Result<(), String>, rx: RxMode, link: &SharedUdpStats) -> Result<(), String> {
+    r.map_err(|e| {
+        let bad = link
+            .iter()
+            .find(|(n, _)| *n == "rx_icrc_bad")
+            .map_or(0, |(_, v)| v);
+        match rxmode::icrc_hint(rx, bad) {
+            Some(h) => format!("{e} ({bad} received frames failed the ICRC check; {h})"),
+            None => e,
+        }
     })
 }
 
@@ -875,7 +887,7 @@ fn server_session(
             return Err(e);
         }
     };
-    let (ctx, link_stats) = match sim {
+    let (ctx, link) = match sim {
         Some(c) => (c, None),
         None => {
             let local = o.local_addr().map_err(|e| e.to_string())?.ip();
@@ -891,7 +903,7 @@ fn server_session(
                 a.seed.wrapping_mul(2),
                 a.address.is_none() && !a.loopback,
             ) {
-                Ok((c, s)) => (c, Some(s)),
+                Ok((c, s, rx)) => (c, Some((s, rx))),
                 Err(e) => {
                     o.send_error(&e);
                     return Err(e);
@@ -900,9 +912,12 @@ fn server_session(
         }
     };
     let _metrics = start_metrics(a, &[("server", &ctx)], !a.loopback)?;
-    let r = bench::run_side(&ctx, &params, o, false, out);
+    let mut r = bench::run_side(&ctx, &params, o, false, out);
+    if let Some((s, rx)) = &link {
+        r = with_rx_hint(r, *rx, s);
+    }
     if a.stats {
-        print_stats("server", &ctx, link_stats.as_deref(), a.json);
+        print_stats("server", &ctx, link.as_ref().map(|(s, _)| &**s), a.json);
     }
     r
 }
@@ -954,13 +969,13 @@ fn client(
     }
     let params = &params;
     o.hello(Some(params.to_json())).map_err(|e| e.to_string())?;
-    let (ctx, link_stats) = match sim {
+    let (ctx, link) = match sim {
         Some(c) => (c, None),
         None => {
             let local = o.local_addr().map_err(|e| e.to_string())?.ip();
             let peer = o.peer_addr().ip();
             match open_udp(a, local, peer, a.seed.wrapping_mul(2).wrapping_add(1), true) {
-                Ok((c, s)) => (c, Some(s)),
+                Ok((c, s, rx)) => (c, Some((s, rx))),
                 Err(e) => {
                     o.send_error(&e);
                     return Err(e);
@@ -969,9 +984,12 @@ fn client(
         }
     };
     let _metrics = start_metrics(a, &[("client", &ctx)], true)?;
-    let r = bench::run_side(&ctx, params, &mut o, true, out);
+    let mut r = bench::run_side(&ctx, params, &mut o, true, out);
+    if let Some((s, rx)) = &link {
+        r = with_rx_hint(r, *rx, s);
+    }
     if a.stats {
-        print_stats("client", &ctx, link_stats.as_deref(), a.json);
+        print_stats("client", &ctx, link.as_ref().map(|(s, _)| &**s), a.json);
     }
     r
 }
