@@ -58,6 +58,9 @@ impl std::fmt::Display for OobError {
 
 impl std::error::Error for OobError {}
 
+/// Largest out-of-band message accepted, in bytes (rocev2-perf messages are well under 4 KiB).
+const MAX_MSG: usize = 1 << 20;
+
 fn io(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> OobError {
     let step = step.into();
     move |source| OobError::Io { step, source }
@@ -91,7 +94,8 @@ pub struct PeerInfo {
     pub mac: [u8; 6],
     /// Remote key of the buffer the peer may access.
     pub rkey: u32,
-    /// Virtual address of that buffer.
+    /// Virtual address of that buffer. Peer-supplied: this side only ever sends it back in RETHs (wrapping
+    /// arithmetic), and the peer's responder bounds-checks it; it never indexes local memory.
     pub va: u64,
     /// Its length in bytes.
     pub len: u64,
@@ -203,9 +207,14 @@ impl Oob {
         Oob::new(tcp_connect(host, port, bind, timeout)?, true, timeout)
     }
 
-    /// Server: waits up to `timeout` for one client on `listener`.
-    pub fn accept(listener: &TcpListener, timeout: Duration) -> Result<Oob, OobError> {
-        Oob::new(tcp_accept(listener, timeout)?, false, timeout)
+    /// Server: waits up to `accept_timeout` for one client on `listener`; each later read or write waits at
+    /// most `timeout` (a whole message at most that long, see `recv_msg`).
+    pub fn accept(
+        listener: &TcpListener,
+        accept_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Oob, OobError> {
+        Oob::new(tcp_accept(listener, accept_timeout)?, false, timeout)
     }
 
     fn new(s: TcpStream, is_client: bool, timeout: Duration) -> Result<Oob, OobError> {
@@ -250,22 +259,57 @@ impl Oob {
         self.writer.write_all(line.as_bytes()).map_err(io(step))
     }
 
+    /// Reads one `\n`-terminated line of at most [`MAX_MSG`] bytes within `wait` in all: a peer that dribbles
+    /// bytes or never ends its line gets an error at the deadline, not a hang or unbounded memory.
+    fn read_line_bounded(&mut self, wait: Duration, step: &str) -> Result<String, OobError> {
+        let deadline = Instant::now() + wait;
+        let mut line = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let e = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no complete message in time",
+                );
+                return Err(io(step)(e));
+            }
+            let _ = self.reader.get_ref().set_read_timeout(Some(left));
+            let chunk = match self.reader.fill_buf() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io(step)(e)),
+            };
+            if chunk.is_empty() {
+                return Err(OobError::Closed(step.to_string()));
+            }
+            let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (chunk.len(), false),
+            };
+            line.extend_from_slice(&chunk[..take]);
+            self.reader.consume(take);
+            if line.len() > MAX_MSG {
+                return Err(OobError::Protocol(format!(
+                    "{step}: message longer than {MAX_MSG} bytes"
+                )));
+            }
+            if done {
+                return String::from_utf8(line)
+                    .map_err(|_| OobError::Protocol(format!("{step}: message is not UTF-8")));
+            }
+        }
+    }
+
     /// Receives one message, which must be of `kind` (an `error` message from the peer becomes an error), waiting
     /// at most `wait`.
     pub fn recv_msg(&mut self, kind: &str, wait: Duration) -> Result<Value, OobError> {
         let step = format!("waiting for `{kind}` from {}", self.peer);
-        let _ = self.reader.get_ref().set_read_timeout(Some(wait));
-        let mut line = String::new();
-        let n = self.reader.read_line(&mut line);
+        let line = self.read_line_bounded(wait, &step);
         let _ = self
             .reader
             .get_ref()
             .set_read_timeout(Some(self.read_timeout));
-        match n {
-            Ok(0) => return Err(OobError::Closed(step)),
-            Ok(_) => {}
-            Err(e) => return Err(io(step)(e)),
-        }
+        let line = line?;
         let v: Value = serde_json::from_str(line.trim_end())
             .map_err(|e| OobError::Protocol(format!("{step}: not a rocev2-perf message ({e})")))?;
         if v.get("proto").and_then(Value::as_str) != Some(PROTO) {
@@ -827,7 +871,8 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = l.local_addr().expect("addr").port();
         let srv = std::thread::spawn(move || {
-            let mut o = Oob::accept(&l, Duration::from_secs(5)).expect("accept");
+            let mut o =
+                Oob::accept(&l, Duration::from_secs(5), Duration::from_secs(5)).expect("accept");
             assert_eq!(o.hello(None).expect("hello")["x"], 1);
             let peer = o.exchange(&info(0x22)).expect("exchange");
             assert_eq!(peer, info(0x11));

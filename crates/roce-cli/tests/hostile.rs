@@ -57,3 +57,80 @@ fn huge_duration_from_the_client_is_an_error_not_a_panic() {
     assert_ne!(code, Some(0), "accepted a 1e300 s duration: {err}");
     assert!(err.contains("duration_s"), "unclear error: {err}");
 }
+
+/// A `rocev2 perf` server with `--timeout 2` on 127.0.0.222:`port`; `feed` plays the hostile client on the TCP
+/// connection. Returns the exit code, stderr and how long the server took to exit after the connection.
+fn server_vs(port: u16, feed: impl FnOnce(&mut TcpStream)) -> (Option<i32>, String, Duration) {
+    let srv = Command::new(env!("CARGO_BIN_EXE_rocev2"))
+        .args([
+            "perf",
+            "write-bw",
+            "--timeout",
+            "2",
+            "-p",
+            &port.to_string(),
+        ])
+        .args(["--ip", "127.0.0.222"])
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rocev2");
+    let t0 = Instant::now();
+    let mut s = loop {
+        match TcpStream::connect(("127.0.0.222", port)) {
+            Ok(s) => break s,
+            Err(_) if t0.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("server never listened: {e}"),
+        }
+    };
+    let t1 = Instant::now();
+    feed(&mut s);
+    let out = srv.wait_with_output().expect("wait");
+    let took = t1.elapsed();
+    drop(s);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        took,
+    )
+}
+
+#[test]
+fn dribbling_client_is_cut_off_at_the_timeout() {
+    // One byte every 200 ms, never a newline: before the overall deadline each byte restarted the 2 s read
+    // timeout, so the server waited as long as the peer kept dribbling.
+    let (code, err, took) = server_vs(18722, |s| {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(8) {
+            if s.write_all(b"{").is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    assert_ne!(code, Some(101), "panicked: {err}");
+    assert_ne!(code, Some(0), "accepted a dribbling peer: {err}");
+    assert!(
+        took < Duration::from_secs(7),
+        "server held on for {took:?}: {err}"
+    );
+}
+
+#[test]
+fn endless_line_is_refused_not_buffered() {
+    // 4 MiB with no newline: refused once it passes the 1 MiB message cap.
+    let (code, err, _) = server_vs(18723, |s| {
+        let chunk = vec![b'a'; 64 << 10];
+        for _ in 0..64 {
+            if s.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
+    assert_ne!(code, Some(101), "panicked: {err}");
+    assert_ne!(code, Some(0), "accepted an endless line: {err}");
+    assert!(err.contains("longer than"), "unclear error: {err}");
+}

@@ -572,7 +572,7 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
                     let op = match p.test {
                         Test::SendBw => SendOp::Send,
                         Test::WriteBw => SendOp::RdmaWrite {
-                            remote_addr: s.remote.va + s.slot_off(i),
+                            remote_addr: s.remote.va.wrapping_add(s.slot_off(i)),
                             rkey,
                         },
                         Test::ReadBw => SendOp::RdmaRead {
@@ -580,7 +580,7 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
                             rkey,
                         },
                         _ => SendOp::AtomicFetchAndAdd {
-                            remote_addr: s.remote.va + s.slot_off(0),
+                            remote_addr: s.remote.va.wrapping_add(s.slot_off(0)),
                             rkey,
                             add: 1,
                         },
@@ -733,7 +733,7 @@ fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
         let op = match p.test {
             Test::SendLat => SendOp::Send,
             Test::WriteLat => SendOp::RdmaWriteWithImm {
-                remote_addr: s.remote.va + s.slot_off(0),
+                remote_addr: s.remote.va.wrapping_add(s.slot_off(0)),
                 rkey,
                 imm: i as u32,
             },
@@ -742,7 +742,7 @@ fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
                 rkey,
             },
             _ => SendOp::AtomicFetchAndAdd {
-                remote_addr: s.remote.va + s.slot_off(0),
+                remote_addr: s.remote.va.wrapping_add(s.slot_off(0)),
                 rkey,
                 add: 1,
             },
@@ -1028,7 +1028,7 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
                     let sge = [s.mr.sge(0, size as u32)];
                     let op = if test == Test::WriteLat {
                         SendOp::RdmaWriteWithImm {
-                            remote_addr: s.remote.va + s.slot_off(0),
+                            remote_addr: s.remote.va.wrapping_add(s.slot_off(0)),
                             rkey,
                             imm: reply_id as u32,
                         }

@@ -658,7 +658,7 @@ fn bw_client(s: &mut Sess<'_>) -> Result<BwResult, String> {
                 let wrs: Vec<SendWr<'_>> = wrs_sge
                     .iter()
                     .map(|(idx, sge)| {
-                        let addr = rem.vaddr + s.g.remote_step(test, *idx);
+                        let addr = rem.vaddr.wrapping_add(s.g.remote_step(test, *idx));
                         let rkey = Rkey(rem.rkey);
                         let op = match test {
                             Test::WriteBw => SendOp::RdmaWrite {

@@ -836,7 +836,7 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output) -> Result<(), String> {
     let server = std::thread::Builder::new()
         .name("perf-server".into())
         .spawn(move || {
-            let mut o = Oob::accept(&listener, timeout).map_err(|e| e.to_string())?;
+            let mut o = Oob::accept(&listener, timeout, timeout).map_err(|e| e.to_string())?;
             server_session(&srv_args, &srv_out, &mut o, srv_sim)
         })
         .map_err(|e| e.to_string())?;
@@ -869,7 +869,9 @@ fn server(a: &PerfArgs, out: &Output, sim: Option<Context>) -> Result<(), String
             "************************************\n* Waiting for client to connect... *\n************************************"
         );
     }
-    let mut o = Oob::accept(&listener, Duration::from_secs(3600)).map_err(|e| e.to_string())?;
+    // Wait up to an hour for a client; once one is connected, every read is bounded by --timeout.
+    let mut o = Oob::accept(&listener, Duration::from_secs(3600), oob_timeout(a))
+        .map_err(|e| e.to_string())?;
     server_session(a, out, &mut o, sim)
 }
 
