@@ -1136,6 +1136,39 @@ impl UdpLink {
         Ok(())
     }
 
+    /// One non-blocking `recvmmsg` of up to `n` datagrams on `fd` into the prepared `rx_msgs[..n]` (the caller
+    /// has pointed them at its buffers). `Ok(None)`: nothing waiting (or interrupted); errors name `what`.
+    fn recv_batch(
+        &mut self,
+        fd: std::os::fd::RawFd,
+        n: usize,
+        what: &str,
+    ) -> Result<Option<usize>, LinkError> {
+        // SAFETY: the caller filled `rx_msgs[..n]` with headers pointing into this link's receive buffers
+        // (`rx_names`, `rx_iov`, `rx_ctrl`, `rx_data`), which stay in place for the call, each length given
+        // exactly; no timeout pointer.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.rx_msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                core::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                _ => Err(io_ctx(
+                    e,
+                    format_args!("recvmmsg on {what} for {}", self.local_addr()),
+                )),
+            };
+        }
+        Ok(Some(r as usize))
+    }
+
     /// [`RxMode::Packet`] receive: up to `n` whole frames with one `recvmmsg` on the `AF_PACKET` socket, each
     /// trimmed to its IP length (Ethernet padding removed), ICRC-verified over the bytes as received.
     fn rx_packet(&mut self, n: usize, sink: &mut dyn FnMut(&mut [u8])) -> Result<usize, LinkError> {
@@ -1158,28 +1191,10 @@ impl UdpLink {
             h.msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
             h.msg_flags = 0;
         }
-        // SAFETY: `rx_msgs[..n]` point into `rx_iov`, `rx_ctrl` and `rx_data`, which stay in place for the call; no
-        // name buffer; no timeout pointer.
-        let r = unsafe {
-            libc::recvmmsg(
-                pkt.as_raw_fd(),
-                self.rx_msgs.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                core::ptr::null_mut(),
-            )
+        let fd = pkt.as_raw_fd();
+        let Some(r) = self.recv_batch(fd, n, "AF_PACKET")? else {
+            return Ok(0);
         };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-                _ => Err(io_ctx(
-                    e,
-                    format_args!("recvmmsg on AF_PACKET for {}", self.local_addr()),
-                )),
-            };
-        }
-        let r = r as usize;
         for i in 0..r {
             let len = self.rx_msgs[i].msg_len as usize;
             if self.rx_msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len >= cap {
@@ -1376,28 +1391,10 @@ impl Link for UdpLink {
             h.msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
             h.msg_flags = 0;
         }
-        // SAFETY: `rx_msgs[..n]` point into `rx_names`, `rx_iov`, `rx_ctrl`, `rx_data`, which stay in place for the
-        // call; each buffer length is given exactly; no timeout pointer.
-        let r = unsafe {
-            libc::recvmmsg(
-                self.socks[0].as_raw_fd(),
-                self.rx_msgs.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                core::ptr::null_mut(),
-            )
+        let fd = self.socks[0].as_raw_fd();
+        let Some(r) = self.recv_batch(fd, n, "UDP")? else {
+            return Ok(0);
         };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-                _ => Err(io_ctx(
-                    e,
-                    format_args!("recvmmsg on UDP {}", self.local_addr()),
-                )),
-            };
-        }
-        let r = r as usize;
         for i in 0..r {
             let len = self.rx_msgs[i].msg_len as usize;
             if self.rx_msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len >= cap {
