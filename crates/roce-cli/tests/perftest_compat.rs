@@ -97,32 +97,7 @@ fn read_n(s: &mut TcpStream, n: usize, what: &str) -> Vec<u8> {
     b
 }
 
-/// TCP payloads of the perftest capture, in order: (client → server?, bytes).
-fn capture() -> Vec<(bool, Vec<u8>)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/interop/captures/perftest_tcp_exchange.pcap");
-    let f = std::fs::File::open(&path).expect("the perftest capture in shared/interop");
-    let mut rd = pcap_file::pcap::PcapReader::new(f).expect("pcap");
-    let mut out = Vec::new();
-    while let Some(p) = rd.next_packet() {
-        let p = p.expect("packet");
-        let d = &p.data;
-        if d.len() < 54 || d[12..14] != [8, 0] || d[23] != 6 {
-            continue;
-        }
-        let ip = &d[14..];
-        let ihl = usize::from(ip[0] & 15) * 4;
-        let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        let tcp = &ip[ihl..];
-        let off = usize::from(tcp[12] >> 4) * 4;
-        let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
-        let payload = &ip[ihl + off..tot];
-        if !payload.is_empty() {
-            out.push((dport == 18515, payload.to_vec()));
-        }
-    }
-    out
-}
+include!("common/perftest_capture.rs");
 
 /// A perftest QP record's fields, checked for perftest's exact syntax: `(lid, out_reads, qpn, psn, rkey, vaddr,
 /// gid, srqn)`.
@@ -223,7 +198,7 @@ fn server_args(test: &str, net: u8, port: u16, extra: &[&str]) -> Vec<String> {
 fn fake_perftest_client_replays_the_capture_against_a_rocev2_server() {
     let _s = serial();
     let net = 150;
-    let msgs = capture();
+    let msgs = perftest_capture();
     let client_msgs: Vec<&Vec<u8>> = msgs.iter().filter(|(c, _)| *c).map(|(_, b)| b).collect();
     // 16, 4, 4, 2, 4 × 108, 5 × 8, 108, 5: the capture's client half.
     let sizes: Vec<usize> = client_msgs.iter().map(|b| b.len()).collect();
@@ -298,7 +273,7 @@ fn fake_perftest_client_replays_the_capture_against_a_rocev2_server() {
 fn a_gid_that_is_not_the_peer_address_is_refused() {
     let _s = serial();
     let net = 151;
-    let msgs = capture();
+    let msgs = perftest_capture();
     let c: Vec<&Vec<u8>> = msgs.iter().filter(|(c, _)| *c).map(|(_, b)| b).collect();
     let port = free_port(ip(net, 1));
     let srv = spawn(&server_args("write-bw", net, port, &["-n", "5"]));
@@ -321,7 +296,7 @@ fn a_gid_that_is_not_the_peer_address_is_refused() {
 #[test]
 fn fake_perftest_server_checks_the_rocev2_client() {
     let _s = serial();
-    let msgs = capture();
+    let msgs = perftest_capture();
     let srv_msgs: Vec<&Vec<u8>> = msgs.iter().filter(|(c, _)| !*c).map(|(_, b)| b).collect();
     for (net, zero_gid) in [(152u8, false), (153, true)] {
         let l = TcpListener::bind((ip(net, 1), 0)).expect("bind");
