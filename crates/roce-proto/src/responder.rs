@@ -61,19 +61,18 @@ impl Engine {
             self.stats.drop_unknown_qp += 1;
             return;
         };
-        if pkt.opcode == op::CNP {
-            self.on_cnp(i, &pkt, now);
-            return;
-        }
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
         };
         let class = pkt.opcode >> 5;
-        let type_ok = match qp.qp_type {
-            QpType::Rc => class == 0 && op::is_valid_rc(pkt.opcode),
-            QpType::Uc => class == 1 && op::is_valid_uc(pkt.opcode),
-            QpType::Ud => pkt.opcode == op::UD_SEND_ONLY || pkt.opcode == op::UD_SEND_ONLY_IMM,
-        };
+        // A CNP (`ROCEV2.md §6`) may reach a QP of any type; it passes the same state and peer checks as any other
+        // packet before the reaction point sees it, so no third host can throttle a connection.
+        let type_ok = pkt.opcode == op::CNP
+            || match qp.qp_type {
+                QpType::Rc => class == 0 && op::is_valid_rc(pkt.opcode),
+                QpType::Uc => class == 1 && op::is_valid_uc(pkt.opcode),
+                QpType::Ud => pkt.opcode == op::UD_SEND_ONLY || pkt.opcode == op::UD_SEND_ONLY_IMM,
+            };
         if !type_ok {
             self.stats.drop_bad_opcode += 1;
             qp.counters.drop_bad_opcode += 1;
@@ -100,6 +99,10 @@ impl Engine {
         self.stats.rcvd_bytes += frame.len() as u64;
         qp.counters.rcvd_pkts += 1;
         qp.counters.rcvd_bytes += frame.len() as u64;
+        if pkt.opcode == op::CNP {
+            self.on_cnp(i, now);
+            return;
+        }
         if qp.state == QpState::Rtr && !qp.comm_est {
             qp.comm_est = true;
             self.events.push_back(AsyncEvent {
@@ -143,14 +146,14 @@ impl Engine {
         self.kick(i);
     }
 
-    fn on_cnp(&mut self, i: usize, _pkt: &RxPkt<'_>, now: Instant) {
+    /// Reaction point: a CNP that passed the receive filters (QP state, connected peer) goes to the QP's rate
+    /// controller.
+    fn on_cnp(&mut self, i: usize, now: Instant) {
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
         };
         self.stats.rp_cnp_handled += 1;
-        self.stats.rcvd_pkts += 1;
         qp.counters.rp_cnp_handled += 1;
-        qp.counters.rcvd_pkts += 1;
         qp.rate.on_cnp(now);
         self.arm_rate_timer(i);
         self.kick(i);

@@ -357,13 +357,30 @@ pub(crate) fn craft(
     ext: roce_wire::ExtRepr,
     payload: &[u8],
 ) -> Vec<u8> {
+    reemit(
+        template,
+        |r| {
+            r.bth.opcode = roce_wire::Opcode(opcode);
+            r.bth.psn = Psn::new(psn);
+            r.bth.ack_req = true;
+            r.ext = ext;
+        },
+        payload,
+    )
+}
+
+/// Re-emits `template` (a captured frame) after `edit` changed any header field (addresses, BTH, extension
+/// headers), with `payload` and a correct pad count, IP checksum and ICRC — for forging packets a third party
+/// could send.
+pub(crate) fn reemit(
+    template: &[u8],
+    edit: impl FnOnce(&mut roce_wire::RoceRepr),
+    payload: &[u8],
+) -> Vec<u8> {
     let p = roce_wire::RoceRepr::parse(template).unwrap();
     let mut r = p.repr;
-    r.bth.opcode = roce_wire::Opcode(opcode);
-    r.bth.psn = Psn::new(psn);
+    edit(&mut r);
     r.bth.pad_count = ((4 - payload.len() % 4) % 4) as u8;
-    r.bth.ack_req = true;
-    r.ext = ext;
     r.payload_len = payload.len();
     let mut out = vec![0u8; r.buffer_len()];
     r.emit(&mut out, |b| b.copy_from_slice(payload)).unwrap();
