@@ -186,7 +186,11 @@ pub struct UdpConfig {
     pub ip_id: IpIdPolicy,
     /// Most per-source-port transmit sockets to open (file descriptors); default 1024.
     pub max_tx_sockets: usize,
-    /// `SO_RCVBUF` / `SO_SNDBUF` in bytes, if set (default 4 MiB; the kernel caps it at `rmem_max`/`wmem_max`).
+    /// `SO_RCVBUF` / `SO_SNDBUF` in bytes, if set (default 4 MiB). The receive buffer is set with
+    /// `SO_RCVBUFFORCE` when the process may (CAP_NET_ADMIN), so it is not capped by `net.core.rmem_max`; otherwise
+    /// (and always for the send buffer) the kernel caps it at `rmem_max`/`wmem_max`. A UC/UD message whose packets do
+    /// not all fit while the receiving thread is not scheduled is lost (nothing retransmits it), so a user of large
+    /// unreliable messages wants this above the largest message in flight.
     pub socket_buffer: Option<usize>,
     /// Receive path (default [`RxMode::Socket`]).
     pub rx: RxMode,
@@ -221,7 +225,8 @@ impl UdpConfig {
 pub struct UdpStats {
     /// Datagrams handed to the kernel.
     pub tx_frames: u64,
-    /// UDP payload bytes (BTH .. ICRC) handed to the kernel.
+    /// Bytes of the frames handed to the kernel (Ethernet header .. ICRC, as [`UdpStats::rx_bytes`] and the
+    /// engine's byte counters count them; the kernel sends the UDP payload of each).
     pub tx_bytes: u64,
     /// `sendmmsg(2)` calls made (successful or not); `tx_frames / tx_sendmmsg` is the average batch.
     pub tx_sendmmsg: u64,
@@ -325,6 +330,16 @@ impl core::fmt::Debug for UdpLink {
 
 fn io_ctx(e: io::Error, what: impl core::fmt::Display) -> LinkError {
     LinkError::Io(io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+/// The receive buffer of `s`: `SO_RCVBUFFORCE` (beyond `net.core.rmem_max`, needs CAP_NET_ADMIN), else `SO_RCVBUF`
+/// (capped by the kernel). Sizes above `c_int::MAX` are clamped.
+fn set_recv_buffer(s: &Socket, bytes: usize) -> io::Result<()> {
+    let n = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    match setopt(s, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, n) {
+        Ok(()) => Ok(()),
+        Err(_) => s.set_recv_buffer_size(bytes),
+    }
 }
 
 fn setopt(s: &Socket, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> io::Result<()> {
@@ -620,7 +635,7 @@ fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {
     attach_filter(&s, &rx_filter(cfg.local, cfg.port)).map_err(ctx("SO_ATTACH_FILTER"))?;
     setopt(&s, libc::SOL_PACKET, libc::PACKET_AUXDATA, 1).map_err(ctx("PACKET_AUXDATA"))?;
     if let Some(n) = cfg.socket_buffer {
-        s.set_recv_buffer_size(n).map_err(ctx("SO_RCVBUF"))?;
+        set_recv_buffer(&s, n).map_err(ctx("SO_RCVBUF"))?;
     }
     s.set_nonblocking(true).map_err(ctx("O_NONBLOCK"))?;
     let ethertype = if cfg.local.is_ipv6() {
@@ -828,7 +843,7 @@ impl UdpLink {
         if let Some(n) = cfg.socket_buffer {
             s.set_send_buffer_size(n).map_err(ctx("SO_SNDBUF"))?;
             if rx {
-                s.set_recv_buffer_size(n).map_err(ctx("SO_RCVBUF"))?;
+                set_recv_buffer(&s, n).map_err(ctx("SO_RCVBUF"))?;
             }
         }
         if cfg.local.is_ipv6() {
@@ -1099,7 +1114,8 @@ impl UdpLink {
                     for &slot in &self.tx_sel[off..off + k] {
                         let slot = usize::from(slot);
                         self.tx_done[slot] = true;
-                        self.stats.tx_bytes += self.tx_meta[slot].len as u64;
+                        let m = &self.tx_meta[slot];
+                        self.stats.tx_bytes += (m.off + m.len) as u64;
                     }
                     self.stats.tx_frames += k as u64;
                     off += k;

@@ -161,6 +161,10 @@ fn v4_bytes_in_equal_bytes_out_with_tos_ecn_ttl() {
     assert_eq!(sa.tx_ip_hdr_mismatch, 0);
     assert_eq!(sb.rx_frames, sent.len() as u64);
     assert_eq!(sb.rx_icrc_bad, 0);
+    // Both directions count whole frames (they used to count UDP payload out, frames in).
+    let frame_bytes: u64 = sent.iter().map(|f| f.len() as u64).sum();
+    assert_eq!(sa.tx_bytes, frame_bytes);
+    assert_eq!(sb.rx_bytes, frame_bytes);
     // One receive socket plus one source-port socket.
     assert_eq!(sa.tx_sockets, 2);
 }
