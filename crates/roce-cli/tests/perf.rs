@@ -361,13 +361,17 @@ fn metrics_are_served_while_running() {
 fn a_data_mismatch_fails_the_run() {
     let _serial = serial();
     // The hidden testing flag alters one verified byte (or the atomic counter) before verification.
-    for (i, t) in [
-        "write-bw",
-        "read-bw",
-        "atomic-bw",
-        "send-bw",
-        "send-lat",
-        "read-lat",
+    for (i, (t, c)) in [
+        ("write-bw", "RC"),
+        ("read-bw", "RC"),
+        ("atomic-bw", "RC"),
+        ("send-bw", "RC"),
+        ("send-lat", "RC"),
+        ("read-lat", "RC"),
+        ("write-lat", "RC"),
+        // UC WRITE tolerates a lost tail (zeros), never a wrong byte.
+        ("write-bw", "UC"),
+        ("send-bw", "UD"),
     ]
     .iter()
     .enumerate()
@@ -376,6 +380,8 @@ fn a_data_mismatch_fails_the_run() {
         let out = rocev2(&[
             "perf",
             t,
+            "-c",
+            c,
             "--loopback",
             "--loopback-ips",
             &ips,
@@ -393,6 +399,8 @@ fn a_data_mismatch_fails_the_run() {
         let out = rocev2(&[
             "perf",
             t,
+            "-c",
+            c,
             "--loopback",
             "--loopback-ips",
             &ips,
@@ -411,6 +419,8 @@ fn a_data_mismatch_fails_the_run() {
         let out = rocev2(&[
             "perf",
             t,
+            "-c",
+            c,
             "--loopback",
             "--loopback-ips",
             &ips,

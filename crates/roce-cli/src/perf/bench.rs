@@ -7,6 +7,14 @@
 //! 64; `K` = up to 16 slots (fewer for large sizes, at most 64 MiB of slots). Remote operations target the peer's
 //! slots (WRITE: slot `i mod K`; atomics: slot 0) or its transmit region (READ), by VA from the exchange.
 //!
+//! # Receive WRs
+//!
+//! A side that receives (the server of SEND and the ping-pong tests, the client of the ping-pong tests) posts its
+//! receive ring once, before the run: each receive covers a whole slot (`R` bytes, so it fits every size of a
+//! `-a` sweep) and is posted again into the same slot when it completes. The ring thus stays exactly as deep across
+//! sizes; receives posted for an earlier, smaller size never meet a larger message (which would be a length error,
+//! NAK invalid request on RC and a silent drop on UC/UD).
+//!
 //! # Verification
 //!
 //! The two sides use different byte patterns. After each size: WRITE → the server checks the slots the client
@@ -107,8 +115,9 @@ impl Session {
         }) as u32
     }
 
-    fn post_recv(&self, qp: usize, slot: u64, size: u64) -> Result<(), PostError> {
-        let sge = [self.mr.sge(self.slot_off(slot), self.recv_len(size))];
+    /// Posts one receive covering all of slot `slot mod K` (see "Receive WRs" above).
+    fn post_recv(&self, qp: usize, slot: u64) -> Result<(), PostError> {
+        let sge = [self.mr.sge(self.slot_off(slot), self.r as u32)];
         self.qps[qp].post_recv(&[RecvWr {
             wr_id: ((qp as u64) << 32) | (slot % self.k),
             sg_list: &sge,
@@ -142,13 +151,13 @@ impl Session {
         Ok(())
     }
 
-    /// `--debug-corrupt-before-verify`: flips byte 0 of slot 0 (after the UD GRH area) or bumps the atomic
-    /// counter, so that the verification that follows must fail.
-    fn sabotage(&self) -> Result<(), String> {
+    /// `--debug-corrupt-before-verify`: flips byte 0 of slot `slot` (after the UD GRH area) or bumps the atomic
+    /// counter (slot 0), so that the verification that follows must fail.
+    fn sabotage(&self, slot: u64) -> Result<(), String> {
         if !self.p.debug_corrupt {
             return Ok(());
         }
-        let off = self.slot_off(0) as usize;
+        let off = self.slot_off(slot) as usize;
         let skip = if self.p.conn == Conn::Ud {
             GRH as usize
         } else {
@@ -188,6 +197,29 @@ impl Session {
         }
         Ok(())
     }
+
+    /// UC WRITE: checks that slot `s` holds `side`'s pattern for `size` bytes, or a prefix of it followed by zeros
+    /// (the slot was zeroed before the size): a UC message that lost a packet is dropped from that packet on, with
+    /// nothing retransmitted (roce-proto `Responder::on_uc_request`: a PSN gap drops the partial message). Returns
+    /// whether the slot is complete; an error for any other byte.
+    fn check_slot_uc(&self, side: u8, s: u64, size: u64) -> Result<bool, String> {
+        let got = self
+            .mr
+            .read(self.slot_off(s) as usize, size as usize)
+            .map_err(|e| format!("reading slot {s}: {e}"))?;
+        let Some(cut) = (0..size).find(|&i| got[i as usize] != pattern(side, i)) else {
+            return Ok(true);
+        };
+        match (cut..size).find(|&i| got[i as usize] != 0) {
+            None => Ok(false),
+            Some(i) => Err(format!(
+                "data mismatch in receive slot {s} at byte {i}: got {:#04x}, expected {:#04x} (or 0 after a loss \
+                 from byte {cut})",
+                got[i as usize],
+                pattern(side, i)
+            )),
+        }
+    }
 }
 
 fn wc_error(wc: &Wc) -> String {
@@ -205,7 +237,7 @@ pub fn run_side(
     is_client: bool,
     out: &Output,
 ) -> Result<(), String> {
-    let r = match setup(ctx, p, o, out) {
+    let r = match setup(ctx, p, o, is_client, out) {
         Ok(s) => s,
         Err(e) => {
             o.send_error(&e);
@@ -246,7 +278,22 @@ pub fn run_side(
     Ok(())
 }
 
-fn setup(ctx: &Context, p: &Params, o: &mut Oob, out: &Output) -> Result<Session, String> {
+/// Receive WRs kept posted per QP by this side (0: it receives nothing).
+fn rx_ring(test: Test, is_client: bool) -> u32 {
+    match (test, is_client) {
+        (Test::SendBw, false) => RX_DEPTH,
+        (Test::SendLat | Test::WriteLat, _) => 16,
+        _ => 0,
+    }
+}
+
+fn setup(
+    ctx: &Context,
+    p: &Params,
+    o: &mut Oob,
+    is_client: bool,
+    out: &Output,
+) -> Result<Session, String> {
     let e = |what: &str| {
         let what = what.to_owned();
         move |e: roce_verbs::Error| format!("{what}: {e}")
@@ -361,9 +408,7 @@ fn setup(ctx: &Context, p: &Params, o: &mut Oob, out: &Output) -> Result<Session
         };
         ah = Some(pd.create_ah(&attr).map_err(e("create_ah"))?);
     }
-    o.sync("connected", json!({}), Duration::from_secs(30))
-        .map_err(|e| e.to_string())?;
-    Ok(Session {
+    let s = Session {
         pd,
         cq,
         chan,
@@ -376,7 +421,20 @@ fn setup(ctx: &Context, p: &Params, o: &mut Oob, out: &Output) -> Result<Session
         // The path MTU both sides use from here on (the banner shows it).
         p: Params { mtu, ..p.clone() },
         wcs: vec![Wc::default(); 64],
-    })
+    };
+    // The receive ring, once for the whole run (module docs, "Receive WRs"), before the peer may send.
+    for q in 0..s.qps.len() {
+        for slot in 0..u64::from(rx_ring(p.test, is_client)) {
+            s.post_recv(q, slot)
+                .map_err(|e| format!("post_recv: {e}"))?;
+        }
+        s.qps[q]
+            .sync()
+            .map_err(|e| format!("handing receives to the engine: {e}"))?;
+    }
+    o.sync("connected", json!({}), Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    Ok(s)
 }
 
 // ------------------------------------------------------------------------------------------------ client
@@ -385,17 +443,6 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
     o.sync("size", json!({ "size": size }), Duration::from_secs(30))
         .map_err(|e| e.to_string())?;
     s.prepare(CLIENT, size)?;
-    if matches!(s.p.test, Test::SendLat | Test::WriteLat) {
-        for q in 0..s.qps.len() {
-            for j in 0..16 {
-                s.post_recv(q, j, size)
-                    .map_err(|e| format!("post_recv: {e}"))?;
-            }
-            s.qps[q]
-                .sync()
-                .map_err(|e| format!("handing receives to the engine: {e}"))?;
-        }
-    }
     o.sync("ready", json!({}), Duration::from_secs(30))
         .map_err(|e| e.to_string())?;
     let test = s.p.test;
@@ -405,7 +452,7 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
         // Local verification (READ) before the server's.
         let mut local = Ok(());
         if s.p.verify && test == Test::ReadBw {
-            s.sabotage()?;
+            s.sabotage(0)?;
             local = (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(SERVER, slot, size));
         }
         let reply = o
@@ -428,14 +475,14 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
             report::bw_json(test.name(), conn, &res, verified),
         );
     } else {
-        let stats = client_lat(s, size)?;
+        let (stats, slot) = client_lat(s, size)?;
         let mut local = Ok(());
         if s.p.verify
             && matches!(test, Test::SendLat | Test::WriteLat | Test::ReadLat)
             && stats.count() > 0
         {
-            s.sabotage()?;
-            local = s.check_slot(SERVER, 0, size);
+            s.sabotage(slot)?;
+            local = s.check_slot(SERVER, slot, size);
         }
         let reply = o
             .sync(
@@ -704,8 +751,9 @@ pub(super) fn peak_bps(samples: &[(Duration, u64)], size: u64, elapsed: Duration
     best
 }
 
-/// The latency loop (one QP, one message in flight).
-fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
+/// The latency loop (one QP, one message in flight). Returns the statistics and the receive slot that holds the
+/// server's data (SEND: the slot of the last reply; WRITE and READ: slot 0, their target).
+fn client_lat(s: &mut Session, size: u64) -> Result<(LatStats, u64), String> {
     let p = s.p.clone();
     let mut stats = LatStats::new();
     let rkey = roce_proto::Rkey(s.remote.rkey);
@@ -716,7 +764,7 @@ fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
     };
     let t_start = Instant::now();
     let mut i = 0u64;
-    let mut recv_slot = 0u64;
+    let mut data_slot = 0u64;
     loop {
         if let Some(d) = p.duration {
             if t_start.elapsed() >= d {
@@ -761,9 +809,10 @@ fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
         let mut recv_done = !want_recv;
         while !(send_done && recv_done) {
             let n = s.poll();
-            for wc in &s.wcs[..n] {
+            for idx in 0..n {
+                let wc = s.wcs[idx];
                 if wc.status != WcStatus::Success {
-                    return Err(wc_error(wc));
+                    return Err(wc_error(&wc));
                 }
                 match wc.opcode {
                     WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
@@ -772,6 +821,13 @@ fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
                             stats.record((dt.as_nanos() / 2) as u64);
                             recv_done = true;
                         }
+                        // The same slot again: the ring stays as deep as it was posted.
+                        let slot = wc.wr_id & 0xFFFF_FFFF;
+                        if wc.opcode == WcOpcode::Recv {
+                            data_slot = slot;
+                        }
+                        s.post_recv(0, slot)
+                            .map_err(|e| format!("post_recv: {e}"))?;
                     }
                     _ => {
                         if !want_recv && !send_done {
@@ -792,14 +848,9 @@ fn client_lat(s: &mut Session, size: u64) -> Result<LatStats, String> {
                 ));
             }
         }
-        if want_recv {
-            s.post_recv(0, recv_slot, size)
-                .map_err(|e| format!("post_recv: {e}"))?;
-            recv_slot += 1;
-        }
         i += 1;
     }
-    Ok(stats)
+    Ok((stats, data_slot))
 }
 
 // ------------------------------------------------------------------------------------------------ server
@@ -814,23 +865,7 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
         .filter(|&x| x > 0 && x <= super::MAX_SIZE)
         .ok_or("bad size from the client")?;
     s.prepare(SERVER, size)?;
-    let active = matches!(s.p.test, Test::SendBw | Test::SendLat | Test::WriteLat);
-    let depth = if s.p.test == Test::SendBw {
-        u64::from(RX_DEPTH)
-    } else {
-        16
-    };
-    if active {
-        for q in 0..s.qps.len() {
-            for j in 0..depth {
-                s.post_recv(q, j, size)
-                    .map_err(|e| format!("post_recv: {e}"))?;
-            }
-            s.qps[q]
-                .sync()
-                .map_err(|e| format!("handing receives to the engine: {e}"))?;
-        }
-    }
+    let active = rx_ring(s.p.test, false) > 0;
     o.sync("ready", json!({}), Duration::from_secs(30))
         .map_err(|e| e.to_string())?;
     let Served {
@@ -859,14 +894,28 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
     let mut answer = json!({ "verified": Value::Null, "received": received });
     if s.p.verify {
         if !matches!(s.p.test, Test::ReadBw | Test::ReadLat) {
-            s.sabotage()?;
+            // SEND lands in whichever slot the ring offers: alter one that received.
+            let slot = used.iter().position(|&u| u).unwrap_or(0) as u64;
+            s.sabotage(slot)?;
         }
         let r = match s.p.test {
+            Test::WriteBw if s.p.conn == Conn::Uc => {
+                let slots = min_posted.min(s.k);
+                (0..slots)
+                    .map(|slot| s.check_slot_uc(CLIENT, slot, size))
+                    .collect::<Result<Vec<bool>, String>>()
+                    .and_then(|c| match c.iter().filter(|&&x| x).count() {
+                        0 if slots > 0 => Err(
+                            "no WRITE arrived complete (all lost: UC retransmits nothing)".into(),
+                        ),
+                        _ => Ok(()),
+                    })
+            }
             Test::WriteBw => {
                 (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(CLIENT, slot, size))
             }
-            Test::SendBw => server_check_send(s, &used, received, size, completed),
-            Test::SendLat | Test::WriteLat => {
+            Test::SendBw | Test::SendLat => server_check_send(s, &used, received, size, completed),
+            Test::WriteLat => {
                 if completed > 0 {
                     s.check_slot(CLIENT, 0, size)
                 } else {
@@ -1021,7 +1070,7 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
                         });
                     }
                 }
-                if let Err(e) = s.post_recv(q, slot, size) {
+                if let Err(e) = s.post_recv(q, slot) {
                     loop_err.get_or_insert_with(|| format!("post_recv: {e}"));
                 }
                 if test != Test::SendBw {

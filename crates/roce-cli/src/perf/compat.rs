@@ -195,6 +195,7 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
     let peer = x.peer_addr().ip();
     let (ctx, link_stats, rx) = super::open_udp(
         a,
+        p,
         local,
         peer,
         a.seed.wrapping_mul(2).wrapping_add(u64::from(is_client)),

@@ -644,10 +644,23 @@ fn runtime_cfg(a: &PerfArgs) -> RuntimeConfig {
     }
 }
 
+/// Receive buffer of the UDP link for a run of `p`: room for two of its largest messages (the kernel counts each
+/// datagram with its overhead), at least the link's default 4 MiB and at most 64 MiB. A UC/UD message whose packets
+/// overflow the buffer while the engine thread is not scheduled is lost for good, so a sweep up to 8 MiB needs more
+/// than the default (`UdpConfig::socket_buffer`).
+fn socket_buffer(p: &Params) -> usize {
+    let largest = p.sizes.iter().copied().max().unwrap_or(0);
+    usize::try_from(largest.saturating_mul(2))
+        .unwrap_or(usize::MAX)
+        .clamp(4 << 20, 64 << 20)
+}
+
 /// Opens a device on a UdpLink bound to `local`, frames from `peer` (decorated per the flags; receive mode per
-/// `--rx`); also returns the link's counters for `--stats` and the receive mode in use.
+/// `--rx`; receive buffer per [`socket_buffer`]); also returns the link's counters for `--stats` and the receive
+/// mode in use.
 fn open_udp(
     a: &PerfArgs,
+    p: &Params,
     local: IpAddr,
     peer: IpAddr,
     seed: u64,
@@ -661,6 +674,7 @@ fn open_udp(
             local_mac: mac_of(local),
             peer_mac: mac_of(peer),
             rx,
+            socket_buffer: Some(socket_buffer(p)),
             ..UdpConfig::new(local)
         };
         let tap_stats = Arc::clone(&link_stats);
@@ -900,6 +914,7 @@ fn server_session(
             }
             match open_udp(
                 a,
+                &params,
                 local,
                 peer,
                 a.seed.wrapping_mul(2),
@@ -976,7 +991,14 @@ fn client(
         None => {
             let local = o.local_addr().map_err(|e| e.to_string())?.ip();
             let peer = o.peer_addr().ip();
-            match open_udp(a, local, peer, a.seed.wrapping_mul(2).wrapping_add(1), true) {
+            match open_udp(
+                a,
+                params,
+                local,
+                peer,
+                a.seed.wrapping_mul(2).wrapping_add(1),
+                true,
+            ) {
                 Ok((c, s, rx)) => (c, Some((s, rx))),
                 Err(e) => {
                     o.send_error(&e);

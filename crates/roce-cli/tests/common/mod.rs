@@ -359,3 +359,66 @@ fn remove_stale() {
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
+
+/// One `rocev2 perf TEST -a -c CONN` sweep: the test and a transport perftest runs it over.
+#[derive(Clone, Copy, Debug)]
+pub struct SweepCase {
+    pub test: &'static str,
+    pub conn: &'static str,
+}
+
+/// Every perf test over every transport perftest allows it on: SEND over RC, UC and UD; WRITE over RC and UC;
+/// READ and atomics over RC.
+pub fn sweep_cases() -> Vec<SweepCase> {
+    let mut v = Vec::new();
+    for (test, conns) in [
+        ("send-bw", &["RC", "UC", "UD"][..]),
+        ("write-bw", &["RC", "UC"][..]),
+        ("read-bw", &["RC"][..]),
+        ("atomic-bw", &["RC"][..]),
+        ("send-lat", &["RC", "UC", "UD"][..]),
+        ("write-lat", &["RC", "UC"][..]),
+        ("read-lat", &["RC"][..]),
+        ("atomic-lat", &["RC"][..]),
+    ] {
+        for &conn in conns {
+            v.push(SweepCase { test, conn });
+        }
+    }
+    v
+}
+
+impl SweepCase {
+    /// The sizes `-a` must produce: 2 B .. 8 MiB in powers of two (UD: up to `ud_mtu`); atomics: 8 B only.
+    pub fn sizes(&self, ud_mtu: u64) -> Vec<u64> {
+        if self.test.starts_with("atomic") {
+            return vec![8];
+        }
+        (1..=23)
+            .map(|i| 1u64 << i)
+            .filter(|&s| self.conn != "UD" || s <= ud_mtu)
+            .collect()
+    }
+
+    /// Checks a sweep's `--json` lines: one per size in order, each of this test and transport, verified, with
+    /// `iters` iterations (RC; UC/UD bandwidth tests count what was sent, also `iters`).
+    pub fn check(&self, lines: &[Value], ud_mtu: u64, iters: u64) {
+        let got: Vec<u64> = lines
+            .iter()
+            .map(|v| v["size"].as_u64().unwrap_or(0))
+            .collect();
+        assert_eq!(
+            got,
+            self.sizes(ud_mtu),
+            "{} {}: sizes",
+            self.test,
+            self.conn
+        );
+        for v in lines {
+            assert_eq!(v["test"], self.test, "{v}");
+            assert_eq!(v["connection"], self.conn, "{v}");
+            assert_eq!(v["verified"], true, "{} {}: {v}", self.test, self.conn);
+            assert_eq!(v["iterations"], iters, "{} {}: {v}", self.test, self.conn);
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The size sweep `-a` of every `rocev2 perf` test over every transport perftest allows it on (RC, UC, UD), with
+//! both ends in one process over real UDP sockets (`--loopback`). A sweep exercises what a single size does not:
+//! state carried from one size to the next (receive WRs posted for the previous size, queue accounting, buffers
+//! sized for the largest message). Each run must end with exit 0 and one verified JSON result per size, in order.
+//!
+//! `-n 5` (perftest's minimum) keeps the 8 MiB end of the sweep quick; UD stops at the MTU (4096 on loopback).
+//! The same sweep between two network namespaces is in `netns_e2e.rs` (`every_test_sweeps_all_sizes_between_namespaces`).
+
+mod common;
+
+use common::{SweepCase, sweep_cases};
+use serde_json::Value;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Runs `case` with `-a` over loopback pair `127.0.<net>.1/.2` and checks every size (panics with the run's
+/// output on a failure).
+fn sweep_loopback(case: &SweepCase, net: u8) {
+    let ips = format!("127.0.{net}.1,127.0.{net}.2");
+    let args = [
+        "perf",
+        case.test,
+        "--loopback",
+        "--loopback-ips",
+        &ips,
+        "-a",
+        "-n",
+        "5",
+        "-c",
+        case.conn,
+        "--json",
+        "--timeout",
+        "20",
+    ];
+    let t0 = Instant::now();
+    let out = Command::new(common::bin())
+        .args(args)
+        .output()
+        .expect("run rocev2");
+    let took = t0.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{args:?} failed ({:?}) after {took:?}:\n{stdout}\n{stderr}",
+        out.status
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    case.check(&lines, 4096, 5);
+    eprintln!(
+        "{} {}: {} sizes in {took:?}",
+        case.test,
+        case.conn,
+        lines.len()
+    );
+    assert!(took < Duration::from_secs(120), "{args:?} took {took:?}");
+}
+
+/// Runs every case `pick` selects (all of them, so one failure does not hide the next) and fails listing those
+/// that failed.
+fn sweep_all(pick: impl Fn(&SweepCase) -> bool, first_net: u8) {
+    let _serial = common::serial();
+    let mut failed = Vec::new();
+    for (i, c) in sweep_cases().iter().filter(|c| pick(c)).enumerate() {
+        let r = std::panic::catch_unwind(|| sweep_loopback(c, first_net + i as u8));
+        if r.is_err() {
+            failed.push(format!("{} {}", c.test, c.conn));
+        }
+    }
+    assert!(failed.is_empty(), "sweeps failed: {failed:?}");
+}
+
+#[test]
+fn every_test_sweeps_all_sizes_over_loopback_rc() {
+    sweep_all(|c| c.conn == "RC", 60);
+}
+
+#[test]
+fn every_test_sweeps_all_sizes_over_loopback_uc_ud() {
+    sweep_all(|c| c.conn != "RC", 70);
+}
