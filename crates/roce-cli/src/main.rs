@@ -10,8 +10,11 @@
 //! * `pingpong [rc|ud] [SERVER]` — `ibv_rc_pingpong` / `ibv_ud_pingpong` compatible test that interoperates
 //!   with the rdma-core tools and Linux Soft-RoCE (see [`pingpong`]).
 //!
+//! * `bench engine [--json]` — the engine's send-path cost per core on a null link (see [`bench`]).
+//!
 //! `stats` will be added as a further subcommand.
 
+mod bench;
 mod capture;
 mod decode;
 mod link;
@@ -48,6 +51,8 @@ enum Command {
     /// ibv_rc_pingpong / ibv_ud_pingpong compatible test: server `rocev2 pingpong [rc|ud]`, client
     /// `rocev2 pingpong [rc|ud] SERVER`; interoperates with the rdma-core tools (use -g 1 on their side).
     Pingpong(Box<pingpong::PingpongArgs>),
+    /// Benchmarks: `rocev2 bench engine [--json]` measures the engine's send path per core on a null link.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
         Command::Decode(args) => decode_cmd(&args),
         Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }
 

@@ -31,12 +31,14 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod fault;
+pub mod null;
 pub mod pcap;
 mod pool;
 pub mod sim;
 pub mod udp;
 
 pub use fault::{Fault, FaultConfig, FaultStats, Faulty, GilbertElliott};
+pub use null::{NullLink, NullStats};
 pub use pcap::{Pcap, PcapMode};
 pub use roce_proto::time::Instant;
 pub use sim::{SimConfig, SimNet, SimPort, SimStats};
