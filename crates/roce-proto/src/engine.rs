@@ -270,8 +270,11 @@ impl Engine {
     }
 
     /// `ibv_dereg_mr`: returns the buffer ([`MrBuffer::downcast`] recovers its concrete type). Fails with `Busy`
-    /// while an in-flight WR (or a saved READ responder resource) holds a lease on the MR, `InvalidHandle` for an
-    /// unknown key.
+    /// while a posted, not yet completed local WR (send or receive SGE) holds a lease on the MR, `InvalidHandle` for
+    /// an unknown key. Remote access holds no lease: the responder resolves the R_Key again for every packet of an
+    /// RDMA WRITE or READ response stream (also for replays of a duplicate READ), so a peer's READ from the MR never
+    /// blocks deregistration, and a packet that arrives or is due after it gets NAK remote access error (rxe
+    /// "RDMA/rxe: Replace mr by rkey in responder resources", 2022).
     pub fn dereg_mr(&mut self, lkey: Lkey) -> Result<MrBuffer, ResourceError> {
         self.mrs.deregister(lkey)
     }
@@ -678,11 +681,8 @@ impl Engine {
             r = r.wrapping_add(1);
         }
         qp.rq.head = qp.rq.tail;
-        for res in qp.resp.res.iter_mut().filter(|r| r.valid) {
+        for res in qp.resp.res.iter_mut() {
             res.valid = false;
-            if !res.atomic && res.len > 0 {
-                mrs.release(res.mr.slot);
-            }
         }
         qp.resp.out.clear();
         qp.resp.msg = InMsg::None;
@@ -888,21 +888,7 @@ impl Engine {
         if set(QpAttrMask::MAX_DEST_RD_ATOMIC) || (cur == QpState::Init && to == QpState::Rtr) {
             let n = qp.attr.max_dest_rd_atomic.max(1) as usize;
             qp.resp.res.clear();
-            qp.resp.res.resize(
-                n,
-                RdResource {
-                    valid: false,
-                    atomic: false,
-                    psn: Psn::new(0),
-                    npsn: 0,
-                    va: 0,
-                    rkey: Rkey(0),
-                    len: 0,
-                    mr: crate::qp::NO_SEG.mr,
-                    orig: 0,
-                    msn: 0,
-                },
-            );
+            qp.resp.res.resize(n, RdResource::EMPTY);
             qp.resp.res_next = 0;
         }
         // Header template: built when the path is (re)defined on a connected QP (S13: the UDP source port is
@@ -1509,14 +1495,10 @@ impl Engine {
             qpn: Some(qpn),
             cq: None,
         });
-        // Responder resources and pending responses are dropped (their leases released); a fatal NAK stays owed.
-        let Engine { qps, mrs, .. } = self;
-        if let Some(qp) = qps[i].as_deref_mut() {
-            for res in qp.resp.res.iter_mut().filter(|r| r.valid) {
+        // Responder resources and pending responses are dropped; a fatal NAK stays owed.
+        if let Some(qp) = self.qps[i].as_deref_mut() {
+            for res in qp.resp.res.iter_mut() {
                 res.valid = false;
-                if !res.atomic && res.len > 0 {
-                    mrs.release(res.mr.slot);
-                }
             }
             qp.resp.out.clear();
             qp.resp.msg = InMsg::None;

@@ -239,6 +239,11 @@ impl RespItem {
 }
 
 /// A saved READ/atomic request (responder resources, `max_dest_rd_atomic` of them).
+///
+/// It keeps the request's R_Key and range, never a reference to (or a lease on) the MR: every READ response packet
+/// resolves `rkey` again, so the MR can be deregistered once the requester has its data, and a later packet of the
+/// stream or a replay for a duplicate naming a deregistered or invalidated R_Key gets NAK remote access error (rxe
+/// "RDMA/rxe: Replace mr by rkey in responder resources", 2022; `ROCEV2.md §5`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RdResource {
     pub(crate) valid: bool,
@@ -248,9 +253,22 @@ pub(crate) struct RdResource {
     pub(crate) va: u64,
     pub(crate) rkey: Rkey,
     pub(crate) len: u64,
-    pub(crate) mr: MrRef,
     pub(crate) orig: u64,
     pub(crate) msn: u32,
+}
+
+impl RdResource {
+    pub(crate) const EMPTY: RdResource = RdResource {
+        valid: false,
+        atomic: false,
+        psn: Psn::new(0),
+        npsn: 0,
+        va: 0,
+        rkey: Rkey(0),
+        len: 0,
+        orig: 0,
+        msn: 0,
+    };
 }
 
 /// The message the responder is in the middle of.
@@ -261,9 +279,11 @@ pub(crate) enum InMsg {
     Send {
         placed: u64,
     },
-    /// RDMA WRITE: destination and progress.
+    /// RDMA WRITE: the RETH's R_Key and VA (each packet resolves them again, like READ responses: see
+    /// [`RdResource`]), message length and bytes placed so far.
     Write {
-        mr: MrRef,
+        rkey: Rkey,
+        va: u64,
         len: u64,
         placed: u64,
     },

@@ -149,7 +149,7 @@ impl Engine {
             .as_deref()
             .is_some_and(|q| q.resp.out.front().is_some_and(|it| !it.is_control()))
         {
-            return self.emit_read_response(i, buf);
+            return self.emit_read_response(i, now, buf);
         }
         let Some(qp) = self.qps[i].as_deref() else {
             return Ok(None);

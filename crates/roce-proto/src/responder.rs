@@ -494,8 +494,13 @@ impl Engine {
                 if with_imm && qp.rq.head == qp.rq.tail {
                     return Exec::Rnr;
                 }
-                let (mr, len, placed) = match open {
-                    InMsg::Write { mr, len, placed } => (mr, len, placed),
+                let (rkey, va, len, placed) = match open {
+                    InMsg::Write {
+                        rkey,
+                        va,
+                        len,
+                        placed,
+                    } => (rkey, va, len, placed),
                     _ => {
                         let Some((va, rkey, dlen)) = pkt.ext.reth else {
                             return Exec::Fatal {
@@ -509,23 +514,25 @@ impl Engine {
                                 wc: None,
                             };
                         }
-                        match mrs.check_remote(
-                            Rkey(rkey),
-                            qp.pd,
-                            va,
-                            u64::from(dlen),
-                            AccessFlags::REMOTE_WRITE,
-                        ) {
-                            Ok(r) => (r, u64::from(dlen), 0),
-                            // A zero-length WRITE touches no memory: R_Key and VA are not checked (IBTA, rxe).
-                            Err(_) if dlen == 0 => (crate::qp::NO_SEG.mr, 0, 0),
-                            Err(_) => {
-                                return Exec::Fatal {
-                                    syndrome: NAK_REM_ACCESS,
-                                    wc: None,
-                                };
-                            }
+                        // The whole range is checked on the first packet; a zero-length WRITE touches no memory,
+                        // so its R_Key and VA are not checked (IBTA, rxe).
+                        if dlen > 0
+                            && mrs
+                                .check_remote(
+                                    Rkey(rkey),
+                                    qp.pd,
+                                    va,
+                                    u64::from(dlen),
+                                    AccessFlags::REMOTE_WRITE,
+                                )
+                                .is_err()
+                        {
+                            return Exec::Fatal {
+                                syndrome: NAK_REM_ACCESS,
+                                wc: None,
+                            };
                         }
+                        (Rkey(rkey), va, u64::from(dlen), 0)
                     }
                 };
                 let total = placed + plen;
@@ -537,14 +544,22 @@ impl Engine {
                     };
                 }
                 if plen > 0 {
-                    let dst = mrs.bytes_mut(
-                        crate::mr::MrRef {
-                            slot: mr.slot,
-                            offset: mr.offset + placed as usize,
-                        },
-                        plen as usize,
-                    );
-                    dst.copy_from_slice(pkt.payload);
+                    // Every packet resolves the R_Key again (no lease is held between packets, see `RdResource`):
+                    // the MR may have been deregistered or its R_Key invalidated since the message began.
+                    let Ok(dst) = mrs.check_remote(
+                        rkey,
+                        qp.pd,
+                        va.wrapping_add(placed),
+                        plen,
+                        AccessFlags::REMOTE_WRITE,
+                    ) else {
+                        return Exec::Fatal {
+                            syndrome: NAK_REM_ACCESS,
+                            wc: None,
+                        };
+                    };
+                    mrs.bytes_mut(dst, plen as usize)
+                        .copy_from_slice(pkt.payload);
                 }
                 if ends {
                     qp.resp.msg = InMsg::None;
@@ -575,7 +590,8 @@ impl Engine {
                     }
                 } else {
                     qp.resp.msg = InMsg::Write {
-                        mr,
+                        rkey,
+                        va,
                         len,
                         placed: total,
                     };
@@ -598,33 +614,30 @@ impl Engine {
                         wc: None,
                     };
                 }
-                let mr = match mrs.check_remote(
-                    Rkey(rkey),
-                    qp.pd,
-                    va,
-                    u64::from(dlen),
-                    AccessFlags::REMOTE_READ,
-                ) {
-                    Ok(r) => r,
-                    // A zero-length READ reads no memory: R_Key and VA are not checked (IBTA, rxe).
-                    Err(_) if dlen == 0 => crate::qp::NO_SEG.mr,
-                    Err(_) => {
-                        return Exec::Fatal {
-                            syndrome: NAK_REM_ACCESS,
-                            wc: None,
-                        };
-                    }
-                };
+                // A zero-length READ reads no memory: R_Key and VA are not checked (IBTA, rxe). The resource keeps
+                // the R_Key, not the MR: each response packet resolves it again (`RdResource`).
+                if dlen > 0
+                    && mrs
+                        .check_remote(
+                            Rkey(rkey),
+                            qp.pd,
+                            va,
+                            u64::from(dlen),
+                            AccessFlags::REMOTE_READ,
+                        )
+                        .is_err()
+                {
+                    return Exec::Fatal {
+                        syndrome: NAK_REM_ACCESS,
+                        wc: None,
+                    };
+                }
                 let Some(ri) = alloc_resource(&mut qp.resp) else {
                     // No responder resources (cannot happen once in RTR: at least one is sized there).
                     stats.drop_stale_response += 1;
                     return Exec::Drop;
                 };
-                release_resource(mrs, &mut qp.resp.res[ri]);
                 let npsn = crate::requester::packets_for(u64::from(dlen), qp.pmtu());
-                if dlen > 0 {
-                    mrs.lease(mr.slot);
-                }
                 qp.resp.res[ri] = RdResource {
                     valid: true,
                     atomic: false,
@@ -633,7 +646,6 @@ impl Engine {
                     va,
                     rkey: Rkey(rkey),
                     len: u64::from(dlen),
-                    mr,
                     orig: 0,
                     msn: (qp.resp.msn + 1) & 0xFF_FFFF,
                 };
@@ -676,7 +688,6 @@ impl Engine {
                     stats.drop_stale_response += 1;
                     return Exec::Drop;
                 };
-                release_resource(mrs, &mut qp.resp.res[ri]);
                 let cell = mrs.bytes_mut(mr, 8);
                 let mut b = [0u8; 8];
                 b.copy_from_slice(cell);
@@ -697,7 +708,6 @@ impl Engine {
                     va,
                     rkey: Rkey(rkey),
                     len: 8,
-                    mr,
                     orig,
                     msn,
                 };
@@ -980,8 +990,17 @@ impl Engine {
     pub(crate) fn emit_read_response(
         &mut self,
         i: usize,
+        now: Instant,
         buf: &mut [u8],
     ) -> Result<Option<TxMeta>, ()> {
+        let src = match self.read_response_source(i) {
+            Ok(src) => src,
+            Err(psn) => {
+                // IBTA: the NAK takes the place of the response packet that cannot be sent, with its PSN.
+                self.responder_fatal(i, psn, NAK_REM_ACCESS, None);
+                return self.emit_control(i, now, buf);
+            }
+        };
         let cnp_dscp = self.cfg.cnp_dscp;
         let Engine { qps, mrs, .. } = self;
         let Some(qp) = qps[i].as_deref_mut() else {
@@ -1026,12 +1045,11 @@ impl Engine {
         if buf.len() < need {
             return Err(());
         }
-        let src = crate::mr::MrRef {
-            slot: r.mr.slot,
-            offset: r.mr.offset + offset as usize,
-        };
         let Some(len) = wire::emit(buf, tmpl, tmpl.sport, &hdr, &ext, plen as usize, |out| {
-            out.copy_from_slice(mrs.bytes(src, out.len()));
+            let bytes = mrs.bytes(src, out.len());
+            if bytes.len() == out.len() {
+                out.copy_from_slice(bytes);
+            }
         }) else {
             return Err(());
         };
@@ -1057,6 +1075,41 @@ impl Engine {
             ecn,
             kind: TxKind::ReadResponse,
         }))
+    }
+}
+
+impl Engine {
+    /// Where the next READ response packet of QP index `i` reads its payload, or `Err(psn)` with that packet's PSN
+    /// if the R_Key no longer grants the range (MR deregistered, R_Key invalidated): responder resources keep the
+    /// R_Key, not the MR (`RdResource`), so each packet, first transmission or replay, resolves it again (rxe
+    /// `read_reply` rechecks the rkey the same way). A zero-length packet reads nothing and is never refused.
+    fn read_response_source(&self, i: usize) -> Result<crate::mr::MrRef, Psn> {
+        let none = crate::qp::NO_SEG.mr;
+        let Some(qp) = self.qps.get(i).and_then(|q| q.as_deref()) else {
+            return Ok(none);
+        };
+        let Some(&RespItem::Read {
+            res, psn, offset, ..
+        }) = qp.resp.out.front()
+        else {
+            return Ok(none);
+        };
+        let Some(r) = qp.resp.res.get(res as usize) else {
+            return Ok(none);
+        };
+        let plen = r.len.saturating_sub(offset).min(u64::from(qp.pmtu()));
+        if plen == 0 {
+            return Ok(none);
+        }
+        self.mrs
+            .check_remote(
+                r.rkey,
+                qp.pd,
+                r.va.wrapping_add(offset),
+                plen,
+                AccessFlags::REMOTE_READ,
+            )
+            .map_err(|_| psn)
     }
 }
 
@@ -1092,11 +1145,4 @@ fn alloc_resource(resp: &mut crate::qp::RespCtx) -> Option<usize> {
         resp.out.remove(pos);
     }
     Some(ri)
-}
-
-fn release_resource(mrs: &mut crate::mr::MrTable, r: &mut RdResource) {
-    if r.valid && !r.atomic && r.len > 0 {
-        mrs.release(r.mr.slot);
-    }
-    r.valid = false;
 }

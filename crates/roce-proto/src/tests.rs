@@ -5,5 +5,6 @@ mod hostile_tests;
 mod loss_tests;
 mod pair_tests;
 mod random_tests;
+mod responder_tests;
 mod state_tests;
 mod util;
