@@ -2,6 +2,7 @@
 
 use core::time::Duration;
 
+use crate::sched::SchedConfig;
 use crate::verbs::{Gid, Mtu};
 
 /// Limits the engine enforces and reports through [`crate::Engine::query_device`] (`ibv_device_attr`).
@@ -96,6 +97,8 @@ pub struct EngineConfig {
     pub cnp_dscp: u8,
     /// Mark data packets ECT(0) (ECN-capable, `ROCEV2.md §1.4`). ACKs/NAKs are sent Not-ECT.
     pub ecn_data: bool,
+    /// Send scheduler and shapers (`crate::sched`, `DCQCN.md §7, §9`).
+    pub sched: SchedConfig,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +115,7 @@ impl Default for EngineConfig {
             cnp_interval: Duration::from_micros(50),
             cnp_dscp: 48,
             ecn_data: true,
+            sched: SchedConfig::default(),
         }
     }
 }

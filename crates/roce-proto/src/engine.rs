@@ -10,6 +10,7 @@ use crate::mr::{MrBuffer, MrTable};
 use crate::qp::{
     InMsg, Qp, RdResource, RecvQueue, RecvWqe, ReqCtx, RespCtx, Seg, SendQueue, SendWqe,
 };
+use crate::sched::{QpShape, Scheduler};
 use crate::state::check_modify;
 use crate::stats::Counters;
 use crate::time::Instant;
@@ -55,17 +56,22 @@ pub enum TxKind {
 /// A QP dump: state, PSNs, queue depths, retry counters, timers and non-zero counters ([`Engine::qp_display`]).
 pub struct QpDump<'a> {
     qp: &'a Qp,
+    shape: Option<&'a QpShape>,
 }
 
 impl core::fmt::Display for QpDump<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        core::fmt::Display::fmt(self.qp, f)
+        core::fmt::Display::fmt(self.qp, f)?;
+        if let Some(s) = self.shape {
+            write!(f, "\n  shaper: {s}")?;
+        }
+        Ok(())
     }
 }
 
 impl core::fmt::Debug for QpDump<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        core::fmt::Display::fmt(self.qp, f)
+        core::fmt::Display::fmt(self, f)
     }
 }
 
@@ -131,6 +137,8 @@ pub struct Engine {
     /// once, capacity reserved at `create_cq`).
     pub(crate) cq_ready: VecDeque<u32>,
     pub(crate) stats: Counters,
+    /// Shapers (and, later, the class scheduler): `crate::sched`.
+    pub(crate) sched: Scheduler,
     pub(crate) rng: u64,
     pub(crate) ip_id: u16,
     /// Timer generation base for the next QP (see `QpTimers::with_base`).
@@ -160,6 +168,7 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Engine {
         let mut rng = cfg.seed;
         let ip_id = splitmix(&mut rng) as u16;
+        let sched = Scheduler::new(cfg.sched.clone());
         Engine {
             cfg,
             pds: Vec::new(),
@@ -175,6 +184,7 @@ impl Engine {
             events: VecDeque::new(),
             cq_ready: VecDeque::new(),
             stats: Counters::default(),
+            sched,
             rng,
             ip_id,
             timer_epoch: 0,
@@ -601,6 +611,7 @@ impl Engine {
             comm_est: false,
         };
         self.timer_epoch = self.timer_epoch.wrapping_add(1 << 20);
+        self.sched.add_qp(idx, qp.pmtu());
         self.qps[idx] = Some(Box::new(qp));
         self.live_qps += 1;
         self.reserve_per_qp();
@@ -626,18 +637,89 @@ impl Engine {
         self.events.reserve(2 * self.live_qps as usize);
     }
 
-    /// Replaces the QP's rate controller (the DCQCN seam; default [`FixedRate::unlimited`]).
+    /// Replaces the QP's rate controller (the DCQCN seam, `crate::cc`; default [`FixedRate::unlimited`]). The QP's
+    /// bucket starts full at the new controller's rate (capped by the QP's limit).
     pub fn set_rate_controller(
         &mut self,
         qpn: Qpn,
         rc: Box<dyn RateController>,
     ) -> Result<(), ResourceError> {
         let i = self.qidx(qpn).ok_or(ResourceError::InvalidHandle("qpn"))?;
+        let rate = rc.rate_bps();
         if let Some(q) = self.qps[i].as_mut() {
             q.rate = rc;
         }
         self.arm_rate_timer(i);
+        self.sched.reset_qp(i, rate);
+        self.reshaped(i);
         Ok(())
+    }
+
+    /// Sets a QP's own rate limit and bucket depth, like `ibv_modify_qp_rate_limit(rate_limit, max_burst_sz)`
+    /// (`DCQCN.md §8`): `rate_bps` caps the rate its controller computes (`None` or 0 = no cap; the QP then runs at
+    /// its controller's rate, unlimited by default), `burst_bytes` sets its token-bucket depth (`None` = the
+    /// configured default, `SchedConfig`; always at least one frame, so `Some(0)` means per-packet pacing). The bucket
+    /// starts full. Errors: `InvalidHandle` for an unknown QPN.
+    pub fn set_qp_rate_limit(
+        &mut self,
+        qpn: Qpn,
+        rate_bps: Option<u64>,
+        burst_bytes: Option<u64>,
+    ) -> Result<(), ResourceError> {
+        let i = self.qidx(qpn).ok_or(ResourceError::InvalidHandle("qpn"))?;
+        let ctl = self.qps[i].as_deref().and_then(|q| q.rate.rate_bps());
+        self.sched
+            .set_limit(i, rate_bps.filter(|&r| r > 0), burst_bytes, ctl);
+        self.reshaped(i);
+        Ok(())
+    }
+
+    /// After a bucket was replaced: a QP waiting for its `Shaper` timer is re-timed.
+    fn reshaped(&mut self, i: usize) {
+        let now = self.sched.now();
+        let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) else {
+            return;
+        };
+        let Some(s) = self.sched.qp_mut(i) else {
+            return;
+        };
+        if s.parked {
+            let at = s.eligible_at(now);
+            let qpn = qp.qpn.value();
+            self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
+        }
+    }
+
+    /// The rate a QP is shaped to now, in bit/s (`None` = unlimited): the smaller of its controller's rate and its
+    /// own limit.
+    pub fn qp_rate_bps(&self, qpn: Qpn) -> Option<u64> {
+        let i = self.qidx(qpn)?;
+        self.sched.qp(i).and_then(|s| s.bucket.rate_bps())
+    }
+
+    /// Re-reads the QP's controller rate (after any call into the controller, STYLE E5 seam) and hands it to the
+    /// QP's bucket; if the rate changed while the QP waits for its `Shaper` timer, the departure is re-timed
+    /// (`DCQCN.md §2.3 R7`).
+    pub(crate) fn apply_rate(&mut self, i: usize, now: Instant) {
+        let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) else {
+            return;
+        };
+        let Some(s) = self.sched.qp_mut(i) else {
+            return;
+        };
+        let line = self.cfg.sched.line_rate_bps;
+        if !s.apply(now, qp.rate.rate_bps(), line) || !s.parked {
+            return;
+        }
+        let at = s.eligible_at(now);
+        if at <= now {
+            s.parked = false;
+            Timers::cancel(&mut qp.timers, TimerKind::Shaper);
+            self.kick(i);
+        } else {
+            let qpn = qp.qpn.value();
+            self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
+        }
     }
 
     /// `ibv_destroy_qp`. Outstanding WRs are discarded without completions (like libibverbs), their MR leases
@@ -719,12 +801,16 @@ impl Engine {
 
     /// A human-readable dump of a QP (state, PSNs, queue depths, retry counters, timers, non-zero counters).
     pub fn qp_dump(&self, qpn: Qpn) -> Option<String> {
-        self.qp(qpn).map(|q| q.to_string())
+        self.qp_display(qpn).map(|d| d.to_string())
     }
 
     /// The same dump as a borrowed [`core::fmt::Display`] value (no allocation until formatted).
     pub fn qp_display(&self, qpn: Qpn) -> Option<QpDump<'_>> {
-        self.qp(qpn).map(|qp| QpDump { qp })
+        let i = self.qidx(qpn)?;
+        self.qp(qpn).map(|qp| QpDump {
+            qp,
+            shape: self.sched.qp(i),
+        })
     }
 
     /// QPNs of all live QPs, ascending (control path: scans the QP table).
@@ -934,6 +1020,8 @@ impl Engine {
         if to == QpState::Rts {
             qp.sqd_notified = false;
         }
+        let pmtu = qp.pmtu();
+        self.sched.set_pmtu(i, pmtu);
         match to {
             QpState::Reset => {
                 self.release_all(i);
@@ -947,6 +1035,9 @@ impl Engine {
                         Timers::cancel(&mut qp.timers, k);
                     }
                     qp.tmpl = None;
+                    if let Some(s) = self.sched.qp_mut(i) {
+                        s.parked = false;
+                    }
                     qp.resp.cnp_pending = false;
                     qp.resp.fatal_nak = None;
                     qp.req.rnr_wait = false;
@@ -1273,6 +1364,7 @@ impl Engine {
     /// Processes every timer due at `now` (ACK timeouts → go-back-N or RETRY_EXC_ERR, RNR waits → retransmit,
     /// shaper waits → the QP becomes runnable).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.sched.observe(now);
         while let Some((at, q, _, _)) = self.timers.peek() {
             if at > now {
                 break;
@@ -1285,12 +1377,18 @@ impl Engine {
             match kind {
                 TimerKind::AckTimeout => self.on_ack_timeout(i, now),
                 TimerKind::RnrRetry => self.on_rnr_timer(i),
-                TimerKind::Shaper => self.kick(i),
+                TimerKind::Shaper => {
+                    if let Some(s) = self.sched.qp_mut(i) {
+                        s.parked = false;
+                    }
+                    self.kick(i);
+                }
                 TimerKind::RateTimer => {
                     if let Some(qp) = self.qps[i].as_deref_mut() {
                         qp.rate.on_timer(now);
                     }
                     self.arm_rate_timer(i);
+                    self.apply_rate(i, now);
                     self.kick(i);
                 }
             }
@@ -1320,6 +1418,7 @@ impl Engine {
     /// (no PSN, no state change) and `None` is returned; `tx_refused` counts it (S05).
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxMeta> {
+        self.sched.observe(now);
         // Control tier.
         let mut budget = self.ctrl_q.len();
         while budget > 0 {
@@ -1363,18 +1462,25 @@ impl Engine {
                 continue;
             };
             qp.in_data_q = false;
-            let at = qp.rate.eligible_at(now);
-            if at > now {
-                let qpn = qp.qpn.value();
-                self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
-                continue;
+            if let Some(s) = self.sched.qp_mut(i) {
+                let at = s.eligible_at(now);
+                if at > now {
+                    s.parked = true;
+                    let qpn = qp.qpn.value();
+                    self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
+                    continue;
+                }
             }
             match self.emit_data(i, now, buf) {
                 Ok(Some(meta)) => {
+                    if let Some(s) = self.sched.qp_mut(i) {
+                        s.bucket.consume(now, meta.len);
+                    }
                     if let Some(qp) = self.qps[i].as_deref_mut() {
                         qp.rate.on_tx(now, meta.len);
                     }
                     self.arm_rate_timer(i);
+                    self.apply_rate(i, now);
                     self.kick(i);
                     self.account_tx(i, &meta);
                     return Some(meta);
@@ -1421,7 +1527,8 @@ impl Engine {
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
         };
-        if !qp.in_data_q && Self::has_data_work(qp) {
+        let parked = self.sched.qp(i).is_some_and(|s| s.parked);
+        if !qp.in_data_q && !parked && Self::has_data_work(qp) {
             qp.in_data_q = true;
             self.data_q.push_back(i as u32);
         }
@@ -1439,7 +1546,8 @@ impl Engine {
             self.ctrl_q.push_back(i as u32);
         }
         let read = qp.resp.out.front().is_some_and(|it| !it.is_control());
-        if read && !qp.in_data_q {
+        let parked = self.sched.qp(i).is_some_and(|s| s.parked);
+        if read && !qp.in_data_q && !parked {
             qp.in_data_q = true;
             self.data_q.push_back(i as u32);
         }
@@ -1489,6 +1597,9 @@ impl Engine {
             Timers::cancel(&mut qp.timers, k);
         }
         qp.req.rnr_wait = false;
+        if let Some(s) = self.sched.qp_mut(i) {
+            s.parked = false;
+        }
         let qpn = qp.qpn;
         self.events.push_back(AsyncEvent {
             event_type: AsyncEventType::QpFatal,

@@ -94,6 +94,7 @@ mod mr;
 mod qp;
 mod requester;
 mod responder;
+pub mod sched;
 pub mod state;
 pub mod stats;
 pub mod time;
@@ -111,6 +112,7 @@ pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, Resource
 pub use mr::{MrBuffer, MrMemory};
 pub use requester::{local_ack_timeout, packets_for};
 pub use roce_wire::{Msn, Psn, Qpn};
+pub use sched::{SchedConfig, TokenBucket};
 pub use stats::Counters;
 pub use time::Instant;
 pub use timer::TimerKind;

@@ -155,7 +155,9 @@ impl Engine {
         self.stats.rp_cnp_handled += 1;
         qp.counters.rp_cnp_handled += 1;
         qp.rate.on_cnp(now);
+        self.sched.observe(now);
         self.arm_rate_timer(i);
+        self.apply_rate(i, now);
         self.kick(i);
     }
 

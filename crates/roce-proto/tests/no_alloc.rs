@@ -882,9 +882,6 @@ static TICKS: AtomicU64 = AtomicU64::new(0);
 impl RateController for Ticking {
     fn on_tx(&mut self, _now: Instant, _bytes: usize) {}
     fn on_cnp(&mut self, _now: Instant) {}
-    fn eligible_at(&self, now: Instant) -> Instant {
-        now
-    }
     fn rate_bps(&self) -> Option<u64> {
         None
     }
@@ -903,7 +900,9 @@ fn run(loss_permille: u32, ce_every: u32, rnr_every: u64, warmup: u64, iters: u6
     let (a, b) = connect(&mut net, 8);
     post_unrel_recvs(&mut net, &b, b.ud, UD_RECVS);
     post_unrel_recvs(&mut net, &b, b.uc, UC_RECVS);
-    // Rate-controller paths: B's RC QP is paced (Shaper timer), A's UC QP has a controller with its own timer.
+    // Rate-controller paths: B's RC QP is paced per packet (a one-frame bucket, so its Shaper timer runs), A's UC
+    // QP has a controller with its own timer.
+    net.b.set_qp_rate_limit(b.rc, None, Some(0)).unwrap();
     net.b
         .set_rate_controller(b.rc, Box::new(FixedRate::with_rate(20_000_000_000)))
         .unwrap();

@@ -43,7 +43,7 @@ struct ReadRun {
     bandwidth_bps: u64,
     /// One-way propagation delay of the link.
     propagation: Duration,
-    /// Pacing rate of the responder's QP in bit/s (0: unpaced). Below the link rate, READ responses wait in the
+    /// Pacing rate of the responder's QP in bit/s, per packet (0: unpaced). Below the link rate, READ responses wait in the
     /// responder's own queue (as when its CPU, not the wire, is the bottleneck), so duplicate READs and new READs
     /// meet queued response streams.
     responder_rate_bps: u64,
@@ -123,7 +123,7 @@ fn run(r: ReadRun) -> Result<ReadOutcome, String> {
     let (a, b) = connect(&mut p, &o);
     if r.responder_rate_bps > 0 {
         p.b()
-            .set_rate_controller(b.qpn, Box::new(FixedRate::with_rate(r.responder_rate_bps)))
+            .set_qp_rate_limit(b.qpn, Some(r.responder_rate_bps), Some(0))
             .map_err(|e| format!("{e:?}"))?;
     }
     let slot = u64::from(r.size.max(8)).div_ceil(64) * 64;
@@ -360,8 +360,8 @@ fn queued_replay_of_the_oldest_read_does_not_evict_a_newer_one() {
     };
     let (a, b) = connect(&mut p, &o);
     p.b()
-        .set_rate_controller(b.qpn, Box::new(FixedRate::with_rate(25_000_000)))
-        .expect("rate controller");
+        .set_qp_rate_limit(b.qpn, Some(25_000_000), Some(0))
+        .expect("rate limit");
     let dst = reg(&mut p, a, 3 * 4096, |_| 0);
     let src = reg(&mut p, b, 3 * 4096, |i| (i * 7 + (i >> 8)) as u8);
     // Responder frames: X F/M/L, Y F, Y F (restart), Y M (restart) ← dropped.

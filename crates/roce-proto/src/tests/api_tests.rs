@@ -691,9 +691,11 @@ fn zero_length_read_and_write() {
 #[test]
 fn rate_controller_seam_parks_the_qp() {
     let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
-    // 8 Mbit/s: a 1 KiB frame every ~1 ms.
+    // 8 Mbit/s: a 1 KiB frame every ~1 ms; a bucket of one frame (per-packet pacing, `DCQCN.md §7 TB6`).
+    p.a.set_qp_rate_limit(a.qpn, None, Some(0)).unwrap();
     p.a.set_rate_controller(a.qpn, Box::new(FixedRate::with_rate(8_000_000)))
         .unwrap();
+    assert_eq!(p.a.qp_rate_bps(a.qpn), Some(8_000_000));
     p.b.post_recv(
         b.qpn,
         &[RecvWr {
@@ -790,9 +792,6 @@ impl RateController for Probe {
         self.cnps += 1;
         self.due = Some(now + Duration::from_micros(10));
     }
-    fn eligible_at(&self, now: Instant) -> Instant {
-        now
-    }
     fn rate_bps(&self) -> Option<u64> {
         None
     }
@@ -839,6 +838,128 @@ fn rate_controller_gets_cnps_and_its_timer() {
     assert_eq!(p.a.counters().rp_cnp_handled, 1);
     assert_eq!(fired.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert!(p.a.qp_dump(a.qpn).unwrap().contains("cnps: 1"));
+}
+
+/// A controller at 10 Gb/s that drops to 1 Gb/s on a CNP and returns to 10 Gb/s 200 µs later (its timer).
+#[derive(Debug)]
+struct CutAndRecover {
+    rate: u64,
+    due: Option<Instant>,
+}
+
+impl RateController for CutAndRecover {
+    fn on_tx(&mut self, _now: Instant, _bytes: usize) {}
+    fn on_cnp(&mut self, now: Instant) {
+        self.rate = 1_000_000_000;
+        self.due = Some(now + Duration::from_micros(200));
+    }
+    fn rate_bps(&self) -> Option<u64> {
+        Some(self.rate)
+    }
+    fn next_timer(&self) -> Option<Instant> {
+        self.due
+    }
+    fn on_timer(&mut self, _now: Instant) {
+        self.rate = 10_000_000_000;
+        self.due = None;
+    }
+}
+
+/// The rate seam (`crate::cc`, `DCQCN.md §7 TB5`, `§2.3 R7`): the engine re-reads the controller's rate after a CNP
+/// and after its timer. The cut clamps the bucket (187.5 KB deep by default) to a tenth, so right after the CNP the
+/// QP sends at most that tenth plus what 1 Gb/s earns — not the ~80 KB left in the bucket; the increase re-times the
+/// QP waiting for its next departure at once.
+#[test]
+fn rate_cut_clamps_the_bucket_and_an_increase_retimes_the_qp() {
+    let (mut p, a, _b, _ma, _mb) = setup(&ConnOpts::default());
+    let src = mr(&mut p.a, a.pd, 100 * 1024, |i| i as u8);
+    let dst = mr(&mut p.b, _b.pd, 100 * 1024, |_| 0);
+    p.a.set_rate_controller(
+        a.qpn,
+        Box::new(CutAndRecover {
+            rate: 10_000_000_000,
+            due: None,
+        }),
+    )
+    .unwrap();
+    let depth = p.a.config().sched.bdp_depth_bytes();
+    assert_eq!(depth, 187_500);
+    let write = |p: &mut Pair, id: u64| {
+        p.a.post_send(
+            a.qpn,
+            &[SendWr::new(
+                id,
+                SendOp::RdmaWrite {
+                    remote_addr: dst.addr,
+                    rkey: dst.rkey,
+                },
+                &[sge(&src, 0, 100 * 1024)],
+            )
+            .signaled()],
+        )
+        .unwrap();
+    };
+    // The wire marks A's frames CE, so B's notification point answers the first with a CNP (one per 50 µs).
+    p.filter = Box::new(|d, f| {
+        if d == Dir::AtoB {
+            f[15] |= 3;
+        }
+        true
+    });
+    // 100 frames of 1 KiB leave at once from the full bucket (about 108 KB of 187.5 KB).
+    write(&mut p, 1);
+    p.transmit();
+    let t0 = p.now;
+    assert_eq!(p.captured.iter().filter(|c| c.1 == Dir::AtoB).count(), 100);
+    let mut t_cnp = t0;
+    while p.a.counters().rp_cnp_handled == 0 {
+        assert!(p.step() && p.now < t0 + Duration::from_micros(10), "no CNP");
+        t_cnp = p.now;
+    }
+    // The CNP cut 10 → 1 Gb/s; marking stops; now the second WRITE.
+    assert_eq!(p.a.qp_rate_bps(a.qpn), Some(1_000_000_000));
+    p.filter = Box::new(|_, _| true);
+    write(&mut p, 2);
+    let before = p.captured.len();
+    p.drive_for(Duration::from_millis(2));
+    assert_eq!(p.a.counters().rp_cnp_handled, 1, "one CNP");
+    assert_eq!(
+        poll_all(&mut p.a, a.cq)
+            .iter()
+            .map(|w| w.status)
+            .collect::<Vec<_>>(),
+        vec![WcStatus::Success; 2]
+    );
+    let second: Vec<(Instant, usize)> = p.captured[before..]
+        .iter()
+        .filter(|c| c.1 == Dir::AtoB)
+        .map(|c| (c.0, c.2.len()))
+        .collect();
+    // Bytes of the second WRITE sent in the 10 µs after the CNP: ≤ depth/10 + 1 Gb/s · 10 µs (TB5 check (d)).
+    let early: usize = second
+        .iter()
+        .filter(|(t, _)| *t <= t_cnp + Duration::from_micros(10))
+        .map(|x| x.1)
+        .sum();
+    assert!(
+        early as u64 <= depth / 10 + 1_250,
+        "{early} bytes within 10 µs of the cut"
+    );
+    // At 10 Gb/s again from t_cnp + 200 µs: the QP, parked for its next 1 Gb/s departure (≈ 8.6 µs apart), leaves
+    // within one 10 Gb/s frame time (≈ 0.9 µs) of the increase, and the WRITE finishes soon after.
+    let t_inc = t_cnp + Duration::from_micros(200);
+    let (after, _) = *second
+        .iter()
+        .find(|(t, _)| *t >= t_inc)
+        .expect("frames after the increase");
+    assert!(
+        after - t_inc <= Duration::from_nanos(1_000),
+        "first departure after the increase at +{:?}",
+        after - t_inc
+    );
+    let last = second.last().unwrap().0;
+    assert!(last - t0 < Duration::from_micros(300), "{:?}", last - t0);
+    assert_eq!(p.a.qp_rate_bps(a.qpn), Some(10_000_000_000));
 }
 
 #[test]
