@@ -244,19 +244,44 @@ impl Engine {
         Ok(())
     }
 
-    /// `ibv_reg_mr`: the engine takes ownership of `buffer` (STYLE V2) and assigns it a virtual address range.
-    /// Use [`mr_read`](Self::mr_read) / [`mr_write`](Self::mr_write) / [`mr_bytes`](Self::mr_bytes) to access it and
-    /// [`dereg_mr`](Self::dereg_mr) to get it back.
+    /// `ibv_reg_mr`: the engine takes `buffer` (STYLE V2) and assigns it a virtual address range of its own.
+    /// [`mr_read`](Self::mr_read) / [`mr_write`](Self::mr_write) / [`mr_bytes`](Self::mr_bytes) copy its bytes;
+    /// [`dereg_mr`](Self::dereg_mr) gives it back.
     ///
     /// `buffer` is anything that converts into an [`MrBuffer`]: `Vec<u8>`, `Box<[u8]>`, `&[u8]` (copied), `[u8; N]`
-    /// or any [`MrMemory`](crate::MrMemory) (e.g. huge-page memory mapped by a driver); the MR's length is its
-    /// length in bytes at this call. Errors: `InvalidHandle` (dead PD), `Exhausted` (`max_mr`), `InvalidArgument` (longer than
-    /// `max_mr_size`, or REMOTE_WRITE/REMOTE_ATOMIC without LOCAL_WRITE); on error the buffer is dropped.
+    /// or any [`MrMemory`](crate::MrMemory) (memory the application keeps using, e.g. roce-verbs' `MrBuf`); the MR's
+    /// length is its length in bytes at this call. Errors: `InvalidHandle` (dead PD), `Exhausted` (`max_mr`),
+    /// `InvalidArgument` (longer than `max_mr_size`, or REMOTE_WRITE/REMOTE_ATOMIC without LOCAL_WRITE); on error the
+    /// buffer is dropped.
     pub fn reg_mr(
         &mut self,
         pd: PdHandle,
         buffer: impl Into<MrBuffer>,
         access: AccessFlags,
+    ) -> Result<MrInfo, ResourceError> {
+        self.reg_mr_inner(pd, buffer.into(), access, None)
+    }
+
+    /// `ibv_reg_mr_iova`: like [`reg_mr`](Self::reg_mr), but the MR's byte 0 has virtual address `iova` (for memory
+    /// the application owns, usually its own address, so SGEs and peers use application pointers as with
+    /// `ibv_reg_mr`). MRs may overlap in address space; keys tell them apart. Errors as `reg_mr`, plus
+    /// `InvalidArgument` if `iova + length` overflows 64 bits.
+    pub fn reg_mr_iova(
+        &mut self,
+        pd: PdHandle,
+        buffer: impl Into<MrBuffer>,
+        access: AccessFlags,
+        iova: u64,
+    ) -> Result<MrInfo, ResourceError> {
+        self.reg_mr_inner(pd, buffer.into(), access, Some(iova))
+    }
+
+    fn reg_mr_inner(
+        &mut self,
+        pd: PdHandle,
+        buf: MrBuffer,
+        access: AccessFlags,
+        iova: Option<u64>,
     ) -> Result<MrInfo, ResourceError> {
         if !self.pd_live(pd) {
             return Err(ResourceError::InvalidHandle("pd"));
@@ -264,9 +289,11 @@ impl Engine {
         if self.mrs.len() >= self.cfg.device.max_mr {
             return Err(ResourceError::Exhausted("max_mr"));
         }
-        let buf = buffer.into();
         if buf.len() as u64 > self.cfg.device.max_mr_size {
             return Err(ResourceError::InvalidArgument("MR larger than max_mr_size"));
+        }
+        if iova.is_some_and(|a| a.checked_add(buf.len() as u64).is_none()) {
+            return Err(ResourceError::InvalidArgument("iova + length overflows"));
         }
         // IBTA: remote write/atomic access requires local write.
         if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
@@ -276,7 +303,7 @@ impl Engine {
                 "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE",
             ));
         }
-        Ok(self.mrs.register(pd, buf, access))
+        Ok(self.mrs.register(pd, buf, access, iova))
     }
 
     /// `ibv_dereg_mr`: returns the buffer ([`MrBuffer::downcast`] recovers its concrete type). Fails with `Busy`
@@ -289,32 +316,32 @@ impl Engine {
         self.mrs.deregister(lkey)
     }
 
-    /// The whole MR buffer (read-only view).
-    pub fn mr_bytes(&self, lkey: Lkey) -> Option<&[u8]> {
-        self.mrs.get(lkey).map(|m| m.buf.as_slice())
+    /// True while an in-flight WR or a saved READ/atomic responder resource holds a lease on the MR (so
+    /// [`dereg_mr`](Self::dereg_mr) would fail with `Busy`); false for an unknown key.
+    pub fn mr_busy(&self, lkey: Lkey) -> bool {
+        self.mrs.get(lkey).is_some_and(|m| m.leased())
     }
 
-    /// The whole MR buffer, writable by the application (the engine is not running while you hold it).
-    pub fn mr_bytes_mut(&mut self, lkey: Lkey) -> Option<&mut [u8]> {
-        self.mrs.get_mut(lkey).map(|m| m.buf.as_mut_slice())
+    /// A copy of all bytes of the MR (tests, diagnostics; the engine never lends a slice of MR memory).
+    pub fn mr_bytes(&self, lkey: Lkey) -> Option<Vec<u8>> {
+        self.mrs.get(lkey).map(|m| m.buf.to_vec())
     }
 
-    /// Copies `out.len()` bytes starting at byte `offset` of the MR into `out`.
+    /// Copies `out.len()` bytes starting at byte `offset` of the MR into `out`. Errors: `InvalidHandle`,
+    /// `InvalidArgument` (range outside the MR).
     pub fn mr_read(&self, lkey: Lkey, offset: usize, out: &mut [u8]) -> Result<(), ResourceError> {
         let m = self
             .mrs
             .get(lkey)
             .ok_or(ResourceError::InvalidHandle("lkey"))?;
-        let src = m
-            .buf
-            .as_slice()
-            .get(offset..offset.saturating_add(out.len()))
-            .ok_or(ResourceError::InvalidArgument("range"))?;
-        out.copy_from_slice(src);
+        if offset.checked_add(out.len()).is_none_or(|end| end > m.len) {
+            return Err(ResourceError::InvalidArgument("range"));
+        }
+        m.buf.memory().read_at(offset, out);
         Ok(())
     }
 
-    /// Copies `data` into the MR at byte `offset`.
+    /// Copies `data` into the MR at byte `offset`. Errors as [`mr_read`](Self::mr_read).
     pub fn mr_write(
         &mut self,
         lkey: Lkey,
@@ -325,12 +352,10 @@ impl Engine {
             .mrs
             .get_mut(lkey)
             .ok_or(ResourceError::InvalidHandle("lkey"))?;
-        let dst = m
-            .buf
-            .as_mut_slice()
-            .get_mut(offset..offset.saturating_add(data.len()))
-            .ok_or(ResourceError::InvalidArgument("range"))?;
-        dst.copy_from_slice(data);
+        if offset.checked_add(data.len()).is_none_or(|end| end > m.len) {
+            return Err(ResourceError::InvalidArgument("range"));
+        }
+        m.buf.memory_mut().write_at(offset, data);
         Ok(())
     }
 
@@ -1192,7 +1217,7 @@ impl Engine {
                     ) {
                         Ok(r) => {
                             let n = sge.length as usize;
-                            area[off..off + n].copy_from_slice(mrs.bytes(r, n));
+                            mrs.read(r, &mut area[off..off + n]);
                             off += n;
                         }
                         Err(_) => return Err(PostErrorKind::InvalidInlineSge),

@@ -60,9 +60,11 @@
 //!
 //! # Resource cleanup
 //!
-//! The engine owns MR buffers ([`MrBuffer`]: any [`MrMemory`] — `Vec<u8>`, `Box<[u8]>`, or memory a driver mapped,
-//! such as huge pages — reached through one dynamic call per access); [`Engine::dereg_mr`] returns the buffer and
-//! fails with `Busy` while a posted WR or a saved READ responder resource still uses the MR. CQs and PDs cannot be
+//! The engine holds each MR's memory as an [`MrBuffer`] (a boxed [`MrMemory`]: `Vec<u8>`, `Box<[u8]>`, or memory the
+//! application keeps using, such as roce-verbs' `MrBuf`) and reaches it only through range-scoped copies, CRC and
+//! 64-bit atomics — one dynamic call per access, never a slice of the whole region (see the trait's contract);
+//! [`Engine::dereg_mr`] returns the buffer and fails with `Busy` while a posted WR or a saved READ responder resource
+//! still uses the MR. CQs and PDs cannot be
 //! destroyed while QPs use them.
 //!
 //! # Testing

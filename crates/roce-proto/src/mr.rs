@@ -1,6 +1,7 @@
 //! Memory-region table: key allocation, address translation, bounds and access checks, leases.
 //!
-//! The engine owns every MR buffer (STYLE §4 V2). A key is `(slot + 1) << 8 | generation` (like hardware keys:
+//! The engine holds every MR's memory as a boxed [`MrMemory`] (STYLE §4 V2) and reaches it only through range-scoped
+//! copies and atomics, so the memory may be the application's (roce-verbs `MrBuf`, raw registrations). A key is `(slot + 1) << 8 | generation` (like hardware keys:
 //! the low byte changes when a slot is reused, so a stale key misses). The engine assigns each MR a virtual
 //! address range of its own (4 KiB aligned, never reused while the engine lives), so SGE/RETH addresses are
 //! translated exactly like an RNIC's MTT would. In-flight WRs hold a *lease* on each MR they name;
@@ -11,39 +12,124 @@ use core::fmt;
 
 use crate::verbs::{AccessFlags, Lkey, MrInfo, PdHandle, Rkey};
 
-/// Byte memory that can back a memory region: any owned, `Send` buffer that can lend its bytes as one contiguous
-/// slice (`Box<[u8]>`, `Vec<u8>`, or a driver's mapping such as `roce_verbs::HugePageBuffer`).
+/// Byte memory that can back a memory region, reached only through **range-scoped** operations: the engine never
+/// asks for a slice of the whole region, so the bytes may belong to the application (which keeps using them, as with
+/// `ibv_reg_mr`), to a driver's mapping, or to the engine itself (`Vec<u8>`, `Box<[u8]>`: tests, simulations).
 ///
-/// The engine takes ownership of the value at [`Engine::reg_mr`](crate::Engine::reg_mr) and calls these two
-/// methods on every access (one dynamic call per SGE/packet, no allocation); it never asks the buffer to grow.
+/// The engine takes the value at [`Engine::reg_mr`](crate::Engine::reg_mr) (boxed as an [`MrBuffer`]) and calls
+/// these methods on every access: one dynamic call per SGE piece / packet, no allocation.
 ///
-/// Contract: both methods return slices of the **same length**, and that length never changes while the engine owns
-/// the value (it is read once at registration and becomes [`MrInfo::length`]). A buffer that breaks this cannot make
-/// the engine touch memory outside the slice it returned (the crate has no `unsafe`), but the engine may panic.
+/// # Contract
+///
+/// * [`len`](Self::len) is fixed: it is read once at registration and becomes [`MrInfo::length`].
+/// * The engine only passes ranges inside `0..len()`: every SGE, RETH and AtomicETH range is checked against the MR
+///   before any access (`ROCEV2.md §5`). Implementations may panic on a range outside (roce-verbs' raw memory does,
+///   so a defect can never reach bytes outside the region); they must not touch bytes outside the range.
+/// * Reads for transmit go straight into the frame buffer ([`read_at`](Self::read_at) with the payload area of the
+///   frame as `dst`), and a link that gathers payload itself can use [`base_ptr`](Self::base_ptr) and hash the range
+///   with [`crc32_update`](Self::crc32_update) instead, so the engine never copies a payload twice.
+/// * Writes take `&mut self`: the engine holds the value exclusively. Memory the application shares with the engine
+///   implements them through raw pointers scoped to the written range (see `roce_verbs::MrBuf`).
+/// * The engine may read the same range again (go-back-N retransmission, READ response replay) until the WR that
+///   named it has completed, and writes a receive/READ/WRITE target range only while a WR or a remote access covers
+///   it. That the application leaves those bytes alone meanwhile is the RNIC contract (IBTA Vol 1 §10.7.2.1 and
+///   §11.4.1.1: a buffer is not to be modified between post and completion), documented for users in roce-verbs.
+/// * Atomics ([`compare_swap_u64`](Self::compare_swap_u64), [`fetch_add_u64`](Self::fetch_add_u64)) act on the 8
+///   bytes at `offset`, which hold the value in little-endian order (as a hardware RNIC on x86/ARM writes it; see
+///   the crate docs), and return the value before the operation. The defaults do a read-modify-write through
+///   [`read_at`](Self::read_at) / [`write_at`](Self::write_at), which is atomic with respect to the engine (it holds
+///   `&mut self`); shared memory overrides them with real atomic instructions.
 pub trait MrMemory: Any + Send {
-    /// The whole buffer, read-only.
-    fn as_slice(&self) -> &[u8];
-    /// The whole buffer, writable.
-    fn as_mut_slice(&mut self) -> &mut [u8];
+    /// Length in bytes (constant while registered).
+    fn len(&self) -> usize;
+
+    /// True for a zero-length region.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `dst.len()` bytes starting at byte `offset` into `dst`.
+    fn read_at(&self, offset: usize, dst: &mut [u8]);
+
+    /// Copies `src` into the region starting at byte `offset`.
+    fn write_at(&mut self, offset: usize, src: &[u8]);
+
+    /// Feeds the `len` bytes at `offset` into `hasher` (the ICRC of a frame whose payload a link gathers straight
+    /// from this memory). The default copies through a 256-byte stack buffer; memory that can lend a slice of the
+    /// range overrides it to hash in place.
+    fn crc32_update(&self, offset: usize, len: usize, hasher: &mut crc32fast::Hasher) {
+        let mut tmp = [0u8; 256];
+        let mut done = 0usize;
+        while done < len {
+            let n = (len - done).min(tmp.len());
+            self.read_at(offset + done, &mut tmp[..n]);
+            hasher.update(&tmp[..n]);
+            done += n;
+        }
+    }
+
+    /// 64-bit compare-and-swap of the little-endian word at `offset`: stores `swap` if it equals `compare`. Returns
+    /// the value before (IBTA §9.4.5 CmpSwap).
+    fn compare_swap_u64(&mut self, offset: usize, compare: u64, swap: u64) -> u64 {
+        let mut b = [0u8; 8];
+        self.read_at(offset, &mut b);
+        let orig = u64::from_le_bytes(b);
+        if orig == compare {
+            self.write_at(offset, &swap.to_le_bytes());
+        }
+        orig
+    }
+
+    /// 64-bit fetch-and-add (wrapping) of the little-endian word at `offset`. Returns the value before (IBTA §9.4.5
+    /// FetchAdd).
+    fn fetch_add_u64(&mut self, offset: usize, add: u64) -> u64 {
+        let mut b = [0u8; 8];
+        self.read_at(offset, &mut b);
+        let orig = u64::from_le_bytes(b);
+        self.write_at(offset, &orig.wrapping_add(add).to_le_bytes());
+        orig
+    }
+
+    /// Address of byte 0, for a link that gathers payload straight from the memory (iovecs): creating the pointer is
+    /// safe, dereferencing it is the link's `unsafe`. `None` (the default) when the memory is not one contiguous
+    /// mapping; the link then asks the engine to copy ([`read_at`](Self::read_at)).
+    ///
+    /// Validity: bytes `0..len()` are readable through the pointer while the MR is registered, subject to the RNIC
+    /// contract above. For `Vec<u8>` / `Box<[u8]>` (whose writes re-borrow the whole buffer mutably) the pointer is
+    /// only valid until the engine's next write to the region; memory whose writes go through raw pointers
+    /// (roce-verbs `MrBuf`, raw registrations) keeps it valid until deregistration.
+    fn base_ptr(&self) -> Option<*const u8> {
+        None
+    }
 }
 
-impl MrMemory for Box<[u8]> {
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        self
-    }
+/// `MrMemory` for a byte container the engine owns outright (`Vec<u8>`, `Box<[u8]>`): slices, no `unsafe`.
+macro_rules! owned_mr_memory {
+    ($t:ty) => {
+        impl MrMemory for $t {
+            fn len(&self) -> usize {
+                <[u8]>::len(self)
+            }
+            #[inline]
+            fn read_at(&self, offset: usize, dst: &mut [u8]) {
+                dst.copy_from_slice(&self[offset..offset + dst.len()]);
+            }
+            #[inline]
+            fn write_at(&mut self, offset: usize, src: &[u8]) {
+                self[offset..offset + src.len()].copy_from_slice(src);
+            }
+            fn crc32_update(&self, offset: usize, len: usize, hasher: &mut crc32fast::Hasher) {
+                hasher.update(&self[offset..offset + len]);
+            }
+            fn base_ptr(&self) -> Option<*const u8> {
+                Some(self.as_ptr())
+            }
+        }
+    };
 }
 
-impl MrMemory for Vec<u8> {
-    fn as_slice(&self) -> &[u8] {
-        self
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        self
-    }
-}
+owned_mr_memory!(Box<[u8]>);
+owned_mr_memory!(Vec<u8>);
 
 /// The buffer of a memory region: a boxed [`MrMemory`] of any type.
 ///
@@ -61,7 +147,7 @@ impl MrBuffer {
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.0.as_slice().len()
+        self.0.len()
     }
 
     /// True when the buffer has no bytes.
@@ -69,16 +155,23 @@ impl MrBuffer {
         self.len() == 0
     }
 
-    /// The bytes, read-only.
+    /// The memory.
     #[inline]
-    pub fn as_slice(&self) -> &[u8] {
-        self.0.as_slice()
+    pub fn memory(&self) -> &dyn MrMemory {
+        &*self.0
     }
 
-    /// The bytes, writable.
+    /// The memory, writable.
     #[inline]
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.0.as_mut_slice()
+    pub fn memory_mut(&mut self) -> &mut dyn MrMemory {
+        &mut *self.0
+    }
+
+    /// A copy of all bytes (tests, diagnostics).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.0.read_at(0, &mut v);
+        v
     }
 
     /// The concrete buffer type, if it is `M`.
@@ -164,6 +257,13 @@ pub(crate) struct Mr {
     rkey_valid: bool,
 }
 
+impl Mr {
+    /// True while a WR or responder resource holds a lease.
+    pub(crate) fn leased(&self) -> bool {
+        self.leases > 0
+    }
+}
+
 /// A resolved reference into an MR: slot index and byte offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct MrRef {
@@ -194,7 +294,15 @@ impl MrTable {
         self.live
     }
 
-    pub(crate) fn register(&mut self, pd: PdHandle, buf: MrBuffer, access: AccessFlags) -> MrInfo {
+    /// Registers `buf`; its virtual address is `iova` if given (the caller checked that `iova + len` does not
+    /// overflow), else a fresh engine-assigned range.
+    pub(crate) fn register(
+        &mut self,
+        pd: PdHandle,
+        buf: MrBuffer,
+        access: AccessFlags,
+        iova: Option<u64>,
+    ) -> MrInfo {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -206,13 +314,19 @@ impl MrTable {
         let g = &mut self.gens[slot as usize];
         *g = g.wrapping_add(1);
         let key = ((slot + 1) << 8) | u32::from(*g);
-        let addr = self.next_va;
         let blen = buf.len();
         let len = blen as u64;
-        // Keep a guard page between MRs so an off-by-one never lands in a neighbour.
-        self.next_va = self
-            .next_va
-            .saturating_add(len.div_ceil(4096).saturating_add(1).saturating_mul(4096));
+        let addr = match iova {
+            Some(a) => a,
+            None => {
+                let a = self.next_va;
+                // Keep a guard page between MRs so an off-by-one never lands in a neighbour.
+                self.next_va = self
+                    .next_va
+                    .saturating_add(len.div_ceil(4096).saturating_add(1).saturating_mul(4096));
+                a
+            }
+        };
         self.slots[slot as usize] = Some(Mr {
             pd,
             addr,
@@ -354,26 +468,67 @@ impl MrTable {
         }
     }
 
-    /// Bytes at a checked reference (empty slice if the reference went stale, which a lease prevents).
-    pub(crate) fn bytes(&self, r: MrRef, len: usize) -> &[u8] {
-        match self.slots.get(r.slot as usize) {
-            Some(Some(mr)) => mr
-                .buf
-                .as_slice()
-                .get(r.offset..r.offset.saturating_add(len))
-                .unwrap_or(&[]),
-            _ => &[],
+    /// The memory of a live slot (`None` if the reference went stale, which a lease prevents).
+    #[inline]
+    fn mem(&self, slot: u32) -> Option<&Mr> {
+        match self.slots.get(slot as usize) {
+            Some(Some(mr)) => Some(mr),
+            _ => None,
         }
     }
 
-    pub(crate) fn bytes_mut(&mut self, r: MrRef, len: usize) -> &mut [u8] {
-        match self.slots.get_mut(r.slot as usize) {
-            Some(Some(mr)) => mr
-                .buf
-                .as_mut_slice()
-                .get_mut(r.offset..r.offset.saturating_add(len))
-                .unwrap_or(&mut []),
-            _ => &mut [],
+    #[inline]
+    fn mem_mut(&mut self, slot: u32) -> Option<&mut Mr> {
+        match self.slots.get_mut(slot as usize) {
+            Some(Some(mr)) => Some(mr),
+            _ => None,
+        }
+    }
+
+    /// True if `len` bytes at `r` lie inside the MR (re-checked at every access, so a stale or corrupted reference
+    /// can never reach a buffer outside its range, whatever the memory's own checks).
+    #[inline]
+    fn fits(mr: &Mr, r: MrRef, len: usize) -> bool {
+        r.offset.checked_add(len).is_some_and(|end| end <= mr.len)
+    }
+
+    /// Copies `dst.len()` bytes at a checked reference into `dst` (left unchanged if the reference went stale).
+    #[inline]
+    pub(crate) fn read(&self, r: MrRef, dst: &mut [u8]) {
+        if let Some(mr) = self.mem(r.slot)
+            && Self::fits(mr, r, dst.len())
+            && !dst.is_empty()
+        {
+            mr.buf.0.read_at(r.offset, dst);
+        }
+    }
+
+    /// Copies `src` into the MR at a checked reference (nothing if the reference went stale).
+    #[inline]
+    pub(crate) fn write(&mut self, r: MrRef, src: &[u8]) {
+        if let Some(mr) = self.mem_mut(r.slot)
+            && Self::fits(mr, r, src.len())
+            && !src.is_empty()
+        {
+            mr.buf.0.write_at(r.offset, src);
+        }
+    }
+
+    /// 64-bit compare-and-swap at a checked reference ([`MrMemory::compare_swap_u64`]); the value before, or 0 if the
+    /// reference went stale.
+    pub(crate) fn compare_swap(&mut self, r: MrRef, compare: u64, swap: u64) -> u64 {
+        match self.mem_mut(r.slot) {
+            Some(mr) if Self::fits(mr, r, 8) => mr.buf.0.compare_swap_u64(r.offset, compare, swap),
+            _ => 0,
+        }
+    }
+
+    /// 64-bit fetch-and-add at a checked reference ([`MrMemory::fetch_add_u64`]); the value before, or 0 if the
+    /// reference went stale.
+    pub(crate) fn fetch_add(&mut self, r: MrRef, add: u64) -> u64 {
+        match self.mem_mut(r.slot) {
+            Some(mr) if Self::fits(mr, r, 8) => mr.buf.0.fetch_add_u64(r.offset, add),
+            _ => 0,
         }
     }
 }
@@ -388,19 +543,55 @@ mod tests {
         start: usize,
     }
 
+    /// Only the three required methods: the defaults (CRC, atomics, no base pointer) are what the engine uses.
     impl MrMemory for Offset {
-        fn as_slice(&self) -> &[u8] {
-            &self.raw[self.start..]
+        fn len(&self) -> usize {
+            self.raw.len() - self.start
         }
-        fn as_mut_slice(&mut self) -> &mut [u8] {
-            &mut self.raw[self.start..]
+        fn read_at(&self, offset: usize, dst: &mut [u8]) {
+            let o = self.start + offset;
+            dst.copy_from_slice(&self.raw[o..o + dst.len()]);
         }
+        fn write_at(&mut self, offset: usize, src: &[u8]) {
+            let o = self.start + offset;
+            self.raw[o..o + src.len()].copy_from_slice(src);
+        }
+    }
+
+    #[test]
+    fn default_methods_crc_and_atomics() {
+        let mut m = Offset {
+            raw: (0..=255u8).cycle().take(1000).collect(),
+            start: 100,
+        };
+        assert_eq!(m.len(), 900);
+        assert!(!m.is_empty() && m.base_ptr().is_none());
+        // CRC over a range longer than the default's stack buffer equals hashing the bytes in place.
+        let mut h = crc32fast::Hasher::new();
+        m.crc32_update(7, 700, &mut h);
+        let mut want = crc32fast::Hasher::new();
+        want.update(&m.raw[107..807]);
+        assert_eq!(h.finalize(), want.finalize());
+        let v: Vec<u8> = m.raw[100..].to_vec();
+        let mut h = crc32fast::Hasher::new();
+        v.crc32_update(7, 700, &mut h);
+        assert_eq!(h.finalize(), crc32fast::hash(&m.raw[107..807]));
+        assert_eq!(v.base_ptr(), Some(v.as_ptr()));
+        // Atomics: little-endian words, value before returned.
+        m.write_at(8, &5u64.to_le_bytes());
+        assert_eq!(m.compare_swap_u64(8, 4, 9), 5, "no swap on mismatch");
+        assert_eq!(m.compare_swap_u64(8, 5, 9), 5);
+        assert_eq!(m.fetch_add_u64(8, u64::MAX), 9, "wrapping add");
+        let mut b = [0u8; 8];
+        m.read_at(8, &mut b);
+        assert_eq!(u64::from_le_bytes(b), 8);
+        assert_eq!(&m.raw[..100], &(0..100u8).collect::<Vec<_>>()[..]);
     }
 
     #[test]
     fn mr_buffer_conversions_and_downcast() {
         let b: MrBuffer = vec![1u8, 2, 3].into();
-        assert_eq!(b.as_slice(), &[1, 2, 3]);
+        assert_eq!(b.to_vec(), &[1, 2, 3]);
         assert_eq!(format!("{b:?}"), "MrBuffer { len: 3 }");
         let b = b
             .downcast::<Box<[u8]>>()
@@ -412,11 +603,12 @@ mod tests {
             Some(&[4u8, 5][..])
         );
         let mut b: MrBuffer = [0u8; 4].into();
-        b.as_mut_slice()[3] = 9;
-        assert_eq!(b.as_slice(), &[0, 0, 0, 9]);
+        b.memory_mut().write_at(3, &[9]);
+        assert_eq!(b.to_vec(), &[0, 0, 0, 9]);
+        assert_eq!(b.memory().len(), 4);
         let b: MrBuffer = MrBuffer::from(Box::new(Vec::<u8>::new()) as Box<dyn MrMemory>);
         assert!(b.is_empty());
-        assert_eq!(b.into_inner().as_slice().len(), 0);
+        assert_eq!(b.into_inner().len(), 0);
     }
 
     #[test]
@@ -435,6 +627,18 @@ mod tests {
         e.mr_write(mr.lkey, 62, &[7, 8]).unwrap();
         assert!(e.mr_write(mr.lkey, 63, &[7, 8]).is_err(), "past the end");
         assert_eq!(e.mr_bytes(mr.lkey).map(|b| b[63]), Some(8));
+        // An iova registration: the MR's addresses are the caller's.
+        let iova = 0x1234_5000;
+        let mr2 = e
+            .reg_mr_iova(pd, vec![1u8; 16], AccessFlags::LOCAL_WRITE, iova)
+            .unwrap();
+        assert_eq!((mr2.addr, mr2.length), (iova, 16));
+        assert!(
+            e.reg_mr_iova(pd, vec![1u8; 16], AccessFlags::LOCAL_WRITE, u64::MAX - 8)
+                .is_err(),
+            "iova + length overflows"
+        );
+        e.dereg_mr(mr2.lkey).unwrap();
         let back = e
             .dereg_mr(mr.lkey)
             .unwrap()
@@ -457,8 +661,9 @@ mod tests {
             pd,
             vec![0u8; 100].into_boxed_slice().into(),
             AccessFlags::LOCAL_WRITE,
+            None,
         );
-        let b = t.register(pd, vec![0u8; 10].into(), AccessFlags::REMOTE_READ);
+        let b = t.register(pd, vec![0u8; 10].into(), AccessFlags::REMOTE_READ, None);
         assert_ne!(a.lkey, b.lkey);
         assert!(b.addr >= a.addr + 100 + 4096 - 100, "guard gap between MRs");
         assert_eq!(
@@ -507,7 +712,7 @@ mod tests {
         assert_eq!(t.deregister(a.lkey).map(|b| b.len()), Ok(100));
         assert!(t.deregister(a.lkey).is_err());
         // The slot is reused with a new generation: the stale key misses.
-        let c = t.register(pd, [0u8; 1].into(), AccessFlags::EMPTY);
+        let c = t.register(pd, [0u8; 1].into(), AccessFlags::EMPTY, None);
         assert_ne!(c.lkey, a.lkey);
         assert_eq!(
             t.check_local(a.lkey, pd, c.addr, 1, AccessFlags::EMPTY),

@@ -28,7 +28,7 @@ pub fn packets_for(len: u64, pmtu: u32) -> u32 {
         .min(u64::from(u32::MAX)) as u32
 }
 
-/// Sum of SGE lengths `off..off+len` gathered into `out`.
+/// Bytes `off..off + out.len()` of the SGE list gathered into `out` (one copy, MR → `out`).
 pub(crate) fn gather(
     mrs: &crate::mr::MrTable,
     segs: &[crate::qp::Seg],
@@ -43,14 +43,14 @@ pub(crate) fn gather(
             continue;
         }
         let take = ((l - off) as usize).min(out.len() - done);
-        let src = mrs.bytes(
+        // Straight into the frame buffer: the only copy of the payload on transmit.
+        mrs.read(
             crate::mr::MrRef {
                 slot: s.mr.slot,
                 offset: s.mr.offset + off as usize,
             },
-            take,
+            &mut out[done..done + take],
         );
-        out[done..done + src.len()].copy_from_slice(src);
         done += take;
         off = 0;
         if done == out.len() {
@@ -74,15 +74,13 @@ pub(crate) fn scatter(
             continue;
         }
         let take = ((l - off) as usize).min(data.len() - done);
-        let dst = mrs.bytes_mut(
+        mrs.write(
             crate::mr::MrRef {
                 slot: s.mr.slot,
                 offset: s.mr.offset + off as usize,
             },
-            take,
+            &data[done..done + take],
         );
-        let n = dst.len();
-        dst.copy_from_slice(&data[done..done + n]);
         done += take;
         off = 0;
         if done == data.len() {

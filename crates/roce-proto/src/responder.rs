@@ -560,8 +560,7 @@ impl Engine {
                             wc: None,
                         };
                     };
-                    mrs.bytes_mut(dst, plen as usize)
-                        .copy_from_slice(pkt.payload);
+                    mrs.write(dst, pkt.payload);
                 }
                 if ends {
                     qp.resp.msg = InMsg::None;
@@ -690,17 +689,13 @@ impl Engine {
                     stats.drop_stale_response += 1;
                     return Exec::Drop;
                 };
-                let cell = mrs.bytes_mut(mr, 8);
-                let mut b = [0u8; 8];
-                b.copy_from_slice(cell);
-                // Remote memory holds the operand in little-endian order (see requester `on_atomic_ack`).
-                let orig = u64::from_le_bytes(b);
-                let new = if o == op::COMPARE_SWAP {
-                    if orig == compare { swap_add } else { orig }
+                // Remote memory holds the operand in little-endian order (see requester `on_atomic_ack`); the memory
+                // performs the operation (a real atomic instruction on memory the application shares).
+                let orig = if o == op::COMPARE_SWAP {
+                    mrs.compare_swap(mr, compare, swap_add)
                 } else {
-                    orig.wrapping_add(swap_add)
+                    mrs.fetch_add(mr, swap_add)
                 };
-                cell.copy_from_slice(&new.to_le_bytes());
                 let msn = (qp.resp.msn + 1) & 0xFF_FFFF;
                 qp.resp.res[ri] = RdResource {
                     valid: true,
@@ -1048,10 +1043,7 @@ impl Engine {
             return Err(());
         }
         let Some(len) = wire::emit(buf, tmpl, tmpl.sport, &hdr, &ext, plen as usize, |out| {
-            let bytes = mrs.bytes(src, out.len());
-            if bytes.len() == out.len() {
-                out.copy_from_slice(bytes);
-            }
+            mrs.read(src, out);
         }) else {
             return Err(());
         };

@@ -211,7 +211,9 @@ fn run(r: ReadRun) -> Result<ReadOutcome, String> {
                 return Err(format!("READ {done}: data differs from the responder's MR"));
             }
             // Clear the slot so the next WR into it must really land.
-            p.a().mr_bytes_mut(dst.lkey).expect("dst")[off..off + slot as usize].fill(0);
+            p.a()
+                .mr_write(dst.lkey, off, &vec![0u8; slot as usize])
+                .expect("dst");
             done += 1;
         }
     }

@@ -122,12 +122,34 @@ impl HugePageBuffer {
     }
 }
 
-impl MrMemory for HugePageBuffer {
-    fn as_slice(&self) -> &[u8] {
+impl HugePageBuffer {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
         &self.map[..self.len]
     }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.map[..self.len]
+    }
+}
+
+/// Engine-owned use (the engine holds the buffer exclusively, like a `Box<[u8]>`).
+impl MrMemory for HugePageBuffer {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.as_slice()[offset..offset + dst.len()]);
+    }
+    fn write_at(&mut self, offset: usize, src: &[u8]) {
+        self.as_mut_slice()[offset..offset + src.len()].copy_from_slice(src);
+    }
+    fn crc32_update(&self, offset: usize, len: usize, hasher: &mut crc32fast::Hasher) {
+        hasher.update(&self.as_slice()[offset..offset + len]);
+    }
+    fn base_ptr(&self) -> Option<*const u8> {
+        Some(self.map.as_ptr())
     }
 }
 

@@ -655,7 +655,7 @@ fn s08_inline_is_captured_at_post_time() {
     p.a.post_send(a.qpn, &[SendWr::new(2, SendOp::Send, &[]).inline(&slices)])
         .unwrap();
     app.fill(0);
-    p.a.mr_bytes_mut(ma.lkey).unwrap()[..200].fill(0xEE);
+    p.a.mr_write(ma.lkey, 0, &[0xEE; 200]).unwrap();
     p.drive();
     assert_eq!(&p.b.mr_bytes(mb.lkey).unwrap()[..101], &before[..]);
     assert_eq!(&p.b.mr_bytes(mb.lkey).unwrap()[200..250], &[7u8; 50][..]);

@@ -252,11 +252,11 @@ fn run(seed: u64, nwr: usize, loss_pct: u64) {
         "seed {seed}"
     );
     assert!(
-        p.b.mr_bytes(mb.lkey).unwrap() == &expect_b[..],
+        p.b.mr_bytes(mb.lkey).unwrap() == expect_b,
         "seed {seed}: responder memory"
     );
     assert!(
-        p.a.mr_bytes(ma.lkey).unwrap() == &expect_a[..],
+        p.a.mr_bytes(ma.lkey).unwrap() == expect_a,
         "seed {seed}: requester memory"
     );
     // Every lease was returned.
