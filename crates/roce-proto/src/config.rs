@@ -2,6 +2,7 @@
 
 use core::time::Duration;
 
+use crate::cc::DcqcnConfig;
 use crate::sched::SchedConfig;
 use crate::verbs::{Gid, Mtu};
 
@@ -72,7 +73,7 @@ pub enum CapPolicy {
 }
 
 /// Engine (port) configuration. All randomness derives from `seed` (STYLE E1/E10).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
     /// Local MAC address (source MAC of every frame).
     pub mac: [u8; 6],
@@ -99,6 +100,9 @@ pub struct EngineConfig {
     pub ecn_data: bool,
     /// Send scheduler and shapers (`crate::sched`, `DCQCN.md §7, §9`).
     pub sched: SchedConfig,
+    /// DCQCN reaction point for every new QP (`../shared/dcqcn/DCQCN.md` §2.3–§2.5); `None`: QPs send at line rate
+    /// and ignore CNPs (`rp_cnp_ignored`). [`crate::Engine::set_rate_controller`] overrides it per QP.
+    pub dcqcn: Option<DcqcnConfig>,
 }
 
 impl Default for EngineConfig {
@@ -116,6 +120,7 @@ impl Default for EngineConfig {
             cnp_dscp: 48,
             ecn_data: true,
             sched: SchedConfig::default(),
+            dcqcn: None,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::cc::{FixedRate, RateController};
+use crate::cc::{Dcqcn, FixedRate, RateController, RateMetrics};
 use crate::config::{CapPolicy, DeviceAttr, EngineConfig};
 use crate::cq::Cq;
 use crate::error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
@@ -629,7 +629,10 @@ impl Engine {
             timers: QpTimers::with_base(self.timer_epoch),
             counters: Counters::default(),
             tmpl: None,
-            rate: Box::new(FixedRate::unlimited()),
+            rate: match &self.cfg.dcqcn {
+                Some(c) => Box::new(Dcqcn::new(c.clone())),
+                None => Box::new(FixedRate::unlimited()),
+            },
             in_ctrl_q: false,
             in_data_q: false,
             sqd_notified: false,
@@ -662,8 +665,9 @@ impl Engine {
         self.events.reserve(2 * self.live_qps as usize);
     }
 
-    /// Replaces the QP's rate controller (the DCQCN seam, `crate::cc`; default [`FixedRate::unlimited`]). The QP's
-    /// bucket starts full at the new controller's rate (capped by the QP's limit).
+    /// Replaces the QP's rate controller (the DCQCN seam, `crate::cc`; default: a [`crate::cc::Dcqcn`] reaction
+    /// point when [`EngineConfig::dcqcn`] is set, else [`FixedRate::unlimited`]). The QP's bucket starts full at the
+    /// new controller's rate (capped by the QP's limit).
     pub fn set_rate_controller(
         &mut self,
         qpn: Qpn,
@@ -827,6 +831,12 @@ impl Engine {
     /// A human-readable dump of a QP (state, PSNs, queue depths, retry counters, timers, non-zero counters).
     pub fn qp_dump(&self, qpn: Qpn) -> Option<String> {
         self.qp_display(qpn).map(|d| d.to_string())
+    }
+
+    /// The QP's rate controller state at `now`: current rate (RC), target rate (RT), α, whether it is limiting
+    /// (`DCQCN.md` §2); `None` for an unknown QPN.
+    pub fn qp_rate(&self, qpn: Qpn, now: Instant) -> Option<RateMetrics> {
+        self.qp(qpn).map(|q| q.rate.metrics(now))
     }
 
     /// The same dump as a borrowed [`core::fmt::Display`] value (no allocation until formatted).
@@ -1063,6 +1073,9 @@ impl Engine {
                     if let Some(s) = self.sched.qp_mut(i) {
                         s.parked = false;
                     }
+                    // A reset QP forgets its congestion state; its bucket follows the controller's start rate.
+                    qp.rate.reset();
+                    self.sched.reset_qp(i, qp.rate.rate_bps());
                     qp.resp.cnp_pending = false;
                     qp.resp.fatal_nak = None;
                     qp.req.rnr_wait = false;

@@ -107,7 +107,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use cc::{FixedRate, RateController};
+pub use cc::{DcqcnConfig, FixedRate, RateController, RateMetrics};
 pub use config::{CapPolicy, DeviceAttr, EngineConfig};
 pub use engine::{Engine, FIRST_QPN, QpDump, QpInfo, TxKind, TxMeta};
 pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};

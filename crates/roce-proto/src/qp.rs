@@ -415,7 +415,10 @@ impl fmt::Display for Qp {
             }
         }
         writeln!(f)?;
-        writeln!(f, "  rate: {:?}", self.rate)?;
+        match self.rate.rate_bps() {
+            Some(r) => writeln!(f, "  rate: {r} bit/s ({:?})", self.rate)?,
+            None => writeln!(f, "  rate: line ({:?})", self.rate)?,
+        }
         write!(f, "  counters:")?;
         for (n, v) in self.counters.iter().filter(|(_, v)| *v != 0) {
             write!(f, " {n}={v}")?;

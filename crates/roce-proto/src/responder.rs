@@ -152,9 +152,15 @@ impl Engine {
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
         };
-        self.stats.rp_cnp_handled += 1;
-        qp.counters.rp_cnp_handled += 1;
-        qp.rate.on_cnp(now);
+        // Reaction point (`DCQCN.md` §2.3 R1 / §2.4 M1): the controller cuts or flags; without one the CNP is
+        // counted as ignored (mlx5 `rp_cnp_ignored`).
+        if qp.rate.on_cnp(now) {
+            self.stats.rp_cnp_handled += 1;
+            qp.counters.rp_cnp_handled += 1;
+        } else {
+            self.stats.rp_cnp_ignored += 1;
+            qp.counters.rp_cnp_ignored += 1;
+        }
         self.sched.observe(now);
         self.arm_rate_timer(i);
         self.apply_rate(i, now);

@@ -72,8 +72,10 @@ counters! {
     rx_icrc_encapsulated,
     /// CNPs sent by the notification point (mlx5 `np_cnp_sent`).
     np_cnp_sent,
-    /// CNPs received by the reaction point (mlx5 `rp_cnp_handled`).
+    /// CNPs received and acted on by the reaction point (mlx5 `rp_cnp_handled`).
     rp_cnp_handled,
+    /// CNPs received for a QP without a reaction point (DCQCN off; mlx5 `rp_cnp_ignored`).
+    rp_cnp_ignored,
     /// CE-marked RoCE packets received (mlx5 `np_ecn_marked_roce_packets`).
     np_ecn_marked_roce_packets,
     /// Out-of-sequence packets seen (mlx5 `out_of_sequence`, responder side).

@@ -881,7 +881,9 @@ static TICKS: AtomicU64 = AtomicU64::new(0);
 
 impl RateController for Ticking {
     fn on_tx(&mut self, _now: Instant, _bytes: usize) {}
-    fn on_cnp(&mut self, _now: Instant) {}
+    fn on_cnp(&mut self, _now: Instant) -> bool {
+        true
+    }
     fn rate_bps(&self) -> Option<u64> {
         None
     }

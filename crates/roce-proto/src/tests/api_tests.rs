@@ -788,9 +788,10 @@ struct Probe {
 
 impl RateController for Probe {
     fn on_tx(&mut self, _now: Instant, _bytes: usize) {}
-    fn on_cnp(&mut self, now: Instant) {
+    fn on_cnp(&mut self, now: Instant) -> bool {
         self.cnps += 1;
         self.due = Some(now + Duration::from_micros(10));
+        true
     }
     fn rate_bps(&self) -> Option<u64> {
         None
@@ -849,9 +850,10 @@ struct CutAndRecover {
 
 impl RateController for CutAndRecover {
     fn on_tx(&mut self, _now: Instant, _bytes: usize) {}
-    fn on_cnp(&mut self, now: Instant) {
+    fn on_cnp(&mut self, now: Instant) -> bool {
         self.rate = 1_000_000_000;
         self.due = Some(now + Duration::from_micros(200));
+        true
     }
     fn rate_bps(&self) -> Option<u64> {
         Some(self.rate)

@@ -4,9 +4,17 @@
 use super::util::*;
 use crate::*;
 
-/// A connected pair that has exchanged one SEND, so a frame B→A (the ACK) is captured as a template.
+/// A connected pair that has exchanged one SEND, so a frame B→A (the ACK) is captured as a template. A runs a
+/// DCQCN reaction point (`DCQCN.md` §2.3), so a CNP it accepts is acted on (`rp_cnp_handled`, rate cut).
 fn pair_with_ack() -> (Pair, End, End, Vec<u8>) {
-    let mut p = Pair::new();
+    let rp = DcqcnConfig::new(cc::Profile::Paper, 10e9);
+    let mut p = Pair::with_configs(
+        EngineConfig {
+            dcqcn: Some(rp),
+            ..cfg(MAC_A, IP_A, 1)
+        },
+        cfg(MAC_B, IP_B, 2),
+    );
     let (a, b) = connect(&mut p, &ConnOpts::default());
     p.b.post_recv(
         b.qpn,
@@ -63,6 +71,10 @@ fn cnp_from_a_third_host_is_dropped_not_handled() {
     p.a.handle_frame(now, &forged);
     assert_eq!(p.a.counters().rp_cnp_handled, 0, "forged CNP acted on");
     assert_eq!(p.a.qp_counters(a.qpn).unwrap().rp_cnp_handled, 0);
+    assert!(
+        !p.a.qp_rate(a.qpn, now).unwrap().limited,
+        "forged CNP cut the rate"
+    );
     assert_eq!(p.a.counters().drop_wrong_peer, 1);
     assert_eq!(p.a.qp_counters(a.qpn).unwrap().drop_wrong_peer, 1);
 
@@ -71,6 +83,7 @@ fn cnp_from_a_third_host_is_dropped_not_handled() {
     p.a.handle_frame(now, &genuine);
     assert_eq!(p.a.counters().rp_cnp_handled, 1);
     assert_eq!(p.a.qp_counters(a.qpn).unwrap().rp_cnp_handled, 1);
+    assert!(p.a.qp_rate(a.qpn, now).unwrap().limited);
 
     // A QP still in RESET accepts nothing, CNPs included.
     let idle = make_qp(&mut p.a, &ConnOpts::default());

@@ -1,0 +1,157 @@
+//! DCQCN in the engine (`../shared/dcqcn/DCQCN.md` §2): a sender whose frames are CE-marked for a while receives
+//! CNPs from the receiver's notification point, its reaction point cuts the rate (and the pacing follows), and the
+//! rate recovers once the marking stops; the data arrives intact.
+
+use std::time::Duration;
+
+use super::util::*;
+use crate::cc::Profile;
+use crate::*;
+
+const LINE: f64 = 10e9;
+
+fn dcqcn_cfg(mac: [u8; 6], ip: [u8; 4], seed: u64) -> EngineConfig {
+    let mut d = DcqcnConfig::new(Profile::Paper, LINE);
+    // A small byte counter so that recovery reaches hyper increase quickly.
+    d.set("B_bytes", "200000").unwrap();
+    EngineConfig {
+        dcqcn: Some(d),
+        ..cfg(mac, ip, seed)
+    }
+}
+
+/// Bytes of A→B data frames sent in `[from, to)`.
+fn sent_bytes(p: &Pair, from: Instant, to: Instant) -> u64 {
+    p.captured
+        .iter()
+        .filter(|c| c.1 == Dir::AtoB && c.0 >= from && c.0 < to && c.2.len() > 200)
+        .map(|c| c.2.len() as u64)
+        .sum()
+}
+
+#[test]
+fn dcqcn_cuts_on_ce_marks_and_recovers() {
+    let mut p = Pair::with_configs(dcqcn_cfg(MAC_A, IP_A, 1), dcqcn_cfg(MAC_B, IP_B, 2));
+    let (a, b) = connect(&mut p, &ConnOpts::default());
+    let len = 1 << 16;
+    let ma = mr(&mut p.a, a.pd, len, |i| (i * 7 % 251) as u8);
+    let mb = mr(&mut p.b, b.pd, len, |_| 0);
+    let t0 = p.now;
+    let t = |us: u64| t0 + Duration::from_micros(us);
+    let (mark_from, mark_to, end) = (t(300), t(600), t(8000));
+    // CE on every A→B frame in [mark_from, mark_to) (a congested switch queue).
+    let marks = std::rc::Rc::new(std::cell::Cell::new((mark_from, mark_to, Instant::ZERO)));
+    let m = marks.clone();
+    p.filter = Box::new(move |d, f| {
+        let (from, to, now) = m.get();
+        if d == Dir::AtoB && now >= from && now < to {
+            f[15] |= 3;
+        }
+        true
+    });
+    let mut outstanding = 0u32;
+    let mut wr = 0u64;
+    let mut rates = vec![];
+    let sg = [sge(&ma, 0, len as u32)];
+    while p.now < end {
+        while outstanding < 16 {
+            let w = SendWr::new(
+                wr,
+                SendOp::RdmaWrite {
+                    remote_addr: mb.addr,
+                    rkey: mb.rkey,
+                },
+                &sg,
+            );
+            p.a.post_send(a.qpn, &[w]).unwrap();
+            wr += 1;
+            outstanding += 1;
+        }
+        marks.set((mark_from, mark_to, p.now));
+        p.drive_for(Duration::from_micros(5));
+        for w in poll_all(&mut p.a, a.cq) {
+            assert_eq!(w.status, WcStatus::Success);
+            outstanding -= 1;
+        }
+        let r = p.a.qp_rate(a.qpn, p.now).unwrap();
+        rates.push((p.now, r.rate_bps.unwrap() as f64));
+    }
+    let (ca, cb) = (p.a.counters().clone(), p.b.counters().clone());
+    // NP: CE marks seen, CNPs at most one per 50 µs of marking (+1), all handled by the RP.
+    assert!(cb.np_ecn_marked_roce_packets > 10, "{cb:?}");
+    assert!(
+        cb.np_cnp_sent >= 3 && cb.np_cnp_sent <= 300 / 50 + 2,
+        "{cb:?}"
+    );
+    assert_eq!(ca.rp_cnp_handled, cb.np_cnp_sent);
+    assert_eq!(ca.rp_cnp_ignored, 0);
+    // RP: line rate before the marks, cut during them, recovered to ≥ 99 % of C well after.
+    let at = |t: Instant| rates.iter().rfind(|r| r.0 <= t).unwrap().1;
+    assert_eq!(at(t(290)), LINE);
+    let min = rates
+        .iter()
+        .filter(|r| r.0 >= mark_from && r.0 < t(650))
+        .map(|r| r.1)
+        .fold(f64::MAX, f64::min);
+    assert!(min < LINE / 8.0, "deep cut expected, lowest rate {min}");
+    assert!(at(end) >= 0.99 * LINE, "recovered: {}", at(end));
+    // The pacing follows the rate: throughput in the congested window is far below the uncongested one.
+    let w = Duration::from_micros(200);
+    let before = sent_bytes(&p, t(100), mark_from);
+    let during = sent_bytes(&p, t(400), mark_to);
+    let after = sent_bytes(&p, t(7800), end);
+    let line_bytes = (LINE * w.as_secs_f64() / 8.0) as u64;
+    assert!(
+        before > line_bytes * 9 / 10 && before <= line_bytes * 101 / 100,
+        "{before} vs {line_bytes}"
+    );
+    assert!(during < before / 4, "during {during} vs before {before}");
+    assert!(after > line_bytes * 9 / 10, "after {after} vs {line_bytes}");
+    // The dump shows the RP state.
+    let dump = p.a.qp_dump(a.qpn).unwrap();
+    assert!(dump.contains("dcqcn paper"), "{dump}");
+    // Data intact.
+    p.drive();
+    assert_eq!(
+        p.b.mr_bytes(mb.lkey).unwrap(),
+        p.a.mr_bytes(ma.lkey).unwrap()
+    );
+}
+
+#[test]
+fn qp_reset_forgets_congestion_state() {
+    let mut p = Pair::with_configs(dcqcn_cfg(MAC_A, IP_A, 1), dcqcn_cfg(MAC_B, IP_B, 2));
+    let (a, b) = connect(&mut p, &ConnOpts::default());
+    let ma = mr(&mut p.a, a.pd, 4096, |i| i as u8);
+    let mb = mr(&mut p.b, b.pd, 4096, |_| 0);
+    p.filter = Box::new(|d, f| {
+        if d == Dir::AtoB {
+            f[15] |= 3;
+        }
+        true
+    });
+    let sg = [sge(&ma, 0, 4096)];
+    let w = SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: mb.addr,
+            rkey: mb.rkey,
+        },
+        &sg,
+    );
+    p.a.post_send(a.qpn, &[w]).unwrap();
+    p.drive_for(Duration::from_micros(20));
+    let r = p.a.qp_rate(a.qpn, p.now).unwrap();
+    assert!(r.limited && r.rate_bps.unwrap() < LINE as u64, "{r:?}");
+    p.a.modify_qp(
+        a.qpn,
+        &QpAttr {
+            qp_state: QpState::Reset,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
+    let r = p.a.qp_rate(a.qpn, p.now).unwrap();
+    assert!(!r.limited && r.rate_bps == Some(LINE as u64), "{r:?}");
+}
