@@ -599,33 +599,10 @@ impl Engine {
                 },
                 ..QpAttr::default()
             },
-            req: ReqCtx {
-                next_psn: Psn::new(0),
-                una_psn: Psn::new(0),
-                high_psn: Psn::new(0),
-                cur_pkt: 0,
-                rd_atomic_out: 0,
-                since_ackreq: 0,
-                retry_left: 0,
-                rnr_left: 0,
-                rnr_wait: false,
-                retrying: false,
-            },
+            req: ReqCtx::INIT,
             sq: SendQueue::new(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data),
             rq: RecvQueue::new(cap.max_recv_wr, cap.max_recv_sge),
-            resp: RespCtx {
-                epsn: Psn::new(0),
-                msn: 0,
-                nak_sent: false,
-                msg: InMsg::None,
-                res: Vec::with_capacity(res_cap),
-                res_next: 0,
-                out: VecDeque::with_capacity(2 * res_cap + 4),
-                cnp_pending: false,
-                last_cnp: None,
-                cnp_dest: None,
-                fatal_nak: None,
-            },
+            resp: RespCtx::new(res_cap),
             timers: QpTimers::with_base(self.timer_epoch),
             counters: Counters::default(),
             tmpl: None,
@@ -995,6 +972,7 @@ impl Engine {
         if set(QpAttrMask::RQ_PSN) {
             a.rq_psn = attr.rq_psn;
             qp.resp.epsn = attr.rq_psn;
+            qp.resp.ack_psn = attr.rq_psn - 1;
         }
         if set(QpAttrMask::SQ_PSN) {
             a.sq_psn = attr.sq_psn;
@@ -1069,6 +1047,7 @@ impl Engine {
                     ] {
                         Timers::cancel(&mut qp.timers, k);
                     }
+                    // A new connection starts from scratch (IBTA 10.3.1, rxe `rxe_qp_reset`).
                     qp.tmpl = None;
                     if let Some(s) = self.sched.qp_mut(i) {
                         s.parked = false;
@@ -1076,13 +1055,9 @@ impl Engine {
                     // A reset QP forgets its congestion state; its bucket follows the controller's start rate.
                     qp.rate.reset();
                     self.sched.reset_qp(i, qp.rate.rate_bps());
-                    qp.resp.cnp_pending = false;
-                    qp.resp.fatal_nak = None;
-                    qp.req.rnr_wait = false;
-                    qp.req.retrying = false;
-                    qp.req.cur_pkt = 0;
-                    qp.req.rd_atomic_out = 0;
-                    qp.resp.nak_sent = false;
+                    qp.req = ReqCtx::INIT;
+                    qp.resp.reset();
+                    qp.sqd_notified = false;
                     qp.comm_est = false;
                 }
             }

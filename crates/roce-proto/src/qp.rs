@@ -216,6 +216,24 @@ pub(crate) struct ReqCtx {
     pub(crate) retrying: bool,
 }
 
+impl ReqCtx {
+    /// The state of a new QP, and of one moved to RESET (IBTA 10.3.1; rxe `rxe_qp_reset`): nothing of a previous
+    /// connection survives. The PSNs are set again by RTR→RTS (`SQ_PSN`), the retry budgets by `RETRY_CNT` /
+    /// `RNR_RETRY`.
+    pub(crate) const INIT: ReqCtx = ReqCtx {
+        next_psn: Psn::new(0),
+        una_psn: Psn::new(0),
+        high_psn: Psn::new(0),
+        cur_pkt: 0,
+        rd_atomic_out: 0,
+        since_ackreq: 0,
+        retry_left: 0,
+        rnr_left: 0,
+        rnr_wait: false,
+        retrying: false,
+    };
+}
+
 /// What the responder still has to transmit, in PSN order (ACKs must not overtake READ responses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RespItem {
@@ -292,6 +310,9 @@ pub(crate) enum InMsg {
 #[derive(Debug)]
 pub(crate) struct RespCtx {
     pub(crate) epsn: Psn,
+    /// PSN of the last SEND/WRITE packet executed (`rq_psn − 1` before the first): what a duplicate SEND/WRITE is
+    /// re-acknowledged with, never a later READ/atomic's PSN (`ROCEV2.md §5`; rxe `resp.ack_psn` − 1).
+    pub(crate) ack_psn: Psn,
     pub(crate) msn: u32,
     /// A sequence NAK (or RNR NAK) was sent; suppress more until ePSN arrives (rxe `sent_psn_nak`).
     pub(crate) nak_sent: bool,
@@ -305,6 +326,42 @@ pub(crate) struct RespCtx {
     pub(crate) cnp_dest: Option<crate::wire::PeerAddr>,
     /// The responder moved the QP to ERR; the final NAK is still owed.
     pub(crate) fatal_nak: Option<(Psn, u8)>,
+}
+
+impl RespCtx {
+    /// A new responder with room for `res_cap` responder resources (sized at RTR by `max_dest_rd_atomic`) and the
+    /// responses they can have queued, so the per-packet path never allocates.
+    pub(crate) fn new(res_cap: usize) -> RespCtx {
+        RespCtx {
+            epsn: Psn::new(0),
+            ack_psn: Psn::new(0) - 1,
+            msn: 0,
+            nak_sent: false,
+            msg: InMsg::None,
+            res: Vec::with_capacity(res_cap),
+            res_next: 0,
+            out: VecDeque::with_capacity(2 * res_cap + 4),
+            cnp_pending: false,
+            last_cnp: None,
+            cnp_dest: None,
+            fatal_nak: None,
+        }
+    }
+
+    /// Back to the state of [`RespCtx::new`], keeping the allocations: RESET ends the connection, so nothing of it
+    /// survives (MSN, ePSN, duplicate-ACK PSN, NAK suppression, open message, saved READ/atomic requests, queued
+    /// responses, CNP pacing; IBTA 10.3.1, rxe `rxe_qp_reset`).
+    pub(crate) fn reset(&mut self) {
+        let res = core::mem::take(&mut self.res);
+        let out = core::mem::take(&mut self.out);
+        *self = RespCtx {
+            res,
+            out,
+            ..RespCtx::new(0)
+        };
+        self.res.clear();
+        self.out.clear();
+    }
 }
 
 pub(crate) struct Qp {

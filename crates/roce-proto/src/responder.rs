@@ -283,6 +283,7 @@ impl Engine {
                     op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD
                 );
                 if !is_rd {
+                    qp.resp.ack_psn = p;
                     if pkt.ack_req {
                         self.queue_ack(i, p);
                     } else {
@@ -369,7 +370,9 @@ impl Engine {
                 }
             }
             _ => {
-                let e = qp.resp.epsn - 1;
+                // SEND/WRITE: ACK the last SEND/WRITE executed, not ePSN−1 (a READ/atomic after it would take that
+                // ACK as an implied NAK, `ROCEV2.md §5`).
+                let e = qp.resp.ack_psn;
                 self.queue_ack(i, e);
             }
         }

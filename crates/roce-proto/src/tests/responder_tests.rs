@@ -173,3 +173,107 @@ fn dereg_mr_in_the_middle_of_a_write() {
         "the WRITE landed in another MR"
     );
 }
+
+/// `ROCEV2.md §5` (rxe `resp.ack_psn`, "IB/rxe: fix for duplicate request processing and ack psns", 2019): a
+/// duplicate SEND/WRITE is re-acknowledged with the PSN of the last SEND/WRITE the responder executed, never with
+/// ePSN−1 when a READ or atomic was executed after it — an ACK at or beyond an outstanding READ/atomic PSN is an
+/// implied NAK for it (`§4.4`), so the requester would retry it for nothing.
+#[test]
+fn duplicate_write_after_a_read_is_acked_with_the_write_psn() {
+    for then_atomic in [false, true] {
+        let (mut p, a, _b, ma, mb) = setup();
+        let w_sg = [sge(&ma, 0, 100)];
+        let r_sg = [sge(&ma, 4096, 8192)];
+        let at_sg = [sge(&ma, 512, 8)];
+        let second = if then_atomic {
+            SendWr::new(
+                2,
+                SendOp::AtomicFetchAndAdd {
+                    remote_addr: mb.addr + 64,
+                    rkey: mb.rkey,
+                    add: 1,
+                },
+                &at_sg,
+            )
+        } else {
+            read_wr(2, &mb, 0, &r_sg)
+        };
+        let write = SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: mb.addr + 1024,
+                rkey: mb.rkey,
+            },
+            &w_sg,
+        );
+        p.a.post_send(a.qpn, &[write, second]).unwrap();
+        let mut buf = vec![0u8; 9000];
+        let now = p.now;
+        let m = p.a.poll_transmit(now, &mut buf).unwrap();
+        let w = buf[..m.len].to_vec();
+        let m = p.a.poll_transmit(now, &mut buf).unwrap();
+        let r = buf[..m.len].to_vec();
+        let write_psn = bth_of(&w).1;
+        // B executes the WRITE and the READ/atomic, then sees the WRITE again (a duplicate on the wire).
+        p.b.handle_frame(now, &w);
+        p.b.handle_frame(now, &r);
+        p.b.handle_frame(now, &w);
+        p.drive();
+        let acks = acks_from_b(&p);
+        assert_eq!(
+            acks.last().map(|x| x.1),
+            Some(write_psn),
+            "atomic={then_atomic}: the duplicate WRITE's ACK names {acks:?}"
+        );
+        assert_eq!(
+            statuses(&poll_all(&mut p.a, a.cq)),
+            vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+        );
+        assert_eq!(p.a.counters().completer_retry_err, 0);
+    }
+}
+
+/// A QP taken through RESET and connected again starts a new connection: its responder MSN (and every other
+/// per-connection requester/responder state) is cleared on RESET (IBTA 10.3.1: RESET is the state of a newly
+/// created QP; rxe `rxe_qp_reset`), so the first ACK of the new connection carries MSN 1.
+#[test]
+fn reset_clears_the_responder_msn() {
+    let (mut p, a, b, ma, mb) = setup();
+    let o = ConnOpts::default();
+    let send = |p: &mut Pair, id: u64| {
+        p.b.post_recv(
+            b.qpn,
+            &[RecvWr {
+                wr_id: id,
+                sg_list: &[sge(&mb, 0, 100)],
+            }],
+        )
+        .unwrap();
+        p.a.post_send(a.qpn, &[SendWr::new(id, SendOp::Send, &[sge(&ma, 0, 10)])])
+            .unwrap();
+        p.drive();
+    };
+    for id in 0..3 {
+        send(&mut p, id);
+    }
+    assert_eq!(p.b.qp_info(b.qpn).unwrap().msn, 3);
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..QpAttr::default()
+    };
+    for (e, q) in [(&mut p.a, a.qpn), (&mut p.b, b.qpn)] {
+        e.modify_qp(q, &reset, QpAttrMask::STATE).unwrap();
+        assert_eq!(e.qp_info(q).unwrap().msn, 0, "MSN survives RESET");
+    }
+    let (pa, pb) = (Psn::new(7000), Psn::new(9000));
+    bring_up(&mut p.a, a, b.qpn, MAC_B, IP_B, pa, pb, &o);
+    bring_up(&mut p.b, b, a.qpn, MAC_A, IP_A, pb, pa, &o);
+    let before = p.captured.len();
+    send(&mut p, 10);
+    let ack = p.captured[before..]
+        .iter()
+        .find(|c| c.1 == Dir::BtoA && c.2[42] == 0x11)
+        .expect("an ACK of the new connection");
+    let msn = u32::from_be_bytes([0, ack.2[55], ack.2[56], ack.2[57]]);
+    assert_eq!((bth_of(&ack.2).1, msn), (7000, 1));
+}
