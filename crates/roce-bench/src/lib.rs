@@ -434,14 +434,11 @@ impl SendSide {
         let psn0 = req.e.qp_info(req.qpn).expect("qp").next_psn;
         let size = op.size();
         // Frame k carries message k (PSN psn0 + k): its payload is source slot k mod SLOTS.
+        let src: Vec<u8> = (0..SLOTS * size).map(pattern).collect();
         let check = move |p: &roce_wire::ParsedFrame<'_>| {
             let k = p.repr.bth.psn.diff(psn0) as u64;
-            let base = (k % SLOTS) * size;
-            p.payload.len() as u64 == size
-                && p.payload
-                    .iter()
-                    .enumerate()
-                    .all(|(j, &b)| b == pattern(base + j as u64))
+            let base = ((k % SLOTS) * size) as usize;
+            p.payload == &src[base..base + size as usize]
         };
         let link =
             NullLink::new(LINK_MTU, MAX_POST_LIST + 1, check_every).with_check(Box::new(check));

@@ -366,10 +366,7 @@ impl Engine {
         };
         // UD packets leave with the QP's own source port.
         let sport = qp.tmpl.as_ref().map_or(tmpl.sport, |t| t.sport);
-        let need = wire::frame_len(tmpl, &hdr, &ext, plen);
-        if buf.len() < need {
-            return Err(());
-        }
+        // `emit` checks the buffer length before writing anything: too short = nothing consumed.
         let inline = w.inline;
         let sq = &qp.sq;
         let written = wire::emit(buf, tmpl, sport, &hdr, &ext, plen, |out| {

@@ -50,6 +50,9 @@ pub struct HeaderTemplate {
     /// IPv4 total length and checksum stored in the image (base for RFC 1624).
     base_ip_len: u16,
     base_ip_csum: u16,
+    /// ICRC hasher state after the image's masked IP + UDP + BTH headers: [`finish`](Self::finish) derives each
+    /// packet's from it by patching only the per-packet fields (`icrc::header_state`).
+    icrc_base: u32,
 }
 
 impl HeaderTemplate {
@@ -85,6 +88,7 @@ impl HeaderTemplate {
             }
             IpRepr::Ipv6(_) => (true, 0, 0),
         };
+        let icrc_base = icrc::header_state_full(&image[ip_off..len], v6);
         HeaderTemplate {
             image,
             len: len as u8,
@@ -93,6 +97,7 @@ impl HeaderTemplate {
             v6,
             base_ip_len,
             base_ip_csum,
+            icrc_base,
         }
     }
 
@@ -141,6 +146,8 @@ impl HeaderTemplate {
     pub fn set_dest_qp(&mut self, qpn: Qpn) {
         let off = self.bth_offset();
         Bth::new_unchecked(&mut self.image[off..]).set_dest_qp(qpn);
+        let (ip, end) = (self.ip_offset(), self.header_len());
+        self.icrc_base = icrc::header_state_full(&self.image[ip..end], self.v6);
     }
 
     /// Copies the image into `frame` and patches the per-packet fields.
@@ -200,6 +207,13 @@ impl HeaderTemplate {
     /// Zeroes the pad bytes (count taken from the BTH in `frame`) and writes
     /// the ICRC of `frame[..frame_len]`.
     ///
+    /// The masked headers are not hashed again: their CRC comes from the
+    /// template's precomputed state, patched for the per-packet fields
+    /// [`write_headers`](Self::write_headers) writes (lengths, BTH opcode,
+    /// flags, AckReq, PSN) and for a changed BTH DestQP or UDP source port
+    /// (UD). Any other header byte must be left as the template wrote it
+    /// (debug builds assert the result against a full hash).
+    ///
     /// # Errors
     /// [`Error::Truncated`] / [`Error::Malformed`] if `frame` does not hold a
     /// frame written by [`write_headers`](Self::write_headers) of `frame_len`
@@ -226,7 +240,10 @@ impl HeaderTemplate {
             return Err(Error::Malformed);
         }
         frame[icrc_off - pad..icrc_off].fill(0);
-        icrc::fill_at(&mut frame[ip_off..frame_len], self.v6, icrc_off - ip_off);
+        let ip = &mut frame[ip_off..frame_len];
+        let state = icrc::header_state(self.icrc_base, &self.image[ip_off..], ip, self.v6);
+        debug_assert_eq!(state, icrc::header_state_full(ip, self.v6));
+        icrc::fill_from(ip, self.v6, state, icrc_off - ip_off);
         Ok(())
     }
 
