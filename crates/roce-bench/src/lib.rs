@@ -296,15 +296,25 @@ impl Requester {
         self.now = Instant::from_nanos(self.now.as_nanos() + TICK_NS);
     }
 
-    /// `poll_transmit` into the link until the engine has nothing more, then one flush.
+    /// `poll_transmit_gather` into the link until the engine has nothing more, then one flush: payloads of at least
+    /// [`GATHER_MIN`] bytes stay in the MR and go to the link as pieces (`tx_commit_gather`), as with `UdpLink`.
     fn transmit(&mut self, link: &mut NullLink) {
         let now = self.now;
+        let mut segs = [TxSeg::EMPTY; 8];
         loop {
             let buf = link.tx_buf(now).expect("null link tx_buf");
-            let Some(m) = self.e.poll_transmit(now, buf) else {
+            let Some(m) = self.e.poll_transmit_gather(now, buf, &mut segs) else {
                 break;
             };
-            link.tx_commit(now, m.len).expect("null link tx_commit");
+            match m.gather {
+                None => link.tx_commit(now, m.len).expect("null link tx_commit"),
+                // SAFETY: the pieces point into this engine's MR memory, which nothing writes or deregisters
+                // before the flush below (the engine is not called in between).
+                #[allow(unsafe_code)]
+                Some(g) => {
+                    unsafe { link.tx_commit_gather(now, g, &segs) }.expect("tx_commit_gather")
+                }
+            }
         }
         link.flush(now).expect("flush");
     }
@@ -458,6 +468,11 @@ impl SendSide {
         self.completed
     }
 
+    /// Payload bytes the requester's engine copied (or left for the link to gather).
+    pub fn payload_copies(&self) -> PayloadCopies {
+        self.req.e.payload_copies()
+    }
+
     /// Engine port counters.
     pub fn counters(&self) -> &Counters {
         self.req.e.counters()
@@ -539,7 +554,7 @@ impl Loopback {
             resp_qpn,
             resp_cq,
             dst,
-            link_a: NullLink::new(LINK_MTU, MAX_POST_LIST + 1, check_every),
+            link_a: NullLink::new(LINK_MTU, MAX_POST_LIST + 1, check_every).linearizing(),
             link_b: NullLink::new(LINK_MTU, MAX_POST_LIST + 1, check_every),
             recv_posted: 0,
             recv_done: 0,
@@ -586,6 +601,11 @@ impl Loopback {
     /// Signaled completions reaped at the requester, and receive completions at the responder.
     pub fn completions(&self) -> (u64, u64) {
         (self.completed, self.recv_done)
+    }
+
+    /// Payload bytes the requester's and the responder's engines copied (or left for the link to gather).
+    pub fn payload_copies(&self) -> (PayloadCopies, PayloadCopies) {
+        (self.req.e.payload_copies(), self.resp.payload_copies())
     }
 
     /// Engine port counters of the requester and the responder.

@@ -41,6 +41,7 @@ pub use fault::{Fault, FaultConfig, FaultStats, Faulty, GilbertElliott};
 pub use null::{NullLink, NullStats};
 pub use pcap::{Pcap, PcapMode};
 pub use roce_proto::time::Instant;
+pub use roce_proto::{TxGather, TxSeg};
 pub use sim::{SimConfig, SimNet, SimPort, SimStats};
 pub use udp::{IpIdPolicy, RxMode, UdpConfig, UdpLink, UdpStats};
 
@@ -127,6 +128,30 @@ pub trait Link {
     /// a held frame is released), if known. Real backends that are driven by readiness return `None`.
     fn poll_at(&self) -> Option<Instant>;
 
+    /// Queues a gathered frame ([`roce_proto::Engine::poll_transmit_gather`]): the first `g.head` bytes of the
+    /// buffer from the last [`tx_buf`](Self::tx_buf), then `segs[..g.segs]`, then `g.tail` bytes of the buffer at
+    /// offset `g.head`. The default linearises it into the buffer (one copy of the payload) and calls
+    /// [`tx_commit`](Self::tx_commit), which is what decorators (fault injection, pcap) and links that cannot
+    /// gather get; [`UdpLink`] hands the pieces to `sendmmsg` as iovecs instead.
+    ///
+    /// # Safety
+    ///
+    /// Each of `segs[..g.segs]` must be readable for its `len` bytes until the next [`flush`](Self::flush) of
+    /// this link returns (the engine guarantees it while the driver does not call `handle_frame` or deregister
+    /// memory before that flush). A link never keeps a piece past `flush`: what it could not send, it copies into
+    /// its own buffers first.
+    unsafe fn tx_commit_gather(
+        &mut self,
+        now: Instant,
+        g: TxGather,
+        segs: &[TxSeg],
+    ) -> Result<(), LinkError> {
+        let buf = self.tx_buf(now)?;
+        // SAFETY: the caller guarantees the pieces are readable now.
+        let len = unsafe { linearize(buf, g, segs) }?;
+        self.tx_commit(now, len)
+    }
+
     /// Convenience: copies `frame` into a transmit buffer and commits it.
     fn transmit(&mut self, now: Instant, frame: &[u8]) -> Result<(), LinkError> {
         let mtu = self.caps().mtu;
@@ -163,8 +188,62 @@ impl<L: Link + ?Sized> Link for Box<L> {
     fn flush(&mut self, now: Instant) -> Result<(), LinkError> {
         (**self).flush(now)
     }
+    unsafe fn tx_commit_gather(
+        &mut self,
+        now: Instant,
+        g: TxGather,
+        segs: &[TxSeg],
+    ) -> Result<(), LinkError> {
+        // SAFETY: the caller's guarantee is passed on unchanged.
+        unsafe { (**self).tx_commit_gather(now, g, segs) }
+    }
     fn poll_at(&self) -> Option<Instant> {
         (**self).poll_at()
+    }
+}
+
+/// Makes the gathered frame `g` contiguous in `buf` (whose first `g.head + g.tail` bytes hold its headers and
+/// trailer, see [`Link::tx_commit_gather`]): moves the trailer behind the payload and copies the pieces in. Returns
+/// the frame length. [`LinkError::TooLong`] if the frame does not fit `buf` or `segs` has fewer than `g.segs`
+/// pieces (nothing copied).
+///
+/// # Safety
+///
+/// Each of `segs[..g.segs]` must be readable for its `len` bytes and must not overlap `buf`.
+pub unsafe fn linearize(buf: &mut [u8], g: TxGather, segs: &[TxSeg]) -> Result<usize, LinkError> {
+    let pieces = segs.get(..g.segs).ok_or(LinkError::TooLong {
+        len: usize::MAX,
+        mtu: buf.len(),
+    })?;
+    let plen: usize = pieces.iter().map(|s| s.len).sum();
+    let len = g.head + plen + g.tail;
+    if len > buf.len() || g.head + g.tail > buf.len() {
+        return Err(LinkError::TooLong {
+            len,
+            mtu: buf.len(),
+        });
+    }
+    buf.copy_within(g.head..g.head + g.tail, g.head + plen);
+    // SAFETY: the caller guarantees every piece is readable and disjoint from `buf`.
+    unsafe { copy_pieces(&mut buf[g.head..g.head + plen], pieces) };
+    Ok(len)
+}
+
+/// Copies the pieces one after the other into `dst` (exactly their total length).
+///
+/// # Safety
+///
+/// As [`linearize`].
+pub(crate) unsafe fn copy_pieces(dst: &mut [u8], pieces: &[TxSeg]) {
+    let mut at = 0usize;
+    for p in pieces {
+        let Some(d) = dst.get_mut(at..at + p.len) else {
+            return;
+        };
+        // SAFETY: `p.ptr` is readable for `p.len` bytes (caller), `d` is exactly `p.len` writable bytes of `dst`,
+        // and the two do not overlap (caller).
+        unsafe { core::ptr::copy_nonoverlapping(p.ptr, d.as_mut_ptr(), p.len) };
+        at += p.len;
     }
 }
 

@@ -18,7 +18,7 @@ use roce_wire::{
     UdpPacket, bth, ipv4, ipv6, udp,
 };
 
-use crate::{IcrcCaps, Instant, Link, LinkCaps, LinkError};
+use crate::{IcrcCaps, Instant, Link, LinkCaps, LinkError, TxGather, TxSeg, linearize};
 
 /// A payload checker: `true` if the parsed frame carries what it should.
 pub type FrameCheck = Box<dyn FnMut(&ParsedFrame<'_>) -> bool>;
@@ -32,6 +32,10 @@ pub struct NullStats {
     pub tx_bytes: u64,
     /// `flush` calls that handed over at least one frame.
     pub flushes: u64,
+    /// Frames committed with [`Link::tx_commit_gather`].
+    pub gathered_frames: u64,
+    /// Payload bytes this link copied out of gathered pieces (full checks, [`NullLink::linearizing`]).
+    pub linearized_bytes: u64,
     /// Frames that got the full check (whole-frame parse, ICRC, checker).
     pub full_checks: u64,
     /// Frames that failed a check (malformed headers, bad ICRC, checker said no).
@@ -52,6 +56,8 @@ pub struct NullLink {
     flushed: usize,
     check_every: u64,
     check: Option<FrameCheck>,
+    /// Copy gathered frames into the slot (so `flushed` can lend them whole).
+    linearize: bool,
     rx: VecDeque<Vec<u8>>,
     rx_free: Vec<Vec<u8>>,
     stats: NullStats,
@@ -68,7 +74,7 @@ impl core::fmt::Debug for NullLink {
 }
 
 /// The header walk every frame gets: Ethernet → IP → UDP (port 4791, lengths consistent) → BTH (known opcode).
-fn headers_ok(frame: &[u8]) -> bool {
+fn headers_ok(frame: &[u8], len: usize) -> bool {
     let Ok(eth) = EthernetFrame::new_checked(frame) else {
         return false;
     };
@@ -91,7 +97,7 @@ fn headers_ok(frame: &[u8]) -> bool {
         },
         _ => return false,
     };
-    if ip_end != frame.len() || frame.len() < udp_off + udp::HEADER_LEN + bth::HEADER_LEN + 4 {
+    if ip_end != len || frame.len() < udp_off + udp::HEADER_LEN + bth::HEADER_LEN {
         return false;
     }
     let u = UdpPacket::new_unchecked(&frame[udp_off..]);
@@ -117,6 +123,7 @@ impl NullLink {
             flushed: 0,
             check_every,
             check: None,
+            linearize: false,
             rx: VecDeque::with_capacity(burst),
             rx_free: (0..burst).map(|_| Vec::with_capacity(mtu)).collect(),
             stats: NullStats::default(),
@@ -126,6 +133,14 @@ impl NullLink {
     /// Installs a payload checker for the fully checked frames.
     pub fn with_check(mut self, check: FrameCheck) -> NullLink {
         self.check = Some(check);
+        self
+    }
+
+    /// Copies every gathered frame into its slot (one payload copy, the "wire"), so that [`flushed`](Self::flushed)
+    /// can lend it to a peer engine. Without it a gathered frame is only parsed (headers) and, when it is due for
+    /// the full check, copied for that.
+    pub fn linearizing(mut self) -> NullLink {
+        self.linearize = true;
         self
     }
 
@@ -159,7 +174,7 @@ impl NullLink {
 
     fn check_frame(&mut self, i: usize) {
         let frame = &self.slots[i * self.mtu..i * self.mtu + self.lens[i]];
-        let mut ok = headers_ok(frame);
+        let mut ok = headers_ok(frame, frame.len());
         let n = self.stats.tx_frames;
         if ok && self.check_every != 0 && n.is_multiple_of(self.check_every) {
             self.stats.full_checks += 1;
@@ -223,6 +238,45 @@ impl Link for NullLink {
         let i = self.pending;
         self.lens[i] = len;
         self.check_frame(i);
+        self.stats.tx_frames += 1;
+        self.stats.tx_bytes += len as u64;
+        self.pending += 1;
+        Ok(())
+    }
+
+    unsafe fn tx_commit_gather(
+        &mut self,
+        _now: Instant,
+        g: TxGather,
+        segs: &[TxSeg],
+    ) -> Result<(), LinkError> {
+        if self.pending == self.lens.len() {
+            return Err(LinkError::NoTxBuffer);
+        }
+        let i = self.pending;
+        let plen: usize = segs.iter().take(g.segs).map(|p| p.len).sum();
+        let len = g.head + plen + g.tail;
+        let n = self.stats.tx_frames;
+        let full = self.check_every != 0 && n.is_multiple_of(self.check_every);
+        let slot = &mut self.slots[i * self.mtu..(i + 1) * self.mtu];
+        if self.linearize || full {
+            // SAFETY: the pieces are readable now (caller); the slot is this link's own memory.
+            unsafe { linearize(slot, g, segs) }?;
+            self.stats.linearized_bytes += plen as u64;
+            self.stats.gathered_frames += 1;
+            self.lens[i] = len;
+            self.check_frame(i);
+        } else {
+            if len > self.mtu {
+                return Err(LinkError::TooLong { len, mtu: self.mtu });
+            }
+            self.stats.gathered_frames += 1;
+            self.lens[i] = len;
+            // Only the headers are read; the payload's place in the slot holds stale bytes.
+            if !headers_ok(&slot[..len], len) {
+                self.stats.bad += 1;
+            }
+        }
         self.stats.tx_frames += 1;
         self.stats.tx_bytes += len as u64;
         self.pending += 1;

@@ -104,7 +104,7 @@ use roce_wire::{
 };
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::{IcrcCaps, Instant, Link, LinkCaps, LinkError};
+use crate::{IcrcCaps, Instant, Link, LinkCaps, LinkError, TxGather, TxSeg, copy_pieces};
 
 /// Length of an untagged Ethernet header.
 const ETH_LEN: usize = 14;
@@ -240,6 +240,13 @@ pub struct UdpStats {
     pub tx_invalid: u64,
     /// IPv4 frames with ID ≠ 0 or DF clear (dropped or repaired per [`IpIdPolicy`]).
     pub tx_ip_hdr_mismatch: u64,
+    /// Payload bytes of gathered frames ([`Link::tx_commit_gather`]) handed to the kernel straight from the
+    /// application's registered memory (iovecs, no user-space copy).
+    pub tx_gathered_bytes: u64,
+    /// Payload bytes of gathered frames this link had to copy into its own buffers: frames with more than
+    /// [`MAX_GATHER`] pieces, frames it repaired ([`IpIdPolicy::Repair`]), and frames still queued when `flush`
+    /// returned (socket full), which must not keep pointers into registered memory.
+    pub tx_linearized_bytes: u64,
     /// Transmit sockets currently open (one per source port in use, plus the receive socket).
     pub tx_sockets: u64,
     /// Frames delivered to the receive sink.
@@ -256,9 +263,14 @@ pub struct UdpStats {
     pub rx_bad_addr: u64,
 }
 
+/// Payload pieces per gathered frame the link sends as iovecs; a frame with more is copied into the slot.
+pub const MAX_GATHER: usize = 8;
+
 /// Per-slot metadata of a queued datagram.
 #[derive(Clone, Copy)]
 struct TxMeta {
+    /// Gathered frame: headers at `..head`, pieces in `tx_segs`, trailer at `head + payload..` of the slot.
+    gather: Option<TxGather>,
     /// Payload start within the slot.
     off: usize,
     /// Payload length.
@@ -295,6 +307,9 @@ pub struct UdpLink {
     tx_grouped: Vec<bool>,
     /// Scratch of `flush`, by slot: sent or dropped (leaves the queue).
     tx_done: Vec<bool>,
+    /// Payload pieces of gathered frames, `MAX_GATHER` per slot.
+    tx_segs: Vec<TxSeg>,
+    /// `burst · (MAX_GATHER + 2)` iovecs: head, pieces, trailer per message.
     tx_iov: Vec<libc::iovec>,
     tx_msgs: Vec<libc::mmsghdr>,
     tx_ctrl: Vec<[u64; CMSG_WORDS]>,
@@ -313,8 +328,10 @@ pub struct UdpLink {
 }
 
 // SAFETY: the only non-`Send` fields are the `iovec`/`mmsghdr` scratch arrays, whose raw pointers point into this
-// link's own heap buffers (or are stale). They are rewritten before every `sendmmsg`/`recvmmsg` and never read
-// otherwise, so moving the link to another thread moves everything they may refer to along with it.
+// link's own heap buffers (or are stale), and `tx_segs`, whose pointers into registered memory are only read
+// between `tx_commit_gather` and the end of the next `flush` (the caller's guarantee; `flush` copies whatever it
+// could not send). They are rewritten before every `sendmmsg`/`recvmmsg` and never read otherwise, so moving the
+// link to another thread moves everything they may refer to along with it.
 unsafe impl Send for UdpLink {}
 
 impl core::fmt::Debug for UdpLink {
@@ -792,6 +809,7 @@ impl UdpLink {
             tx_data: vec![0; burst * cfg.mtu],
             tx_meta: vec![
                 TxMeta {
+                    gather: None,
                     off: 0,
                     len: 0,
                     sock: 0,
@@ -807,7 +825,8 @@ impl UdpLink {
             tx_sel: Vec::with_capacity(burst),
             tx_grouped: vec![false; burst],
             tx_done: vec![false; burst],
-            tx_iov: vec![zeroed(); burst],
+            tx_segs: vec![TxSeg::EMPTY; burst * MAX_GATHER],
+            tx_iov: vec![zeroed(); burst * (MAX_GATHER + 2)],
             tx_msgs: vec![zeroed(); burst],
             tx_ctrl: vec![[0; CMSG_WORDS]; burst],
             rx_data: vec![0; burst * rx_slot],
@@ -982,6 +1001,79 @@ impl UdpLink {
         })
     }
 
+    /// Queues slot `tx_free.last()` holding a `len`-byte frame; with `gather`, its payload is `pieces` (trailer
+    /// already behind the payload's place).
+    ///
+    /// # Safety
+    ///
+    /// `pieces` are readable until the next `flush` returns ([`Link::tx_commit_gather`]).
+    unsafe fn commit(
+        &mut self,
+        len: usize,
+        mut gather: Option<TxGather>,
+        pieces: &[TxSeg],
+    ) -> Result<(), LinkError> {
+        let Some(&slot) = self.tx_free.last() else {
+            return Err(LinkError::NoTxBuffer);
+        };
+        let mtu = self.cfg.mtu;
+        if len > mtu {
+            return Err(LinkError::TooLong { len, mtu });
+        }
+        let i = usize::from(slot);
+        let Some(p) = self.parse_tx(&self.tx_data[i * mtu..i * mtu + len]) else {
+            self.stats.tx_invalid += 1;
+            return Ok(());
+        };
+        if p.hdr_mismatch {
+            self.stats.tx_ip_hdr_mismatch += 1;
+            match self.cfg.ip_id {
+                IpIdPolicy::Drop => return Ok(()),
+                IpIdPolicy::Repair => {
+                    if let Some(g) = gather.take() {
+                        let plen = len - g.head - g.tail;
+                        let at = i * mtu + g.head;
+                        // SAFETY: the pieces are readable (caller) and `tx_data` is the link's own memory.
+                        unsafe { copy_pieces(&mut self.tx_data[at..at + plen], pieces) };
+                        self.stats.tx_linearized_bytes += plen as u64;
+                    }
+                    let ip = &mut self.tx_data[i * mtu + p.ip_off..i * mtu + len];
+                    let mut v = Ipv4Packet::new_unchecked(&mut *ip);
+                    v.set_ident(0);
+                    v.set_flags_and_offset(true, false, 0);
+                    v.fill_checksum();
+                    if icrc::fill(ip).is_err() {
+                        self.stats.tx_invalid += 1;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let sock = match self.sock_for(p.sport) {
+            Ok(s) => s,
+            Err(e) => {
+                self.stats.tx_errors += 1;
+                return Err(e);
+            }
+        };
+        if let Some(g) = gather {
+            self.tx_segs[i * MAX_GATHER..i * MAX_GATHER + g.segs].copy_from_slice(pieces);
+            self.stats.tx_gathered_bytes += (len - g.head - g.tail) as u64;
+        }
+        self.tx_meta[i] = TxMeta {
+            gather,
+            off: p.off,
+            len: p.len,
+            sock,
+            tos: p.tos,
+            ttl: p.ttl,
+            dst: sockaddr_of(SocketAddr::new(p.dst, self.cfg.peer_port)),
+        };
+        self.tx_free.pop();
+        self.tx_pend.push(slot);
+        Ok(())
+    }
+
     /// Index of the socket bound to `sport`, creating it on first use.
     fn sock_for(&mut self, sport: u16) -> Result<u16, LinkError> {
         let m = self.port_map[usize::from(sport)];
@@ -1063,21 +1155,53 @@ impl UdpLink {
             size_of::<libc::sockaddr_in>()
         } as libc::socklen_t;
         let count = self.tx_sel.len() - from;
+        let mut j = 0usize;
         for k in 0..count {
             let i = usize::from(self.tx_sel[from + k]);
             let clen = self.tx_cmsgs(i);
             let m = &mut self.tx_meta[i];
-            self.tx_iov[k] = libc::iovec {
-                // SAFETY: `off + len <= mtu` was checked in `tx_commit`, so the pointer stays inside slot `i` of
-                // `tx_data`.
-                iov_base: unsafe { self.tx_data.as_mut_ptr().add(i * mtu + m.off) }.cast(),
-                iov_len: m.len,
-            };
+            let start = j;
+            // SAFETY: `off + len <= mtu` was checked at commit (for a gathered frame `head + tail <= mtu` too), so
+            // every pointer below stays inside slot `i` of `tx_data`.
+            let slot = unsafe { self.tx_data.as_mut_ptr().add(i * mtu) };
+            match m.gather {
+                None => {
+                    self.tx_iov[j] = libc::iovec {
+                        // SAFETY: as above.
+                        iov_base: unsafe { slot.add(m.off) }.cast(),
+                        iov_len: m.len,
+                    };
+                    j += 1;
+                }
+                Some(g) => {
+                    let head = g.head - m.off;
+                    let plen = m.len - head - g.tail;
+                    self.tx_iov[j] = libc::iovec {
+                        // SAFETY: as above.
+                        iov_base: unsafe { slot.add(m.off) }.cast(),
+                        iov_len: head,
+                    };
+                    j += 1;
+                    for p in &self.tx_segs[i * MAX_GATHER..i * MAX_GATHER + g.segs] {
+                        self.tx_iov[j] = libc::iovec {
+                            iov_base: p.ptr.cast_mut().cast(),
+                            iov_len: p.len,
+                        };
+                        j += 1;
+                    }
+                    self.tx_iov[j] = libc::iovec {
+                        // SAFETY: as above (the trailer was moved to `head + plen` at commit).
+                        iov_base: unsafe { slot.add(g.head + plen) }.cast(),
+                        iov_len: g.tail,
+                    };
+                    j += 1;
+                }
+            }
             let h = &mut self.tx_msgs[k].msg_hdr;
             h.msg_name = (&mut m.dst as *mut libc::sockaddr_in6).cast();
             h.msg_namelen = addr_len;
-            h.msg_iov = &mut self.tx_iov[k];
-            h.msg_iovlen = 1;
+            h.msg_iov = &mut self.tx_iov[start];
+            h.msg_iovlen = (j - start) as _;
             h.msg_control = self.tx_ctrl[i].as_mut_ptr().cast();
             h.msg_controllen = clen as _;
             h.msg_flags = 0;
@@ -1086,7 +1210,8 @@ impl UdpLink {
         let fd = self.socks[usize::from(sock)].as_raw_fd();
         self.stats.tx_sendmmsg += 1;
         // SAFETY: `tx_msgs[..count]` were just filled with pointers into `tx_meta`, `tx_iov`, `tx_ctrl` and
-        // `tx_data`, which are neither moved nor resized until this call returns; `count` is at most `burst`.
+        // `tx_data`, which are neither moved nor resized until this call returns, and with the pieces of gathered
+        // frames, readable until this `flush` returns (`tx_commit_gather`'s contract); `count` is at most `burst`.
         let r = unsafe {
             libc::sendmmsg(
                 fd,
@@ -1444,53 +1569,49 @@ impl Link for UdpLink {
     }
 
     fn tx_commit(&mut self, _now: Instant, len: usize) -> Result<(), LinkError> {
+        // SAFETY: no pieces.
+        unsafe { self.commit(len, None, &[]) }
+    }
+
+    unsafe fn tx_commit_gather(
+        &mut self,
+        _now: Instant,
+        g: TxGather,
+        segs: &[TxSeg],
+    ) -> Result<(), LinkError> {
         let Some(&slot) = self.tx_free.last() else {
             return Err(LinkError::NoTxBuffer);
         };
         let mtu = self.cfg.mtu;
+        let Some(pieces) = segs.get(..g.segs) else {
+            return Err(LinkError::TooLong {
+                len: usize::MAX,
+                mtu,
+            });
+        };
+        let plen: usize = pieces.iter().map(|p| p.len).sum();
+        let len = g.head + plen + g.tail;
         if len > mtu {
             return Err(LinkError::TooLong { len, mtu });
         }
-        let i = usize::from(slot);
-        let Some(p) = self.parse_tx(&self.tx_data[i * mtu..i * mtu + len]) else {
-            self.stats.tx_invalid += 1;
-            return Ok(());
-        };
-        if p.hdr_mismatch {
-            self.stats.tx_ip_hdr_mismatch += 1;
-            match self.cfg.ip_id {
-                IpIdPolicy::Drop => return Ok(()),
-                IpIdPolicy::Repair => {
-                    let ip = &mut self.tx_data[i * mtu + p.ip_off..i * mtu + len];
-                    let mut v = Ipv4Packet::new_unchecked(&mut *ip);
-                    v.set_ident(0);
-                    v.set_flags_and_offset(true, false, 0);
-                    v.fill_checksum();
-                    if icrc::fill(ip).is_err() {
-                        self.stats.tx_invalid += 1;
-                        return Ok(());
-                    }
-                }
-            }
+        let base = usize::from(slot) * mtu;
+        // The trailer goes behind the payload's place, so the slot reads as the frame's headers and lengths.
+        self.tx_data
+            .copy_within(base + g.head..base + g.head + g.tail, base + g.head + plen);
+        if g.segs > MAX_GATHER {
+            // SAFETY: the pieces are readable now (caller); `tx_data` is the link's own memory.
+            unsafe {
+                copy_pieces(
+                    &mut self.tx_data[base + g.head..base + g.head + plen],
+                    pieces,
+                )
+            };
+            self.stats.tx_linearized_bytes += plen as u64;
+            // SAFETY: no pieces.
+            return unsafe { self.commit(len, None, &[]) };
         }
-        let sock = match self.sock_for(p.sport) {
-            Ok(s) => s,
-            Err(e) => {
-                self.stats.tx_errors += 1;
-                return Err(e);
-            }
-        };
-        self.tx_meta[i] = TxMeta {
-            off: p.off,
-            len: p.len,
-            sock,
-            tos: p.tos,
-            ttl: p.ttl,
-            dst: sockaddr_of(SocketAddr::new(p.dst, self.cfg.peer_port)),
-        };
-        self.tx_free.pop();
-        self.tx_pend.push(slot);
-        Ok(())
+        // SAFETY: passed on from the caller.
+        unsafe { self.commit(len, Some(g), pieces) }
     }
 
     fn flush(&mut self, _now: Instant) -> Result<(), LinkError> {
@@ -1535,6 +1656,24 @@ impl Link for UdpLink {
             }
         }
         self.tx_pend.truncate(w);
+        // No pointer into registered memory outlives this flush: copy what is still queued.
+        for &slot in &self.tx_pend {
+            let i = usize::from(slot);
+            let m = &mut self.tx_meta[i];
+            if let Some(g) = m.gather.take() {
+                let plen = m.len - (g.head - m.off) - g.tail;
+                let at = i * self.cfg.mtu + g.head;
+                // SAFETY: the pieces are readable until this flush returns (`tx_commit_gather`'s contract);
+                // `tx_data` is the link's own memory.
+                unsafe {
+                    copy_pieces(
+                        &mut self.tx_data[at..at + plen],
+                        &self.tx_segs[i * MAX_GATHER..i * MAX_GATHER + g.segs],
+                    )
+                };
+                self.stats.tx_linearized_bytes += plen as u64;
+            }
+        }
         first_err.map_or(Ok(()), Err)
     }
 

@@ -36,6 +36,58 @@ pub struct TxMeta {
     pub ecn: u8,
     /// What kind of frame it is (scheduling class).
     pub kind: TxKind,
+    /// `Some` when the payload was left in MR memory for the link to gather ([`Engine::poll_transmit_gather`]).
+    pub gather: Option<TxGather>,
+}
+
+/// Smallest payload (bytes) [`Engine::poll_transmit_gather`] leaves in MR memory for the link to gather; shorter
+/// payloads are copied into the frame. Below this a copy costs less than what one more iovec costs a link: the
+/// kernel's per-segment work in `sendmsg` (iov_iter setup, a separate `copy_from_user` call, a second cache line
+/// to touch) plus, for the engine, a second ICRC update call (crc32fast's SIMD folding only starts at 128 bytes;
+/// `../shared/limits/RESULTS.md`: 64 B hashes at ~10 ns, memcpy of 256 B costs ~5-10 ns hot).
+pub const GATHER_MIN: usize = 256;
+
+/// A payload piece a link reads straight from registered memory ([`Engine::poll_transmit_gather`]): `len` bytes
+/// at `ptr`. Creating it is safe; reading through it is the link's `unsafe`, valid only as the engine documents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxSeg {
+    /// First byte.
+    pub ptr: *const u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl TxSeg {
+    /// An empty piece (to initialise arrays).
+    pub const EMPTY: TxSeg = TxSeg {
+        ptr: core::ptr::null(),
+        len: 0,
+    };
+}
+
+/// Layout of a gathered frame ([`Engine::poll_transmit_gather`]): `head` bytes of the transmit buffer, the first
+/// `segs` [`TxSeg`]s, then `tail` bytes (pad + ICRC) of the transmit buffer starting at offset `head`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxGather {
+    /// Header bytes at the start of the buffer (Ethernet .. extension headers).
+    pub head: usize,
+    /// Payload pieces used.
+    pub segs: usize,
+    /// Pad + ICRC bytes at `buf[head..]`.
+    pub tail: usize,
+}
+
+/// Payload bytes the engine moved in user space ([`Engine::payload_copies`]): what a zero-copy test counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PayloadCopies {
+    /// Bytes copied out of MR memory (transmit payload copied into frames, inline capture at post time, READ
+    /// responses, READ/atomic sources).
+    pub read_from_mr: u64,
+    /// Bytes copied into MR memory (received SEND/WRITE/READ-response payload at its final offset, UD GRHs,
+    /// atomic results).
+    pub written_to_mr: u64,
+    /// Payload bytes handed to a link as [`TxSeg`]s instead of being copied.
+    pub gathered: u64,
 }
 
 /// Class of a transmitted frame.
@@ -143,6 +195,8 @@ pub struct Engine {
     pub(crate) ip_id: u16,
     /// Timer generation base for the next QP (see `QpTimers::with_base`).
     pub(crate) timer_epoch: u32,
+    /// Payload bytes handed to links as [`TxSeg`]s.
+    pub(crate) tx_gathered: u64,
 }
 
 impl core::fmt::Debug for Engine {
@@ -188,6 +242,7 @@ impl Engine {
             rng,
             ip_id,
             timer_epoch: 0,
+            tx_gathered: 0,
         }
     }
 
@@ -1431,6 +1486,45 @@ impl Engine {
     /// (no PSN, no state change) and `None` is returned; `tx_refused` counts it (S05).
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxMeta> {
+        self.transmit(now, buf, &mut [])
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) for a link that gathers (`sendmsg` iovecs, multi-buffer rings): a
+    /// requester data packet whose payload is at least [`GATHER_MIN`] bytes of registered memory with a contiguous
+    /// mapping ([`MrMemory::base_ptr`](crate::MrMemory::base_ptr)) is **not copied**. `buf` then holds the headers
+    /// (`..head`) followed by pad + ICRC (`head..head + tail`), computed over the MR bytes in place, and `segs[..n]`
+    /// the payload pieces (one per SGE piece), as [`TxMeta::gather`] says; the frame on the wire is
+    /// `buf[..head] ++ segs ++ buf[head..head + tail]`, `TxMeta::len` bytes in all, and `buf` is still long enough
+    /// to hold it linearised. Other frames (ACKs, READ responses, inline or short payloads, more pieces than
+    /// `segs` has room for) are written whole into `buf` as by `poll_transmit` (`gather` = `None`).
+    ///
+    /// # Pointer validity
+    ///
+    /// The pieces point into MR memory. They stay readable until the next call on this engine that writes MR
+    /// memory (`handle_frame`, `post_recv` does not) or deregisters (a WR's MRs cannot be deregistered before it
+    /// completes): a link must send or linearise them within the driver's progress step that produced them, before
+    /// feeding the engine received frames. Go-back-N reads the MR again, so a retransmission never depends on
+    /// bytes a link kept.
+    #[must_use]
+    pub fn poll_transmit_gather(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        segs: &mut [TxSeg],
+    ) -> Option<TxMeta> {
+        self.transmit(now, buf, segs)
+    }
+
+    /// Payload bytes copied in user space by the engine so far, and payload bytes handed to a link for gathering.
+    pub fn payload_copies(&self) -> PayloadCopies {
+        PayloadCopies {
+            read_from_mr: self.mrs.bytes_read.get(),
+            written_to_mr: self.mrs.bytes_written,
+            gathered: self.tx_gathered,
+        }
+    }
+
+    fn transmit(&mut self, now: Instant, buf: &mut [u8], segs: &mut [TxSeg]) -> Option<TxMeta> {
         self.sched.observe(now);
         // Control tier.
         let mut budget = self.ctrl_q.len();
@@ -1484,7 +1578,7 @@ impl Engine {
                     continue;
                 }
             }
-            match self.emit_data(i, now, buf) {
+            match self.emit_data(i, now, buf, segs) {
                 Ok(Some(meta)) => {
                     if let Some(s) = self.sched.qp_mut(i) {
                         s.bucket.consume(now, meta.len);

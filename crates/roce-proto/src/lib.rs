@@ -109,7 +109,9 @@ mod tests;
 
 pub use cc::{DcqcnConfig, FixedRate, RateController, RateMetrics};
 pub use config::{CapPolicy, DeviceAttr, EngineConfig};
-pub use engine::{Engine, FIRST_QPN, QpDump, QpInfo, TxKind, TxMeta};
+pub use engine::{
+    Engine, FIRST_QPN, GATHER_MIN, PayloadCopies, QpDump, QpInfo, TxGather, TxKind, TxMeta, TxSeg,
+};
 pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
 pub use mr::{MrBuffer, MrMemory};
 pub use requester::{local_ack_timeout, packets_for};

@@ -278,6 +278,10 @@ pub(crate) struct MrTable {
     free: Vec<u32>,
     next_va: u64,
     live: u32,
+    /// Bytes copied out of MR memory by [`read`](Self::read) (transmit payload, inline capture, READ responses).
+    pub(crate) bytes_read: core::cell::Cell<u64>,
+    /// Bytes copied into MR memory by [`write`](Self::write) (received payload, UD GRH, atomic results).
+    pub(crate) bytes_written: u64,
 }
 
 const VA_BASE: u64 = 0x7f00_0000_0000;
@@ -500,6 +504,32 @@ impl MrTable {
             && !dst.is_empty()
         {
             mr.buf.0.read_at(r.offset, dst);
+            self.bytes_read
+                .set(self.bytes_read.get() + dst.len() as u64);
+        }
+    }
+
+    /// Address of the `len` bytes at a checked reference, for a link that gathers them itself
+    /// ([`MrMemory::base_ptr`]); `None` if the memory has no contiguous mapping or the reference went stale.
+    #[inline]
+    pub(crate) fn ptr(&self, r: MrRef, len: usize) -> Option<*const u8> {
+        let mr = self.mem(r.slot)?;
+        if !Self::fits(mr, r, len) {
+            return None;
+        }
+        mr.buf.0.base_ptr().map(|p| p.wrapping_add(r.offset))
+    }
+
+    /// Feeds the `len` bytes at a checked reference into `h` ([`MrMemory::crc32_update`]); false (nothing hashed)
+    /// if the reference went stale.
+    #[inline]
+    pub(crate) fn crc32_update(&self, r: MrRef, len: usize, h: &mut crc32fast::Hasher) -> bool {
+        match self.mem(r.slot) {
+            Some(mr) if Self::fits(mr, r, len) => {
+                mr.buf.0.crc32_update(r.offset, len, h);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -511,6 +541,7 @@ impl MrTable {
             && !src.is_empty()
         {
             mr.buf.0.write_at(r.offset, src);
+            self.bytes_written += src.len() as u64;
         }
     }
 

@@ -59,6 +59,64 @@ pub(crate) fn gather(
     }
 }
 
+/// Calls `f` with each (MR reference, length) piece of the SGE list bytes `off..off + len`.
+fn pieces_of(
+    segs: &[crate::qp::Seg],
+    mut off: u64,
+    len: usize,
+    mut f: impl FnMut(crate::mr::MrRef, usize),
+) {
+    let mut done = 0usize;
+    for s in segs {
+        if done == len {
+            break;
+        }
+        let l = u64::from(s.len);
+        if off >= l {
+            off -= l;
+            continue;
+        }
+        let take = ((l - off) as usize).min(len - done);
+        f(
+            crate::mr::MrRef {
+                slot: s.mr.slot,
+                offset: s.mr.offset + off as usize,
+            },
+            take,
+        );
+        done += take;
+        off = 0;
+    }
+}
+
+/// The SGE list bytes `off..off + len` as link-gatherable pieces in `out`: their count, or `None` (copy instead)
+/// if a piece's memory has no contiguous mapping or `out` is too short.
+fn gather_segs(
+    mrs: &crate::mr::MrTable,
+    segs: &[crate::qp::Seg],
+    off: u64,
+    len: usize,
+    out: &mut [crate::engine::TxSeg],
+) -> Option<usize> {
+    let mut n = 0usize;
+    let mut ok = true;
+    let mut total = 0usize;
+    pieces_of(segs, off, len, |r, take| {
+        if !ok {
+            return;
+        }
+        match (mrs.ptr(r, take), out.get_mut(n)) {
+            (Some(ptr), Some(slot)) => {
+                *slot = crate::engine::TxSeg { ptr, len: take };
+                n += 1;
+                total += take;
+            }
+            _ => ok = false,
+        }
+    });
+    (ok && total == len).then_some(n)
+}
+
 /// Scatters `data` into the SGEs starting `off` bytes into the list.
 pub(crate) fn scatter(
     mrs: &mut crate::mr::MrTable,
@@ -142,6 +200,7 @@ impl Engine {
         i: usize,
         now: Instant,
         buf: &mut [u8],
+        segs: &mut [crate::engine::TxSeg],
     ) -> Result<Option<TxMeta>, ()> {
         if self.qps[i]
             .as_deref()
@@ -160,7 +219,7 @@ impl Engine {
                 self.enter_error(i);
                 Ok(None)
             }
-            Step::Packet => self.emit_request(i, now, buf),
+            Step::Packet => self.emit_request(i, now, buf, segs),
         }
     }
 
@@ -169,9 +228,15 @@ impl Engine {
         i: usize,
         now: Instant,
         buf: &mut [u8],
+        segs: &mut [crate::engine::TxSeg],
     ) -> Result<Option<TxMeta>, ()> {
         let Engine {
-            qps, mrs, ahs, cfg, ..
+            qps,
+            mrs,
+            ahs,
+            cfg,
+            tx_gathered,
+            ..
         } = self;
         let Some(qp) = qps[i].as_deref_mut() else {
             return Ok(None);
@@ -369,16 +434,47 @@ impl Engine {
         // `emit` checks the buffer length before writing anything: too short = nothing consumed.
         let inline = w.inline;
         let sq = &qp.sq;
-        let written = wire::emit(buf, tmpl, sport, &hdr, &ext, plen, |out| {
-            if inline {
-                let src = sq.inline_bytes(cur);
-                let o = offset as usize;
-                out.copy_from_slice(&src[o..o + out.len()]);
-            } else {
-                gather(mrs, sq.segs(cur), offset, out);
+        // Zero copy where the caller's link gathers: the payload pieces stay in MR memory.
+        let nsegs = if inline || plen < crate::engine::GATHER_MIN {
+            None
+        } else {
+            gather_segs(mrs, sq.segs(cur), offset, plen, segs)
+        };
+        let (len, gathered) = match nsegs {
+            Some(n) => {
+                let pieces = &segs[..n];
+                let hash = |h: &mut crc32fast::Hasher| {
+                    pieces_of(sq.segs(cur), offset, plen, |r, take| {
+                        mrs.crc32_update(r, take, h);
+                    });
+                };
+                let Some((head, tail, len)) =
+                    wire::emit_gather(buf, tmpl, sport, &hdr, &ext, plen, hash)
+                else {
+                    return Err(());
+                };
+                *tx_gathered += plen as u64;
+                let g = crate::engine::TxGather {
+                    head,
+                    segs: pieces.len(),
+                    tail,
+                };
+                (len, Some(g))
             }
-        });
-        let Some(len) = written else { return Err(()) };
+            None => {
+                let written = wire::emit(buf, tmpl, sport, &hdr, &ext, plen, |out| {
+                    if inline {
+                        let src = sq.inline_bytes(cur);
+                        let o = offset as usize;
+                        out.copy_from_slice(&src[o..o + out.len()]);
+                    } else {
+                        gather(mrs, sq.segs(cur), offset, out);
+                    }
+                });
+                let Some(len) = written else { return Err(()) };
+                (len, None)
+            }
+        };
         // Commit state only now that the frame is written.
         let (meta_dscp, meta_ecn) = tmpl.marks(TxClass::Data, cfg.cnp_dscp);
         let w = qp.sq.wqe_mut(cur);
@@ -432,6 +528,7 @@ impl Engine {
             } else {
                 TxKind::Data
             },
+            gather: gathered,
         }))
     }
 

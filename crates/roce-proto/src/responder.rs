@@ -988,6 +988,7 @@ impl Engine {
             dscp,
             ecn,
             kind,
+            gather: None,
         }))
     }
 
@@ -1077,6 +1078,7 @@ impl Engine {
             dscp,
             ecn,
             kind: TxKind::ReadResponse,
+            gather: None,
         }))
     }
 }

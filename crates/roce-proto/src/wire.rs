@@ -341,6 +341,44 @@ pub(crate) fn emit(
     plen: usize,
     fill: impl FnOnce(&mut [u8]),
 ) -> Option<usize> {
+    let (img, head, total) = emit_head(buf, t, sport, h, ext, plen)?;
+    fill(&mut buf[head..head + plen]);
+    img.finish(buf, total).ok()?;
+    Some(total)
+}
+
+/// Like [`emit`] for a payload the link gathers: writes the headers and extension headers (`buf[..head]`), then
+/// pad + ICRC at `buf[head..head + tail]`, the ICRC covering the payload that `hash` feeds the hasher (from MR
+/// memory, in place). Returns `(head, tail, frame length)`; `buf` must still be long enough for the whole frame.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn emit_gather(
+    buf: &mut [u8],
+    t: &TxTemplate,
+    sport: u16,
+    h: &TxHdr,
+    ext: &Ext,
+    plen: usize,
+    hash: impl FnOnce(&mut crc32fast::Hasher),
+) -> Option<(usize, usize, usize)> {
+    let (img, head, total) = emit_head(buf, t, sport, h, ext, plen)?;
+    let mut hasher = img
+        .icrc_hasher(&buf[..head], head - img.header_len())
+        .ok()?;
+    hash(&mut hasher);
+    let tail = img.write_trailer(&mut buf[head..], plen, hasher).ok()?;
+    Some((head, tail, total))
+}
+
+/// Template headers (with per-packet fields) and extension headers into `buf`: `(image, head length, frame
+/// length)`. Nothing is written if `buf` is shorter than the whole frame.
+fn emit_head<'t>(
+    buf: &mut [u8],
+    t: &'t TxTemplate,
+    sport: u16,
+    h: &TxHdr,
+    ext: &Ext,
+    plen: usize,
+) -> Option<(&'t HeaderTemplate, usize, usize)> {
     let img = t.image(h.class);
     let ext = ext.to_repr();
     let ext_len = ext.byte_len();
@@ -360,9 +398,7 @@ pub(crate) fn emit(
     }
     let hl = img.header_len();
     ext.emit(&mut buf[hl..hl + ext_len]).ok()?;
-    fill(&mut buf[hl + ext_len..hl + ext_len + plen]);
-    img.finish(buf, total).ok()?;
-    Some(total)
+    Some((img, hl + ext_len, total))
 }
 
 /// Why a frame was not accepted by the parser.

@@ -247,6 +247,47 @@ impl HeaderTemplate {
         Ok(())
     }
 
+    /// For a frame whose payload is not stored after its headers (a link
+    /// gathers it from elsewhere): the ICRC hasher after the masked headers
+    /// and the `ext_len` extension-header bytes at
+    /// [`header_len`](Self::header_len) of `frame`, which
+    /// [`write_headers`](Self::write_headers) wrote (same rule as
+    /// [`finish`](Self::finish) for the other header bytes). Feed it the
+    /// payload, then call [`write_trailer`](Self::write_trailer).
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] if `frame` is shorter than the headers + `ext_len`.
+    pub fn icrc_hasher(&self, frame: &[u8], ext_len: usize) -> Result<crc32fast::Hasher> {
+        let (ip_off, hl) = (usize::from(self.ip_off), self.header_len());
+        let head = frame.get(ip_off..hl + ext_len).ok_or(Error::Truncated)?;
+        let state = icrc::header_state(self.icrc_base, &self.image[ip_off..], head, self.v6);
+        debug_assert_eq!(state, icrc::header_state_full(head, self.v6));
+        let mut h = crc32fast::Hasher::new_with_initial(state);
+        h.update(&head[hl - ip_off..]);
+        Ok(h)
+    }
+
+    /// Writes the pad of a `payload_len`-byte payload (zeros) and the ICRC,
+    /// finalised from `h` (which has seen headers and payload, see
+    /// [`icrc_hasher`](Self::icrc_hasher)), at `out[..]`. Returns the bytes
+    /// written: pad + [`ICRC_LEN`].
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] if `out` is shorter than that.
+    pub fn write_trailer(
+        &self,
+        out: &mut [u8],
+        payload_len: usize,
+        mut h: crc32fast::Hasher,
+    ) -> Result<usize> {
+        let pad = Self::pad_for(payload_len);
+        let t = out.get_mut(..pad + ICRC_LEN).ok_or(Error::Truncated)?;
+        t[..pad].fill(0);
+        h.update(&t[..pad]);
+        t[pad..].copy_from_slice(&h.finalize().to_le_bytes());
+        Ok(pad + ICRC_LEN)
+    }
+
     /// One-call emit: headers, `ext`, payload from `emit_payload` (given
     /// exactly `payload_len` bytes), pad, ICRC. Returns the frame length.
     ///
@@ -355,6 +396,31 @@ mod tests {
         assert_eq!(p.repr.bth.psn, Psn::new(5));
         assert!(p.repr.bth.solicited && p.repr.bth.ack_req);
         assert_eq!(p.payload, b"hello");
+    }
+
+    #[test]
+    fn gathered_trailer_matches_finish() {
+        let t = template();
+        for plen in [0usize, 1, 5, 64, 301] {
+            let payload: std::vec::Vec<u8> = (0..plen).map(|i| i as u8 ^ 0x5a).collect();
+            let mut f = [0u8; 512];
+            let n = t
+                .emit(&mut f, &HDR, &ExtRepr::NONE, plen, |b| {
+                    b.copy_from_slice(&payload)
+                })
+                .unwrap();
+            let mut g = [0u8; 512];
+            t.write_headers(&mut g, &HDR, 0, plen).unwrap();
+            let hl = t.header_len();
+            let mut h = t.icrc_hasher(&g, 0).unwrap();
+            h.update(&payload[..plen / 2]);
+            h.update(&payload[plen / 2..]);
+            let mut tail = [0u8; 8];
+            let k = t.write_trailer(&mut tail, plen, h).unwrap();
+            assert_eq!(hl + plen + k, n);
+            assert_eq!(&g[..hl], &f[..hl], "plen {plen}");
+            assert_eq!(&tail[..k], &f[hl + plen..n], "plen {plen}: pad + ICRC");
+        }
     }
 
     #[test]
