@@ -15,6 +15,9 @@
 //! implied NAKs, go-back-N retransmissions and duplicate requests run (it asserts each of those counters moved), marks
 //! some data frames CE (CNPs) and posts some receives late (RNR NAK → RNR wait → retry).
 //!
+//! Engine A transmits through `poll_transmit_gather` (payloads of `GATHER_MIN` bytes or more left in its MRs as
+//! pieces the test wire copies), engine B through `poll_transmit`, so both output paths are covered.
+//!
 //! On failure the message names the counts and the engine frames of the first few allocations in the armed region.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -163,6 +166,8 @@ struct Net {
     dropped: u64,
     ce_marked: u64,
     ect_seen: u32,
+    /// Frames engine A handed over as gathered pieces.
+    gathered: u64,
 }
 
 impl Net {
@@ -189,6 +194,7 @@ impl Net {
             dropped: 0,
             ce_marked: 0,
             ect_seen: 0,
+            gathered: 0,
         }
     }
 
@@ -205,10 +211,29 @@ impl Net {
         let mut n = 0;
         for from_a in [true, false] {
             loop {
-                let e = if from_a { &mut self.a } else { &mut self.b };
-                let Some(meta) = e.poll_transmit(self.now, &mut self.tx) else {
+                // A transmits through the gathering path (payload pieces left in its MRs), B through the copying one.
+                let mut segs = [TxSeg::EMPTY; 8];
+                let meta = if from_a {
+                    self.a.poll_transmit_gather(self.now, &mut self.tx, &mut segs)
+                } else {
+                    self.b.poll_transmit(self.now, &mut self.tx)
+                };
+                let Some(meta) = meta else {
                     break;
                 };
+                if let Some(g) = meta.gather {
+                    self.gathered += 1;
+                    // The frame is head ++ pieces ++ tail; make it whole in `tx` (room for it is guaranteed).
+                    self.tx.copy_within(g.head..g.head + g.tail, meta.len - g.tail);
+                    let mut at = g.head;
+                    for p in &segs[..g.segs] {
+                        // SAFETY: the pieces point into engine A's MR memory, which nothing writes or deregisters
+                        // before this copy (the engines are not called in between); `tx` is disjoint from it.
+                        let src = unsafe { core::slice::from_raw_parts(p.ptr, p.len) };
+                        self.tx[at..at + p.len].copy_from_slice(src);
+                        at += p.len;
+                    }
+                }
                 n += 1;
                 self.sent += 1;
                 if self.loss_permille > 0 && (self.rand() % 1000) < u64::from(self.loss_permille) {
@@ -948,6 +973,7 @@ fn steady_state_allocates_nothing() {
         net.a.counters()
     );
     assert_eq!(net.dropped, 0);
+    assert!(net.gathered > 1000, "A's gathering transmit path ran: {}", net.gathered);
 }
 
 #[test]
@@ -961,6 +987,7 @@ fn lossy_steady_state_allocates_nothing() {
         let ctx = format!("loss {loss}‰: A {a:?}\nB {b:?}");
         assert!(net.dropped > 100, "dropped {} ({ctx})", net.dropped);
         assert!(net.ce_marked > 100, "CE marked {} ({ctx})", net.ce_marked);
+        assert!(net.gathered > 100, "gathered {} ({ctx})", net.gathered);
         assert!(
             a.retransmitted_pkts > 0 && b.retransmitted_pkts > 0,
             "{ctx}"
