@@ -212,7 +212,9 @@ const fn patch_points(v6: bool) -> [(usize, usize); 15] {
     out
 }
 
+#[cfg(test)]
 const POINTS_V4: [(usize, usize); 15] = patch_points(false);
+#[cfg(test)]
 const POINTS_V6: [(usize, usize); 15] = patch_points(true);
 
 /// The ICRC hasher state after the masked IP + UDP + BTH headers of `ip`, derived from `base` — the state after
@@ -221,27 +223,29 @@ const POINTS_V6: [(usize, usize); 15] = patch_points(true);
 /// BTH opcode / flags / DestQP / A / PSN), whose contributions come from precomputed tables (15 lookups instead
 /// of hashing 40–60 masked bytes). Both slices hold at least the IP + UDP + BTH headers; every other header byte
 /// of `ip` must equal `image`'s, or the result is wrong (debug builds check).
+#[inline]
 pub(crate) fn header_state(base: u32, image: &[u8], ip: &[u8], v6: bool) -> u32 {
     if v6 {
-        patch::<{ ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN }>(
-            base, image, ip, &POINTS_V6,
-        )
+        patch::<true, { ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN }>(base, image, ip)
     } else {
-        patch::<{ ipv4::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN }>(
-            base, image, ip, &POINTS_V4,
-        )
+        patch::<false, { ipv4::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN }>(base, image, ip)
     }
 }
 
-/// [`header_state`] for headers of exactly `N` bytes: one length check, then 15 table lookups at constant offsets.
+/// [`header_state`] for headers of exactly `N` bytes: one length check, then 15 table lookups at offsets and
+/// tables known at compile time (the loop unrolls; no bounds checks remain).
 #[inline(always)]
-fn patch<const N: usize>(base: u32, image: &[u8], ip: &[u8], points: &[(usize, usize); 15]) -> u32 {
+fn patch<const V6: bool, const N: usize>(base: u32, image: &[u8], ip: &[u8]) -> u32 {
     let (Some(image), Some(ip)) = (image.first_chunk::<N>(), ip.first_chunk::<N>()) else {
         return base;
     };
+    let points = const { patch_points(V6) };
     let mut s = base;
-    for &(off, t) in points {
+    let mut k = 0;
+    while k < points.len() {
+        let (off, t) = points[k];
         s ^= TABLES[t][usize::from(ip[off] ^ image[off])];
+        k += 1;
     }
     s
 }
