@@ -214,7 +214,8 @@ impl Net {
                 // A transmits through the gathering path (payload pieces left in its MRs), B through the copying one.
                 let mut segs = [TxSeg::EMPTY; 8];
                 let meta = if from_a {
-                    self.a.poll_transmit_gather(self.now, &mut self.tx, &mut segs)
+                    self.a
+                        .poll_transmit_gather(self.now, &mut self.tx, &mut segs)
                 } else {
                     self.b.poll_transmit(self.now, &mut self.tx)
                 };
@@ -224,7 +225,8 @@ impl Net {
                 if let Some(g) = meta.gather {
                     self.gathered += 1;
                     // The frame is head ++ pieces ++ tail; make it whole in `tx` (room for it is guaranteed).
-                    self.tx.copy_within(g.head..g.head + g.tail, meta.len - g.tail);
+                    self.tx
+                        .copy_within(g.head..g.head + g.tail, meta.len - g.tail);
                     let mut at = g.head;
                     for p in &segs[..g.segs] {
                         // SAFETY: the pieces point into engine A's MR memory, which nothing writes or deregisters
@@ -973,7 +975,11 @@ fn steady_state_allocates_nothing() {
         net.a.counters()
     );
     assert_eq!(net.dropped, 0);
-    assert!(net.gathered > 1000, "A's gathering transmit path ran: {}", net.gathered);
+    assert!(
+        net.gathered > 1000,
+        "A's gathering transmit path ran: {}",
+        net.gathered
+    );
 }
 
 #[test]
