@@ -1013,7 +1013,8 @@ impl Engine {
             a.max_rd_atomic = attr.max_rd_atomic.max(1);
         }
         if set(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            a.max_dest_rd_atomic = attr.max_dest_rd_atomic.max(1);
+            // 0 is a valid choice: the responder then has no READ/atomic resources and refuses them (`execute`).
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
         }
         if set(QpAttrMask::DEST_QPN) {
             a.dest_qp_num = attr.dest_qp_num;
@@ -1040,7 +1041,7 @@ impl Engine {
             qp.req.rnr_left = qp.attr.rnr_retry;
         }
         if set(QpAttrMask::MAX_DEST_RD_ATOMIC) || (cur == QpState::Init && to == QpState::Rtr) {
-            let n = qp.attr.max_dest_rd_atomic.max(1) as usize;
+            let n = usize::from(qp.attr.max_dest_rd_atomic);
             qp.resp.res.clear();
             qp.resp.res.resize(n, RdResource::EMPTY);
             qp.resp.res_next = 0;

@@ -611,6 +611,14 @@ impl Engine {
                     }
                 }
             }
+            op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD if qp.resp.res.is_empty() => {
+                // No responder resources (`max_dest_rd_atomic` 0): NAK invalid request (IBTA; rxe `check_resource`
+                // → RESPST_ERR_TOO_MANY_RDMA_ATM_REQ; siw "zero-sized Read and Receive Queues", 2020).
+                Exec::Fatal {
+                    syndrome: NAK_INV_REQ,
+                    wc: None,
+                }
+            }
             op::RDMA_READ_REQUEST => {
                 let Some((va, rkey, dlen)) = pkt.ext.reth else {
                     return Exec::Fatal {
@@ -643,8 +651,7 @@ impl Engine {
                     };
                 }
                 let Some(ri) = alloc_resource(&mut qp.resp) else {
-                    // No responder resources (cannot happen once in RTR: at least one is sized there).
-                    stats.drop_stale_response += 1;
+                    // Unreachable: a QP without resources refuses READs above.
                     return Exec::Drop;
                 };
                 let npsn = crate::requester::packets_for(u64::from(dlen), qp.pmtu());
@@ -695,7 +702,7 @@ impl Engine {
                     };
                 };
                 let Some(ri) = alloc_resource(&mut qp.resp) else {
-                    stats.drop_stale_response += 1;
+                    // Unreachable: a QP without resources refuses atomics above.
                     return Exec::Drop;
                 };
                 // Remote memory holds the operand in little-endian order (see requester `on_atomic_ack`); the memory

@@ -277,3 +277,46 @@ fn reset_clears_the_responder_msn() {
     let msn = u32::from_be_bytes([0, ack.2[55], ack.2[56], ack.2[57]]);
     assert_eq!((bth_of(&ack.2).1, msn), (7000, 1));
 }
+
+/// A responder with no READ/atomic resources (`max_dest_rd_atomic` 0) refuses READs and atomics with NAK invalid
+/// request (IBTA; rxe `check_resource` → RESPST_ERR_TOO_MANY_RDMA_ATM_REQ; siw "zero-sized Read and Receive
+/// Queues", 2020): the requester sees REM_INV_REQ_ERR, and `query_qp` reports the 0 it was given.
+#[test]
+fn max_dest_rd_atomic_zero_refuses_read_and_atomic() {
+    for atomic in [false, true] {
+        let mut p = Pair::new();
+        let o = ConnOpts {
+            max_dest_rd_atomic: 0,
+            ..ConnOpts::default()
+        };
+        let (a, b) = connect(&mut p, &o);
+        let ma = mr(&mut p.a, a.pd, 4096, |_| 0);
+        let mb = mr(&mut p.b, b.pd, 4096, |i| i as u8);
+        assert_eq!(p.b.query_qp(b.qpn).unwrap().max_dest_rd_atomic, 0);
+        let local = [sge(&ma, 0, 8)];
+        let wr = if atomic {
+            SendWr::new(
+                1,
+                SendOp::AtomicFetchAndAdd {
+                    remote_addr: mb.addr,
+                    rkey: mb.rkey,
+                    add: 1,
+                },
+                &local,
+            )
+        } else {
+            read_wr(1, &mb, 0, &local)
+        };
+        p.a.post_send(a.qpn, &[wr]).unwrap();
+        p.drive();
+        assert_eq!(
+            statuses(&poll_all(&mut p.a, a.cq)),
+            vec![(1, WcStatus::RemInvReqErr)],
+            "atomic={atomic}"
+        );
+        assert_eq!(acks_from_b(&p).last().map(|x| x.0), Some(0x61));
+        assert_eq!(p.b.qp_info(b.qpn).unwrap().state, QpState::Err);
+        let untouched = p.b.mr_bytes(mb.lkey).unwrap()[..8].to_vec();
+        assert_eq!(untouched, (0..8).collect::<Vec<u8>>(), "atomic executed");
+    }
+}

@@ -171,6 +171,7 @@ pub(crate) struct ConnOpts {
     pub rnr_retry: u8,
     pub min_rnr_timer: u8,
     pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
     pub sq_sig_all: bool,
 }
 
@@ -197,6 +198,7 @@ impl Default for ConnOpts {
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 4,
+            max_dest_rd_atomic: 16,
             sq_sig_all: true,
         }
     }
@@ -254,7 +256,7 @@ pub(crate) fn bring_up(
     at.path_mtu = o.mtu;
     at.dest_qp_num = peer_qpn;
     at.rq_psn = peer_psn;
-    at.max_dest_rd_atomic = 16;
+    at.max_dest_rd_atomic = o.max_dest_rd_atomic;
     at.min_rnr_timer = o.min_rnr_timer;
     let rtr_mask = match o.qp_type {
         QpType::Rc => {
