@@ -52,9 +52,33 @@ pub enum Error {
     /// A bad argument detected by the runtime.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
-    /// Mapping MR memory failed ([`Pd::reg_mr_hugepages`]).
+    /// Allocating or mapping memory failed.
     #[error("allocating MR memory failed")]
     Alloc(#[source] std::io::Error),
+    /// The object is in use (`EBUSY`): e.g. [`Mr::dereg`] while work requests that name the MR are in flight.
+    #[error("busy: {0}")]
+    Busy(&'static str),
+}
+
+impl Error {
+    /// The `errno` a libibverbs call reports for this error (Linux values): `EBUSY` (16) for [`Error::Busy`] and an
+    /// engine `Busy`, `EINVAL` (22) for bad handles and arguments, `ENOMEM` (12) for exhausted resources and failed
+    /// allocations, `EIO` (5) for a dead or silent engine and link failures, `EAGAIN` (11) for a failed spawn.
+    pub fn errno(&self) -> i32 {
+        const EIO: i32 = 5;
+        const EAGAIN: i32 = 11;
+        const ENOMEM: i32 = 12;
+        const EBUSY: i32 = 16;
+        const EINVAL: i32 = 22;
+        match self {
+            Error::Busy(_) | Error::Resource(ResourceError::Busy(_)) => EBUSY,
+            Error::Resource(ResourceError::Exhausted(_)) | Error::Alloc(_) => ENOMEM,
+            Error::Resource(_) | Error::CreateQp(_) | Error::ModifyQp(_) => EINVAL,
+            Error::InvalidArgument(_) => EINVAL,
+            Error::Spawn(_) => EAGAIN,
+            Error::Link(_) | Error::EngineGone | Error::Timeout(_) => EIO,
+        }
+    }
 }
 
 /// Errors of [`Qp::post_send`] / [`Qp::post_recv`] (synchronous checks, `STYLE.md` V3). Nothing of the chain was
@@ -383,43 +407,40 @@ impl Pd {
         &self.inner.ctx
     }
 
-    /// `ibv_reg_mr` of owned memory (`STYLE.md` V2): the engine takes the buffer; access it with [`Mr::read`] /
-    /// [`Mr::write`].
+    /// `ibv_reg_mr` of a buffer the application owns: the MR covers all of `buf`, its address is the buffer's
+    /// ([`MrBuf::as_ptr`](crate::MrBuf::as_ptr)), and the application keeps reading and writing the bytes through
+    /// `buf` under the RNIC contract (crate docs: a buffer is not changed between post and completion). The engine
+    /// co-owns the memory until the MR is gone, so dropping `buf` first is harmless.
     ///
-    /// `buf` is a `Vec<u8>`, `Box<[u8]>`, `&[u8]` (copied), `[u8; N]`, a [`HugePageBuffer`](crate::HugePageBuffer)
-    /// or any other [`MrMemory`](roce_proto::MrMemory); the MR covers all of its bytes. Errors: the engine's
-    /// (`Error::Resource`: dead PD, `max_mr`, `max_mr_size`, REMOTE_WRITE without LOCAL_WRITE), `EngineGone`,
-    /// `Timeout`.
-    pub fn reg_mr(&self, buf: impl Into<MrBuffer>, access: AccessFlags) -> Result<Mr, Error> {
-        let buf: MrBuffer = buf.into();
-        let huge = buf
-            .downcast_ref::<crate::HugePageBuffer>()
-            .is_some_and(|h| h.is_huge());
+    /// Errors: the engine's (`Error::Resource`: dead PD, `max_mr`, `max_mr_size`, REMOTE_WRITE without
+    /// LOCAL_WRITE), `EngineGone`, `Timeout`.
+    pub fn reg_mr(&self, buf: &crate::MrBuf, access: AccessFlags) -> Result<Mr, Error> {
+        self.reg_region(Arc::clone(buf.region()), access)
+    }
+
+    /// Registers `region` at its own address (shared by [`reg_mr`](Self::reg_mr) and `reg_mr_raw`).
+    pub(crate) fn reg_region(
+        &self,
+        region: Arc<crate::memory::Region>,
+        access: AccessFlags,
+    ) -> Result<Mr, Error> {
+        let huge = region.is_huge();
+        let iova = region.base() as u64;
+        let mem = MrBuffer::new(crate::memory::SharedMemory(Arc::clone(&region)));
         let pd = self.inner.handle;
         let info = self
             .inner
             .ctx
-            .call(move |d| d.engine.reg_mr(pd, buf, access))??;
+            .call(move |d| d.engine.reg_mr_iova(pd, mem, access, iova))??;
         Ok(Mr {
             inner: Arc::new(MrInner {
                 pd: self.clone(),
                 info,
                 huge,
+                region,
+                registered: AtomicBool::new(true),
             }),
         })
-    }
-
-    /// `ibv_reg_mr` of `len` zeroed bytes on 2 MiB huge pages (perftest `--use_hugepages`), falling back to normal
-    /// pages with a `tracing::warn!` when the kernel has no free huge pages
-    /// ([`HugePagePolicy::Prefer`](crate::HugePagePolicy::Prefer)); [`Mr::is_huge`] tells which. For a hard requirement pass
-    /// `HugePageBuffer::alloc(len, HugePagePolicy::Require)?` to [`reg_mr`](Self::reg_mr).
-    ///
-    /// Errors: `Alloc` (the fallback mapping failed too, or `len` overflows when rounded to 2 MiB), then as
-    /// [`reg_mr`](Self::reg_mr).
-    pub fn reg_mr_hugepages(&self, len: usize, access: AccessFlags) -> Result<Mr, Error> {
-        let buf = crate::HugePageBuffer::alloc(len, crate::HugePagePolicy::Prefer)
-            .map_err(Error::Alloc)?;
-        self.reg_mr(buf, access)
     }
 
     /// `ibv_create_ah` (UD address vector).
@@ -504,25 +525,37 @@ impl Pd {
     }
 }
 
-#[derive(Debug)]
 struct MrInner {
     pd: Pd,
     info: MrInfo,
     huge: bool,
+    region: Arc<crate::memory::Region>,
+    /// Cleared by a successful [`Mr::dereg`], so `Drop` does not deregister again.
+    registered: AtomicBool,
+}
+
+impl std::fmt::Debug for MrInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("info", &self.info)
+            .field("huge", &self.huge)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Drop for MrInner {
     fn drop(&mut self) {
+        if !self.registered.load(Ordering::Acquire) {
+            return;
+        }
         let lkey = self.info.lkey;
-        self.pd.inner.ctx.cast(move |d| {
-            if let Err(e) = d.engine.dereg_mr(lkey) {
-                tracing::warn!(error = %e, "dereg_mr failed; the buffer stays with the engine");
-            }
-        });
+        // With WRs still in flight the engine refuses; the device retries until they have completed (the engine
+        // co-owns the memory meanwhile, so nothing is freed early).
+        self.pd.inner.ctx.cast(move |d| d.dereg_or_defer(lkey));
     }
 }
 
-/// A memory region (`ibv_mr`) whose buffer the engine owns.
+/// A memory region (`ibv_mr`) over memory the application owns ([`MrBuf`](crate::MrBuf) or a raw registration).
 #[derive(Clone, Debug)]
 pub struct Mr {
     inner: Arc<MrInner>,
@@ -537,7 +570,7 @@ impl Mr {
     pub fn rkey(&self) -> Rkey {
         self.inner.info.rkey
     }
-    /// Virtual address of byte 0.
+    /// Virtual address of byte 0 (the registered memory's own address).
     pub fn addr(&self) -> u64 {
         self.inner.info.addr
     }
@@ -545,7 +578,7 @@ impl Mr {
     pub fn length(&self) -> u64 {
         self.inner.info.length
     }
-    /// True when the buffer is a [`HugePageBuffer`](crate::HugePageBuffer) that got hugetlb (2 MiB) pages.
+    /// True when the memory is on hugetlb (2 MiB) pages.
     pub fn is_huge(&self) -> bool {
         self.inner.huge
     }
@@ -560,30 +593,50 @@ impl Mr {
         }
     }
 
-    /// Copies `len` bytes from byte `offset` of the MR. Errors: out of range.
+    /// Copies `len` bytes from byte `offset` of the registered memory: a plain memory copy in the calling thread,
+    /// under the RNIC contract like any access to the memory. Errors: `InvalidArgument` (range outside the MR).
     pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>, Error> {
-        let lkey = self.lkey();
-        self.inner
-            .pd
-            .inner
-            .ctx
-            .call(move |d| {
-                let mut v = vec![0u8; len];
-                d.engine.mr_read(lkey, offset, &mut v).map(|()| v)
-            })?
-            .map_err(Error::from)
+        self.range_ok(offset, len)?;
+        let mut v = vec![0u8; len];
+        self.inner.region.read(offset, &mut v);
+        Ok(v)
     }
 
-    /// Copies `data` into the MR at byte `offset`. Errors: out of range.
+    /// Copies `data` into the registered memory at byte `offset` (a plain memory copy, as [`read`](Self::read)).
+    /// Errors: `InvalidArgument` (range outside the MR).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), Error> {
+        self.range_ok(offset, data.len())?;
+        self.inner.region.write(offset, data);
+        Ok(())
+    }
+
+    fn range_ok(&self, offset: usize, len: usize) -> Result<(), Error> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.inner.region.len() => Ok(()),
+            _ => Err(Error::InvalidArgument("range outside the MR")),
+        }
+    }
+
+    /// `ibv_dereg_mr`. Refused while work requests that name the MR are in flight (posted and not yet completed, or
+    /// a READ/atomic the responder still replays): the MR comes back with [`Error::Busy`] (`EBUSY`, see
+    /// [`Error::errno`]), and the caller tries again after polling their completions. Work posted before this call
+    /// counts even if the runtime had not handed it to the engine yet. Other handles cloned from this one become
+    /// dead keys (a later WR naming them completes with a protection error).
+    pub fn dereg(self) -> Result<(), (Mr, Error)> {
         let lkey = self.lkey();
-        let data = data.to_vec();
-        self.inner
-            .pd
-            .inner
-            .ctx
-            .call(move |d| d.engine.mr_write(lkey, offset, &data))?
-            .map_err(Error::from)
+        let r = self.inner.pd.inner.ctx.call(move |d| {
+            d.drain_all_posted();
+            d.engine.dereg_mr(lkey).map(drop)
+        });
+        match r {
+            Ok(Ok(())) => {
+                self.inner.registered.store(false, Ordering::Release);
+                Ok(())
+            }
+            Ok(Err(ResourceError::Busy(what))) => Err((self, Error::Busy(what))),
+            Ok(Err(e)) => Err((self, Error::Resource(e))),
+            Err(e) => Err((self, e)),
+        }
     }
 }
 
@@ -1058,8 +1111,12 @@ mod tests {
             max_inline_data: 0,
         };
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let mra = pda.reg_mr(vec![0u8; 64], access).expect("mr");
-        let mrb = pdb.reg_mr(vec![0u8; 64], access).expect("mr");
+        let (bufa, bufb) = (
+            crate::MrBuf::new(64).expect("buf"),
+            crate::MrBuf::new(64).expect("buf"),
+        );
+        let mra = pda.reg_mr(&bufa, access).expect("mr");
+        let mrb = pdb.reg_mr(&bufb, access).expect("mr");
         let mut qps = Vec::new();
         for i in 0..8u32 {
             let qa = pda

@@ -1,11 +1,11 @@
 //! The engine thread (`STYLE.md` D1, D4, §10): owns one or more [`Engine`]s with their [`Link`]s and drives them.
 //!
 //! One loop iteration:
-//! 1. run queued control commands (create/modify/destroy, reg_mr, MR reads/writes, counters);
-//! 2. per device: `rx_burst` → `handle_frame` for each frame; `handle_timeout(now)` when the engine's deadline
+//! 1. per device: `rx_burst` → `handle_frame` for each frame; `handle_timeout(now)` when the engine's deadline
 //!    has passed;
-//! 3. drain the QP rings named by doorbells (`post_send` / `post_recv` into the engine; WQEs wait in the ring while
+//! 2. drain the QP rings named by doorbells (`post_send` / `post_recv` into the engine; WQEs wait in the ring while
 //!    the engine's SQ/RQ is full) and evaluate the CQs named by arm doorbells ([`crate::Cq::req_notify`]);
+//! 3. run queued control commands (create/modify/destroy, reg_mr, counters);
 //! 4. per device: `poll_transmit` into link transmit buffers up to `tx_budget` frames, then **one** `flush()`;
 //! 5. publish completions into the per-CQ rings (never more than a ring has room for: the rest stays in the engine
 //!    CQ, so no completion is lost) and fire completion-channel events (CQ moderation);
@@ -337,6 +337,8 @@ pub struct Device {
     /// Moderation deadlines of armed CQs: `(deadline, cq slot)`, at most one entry per CQ.
     cq_timers: BinaryHeap<Reverse<(Instant, u32)>>,
     wc_buf: Vec<Wc>,
+    /// MRs whose last handle went while WRs still used them: deregistered once the engine lets go.
+    deferred_dereg: Vec<roce_proto::Lkey>,
     pub(crate) now: Instant,
 }
 
@@ -359,6 +361,7 @@ impl Device {
             cq_pending: VecDeque::new(),
             cq_timers: BinaryHeap::new(),
             wc_buf: vec![Wc::default(); 64],
+            deferred_dereg: Vec::new(),
             now: Instant::ZERO,
         }
     }
@@ -469,6 +472,35 @@ impl Device {
             self.blocked.push_back(slot);
         }
         moved
+    }
+
+    /// Hands every WR the application has posted (on any QP) to the engine, as far as its queues have room
+    /// (control path: one pass over the QPs).
+    pub(crate) fn drain_all_posted(&mut self) {
+        for slot in 0..self.qps.len() as u32 {
+            self.drain_qp(slot);
+        }
+    }
+
+    /// Deregisters MR `lkey`, or, while WRs still use it, keeps it for [`retry_deferred_dereg`]
+    /// (Self::retry_deferred_dereg).
+    pub(crate) fn dereg_or_defer(&mut self, lkey: roce_proto::Lkey) {
+        self.drain_all_posted();
+        match self.engine.dereg_mr(lkey) {
+            Ok(_) => {}
+            Err(roce_proto::ResourceError::Busy(_)) => self.deferred_dereg.push(lkey),
+            Err(e) => tracing::warn!(error = %e, "dereg_mr failed"),
+        }
+    }
+
+    /// Deregisters the deferred MRs whose WRs have completed (only when some are waiting).
+    fn retry_deferred_dereg(&mut self) {
+        if self.deferred_dereg.is_empty() {
+            return;
+        }
+        let engine = &mut self.engine;
+        self.deferred_dereg
+            .retain(|&k| matches!(engine.dereg_mr(k), Err(roce_proto::ResourceError::Busy(_))));
     }
 
     /// Retries QPs whose rings were left non-empty because the engine's queues were full.
@@ -654,13 +686,6 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
         stats.loops.fetch_add(1, Ordering::Relaxed);
         let now = clock.now();
         let mut work = false;
-        while let Some((d, cmd)) = shared.cmds.pop() {
-            if let Some(dev) = devs.get_mut(d) {
-                dev.now = now;
-                cmd(dev);
-            }
-            work = true;
-        }
         for dev in &mut devs {
             let engine = &mut dev.engine;
             match dev
@@ -704,6 +729,15 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
                 work |= dev.recover_overflow(now);
             }
         }
+        // Control commands after the doorbells: WRs a thread posted before it issued a command (e.g. `Mr::dereg`)
+        // are in the engine when the command runs.
+        while let Some((d, cmd)) = shared.cmds.pop() {
+            if let Some(dev) = devs.get_mut(d) {
+                dev.now = now;
+                cmd(dev);
+            }
+            work = true;
+        }
         for dev in &mut devs {
             work |= dev.retry_blocked();
             let mut sent = 0;
@@ -740,6 +774,7 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
                 work = true;
             }
             dev.run_timers(now);
+            dev.retry_deferred_dereg();
             while let Some(ev) = dev.engine.poll_async_event() {
                 tracing::debug!(?ev, "async event");
             }

@@ -56,6 +56,7 @@ struct Side {
     qps: Vec<Qp>,
     cq: Cq,
     mr: Mr,
+    _buf: MrBuf,
     _pd: Pd,
 }
 
@@ -73,11 +74,13 @@ fn side(ctx: &Context, nqp: usize, chan: Option<&Arc<CompChannel>>, moder: Moder
         .map(|_| pd.create_qp(QpType::Rc, &cq, &cq, cap, false).expect("qp"))
         .collect();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mr = pd.reg_mr(vec![0u8; 4096], access).expect("mr");
+    let buf = MrBuf::new(4096).expect("buf");
+    let mr = pd.reg_mr(&buf, access).expect("mr");
     Side {
         qps,
         cq,
         mr,
+        _buf: buf,
         _pd: pd,
     }
 }

@@ -15,6 +15,8 @@ struct End {
     cq: Cq,
     qp: Qp,
     mr: Mr,
+    /// The registered memory, read and written by the test directly.
+    buf: MrBuf,
 }
 
 fn end(ctx: &Context, chan: Option<&Arc<CompChannel>>, moder: Moderation, mr_len: usize) -> End {
@@ -29,13 +31,16 @@ fn end(ctx: &Context, chan: Option<&Arc<CompChannel>>, moder: Moderation, mr_len
     };
     let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap, false).expect("qp");
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let mr = pd.reg_mr(vec![0u8; mr_len], access).expect("mr");
+    let access = access | AccessFlags::REMOTE_ATOMIC;
+    let buf = MrBuf::new(mr_len).expect("buf");
+    let mr = pd.reg_mr(&buf, access).expect("mr");
     End {
         ctx: ctx.clone(),
         pd,
         cq,
         qp,
         mr,
+        buf,
     }
 }
 
@@ -66,7 +71,7 @@ fn poll_n(cq: &Cq, n: usize, limit: Duration) -> Vec<Wc> {
 }
 
 /// Sender and receiver threads post and poll concurrently; every message arrives in order with its bytes.
-fn concurrent_send_recv(a: End, b: End) {
+fn concurrent_send_recv(mut a: End, b: End) {
     connect(&a, &b);
     const N: usize = 2000;
     const SZ: usize = 256;
@@ -97,8 +102,9 @@ fn concurrent_send_recv(a: End, b: End) {
                 assert_eq!(wc.opcode, WcOpcode::Recv);
                 assert_eq!(wc.wr_id, got as u64, "in order");
                 assert_eq!(wc.byte_len, SZ as u32);
+                // The receive landed in the application's own buffer: read it in place.
                 let slot = got % 32;
-                let data = b.mr.read(slot * SZ, SZ).expect("read");
+                let data = &b.buf[slot * SZ..slot * SZ + SZ];
                 assert!(
                     data.iter().all(|&x| x == (got % 251) as u8),
                     "payload of message {got}"
@@ -119,8 +125,8 @@ fn concurrent_send_recv(a: End, b: End) {
     while done < N {
         while sent < N && sent - done < 16 {
             let slot = (sent % 16) as u64;
-            a.mr.write(slot as usize * SZ, &[(sent % 251) as u8; SZ])
-                .expect("write");
+            // Ordinary stores into the registered buffer; no copy command.
+            a.buf[slot as usize * SZ..][..SZ].fill((sent % 251) as u8);
             let sge = [a.mr.sge(slot * SZ as u64, SZ as u32)];
             let wr = SendWr::new(sent as u64, SendOp::Send, &sge).signaled();
             match a.qp.post_send(&[wr]) {
@@ -313,7 +319,7 @@ fn post_errors_are_synchronous_and_bad_lkey_is_a_completion() {
     let parts: [&[u8]; 1] = [&big];
     let wr = SendWr::new(1, SendOp::Send, &[]).inline(&parts);
     assert_eq!(a.qp.post_send(&[wr]), Err(PostError::InlineTooLong));
-    // Out-of-MR SGE: the engine completes it with an error (STYLE V3), no panic.
+    // Out-of-MR SGE: the engine completes it with LOC_PROT_ERR (IBTA §10.6.3.4, STYLE V3) and touches nothing.
     let bad = [a.mr.sge(4000, 200)];
     let wr = SendWr::new(
         9,
@@ -326,12 +332,188 @@ fn post_errors_are_synchronous_and_bad_lkey_is_a_completion() {
     .signaled();
     a.qp.post_send(&[wr]).expect("post");
     let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
-    assert_eq!(wc[0].wr_id, 9);
-    assert_ne!(wc[0].status, WcStatus::Success);
-    // MR contents round-trip through the command channel; out of range is an error.
+    assert_eq!((wc[0].wr_id, wc[0].status), (9, WcStatus::LocProtErr));
+    assert!(b.buf.iter().all(|&x| x == 0), "nothing written remotely");
+    // Plain-copy convenience methods; out of range is an error.
     a.mr.write(10, b"hello").expect("write");
+    assert_eq!(&a.buf[10..15], b"hello");
     assert_eq!(a.mr.read(10, 5).expect("read"), b"hello");
     assert!(a.mr.read(4090, 10).is_err());
+    assert!(a.mr.write(usize::MAX, b"x").is_err());
+}
+
+/// A remote range past the end of the peer's MR: the responder NAKs (REM_ACCESS_ERR at the requester, IBTA
+/// §9.7.5.2.8) and writes nothing, neither inside nor outside the registered buffer.
+#[test]
+fn out_of_range_remote_write_is_rem_access_err_and_writes_nothing() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+    let mut a = end(&ca, None, Moderation::default(), 4096);
+    let b = end(&cb, None, Moderation::default(), 4096);
+    connect(&a, &b);
+    a.buf.fill(0xab);
+    let sge = [a.mr.sge(0, 64)];
+    let wr = SendWr::new(
+        3,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr() + 4096 - 32,
+            rkey: b.mr.rkey(),
+        },
+        &sge,
+    )
+    .signaled();
+    a.qp.post_send(&[wr]).expect("post");
+    let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
+    assert_eq!((wc[0].wr_id, wc[0].status), (3, WcStatus::RemAccessErr));
+    assert!(b.buf.iter().all(|&x| x == 0), "nothing written");
+}
+
+/// The application's own memory, end to end: ordinary stores into a registered buffer are what the peer receives
+/// (SEND into a posted receive, RDMA WRITE), an RDMA READ lands where the application reads it, an atomic acts on
+/// the peer's buffer in place — no copy command anywhere; and a raw registration over memory the test owns works
+/// the same way.
+#[test]
+fn application_memory_is_what_the_wire_carries() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+    let mut a = end(&ca, None, Moderation::default(), 8192);
+    let mut b = end(&cb, None, Moderation::default(), 8192);
+    connect(&a, &b);
+    // SEND: a's stores → b's receive buffer.
+    a.buf[..5].copy_from_slice(b"hello");
+    let rsge = [b.mr.sge(100, 64)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &rsge,
+    }])
+    .expect("recv");
+    let sge = [a.mr.sge(0, 5)];
+    a.qp.post_send(&[SendWr::new(2, SendOp::Send, &sge).signaled()])
+        .expect("send");
+    assert_eq!(
+        poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
+        WcStatus::Success
+    );
+    let wc = poll_n(&b.cq, 1, Duration::from_secs(5));
+    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 5));
+    assert_eq!(&b.buf[100..105], b"hello");
+    // WRITE: 3000 bytes of a pattern stored by a, read in place at b.
+    for (i, x) in a.buf[1000..4000].iter_mut().enumerate() {
+        *x = (i * 7) as u8;
+    }
+    let sge = [a.mr.sge(1000, 3000)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: b.mr.addr() + 5000,
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(3, op, &sge).signaled()])
+        .expect("write");
+    assert_eq!(
+        poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
+        WcStatus::Success
+    );
+    assert_eq!(&b.buf[5000..8000], &a.buf[1000..4000]);
+    // READ: b's stores → a's buffer.
+    b.buf[200..300].fill(0x5c);
+    let sge = [a.mr.sge(6000, 100)];
+    let op = SendOp::RdmaRead {
+        remote_addr: b.mr.addr() + 200,
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(4, op, &sge).signaled()])
+        .expect("read");
+    assert_eq!(
+        poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
+        WcStatus::Success
+    );
+    assert!(a.buf[6000..6100].iter().all(|&x| x == 0x5c));
+    // FETCH_ADD on an aligned word of b's buffer: b sees the sum, a gets the old value (little-endian memory).
+    b.buf[64..72].copy_from_slice(&40u64.to_le_bytes());
+    let sge = [a.mr.sge(7000, 8)];
+    let op = SendOp::AtomicFetchAndAdd {
+        remote_addr: b.mr.addr() + 64,
+        rkey: b.mr.rkey(),
+        add: 2,
+    };
+    a.qp.post_send(&[SendWr::new(5, op, &sge).signaled()])
+        .expect("atomic");
+    assert_eq!(
+        poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
+        WcStatus::Success
+    );
+    assert_eq!(&b.buf[64..72], &42u64.to_le_bytes());
+    assert_eq!(&a.buf[7000..7008], &40u64.to_le_bytes());
+    // A raw registration over memory the test owns (the C ABI's path): the MR's address is the memory's own.
+    let mut mine = vec![0u8; 256];
+    // SAFETY: `mine` outlives the MR (deregistered below before it is dropped) and is not touched while the READ
+    // into it is in flight.
+    let raw = unsafe {
+        a.pd.reg_mr_raw(mine.as_mut_ptr(), mine.len(), AccessFlags::LOCAL_WRITE)
+    }
+    .expect("raw mr");
+    assert_eq!(raw.addr(), mine.as_ptr() as u64);
+    let sge = [raw.sge(16, 100)];
+    let op = SendOp::RdmaRead {
+        remote_addr: b.mr.addr() + 200,
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(6, op, &sge).signaled()])
+        .expect("read raw");
+    assert_eq!(
+        poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
+        WcStatus::Success
+    );
+    raw.dereg().map_err(|(_, e)| e).expect("dereg raw");
+    assert!(mine[16..116].iter().all(|&x| x == 0x5c));
+    assert!(mine[..16].iter().chain(&mine[116..]).all(|&x| x == 0));
+}
+
+/// `Mr::dereg` while a WR that names the MR is in flight is refused with `Busy` (EBUSY) and gives the MR back;
+/// after the completion it succeeds. Dropping the last handles (MR and buffer) with a WR in flight is harmless: the
+/// engine co-owns the memory and deregisters once the WR has completed.
+#[test]
+fn dereg_with_work_in_flight_is_refused() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+    const LEN: usize = 4 << 20;
+    let mut a = end(&ca, None, Moderation::default(), LEN);
+    let b = end(&cb, None, Moderation::default(), LEN);
+    connect(&a, &b);
+    a.buf.fill(0x3c);
+    let write = |a: &End, id: u64| {
+        let sge = [a.mr.sge(0, LEN as u32)];
+        let op = SendOp::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        };
+        a.qp.post_send(&[SendWr::new(id, op, &sge).signaled()])
+            .expect("post");
+    };
+    write(&a, 1);
+    let (mr, e) = a.mr.clone().dereg().expect_err("in flight");
+    assert!(matches!(e, Error::Busy(_)), "{e:?}");
+    assert_eq!(e.errno(), 16, "EBUSY");
+    let wc = poll_n(&a.cq, 1, Duration::from_secs(20));
+    assert_eq!(wc[0].status, WcStatus::Success);
+    assert!(b.buf.iter().all(|&x| x == 0x3c));
+    drop(mr);
+    // A fresh MR: drop every application handle of it while a WR reads it; the data still arrives intact.
+    let mut buf = MrBuf::new(LEN).expect("buf");
+    buf.fill(0x77);
+    let mr = a.pd.reg_mr(&buf, AccessFlags::LOCAL_WRITE).expect("mr");
+    let sge = [mr.sge(0, LEN as u32)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(3, op, &sge).signaled()])
+        .expect("post");
+    drop((mr, buf));
+    let wc = poll_n(&a.cq, 1, Duration::from_secs(20));
+    assert_eq!((wc[0].wr_id, wc[0].status), (3, WcStatus::Success));
+    assert!(b.buf.iter().all(|&x| x == 0x77));
+    // The test still holds `a.mr`; a second handle's dereg succeeds now, and the dead key fails a later WR.
+    a.mr.clone().dereg().map_err(|(_, e)| e).expect("dereg");
+    write(&a, 2);
+    let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::LocProtErr));
 }
 
 /// Several application threads, each with its own QP pair on the same two devices, post RDMA WRITEs and poll
@@ -346,7 +528,8 @@ fn many_threads_many_qps_one_engine() {
             let a = end(&ca, None, Moderation::default(), 4096);
             let b = end(&cb, None, Moderation::default(), 4096);
             connect(&a, &b);
-            a.mr.write(0, &[t + 1; 512]).expect("fill");
+            let mut a = a;
+            a.buf[..512].fill(t + 1);
             const N: u64 = 500;
             let (mut sent, mut done) = (0u64, 0u64);
             let mut buf = [Wc::default(); 16];
@@ -383,8 +566,10 @@ fn many_threads_many_qps_one_engine() {
                     "thread {t} stuck at {done}"
                 );
             }
-            let got = b.mr.read(0, 4096).expect("read");
-            assert!(got.iter().all(|&x| x == t + 1), "thread {t}: remote buffer");
+            assert!(
+                b.buf.iter().all(|&x| x == t + 1),
+                "thread {t}: remote buffer"
+            );
             // Returned, so the QPs outlive every worker: a QP dropped early could hand its QPN to a later one.
             (a, b)
         }));

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use roce_proto::{Mtu, Qpn, WcOpcode};
 use roce_verbs::{
-    AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, Mr, Pd, PostError, Psn, Qp,
-    QpCap, QpEndpoint, RecvWr, SendFlags, SendOp, SendWr, UdDest, Wc, WcStatus,
+    AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, HugePagePolicy, Mr, MrBuf, Pd,
+    PostError, Psn, Qp, QpCap, QpEndpoint, RecvWr, SendFlags, SendOp, SendWr, UdDest, Wc, WcStatus,
 };
 use serde_json::{Value, json};
 
@@ -70,6 +70,8 @@ struct Session {
     chan: Option<Arc<CompChannel>>,
     qps: Vec<Qp>,
     mr: Mr,
+    /// The registered memory: the test fills and checks it in place (RNIC contract: only bytes no WR is using).
+    buf: MrBuf,
     ah: Option<Ah>,
     remote: PeerInfo,
     r: u64,
@@ -141,19 +143,20 @@ impl Session {
     }
 
     /// Zeroes the receive slots and fills the transmit region with `side`'s pattern.
-    fn prepare(&self, side: u8, size: u64) -> Result<(), String> {
-        let e = |e: roce_verbs::Error| format!("preparing buffers: {e}");
-        self.mr.write(0, &pattern_buf(side, size)).map_err(e)?;
-        let used = (self.k * self.r) as usize;
-        self.mr
-            .write(self.r as usize, &vec![0u8; used])
-            .map_err(e)?;
+    fn prepare(&mut self, side: u8, size: u64) -> Result<(), String> {
+        let (r, used) = (self.r as usize, (self.k * self.r) as usize);
+        let tx = self
+            .buf
+            .get_mut(..size as usize)
+            .ok_or("preparing buffers: size exceeds the buffer")?;
+        tx.copy_from_slice(&pattern_buf(side, size));
+        self.buf[r..r + used].fill(0);
         Ok(())
     }
 
     /// `--debug-corrupt-before-verify`: flips byte 0 of slot `slot` (after the UD GRH area) or bumps the atomic
     /// counter (slot 0), so that the verification that follows must fail.
-    fn sabotage(&self, slot: u64) -> Result<(), String> {
+    fn sabotage(&mut self, slot: u64) -> Result<(), String> {
         if !self.p.debug_corrupt {
             return Ok(());
         }
@@ -163,17 +166,25 @@ impl Session {
         } else {
             0
         };
-        let b = self.mr.read(off + skip, 8).map_err(|e| e.to_string())?;
-        let new: Vec<u8> = if self.p.test.is_atomic() {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b);
-            u64::from_le_bytes(a).wrapping_add(1).to_le_bytes().to_vec()
+        let atomic = self.p.test.is_atomic();
+        let cell = self
+            .buf
+            .get_mut(off + skip..off + skip + 8)
+            .ok_or("sabotage: slot outside the buffer")?;
+        if atomic {
+            let v = u64::from_le_bytes(cell.try_into().unwrap_or_default());
+            cell.copy_from_slice(&v.wrapping_add(1).to_le_bytes());
         } else {
-            let mut v = b.clone();
-            v[0] ^= 0xff;
-            v
-        };
-        self.mr.write(off + skip, &new).map_err(|e| e.to_string())
+            cell[0] ^= 0xff;
+        }
+        Ok(())
+    }
+
+    /// `len` bytes of the registered memory at `off`, read in place.
+    fn bytes(&self, off: u64, len: u64) -> Result<&[u8], String> {
+        self.buf
+            .get(off as usize..(off + len) as usize)
+            .ok_or_else(|| format!("{len} bytes at {off} are outside the buffer"))
     }
 
     /// Checks that slot `s` holds `side`'s pattern for `size` bytes (UD: after the GRH area).
@@ -185,8 +196,7 @@ impl Session {
             0
         };
         let got = self
-            .mr
-            .read((self.slot_off(s) + skip) as usize, size as usize)
+            .bytes(self.slot_off(s) + skip, size)
             .map_err(|e| format!("reading slot {s}: {e}"))?;
         if let Some(i) = (0..size).find(|&i| got[i as usize] != pattern(side, i)) {
             return Err(format!(
@@ -204,8 +214,7 @@ impl Session {
     /// whether the slot is complete; an error for any other byte.
     fn check_slot_uc(&self, side: u8, s: u64, size: u64) -> Result<bool, String> {
         let got = self
-            .mr
-            .read(self.slot_off(s) as usize, size as usize)
+            .bytes(self.slot_off(s), size)
             .map_err(|e| format!("reading slot {s}: {e}"))?;
         let Some(cut) = (0..size).find(|&i| got[i as usize] != pattern(side, i)) else {
             return Ok(true);
@@ -313,12 +322,13 @@ fn setup(
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
     let len = (r * (1 + k)) as usize;
-    let mr = if out.hugepages {
-        pd.reg_mr_hugepages(len, access)
+    let buf = if out.hugepages {
+        MrBuf::hugepages(len, HugePagePolicy::Prefer)
     } else {
-        pd.reg_mr(vec![0u8; len], access)
+        MrBuf::new(len)
     }
-    .map_err(e("reg_mr"))?;
+    .map_err(|e| format!("allocating the {len}-byte test buffer: {e}"))?;
+    let mr = pd.reg_mr(&buf, access).map_err(e("reg_mr"))?;
     if out.hugepages && !mr.is_huge() && out.print {
         eprintln!(
             "rocev2 perf: warning: --use_hugepages: no free 2 MiB huge pages (see /proc/sys/vm/nr_hugepages); \
@@ -414,6 +424,7 @@ fn setup(
         chan,
         qps,
         mr,
+        buf,
         ah,
         remote,
         r,
@@ -922,11 +933,10 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
                     Ok(())
                 }
             }
-            Test::AtomicBw | Test::AtomicLat => match s.mr.read(s.slot_off(0) as usize, 8) {
+            Test::AtomicBw | Test::AtomicLat => match s.bytes(s.slot_off(0), 8) {
                 Ok(b) => {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(&b);
-                    answer["atomic_value"] = json!(u64::from_le_bytes(a));
+                    let v = u64::from_le_bytes(b.try_into().unwrap_or_default());
+                    answer["atomic_value"] = json!(v);
                     Ok(())
                 }
                 Err(e) => Err(format!("reading the counter: {e}")),

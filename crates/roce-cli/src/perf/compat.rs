@@ -74,8 +74,8 @@ use std::time::{Duration, Instant};
 
 use roce_proto::{Qpn, WcOpcode};
 use roce_verbs::{
-    AccessFlags, AhAttr, Context, Cq, Gid, Mr, Mtu, Psn, Qp, QpAttr, QpAttrMask, QpCap, QpState,
-    RecvWr, Rkey, SendFlags, SendOp, SendWr, Wc, WcStatus,
+    AccessFlags, AhAttr, Context, Cq, Gid, Mr, MrBuf, Mtu, Psn, Qp, QpAttr, QpAttrMask, QpCap,
+    QpState, RecvWr, Rkey, SendFlags, SendOp, SendWr, Wc, WcStatus,
 };
 use serde_json::json;
 
@@ -288,6 +288,8 @@ struct Sess<'a> {
     g: Geometry,
     cq: Cq,
     mr: Mr,
+    /// The registered memory, read and written in place.
+    buf: MrBuf,
     qps: Vec<Qp>,
     mine: Vec<PtRecord>,
     remote: Vec<PtRecord>,
@@ -451,9 +453,11 @@ fn session(
             Default::default(),
         )
         .map_err(e("create_cq"))?;
+    let buf =
+        MrBuf::new(g.mr_len() as usize).map_err(|e| format!("allocating the test buffer: {e}"))?;
     let mr = pd
         .reg_mr(
-            vec![0u8; g.mr_len() as usize],
+            &buf,
             AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
@@ -519,6 +523,7 @@ fn session(
         g: *g,
         cq,
         mr,
+        buf,
         qps,
         mine,
         remote,
@@ -923,10 +928,10 @@ fn write_lat(s: &mut Sess<'_>, is_client: bool) -> Result<LatStats, String> {
             let want = rcnt as u8;
             let t0 = Instant::now();
             loop {
-                let b =
-                    s.mr.read(poll_off, 1)
-                        .map_err(|e| format!("reading the receive buffer: {e}"))?;
-                if b.first() == Some(&want) {
+                // A volatile read of the byte the peer's WRITE lands on: each pass really reads memory.
+                let mut b = [0u8; 1];
+                s.buf.read_volatile(poll_off, &mut b);
+                if b[0] == want {
                     break;
                 }
                 if t0.elapsed() > STALL {
@@ -957,8 +962,7 @@ fn write_lat(s: &mut Sess<'_>, is_client: bool) -> Result<LatStats, String> {
                     .inline(&data)
                     .flags(SendFlags::INLINE | SendFlags::SIGNALED)
             } else {
-                s.mr.write(post_off, &[mark])
-                    .map_err(|e| format!("writing the send buffer: {e}"))?;
+                s.buf[post_off] = mark;
                 SendWr::new(scnt, op, &sge).signaled()
             };
             t_post = Some(Instant::now());
