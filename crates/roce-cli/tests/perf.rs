@@ -102,7 +102,8 @@ fn every_bw_test_verifies_over_loopback() {
         let v = loopback_json(
             t,
             80 + i as u8,
-            &["-s", "1000", "-n", "300", "-q", "2", "-l", "4", "-Q", "8"],
+            // perftest's rules: -n a multiple of -l, -l a multiple of -Q.
+            &["-s", "1000", "-n", "300", "-q", "2", "-l", "4", "-Q", "2"],
         );
         assert_eq!(v.len(), 1, "one JSON object");
         // -n is per QP, as in perftest.
@@ -377,6 +378,8 @@ fn a_data_mismatch_fails_the_run() {
     .enumerate()
     {
         let ips = ips(150 + i as u8);
+        // Atomics are always 8 bytes (-s is refused for them, as in perftest).
+        let size = if t.starts_with("atomic") { "8" } else { "128" };
         let out = rocev2(&[
             "perf",
             t,
@@ -386,7 +389,7 @@ fn a_data_mismatch_fails_the_run() {
             "--loopback-ips",
             &ips,
             "-s",
-            "128",
+            size,
             "-n",
             "20",
             "--json",
@@ -405,7 +408,7 @@ fn a_data_mismatch_fails_the_run() {
             "--loopback-ips",
             &ips,
             "-s",
-            "128",
+            size,
             "-n",
             "20",
             "--json",
@@ -425,7 +428,7 @@ fn a_data_mismatch_fails_the_run() {
             "--loopback-ips",
             &ips,
             "-s",
-            "128",
+            size,
             "-n",
             "20",
             "--json",

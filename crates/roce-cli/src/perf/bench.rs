@@ -267,7 +267,7 @@ pub fn run_side(
             }
         );
     }
-    let sizes = p.sizes.clone();
+    let sizes = s.p.sizes.clone();
     for size in sizes {
         let res = if is_client {
             client_size(&mut s, o, size, out)
@@ -307,7 +307,12 @@ fn setup(
         let what = what.to_owned();
         move |e: roce_verbs::Error| format!("{what}: {e}")
     };
-    let max = p.sizes.iter().copied().max().unwrap_or(8);
+    // UD at the MTU: room for the largest MTU on both sides, so the two buffers match whatever the path MTU.
+    let max = if p.ud_size_mtu {
+        u64::from(Mtu::Mtu4096.bytes())
+    } else {
+        p.sizes.iter().copied().max().unwrap_or(8)
+    };
     let r = (max + GRH).div_ceil(64) * 64;
     let k = (SLOT_BYTES / r).clamp(1, MAX_SLOTS);
     let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
@@ -387,6 +392,12 @@ fn setup(
     } else {
         p.mtu
     };
+    // UD without -s sends messages of the MTU: the path MTU, now that both sides' are known (both compute it).
+    let sizes = if p.ud_size_mtu {
+        vec![u64::from(mtu.bytes())]
+    } else {
+        p.sizes.clone()
+    };
     let opts = ConnectOpts {
         mtu,
         ..ConnectOpts::default()
@@ -430,7 +441,11 @@ fn setup(
         r,
         k,
         // The path MTU both sides use from here on (the banner shows it).
-        p: Params { mtu, ..p.clone() },
+        p: Params {
+            mtu,
+            sizes,
+            ..p.clone()
+        },
         wcs: vec![Wc::default(); 64],
     };
     // The receive ring, once for the whole run (module docs, "Receive WRs"), before the peer may send.

@@ -164,8 +164,9 @@ pub struct PerfArgs {
     pub test: Test,
     /// Server address (client mode). Without it (and without --loopback) this side is the server.
     pub address: Option<String>,
-    /// Message size in bytes (default 65536 for bandwidth, 2 for latency; atomics are always 8).
-    #[arg(short = 's', long)]
+    /// Message size in bytes, optionally with K or M (2^10, 2^20) as in perftest (default 65536 for bandwidth, 2
+    /// for latency, the MTU for UD bandwidth; atomics are always 8).
+    #[arg(short = 's', long, value_parser = parse_size)]
     pub size: Option<u64>,
     /// Iterations per QP (default 5000 for write-bw, 1000 otherwise).
     #[arg(short = 'n', long = "iters")]
@@ -193,8 +194,8 @@ pub struct PerfArgs {
     pub inline_size: Option<u32>,
     /// CQ moderation: request a completion every N WRs (bandwidth; default 100, at most the TX depth). With
     /// -e it is also the completion-channel event count.
-    #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
-    pub cq_mod: u32,
+    #[arg(short = 'Q', long = "cq-mod", visible_alias = "cq_mod")]
+    pub cq_mod: Option<u32>,
     /// Post list: WRs per post_send call (doorbell batch).
     #[arg(short = 'l', long = "post_list", default_value_t = 1)]
     pub post_list: u32,
@@ -303,6 +304,22 @@ pub struct PerfArgs {
     pub qp_timeout: u8,
 }
 
+/// `-s`: a number (decimal, or 0x hex as perftest's strtol) with an optional K or M suffix (2^10, 2^20).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, factor) = match s.as_bytes().last() {
+        Some(b'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'M') => (&s[..s.len() - 1], 1u64 << 20),
+        _ => (s, 1),
+    };
+    let n = match num.strip_prefix("0x").or_else(|| num.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => num.parse::<u64>(),
+    }
+    .map_err(|_| format!("`{s}` is not a size (bytes, or a number with K or M)"))?;
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
 /// Resolved run parameters, shared by both sides (the client sends them in its hello).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Params {
@@ -321,9 +338,23 @@ pub struct Params {
     pub infinite: bool,
     /// Alter verified data before verifying (testing aid, hidden flag).
     pub debug_corrupt: bool,
+    /// UD bandwidth without `-s`: the message size is the MTU, lowered to the path MTU once both sides' are known.
+    pub ud_size_mtu: bool,
 }
 
+/// Largest message (`-s`, the end of `-a`): perftest's `MAX_SIZE`.
 const MAX_SIZE: u64 = 8 << 20;
+/// perftest's `-n` range (`MIN_ITER`, `MAX_ITER`).
+const MIN_ITERS: u64 = 5;
+const MAX_ITERS: u64 = 1 << 32;
+/// perftest's `-t` range ends at 15000 (`MAX_TX`); the engine's queues hold 16384 WRs.
+const MAX_TX_DEPTH: u32 = 15000;
+/// perftest's `-Q` range ends at 1024 (`MAX_CQ_MOD`).
+const MAX_CQ_MOD: u32 = 1024;
+/// perftest's default `-Q`.
+const DEFAULT_CQ_MOD: u32 = 100;
+/// QPs of one run at most (each gets its own queues; perftest allows 16384).
+const MAX_QPS: u32 = 64;
 
 fn mtu_of(bytes: u32) -> Option<Mtu> {
     port_mtu::parse_flag(bytes).ok()
@@ -388,6 +419,15 @@ fn apply_port_mtu(
         }
     }
     let all = a.all && is_client;
+    if p.ud_size_mtu {
+        p.sizes = vec![u64::from(p.mtu.bytes())];
+    }
+    if all && note && p.conn == Conn::Ud {
+        eprintln!(
+            "rocev2 perf: note: UD messages are single packets: -a stops at the MTU ({} bytes), as in perftest",
+            p.mtu.bytes()
+        );
+    }
     fit_ud_sizes(p.conn, &mut p.sizes, p.mtu, all).map_err(|e| {
         format!(
             "{e}: the active MTU of {local} on this side is {} bytes",
@@ -397,7 +437,9 @@ fn apply_port_mtu(
 }
 
 impl Params {
-    fn from_args(a: &PerfArgs) -> Result<Params, String> {
+    /// The parameters of `a`, checked as perftest checks them (its ranges and refusals; an error names the flag),
+    /// and the notes to print for what was adjusted (where perftest adjusts too).
+    fn from_args(a: &PerfArgs) -> Result<(Params, Vec<String>), String> {
         let t = a.test;
         // Without -m the largest; capped by the active MTU once the local address is known (`apply_port_mtu`).
         let mtu = a
@@ -417,9 +459,42 @@ impl Params {
                 ));
             }
         }
+        let mut notes = Vec::new();
+        if a.loopback
+            && let Some(addr) = &a.address
+        {
+            return Err(format!(
+                "--loopback runs both ends in this process; it takes no server address (got `{addr}`; \
+                 drop it, or drop --loopback to run a client)"
+            ));
+        }
+        if let Some(s) = a.size
+            && !(1..=MAX_SIZE).contains(&s)
+        {
+            return Err(format!(
+                "-s {s}: the message size must be 1 .. {MAX_SIZE} bytes"
+            ));
+        }
+        if t.is_atomic() && a.size.is_some_and(|s| s != 8) {
+            return Err(format!(
+                "-s {}: the message size cannot be changed for atomic tests (always 8 bytes, as in perftest)",
+                a.size.unwrap_or(0)
+            ));
+        }
+        if a.all && a.duration.is_some() {
+            return Err("-D cannot run on all sizes (-a), as in perftest".into());
+        }
+        if a.all && t.is_atomic() {
+            notes.push("atomic tests have one size (8 bytes): -a runs that size".into());
+        }
         let default_size = if t.is_bw() { 65536 } else { 2 };
+        // UD bandwidth without -s: the 65536-byte default does not fit a packet; perftest then uses the MTU (lowered
+        // to the path MTU once both sides' are known). Latency keeps its 2-byte default.
+        let ud_size_mtu = a.conn == Conn::Ud && a.size.is_none() && !a.all && t.is_bw();
         let mut sizes: Vec<u64> = if a.all {
             (1..=23).map(|i| 1u64 << i).collect()
+        } else if ud_size_mtu {
+            vec![u64::from(mtu.bytes())]
         } else {
             vec![a.size.unwrap_or(default_size)]
         };
@@ -427,14 +502,13 @@ impl Params {
             sizes = vec![8];
         }
         fit_ud_sizes(a.conn, &mut sizes, mtu, a.all)?;
-        if let Some(&s) = sizes.iter().find(|&&s| s == 0 || s > MAX_SIZE) {
-            return Err(format!("-s {s}: the size must be 1 .. {MAX_SIZE} bytes"));
-        }
         let iters = a
             .iters
             .unwrap_or(if t == Test::WriteBw { 5000 } else { 1000 });
-        if iters == 0 {
-            return Err("-n must be at least 1".into());
+        if !(MIN_ITERS..=MAX_ITERS).contains(&iters) {
+            return Err(format!(
+                "-n {iters}: the iteration count must be {MIN_ITERS} .. {MAX_ITERS}, as in perftest"
+            ));
         }
         let duration = match a.duration {
             Some(d) if d.is_finite() && d > 0.0 => {
@@ -443,14 +517,32 @@ impl Params {
             Some(_) => return Err("-D must be a positive number of seconds".into()),
             None => None,
         };
-        let qps = if t.is_bw() { a.qps.max(1) } else { 1 };
-        if qps > 64 {
-            return Err("-q: at most 64 QPs".into());
+        if !(1..=MAX_QPS).contains(&a.qps) {
+            return Err(format!(
+                "-q {}: the number of QPs must be 1 .. {MAX_QPS}",
+                a.qps
+            ));
         }
-        let tx_depth = a
-            .tx_depth
-            .unwrap_or(if t.is_bw() { 128 } else { 1 })
-            .clamp(1, 4096);
+        if !t.is_bw() && a.qps > 1 {
+            return Err(format!(
+                "-q {}: multiple QPs are only available in bandwidth tests, as in perftest",
+                a.qps
+            ));
+        }
+        let qps = a.qps;
+        let tx_depth = a.tx_depth.unwrap_or(if t.is_bw() { 128 } else { 1 });
+        if !(1..=MAX_TX_DEPTH).contains(&tx_depth) {
+            return Err(format!(
+                "-t {tx_depth}: the TX depth must be 1 .. {MAX_TX_DEPTH}, as in perftest"
+            ));
+        }
+        if a.inline_size.is_some() && matches!(t, Test::ReadBw | Test::ReadLat)
+            || t.is_atomic() && a.inline_size.is_some()
+        {
+            return Err(
+                "-I: inline data is not available on READ and atomic tests, as in perftest".into(),
+            );
+        }
         let inline = a.inline_size.unwrap_or(if t.is_bw() { 0 } else { 220 });
         if inline > roce_verbs::MAX_INLINE as u32 {
             return Err(format!(
@@ -458,8 +550,62 @@ impl Params {
                 roce_verbs::MAX_INLINE
             ));
         }
-        let post_list = a.post_list.clamp(1, tx_depth);
-        let cq_mod = a.cq_mod.clamp(1, tx_depth);
+        if let Some(q) = a.cq_mod
+            && !(1..=MAX_CQ_MOD).contains(&q)
+        {
+            return Err(format!(
+                "-Q {q}: CQ moderation must be 1 .. {MAX_CQ_MOD}, as in perftest"
+            ));
+        }
+        if a.post_list == 0 {
+            return Err("-l 0: the post list must be at least 1".into());
+        }
+        let post_list = a.post_list;
+        let mut cq_mod = a.cq_mod.unwrap_or(DEFAULT_CQ_MOD);
+        if post_list > 1 {
+            if !t.is_bw() {
+                return Err(
+                    "-l: a post list is supported in bandwidth tests only, as in perftest".into(),
+                );
+            }
+            if post_list > tx_depth {
+                return Err(format!(
+                    "-l {post_list}: a post list cannot be longer than the TX depth ({tx_depth})"
+                ));
+            }
+            if a.duration.is_none()
+                && !a.run_infinitely
+                && !iters.is_multiple_of(u64::from(post_list))
+            {
+                return Err(format!(
+                    "-n {iters}: the number of iterations must be a multiple of the post list size ({post_list}), as in \
+                     perftest"
+                ));
+            }
+            match a.cq_mod {
+                None => {
+                    cq_mod = post_list;
+                    notes.push(format!(
+                        "post list requested: CQ moderation will be the size of the post list ({post_list})"
+                    ));
+                }
+                Some(q) if !post_list.is_multiple_of(q) => {
+                    return Err(format!(
+                        "-l {post_list} -Q {q}: the post list size must be a multiple of the CQ moderation, as in \
+                         perftest"
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if cq_mod > tx_depth {
+            if let Some(q) = a.cq_mod {
+                notes.push(format!(
+                    "-Q {q} is larger than the TX depth: CQ moderation lowered to {tx_depth} (as perftest does)"
+                ));
+            }
+            cq_mod = tx_depth;
+        }
         for p in [a.loss, a.reorder, a.dup, a.corrupt, a.ce] {
             if !(0.0..=1.0).contains(&p) {
                 return Err("fault probabilities must be within 0..1".into());
@@ -468,22 +614,26 @@ impl Params {
         if a.run_infinitely && !t.is_bw() {
             return Err("--run_infinitely applies to bandwidth tests".into());
         }
-        Ok(Params {
-            test: t,
-            conn: a.conn,
-            sizes,
-            iters,
-            duration,
-            qps,
-            tx_depth,
-            mtu,
-            inline,
-            cq_mod,
-            post_list,
-            verify: !a.no_verify,
-            infinite: a.run_infinitely,
-            debug_corrupt: a.debug_corrupt,
-        })
+        Ok((
+            Params {
+                test: t,
+                conn: a.conn,
+                sizes,
+                iters,
+                duration,
+                qps,
+                tx_depth,
+                mtu,
+                inline,
+                cq_mod,
+                post_list,
+                verify: !a.no_verify,
+                infinite: a.run_infinitely,
+                debug_corrupt: a.debug_corrupt,
+                ud_size_mtu,
+            },
+            notes,
+        ))
     }
 
     fn to_json(&self) -> Value {
@@ -502,6 +652,7 @@ impl Params {
             "verify": self.verify,
             "infinite": self.infinite,
             "debug_corrupt": self.debug_corrupt,
+            "ud_size_mtu": self.ud_size_mtu,
         })
     }
 
@@ -513,6 +664,18 @@ impl Params {
         };
         let u32f = |f: &str| {
             u(f).and_then(|x| u32::try_from(x).map_err(|_| format!("client parameters: bad `{f}`")))
+        };
+        // A value outside what the client itself accepts is refused (the client is told why), never clamped.
+        let ranged = |f: &str, lo: u32, hi: u32| {
+            u32f(f).and_then(|x| {
+                if (lo..=hi).contains(&x) {
+                    Ok(x)
+                } else {
+                    Err(format!(
+                        "client parameters: `{f}` {x} is outside {lo} .. {hi}"
+                    ))
+                }
+            })
         };
         let test = v
             .get("test")
@@ -547,16 +710,20 @@ impl Params {
                         .map_err(|_| "client parameters: bad `duration_s`")
                 })
                 .transpose()?,
-            qps: u32f("qps")?.clamp(1, 64),
-            tx_depth: u32f("tx_depth")?.clamp(1, 4096),
+            qps: ranged("qps", 1, MAX_QPS)?,
+            tx_depth: ranged("tx_depth", 1, MAX_TX_DEPTH)?,
             mtu: mtu_of(u32f("mtu")?).ok_or("client parameters: bad `mtu`")?,
-            inline: u32f("inline")?.min(roce_verbs::MAX_INLINE as u32),
-            cq_mod: u32f("cq_mod")?.max(1),
-            post_list: u32f("post_list")?.max(1),
+            inline: ranged("inline", 0, roce_verbs::MAX_INLINE as u32)?,
+            cq_mod: ranged("cq_mod", 1, MAX_TX_DEPTH)?,
+            post_list: ranged("post_list", 1, MAX_TX_DEPTH)?,
             verify: v.get("verify").and_then(Value::as_bool).unwrap_or(true),
             infinite: v.get("infinite").and_then(Value::as_bool).unwrap_or(false),
             debug_corrupt: v
                 .get("debug_corrupt")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            ud_size_mtu: v
+                .get("ud_size_mtu")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
         };
@@ -733,7 +900,12 @@ fn oob_timeout(a: &PerfArgs) -> Duration {
 /// Entry point of `rocev2 perf`.
 pub fn run(a: &PerfArgs) -> ExitCode {
     let params = match Params::from_args(a) {
-        Ok(p) => p,
+        Ok((p, notes)) => {
+            for n in notes {
+                eprintln!("rocev2 perf: note: {n}");
+            }
+            p
+        }
         Err(e) => {
             eprintln!("rocev2 perf: {e}");
             return ExitCode::from(2);
