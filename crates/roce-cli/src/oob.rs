@@ -40,6 +40,24 @@ pub enum OobError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A wait ran out: no client connected, or no complete message arrived, within `after`.
+    Timeout {
+        /// What was being waited for (e.g. "waiting for `hello` from 127.0.0.1:40000").
+        step: String,
+        /// How long it waited.
+        after: Duration,
+        /// Which limit that was (`"--timeout"`, or the fixed limit of a step of the run).
+        limit: &'static str,
+        /// Bytes of an unfinished message received by then (a peer that dribbles bytes).
+        partial: usize,
+    },
+    /// The server's host name did not resolve (no server was tried).
+    Resolve {
+        /// The name given.
+        host: String,
+        /// The resolver's error.
+        source: std::io::Error,
+    },
     /// The peer closed the connection.
     Closed(String),
     /// The peer sent something that is not a valid message of this protocol.
@@ -50,6 +68,21 @@ impl std::fmt::Display for OobError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             OobError::Io { step, source } => write!(f, "{step}: {source}"),
+            OobError::Timeout {
+                step,
+                after,
+                limit,
+                partial,
+            } => {
+                write!(f, "{step}: timed out after {} ({limit})", secs(*after))?;
+                if *partial > 0 {
+                    write!(f, "; {partial} bytes of an unfinished message had arrived")?;
+                }
+                Ok(())
+            }
+            OobError::Resolve { host, source } => {
+                write!(f, "resolving the server name `{host}`: {source}")
+            }
             OobError::Closed(step) => write!(f, "{step}: the peer closed the connection"),
             OobError::Protocol(m) => write!(f, "out-of-band protocol error: {m}"),
         }
@@ -57,6 +90,24 @@ impl std::fmt::Display for OobError {
 }
 
 impl std::error::Error for OobError {}
+
+/// `d` for a message: whole seconds as "10 s", otherwise with one decimal ("0.5 s").
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if d.subsec_millis() == 0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+/// Whether a socket error means a read or write timeout ran out (`SO_RCVTIMEO` / `SO_SNDTIMEO` report `EAGAIN`).
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
 
 /// Largest out-of-band message accepted, in bytes (rocev2-perf messages are well under 4 KiB).
 const MAX_MSG: usize = 1 << 20;
@@ -207,11 +258,11 @@ impl Oob {
         Oob::new(tcp_connect(host, port, bind, timeout)?, true, timeout)
     }
 
-    /// Server: waits up to `accept_timeout` for one client on `listener`; each later read or write waits at
-    /// most `timeout` (a whole message at most that long, see `recv_msg`).
+    /// Server: waits up to `accept_timeout` for one client on `listener` (`None`: no limit); each later read or
+    /// write waits at most `timeout` (a whole message at most that long, see `recv_msg`).
     pub fn accept(
         listener: &TcpListener,
-        accept_timeout: Duration,
+        accept_timeout: Option<Duration>,
         timeout: Duration,
     ) -> Result<Oob, OobError> {
         Oob::new(tcp_accept(listener, accept_timeout)?, false, timeout)
@@ -250,33 +301,56 @@ impl Oob {
         self.format
     }
 
-    /// Sends one message of `kind`.
+    /// Sends one message of `kind` (a peer that does not read it within `--timeout` is a [`OobError::Timeout`]).
     pub fn send_msg(&mut self, kind: &str, body: Value) -> Result<(), OobError> {
         let msg = json!({"proto": PROTO, "v": VERSION, "kind": kind, "body": body});
         let mut line = msg.to_string();
         line.push('\n');
         let step = format!("sending `{kind}` to {}", self.peer);
-        self.writer.write_all(line.as_bytes()).map_err(io(step))
+        self.writer
+            .write_all(line.as_bytes())
+            .map_err(|e| match is_timeout(&e) {
+                true => OobError::Timeout {
+                    step,
+                    after: self.read_timeout,
+                    limit: "--timeout",
+                    partial: 0,
+                },
+                false => io(step)(e),
+            })
+    }
+
+    /// Which limit a wait of `wait` is, for messages.
+    fn limit_name(&self, wait: Duration) -> &'static str {
+        if wait == self.read_timeout {
+            "--timeout"
+        } else {
+            "the run's limit for this step"
+        }
     }
 
     /// Reads one `\n`-terminated line of at most [`MAX_MSG`] bytes within `wait` in all: a peer that dribbles
-    /// bytes or never ends its line gets an error at the deadline, not a hang or unbounded memory.
+    /// bytes or never ends its line gets a [`OobError::Timeout`] at the deadline, not a hang or unbounded memory.
     fn read_line_bounded(&mut self, wait: Duration, step: &str) -> Result<String, OobError> {
         let deadline = Instant::now() + wait;
         let mut line = Vec::new();
+        let limit = self.limit_name(wait);
+        let timeout = |line: &Vec<u8>| OobError::Timeout {
+            step: step.to_owned(),
+            after: wait,
+            limit,
+            partial: line.len(),
+        };
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let e = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no complete message in time",
-                );
-                return Err(io(step)(e));
+                return Err(timeout(&line));
             }
             let _ = self.reader.get_ref().set_read_timeout(Some(left));
             let chunk = match self.reader.fill_buf() {
                 Ok(c) => c,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if is_timeout(&e) => return Err(timeout(&line)),
                 Err(e) => return Err(io(step)(e)),
             };
             if chunk.is_empty() {
@@ -399,7 +473,10 @@ fn tcp_connect(
     let step = format!("connecting to {host}:{port}");
     let addrs: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
-        .map_err(io(step.clone()))?
+        .map_err(|source| OobError::Resolve {
+            host: host.to_owned(),
+            source,
+        })?
         .collect();
     let mut last = None;
     for a in addrs {
@@ -412,14 +489,23 @@ fn tcp_connect(
             Err(e) => last = Some(e),
         }
     }
-    Err(OobError::Io {
-        step,
-        source: last.unwrap_or_else(|| std::io::Error::other("no address")),
-    })
+    match last {
+        Some(e) if is_timeout(&e) => Err(OobError::Timeout {
+            step,
+            after: timeout,
+            limit: "--timeout",
+            partial: 0,
+        }),
+        last => Err(OobError::Io {
+            step,
+            source: last.unwrap_or_else(|| std::io::Error::other("no address")),
+        }),
+    }
 }
 
-/// Waits up to `timeout` for one client on `listener`; the accepted stream is blocking.
-fn tcp_accept(listener: &TcpListener, timeout: Duration) -> Result<TcpStream, OobError> {
+/// Waits up to `timeout` for one client on `listener` (`None`: for as long as it takes, as perftest's server); the
+/// accepted stream is blocking.
+fn tcp_accept(listener: &TcpListener, timeout: Option<Duration>) -> Result<TcpStream, OobError> {
     let local = listener.local_addr().map_err(io("listening"))?;
     let step = format!("waiting for a client on {local}");
     listener.set_nonblocking(true).map_err(io(step.clone()))?;
@@ -431,13 +517,14 @@ fn tcp_accept(listener: &TcpListener, timeout: Duration) -> Result<TcpStream, Oo
                 return Ok(s);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if t0.elapsed() >= timeout {
-                    return Err(OobError::Io {
+                if let Some(t) = timeout
+                    && t0.elapsed() >= t
+                {
+                    return Err(OobError::Timeout {
                         step,
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "no client connected in time",
-                        ),
+                        after: t,
+                        limit: "--timeout",
+                        partial: 0,
                     });
                 }
                 std::thread::sleep(Duration::from_millis(10));
@@ -679,10 +766,11 @@ impl PerftestExchange {
         PerftestExchange::new(tcp_connect(host, port, bind, timeout)?, true, timeout)
     }
 
-    /// Server: waits up to `accept_timeout` for one client on `listener`; reads then time out after `timeout`.
+    /// Server: waits up to `accept_timeout` for one client on `listener` (`None`: no limit); reads then time out
+    /// after `timeout`.
     pub fn accept(
         listener: &TcpListener,
-        accept_timeout: Duration,
+        accept_timeout: Option<Duration>,
         timeout: Duration,
     ) -> Result<PerftestExchange, OobError> {
         PerftestExchange::new(tcp_accept(listener, accept_timeout)?, false, timeout)
@@ -744,6 +832,16 @@ impl PerftestExchange {
         match self.stream.read_exact(buf) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(OobError::Closed(step)),
+            Err(e) if is_timeout(&e) => Err(OobError::Timeout {
+                step,
+                after: wait,
+                limit: if wait == self.timeout {
+                    "--timeout"
+                } else {
+                    "the run's limit for this step"
+                },
+                partial: 0,
+            }),
             Err(e) => Err(io(step)(e)),
         }
     }
@@ -871,8 +969,8 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = l.local_addr().expect("addr").port();
         let srv = std::thread::spawn(move || {
-            let mut o =
-                Oob::accept(&l, Duration::from_secs(5), Duration::from_secs(5)).expect("accept");
+            let mut o = Oob::accept(&l, Some(Duration::from_secs(5)), Duration::from_secs(5))
+                .expect("accept");
             assert_eq!(o.hello(None).expect("hello")["x"], 1);
             let peer = o.exchange(&info(0x22)).expect("exchange");
             assert_eq!(peer, info(0x11));
@@ -1072,7 +1170,7 @@ mod perftest_tests {
         let port = l.local_addr().expect("addr").port();
         let t = Duration::from_secs(5);
         let srv = std::thread::spawn(move || {
-            let mut x = PerftestExchange::accept(&l, t, t).expect("accept");
+            let mut x = PerftestExchange::accept(&l, Some(t), t).expect("accept");
             assert_eq!(x.versions().expect("versions"), "6.06");
             assert_eq!(x.sys_data(4096, 128).expect("sys"), (8192, 128));
             assert_eq!(x.mtu(3).expect("mtu"), 3);

@@ -117,6 +117,15 @@ fn dribbling_client_is_cut_off_at_the_timeout() {
         took < Duration::from_secs(7),
         "server held on for {took:?}: {err}"
     );
+    // Which wait ran out, after how long, and that bytes did arrive (it said "Resource temporarily unavailable
+    // (os error 11)" before).
+    assert!(
+        err.contains("waiting for `hello`")
+            && err.contains("timed out after 2 s (--timeout)")
+            && err.contains("bytes of an unfinished message"),
+        "unclear error: {err}"
+    );
+    assert!(!err.contains("os error"), "raw OS error: {err}");
 }
 
 #[test]

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
 fn rocev2(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rocev2"))
         .args(args)
@@ -259,6 +261,63 @@ fn client_without_server_fails_fast() {
 }
 
 #[test]
+fn server_waits_for_a_client_no_longer_than_timeout() {
+    // The server ignored --timeout while waiting (it waited an hour). Now --timeout bounds the wait and the error
+    // says which wait ended after how long.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let t0 = Instant::now();
+    let dir = common::scratch("server-wait");
+    let argv: Vec<String> = [
+        common::bin(),
+        "perf",
+        "write-bw",
+        "--ip",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--timeout",
+        "1",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    // Killed after 10 s if it is still waiting (it waited an hour before the fix).
+    let out = common::Proc::spawn("server", &dir, &argv).wait(Duration::from_secs(10));
+    let err = &out.stderr;
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        err.contains(&format!("waiting for a client on 127.0.0.1:{port}"))
+            && err.contains("timed out after 1 s (--timeout)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unknown_server_name_is_not_blamed_on_the_server() {
+    // A DNS failure said "is a `rocev2 perf` server running there?".
+    let out = rocev2(&["perf", "write-bw", "no-such-host.invalid", "--timeout", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("resolving the server name `no-such-host.invalid`"),
+        "{err}"
+    );
+    assert!(!err.contains("server running there"), "{err}");
+    let out = rocev2(&["perf", "write-bw", "127.0.0.1", "--timeout", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--timeout 0"));
+}
+
+#[test]
 fn silent_server_times_out() {
     let _serial = serial();
     // A TCP listener that never answers: the client's read timeout ends the run.
@@ -281,7 +340,10 @@ fn silent_server_times_out() {
         t0.elapsed()
     );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("waiting for `hello`"), "{err}");
+    assert!(
+        err.contains("waiting for `hello`") && err.contains("timed out after 1 s (--timeout)"),
+        "{err}"
+    );
     drop(l);
 }
 

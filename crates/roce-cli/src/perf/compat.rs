@@ -179,7 +179,8 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
                     "************************************\n* Waiting for client to connect... *\n************************************"
                 );
             }
-            PerftestExchange::accept(&l, PASSIVE_WAIT, timeout).map_err(|e| e.to_string())?
+            PerftestExchange::accept(&l, super::accept_timeout(a), timeout)
+                .map_err(|e| e.to_string())?
         }
     };
     let is_client = a.address.is_some();

@@ -240,9 +240,10 @@ pub struct PerfArgs {
     /// Local address to bind (client: TCP source and RoCE address; server: TCP listen address).
     #[arg(long)]
     pub ip: Option<IpAddr>,
-    /// Out-of-band connect/accept/read timeout in seconds.
-    #[arg(long, default_value_t = 10.0)]
-    pub timeout: f64,
+    /// Out-of-band timeout in seconds: bounds the client's connect, each message of the exchange (default 10), and
+    /// the server's wait for a client (default: none, a server waits as perftest's does).
+    #[arg(long)]
+    pub timeout: Option<f64>,
     /// Print one JSON object per size instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -505,6 +506,11 @@ impl Params {
         let iters = a
             .iters
             .unwrap_or(if t == Test::WriteBw { 5000 } else { 1000 });
+        if let Some(t) = a.timeout
+            && !(t.is_finite() && t > 0.0 && Duration::try_from_secs_f64(t).is_ok())
+        {
+            return Err(format!("--timeout {t}: a positive number of seconds"));
+        }
         if !(MIN_ITERS..=MAX_ITERS).contains(&iters) {
             return Err(format!(
                 "-n {iters}: the iteration count must be {MIN_ITERS} .. {MAX_ITERS}, as in perftest"
@@ -889,12 +895,17 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     s.trim_end_matches("; ").to_owned()
 }
 
+/// `--timeout` as a duration, 10 s when not given (checked positive in [`Params::from_args`]).
 fn oob_timeout(a: &PerfArgs) -> Duration {
-    Duration::from_secs_f64(if a.timeout.is_finite() && a.timeout > 0.0 {
-        a.timeout
-    } else {
-        10.0
-    })
+    a.timeout
+        .and_then(|t| Duration::try_from_secs_f64(t).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(Duration::from_secs(10))
+}
+
+/// How long a server waits for its client: `--timeout` if given, otherwise for as long as it takes (perftest).
+fn accept_timeout(a: &PerfArgs) -> Option<Duration> {
+    a.timeout.map(|_| oob_timeout(a))
 }
 
 /// Entry point of `rocev2 perf`.
@@ -1022,7 +1033,8 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output) -> Result<(), String> {
     let server = std::thread::Builder::new()
         .name("perf-server".into())
         .spawn(move || {
-            let mut o = Oob::accept(&listener, timeout, timeout).map_err(|e| e.to_string())?;
+            let mut o =
+                Oob::accept(&listener, Some(timeout), timeout).map_err(|e| e.to_string())?;
             server_session(&srv_args, &srv_out, &mut o, srv_sim)
         })
         .map_err(|e| e.to_string())?;
@@ -1056,8 +1068,8 @@ fn server(a: &PerfArgs, out: &Output, sim: Option<Context>) -> Result<(), String
         );
     }
     // Wait up to an hour for a client; once one is connected, every read is bounded by --timeout.
-    let mut o = Oob::accept(&listener, Duration::from_secs(3600), oob_timeout(a))
-        .map_err(|e| e.to_string())?;
+    let mut o =
+        Oob::accept(&listener, accept_timeout(a), oob_timeout(a)).map_err(|e| e.to_string())?;
     server_session(a, out, &mut o, sim)
 }
 
@@ -1144,7 +1156,10 @@ fn client(
 ) -> Result<(), String> {
     let timeout = oob_timeout(a);
     let mut o = Oob::connect(host, a.port, a.ip, timeout).map_err(|e| match &e {
-        OobError::Io { .. } => format!("{e} (is a `rocev2 perf` server running there?)"),
+        // A name that does not resolve says so; a refused or unanswered connect asks about the server.
+        OobError::Io { .. } | OobError::Timeout { .. } => {
+            format!("{e} (is a `rocev2 perf` server running there?)")
+        }
         _ => e.to_string(),
     })?;
     let mut params = params.clone();
