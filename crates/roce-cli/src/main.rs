@@ -16,11 +16,13 @@
 
 mod bench;
 mod capture;
+mod cc;
 mod decode;
 mod link;
 mod oob;
 mod perf;
 mod pingpong;
+mod plotfont;
 mod rxmode;
 
 use std::io::Write as _;
@@ -53,6 +55,9 @@ enum Command {
     Pingpong(Box<pingpong::PingpongArgs>),
     /// Benchmarks: `rocev2 bench engine [--json]` measures the engine's send path per core on a null link.
     Bench(bench::BenchArgs),
+    /// Congestion control: `rocev2 cc trace` drives the DCQCN reaction point through a CNP schedule (JSON in the
+    /// schema of ../shared/dcqcn/rp_reference.py, optional SVG plot).
+    Cc(cc::CcArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Cc(args) => cc::run(&args),
     }
 }
 

@@ -734,13 +734,17 @@ impl Dcqcn {
     }
 
     fn event(&self, at: Instant, kind: RpEventKind, action: RpAction) -> RpEvent {
+        // A CNP comes before an α update of the same instant (R6, M6): its event shows α without that update.
+        let n = self
+            .alpha
+            .due(self.rules.alpha_period, at, kind != RpEventKind::Cnp);
         RpEvent {
             at,
             kind,
             action,
             rc_bps: self.rc,
             rt_bps: self.rt,
-            alpha: self.alpha_at(at),
+            alpha: self.alpha.after(self.rules.g, n),
             t_cnt: self.t_cnt,
             bc_cnt: self.bc_cnt,
             stage: self.stage,
