@@ -92,10 +92,15 @@ pub struct EngineConfig {
     pub max_unacked_psns: u32,
     /// Set AckReq at least every this many packets of a long message (rxe `RXE_MAX_PKT_PER_ACK` = 64).
     pub ack_req_every: u32,
-    /// Minimum time between two CNPs of one QP (DCQCN paper: 50 µs; `ROCEV2.md §5`, S18).
+    /// Minimum time between two CNPs of one QP, the notification point's window N (DCQCN paper: 50 µs; NVIDIA
+    /// `min_time_between_cnps`; `DCQCN.md` §2.2, `ROCEV2.md §5`, S18). The first CE mark after a quiet window is
+    /// answered at once, marks inside an open window with one CNP at its end; 0 answers every CE mark.
     pub cnp_interval: Duration,
-    /// DSCP of CNPs (default 48 / CS6, `ROCEV2.md §6`).
+    /// DSCP of CNPs (default 48 / CS6, `ROCEV2.md §6`; NVIDIA `cnp_dscp`).
     pub cnp_dscp: u8,
+    /// 802.1p priority of CNPs, reported in [`crate::TxMeta::prio`] (default 6, NVIDIA `cnp_802p_prio`,
+    /// `DCQCN.md` §2.2 N4). In the engine CNPs are always sent ahead of data (the scheduler's strict tier).
+    pub cnp_prio: u8,
     /// Mark data packets ECT(0) (ECN-capable, `ROCEV2.md §1.4`). ACKs/NAKs are sent Not-ECT.
     pub ecn_data: bool,
     /// Send scheduler and shapers (`crate::sched`, `DCQCN.md §7, §9`).
@@ -118,6 +123,7 @@ impl Default for EngineConfig {
             ack_req_every: 64,
             cnp_interval: Duration::from_micros(50),
             cnp_dscp: 48,
+            cnp_prio: 6,
             ecn_data: true,
             sched: SchedConfig::default(),
             dcqcn: None,

@@ -34,6 +34,9 @@ pub struct TxMeta {
     pub dscp: u8,
     /// IP ECN code point of the frame (0 Not-ECT, 1 ECT(1), 2 ECT(0), 3 CE).
     pub ecn: u8,
+    /// 802.1p priority the frame should carry on a priority-aware link: [`EngineConfig::cnp_prio`] for CNPs
+    /// (`DCQCN.md` §2.2 N4, NVIDIA `cnp_802p_prio`), 0 for every other frame.
+    pub prio: u8,
     /// What kind of frame it is (scheduling class).
     pub kind: TxKind,
     /// `Some` when the payload was left in MR memory for the link to gather ([`Engine::poll_transmit_gather`]).
@@ -1095,12 +1098,7 @@ impl Engine {
             QpState::Reset => {
                 self.release_all(i);
                 if let Some(qp) = self.qps[i].as_deref_mut() {
-                    for k in [
-                        TimerKind::AckTimeout,
-                        TimerKind::RnrRetry,
-                        TimerKind::Shaper,
-                        TimerKind::RateTimer,
-                    ] {
+                    for k in TimerKind::ALL {
                         Timers::cancel(&mut qp.timers, k);
                     }
                     // A new connection starts from scratch (IBTA 10.3.1, rxe `rxe_qp_reset`).
@@ -1460,6 +1458,7 @@ impl Engine {
                     self.apply_rate(i, now);
                     self.kick(i);
                 }
+                TimerKind::CnpPacing => self.on_cnp_window_end(i, now),
             }
         }
     }
@@ -1696,14 +1695,10 @@ impl Engine {
             return;
         };
         qp.state = QpState::Err;
-        for k in [
-            TimerKind::AckTimeout,
-            TimerKind::RnrRetry,
-            TimerKind::Shaper,
-            TimerKind::RateTimer,
-        ] {
+        for k in TimerKind::ALL {
             Timers::cancel(&mut qp.timers, k);
         }
+        qp.resp.cnp_owed = false;
         qp.req.rnr_wait = false;
         if let Some(s) = self.sched.qp_mut(i) {
             s.parked = false;

@@ -55,8 +55,9 @@
 //!   ignores NAKs while it waits, so a retry happens exactly one advertised RNR time later (S04, S19).
 //! * `local_ack_timeout_err` counts every local ACK timer expiry, including the last one that ends in RETRY_EXC_ERR
 //!   (S15: `retry_cnt` = 3 gives 4 expiries).
-//! * ACKs are coalesced but never delayed: every AckReq gets an ACK, several pending ones merge into the newest.
-//!   CNPs are paced by timestamp (at most one per QP per `cnp_interval`), so no AckCoalesce/CnpPacing timers exist.
+//! * ACKs are coalesced but never delayed: every AckReq gets an ACK, several pending ones merge into the newest
+//!   (no AckCoalesce timer). CNPs: at most one per QP per `cnp_interval`; a CE mark inside an open interval is
+//!   answered at its end (`CnpPacing` timer, `DCQCN.md` §2.2 N2).
 //!
 //! # Resource cleanup
 //!

@@ -320,8 +320,12 @@ pub(crate) struct RespCtx {
     pub(crate) res: Vec<RdResource>,
     pub(crate) res_next: u32,
     pub(crate) out: VecDeque<RespItem>,
+    /// A CNP is to be sent (the control tier picks it up).
     pub(crate) cnp_pending: bool,
+    /// Start of the QP's current CNP window: when its last CNP was generated (`DCQCN.md` §2.2).
     pub(crate) last_cnp: Option<Instant>,
+    /// A CE mark arrived inside the open window: one CNP is owed at its end (`CnpPacing` timer, §2.2 N2).
+    pub(crate) cnp_owed: bool,
     /// Where a UD CNP goes (the source QPN of the CE-marked packet and its addresses).
     pub(crate) cnp_dest: Option<crate::wire::PeerAddr>,
     /// The responder moved the QP to ERR; the final NAK is still owed.
@@ -343,6 +347,7 @@ impl RespCtx {
             out: VecDeque::with_capacity(2 * res_cap + 4),
             cnp_pending: false,
             last_cnp: None,
+            cnp_owed: false,
             cnp_dest: None,
             fatal_nak: None,
         }
@@ -449,7 +454,8 @@ impl fmt::Display for Qp {
         )?;
         writeln!(
             f,
-            "  responder: epsn={} msn={} nak_sent={} msg={:?} rq {}/{} (depth {}) pending_out={} cnp_pending={}",
+            "  responder: epsn={} msn={} nak_sent={} msg={:?} rq {}/{} (depth {}) pending_out={} cnp_pending={} \
+             cnp_owed={}",
             self.resp.epsn,
             self.resp.msn,
             self.resp.nak_sent,
@@ -458,15 +464,11 @@ impl fmt::Display for Qp {
             self.rq.tail,
             self.rq.cap,
             self.resp.out.len(),
-            self.resp.cnp_pending
+            self.resp.cnp_pending,
+            self.resp.cnp_owed
         )?;
         write!(f, "  timers:")?;
-        for k in [
-            TimerKind::AckTimeout,
-            TimerKind::RnrRetry,
-            TimerKind::Shaper,
-            TimerKind::RateTimer,
-        ] {
+        for k in TimerKind::ALL {
             if let Some(t) = self.timers.get(k) {
                 write!(f, " {k:?}@{t}")?;
             }

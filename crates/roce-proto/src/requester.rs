@@ -523,6 +523,7 @@ impl Engine {
             qpn,
             dscp: meta_dscp,
             ecn: meta_ecn,
+            prio: 0,
             kind: if retransmit {
                 TxKind::Retransmit
             } else {

@@ -6,6 +6,7 @@ use crate::Psn;
 use crate::engine::{Engine, TxKind, TxMeta};
 use crate::qp::{InMsg, RdResource, RespItem};
 use crate::time::Instant;
+use crate::timer::TimerKind;
 use crate::verbs::{
     AccessFlags, AsyncEvent, AsyncEventType, QpState, QpType, Rkey, Wc, WcFlags, WcOpcode, WcStatus,
 };
@@ -111,17 +112,16 @@ impl Engine {
                 cq: None,
             });
         }
-        // Notification point: CE → at most one CNP per QP per interval; ECT-only traffic never triggers one (S18).
+        // Notification point (`DCQCN.md` §2.2 N1–N3, S18): CE → at most one CNP per QP per `cnp_interval`; ECT-only
+        // traffic never triggers one.
         if pkt.ecn == wire::ECN_CE {
             self.stats.np_ecn_marked_roce_packets += 1;
             qp.counters.np_ecn_marked_roce_packets += 1;
-            let due = qp
-                .resp
-                .last_cnp
-                .is_none_or(|t| now.saturating_duration_since(t) >= self.cfg.cnp_interval);
-            if due && !qp.resp.cnp_pending {
-                qp.resp.cnp_pending = true;
-                qp.resp.last_cnp = Some(now);
+            let interval = self.cfg.cnp_interval;
+            let window_end = qp.resp.last_cnp.map(|t| t + interval);
+            // The flow to notify: the sender of this packet (UD: its DETH source QP). A CNP already waiting to be
+            // sent keeps its destination.
+            if !qp.resp.cnp_pending {
                 let src_qp = match (qp.qp_type, pkt.ext.deth) {
                     (QpType::Ud, Some((_, q))) => q,
                     _ => qp.attr.dest_qp_num,
@@ -131,6 +131,20 @@ impl Engine {
                     mac: pkt.src_mac,
                     gid: pkt.src_gid,
                 });
+            }
+            match window_end {
+                // N1: no CNP during the last N µs: send one now; a new window starts.
+                None => Self::open_cnp_window(qp, now),
+                Some(end) if now >= end => Self::open_cnp_window(qp, now),
+                // N2: inside the open window: one CNP when it ends, however many marks arrive.
+                Some(end) => {
+                    if !qp.resp.cnp_owed {
+                        qp.resp.cnp_owed = true;
+                        let qpn = qp.qpn.value();
+                        self.timers
+                            .set(&mut qp.timers, qpn, TimerKind::CnpPacing, end);
+                    }
+                }
             }
         }
         if op::is_response(pkt.opcode) {
@@ -143,6 +157,28 @@ impl Engine {
                 None => {}
             }
         }
+        self.kick(i);
+    }
+
+    /// A CNP is generated at `now` and a new CNP window opens (`DCQCN.md` §2.2).
+    fn open_cnp_window(qp: &mut crate::qp::Qp, now: Instant) {
+        qp.resp.cnp_pending = true;
+        qp.resp.last_cnp = Some(now);
+    }
+
+    /// `CnpPacing` timer: the QP's CNP window ended with a CE mark inside it, so one CNP goes now and the next
+    /// window starts (`DCQCN.md` §2.2 N2: "a marked packet inside an open window produces a CNP exactly at the
+    /// window end", §6 E7.2).
+    pub(crate) fn on_cnp_window_end(&mut self, i: usize, now: Instant) {
+        let Some(qp) = self.qps[i].as_deref_mut() else {
+            return;
+        };
+        if !qp.resp.cnp_owed || !qp.can_receive() {
+            qp.resp.cnp_owed = false;
+            return;
+        }
+        qp.resp.cnp_owed = false;
+        Self::open_cnp_window(qp, now);
         self.kick(i);
     }
 
@@ -989,11 +1025,13 @@ impl Engine {
             }
         };
         let qpn = qp.qpn;
+        let prio = if kind == TxKind::Cnp { cfg.cnp_prio } else { 0 };
         Ok(Some(TxMeta {
             len,
             qpn,
             dscp,
             ecn,
+            prio,
             kind,
             gather: None,
         }))
@@ -1084,6 +1122,7 @@ impl Engine {
             qpn,
             dscp,
             ecn,
+            prio: 0,
             kind: TxKind::ReadResponse,
             gather: None,
         }))

@@ -24,18 +24,23 @@ pub enum TimerKind {
     Shaper = 2,
     /// The rate controller's own timer (`RateController::next_timer`; DCQCN alpha/rate-increase timers).
     RateTimer = 3,
+    /// Notification point: the end of the QP's CNP window, when a CE mark that arrived inside it is answered with
+    /// one CNP (`DCQCN.md` §2.2 N2).
+    CnpPacing = 4,
 }
 
 impl TimerKind {
-    const ALL: [TimerKind; TIMER_KINDS] = [
+    /// Every kind, in discriminant order.
+    pub(crate) const ALL: [TimerKind; TIMER_KINDS] = [
         TimerKind::AckTimeout,
         TimerKind::RnrRetry,
         TimerKind::Shaper,
         TimerKind::RateTimer,
+        TimerKind::CnpPacing,
     ];
 }
 
-pub(crate) const TIMER_KINDS: usize = 4;
+pub(crate) const TIMER_KINDS: usize = 5;
 
 /// One QP's timer slots.
 #[derive(Clone, Copy, Debug, Default)]

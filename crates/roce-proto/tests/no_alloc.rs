@@ -9,8 +9,10 @@
 //! per-packet path pushes to is sized at `create_qp` / `create_cq` — it arms the counter and runs a steady state of
 //! `post_send` (SEND / SEND_WITH_IMM / RDMA WRITE / WRITE_WITH_IMM / READ / CMP_AND_SWP / FETCH_AND_ADD; inline and
 //! SGE; single- and multi-packet; FENCE and SOLICITED), `post_recv`, `poll_transmit` → `handle_frame`, ACKs,
-//! `poll_ready_cq` / `poll_cq`, `poll_timeout` / `handle_timeout`, `poll_async_event`, a paced QP (`Shaper` timer)
-//! and a rate controller with its own timer (`RateTimer`), and asserts that not one allocation, reallocation or
+//! `poll_ready_cq` / `poll_cq`, `poll_timeout` / `handle_timeout`, `poll_async_event`, a paced QP (`Shaper` timer),
+//! a rate controller with its own timer (`RateTimer`) and DCQCN reaction points of all three profiles on the other
+//! QPs (CNPs in, cuts, rate-increase timers, byte counter, the rate changes handed to the shapers; with CE marks the
+//! notification point's `CnpPacing` window timer too), and asserts that not one allocation, reallocation or
 //! deallocation happened. The lossy variant (three loss rates) drops frames, so local ACK timeouts, sequence NAKs,
 //! implied NAKs, go-back-N retransmissions and duplicate requests run (it asserts each of those counters moved), marks
 //! some data frames CE (CNPs) and posts some receives late (RNR NAK → RNR wait → retry).
@@ -168,19 +170,29 @@ struct Net {
     ect_seen: u32,
     /// Frames engine A handed over as gathered pieces.
     gathered: u64,
+    /// QPs running a DCQCN reaction point: A's RC (paper), A's UD (ns3_mlx), B's RC (nvidia); set by `run`.
+    qpns: (Qpn, Qpn, Qpn),
 }
 
 impl Net {
     fn new(loss_permille: u32, ce_every: u32) -> Net {
-        let cfg = |mac, ip, seed| EngineConfig {
+        // Every QP runs a DCQCN reaction point (A: paper with a small byte counter and a fast timer, so increases
+        // happen inside the measured loop; B: nvidia), unless the test installs another controller.
+        let mut paper = DcqcnConfig::new(cc::Profile::Paper, 100e9);
+        paper.set("B_bytes", "65536").unwrap();
+        paper.set("T_us", "20").unwrap();
+        let nvidia = DcqcnConfig::new(cc::Profile::Nvidia, 100e9);
+        // (B's RC QP gets its own nvidia RP in `run`.)
+        let cfg = |mac, ip, seed, dcqcn| EngineConfig {
             mac,
             gids: vec![Gid::from_ipv4(ip)],
             seed,
+            dcqcn: Some(dcqcn),
             ..EngineConfig::default()
         };
         Net {
-            a: Engine::new(cfg(MAC_A, IP_A, 1)),
-            b: Engine::new(cfg(MAC_B, IP_B, 2)),
+            a: Engine::new(cfg(MAC_A, IP_A, 1, paper)),
+            b: Engine::new(cfg(MAC_B, IP_B, 2, nvidia)),
             now: Instant::from_micros(1),
             tx: vec![0u8; FRAME_CAP].into_boxed_slice(),
             wire: VecDeque::with_capacity(WIRE_SLOTS),
@@ -195,6 +207,7 @@ impl Net {
             ce_marked: 0,
             ect_seen: 0,
             gathered: 0,
+            qpns: (Qpn::new(0), Qpn::new(0), Qpn::new(0)),
         }
     }
 
@@ -929,14 +942,25 @@ fn run(loss_permille: u32, ce_every: u32, rnr_every: u64, warmup: u64, iters: u6
     let (a, b) = connect(&mut net, 8);
     post_unrel_recvs(&mut net, &b, b.ud, UD_RECVS);
     post_unrel_recvs(&mut net, &b, b.uc, UC_RECVS);
-    // Rate-controller paths: B's RC QP is paced per packet (a one-frame bucket, so its Shaper timer runs), A's UC
-    // QP has a controller with its own timer.
+    // Rate-controller paths: B's RC QP is paced per packet (a one-frame bucket, so its Shaper timer runs) at the
+    // rate of an nvidia DCQCN RP on a 20 Gb/s port, A's UC QP has a controller with its own timer.
     net.b.set_qp_rate_limit(b.rc, None, Some(0)).unwrap();
     net.b
-        .set_rate_controller(b.rc, Box::new(FixedRate::with_rate(20_000_000_000)))
+        .set_rate_controller(
+            b.rc,
+            Box::new(cc::Dcqcn::new(DcqcnConfig::new(cc::Profile::Nvidia, 20e9))),
+        )
         .unwrap();
     net.a
         .set_rate_controller(a.uc, Box::new(Ticking::default()))
+        .unwrap();
+    // A's UD QP runs the ns3_mlx RP (the other QPs run the engines' configured profiles).
+    net.qpns = (a.rc, a.ud, b.rc);
+    net.a
+        .set_rate_controller(
+            a.ud,
+            Box::new(cc::Dcqcn::new(DcqcnConfig::new(cc::Profile::Ns3Mlx, 100e9))),
+        )
         .unwrap();
     let late = |i: u64| rnr_every > 0 && i % rnr_every == rnr_every - 1;
     for i in 0..warmup {
@@ -1004,6 +1028,27 @@ fn lossy_steady_state_allocates_nothing() {
         assert!(b.duplicate_request > 0, "{ctx}");
         assert!(a.rcvd_rnr_err > 0, "{ctx}");
         assert!(b.np_cnp_sent > 0 && a.rp_cnp_handled > 0, "{ctx}");
+        assert!(a.np_cnp_sent > 0 && b.rp_cnp_handled > 0, "{ctx}");
+        // DCQCN ran inside the measured loop: CNPs in, cuts, timer/byte-counter increases (each rate change reaches
+        // the QP's shaper), for one QP of each profile.
+        for (e, q, what) in [
+            (&net.a, net.qpns.0, "A rc (paper)"),
+            (&net.a, net.qpns.1, "A ud (ns3_mlx)"),
+            (&net.b, net.qpns.2, "B rc (nvidia)"),
+        ] {
+            let dump = e.qp_dump(q).unwrap();
+            let count = |k: &str| -> u64 {
+                dump.split(&format!(" {k}="))
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            assert!(
+                count("cnps") > 0 && count("cuts") > 0 && count("incs") > 0,
+                "loss {loss}‰, {what}: {dump}"
+            );
+        }
         assert!(b.drop_uc_out_of_seq > 0, "{ctx}");
     }
 }

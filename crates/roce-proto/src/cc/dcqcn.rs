@@ -596,20 +596,22 @@ pub struct Dcqcn {
     dec_grid: Instant,
     cnps: u64,
     cuts: u64,
+    increases: u64,
 }
 
 impl fmt::Debug for Dcqcn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "dcqcn {} rc={:.0} rt={:.0} alpha={:.6} limited={} cnps={} cuts={}",
+            "dcqcn {} rc={:.0} rt={:.0} alpha={:.6} limited={} cnps={} cuts={} incs={}",
             self.rules.profile,
             self.rc,
             self.rt,
             self.alpha.value,
             self.limited,
             self.cnps,
-            self.cuts
+            self.cuts,
+            self.increases
         )?;
         match self.rules.profile {
             Profile::Ns3Mlx => write!(f, " stage={}", self.stage)?,
@@ -659,6 +661,7 @@ impl Dcqcn {
             dec_grid: Instant::ZERO,
             cnps: 0,
             cuts: 0,
+            increases: 0,
         }
     }
 
@@ -713,9 +716,9 @@ impl Dcqcn {
         (self.t_cnt, self.bc_cnt, self.stage)
     }
 
-    /// CNPs received and cuts made since creation or reset.
-    pub fn cnps_and_cuts(&self) -> (u64, u64) {
-        (self.cnps, self.cuts)
+    /// CNPs received, cuts and increase steps made since creation or reset.
+    pub fn event_counts(&self) -> (u64, u64, u64) {
+        (self.cnps, self.cuts, self.increases)
     }
 
     /// Bytes still to transmit before the byte counter fires, or `None` when it does not run (profile without one,
@@ -884,6 +887,7 @@ impl Dcqcn {
     /// Rate-increase timer (R3, M4).
     fn on_inc(&mut self, t: Instant, obs: &mut impl FnMut(&RpEvent)) {
         self.next_inc = Some(t + core::time::Duration::from_nanos(self.rules.t_period));
+        self.increases += 1;
         let action = if self.rules.profile == Profile::Ns3Mlx {
             let f = self.rules.f;
             let action = if self.stage < f {
@@ -946,10 +950,9 @@ impl Dcqcn {
         let r = &self.rules;
         match r.profile {
             Profile::Nvidia if self.rc >= r.release_rate => {
-                let (cnps, cuts) = (self.cnps, self.cuts);
+                let counts = (self.cnps, self.cuts, self.increases);
                 self.reset();
-                self.cnps = cnps;
-                self.cuts = cuts;
+                (self.cnps, self.cuts, self.increases) = counts;
             }
             Profile::Nvidia => {}
             _ if self.rc >= r.line && self.rt >= r.line => {
@@ -975,6 +978,7 @@ impl Dcqcn {
         self.bytes_acc = self.bytes_acc.saturating_add(bytes);
         if self.bytes_acc >= self.rules.byte_reset {
             self.bytes_acc = 0;
+            self.increases += 1;
             self.bc_cnt = self.bc_cnt.saturating_add(1);
             self.last_inc = LastInc::Byte;
             let action = self.increase();

@@ -901,9 +901,11 @@ fn rate_cut_clamps_the_bucket_and_an_increase_retimes_the_qp() {
         )
         .unwrap();
     };
-    // The wire marks A's frames CE, so B's notification point answers the first with a CNP (one per 50 µs).
-    p.filter = Box::new(|d, f| {
-        if d == Dir::AtoB {
+    // The wire marks A's first frame CE, so B's notification point answers it with one CNP (marking more frames
+    // would add a second CNP at the end of the 50-µs window, `DCQCN.md` §2.2 N2).
+    let mut first = true;
+    p.filter = Box::new(move |d, f| {
+        if d == Dir::AtoB && std::mem::take(&mut first) {
             f[15] |= 3;
         }
         true

@@ -155,3 +155,115 @@ fn qp_reset_forgets_congestion_state() {
     let r = p.a.qp_rate(a.qpn, p.now).unwrap();
     assert!(!r.limited && r.rate_bps == Some(LINE as u64), "{r:?}");
 }
+
+/// Notification point (`DCQCN.md` §2.2 N1–N3, §6 E7.1–E7.3): the first CE mark after a quiet window is answered at
+/// the same instant; marks inside the open window by exactly one CNP at its end; unmarked traffic by none; CNPs
+/// carry DSCP `cnp_dscp` and priority `cnp_prio`.
+#[test]
+fn np_answers_the_first_mark_at_once_and_marks_inside_the_window_at_its_end() {
+    let n = Duration::from_micros(50);
+    let b_cfg = EngineConfig {
+        cnp_interval: n,
+        cnp_dscp: 40,
+        cnp_prio: 5,
+        ..cfg(MAC_B, IP_B, 2)
+    };
+    let mut p = Pair::with_configs(cfg(MAC_A, IP_A, 1), b_cfg);
+    let (a, b) = connect(&mut p, &ConnOpts::default());
+    let ma = mr(&mut p.a, a.pd, 4096, |i| i as u8);
+    let mb = mr(&mut p.b, b.pd, 4096, |_| 0);
+    // Mark CE on the A→B frames sent at chosen instants.
+    let marks = std::rc::Rc::new(std::cell::Cell::new(false));
+    let m = marks.clone();
+    p.filter = Box::new(move |d, f| {
+        if d == Dir::AtoB && m.get() {
+            f[15] |= 3;
+        }
+        true
+    });
+    let sg = [sge(&ma, 0, 64)];
+    let w = SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: mb.addr,
+            rkey: mb.rkey,
+        },
+        &sg,
+    );
+    let write_at = |p: &mut Pair, at: Instant, ce: bool| {
+        p.drive_for(at - p.now);
+        p.now = at;
+        marks.set(ce);
+        p.a.post_send(a.qpn, &[w]).unwrap();
+        p.transmit();
+        marks.set(false);
+        p.drive_for(Duration::from_micros(1));
+    };
+    let t0 = p.now + Duration::from_micros(100);
+    let us = |x: u64| t0 + Duration::from_micros(x);
+    // Unmarked traffic: no CNP (E7.3).
+    write_at(&mut p, us(0), false);
+    // Marks at 10, 20, 30 µs: CNP at 10 + the latency (N1), one more at the window end 60 µs (N2).
+    for t in [10, 20, 30] {
+        write_at(&mut p, us(t), true);
+    }
+    // A mark at 130 µs, after the window of the 60-µs CNP closed at 110: answered at once.
+    write_at(&mut p, us(130), true);
+    p.drive_for(Duration::from_micros(200));
+    let lat = p.latency;
+    let cnps: Vec<_> = p
+        .captured
+        .iter()
+        .filter(|c| c.1 == Dir::BtoA && c.2[42] == 0x81)
+        .map(|c| (c.0, c.2[15] >> 2))
+        .collect();
+    assert_eq!(
+        cnps,
+        vec![
+            (us(10) + lat, 40),
+            (us(10) + lat + n, 40),
+            (us(130) + lat, 40)
+        ],
+        "CNP instants and DSCP"
+    );
+    let c = p.b.counters();
+    assert_eq!((c.np_ecn_marked_roce_packets, c.np_cnp_sent), (4, 3));
+    // A CNP's metadata carries its priority and DSCP (a fresh pair, driven by hand).
+    let mut buf = vec![0u8; 256];
+    let mut b2 = Pair::with_configs(
+        cfg(MAC_A, IP_A, 1),
+        EngineConfig {
+            cnp_prio: 5,
+            ..cfg(MAC_B, IP_B, 2)
+        },
+    );
+    let (a2, bb) = connect(&mut b2, &ConnOpts::default());
+    let ma2 = mr(&mut b2.a, a2.pd, 64, |i| i as u8);
+    let mb2 = mr(&mut b2.b, bb.pd, 64, |_| 0);
+    let sg2 = [sge(&ma2, 0, 64)];
+    b2.a.post_send(
+        a2.qpn,
+        &[SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: mb2.addr,
+                rkey: mb2.rkey,
+            },
+            &sg2,
+        )],
+    )
+    .unwrap();
+    let meta = b2.a.poll_transmit(b2.now, &mut buf).unwrap();
+    let mut f = buf[..meta.len].to_vec();
+    f[15] |= 3;
+    b2.b.handle_frame(b2.now, &f);
+    let mut kinds = vec![];
+    while let Some(m) = b2.b.poll_transmit(b2.now, &mut buf) {
+        kinds.push((m.kind, m.prio, m.dscp));
+    }
+    assert!(kinds.contains(&(TxKind::Cnp, 5, 48)), "{kinds:?}");
+    assert!(
+        kinds.iter().all(|k| k.0 == TxKind::Cnp || k.1 == 0),
+        "{kinds:?}"
+    );
+}
