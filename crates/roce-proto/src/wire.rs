@@ -380,7 +380,12 @@ fn emit_head<'t>(
     plen: usize,
 ) -> Option<(&'t HeaderTemplate, usize, usize)> {
     let img = t.image(h.class);
-    let ext = ext.to_repr();
+    // Most data packets (SEND/WRITE MIDDLE and LAST, SEND ONLY) carry no extension header: skip the conversion.
+    let ext = if *ext == Ext::default() {
+        ExtRepr::NONE
+    } else {
+        ext.to_repr()
+    };
     let ext_len = ext.byte_len();
     let ph = PacketHeader {
         opcode: Opcode(h.opcode),
@@ -397,7 +402,9 @@ fn emit_head<'t>(
         UdpPacket::new_unchecked(&mut buf[udp_off..]).set_src_port(sport);
     }
     let hl = img.header_len();
-    ext.emit(&mut buf[hl..hl + ext_len]).ok()?;
+    if ext_len > 0 {
+        ext.emit(&mut buf[hl..hl + ext_len]).ok()?;
+    }
     Some((img, hl + ext_len, total))
 }
 

@@ -239,7 +239,8 @@ impl HeaderTemplate {
         if ip_end != frame_len {
             return Err(Error::Malformed);
         }
-        frame[icrc_off - pad..icrc_off].fill(0);
+        // Pad (0-3 bytes) as one 4-byte store that may run into the ICRC field, written right after.
+        frame[icrc_off - pad..icrc_off - pad + ICRC_LEN].copy_from_slice(&[0; ICRC_LEN]);
         let ip = &mut frame[ip_off..frame_len];
         let state = icrc::header_state(self.icrc_base, &self.image[ip_off..], ip, self.v6);
         debug_assert_eq!(state, icrc::header_state_full(ip, self.v6));
