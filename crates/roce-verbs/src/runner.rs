@@ -751,10 +751,19 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
                         break;
                     }
                 };
-                let Some(meta) = dev.engine.poll_transmit(now, buf) else {
+                // Zero copy where the link gathers: payload pieces stay in the registered memory.
+                let mut segs = [roce_proto::TxSeg::EMPTY; 8];
+                let Some(meta) = dev.engine.poll_transmit_gather(now, buf, &mut segs) else {
                     break;
                 };
-                if let Err(e) = dev.link.tx_commit(now, meta.len) {
+                let committed = match meta.gather {
+                    None => dev.link.tx_commit(now, meta.len),
+                    // SAFETY: the pieces point into MRs of this engine, which this thread alone drives: nothing
+                    // writes them or deregisters an MR (those are engine calls, made only by this loop) before
+                    // the `flush` below, and the link keeps no piece past that flush (`Link::tx_commit_gather`).
+                    Some(g) => unsafe { dev.link.tx_commit_gather(now, g, &segs) },
+                };
+                if let Err(e) = committed {
                     stats.link_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, "tx_commit failed");
                 }
