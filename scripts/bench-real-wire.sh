@@ -18,7 +18,8 @@
 # Sender/client side in namespace A on CPU 0, sink/server side in namespace B on CPU 1, both `nice -n -20`.
 # Builds release once, from the committed HEAD exported into target/bench-real-wire/src (with --worktree: the
 # working tree as it is, in the usual target directory), and runs private copies of the binaries. Raw results are
-# kept in crates/roce-rawudp/results/real-wire-<UTC time>.json. Root only; about 6 minutes with the defaults
+# kept in crates/roce-rawudp/results/real-wire-<UTC time>.json. Namespaces are named $BRW_NS<pid>a/b (default
+# prefix `brw`; keep prefix + pid within 14 characters). Root only; about 6 minutes with the defaults
 # (plus the first build). Everything it starts (namespaces, processes, temp files) is removed on exit.
 set -euo pipefail
 
@@ -45,7 +46,8 @@ say() { echo "$@" >&2; }
 
 SIZES="64 1024 4096"
 BW_OPTS="-m 4096 -t 128 -Q 100 -l 1"
-NA=brw$$a NB=brw$$b IPA=198.18.1.1 IPB=198.18.1.2 PORT=4791
+NS=${BRW_NS:-brw}
+NA=$NS$$a NB=$NS$$b IPA=198.18.1.1 IPB=198.18.1.2 PORT=4791
 CPU_A=0 CPU_B=1
 NETNS=$ROOT/scripts/netns.sh
 D=$(mktemp -d "${TMPDIR:-/tmp}/bench-real-wire.XXXXXX")
