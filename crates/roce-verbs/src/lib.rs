@@ -46,7 +46,8 @@
 //! # drop(b);
 //! ```
 #![warn(missing_docs)]
-// All `unsafe` of the crate lives in `memory` (MR memory the application owns), each block with a SAFETY comment.
+// All `unsafe` of the crate lives in `memory` (MR memory the application owns), each block with a SAFETY comment,
+// plus one block in `runner` that hands gathered payload pieces (pointers into MRs) to the link.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

@@ -761,6 +761,7 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
                     // SAFETY: the pieces point into MRs of this engine, which this thread alone drives: nothing
                     // writes them or deregisters an MR (those are engine calls, made only by this loop) before
                     // the `flush` below, and the link keeps no piece past that flush (`Link::tx_commit_gather`).
+                    #[allow(unsafe_code)]
                     Some(g) => unsafe { dev.link.tx_commit_gather(now, g, &segs) },
                 };
                 if let Err(e) = committed {
