@@ -1550,6 +1550,7 @@ impl Engine {
                     // Buffer too small: keep the QP at the front, consume nothing.
                     self.stats.tx_refused += 1;
                     if let Some(qp) = self.qps[i].as_deref_mut() {
+                        qp.counters.tx_refused += 1;
                         qp.in_ctrl_q = true;
                     }
                     self.ctrl_q.push_front(q);
@@ -1596,6 +1597,7 @@ impl Engine {
                 Err(()) => {
                     self.stats.tx_refused += 1;
                     if let Some(qp) = self.qps[i].as_deref_mut() {
+                        qp.counters.tx_refused += 1;
                         qp.in_data_q = true;
                     }
                     self.data_q.push_front(q);
@@ -1709,12 +1711,15 @@ impl Engine {
             qpn: Some(qpn),
             cq: None,
         });
-        // Responder resources and pending responses are dropped; a fatal NAK stays owed.
+        // Responder resources and pending responses are dropped — unless the responder itself failed: then the
+        // responses queued for earlier requests still go out ahead of its final NAK (`responder_fatal`).
         if let Some(qp) = self.qps[i].as_deref_mut() {
             for res in qp.resp.res.iter_mut() {
                 res.valid = false;
             }
-            qp.resp.out.clear();
+            if qp.resp.fatal_nak.is_none() {
+                qp.resp.out.clear();
+            }
             qp.resp.msg = InMsg::None;
         }
         self.flush_sq(i);

@@ -542,12 +542,21 @@ impl Engine {
         };
         if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
             self.stats.drop_bad_opcode += 1;
+            qp.counters.drop_bad_opcode += 1;
             return;
         }
         let p = pkt.psn;
-        // Valid responses refer to PSNs in [una, next) — older ones are duplicates, newer ones impossible.
-        if p.diff(qp.req.next_psn) >= 0 || p.diff(qp.req.una_psn) < 0 {
-            // An ACK for una-1 (re-ACK of a duplicate) is harmless; anything else is stale.
+        // Valid responses refer to the outstanding window [una, high): everything ever sent and not yet
+        // acknowledged. After a go-back-N rewind `next_psn` is behind `high_psn`, and a response in between
+        // acknowledges packets the responder did receive before the rewind (IBTA; rxe `rxe_comp.c` check_psn compares
+        // with the WQE's PSNs, not with the rewound send pointer).
+        if p.diff(qp.req.una_psn) < 0 {
+            // A duplicate response (the responder re-ACKs every duplicate request, often una−1): harmless and
+            // ignored without a counter, like rxe (`check_psn`: older PSN → done) and mlx5 (no such counter).
+            return;
+        }
+        if p.diff(qp.req.high_psn) >= 0 {
+            // Beyond anything ever sent: a ghost response.
             self.stats.drop_stale_response += 1;
             qp.counters.drop_stale_response += 1;
             return;
@@ -584,14 +593,13 @@ impl Engine {
                                 }
                                 _ => {}
                             }
-                            // Everything before the NAKed PSN was received; the WR containing it failed.
-                            if p.diff(qp.req.una_psn) > 0 {
-                                self.ack_through(i, p - 1, now, false);
-                            }
-                            self.fail_head(i, status);
+                            self.fail_nakked(i, p, status);
                         }
                     }
-                    _ => self.stats.drop_bad_opcode += 1,
+                    _ => {
+                        self.stats.drop_bad_opcode += 1;
+                        qp.counters.drop_bad_opcode += 1;
+                    }
                 }
             }
             op::READ_RESPONSE_FIRST
@@ -599,8 +607,41 @@ impl Engine {
             | op::READ_RESPONSE_LAST
             | op::READ_RESPONSE_ONLY
             | op::ATOMIC_ACKNOWLEDGE => self.on_rd_response(i, pkt, now),
-            _ => self.stats.drop_bad_opcode += 1,
+            _ => {
+                self.stats.drop_bad_opcode += 1;
+                if let Some(qp) = self.qps[i].as_deref_mut() {
+                    qp.counters.drop_bad_opcode += 1;
+                }
+            }
         }
+    }
+
+    /// Error NAK (0x61–0x64) for PSN `p` (`ROCEV2.md §4.4`): the WR containing `p` completes with `status` and the QP
+    /// goes to ERR. Everything before `p` was received by the responder: SEND/WRITEs ending before `p` complete
+    /// successfully (the NAK acknowledges them); a READ/atomic ending before `p` whose responses never arrived
+    /// (lost) cannot complete — the responder has stopped — but it is not what failed: it completes with
+    /// WR_FLUSH_ERR, and the error status goes to the WR the NAK names.
+    fn fail_nakked(&mut self, i: usize, p: Psn, status: WcStatus) {
+        loop {
+            let Some(qp) = self.qps[i].as_deref_mut() else {
+                return;
+            };
+            let h = qp.sq.head;
+            if h == qp.sq.tail {
+                break;
+            }
+            let w = *qp.sq.wqe(h);
+            if !w.started || p.diff(w.last_psn()) <= 0 {
+                break;
+            }
+            let st = if w.op.is_read_or_atomic() {
+                WcStatus::WrFlushErr
+            } else {
+                WcStatus::Success
+            };
+            self.retire_send(i, h, st);
+        }
+        self.fail_head(i, status);
     }
 
     /// Coalesced ACK through PSN `n` (`ROCEV2.md §4.4`): retire every SEND/WRITE whose last PSN ≤ n; an unanswered
@@ -641,6 +682,7 @@ impl Engine {
         let una = blocked.unwrap_or(n + 1);
         if una.diff(qp.req.una_psn) > 0 {
             qp.req.una_psn = una;
+            self.catch_up(i);
             self.progress(i, now);
         }
         if let (true, Some(resume)) = (explicit, blocked) {
@@ -660,6 +702,19 @@ impl Engine {
         self.check_drained(i);
         self.kick(i);
         blocked
+    }
+
+    /// After a go-back-N rewind the responder may acknowledge packets beyond the rewound send pointer (it received
+    /// them before the rewind): when `una_psn` passes `next_psn`, the send pointer jumps forward to `una_psn`, so
+    /// nothing acknowledged is sent again and no PSN is reused.
+    fn catch_up(&mut self, i: usize) {
+        let Some(qp) = self.qps[i].as_deref() else {
+            return;
+        };
+        if qp.req.una_psn.diff(qp.req.next_psn) > 0 {
+            let una = qp.req.una_psn;
+            self.go_back(i, una);
+        }
     }
 
     /// Forward progress: reload retry counters and restart (or stop) the local ACK timer.
@@ -691,12 +746,20 @@ impl Engine {
         qp.counters.packet_seq_err += 1;
         self.stats.rcvd_seq_err += 1;
         self.stats.packet_seq_err += 1;
-        if qp.req.rnr_wait || (qp.req.retrying && p == qp.req.una_psn) {
+        if qp.req.rnr_wait {
             return;
         }
         let mut from = p;
         if p.diff(qp.req.una_psn) > 0 {
+            // The NAK acknowledges everything before `p`; progress ends a retry in progress.
             from = self.ack_through(i, p - 1, now, false).unwrap_or(p);
+        }
+        // One retry at a time: while one is in progress (no progress since it started) further NAKs — the other
+        // losses of the same burst, or NAKs beyond an unanswered READ/atomic that blocks the acknowledgement — do not
+        // start another; only a timeout does (`ROCEV2.md §4.4`; rxe `comp.started_retry`). Otherwise one lossy burst
+        // spends the whole `retry_cnt` budget at once.
+        if self.qps[i].as_deref().is_none_or(|q| q.req.retrying) {
+            return;
         }
         self.retry(i, from, now);
         if let Some(qp) = self.qps[i].as_deref_mut() {
@@ -870,6 +933,7 @@ impl Engine {
         let pmtu = qp.pmtu();
         if h == qp.sq.tail || !qp.sq.wqe(h).started {
             stats.drop_stale_response += 1;
+            qp.counters.drop_stale_response += 1;
             return;
         }
         let w = *qp.sq.wqe(h);
@@ -918,6 +982,7 @@ impl Engine {
             wm.resp_done = true;
             qp.req.una_psn = p + 1;
             self.retire_send(i, h, WcStatus::Success);
+            self.catch_up(i);
         } else {
             let remaining = w.len - w.rcvd;
             let plen = pkt.payload.len() as u64;
@@ -939,6 +1004,7 @@ impl Engine {
                 wm.resp_done = true;
                 self.retire_send(i, h, WcStatus::Success);
             }
+            self.catch_up(i);
         }
         self.progress(i, now);
         self.check_drained(i);

@@ -235,7 +235,9 @@ impl Engine {
     }
 
     /// Class A/C error: the NAK is owed even though the QP goes to ERR; the receive WR in use (if any) completes
-    /// with `wc` first, the rest flush.
+    /// with `wc` first, the rest flush. Responses already queued for earlier requests (READ responses, ACKs, ATOMIC
+    /// ACKs) are still sent, before the NAK: responses leave in PSN order, and those requests were executed — so
+    /// the requester completes them and fails exactly the WR the NAK names (`ROCEV2.md §4.4`).
     fn responder_fatal(&mut self, i: usize, psn: Psn, syndrome: u8, wc: Option<WcStatus>) {
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
@@ -362,6 +364,7 @@ impl Engine {
                 });
                 let Some(ri) = hit else {
                     self.stats.drop_stale_response += 1;
+                    qp.counters.drop_stale_response += 1;
                     return;
                 };
                 let r = qp.resp.res[ri];
@@ -371,6 +374,7 @@ impl Engine {
                     && u64::from(len) == r.len - skip.min(r.len);
                 if !ok {
                     self.stats.drop_stale_response += 1;
+                    qp.counters.drop_stale_response += 1;
                     return;
                 }
                 // A replay supersedes a queued stream of the same resource in place (so ACKs queued behind it
@@ -867,6 +871,7 @@ impl Engine {
         };
         let Some((qkey, src_qp)) = pkt.ext.deth else {
             stats.drop_malformed += 1;
+            qp.counters.drop_malformed += 1;
             return;
         };
         if qkey != qp.attr.qkey {
@@ -957,15 +962,18 @@ impl Engine {
         let which;
         let cnp_tmpl;
         let mut use_tmpl = tmpl;
-        if let Some((psn, syn)) = qp.resp.fatal_nak {
+        let fatal = qp.resp.fatal_nak;
+        if let (Some((psn, syn)), None) = (fatal, qp.resp.out.front()) {
+            // The final NAK goes last: responses owed for the requests before the failing one (READ responses,
+            // ACKs, ATOMIC ACKs) leave first, in PSN order (IBTA; `responder_fatal`).
             hdr.psn = psn;
             ext.aeth = Some((syn, qp.resp.msn));
             which = Which::Fatal;
-        } else if qp.state == QpState::Err || qp.state == QpState::Reset {
+        } else if fatal.is_none() && (qp.state == QpState::Err || qp.state == QpState::Reset) {
             qp.resp.cnp_pending = false;
             qp.resp.out.clear();
             return Ok(None);
-        } else if qp.resp.cnp_pending {
+        } else if fatal.is_none() && qp.resp.cnp_pending {
             // CNP (`ROCEV2.md §6`): BECN=1, DestQP = the flow's sender, PSN 0, M=0, 16 zero bytes, DSCP cnp_dscp.
             hdr.opcode = op::CNP;
             hdr.class = TxClass::Cnp;
@@ -1048,7 +1056,11 @@ impl Engine {
         let src = match self.read_response_source(i) {
             Ok(src) => src,
             Err(psn) => {
-                // IBTA: the NAK takes the place of the response packet that cannot be sent, with its PSN.
+                // IBTA: the NAK takes the place of the response packet that cannot be sent, with its PSN; nothing
+                // queued behind it (later PSNs) is sent.
+                if let Some(qp) = self.qps[i].as_deref_mut() {
+                    qp.resp.out.clear();
+                }
                 self.responder_fatal(i, psn, NAK_REM_ACCESS, None);
                 return self.emit_control(i, now, buf);
             }

@@ -1,6 +1,9 @@
 //! Counters: plain `u64` fields (STYLE E9), named as operators know them from `rdma statistic` (rxe hw counters,
 //! mlx5 hw counters, S11), plus drop counters by reason. One [`Counters`] per port and one per QP; the port set is
-//! the sum over QPs plus drops that belong to no QP. List them with [`Counters::iter`].
+//! the sum over QPs plus what belongs to no QP: drops before a QP is known (`rx_icrc_encapsulated`,
+//! `drop_malformed`, `drop_wrong_dest_ip`, `drop_pkey_mismatch`, `drop_unknown_qp` for an unknown QPN) and the port
+//! and CQ events `link_downed` and `cq_overflow` (tested by the engine's unit tests, `assert_counters_add_up`).
+//! List them with [`Counters::iter`].
 
 macro_rules! counters {
     ($( $(#[$m:meta])* $name:ident, )*) => {
@@ -123,6 +126,9 @@ counters! {
     drop_ud_no_recv,
     /// Drop: UC packet outside the current message (gap; resynchronised at the next FIRST/ONLY).
     drop_uc_out_of_seq,
-    /// Drop: response or ACK that matched nothing outstanding (stale/duplicate).
+    /// Drop: a response beyond every PSN ever sent (ghost), a READ response or ATOMIC ACK with nothing outstanding,
+    /// or a duplicate READ request that matches no saved READ. Responses older than the oldest unacknowledged PSN
+    /// (duplicates: the responder re-ACKs every duplicate request, typically for una−1) are harmless and ignored
+    /// without a count, like rxe (`rxe_comp.c` check_psn) and mlx5, which have no counter for them.
     drop_stale_response,
 }

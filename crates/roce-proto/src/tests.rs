@@ -1,6 +1,7 @@
 //! In-crate tests with a two-engine harness (`Pair`, after quinn-proto `tests/util.rs`).
 mod api_tests;
 mod cc_tests;
+mod completer_tests;
 mod fuzz_tests;
 mod hostile_tests;
 mod loss_tests;

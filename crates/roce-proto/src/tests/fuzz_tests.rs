@@ -185,5 +185,7 @@ proptest! {
         let mut ids: Vec<u64> = wa.iter().filter(|w| w.opcode != WcOpcode::Recv).map(|w| w.wr_id).collect();
         ids.sort();
         prop_assert!(ids.windows(2).all(|w| w[0] != w[1]), "{:?}", wa);
+        assert_counters_add_up(&p.a);
+        assert_counters_add_up(&p.b);
     }
 }

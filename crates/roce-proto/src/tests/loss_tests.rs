@@ -935,8 +935,9 @@ fn s06_injected_length_violations_nak_invalid_request() {
     .unwrap();
     p.b.handle_frame(p.now, &craft(&tmpl, 0x00, 100, ExtRepr::NONE, &[1; 1024]));
     p.b.handle_frame(p.now, &craft(&tmpl, 0x02, 101, ExtRepr::NONE, &[]));
-    // The QP goes to ERR at once: the pending ACK for 100 is superseded by the NAK, which acknowledges PSN 100 too.
-    assert_eq!(naks_from(&mut p), vec![(0x61, 101)]);
+    // The QP goes to ERR at once; the ACK already owed for 100 (AckReq) still leaves first, then the NAK
+    // (responses in PSN order, `responder_fatal`).
+    assert_eq!(naks_from(&mut p), vec![(0x1f, 100), (0x61, 101)]);
 }
 
 #[test]

@@ -212,6 +212,8 @@ fn run(seed: u64, nwr: usize, loss_pct: u64) {
         p.drive_for(Duration::from_micros(rng.below(50)));
     }
     p.drive_for(Duration::from_secs(30));
+    assert_counters_add_up(&p.a);
+    assert_counters_add_up(&p.b);
     let wa = poll_all(&mut p.a, a.cq);
     let got: Vec<_> = wa.iter().map(|w| (w.wr_id, w.opcode)).collect();
     let bad: Vec<_> = wa
@@ -512,6 +514,8 @@ fn run_rnr(seed: u64, loss_pct: u64) -> u64 {
             "seed {seed} msg {i}"
         );
     }
+    assert_counters_add_up(&p.a);
+    assert_counters_add_up(&p.b);
     p.a.counters().rcvd_rnr_err
 }
 

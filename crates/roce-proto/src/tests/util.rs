@@ -388,3 +388,32 @@ pub(crate) fn reemit(
     r.emit(&mut out, |b| b.copy_from_slice(payload)).unwrap();
     out
 }
+
+/// Counters an engine may count on the port without any QP (`stats.rs`): drops before a QP is known, and port/CQ
+/// events.
+const PORT_LEVEL: &[&str] = &[
+    "rx_icrc_encapsulated",
+    "drop_malformed",
+    "drop_wrong_dest_ip",
+    "drop_pkey_mismatch",
+    "drop_unknown_qp",
+    "link_downed",
+    "cq_overflow",
+];
+
+/// The counters' contract (`stats.rs`): the port set is the sum over the (live) QPs plus what belongs to no QP —
+/// equal for every counter except [`PORT_LEVEL`], where the port may count more.
+pub(crate) fn assert_counters_add_up(e: &Engine) {
+    for &name in Counters::NAMES {
+        let port = e.counters().get(name).unwrap_or(0);
+        let sum: u64 = e
+            .qpns()
+            .map(|q| e.qp_counters(q).and_then(|c| c.get(name)).unwrap_or(0))
+            .sum();
+        if PORT_LEVEL.contains(&name) {
+            assert!(port >= sum, "{name}: port {port} < sum over QPs {sum}");
+        } else {
+            assert_eq!(port, sum, "{name}: port counter is not the sum over QPs");
+        }
+    }
+}
