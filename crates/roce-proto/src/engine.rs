@@ -675,6 +675,8 @@ impl Engine {
         };
         self.timer_epoch = self.timer_epoch.wrapping_add(1 << 20);
         self.sched.add_qp(idx, qp.pmtu());
+        // The bucket starts at the controller's rate (a DCQCN RP: the line rate, `DCQCN.md` R0).
+        self.sched.reset_qp(idx, qp.rate.rate_bps());
         self.qps[idx] = Some(Box::new(qp));
         self.live_qps += 1;
         self.reserve_per_qp();

@@ -33,6 +33,8 @@ fn sent_bytes(p: &Pair, from: Instant, to: Instant) -> u64 {
 fn dcqcn_cuts_on_ce_marks_and_recovers() {
     let mut p = Pair::with_configs(dcqcn_cfg(MAC_A, IP_A, 1), dcqcn_cfg(MAC_B, IP_B, 2));
     let (a, b) = connect(&mut p, &ConnOpts::default());
+    // The shaper enforces the reaction point's rate from the start (C before any CNP, DCQCN.md R0).
+    assert_eq!(p.a.qp_rate_bps(a.qpn), Some(LINE as u64));
     let len = 1 << 16;
     let ma = mr(&mut p.a, a.pd, len, |i| (i * 7 % 251) as u8);
     let mb = mr(&mut p.b, b.pd, len, |_| 0);
