@@ -13,7 +13,9 @@
 //! * `verbs`: libibverbs-named data types ([`SendWr`], [`RecvWr`], [`Wc`], [`WcStatus`], [`QpAttr`], ...).
 //! * `state`: the QP state machine table (`ROCEV2.md §4.6`).
 //! * `requester` / `responder`: the transport rules (`ROCEV2.md §4`, `§5`, `§6`).
-//! * `timer`: timers as data; `stats`: counters with operator names; `cc`: the rate-control seam.
+//! * `timer`: timers as data; `stats`: counters with operator names; `cc`: the rate-control seam and the DCQCN
+//!   reaction point (`cc::Dcqcn`, profiles `paper`/`ns3_mlx`/`nvidia`, `../shared/dcqcn/DCQCN.md` §2; the project's
+//!   `docs/CONGESTION.md`).
 //!
 //! # Quick start
 //!

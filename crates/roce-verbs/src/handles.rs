@@ -110,6 +110,17 @@ impl From<WqeError> for PostError {
     }
 }
 
+/// One QP's rates ([`Context::qp_rates`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QpRate {
+    /// The QP.
+    pub qpn: Qpn,
+    /// Its rate controller's state (DCQCN: RC, RT, α, limited).
+    pub controller: roce_proto::RateMetrics,
+    /// The rate its shaper enforces in bit/s (`None` = unlimited).
+    pub shaped_bps: Option<u64>,
+}
+
 /// The engine thread of one or more devices; stopped and joined when the last context is dropped.
 #[derive(Debug)]
 struct Runtime {
@@ -313,6 +324,27 @@ impl Context {
     /// Counters of one QP.
     pub fn qp_counters(&self, qpn: Qpn) -> Result<Option<Counters>, Error> {
         self.call(move |d| d.engine.qp_counters(qpn).cloned())
+    }
+
+    /// The rate state of every QP of this device, as of the engine thread's current instant (returned with it):
+    /// the rate controller's view (DCQCN RC, RT, α, `../shared/dcqcn/DCQCN.md` §2) and the rate its shaper enforces
+    /// (the smaller of that and the QP's limit; `None` = unlimited). For rate logs (`rocev2 perf --rate-log`).
+    pub fn qp_rates(&self) -> Result<(roce_proto::Instant, Vec<QpRate>), Error> {
+        self.call(|d| {
+            let now = d.now;
+            let e = &d.engine;
+            let v = e
+                .qpns()
+                .filter_map(|qpn| {
+                    Some(QpRate {
+                        qpn,
+                        controller: e.qp_rate(qpn, now)?,
+                        shaped_bps: e.qp_rate_bps(qpn),
+                    })
+                })
+                .collect();
+            (now, v)
+        })
     }
 
     /// Counters of the engine thread (shared by every device on it).

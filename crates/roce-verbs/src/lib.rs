@@ -63,14 +63,14 @@ mod wqe;
 pub use channel::{CompChannel, Moderation};
 pub use clock::Clock;
 pub use handles::{
-    Ah, COMMAND_TIMEOUT, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint,
+    Ah, COMMAND_TIMEOUT, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint, QpRate,
 };
 pub use hugepage::{HUGE_PAGE_SIZE, HugePageBuffer, HugePagePolicy};
 pub use memory::{MrBuf, PAGE_SIZE};
 pub use roce_proto::{
     AccessFlags, AhAttr, Counters, EngineConfig, Gid, MrBuffer, MrMemory, Mtu, Psn, QpAttr,
-    QpAttrMask, QpCap, QpState, QpType, RecvWr, Rkey, SendFlags, SendOp, SendWr, Sge, UdDest, Wc,
-    WcOpcode, WcStatus,
+    QpAttrMask, QpCap, QpState, QpType, RateMetrics, RecvWr, Rkey, SendFlags, SendOp, SendWr, Sge,
+    UdDest, Wc, WcOpcode, WcStatus,
 };
 pub use runner::{RuntimeConfig, RuntimeStats};
 pub use wqe::{MAX_INLINE, MAX_SGE};

@@ -203,17 +203,19 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
         true,
     )?;
     let geo = Geometry::new(p, u64::from(cycle), u64::from(cache_line));
-    let r = session(
-        &ctx,
-        p,
-        &geo,
-        &mut x,
-        is_client,
-        mtu,
-        &version,
-        a.qp_timeout,
-        out,
-    );
+    let r = super::dcqcn::with_rate_log(&a.cc, &ctx, true, || {
+        session(
+            &ctx,
+            p,
+            &geo,
+            &mut x,
+            is_client,
+            mtu,
+            &version,
+            a.qp_timeout,
+            out,
+        )
+    });
     let r = super::with_rx_hint(r, rx, &link_stats);
     if a.stats {
         super::print_stats(

@@ -16,6 +16,7 @@
 
 mod bench;
 mod compat;
+pub mod dcqcn;
 pub mod metrics;
 pub mod port_mtu;
 pub mod report;
@@ -303,6 +304,9 @@ pub struct PerfArgs {
     /// 67 ms). Raise it for a slow peer, e.g. rxe in an emulated guest.
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     pub qp_timeout: u8,
+    /// Congestion control: --dcqcn, --cc-set, --rate-log, --rate-log-us, --ce-rx (`perf/dcqcn.rs`).
+    #[command(flatten)]
+    pub cc: dcqcn::DcqcnArgs,
 }
 
 /// `-s`: a number (decimal, or 0x hex as perftest's strtol) with an optional K or M suffix (2^10, 2^20).
@@ -750,11 +754,18 @@ pub struct Output {
     pub hugepages: bool,
 }
 
-fn fault_config(a: &PerfArgs) -> Option<FaultConfig> {
-    if a.loss == 0.0 && a.reorder == 0.0 && a.dup == 0.0 && a.corrupt == 0.0 && a.ce == 0.0 {
+/// Faults of this side's link: `(transmitted frames, received frames)`.
+fn fault_config(a: &PerfArgs) -> Option<(FaultConfig, FaultConfig)> {
+    if a.loss == 0.0
+        && a.reorder == 0.0
+        && a.dup == 0.0
+        && a.corrupt == 0.0
+        && a.ce == 0.0
+        && a.cc.ce_rx == 0.0
+    {
         return None;
     }
-    Some(FaultConfig {
+    let tx = FaultConfig {
         loss: a.loss,
         corrupt: a.corrupt,
         ce_mark: a.ce,
@@ -763,7 +774,12 @@ fn fault_config(a: &PerfArgs) -> Option<FaultConfig> {
         reorder_max_hold: Duration::from_millis(1),
         duplicate: a.dup,
         ..FaultConfig::default()
-    })
+    };
+    let rx = FaultConfig {
+        ce_mark: a.cc.ce_rx,
+        ..FaultConfig::default()
+    };
+    Some((tx, rx))
 }
 
 fn mac_of(ip: IpAddr) -> [u8; 6] {
@@ -795,13 +811,13 @@ fn engine_cfg(ip: IpAddr, seed: u64) -> EngineConfig {
 
 fn wrap_link(
     base: Box<dyn Link>,
-    faults: Option<FaultConfig>,
+    faults: Option<(FaultConfig, FaultConfig)>,
     seed: u64,
     pcap: Option<&PathBuf>,
 ) -> Result<Box<dyn Link>, LinkError> {
     let mut l = base;
-    if let Some(f) = faults {
-        l = Box::new(Faulty::new(l, f, FaultConfig::default(), seed));
+    if let Some((tx, rx)) = faults {
+        l = Box::new(Faulty::new(l, tx, rx, seed));
     }
     if let Some(p) = pcap {
         let file = File::create(p).map_err(LinkError::Io)?;
@@ -842,6 +858,8 @@ fn open_udp(
     let faults = fault_config(a);
     let pcap = if pcap { a.pcap.clone() } else { None };
     let link_stats = Arc::new(SharedUdpStats::default());
+    let mut cfg = engine_cfg(local, seed);
+    dcqcn::apply(&a.cc, &mut cfg)?;
     let open = |rx: RxMode| {
         let ucfg = UdpConfig {
             local_mac: mac_of(local),
@@ -852,7 +870,7 @@ fn open_udp(
         };
         let tap_stats = Arc::clone(&link_stats);
         let pcap = pcap.clone();
-        Context::open(engine_cfg(local, seed), runtime_cfg(a), move || {
+        Context::open(cfg.clone(), runtime_cfg(a), move || {
             let base: Box<dyn Link> = Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats));
             wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
         })
@@ -922,6 +940,10 @@ pub fn run(a: &PerfArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = dcqcn::validate(&a.cc, a.loopback && a.link == LinkKind::Sim) {
+        eprintln!("rocev2 perf: {e}");
+        return ExitCode::from(2);
+    }
     let out = Output {
         print: true,
         json: a.json,
@@ -1113,7 +1135,9 @@ fn server_session(
         }
     };
     let _metrics = start_metrics(a, &[("server", &ctx)], !a.loopback)?;
-    let mut r = bench::run_side(&ctx, &params, o, false, out);
+    let mut r = dcqcn::with_rate_log(&a.cc, &ctx, !a.loopback, || {
+        bench::run_side(&ctx, &params, o, false, out)
+    });
     if let Some((s, rx)) = &link {
         r = with_rx_hint(r, *rx, s);
     }
@@ -1195,7 +1219,9 @@ fn client(
         }
     };
     let _metrics = start_metrics(a, &[("client", &ctx)], true)?;
-    let mut r = bench::run_side(&ctx, params, &mut o, true, out);
+    let mut r = dcqcn::with_rate_log(&a.cc, &ctx, true, || {
+        bench::run_side(&ctx, params, &mut o, true, out)
+    });
     if let Some((s, rx)) = &link {
         r = with_rx_hint(r, *rx, s);
     }
