@@ -10,7 +10,7 @@ use crate::mr::{MrBuffer, MrTable};
 use crate::qp::{
     InMsg, Qp, RdResource, RecvQueue, RecvWqe, ReqCtx, RespCtx, Seg, SendQueue, SendWqe,
 };
-use crate::sched::{QpShape, Scheduler};
+use crate::sched::{Pick, QpShape, Retime, Scheduler};
 use crate::state::check_modify;
 use crate::stats::Counters;
 use crate::time::Instant;
@@ -185,14 +185,12 @@ pub struct Engine {
     pub(crate) qp_free: Vec<u32>,
     pub(crate) live_qps: u32,
     pub(crate) timers: Timers,
-    pub(crate) ctrl_q: VecDeque<u32>,
-    pub(crate) data_q: VecDeque<u32>,
     pub(crate) events: VecDeque<AsyncEvent>,
     /// CQs that received a completion since [`Engine::poll_ready_cq`] last returned them (indices; each at most
     /// once, capacity reserved at `create_cq`).
     pub(crate) cq_ready: VecDeque<u32>,
     pub(crate) stats: Counters,
-    /// Shapers (and, later, the class scheduler): `crate::sched`.
+    /// Which QP sends next and how fast: tiers, traffic classes, shapers (`crate::sched`).
     pub(crate) sched: Scheduler,
     pub(crate) rng: u64,
     pub(crate) ip_id: u16,
@@ -225,7 +223,8 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Engine {
         let mut rng = cfg.seed;
         let ip_id = splitmix(&mut rng) as u16;
-        let sched = Scheduler::new(cfg.sched.clone());
+        // Largest frame: the netdev MTU (IP packet) plus the Ethernet header and an 802.1Q tag.
+        let sched = Scheduler::new(cfg.sched.clone(), cfg.netdev_mtu + 18);
         Engine {
             cfg,
             pds: Vec::new(),
@@ -236,8 +235,6 @@ impl Engine {
             qp_free: Vec::new(),
             live_qps: 0,
             timers: Timers::default(),
-            ctrl_q: VecDeque::new(),
-            data_q: VecDeque::new(),
             events: VecDeque::new(),
             cq_ready: VecDeque::new(),
             stats: Counters::default(),
@@ -668,8 +665,6 @@ impl Engine {
                 Some(c) => Box::new(Dcqcn::new(c.clone())),
                 None => Box::new(FixedRate::unlimited()),
             },
-            in_ctrl_q: false,
-            in_data_q: false,
             sqd_notified: false,
             comm_est: false,
         };
@@ -689,13 +684,10 @@ impl Engine {
     }
 
     /// Sizes the engine-wide queues the per-packet path pushes to, so that after `create_qp` no packet allocates:
-    /// the scheduling queues hold each QP at most once (`in_ctrl_q` / `in_data_q`), so capacity for every QP slot
-    /// bounds them; the timer heap gets two entries per timer kind per QP; the async event queue room for two
-    /// events per QP beyond those not yet polled.
+    /// the scheduler's queues are intrusive lists through its per-QP entries (sized by `Scheduler::add_qp`); the
+    /// timer heap gets two entries per timer kind per QP; the async event queue room for two events per QP beyond
+    /// those not yet polled.
     fn reserve_per_qp(&mut self) {
-        let slots = self.qps.len();
-        self.ctrl_q.reserve(slots.saturating_sub(self.ctrl_q.len()));
-        self.data_q.reserve(slots.saturating_sub(self.data_q.len()));
         let timers = 2 * crate::timer::TIMER_KINDS * self.live_qps as usize;
         self.timers
             .reserve(timers.saturating_sub(self.timers.len()));
@@ -740,27 +732,43 @@ impl Engine {
         Ok(())
     }
 
+    /// Sets a QP's traffic class (0..=7): the DWRR class its requests are scheduled in (`DCQCN.md §9`, ETS weights in
+    /// `SchedConfig::tcs`). The default is `SchedConfig::qp_tc`. The class is a scheduling attribute of this engine
+    /// only; the frames' DSCP stays the one of the QP's address vector. Errors: `InvalidHandle` for an unknown QPN,
+    /// `InvalidArgument` for a class above 7.
+    pub fn set_qp_tc(&mut self, qpn: Qpn, tc: u8) -> Result<(), ResourceError> {
+        let i = self.qidx(qpn).ok_or(ResourceError::InvalidHandle("qpn"))?;
+        if tc as usize >= crate::sched::TRAFFIC_CLASSES {
+            return Err(ResourceError::InvalidArgument(
+                "traffic class must be 0..=7",
+            ));
+        }
+        self.sched.set_tc(i, tc);
+        Ok(())
+    }
+
+    /// The send scheduler (decision counters, per-QP shaping state).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
     /// After a bucket was replaced: a QP waiting for its `Shaper` timer is re-timed.
     fn reshaped(&mut self, i: usize) {
-        let now = self.sched.now();
+        let Some(at) = self.sched.parked_until(i) else {
+            return;
+        };
         let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) else {
             return;
         };
-        let Some(s) = self.sched.qp_mut(i) else {
-            return;
-        };
-        if s.parked {
-            let at = s.eligible_at(now);
-            let qpn = qp.qpn.value();
-            self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
-        }
+        let qpn = qp.qpn.value();
+        self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
     }
 
     /// The rate a QP is shaped to now, in bit/s (`None` = unlimited): the smaller of its controller's rate and its
     /// own limit.
     pub fn qp_rate_bps(&self, qpn: Qpn) -> Option<u64> {
         let i = self.qidx(qpn)?;
-        self.sched.qp(i).and_then(|s| s.bucket.rate_bps())
+        self.sched.qp(i).and_then(|s| s.bucket().rate_bps())
     }
 
     /// Re-reads the QP's controller rate (after any call into the controller, STYLE E5 seam) and hands it to the
@@ -770,21 +778,16 @@ impl Engine {
         let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) else {
             return;
         };
-        let Some(s) = self.sched.qp_mut(i) else {
-            return;
-        };
-        let line = self.cfg.sched.line_rate_bps;
-        if !s.apply(now, qp.rate.rate_bps(), line) || !s.parked {
-            return;
-        }
-        let at = s.eligible_at(now);
-        if at <= now {
-            s.parked = false;
-            Timers::cancel(&mut qp.timers, TimerKind::Shaper);
-            self.kick(i);
-        } else {
-            let qpn = qp.qpn.value();
-            self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
+        match self.sched.set_qp_rate(i, now, qp.rate.rate_bps()) {
+            Retime::None => {}
+            Retime::At(at) => {
+                let qpn = qp.qpn.value();
+                self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
+            }
+            Retime::Now => {
+                Timers::cancel(&mut qp.timers, TimerKind::Shaper);
+                self.kick(i);
+            }
         }
     }
 
@@ -1105,9 +1108,7 @@ impl Engine {
                     }
                     // A new connection starts from scratch (IBTA 10.3.1, rxe `rxe_qp_reset`).
                     qp.tmpl = None;
-                    if let Some(s) = self.sched.qp_mut(i) {
-                        s.parked = false;
-                    }
+                    self.sched.unpark(i);
                     // A reset QP forgets its congestion state; its bucket follows the controller's start rate.
                     qp.rate.reset();
                     self.sched.reset_qp(i, qp.rate.rate_bps());
@@ -1400,11 +1401,14 @@ impl Engine {
     /// entries first, so the answer is exact).
     #[must_use]
     pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let sched = self.sched.poll_timeout();
         loop {
-            let (at, q, _, _) = self.timers.peek()?;
+            let Some((at, q, _, _)) = self.timers.peek() else {
+                return sched;
+            };
             let qt = Self::qp_timers(&mut self.qps, q);
             if self.timers.settle(qt, Instant::ZERO, false) == Settle::Pending {
-                return Some(at);
+                return Some(sched.map_or(at, |s| s.min(at)));
             }
         }
     }
@@ -1447,9 +1451,7 @@ impl Engine {
                 TimerKind::AckTimeout => self.on_ack_timeout(i, now),
                 TimerKind::RnrRetry => self.on_rnr_timer(i),
                 TimerKind::Shaper => {
-                    if let Some(s) = self.sched.qp_mut(i) {
-                        s.parked = false;
-                    }
+                    self.sched.unpark(i);
                     self.kick(i);
                 }
                 TimerKind::RateTimer => {
@@ -1482,10 +1484,12 @@ impl Engine {
 
     /// Writes at most one frame into `buf` and returns its metadata, or `None` if nothing is ready now.
     ///
-    /// Strict priority: CNPs and ACK/NAK/ATOMIC ACK responses first, then data (requester packets and READ
-    /// responses) round-robin over runnable QPs (a queue, never a scan over all QPs). A QP whose rate controller
-    /// says "not yet" is parked on a `Shaper` timer. If `buf` is too small for the next frame nothing is consumed
-    /// (no PSN, no state change) and `None` is returned; `tx_refused` counts it (S05).
+    /// The scheduler (`crate::sched`, `DCQCN.md §9`) decides: control frames (CNP, ACK/NAK/ATOMIC ACK) first, then
+    /// READ responses, then requests by deficit-weighted round robin across traffic classes and round robin over the
+    /// QPs of a class — queues and bit masks, never a scan over all QPs. A QP whose shaper does not conform is parked
+    /// on its `Shaper` timer; a class or port bucket that does not conform shows in
+    /// [`poll_timeout`](Self::poll_timeout). If `buf` is too small for the next frame nothing is consumed (no PSN,
+    /// no state change) and `None` is returned; `tx_refused` counts it (S05).
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxMeta> {
         self.transmit(now, buf, &mut [])
@@ -1528,81 +1532,43 @@ impl Engine {
 
     fn transmit(&mut self, now: Instant, buf: &mut [u8], segs: &mut [TxSeg]) -> Option<TxMeta> {
         self.sched.observe(now);
-        // Control tier.
-        let mut budget = self.ctrl_q.len();
-        while budget > 0 {
-            budget -= 1;
-            let Some(q) = self.ctrl_q.pop_front() else {
-                break;
-            };
-            let i = q as usize;
-            if let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) {
-                qp.in_ctrl_q = false;
-            } else {
-                continue;
-            }
-            match self.emit_control(i, now, buf) {
-                Ok(Some(meta)) => {
-                    self.requeue_ctrl(i);
-                    self.account_tx(i, &meta);
-                    return Some(meta);
-                }
-                Ok(None) => {}
-                Err(()) => {
-                    // Buffer too small: keep the QP at the front, consume nothing.
-                    self.stats.tx_refused += 1;
-                    if let Some(qp) = self.qps[i].as_deref_mut() {
-                        qp.counters.tx_refused += 1;
-                        qp.in_ctrl_q = true;
+        while let Some(pick) = self.sched.next(now) {
+            let (i, r) = match pick {
+                Pick::Park(i, at) => {
+                    if let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) {
+                        let qpn = qp.qpn.value();
+                        self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
                     }
-                    self.ctrl_q.push_front(q);
-                    return None;
-                }
-            }
-        }
-        // Data tier.
-        let mut budget = self.data_q.len();
-        while budget > 0 {
-            budget -= 1;
-            let Some(q) = self.data_q.pop_front() else {
-                break;
-            };
-            let i = q as usize;
-            let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) else {
-                continue;
-            };
-            qp.in_data_q = false;
-            if let Some(s) = self.sched.qp_mut(i) {
-                let at = s.eligible_at(now);
-                if at > now {
-                    s.parked = true;
-                    let qpn = qp.qpn.value();
-                    self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
                     continue;
                 }
-            }
-            match self.emit_data(i, now, buf, segs) {
+                Pick::Ctrl(i) => (i, self.emit_control(i, now, buf)),
+                Pick::Read(i) => (i, self.emit_read_response(i, now, buf)),
+                Pick::Data(i) => (i, self.emit_data(i, now, buf, segs)),
+            };
+            match r {
                 Ok(Some(meta)) => {
-                    if let Some(s) = self.sched.qp_mut(i) {
-                        s.bucket.consume(now, meta.len);
-                    }
-                    if let Some(qp) = self.qps[i].as_deref_mut() {
+                    self.sched.sent(now, pick, meta.len);
+                    if !matches!(pick, Pick::Ctrl(_))
+                        && let Some(qp) = self.qps[i].as_deref_mut()
+                    {
+                        // TB7: the controller counts the bytes the shaper released.
                         qp.rate.on_tx(now, meta.len);
+                        self.arm_rate_timer(i);
+                        self.apply_rate(i, now);
                     }
-                    self.arm_rate_timer(i);
-                    self.apply_rate(i, now);
                     self.kick(i);
                     self.account_tx(i, &meta);
                     return Some(meta);
                 }
+                // Nothing to send for this QP now (it is queued again when it has work).
                 Ok(None) => {}
                 Err(()) => {
+                    // Buffer too small: the QP goes back to the front of its queue, nothing consumed.
                     self.stats.tx_refused += 1;
                     if let Some(qp) = self.qps[i].as_deref_mut() {
                         qp.counters.tx_refused += 1;
-                        qp.in_data_q = true;
                     }
-                    self.data_q.push_front(q);
+                    self.sched.unpop(pick);
                     return None;
                 }
             }
@@ -1632,42 +1598,28 @@ impl Engine {
         }
     }
 
-    /// Puts the QP on the scheduling queues it has work for.
+    /// Puts the QP on the scheduling queues it has work for (each at most once; a parked QP waits for its
+    /// `Shaper` timer).
     pub(crate) fn kick(&mut self, i: usize) {
-        self.requeue_ctrl(i);
-        let Some(qp) = self.qps[i].as_deref_mut() else {
+        let Some(qp) = self.qps[i].as_deref() else {
             return;
         };
-        let parked = self.sched.qp(i).is_some_and(|s| s.parked);
-        if !qp.in_data_q && !parked && Self::has_data_work(qp) {
-            qp.in_data_q = true;
-            self.data_q.push_back(i as u32);
-        }
-    }
-
-    fn requeue_ctrl(&mut self, i: usize) {
-        let Some(qp) = self.qps[i].as_deref_mut() else {
-            return;
-        };
-        let ctrl = qp.resp.cnp_pending
+        let front = qp.resp.out.front();
+        if qp.resp.cnp_pending
             || qp.resp.fatal_nak.is_some()
-            || qp.resp.out.front().is_some_and(|it| it.is_control());
-        if ctrl && !qp.in_ctrl_q {
-            qp.in_ctrl_q = true;
-            self.ctrl_q.push_back(i as u32);
+            || front.is_some_and(|it| it.is_control())
+        {
+            self.sched.push_ctrl(i);
         }
-        let read = qp.resp.out.front().is_some_and(|it| !it.is_control());
-        let parked = self.sched.qp(i).is_some_and(|s| s.parked);
-        if read && !qp.in_data_q && !parked {
-            qp.in_data_q = true;
-            self.data_q.push_back(i as u32);
+        if front.is_some_and(|it| !it.is_control()) {
+            self.sched.push_read(i);
+        }
+        if Self::has_request_work(qp) {
+            self.sched.push_data(i);
         }
     }
 
-    fn has_data_work(qp: &Qp) -> bool {
-        if qp.resp.out.front().is_some_and(|it| !it.is_control()) {
-            return true;
-        }
+    fn has_request_work(qp: &Qp) -> bool {
         qp.can_send() && !qp.req.rnr_wait && qp.sq.cur != qp.sq.tail
     }
 
@@ -1704,9 +1656,7 @@ impl Engine {
         }
         qp.resp.cnp_owed = false;
         qp.req.rnr_wait = false;
-        if let Some(s) = self.sched.qp_mut(i) {
-            s.parked = false;
-        }
+        self.sched.unpark(i);
         let qpn = qp.qpn;
         self.events.push_back(AsyncEvent {
             event_type: AsyncEventType::QpFatal,
@@ -1726,7 +1676,7 @@ impl Engine {
         }
         self.flush_sq(i);
         self.flush_rq(i);
-        self.requeue_ctrl(i);
+        self.kick(i);
     }
 
     /// Completes every remaining send WQE with WR_FLUSH_ERR (signaled or not).

@@ -13,9 +13,11 @@
 //! * `verbs`: libibverbs-named data types ([`SendWr`], [`RecvWr`], [`Wc`], [`WcStatus`], [`QpAttr`], ...).
 //! * `state`: the QP state machine table (`ROCEV2.md §4.6`).
 //! * `requester` / `responder`: the transport rules (`ROCEV2.md §4`, `§5`, `§6`).
-//! * `timer`: timers as data; `stats`: counters with operator names; `cc`: the rate-control seam and the DCQCN
-//!   reaction point (`cc::Dcqcn`, profiles `paper`/`ns3_mlx`/`nvidia`, `../shared/dcqcn/DCQCN.md` §2; the project's
-//!   `docs/CONGESTION.md`).
+//! * `timer`: timers as data; `stats`: counters with operator names; `cc`: the rate-control seam (controllers
+//!   compute a QP's rate) and the DCQCN reaction point (`cc::Dcqcn`, profiles `paper`/`ns3_mlx`/`nvidia`,
+//!   `../shared/dcqcn/DCQCN.md` §2; the project's `docs/CONGESTION.md`); `sched`: the send scheduler that enforces
+//!   the rate — control frames, then READ responses, then requests by ETS-weighted DWRR across traffic classes, with
+//!   token-bucket shapers per QP, class and port (`DCQCN.md §7, §9`).
 //!
 //! # Quick start
 //!
@@ -119,7 +121,7 @@ pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, Resource
 pub use mr::{MrBuffer, MrMemory};
 pub use requester::{local_ack_timeout, packets_for};
 pub use roce_wire::{Msn, Psn, Qpn};
-pub use sched::{SchedConfig, TokenBucket};
+pub use sched::{SchedConfig, Scheduler, TcConfig, TokenBucket};
 pub use stats::Counters;
 pub use time::Instant;
 pub use timer::TimerKind;

@@ -387,8 +387,6 @@ pub(crate) struct Qp {
     pub(crate) counters: Counters,
     pub(crate) tmpl: Option<TxTemplate>,
     pub(crate) rate: Box<dyn RateController>,
-    pub(crate) in_ctrl_q: bool,
-    pub(crate) in_data_q: bool,
     pub(crate) sqd_notified: bool,
     pub(crate) comm_est: bool,
 }

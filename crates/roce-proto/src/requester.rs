@@ -193,8 +193,8 @@ impl Engine {
         Step::Packet
     }
 
-    /// Emits one data-tier packet for QP index `i`: a READ response of the responder if one is queued, else the
-    /// requester's next packet. `Err(())`: `buf` too small, nothing consumed.
+    /// Emits the requester's next packet for QP index `i` (READ responses have their own scheduling tier,
+    /// `emit_read_response`). `Err(())`: `buf` too small, nothing consumed.
     pub(crate) fn emit_data(
         &mut self,
         i: usize,
@@ -202,12 +202,6 @@ impl Engine {
         buf: &mut [u8],
         segs: &mut [crate::engine::TxSeg],
     ) -> Result<Option<TxMeta>, ()> {
-        if self.qps[i]
-            .as_deref()
-            .is_some_and(|q| q.resp.out.front().is_some_and(|it| !it.is_control()))
-        {
-            return self.emit_read_response(i, now, buf);
-        }
         let Some(qp) = self.qps[i].as_deref() else {
             return Ok(None);
         };

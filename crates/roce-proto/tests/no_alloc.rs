@@ -10,12 +10,13 @@
 //! `post_send` (SEND / SEND_WITH_IMM / RDMA WRITE / WRITE_WITH_IMM / READ / CMP_AND_SWP / FETCH_AND_ADD; inline and
 //! SGE; single- and multi-packet; FENCE and SOLICITED), `post_recv`, `poll_transmit` → `handle_frame`, ACKs,
 //! `poll_ready_cq` / `poll_cq`, `poll_timeout` / `handle_timeout`, `poll_async_event`, a paced QP (`Shaper` timer),
-//! a rate controller with its own timer (`RateTimer`) and DCQCN reaction points of all three profiles on the other
+//! a rate controller with its own timer (`RateTimer`), DCQCN reaction points of all three profiles on the other
 //! QPs (CNPs in, cuts, rate-increase timers, byte counter, the rate changes handed to the shapers; with CE marks the
-//! notification point's `CnpPacing` window timer too), and asserts that not one allocation, reallocation or
-//! deallocation happened. The lossy variant (three loss rates) drops frames, so local ACK timeouts, sequence NAKs,
-//! implied NAKs, go-back-N retransmissions and duplicate requests run (it asserts each of those counters moved), marks
-//! some data frames CE (CNPs) and posts some receives late (RNR NAK → RNR wait → retry).
+//! notification point's `CnpPacing` window timer too) and the scheduler's other paths (a paced port, QPs in three
+//! traffic classes with ETS weights, a class bucket, the READ-response tier), and asserts that not one allocation,
+//! reallocation or deallocation happened. The lossy variant (three loss rates) drops frames, so local ACK timeouts,
+//! sequence NAKs, implied NAKs, go-back-N retransmissions and duplicate requests run (it asserts each of those
+//! counters moved), marks some data frames CE (CNPs) and posts some receives late (RNR NAK → RNR wait → retry).
 //!
 //! Engine A transmits through `poll_transmit_gather` (payloads of `GATHER_MIN` bytes or more left in its MRs as
 //! pieces the test wire copies), engine B through `poll_transmit`, so both output paths are covered.
@@ -190,8 +191,19 @@ impl Net {
             dcqcn: Some(dcqcn),
             ..EngineConfig::default()
         };
+        // A's scheduler runs every path: port pacing (100 Gb/s), ETS weights 3:1:1, a class shaper on TC 2 (its QPs
+        // are put in TCs 0, 1, 2 by `run`).
+        let mut sched = SchedConfig {
+            port_rate_bps: Some(100_000_000_000),
+            ..SchedConfig::default()
+        };
+        sched.tcs[0].weight = 3;
+        sched.tcs[2].rate_bps = Some(20_000_000_000);
         Net {
-            a: Engine::new(cfg(MAC_A, IP_A, 1, paper)),
+            a: Engine::new(EngineConfig {
+                sched,
+                ..cfg(MAC_A, IP_A, 1, paper)
+            }),
             b: Engine::new(cfg(MAC_B, IP_B, 2, nvidia)),
             now: Instant::from_micros(1),
             tx: vec![0u8; FRAME_CAP].into_boxed_slice(),
@@ -962,6 +974,9 @@ fn run(loss_permille: u32, ce_every: u32, rnr_every: u64, warmup: u64, iters: u6
             Box::new(cc::Dcqcn::new(DcqcnConfig::new(cc::Profile::Ns3Mlx, 100e9))),
         )
         .unwrap();
+    for (q, tc) in [(a.rc, 0), (a.uc, 1), (a.ud, 2)] {
+        net.a.set_qp_tc(q, tc).unwrap();
+    }
     let late = |i: u64| rnr_every > 0 && i % rnr_every == rnr_every - 1;
     for i in 0..warmup {
         iteration(&mut net, &a, &b, i, late(i));
@@ -1004,6 +1019,12 @@ fn steady_state_allocates_nothing() {
         "A's gathering transmit path ran: {}",
         net.gathered
     );
+    // The scheduler's paths ran in the measured region: A's port bucket made it wait, all three of its classes sent
+    // (TC 2 through its class bucket), B served READ responses and parked its paced QP.
+    let (sa, sb) = (net.a.scheduler().stats(), net.b.scheduler().stats());
+    assert!(sa.port_waits > 0, "{sa:?}");
+    assert!(sa.class_bytes[..3].iter().all(|&b| b > 0), "{sa:?}");
+    assert!(sa.ctrl > 0 && sb.read > 0 && sb.parks > 0, "{sa:?}\n{sb:?}");
 }
 
 #[test]

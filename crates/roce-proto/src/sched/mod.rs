@@ -1,13 +1,45 @@
 //! The send scheduler: which QP transmits next and how fast (`../shared/dcqcn/DCQCN.md §7, §9, §10`).
 //!
-//! * [`shaper`]: token buckets (per QP; the QP's rate is its [`RateController`](crate::RateController)'s
-//!   `rate_bps()`, capped by the QP's own rate limit).
+//! # Tiers (strict priority between them)
+//!
+//! 1. **Control**: ACK, NAK, RNR NAK, ATOMIC ACKNOWLEDGE and CNP — FIFO over the QPs that owe one, never shaped per
+//!    QP or per class (`DCQCN.md §9 S1`: CNP, ACK and NAK go to a strict-priority class; `§2.2 N4`; HPCC ns-3 queue 0).
+//! 2. **READ responses** — FIFO over the QPs with a response stream at the front of their response queue; each
+//!    still passes its QP's shaper (`§2.2 N5`: for a READ the responder is the sender DCQCN slows down). Served before
+//!    new requests so the remote requester's outstanding READs complete (issue #12).
+//! 3. **Requests** (new packets and go-back-N retransmissions) — deficit-weighted round robin by bytes across eight
+//!    traffic classes (ETS, IEEE 802.1Qaz transmission selection, `§9 S2/S3`), round robin over the QPs of a class,
+//!    one packet per turn (`§9 S4`, what HPCC ns-3 does), each QP first passing its shaper.
+//!
+//! # Shapers
+//!
+//! Token buckets ([`shaper`]) per QP (rate = the QP's [`RateController`](crate::RateController) output, capped by
+//! the QP's own limit), per traffic class (optional `TcConfig::rate_bps`) and per port (optional
+//! `SchedConfig::port_rate_bps`, the NIC's own serialiser: it keeps the link's queue at about one frame so a control
+//! frame never waits behind a burst of data there, `§9 S5`). A QP whose bucket does not conform is *parked*: the
+//! scheduler returns [`Pick::Park`] with the instant it conforms, the engine arms the QP's one `Shaper` timer, and
+//! the QP re-enters its queue when it fires. A class or the port that does not conform is skipped; its instant is in
+//! [`Scheduler::poll_timeout`]. Nothing spins.
 //!
 //! The rate seam: a rate controller (DCQCN's reaction point, or [`FixedRate`](crate::FixedRate)) only *computes* the
 //! QP's rate; the engine re-reads `rate_bps()` after every call into the controller (`on_tx`, `on_cnp`, `on_timer`,
-//! installation) and hands it to the QP's token bucket, which enforces it: refill at that rate, tokens clamped when
-//! the rate drops (no burst right after a CNP, `DCQCN.md §7 TB5`), and a pending departure re-timed on every change
-//! (`§2.3 R7`, `§2.4 M7`).
+//! installation) and hands it to the QP's bucket ([`Scheduler::set_qp_rate`]), which enforces it: refill at that
+//! rate, tokens clamped when the rate drops (no burst right after a CNP, `§7 TB5`), and a pending departure re-timed
+//! on every change (`§2.3 R7`, `§2.4 M7`).
+//!
+//! # Cost
+//!
+//! Every queue is an intrusive FIFO threaded through one per-QP entry (three `u32` links), sized when the QP is
+//! created ([`Scheduler::add_qp`]); a QP is on each tier at most once. Choosing the next frame pops one entry; the
+//! DWRR visits at most the eight classes (bit masks). No allocation, no scan over QPs — the cost per decision does not
+//! depend on how many QPs exist or are active (`benches/sched.rs`).
+//!
+//! # Using it
+//!
+//! The engine calls, per frame: [`next`](Scheduler::next) → build the frame for the picked QP →
+//! [`sent`](Scheduler::sent) with its length (or [`unpop`](Scheduler::unpop) if the caller's buffer was too small)
+//! → `push_*` again if the QP has more work. Whenever a QP gains work: [`push_ctrl`](Scheduler::push_ctrl),
+//! [`push_read`](Scheduler::push_read), [`push_data`](Scheduler::push_data) (no-ops if already queued or parked).
 
 pub mod shaper;
 
@@ -19,8 +51,35 @@ pub use shaper::TokenBucket;
 /// Upper bound of the bytes a RoCE v2 frame carries besides its payload: Ethernet 14 + 802.1Q 4 + IPv6 40 + UDP 8 +
 /// BTH 12 + the largest extension-header set (AtomicETH 28; RETH 16 + ImmDt 4 = 20; DETH 8 + ImmDt 4 = 12;
 /// AETH 4 + AtomicAckETH 8 = 12) + pad 3 + ICRC 4 = 113, rounded up (`ROCEV2.md §1`). Used for the largest frame a
-/// QP can send next (shaper conformance, `DCQCN.md §7 TB2`) and for the DWRR quantum (`§9 S2`).
+/// QP can send next (shaper conformance, `DCQCN.md §7 TB2`).
 pub const MAX_FRAME_OVERHEAD: u32 = 128;
+
+/// Number of traffic classes (IEEE 802.1Qaz: eight TCs, `DCQCN.md §9`).
+pub const TRAFFIC_CLASSES: usize = 8;
+
+/// One traffic class: its ETS weight and optional shaper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcConfig {
+    /// ETS weight (bandwidth share relative to the other backlogged classes, `DCQCN.md §9 S2/S3`). 0 counts as 1.
+    /// Weights need not sum to 100: only ratios matter.
+    pub weight: u32,
+    /// Rate limit of the class in bit/s (`None` = none): a per-class token bucket charged with the class's
+    /// requests and READ responses.
+    pub rate_bps: Option<u64>,
+    /// Depth of the class bucket in bytes (`None` = the per-QP default depth rule, `SchedConfig::bdp_depth_bytes`).
+    pub burst_bytes: Option<u64>,
+}
+
+impl Default for TcConfig {
+    /// Weight 1, no rate limit.
+    fn default() -> Self {
+        TcConfig {
+            weight: 1,
+            rate_bps: None,
+            burst_bytes: None,
+        }
+    }
+}
 
 /// Scheduler and shaper configuration (part of [`EngineConfig`](crate::EngineConfig)).
 ///
@@ -44,6 +103,22 @@ pub struct SchedConfig {
     ///
     /// [`Engine::set_qp_rate_limit`]: crate::Engine::set_qp_rate_limit
     pub qp_rate_limit_bps: Option<u64>,
+    /// Traffic class of every new QP (0..=7; larger values count as 7); [`Engine::set_qp_tc`] changes one QP's.
+    ///
+    /// [`Engine::set_qp_tc`]: crate::Engine::set_qp_tc
+    pub qp_tc: u8,
+    /// The eight traffic classes (ETS weights, optional shapers). Default: equal weights, no limits.
+    pub tcs: [TcConfig; TRAFFIC_CLASSES],
+    /// Pace everything the port sends (control frames included) to this rate in bit/s, counting
+    /// `frame_overhead` extra bytes per frame — the port's own serialiser. `None` (default): the link is the only
+    /// limit (the runtime's transmit budget and the link's back-pressure). Set it to the link's rate when the link
+    /// queues without back-pressure (the simulated link), so frames wait here, where priorities apply.
+    pub port_rate_bps: Option<u64>,
+    /// Depth of the port bucket in bytes (`None` = two largest frames).
+    pub port_burst_bytes: Option<u64>,
+    /// Bytes a frame occupies on the wire beyond the frame itself, for the port bucket: preamble + SFD 8, FCS 4,
+    /// inter-frame gap 12 = 24 (IEEE 802.3).
+    pub frame_overhead: u32,
 }
 
 impl Default for SchedConfig {
@@ -53,6 +128,11 @@ impl Default for SchedConfig {
             base_rtt: Duration::from_micros(10),
             qp_burst_bytes: None,
             qp_rate_limit_bps: None,
+            qp_tc: 0,
+            tcs: [TcConfig::default(); TRAFFIC_CLASSES],
+            port_rate_bps: None,
+            port_burst_bytes: None,
+            frame_overhead: 24,
         }
     }
 }
@@ -74,7 +154,7 @@ impl SchedConfig {
 
 /// Per-QP shaping state.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct QpShape {
+pub struct QpShape {
     /// The QP's bucket (rate = min(controller rate, `limit`)).
     pub(crate) bucket: TokenBucket,
     /// The QP's own rate limit (`ibv_modify_qp_rate_limit`'s `rate_limit`, `DCQCN.md §8`).
@@ -83,12 +163,12 @@ pub(crate) struct QpShape {
     pub(crate) burst: Option<u64>,
     /// Largest frame this QP can send next (path MTU + [`MAX_FRAME_OVERHEAD`]): the shaper's conformance need.
     pub(crate) max_frame: u32,
-    /// Waiting for its `Shaper` timer (not on the data queue).
+    /// Waiting for its `Shaper` timer (off the READ and request queues).
     pub(crate) parked: bool,
 }
 
 impl QpShape {
-    pub(crate) fn new(cfg: &SchedConfig, pmtu: u32, now: Instant) -> QpShape {
+    fn new(cfg: &SchedConfig, pmtu: u32, now: Instant) -> QpShape {
         let max_frame = pmtu + MAX_FRAME_OVERHEAD;
         QpShape {
             bucket: TokenBucket::new(cfg.qp_rate_limit_bps, cfg.qp_depth(max_frame), now),
@@ -99,8 +179,18 @@ impl QpShape {
         }
     }
 
+    /// The QP's bucket.
+    pub fn bucket(&self) -> &TokenBucket {
+        &self.bucket
+    }
+
+    /// Whether the QP waits for its `Shaper` timer.
+    pub fn is_parked(&self) -> bool {
+        self.parked
+    }
+
     /// The bucket depth this QP should have.
-    pub(crate) fn depth(&self, cfg: &SchedConfig) -> u64 {
+    fn depth(&self, cfg: &SchedConfig) -> u64 {
         self.burst
             .unwrap_or_else(|| cfg.qp_depth(self.max_frame))
             .max(u64::from(self.max_frame))
@@ -113,16 +203,9 @@ impl QpShape {
         }
     }
 
-    /// A rate change from the controller: sets the bucket rate to `min(controller, limit)` with the `TB5` clamp;
-    /// returns whether it changed.
-    pub(crate) fn apply(&mut self, now: Instant, controller: Option<u64>, line_rate: u64) -> bool {
-        let eff = self.effective(controller);
-        self.bucket.set_rate(now, eff, line_rate)
-    }
-
     /// (Re)configuration — a controller installed, a limit or depth set: a fresh, full bucket at
     /// `min(controller, limit)`, like a new rate-limit entry (`ibv_modify_qp_rate_limit`, `DCQCN.md §8`).
-    pub(crate) fn reset(&mut self, now: Instant, controller: Option<u64>, cfg: &SchedConfig) {
+    fn reset(&mut self, now: Instant, controller: Option<u64>, cfg: &SchedConfig) {
         let eff = self.effective(controller);
         self.bucket = TokenBucket::new(eff, self.depth(cfg), now);
     }
@@ -158,58 +241,270 @@ impl core::fmt::Display for Rate {
     }
 }
 
-/// The engine's scheduling state: one [`QpShape`] per QP slot (sized at `create_qp`), and the latest instant the
-/// engine was given (for commands that carry no `now`).
+/// What the scheduler chose ([`Scheduler::next`]). The `usize` is the QP's slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pick {
+    /// Send the QP's next control frame (ACK/NAK/ATOMIC ACK/CNP).
+    Ctrl(usize),
+    /// Send the QP's next READ response packet.
+    Read(usize),
+    /// Send the QP's next request packet.
+    Data(usize),
+    /// The QP's shaper does not conform before this instant: arm its `Shaper` timer and call
+    /// [`Scheduler::unpark`] then; the QP has left the READ/request queues. Call `next` again.
+    Park(usize, Instant),
+}
+
+/// What a rate change means for a parked QP ([`Scheduler::set_qp_rate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retime {
+    /// Nothing to do (rate unchanged, or the QP is not parked).
+    None,
+    /// The parked QP now conforms later or earlier: re-arm its `Shaper` timer for this instant.
+    At(Instant),
+    /// The parked QP conforms now: it has been unparked; put it back on its queues.
+    Now,
+}
+
+const NIL: u32 = u32::MAX;
+/// Tiers (index of the link in `Entry::next`).
+const T_CTRL: usize = 0;
+const T_READ: usize = 1;
+const T_DATA: usize = 2;
+
+/// One QP slot: shaping state, traffic class, queue membership and the intrusive links.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    shape: QpShape,
+    tc: u8,
+    /// On tier `t`'s queue: bit `1 << t`.
+    queued: u8,
+    /// Class whose list holds the entry (when queued on the request tier).
+    in_class: u8,
+    next: [u32; 3],
+}
+
+/// An intrusive FIFO of slots, linked through `Entry::next[tier]`.
+#[derive(Clone, Copy, Debug)]
+struct Fifo {
+    head: u32,
+    tail: u32,
+}
+
+impl Fifo {
+    const EMPTY: Fifo = Fifo {
+        head: NIL,
+        tail: NIL,
+    };
+
+    fn is_empty(&self) -> bool {
+        self.head == NIL
+    }
+
+    fn push_back(&mut self, e: &mut [Entry], t: usize, i: u32) {
+        e[i as usize].next[t] = NIL;
+        if self.tail == NIL {
+            self.head = i;
+        } else {
+            e[self.tail as usize].next[t] = i;
+        }
+        self.tail = i;
+    }
+
+    fn push_front(&mut self, e: &mut [Entry], t: usize, i: u32) {
+        e[i as usize].next[t] = self.head;
+        if self.head == NIL {
+            self.tail = i;
+        }
+        self.head = i;
+    }
+
+    fn pop_front(&mut self, e: &[Entry], t: usize) -> Option<u32> {
+        if self.head == NIL {
+            return None;
+        }
+        let i = self.head;
+        self.head = e[i as usize].next[t];
+        if self.head == NIL {
+            self.tail = NIL;
+        }
+        Some(i)
+    }
+}
+
+/// One traffic class: its QP list, DWRR deficit and quantum, bucket.
+#[derive(Clone, Copy, Debug)]
+struct Class {
+    list: Fifo,
+    /// Bytes the class may still send in its current DWRR turn (may go below zero by less than one frame).
+    deficit: i64,
+    /// `weight / min(weight) · L_max` bytes (`DCQCN.md §9 S2`).
+    quantum: i64,
+    bucket: TokenBucket,
+}
+
+/// Scheduling decisions by outcome (for tests and the QP-independent cost benchmark).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedStats {
+    /// Control frames picked.
+    pub ctrl: u64,
+    /// READ response packets picked.
+    pub read: u64,
+    /// Request packets picked.
+    pub data: u64,
+    /// QPs parked on their shaper.
+    pub parks: u64,
+    /// Times `next` found work but the port bucket did not conform.
+    pub port_waits: u64,
+    /// Request bytes sent per traffic class.
+    pub class_bytes: [u64; TRAFFIC_CLASSES],
+}
+
+/// The send scheduler of one port (see the [module docs](self)).
 #[derive(Debug)]
-pub(crate) struct Scheduler {
+pub struct Scheduler {
     cfg: SchedConfig,
-    qps: Vec<QpShape>,
+    /// Largest frame of the port (`L_max`): DWRR quantum unit, class and port conformance need.
+    max_frame: u32,
+    qps: Vec<Entry>,
+    ctrl: Fifo,
+    read: Fifo,
+    classes: [Class; TRAFFIC_CLASSES],
+    /// Classes with a non-empty list.
+    active: u8,
+    /// Classes whose list went empty since the last class choice (their deficit is forfeited, `§9 S2`).
+    emptied: u8,
+    /// Classes with a rate limit.
+    limited: u8,
+    /// Class whose DWRR turn it is.
+    cur: u8,
+    /// Class of the last `Pick::Data` (charged by `sent`).
+    last_class: u8,
+    port: TokenBucket,
     now: Instant,
+    stats: SchedStats,
 }
 
 impl Scheduler {
-    pub(crate) fn new(cfg: SchedConfig) -> Scheduler {
+    /// A scheduler for a port whose largest frame is `max_frame` bytes (Ethernet header to ICRC).
+    pub fn new(cfg: SchedConfig, max_frame: u32) -> Scheduler {
+        let max_frame = max_frame.max(64);
+        let min_w = cfg.tcs.iter().map(|t| t.weight.max(1)).min().unwrap_or(1);
+        let depth = cfg.bdp_depth_bytes();
+        let mut limited = 0u8;
+        let classes = core::array::from_fn(|c| {
+            let t = cfg.tcs[c];
+            if t.rate_bps.is_some_and(|r| r > 0) {
+                limited |= 1 << c;
+            }
+            Class {
+                list: Fifo::EMPTY,
+                deficit: 0,
+                quantum: i64::from(t.weight.max(1)) * i64::from(max_frame) / i64::from(min_w),
+                bucket: TokenBucket::new(
+                    t.rate_bps,
+                    t.burst_bytes.unwrap_or(depth).max(u64::from(max_frame)),
+                    Instant::ZERO,
+                ),
+            }
+        });
+        let port_frame = max_frame + cfg.frame_overhead;
+        let port = TokenBucket::new(
+            cfg.port_rate_bps,
+            cfg.port_burst_bytes
+                .unwrap_or(2 * u64::from(port_frame))
+                .max(u64::from(port_frame)),
+            Instant::ZERO,
+        );
         Scheduler {
             cfg,
+            max_frame,
             qps: Vec::new(),
+            ctrl: Fifo::EMPTY,
+            read: Fifo::EMPTY,
+            classes,
+            active: 0,
+            emptied: 0,
+            limited,
+            cur: 0,
+            last_class: 0,
+            port,
             now: Instant::ZERO,
+            stats: SchedStats::default(),
         }
     }
 
-    /// The latest instant seen by [`observe`](Self::observe).
-    pub(crate) fn now(&self) -> Instant {
+    /// The configuration.
+    pub fn config(&self) -> &SchedConfig {
+        &self.cfg
+    }
+
+    /// Decision counters.
+    pub fn stats(&self) -> &SchedStats {
+        &self.stats
+    }
+
+    /// The latest instant seen by [`observe`](Self::observe) (or [`next`](Self::next)).
+    pub fn now(&self) -> Instant {
         self.now
     }
 
-    /// Records the engine's current instant (inputs and outputs call it).
-    pub(crate) fn observe(&mut self, now: Instant) {
+    /// Records the current instant (the engine calls it from its inputs and outputs; commands without a `now`
+    /// use the latest).
+    pub fn observe(&mut self, now: Instant) {
         if now > self.now {
             self.now = now;
         }
     }
 
-    /// A QP was created in `slot` (control path: may grow the table).
-    pub(crate) fn add_qp(&mut self, slot: usize, pmtu: u32) {
-        let s = QpShape::new(&self.cfg, pmtu, self.now);
+    /// A QP was created in `slot` with path MTU `pmtu` (control path: grows the table; queue membership of an
+    /// earlier QP in the same slot is kept, its stale entries are popped and find no work).
+    pub fn add_qp(&mut self, slot: usize, pmtu: u32) {
+        let shape = QpShape::new(&self.cfg, pmtu, self.now);
+        let tc = self.cfg.qp_tc.min(TRAFFIC_CLASSES as u8 - 1);
         if slot >= self.qps.len() {
-            self.qps.resize(slot + 1, s);
+            self.qps.resize(
+                slot + 1,
+                Entry {
+                    shape,
+                    tc,
+                    queued: 0,
+                    in_class: tc,
+                    next: [NIL; 3],
+                },
+            );
         }
-        self.qps[slot] = s;
+        let e = &mut self.qps[slot];
+        e.shape = shape;
+        e.tc = tc;
     }
 
     /// The QP's path MTU is now `pmtu` (its largest frame, hence its bucket's floor).
-    pub(crate) fn set_pmtu(&mut self, slot: usize, pmtu: u32) {
+    pub fn set_pmtu(&mut self, slot: usize, pmtu: u32) {
         let (cfg, now) = (&self.cfg, self.now);
-        if let Some(s) = self.qps.get_mut(slot) {
-            s.max_frame = pmtu + MAX_FRAME_OVERHEAD;
-            let d = s.depth(cfg);
-            s.bucket.set_depth(now, d);
+        if let Some(e) = self.qps.get_mut(slot) {
+            e.shape.max_frame = pmtu + MAX_FRAME_OVERHEAD;
+            let d = e.shape.depth(cfg);
+            e.shape.bucket.set_depth(now, d);
         }
     }
 
-    /// Sets the QP's own limit and depth; the bucket starts full at the new rate (`controller` = the QP's controller
-    /// rate now).
-    pub(crate) fn set_limit(
+    /// Sets the QP's traffic class (0..=7, larger values count as 7). A QP already queued moves when it is next
+    /// reached (O(1)).
+    pub fn set_tc(&mut self, slot: usize, tc: u8) {
+        if let Some(e) = self.qps.get_mut(slot) {
+            e.tc = tc.min(TRAFFIC_CLASSES as u8 - 1);
+        }
+    }
+
+    /// The QP's traffic class.
+    pub fn tc(&self, slot: usize) -> Option<u8> {
+        self.qps.get(slot).map(|e| e.tc)
+    }
+
+    /// Sets the QP's own limit (`None` = none) and depth (`None` = default); the bucket starts full at
+    /// `min(controller, limit)` (`controller` = the QP's controller rate now).
+    pub fn set_limit(
         &mut self,
         slot: usize,
         rate: Option<u64>,
@@ -217,49 +512,293 @@ impl Scheduler {
         controller: Option<u64>,
     ) {
         let (cfg, now) = (&self.cfg, self.now);
-        if let Some(s) = self.qps.get_mut(slot) {
-            s.limit = rate;
-            s.burst = burst;
-            s.reset(now, controller, cfg);
+        if let Some(e) = self.qps.get_mut(slot) {
+            e.shape.limit = rate;
+            e.shape.burst = burst;
+            e.shape.reset(now, controller, cfg);
         }
     }
 
-    /// A new controller was installed on the QP: fresh bucket at its rate.
-    pub(crate) fn reset_qp(&mut self, slot: usize, controller: Option<u64>) {
+    /// A new rate controller was installed on the QP: a fresh, full bucket at its rate (capped by the limit).
+    pub fn reset_qp(&mut self, slot: usize, controller: Option<u64>) {
         let (cfg, now) = (&self.cfg, self.now);
-        if let Some(s) = self.qps.get_mut(slot) {
-            s.reset(now, controller, cfg);
+        if let Some(e) = self.qps.get_mut(slot) {
+            e.shape.reset(now, controller, cfg);
         }
     }
 
-    pub(crate) fn qp(&self, slot: usize) -> Option<&QpShape> {
-        self.qps.get(slot)
+    /// The QP's controller now reports `controller` bit/s (re-read after every controller call): the bucket takes
+    /// `min(controller, limit)` with the `TB5` clamp on a decrease, and a parked QP is re-timed (`§2.3 R7`).
+    pub fn set_qp_rate(&mut self, slot: usize, now: Instant, controller: Option<u64>) -> Retime {
+        self.observe(now);
+        let line = self.cfg.line_rate_bps;
+        let Some(e) = self.qps.get_mut(slot) else {
+            return Retime::None;
+        };
+        let eff = e.shape.effective(controller);
+        if !e.shape.bucket.set_rate(now, eff, line) || !e.shape.parked {
+            return Retime::None;
+        }
+        let at = e.shape.eligible_at(now);
+        if at <= now {
+            e.shape.parked = false;
+            Retime::Now
+        } else {
+            Retime::At(at)
+        }
     }
 
-    pub(crate) fn qp_mut(&mut self, slot: usize) -> Option<&mut QpShape> {
-        self.qps.get_mut(slot)
+    /// Shaping state of the QP in `slot`.
+    pub fn qp(&self, slot: usize) -> Option<&QpShape> {
+        self.qps.get(slot).map(|e| &e.shape)
+    }
+
+    /// The QP's `Shaper` timer fired (or its wait was cancelled): it may be queued again.
+    pub fn unpark(&mut self, slot: usize) {
+        if let Some(e) = self.qps.get_mut(slot) {
+            e.shape.parked = false;
+        }
+    }
+
+    /// If the QP is parked, the instant it conforms now (after a bucket reset).
+    pub fn parked_until(&self, slot: usize) -> Option<Instant> {
+        let e = self.qps.get(slot)?;
+        e.shape.parked.then(|| e.shape.eligible_at(self.now))
+    }
+
+    /// The QP owes a control frame: queue it on the control tier (no-op if queued).
+    pub fn push_ctrl(&mut self, slot: usize) {
+        let Some(e) = self.qps.get_mut(slot) else {
+            return;
+        };
+        if e.queued & (1 << T_CTRL) == 0 {
+            e.queued |= 1 << T_CTRL;
+            self.ctrl.push_back(&mut self.qps, T_CTRL, slot as u32);
+        }
+    }
+
+    /// The QP has a READ response to send: queue it on the READ tier (no-op if queued or parked).
+    pub fn push_read(&mut self, slot: usize) {
+        let Some(e) = self.qps.get_mut(slot) else {
+            return;
+        };
+        if e.queued & (1 << T_READ) == 0 && !e.shape.parked {
+            e.queued |= 1 << T_READ;
+            self.read.push_back(&mut self.qps, T_READ, slot as u32);
+        }
+    }
+
+    /// The QP has a request packet to send: queue it at the tail of its class (no-op if queued or parked).
+    pub fn push_data(&mut self, slot: usize) {
+        let Some(e) = self.qps.get_mut(slot) else {
+            return;
+        };
+        if e.queued & (1 << T_DATA) == 0 && !e.shape.parked {
+            e.queued |= 1 << T_DATA;
+            let c = e.tc;
+            e.in_class = c;
+            self.classes[c as usize]
+                .list
+                .push_back(&mut self.qps, T_DATA, slot as u32);
+            self.active |= 1 << c;
+        }
+    }
+
+    /// Undoes the last [`next`](Self::next) (the caller's buffer was too small): the QP goes back to the front of
+    /// its queue, nothing is charged.
+    pub fn unpop(&mut self, pick: Pick) {
+        let (t, slot) = match pick {
+            Pick::Ctrl(s) => (T_CTRL, s),
+            Pick::Read(s) => (T_READ, s),
+            Pick::Data(s) => (T_DATA, s),
+            Pick::Park(..) => return,
+        };
+        let Some(e) = self.qps.get_mut(slot) else {
+            return;
+        };
+        if e.queued & (1 << t) != 0 {
+            return;
+        }
+        e.queued |= 1 << t;
+        match t {
+            T_CTRL => self.ctrl.push_front(&mut self.qps, t, slot as u32),
+            T_READ => self.read.push_front(&mut self.qps, t, slot as u32),
+            _ => {
+                let c = self.last_class;
+                e.in_class = c;
+                self.classes[c as usize]
+                    .list
+                    .push_front(&mut self.qps, t, slot as u32);
+                self.active |= 1 << c;
+            }
+        }
+    }
+
+    /// Chooses what to send at `now`, or `None` when nothing may be sent now (nothing queued, or the port, every
+    /// backlogged class and every queued QP wait for their buckets: see [`poll_timeout`](Self::poll_timeout) and
+    /// the `Park` picks). Bounded work: each call pops at most one entry per queued QP and visits each class at
+    /// most twice.
+    pub fn next(&mut self, now: Instant) -> Option<Pick> {
+        self.observe(now);
+        if self.ctrl.is_empty() && self.read.is_empty() && self.active == 0 {
+            return None;
+        }
+        if self
+            .port
+            .eligible_at(now, self.max_frame + self.cfg.frame_overhead)
+            > now
+        {
+            self.stats.port_waits += 1;
+            return None;
+        }
+        if let Some(i) = self.ctrl.pop_front(&self.qps, T_CTRL) {
+            self.qps[i as usize].queued &= !(1 << T_CTRL);
+            self.stats.ctrl += 1;
+            return Some(Pick::Ctrl(i as usize));
+        }
+        if let Some(i) = self.read.pop_front(&self.qps, T_READ) {
+            let e = &mut self.qps[i as usize];
+            e.queued &= !(1 << T_READ);
+            let at = e.shape.eligible_at(now);
+            if at > now {
+                e.shape.parked = true;
+                self.stats.parks += 1;
+                return Some(Pick::Park(i as usize, at));
+            }
+            self.stats.read += 1;
+            return Some(Pick::Read(i as usize));
+        }
+        loop {
+            let c = self.pick_class(now)?;
+            let class = &mut self.classes[c];
+            let Some(i) = class.list.pop_front(&self.qps, T_DATA) else {
+                self.active &= !(1 << c);
+                continue;
+            };
+            if class.list.is_empty() {
+                self.active &= !(1 << c);
+                self.emptied |= 1 << c;
+            }
+            let e = &mut self.qps[i as usize];
+            e.queued &= !(1 << T_DATA);
+            if e.tc as usize != c {
+                // The QP changed class while queued: it joins its new class.
+                self.push_data(i as usize);
+                continue;
+            }
+            let at = e.shape.eligible_at(now);
+            if at > now {
+                e.shape.parked = true;
+                self.stats.parks += 1;
+                return Some(Pick::Park(i as usize, at));
+            }
+            self.last_class = c as u8;
+            self.stats.data += 1;
+            return Some(Pick::Data(i as usize));
+        }
+    }
+
+    /// The class whose turn it is (DWRR, `DCQCN.md §9 S2`): the current class while it has deficit left, else the
+    /// next backlogged class whose bucket conforms, which receives its quantum. `None` if no class may send.
+    fn pick_class(&mut self, now: Instant) -> Option<usize> {
+        let idle = self.emptied & !self.active;
+        self.emptied = 0;
+        for c in Bits(idle) {
+            self.classes[c].deficit = 0;
+        }
+        let mut eligible = self.active;
+        for c in Bits(self.active & self.limited) {
+            if self.classes[c].bucket.eligible_at(now, self.max_frame) > now {
+                eligible &= !(1 << c);
+            }
+        }
+        if eligible == 0 {
+            return None;
+        }
+        let mut c = self.cur as usize;
+        if eligible & (1 << c) != 0 && self.classes[c].deficit > 0 {
+            return Some(c);
+        }
+        let twice = u16::from(eligible) | (u16::from(eligible) << 8);
+        for _ in 0..2 * TRAFFIC_CLASSES {
+            c = (c + 1 + (twice >> (c + 1)).trailing_zeros() as usize) % TRAFFIC_CLASSES;
+            let k = &mut self.classes[c];
+            k.deficit += k.quantum;
+            if k.deficit > 0 {
+                self.cur = c as u8;
+                return Some(c);
+            }
+        }
+        self.cur = c as u8;
+        Some(c)
+    }
+
+    /// Charges a frame of `bytes` sent for `pick` at `now`: the port bucket (plus the per-frame overhead); for a
+    /// READ response or a request, the QP's and its class's buckets; for a request, the class's DWRR deficit.
+    pub fn sent(&mut self, now: Instant, pick: Pick, bytes: usize) {
+        self.port
+            .consume(now, bytes + self.cfg.frame_overhead as usize);
+        let (slot, class) = match pick {
+            Pick::Ctrl(_) | Pick::Park(..) => return,
+            Pick::Read(s) => (s, None),
+            Pick::Data(s) => (s, Some(self.last_class as usize)),
+        };
+        let Some(e) = self.qps.get_mut(slot) else {
+            return;
+        };
+        e.shape.bucket.consume(now, bytes);
+        let c = class.unwrap_or(e.tc as usize);
+        let k = &mut self.classes[c];
+        k.bucket.consume(now, bytes);
+        if class.is_some() {
+            k.deficit -= bytes as i64;
+            self.stats.class_bytes[c] += bytes as u64;
+        }
+    }
+
+    /// The earliest instant after the last observed one at which the port or a backlogged class bucket conforms
+    /// again, while work waits for it (`None` if nothing waits on a bucket). QPs waiting for their own bucket have
+    /// `Shaper` timers instead.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let now = self.now;
+        if self.ctrl.is_empty() && self.read.is_empty() && self.active == 0 {
+            return None;
+        }
+        let port = self
+            .port
+            .eligible_at(now, self.max_frame + self.cfg.frame_overhead);
+        if port > now {
+            return Some(port);
+        }
+        if !self.ctrl.is_empty() || !self.read.is_empty() {
+            return None;
+        }
+        let mut best: Option<Instant> = None;
+        for c in Bits(self.active) {
+            let at = self.classes[c].bucket.eligible_at(now, self.max_frame);
+            if at <= now {
+                return None;
+            }
+            best = Some(best.map_or(at, |b| b.min(at)));
+        }
+        best
+    }
+}
+
+/// Iterator over the set bits of a class mask.
+struct Bits(u8);
+
+impl Iterator for Bits {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let c = self.0.trailing_zeros() as usize;
+        self.0 &= self.0 - 1;
+        Some(c)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_depth_is_one_and_a_half_bdp() {
-        let c = SchedConfig::default();
-        assert_eq!(c.bdp_depth_bytes(), 187_500);
-        let c40 = SchedConfig {
-            line_rate_bps: 40_000_000_000,
-            base_rtt: Duration::from_nanos(8_400),
-            ..SchedConfig::default()
-        };
-        // DCQCN.md §7 TB3: 40G × 8.4 µs ⇒ BDP 42 KB, b = 63 KB.
-        assert_eq!(c40.bdp_depth_bytes(), 63_000);
-        let one = SchedConfig {
-            qp_burst_bytes: Some(1),
-            ..SchedConfig::default()
-        };
-        assert_eq!(one.qp_depth(1152), 1152);
-    }
-}
+mod tests;
