@@ -20,6 +20,7 @@ pub mod dcqcn;
 pub mod metrics;
 pub mod port_mtu;
 pub mod report;
+pub mod shaping;
 pub mod udp_stats;
 
 use std::fs::File;
@@ -307,6 +308,9 @@ pub struct PerfArgs {
     /// Congestion control: --dcqcn, --cc-set, --rate-log, --rate-log-us, --ce-rx (`perf/dcqcn.rs`).
     #[command(flatten)]
     pub cc: dcqcn::DcqcnArgs,
+    /// Scheduler flags: --rate-limit, --burst, --tc, --tc-weights, perftest's --rate_limit/--rate_units/--burst_size.
+    #[command(flatten)]
+    pub sched: shaping::SchedArgs,
 }
 
 /// `-s`: a number (decimal, or 0x hex as perftest's strtol) with an optional K or M suffix (2^10, 2^20).
@@ -859,6 +863,7 @@ fn open_udp(
     let pcap = if pcap { a.pcap.clone() } else { None };
     let link_stats = Arc::new(SharedUdpStats::default());
     let mut cfg = engine_cfg(local, seed);
+    cfg.sched = shaping::sched_config(a, p, local);
     dcqcn::apply(&a.cc, &mut cfg)?;
     let open = |rx: RxMode| {
         let ucfg = UdpConfig {
@@ -928,7 +933,9 @@ fn accept_timeout(a: &PerfArgs) -> Option<Duration> {
 
 /// Entry point of `rocev2 perf`.
 pub fn run(a: &PerfArgs) -> ExitCode {
-    let params = match Params::from_args(a) {
+    let params = match Params::from_args(a)
+        .and_then(|(p, notes)| shaping::validate(a, &p).map(|()| (p, notes)))
+    {
         Ok((p, notes)) => {
             for n in notes {
                 eprintln!("rocev2 perf: note: {n}");
