@@ -295,7 +295,7 @@ fn wire_times(p: &Pair, from: usize, bps: u64) -> Vec<(usize, Instant, Instant)>
 }
 
 /// Worst wait of node 1's ACKs and CNPs from the instant they became due (the arrival of the frame that asked for
-/// them) to the start of their serialisation, and how many there were. `b2a` maps node 1's QPNs of the node 0 → 1
+/// them, or the end of the NP's CNP window) to the start of their serialisation, and how many there were. `b2a` maps node 1's QPNs of the node 0 → 1
 /// pairs to their peers.
 fn control_waits(p: &Pair, bps: u64, b2a: &HashMap<u32, u32>) -> (Duration, usize, usize) {
     let prop = Duration::from_micros(1);
@@ -316,16 +316,32 @@ fn control_waits(p: &Pair, bps: u64, b2a: &HashMap<u32, u32>) -> (Duration, usiz
             acked.entry((a, pkt.psn)).or_default().push(fin + prop);
         }
     }
-    // The NP's rule per QP (DCQCN.md §2.2 N1, `EngineConfig::cnp_interval` 50 µs; every data frame is CE-marked):
-    // a CNP is due at the first marked arrival ≥ 50 µs after the previous CNP's.
+    // The NP's rules per QP (DCQCN.md §2.2, `EngineConfig::cnp_interval` 50 µs; every data frame is CE-marked): N1, a
+    // marked arrival ≥ 50 µs after the last CNP makes a CNP due at once; N2, a marked arrival inside the window makes
+    // one due at the window's end, which opens the next window.
+    let window = Duration::from_micros(50);
     let mut cnp_due: HashMap<u32, std::collections::VecDeque<Instant>> = HashMap::new();
     for (a, times) in &arrivals {
-        let mut last: Option<Instant> = None;
+        let due = cnp_due.entry(*a).or_default();
+        let (mut last, mut owed): (Option<Instant>, bool) = (None, false);
         for &t in times {
-            if last.is_none_or(|l| t - l >= Duration::from_micros(50)) {
-                cnp_due.entry(*a).or_default().push_back(t);
-                last = Some(t);
+            while let (true, Some(l)) = (owed, last) {
+                if t < l + window {
+                    break;
+                }
+                due.push_back(l + window);
+                last = Some(l + window);
+                owed = false;
             }
+            if last.is_none_or(|l| t - l >= window) {
+                due.push_back(t);
+                last = Some(t);
+            } else {
+                owed = true;
+            }
+        }
+        if let (true, Some(l)) = (owed, last) {
+            due.push_back(l + window);
         }
     }
     let (mut worst, mut acks, mut cnps) = (Duration::ZERO, 0, 0);
@@ -403,8 +419,9 @@ fn control_frames_never_wait_behind_data() {
         let c = p.counters(1);
         (worst, acks, cnps, c)
     };
-    // Largest frame: 4096 payload + 58 B of headers, + 24 B of wire overhead, at 10 Gb/s.
-    let max_frame = Duration::from_nanos((4096 + 58 + 24) * 8 / 10);
+    // Largest frame: a WRITE FIRST/ONLY, 4096 payload + 58 B of headers + RETH 16, + 24 B of wire overhead, at
+    // 10 Gb/s (rounded up).
+    let max_frame = Duration::from_nanos(((4096 + 58 + 16 + 24) * 8u64).div_ceil(10));
     let (worst, acks, cnps, c) = run(true);
     eprintln!(
         "port paced: {acks} ACKs, {cnps} CNPs, worst wait {worst:?} (one largest frame = {max_frame:?})"
