@@ -1299,6 +1299,7 @@ impl Engine {
         }
         qp.sq.wqes[slot] = w;
         qp.sq.tail = idx.wrapping_add(1);
+        self.sched.note_wqe(i, len);
         Ok(())
     }
 
@@ -1548,6 +1549,9 @@ impl Engine {
             match r {
                 Ok(Some(meta)) => {
                     self.sched.sent(now, pick, meta.len);
+                    if let (Pick::Data(_), TxKind::Data) = (pick, meta.kind) {
+                        self.rtt_sent(i, now);
+                    }
                     if !matches!(pick, Pick::Ctrl(_))
                         && let Some(qp) = self.qps[i].as_deref_mut()
                     {
@@ -1574,6 +1578,51 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// After a first transmission of QP `i`: if it was an RC SEND/WRITE packet that asked for an ACK, its ACK closes
+    /// an RTT sample (`sched::batch`; READ/atomic requests are left out: their answer carries data or waits for the
+    /// responder's memory operation).
+    fn rtt_sent(&mut self, i: usize, now: Instant) {
+        let Some(qp) = self.qps[i].as_deref() else {
+            return;
+        };
+        let last = qp.sq.cur.wrapping_sub(u32::from(qp.req.cur_pkt == 0));
+        let rd = qp.sq.wqe(last).op.is_read_or_atomic();
+        if qp.qp_type == QpType::Rc && qp.req.since_ackreq == 0 && !rd {
+            self.sched.rtt_sent(i, qp.req.next_psn, now);
+        }
+    }
+
+    /// The smoothed round-trip time the engine measured on its RC QPs (RFC 6298 smoothing; `SchedConfig::base_rtt`
+    /// until the first sample). It sizes the batching window ([`drain_quota`](Self::drain_quota),
+    /// [`tx_burst`](Self::tx_burst)).
+    pub fn srtt(&self) -> core::time::Duration {
+        self.sched.srtt()
+    }
+
+    /// The dynamic batching window for a driver's doorbell drain (issue #12, `DCQCN.md §10`): how many of the
+    /// `pending` WQEs waiting in QP `qpn`'s ring to post now — one window of the QP's rate × SRTT (the line rate for an
+    /// unshaped QP; at most the bucket depth for a shaped one) in WQEs of the QP's average size, less the WQEs the engine already holds unsent for it, at most the free
+    /// send-queue slots and `SchedConfig::batch.max_wqes_per_round`; at least one while the QP has nothing unsent.
+    /// An unknown QPN gets `pending`.
+    pub fn drain_quota(&self, qpn: Qpn, pending: u32) -> u32 {
+        let Some(i) = self.qidx(qpn) else {
+            return pending;
+        };
+        let Some(qp) = self.qps[i].as_deref() else {
+            return pending;
+        };
+        let unsent = qp.sq.tail.wrapping_sub(qp.sq.cur);
+        let free = qp.sq.cap - qp.sq.len();
+        self.sched.drain_quota(i, pending, unsent, free)
+    }
+
+    /// Frames a driver should produce per I/O call (one `flush`) now: a quarter of the SRTT at the port's rate, in
+    /// frames of the average size sent, `1..=SchedConfig::batch.max_frames_per_io` (`DCQCN.md §10`: a batch never
+    /// hides a CNP or an ACK from the engine for long).
+    pub fn tx_burst(&self) -> usize {
+        self.sched.tx_burst()
     }
 
     fn account_tx(&mut self, i: usize, meta: &TxMeta) {

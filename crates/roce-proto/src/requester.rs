@@ -716,6 +716,7 @@ impl Engine {
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
         };
+        self.sched.rtt_acked(i, qp.req.una_psn, now);
         qp.req.retry_left = qp.attr.retry_cnt;
         qp.req.rnr_left = qp.attr.rnr_retry;
         qp.req.retrying = false;
@@ -848,6 +849,8 @@ impl Engine {
     /// Go-back-N: the next packet sent is `psn`; the SQ is walked again from the WQE that contains it (partially
     /// acknowledged SEND/WRITE resume with MIDDLE/LAST, partially received READs re-request the remainder).
     fn go_back(&mut self, i: usize, psn: Psn) {
+        // Karn's rule: no RTT sample across a retransmission.
+        self.sched.rtt_cancel(i);
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
         };

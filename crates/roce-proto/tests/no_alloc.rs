@@ -1025,6 +1025,12 @@ fn steady_state_allocates_nothing() {
     assert!(sa.port_waits > 0, "{sa:?}");
     assert!(sa.class_bytes[..3].iter().all(|&b| b > 0), "{sa:?}");
     assert!(sa.ctrl > 0 && sb.read > 0 && sb.parks > 0, "{sa:?}\n{sb:?}");
+    // ... and the RTT estimator that sizes the batching window took samples from RC ACKs.
+    assert!(
+        net.a.scheduler().rtt().samples() > 100,
+        "{:?}",
+        net.a.scheduler().rtt()
+    );
 }
 
 #[test]

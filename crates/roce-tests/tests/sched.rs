@@ -438,3 +438,65 @@ fn control_frames_never_wait_behind_data() {
         "without port pacing the link queue should delay control frames: {worst_unpaced:?}"
     );
 }
+
+/// The engine measures the RTT from its RC ACKs (RFC 6298 smoothing) and sizes the batching window with it
+/// (`Engine::drain_quota`, `Engine::tx_burst`; issue #12 "dynamic batching window", `DCQCN.md §10`): on a 10 Gb/s
+/// link with 5 µs and with 50 µs of propagation, one 4 KiB WRITE at a time, the SRTT is the wire's round trip
+/// (2 × propagation + the WRITE's and the ACK's serialisation) within 2 %, and both quotas grow with it.
+#[test]
+fn rtt_is_measured_and_sizes_the_batching_window() {
+    const LINK: u64 = 10_000_000_000;
+    let mut seen = Vec::new();
+    for prop_us in [5u64, 50] {
+        let mut cfg = EngineConfig::default();
+        cfg.sched.line_rate_bps = LINK;
+        let mut p = Pair::with_config(PairConfig {
+            sim: SimConfig {
+                propagation: Duration::from_micros(prop_us),
+                ..sim(LINK)
+            },
+            engine: cfg,
+            capture: false,
+            ..PairConfig::default()
+        });
+        let (na, nb) = (node(&mut p, 0, MSG as usize), node(&mut p, 1, MSG as usize));
+        let (a, _) = pairs(&mut p, (0, &na), (1, &nb), 1, &opts())[0];
+        assert_eq!(
+            p.a().srtt(),
+            Duration::from_micros(10),
+            "base_rtt before any sample"
+        );
+        let sg = [sge(&na.mr, 0, 4096)];
+        for _ in 0..50 {
+            let wr = SendWr::new(
+                1,
+                SendOp::RdmaWrite {
+                    remote_addr: nb.mr.addr,
+                    rkey: nb.mr.rkey,
+                },
+                &sg,
+            );
+            p.a().post_send(a.qpn, &[wr]).expect("post");
+            p.drive();
+            assert_eq!(poll_all(p.a(), na.cq).len(), 1);
+        }
+        // WRITE ONLY 4096 + 74 B of headers, ACK 62 B (padded to 64 on the wire), each + 24 B of overhead.
+        let ser = |b: u64| b * 8 * 1_000_000_000 / LINK;
+        let want = 2 * prop_us * 1000 + ser(4170 + 24) + ser(64 + 24);
+        let got = p.a().srtt().as_nanos() as u64;
+        assert!(
+            (got as f64 - want as f64).abs() / (want as f64) < 0.02,
+            "SRTT {got} ns, the wire's round trip {want} ns"
+        );
+        assert_eq!(p.a().scheduler().rtt().samples(), 50);
+        let quota = p.a().drain_quota(a.qpn, 1000);
+        let burst = p.a().tx_burst();
+        eprintln!(
+            "propagation {prop_us} µs: SRTT {got} ns, drain quota {quota} WQEs of 4 KiB, {burst} frames per I/O"
+        );
+        seen.push((quota, burst));
+    }
+    // One window (10 Gb/s × SRTT) of 4 KiB WQEs: 13.4 µs → 5, 103.4 µs → 32; frames per I/O: a quarter of it.
+    assert!(seen[1].0 > 4 * seen[0].0, "{seen:?}");
+    assert!(seen[1].1 > 4 * seen[0].1, "{seen:?}");
+}

@@ -27,6 +27,12 @@
 //! rate, tokens clamped when the rate drops (no burst right after a CNP, `§7 TB5`), and a pending departure re-timed
 //! on every change (`§2.3 R7`, `§2.4 M7`).
 //!
+//! # Batching window
+//!
+//! [`batch`]: the engine measures the RTT from RC ACKs and tells a driver how many WQEs to take from a QP's ring per
+//! round ([`Scheduler::drain_quota`]) and how many frames to produce per I/O call ([`Scheduler::tx_burst`]) — the
+//! seed's "dynamic batching window" (`DCQCN.md §10`).
+//!
 //! # Cost
 //!
 //! Every queue is an intrusive FIFO threaded through one per-QP entry (three `u32` links), sized when the QP is
@@ -41,11 +47,15 @@
 //! → `push_*` again if the QP has more work. Whenever a QP gains work: [`push_ctrl`](Scheduler::push_ctrl),
 //! [`push_read`](Scheduler::push_read), [`push_data`](Scheduler::push_data) (no-ops if already queued or parked).
 
+pub mod batch;
 pub mod shaper;
 
 use core::time::Duration;
 
+use crate::Psn;
 use crate::time::Instant;
+use batch::PendingSample;
+pub use batch::{BatchConfig, RttEstimator};
 pub use shaper::TokenBucket;
 
 /// Upper bound of the bytes a RoCE v2 frame carries besides its payload: Ethernet 14 + 802.1Q 4 + IPv6 40 + UDP 8 +
@@ -119,6 +129,8 @@ pub struct SchedConfig {
     /// Bytes a frame occupies on the wire beyond the frame itself, for the port bucket: preamble + SFD 8, FCS 4,
     /// inter-frame gap 12 = 24 (IEEE 802.3).
     pub frame_overhead: u32,
+    /// Limits of the adaptive batching window ([`batch`]).
+    pub batch: BatchConfig,
 }
 
 impl Default for SchedConfig {
@@ -133,6 +145,7 @@ impl Default for SchedConfig {
             port_rate_bps: None,
             port_burst_bytes: None,
             frame_overhead: 24,
+            batch: BatchConfig::default(),
         }
     }
 }
@@ -284,6 +297,14 @@ struct Entry {
     next: [u32; 3],
 }
 
+/// Per-QP state off the per-decision path: the RTT sample in flight and the average WQE size.
+#[derive(Clone, Copy, Debug)]
+struct Cold {
+    sample: Option<PendingSample>,
+    /// Average bytes per posted WQE (EWMA, 1/8 per WQE).
+    avg_wqe: u64,
+}
+
 /// An intrusive FIFO of slots, linked through `Entry::next[tier]`.
 #[derive(Clone, Copy, Debug)]
 struct Fifo {
@@ -383,6 +404,10 @@ pub struct Scheduler {
     port: TokenBucket,
     now: Instant,
     stats: SchedStats,
+    cold: Vec<Cold>,
+    rtt: RttEstimator,
+    /// Average bytes per data frame sent (EWMA, 1/8 per frame).
+    avg_frame: u64,
 }
 
 impl Scheduler {
@@ -431,6 +456,9 @@ impl Scheduler {
             port,
             now: Instant::ZERO,
             stats: SchedStats::default(),
+            cold: Vec::new(),
+            rtt: RttEstimator::default(),
+            avg_frame: u64::from(max_frame),
         }
     }
 
@@ -477,6 +505,14 @@ impl Scheduler {
         let e = &mut self.qps[slot];
         e.shape = shape;
         e.tc = tc;
+        let cold = Cold {
+            sample: None,
+            avg_wqe: u64::from(pmtu),
+        };
+        if slot >= self.cold.len() {
+            self.cold.resize(slot + 1, cold);
+        }
+        self.cold[slot] = cold;
     }
 
     /// The QP's path MTU is now `pmtu` (its largest frame, hence its bucket's floor).
@@ -738,6 +774,7 @@ impl Scheduler {
     pub fn sent(&mut self, now: Instant, pick: Pick, bytes: usize) {
         self.port
             .consume(now, bytes + self.cfg.frame_overhead as usize);
+        self.avg_frame = self.avg_frame - self.avg_frame / 8 + bytes as u64 / 8;
         let (slot, class) = match pick {
             Pick::Ctrl(_) | Pick::Park(..) => return,
             Pick::Read(s) => (s, None),
@@ -754,6 +791,87 @@ impl Scheduler {
             k.deficit -= bytes as i64;
             self.stats.class_bytes[c] += bytes as u64;
         }
+    }
+
+    // ------------------------------------------------------------------------------------------- batching window
+
+    /// A WQE of `bytes` was posted on the QP (its average WQE size feeds [`drain_quota`](Self::drain_quota)).
+    pub fn note_wqe(&mut self, slot: usize, bytes: u64) {
+        if let Some(c) = self.cold.get_mut(slot) {
+            c.avg_wqe = c.avg_wqe - c.avg_wqe / 8 + bytes / 8;
+        }
+    }
+
+    /// The QP sent, at `now`, a first transmission that asked for an ACK; once the QP's oldest unacknowledged PSN
+    /// reaches `target` the time taken is an RTT sample (one in flight per QP).
+    pub fn rtt_sent(&mut self, slot: usize, target: Psn, now: Instant) {
+        if let Some(c) = self.cold.get_mut(slot)
+            && c.sample.is_none()
+        {
+            c.sample = Some(PendingSample { target, sent: now });
+        }
+    }
+
+    /// The QP's oldest unacknowledged PSN is now `una`: closes its sample if it covers the target.
+    pub fn rtt_acked(&mut self, slot: usize, una: Psn, now: Instant) {
+        let Some(c) = self.cold.get_mut(slot) else {
+            return;
+        };
+        if let Some(p) = c.sample
+            && una.diff(p.target) >= 0
+        {
+            c.sample = None;
+            self.rtt.sample(now - p.sent);
+        }
+    }
+
+    /// The QP retransmits: its sample is dropped (Karn's rule, RFC 6298 §3).
+    pub fn rtt_cancel(&mut self, slot: usize) {
+        if let Some(c) = self.cold.get_mut(slot) {
+            c.sample = None;
+        }
+    }
+
+    /// The port's RTT estimator.
+    pub fn rtt(&self) -> &RttEstimator {
+        &self.rtt
+    }
+
+    /// The smoothed RTT, or `SchedConfig::base_rtt` before the first sample.
+    pub fn srtt(&self) -> Duration {
+        self.rtt.srtt().unwrap_or(self.cfg.base_rtt)
+    }
+
+    /// WQEs a driver should move from the QP's ring now, with `pending` WQEs in the ring, `unsent` WQEs the engine
+    /// holds that are not fully sent and `free` free send-queue slots ([`batch`]: one window of the QP's rate × SRTT
+    /// — at most its bucket depth when it is shaped — less what is unsent).
+    pub fn drain_quota(&self, slot: usize, pending: u32, unsent: u32, free: u32) -> u32 {
+        let (Some(e), Some(c)) = (self.qps.get(slot), self.cold.get(slot)) else {
+            return pending.min(free);
+        };
+        // A shaped QP's window never exceeds its bucket (`DCQCN.md §10`); an unshaped one runs at the line rate.
+        let window = match e.shape.bucket.rate_bps() {
+            Some(r) => batch::window_bytes(r, self.srtt(), 1).min(e.shape.bucket.depth_bytes()),
+            None => batch::window_bytes(self.cfg.line_rate_bps, self.srtt(), 1),
+        }
+        .max(u64::from(e.shape.max_frame));
+        batch::wqe_quota(
+            window,
+            c.avg_wqe,
+            unsent,
+            pending,
+            free,
+            self.cfg.batch.max_wqes_per_round,
+        )
+    }
+
+    /// Frames a driver should produce per I/O call now ([`batch`]: a `1/rtt_fraction` of the SRTT at the port's
+    /// rate — the port limit, else the line rate — in frames of the average size sent, `1..=max_frames_per_io`).
+    pub fn tx_burst(&self) -> usize {
+        let rate = self.port.rate_bps().unwrap_or(self.cfg.line_rate_bps);
+        let b = &self.cfg.batch;
+        let window = batch::window_bytes(rate, self.srtt(), b.rtt_fraction);
+        batch::frames_per_io(window, self.avg_frame, b.max_frames_per_io) as usize
     }
 
     /// The earliest instant after the last observed one at which the port or a backlogged class bucket conforms
