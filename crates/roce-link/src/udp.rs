@@ -74,8 +74,9 @@
 //! before they are queued. The socket is opened with protocol 0 and bound to the IP EtherType only after the
 //! filter is in place, so no unfiltered frame ever reaches it. Frames reach the engine byte for byte as received
 //! (real MACs, the sender's IP identification, flags, TTL, checksum), trimmed to the IP length (Ethernet padding
-//! removed); the ICRC is verified over those bytes and failures are counted in [`UdpStats::rx_icrc_bad`] as in
-//! socket mode. One field can differ from what a remote sender wrote: a frame sent by a socket on this host
+//! removed); the IPv4 header checksum and a non-zero UDP checksum are checked first, as the kernel's IP/UDP layers
+//! would (failures counted in [`UdpStats::rx_bad_checksum`] and dropped), then the ICRC is verified over those
+//! bytes and failures are counted in [`UdpStats::rx_icrc_bad`] as in socket mode. One field can differ from what a remote sender wrote: a frame sent by a socket on this host
 //! through a veth or `lo` with checksum offload still holds a partial UDP checksum (`PACKET_AUXDATA` reports
 //! `TP_STATUS_CSUMNOTREADY`); the link completes it, as the NIC would have (not ICRC-covered, so only captures
 //! notice). The UDP socket stays bound to the port, so the kernel answers nothing with ICMP port-unreachable,
@@ -261,6 +262,10 @@ pub struct UdpStats {
     pub rx_truncated: u64,
     /// Datagrams dropped because their source or destination address is not of the link's family.
     pub rx_bad_addr: u64,
+    /// [`RxMode::Packet`] frames dropped because the IPv4 header checksum or a non-zero UDP checksum (IPv4 or
+    /// IPv6) is wrong: the kernel, rxe or an RNIC would never hand them to RoCE processing (`ROCEV2.md §1.4`). In
+    /// socket mode the kernel drops them itself (they never reach the link).
+    pub rx_bad_checksum: u64,
 }
 
 /// Payload pieces per gathered frame the link sends as iovecs; a frame with more is copied into the slot.
@@ -742,6 +747,42 @@ fn finish_udp_checksum(frame: &mut [u8], v6: bool) {
     }
     let c = udp::checksum(src, dst, dgram);
     UdpPacket::new_unchecked(seg).set_checksum(c);
+}
+
+/// Whether a frame as received on the [`RxMode::Packet`] path (Ethernet header first, trimmed to the IP length)
+/// has a correct IPv4 header checksum and a UDP checksum that is either 0 ("none", what RoCE senders write,
+/// `ROCEV2.md §1.4`) or correct over the pseudo-header (IPv4 and IPv6). The kernel's IP and UDP layers, rxe and an
+/// RNIC drop frames that fail either check before RoCE processing; packet capture sees frames before those layers,
+/// so the link makes the same checks. A frame too short to hold the headers passes (the engine counts it as
+/// malformed).
+fn rx_checksums_ok(frame: &[u8], v6: bool) -> bool {
+    let Some(ip) = frame.get(ETH_LEN..) else {
+        return true;
+    };
+    let (src, dst, ip_len) = if v6 {
+        match Ipv6Packet::new_checked(ip) {
+            Ok(p) => (
+                IpAddr::V6(p.src_addr()),
+                IpAddr::V6(p.dst_addr()),
+                ipv6::HEADER_LEN,
+            ),
+            Err(_) => return true,
+        }
+    } else {
+        match Ipv4Packet::new_checked(ip) {
+            Ok(p) if !p.verify_checksum() => return false,
+            Ok(p) => (
+                IpAddr::V4(p.src_addr()),
+                IpAddr::V4(p.dst_addr()),
+                p.header_len(),
+            ),
+            Err(_) => return true,
+        }
+    };
+    match ip.get(ip_len..).map(UdpPacket::new_checked) {
+        Some(Ok(u)) => u.verify_checksum(src, dst),
+        _ => true,
+    }
 }
 
 /// What `tx_commit` learned from a frame's headers.
@@ -1365,6 +1406,10 @@ impl UdpLink {
             if csum_not_ready {
                 finish_udp_checksum(frame, self.v6);
             }
+            if !rx_checksums_ok(frame, self.v6) {
+                self.stats.rx_bad_checksum += 1;
+                continue;
+            }
             if self.cfg.verify_rx_icrc && icrc::verify(&frame[ETH_LEN..]).is_err() {
                 self.stats.rx_icrc_bad += 1;
                 continue;
@@ -1679,5 +1724,116 @@ impl Link for UdpLink {
 
     fn poll_at(&self) -> Option<Instant> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_wire::{
+        BthRepr, DethRepr, Ecn, ExtRepr, IpRepr, Opcode, Psn, Qpn, RoceRepr, UdpPacket,
+    };
+
+    fn frame(v6: bool) -> Vec<u8> {
+        let ip = if v6 {
+            IpRepr::Ipv6(Ipv6Repr {
+                src_addr: Ipv6Addr::LOCALHOST,
+                dst_addr: Ipv6Addr::LOCALHOST,
+                dscp: 0,
+                ecn: Ecn::NotEct,
+                flow_label: 0,
+                next_header: 17,
+                hop_limit: 64,
+            })
+        } else {
+            IpRepr::Ipv4(Ipv4Repr {
+                src_addr: Ipv4Addr::new(198, 18, 0, 1),
+                dst_addr: Ipv4Addr::new(198, 18, 0, 2),
+                dscp: 0,
+                ecn: Ecn::NotEct,
+                ident: 7,
+                dont_frag: true,
+                ttl: 64,
+                protocol: 17,
+            })
+        };
+        let repr = RoceRepr {
+            eth: EthernetRepr {
+                src_addr: EthernetAddress([2, 0, 0, 0, 0, 1]),
+                dst_addr: EthernetAddress([2, 0, 0, 0, 0, 2]),
+                vlan: None,
+                ethertype: if v6 { EtherType::IPV6 } else { EtherType::IPV4 },
+            },
+            ip,
+            udp: UdpRepr {
+                src_port: 0xc123,
+                dst_port: ROCE_V2_PORT,
+            },
+            bth: BthRepr {
+                opcode: Opcode::UD_SEND_ONLY,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: 0xffff,
+                fecn: false,
+                becn: false,
+                dest_qp: Qpn::new(0x11),
+                ack_req: false,
+                psn: Psn::new(1),
+            },
+            ext: ExtRepr {
+                deth: Some(DethRepr {
+                    qkey: 1,
+                    src_qp: Qpn::new(0x22),
+                }),
+                ..ExtRepr::NONE
+            },
+            payload_len: 64,
+        };
+        let mut buf = vec![0u8; 256];
+        let n = repr.emit_with_payload(&mut buf, &[0xA5; 64]).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    fn set_udp_checksum(f: &mut [u8], v6: bool, c: Option<u16>) {
+        let ip_len = if v6 {
+            ipv6::HEADER_LEN
+        } else {
+            ipv4::HEADER_LEN
+        };
+        let (src, dst) = if v6 {
+            (
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+            )
+        } else {
+            (
+                IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
+                IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
+            )
+        };
+        let seg = &mut f[ETH_LEN + ip_len..];
+        let c = c.unwrap_or_else(|| udp::checksum(src, dst, seg));
+        UdpPacket::new_unchecked(seg).set_checksum(c);
+    }
+
+    /// IPv4 header checksum and non-zero UDP checksums (IPv4 and IPv6) are checked; zero UDP checksums pass.
+    #[test]
+    fn packet_path_checksum_rules() {
+        for v6 in [false, true] {
+            let mut f = frame(v6);
+            assert!(rx_checksums_ok(&f, v6), "v6={v6}: zero UDP checksum");
+            set_udp_checksum(&mut f, v6, None);
+            assert!(rx_checksums_ok(&f, v6), "v6={v6}: correct UDP checksum");
+            let good = UdpPacket::new_checked(&f[ETH_LEN + if v6 { 40 } else { 20 }..])
+                .unwrap()
+                .checksum();
+            set_udp_checksum(&mut f, v6, Some(good ^ 0x0100));
+            assert!(!rx_checksums_ok(&f, v6), "v6={v6}: wrong UDP checksum");
+        }
+        let mut f = frame(false);
+        f[ETH_LEN + 10] ^= 0x01;
+        assert!(!rx_checksums_ok(&f, false), "wrong IPv4 header checksum");
     }
 }

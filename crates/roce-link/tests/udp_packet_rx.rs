@@ -509,3 +509,168 @@ fn veth_offloaded_udp_checksum_is_completed() {
         &ud_frame(ip_a, ip_b, ROCE_V2_PORT, 0, true, 9, &payload)[42..]
     );
 }
+
+/// Sends the whole Ethernet `frame` out of interface `ifname` through an `AF_PACKET` socket (call in the namespace
+/// that owns it). Unlike an `IP_HDRINCL` socket, which always fills in the IPv4 header checksum, this puts any bytes
+/// on the wire — as a hostile or broken sender can.
+fn send_frame(ifname: &str, frame: &[u8]) {
+    let name = std::ffi::CString::new(ifname).expect("ifname");
+    // SAFETY: `name` is a valid NUL-terminated string.
+    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert_ne!(idx, 0, "no interface {ifname}");
+    // SAFETY: plain socket(2) call; the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    assert!(
+        fd >= 0,
+        "AF_PACKET socket: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_ifindex = idx as i32;
+    sll.sll_halen = 6;
+    sll.sll_addr[..6].copy_from_slice(&frame[..6]);
+    // SAFETY: `frame` and `sll` outlive the call; the lengths are theirs.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: `fd` is the socket opened above.
+    unsafe { libc::close(fd) };
+    assert_eq!(n, frame.len() as isize, "AF_PACKET send: {err}");
+}
+
+/// Sets the UDP checksum of an untagged frame whose IP header is `ip_len` bytes: the correct value, or that value
+/// with a bit flipped.
+fn set_udp_checksum(f: &mut [u8], ip_len: usize, src: IpAddr, dst: IpAddr, correct: bool) {
+    let seg = &mut f[14 + ip_len..];
+    let c = roce_wire::udp::checksum(src, dst, seg);
+    let c = if correct { c } else { c ^ 0x0100 };
+    seg[6..8].copy_from_slice(&c.to_be_bytes());
+}
+
+/// Issue #10: frames the kernel, rxe or an RNIC would drop before RoCE processing — a wrong IPv4 header checksum, a
+/// wrong non-zero UDP checksum — are dropped by the AF_PACKET receive path and counted in `rx_bad_checksum`; a zero
+/// UDP checksum (what RoCE senders write) and a correct non-zero one pass. IPv4 over a veth pair.
+#[test]
+fn veth_bad_ipv4_and_udp_checksums_are_dropped_and_counted() {
+    let ns = match Netns::pair("k", "198.18.7.1/24", "198.18.7.2/24") {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    let (mac_a, mac_b) = (ns.mac(0), ns.mac(1));
+    let (ip_a, ip_b) = (Ipv4Addr::new(198, 18, 7, 1), Ipv4Addr::new(198, 18, 7, 2));
+    let (sa, sb) = (IpAddr::V4(ip_a), IpAddr::V4(ip_b));
+    let mut b = in_netns(&ns.names[1], move || {
+        let mut c = UdpConfig::new(sb);
+        c.rx = RxMode::Packet;
+        c.mtu = 14 + 1500;
+        UdpLink::bind(c).expect("bind packet-mode link")
+    });
+    let p: Vec<u8> = (0..64u8).collect();
+    let eth = |mut f: Vec<u8>| {
+        f[0..6].copy_from_slice(&mac_b);
+        f[6..12].copy_from_slice(&mac_a);
+        f
+    };
+    let zero = eth(ud_frame(ip_a, ip_b, ROCE_V2_PORT, 1, true, 1, &p));
+    let mut good = eth(ud_frame(ip_a, ip_b, ROCE_V2_PORT, 2, true, 2, &p));
+    set_udp_checksum(&mut good, 20, sa, sb, true);
+    let mut bad_udp = eth(ud_frame(ip_a, ip_b, ROCE_V2_PORT, 3, true, 3, &p));
+    set_udp_checksum(&mut bad_udp, 20, sa, sb, false);
+    let mut bad_ip = eth(ud_frame(ip_a, ip_b, ROCE_V2_PORT, 4, true, 4, &p));
+    bad_ip[14 + 10] ^= 0x01;
+    let frames = [zero.clone(), bad_ip, good.clone(), bad_udp];
+    in_netns(&ns.names[0], move || {
+        for f in &frames {
+            send_frame("veth0", f);
+        }
+    });
+    let got = recv_all(&mut b, 2, Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(50));
+    let extra = recv_all(&mut b, 1, Duration::from_millis(50));
+    assert!(extra.is_empty(), "unexpected frames: {extra:?}");
+    assert_eq!(got, vec![zero, good], "stats {:?}", b.stats());
+    let st = b.stats();
+    assert_eq!(
+        (st.rx_frames, st.rx_bad_checksum, st.rx_icrc_bad),
+        (2, 2, 0),
+        "{st:?}"
+    );
+}
+
+/// The same UDP checksum rule over IPv6 (`::1` on `lo` inside a namespace): zero and correct pass, wrong is dropped
+/// and counted.
+#[test]
+fn loopback_ipv6_bad_udp_checksum_is_dropped_and_counted() {
+    let ns = match Netns::single("k6") {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    let name = ns.names[0].clone();
+    let (got, want, st) = in_netns(&name, || {
+        let lo6 = std::net::Ipv6Addr::LOCALHOST;
+        let mut c = UdpConfig::new(IpAddr::V6(lo6));
+        c.rx = RxMode::Packet;
+        let Ok(mut b) = UdpLink::bind(c) else {
+            eprintln!("skipping: no IPv6 on lo in the namespace");
+            return (Vec::new(), Vec::new(), None);
+        };
+        let v6 = |psn: u32| {
+            let mut f = ud_frame(
+                Ipv4Addr::LOCALHOST,
+                Ipv4Addr::LOCALHOST,
+                ROCE_V2_PORT,
+                0,
+                true,
+                psn,
+                &[7; 32],
+            );
+            let mut r = RoceRepr::parse(&f).expect("parse").repr;
+            r.eth.ethertype = EtherType::IPV6;
+            r.ip = IpRepr::Ipv6(roce_wire::Ipv6Repr {
+                src_addr: lo6,
+                dst_addr: lo6,
+                dscp: 0,
+                ecn: Ecn::NotEct,
+                flow_label: 0,
+                next_header: 17,
+                hop_limit: 64,
+            });
+            f = vec![0u8; r.buffer_len()];
+            r.emit(&mut f, |b| b.fill(7)).expect("emit v6");
+            f
+        };
+        let (s, d) = (IpAddr::V6(lo6), IpAddr::V6(lo6));
+        let zero = v6(1);
+        let mut good = v6(2);
+        set_udp_checksum(&mut good, 40, s, d, true);
+        let mut bad = v6(3);
+        set_udp_checksum(&mut bad, 40, s, d, false);
+        for f in [&zero, &bad, &good] {
+            send_frame("lo", f);
+        }
+        let got = recv_all(&mut b, 2, Duration::from_secs(3));
+        std::thread::sleep(Duration::from_millis(50));
+        let extra = recv_all(&mut b, 1, Duration::from_millis(50));
+        assert!(extra.is_empty(), "unexpected frames: {extra:?}");
+        (got, vec![zero, good], Some(b.stats()))
+    });
+    let Some(st) = st else { return };
+    assert_eq!(got, want, "{st:?}");
+    assert_eq!((st.rx_frames, st.rx_bad_checksum), (2, 1), "{st:?}");
+}
