@@ -93,9 +93,54 @@ impl fmt::Display for Instant {
     }
 }
 
+/// The virtual-clock rule of the simulation harnesses (roce-proto's unit-test `Pair` and roce-tests' `Pair`, one
+/// definition for both): when nothing is left to do at `now`, time moves to the earliest pending event
+/// (`next_event`: engine `poll_timeout`, frames in flight) — but never past `horizon`, the end of the time the caller
+/// asked to let pass. So a run "for 5 ms" ends by 5 ms with every event due by then handled, and a timer due later
+/// neither fires nor is jumped over: the test sees the state before it, and the next run fires it on time.
+///
+/// When nothing at all is pending, the clock moves to the horizon if `idle_passes_time` (a real-time step: the
+/// caller lets that much time pass whatever happens), and stays otherwise (the caller runs "until idle").
+///
+/// Returns the instant to move to, or `None` when the clock stays: idle without a horizon (or without
+/// `idle_passes_time`), the horizon reached, or the next event not later than `now`.
+pub fn next_virtual_instant(
+    now: Instant,
+    next_event: Option<Instant>,
+    horizon: Option<Instant>,
+    idle_passes_time: bool,
+) -> Option<Instant> {
+    let to = match (next_event, horizon) {
+        (Some(t), Some(h)) => t.min(h),
+        (Some(t), None) => t,
+        (None, Some(h)) if idle_passes_time => h,
+        (None, _) => return None,
+    };
+    (to > now).then_some(to)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn virtual_clock_never_passes_the_horizon() {
+        let t = Instant::from_micros;
+        for idle in [false, true] {
+            let n = |now, next, h| next_virtual_instant(now, next, h, idle);
+            assert_eq!(n(t(1), Some(t(5)), None), Some(t(5)));
+            assert_eq!(n(t(1), Some(t(5)), Some(t(3))), Some(t(3)));
+            assert_eq!(n(t(1), Some(t(2)), Some(t(3))), Some(t(2)));
+            assert_eq!(n(t(3), Some(t(9)), Some(t(3))), None);
+            assert_eq!(n(t(3), None, None), None);
+            assert_eq!(n(t(3), Some(t(3)), None), None);
+        }
+        assert_eq!(
+            next_virtual_instant(t(1), None, Some(t(3)), true),
+            Some(t(3))
+        );
+        assert_eq!(next_virtual_instant(t(1), None, Some(t(3)), false), None);
+    }
 
     #[test]
     fn arithmetic_saturates() {

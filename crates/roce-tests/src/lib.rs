@@ -216,6 +216,13 @@ impl Pair {
     /// One round at the current instant; if nothing happened, advances time to the next event.
     /// Returns false when nothing can ever happen again (idle: no frames in flight, no timers).
     pub fn step(&mut self) -> bool {
+        self.step_within(None, false)
+    }
+
+    /// [`Pair::step`] whose clock never passes `horizon`, and moves to it over an idle network if
+    /// `idle_passes_time` (the rule of [`roce_proto::time::next_virtual_instant`]); false once nothing is left to do
+    /// before it.
+    pub fn step_within(&mut self, horizon: Option<Instant>, idle_passes_time: bool) -> bool {
         self.steps += 1;
         let now = self.now;
         let mut progress = false;
@@ -270,12 +277,15 @@ impl Pair {
         if progress {
             return true;
         }
-        match self.next_event() {
-            Some(t) if t > now => {
-                self.now = t;
-                self.stalls = 0;
-                true
-            }
+        let next = self.next_event();
+        if let Some(t) = time::next_virtual_instant(now, next, horizon, idle_passes_time) {
+            self.now = t;
+            self.stalls = 0;
+            return true;
+        }
+        match next {
+            // The horizon is reached.
+            Some(t) if t > now || horizon.is_some_and(|h| h <= now) => false,
             Some(t) => {
                 // Something claims to be due but did nothing: a stuck engine timer or link. Nudge the clock,
                 // and fail loudly if it persists (a silent 1-ns crawl would look like a livelock much later).
@@ -321,20 +331,25 @@ impl Pair {
         }
     }
 
-    /// Steps until `cond` holds (checked after every step) or the network goes idle or `limit` of virtual
-    /// time passes. Returns whether `cond` held.
-    pub fn drive_until(
+    /// Steps until `cond` holds (checked after every step), the network goes idle, or `limit` of virtual time has
+    /// passed. The clock never passes `now + limit`: it stops there even when the next timer is later, which then
+    /// has neither fired nor been jumped over ([`Pair::step_within`]). Returns whether `cond` held.
+    pub fn drive_until(&mut self, limit: Duration, cond: impl FnMut(&mut Pair) -> bool) -> bool {
+        self.run_to(self.now + limit, false, cond)
+    }
+
+    fn run_to(
         &mut self,
-        limit: Duration,
+        end: Instant,
+        idle_passes_time: bool,
         mut cond: impl FnMut(&mut Pair) -> bool,
     ) -> bool {
-        let end = self.now + limit;
         let mut guard = 0u64;
         loop {
             if cond(self) {
                 return true;
             }
-            if self.now > end || !self.step() {
+            if !self.step_within(Some(end), idle_passes_time) {
                 return cond(self);
             }
             guard += 1;
@@ -346,15 +361,18 @@ impl Pair {
         }
     }
 
-    /// Moves virtual time forward by `d` without running anything (time passing on an idle network).
-    pub fn advance(&mut self, d: Duration) {
-        self.now += d;
+    /// Steps for `d` of virtual time or until the network goes idle, whichever comes first. The clock never passes
+    /// `now + d`: a timer due after it has neither fired nor been jumped over, so a test can observe the state just
+    /// before a retransmission ([`Pair::drive`] instead runs until idle, timers included).
+    pub fn drive_for(&mut self, d: Duration) {
+        self.drive_until(d, |_| false);
     }
 
-    /// Steps for `d` of virtual time (or until idle).
-    pub fn drive_for(&mut self, d: Duration) {
-        let end = self.now + d;
-        self.drive_until(d, |p| p.now >= end);
+    /// Lets exactly `d` of virtual time pass (a real-time step): every frame and timer due within it is handled on
+    /// time, and the clock ends at `now + d` even if the network goes idle earlier (time passing on an idle
+    /// network, e.g. to let a CNP interval elapse).
+    pub fn advance(&mut self, d: Duration) {
+        self.run_to(self.now + d, true, |_| false);
     }
 
     /// The last `n` captured frames, one line each (`time node→ frame`), pretty-printed by roce-wire

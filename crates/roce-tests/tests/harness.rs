@@ -263,3 +263,47 @@ fn runs_are_deterministic() {
     assert_eq!(r1, run(5));
     assert_ne!(r1, run(6));
 }
+
+/// The harness clock (issue #10): `drive_for(d)` never moves past `now + d`. Every frame B sends is lost, so A's
+/// local ACK timer (14 → 67.1 ms) is pending; a 5 ms run ends at 5 ms with the timer neither fired nor jumped over
+/// (the clock used to be left at 67.1 ms, so whatever the test did next happened after the timeout). `advance`
+/// lets exactly that much time pass, also over an idle network.
+#[test]
+fn drive_for_stops_at_its_end_before_a_later_timer() {
+    let mut p = Pair::new();
+    let (a, b) = connect(&mut p, &ConnOpts::default());
+    let ma = reg(&mut p, a, 4096, |_| 1);
+    let mb = reg(&mut p, b, 4096, |_| 0);
+    p.faults(1).set_tx_faults(FaultConfig {
+        loss: 1.0,
+        ..FaultConfig::default()
+    });
+    let sg = [sge(&ma, 0, 100)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: mb.addr,
+        rkey: mb.rkey,
+    };
+    p.a()
+        .post_send(a.qpn, &[SendWr::new(1, write, &sg)])
+        .unwrap();
+    let t0 = p.now;
+    p.drive_for(Duration::from_millis(5));
+    assert_eq!(p.now, t0 + Duration::from_millis(5));
+    assert_eq!(p.counters(0).local_ack_timeout_err, 0);
+    p.drive_for(Duration::from_millis(70));
+    assert_eq!(p.counters(0).local_ack_timeout_err, 1);
+    let sends: Vec<Instant> = p
+        .captured
+        .iter()
+        .filter(|c| c.from == 0)
+        .map(|c| c.at)
+        .collect();
+    assert_eq!(sends.len(), 2);
+    assert_eq!(sends[1] - sends[0], Duration::from_nanos(4096 << 14));
+    let mut q = Pair::new();
+    let t = q.now;
+    q.drive_for(Duration::from_millis(1));
+    assert_eq!(q.now, t, "idle: drive_for returns at once");
+    q.advance(Duration::from_millis(1));
+    assert_eq!(q.now, t + Duration::from_millis(1));
+}

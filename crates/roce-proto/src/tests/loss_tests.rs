@@ -789,7 +789,7 @@ fn s18_cnp_only_for_ce_and_paced() {
     );
     assert_eq!(&f[54..70], &[0u8; 16]);
     // After the interval another CE packet produces another CNP.
-    p.now += Duration::from_micros(60);
+    p.advance(Duration::from_micros(60));
     p.a.post_send(a.qpn, &wrs[..1]).unwrap();
     p.drive();
     assert_eq!(p.b.counters().np_cnp_sent, 3);

@@ -646,3 +646,53 @@ fn destroy_ah_busy_while_used() {
     assert!(p.a.destroy_ah(ah).is_ok());
     assert!(p.a.destroy_ah(ah).is_err());
 }
+
+/// The harness clock (issue #10): `drive_for(d)` never moves past `now + d`. Every ACK is lost, so the requester's
+/// local ACK timer (14 → 67.1 ms) is pending; a 5 ms run ends at 5 ms with the timer neither fired nor jumped over
+/// (it used to leave the clock at 67.1 ms, so whatever the test did next happened after the timeout). `advance`
+/// lets time pass even over an idle network.
+#[test]
+fn drive_for_stops_at_its_end_before_a_later_timer() {
+    let mut p = Pair::new();
+    let (a, b) = connect(&mut p, &ConnOpts::default());
+    let ma = mr(&mut p.a, a.pd, 4096, |_| 1);
+    let mb = mr(&mut p.b, b.pd, 4096, |_| 0);
+    p.filter = Box::new(|d, _| d == Dir::AtoB);
+    let sg = [sge(&ma, 0, 100)];
+    p.a.post_send(
+        a.qpn,
+        &[SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: mb.addr,
+                rkey: mb.rkey,
+            },
+            &sg,
+        )],
+    )
+    .unwrap();
+    let t0 = p.now;
+    p.drive_for(std::time::Duration::from_millis(5));
+    assert_eq!(p.now, t0 + std::time::Duration::from_millis(5));
+    assert_eq!(p.a.counters().local_ack_timeout_err, 0);
+    p.drive_for(std::time::Duration::from_millis(70));
+    assert_eq!(p.a.counters().local_ack_timeout_err, 1);
+    let sends: Vec<Instant> = p
+        .captured
+        .iter()
+        .filter(|c| c.1 == Dir::AtoB)
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(sends.len(), 2);
+    assert_eq!(
+        sends[1] - sends[0],
+        std::time::Duration::from_nanos(4096 << 14)
+    );
+    // Idle network: `drive_for` returns at once, `advance` lets the time pass.
+    let mut q = Pair::new();
+    let t = q.now;
+    q.drive_for(std::time::Duration::from_millis(1));
+    assert_eq!(q.now, t);
+    q.advance(std::time::Duration::from_millis(1));
+    assert_eq!(q.now, t + std::time::Duration::from_millis(1));
+}

@@ -89,8 +89,15 @@ impl Pair {
         n
     }
 
-    /// One step: transmit, deliver what is due, fire due timers. Returns false when nothing can happen any more.
+    /// One step: transmit, deliver what is due, fire due timers; when nothing is left at `now`, move the clock to
+    /// the next event. Returns false when nothing can happen any more.
     pub fn step(&mut self) -> bool {
+        self.step_within(None, false)
+    }
+
+    /// [`Pair::step`] whose clock never passes `horizon`, and moves to it over an idle network if
+    /// `idle_passes_time` ([`time::next_virtual_instant`]); false once nothing is left to do before it.
+    pub fn step_within(&mut self, horizon: Option<Instant>, idle_passes_time: bool) -> bool {
         self.transmit();
         // Deliver frames due now.
         let mut delivered = false;
@@ -115,7 +122,7 @@ impl Pair {
         if self.transmit() > 0 {
             return true;
         }
-        // Advance the clock to the next event.
+        // Advance the clock to the next event, never past the horizon.
         let next = [
             self.wire.front().map(|w| w.0),
             self.a.poll_timeout(),
@@ -124,30 +131,45 @@ impl Pair {
         .into_iter()
         .flatten()
         .min();
-        match next {
+        match time::next_virtual_instant(self.now, next, horizon, idle_passes_time) {
             Some(t) => {
-                if t > self.now {
-                    self.now = t;
-                }
+                self.now = t;
                 true
             }
             None => false,
         }
     }
 
-    /// Runs until idle or until `limit` of virtual time has passed since the call.
+    /// Runs until idle or until `limit` of virtual time has passed, whichever comes first. The clock never passes
+    /// `now + limit`: a timer due after it has neither fired nor been jumped over, so a test can observe the state
+    /// just before a retransmission.
     pub fn drive_for(&mut self, limit: Duration) {
-        let end = self.now + limit;
+        self.run_to(self.now + limit, false);
+    }
+
+    /// Lets exactly `d` of virtual time pass (a real-time step): every frame and timer due within it is handled on
+    /// time, and the clock ends at `now + d` even if the network goes idle earlier.
+    pub fn advance(&mut self, d: Duration) {
+        self.run_to(self.now + d, true);
+    }
+
+    fn run_to(&mut self, end: Instant, idle_passes_time: bool) {
         let mut guard = 0u64;
-        while self.now <= end && self.step() {
+        while self.step_within(Some(end), idle_passes_time) {
             guard += 1;
             assert!(guard < 50_000_000, "livelock");
         }
     }
 
-    /// Runs until idle (bounded by 10 s of virtual time).
+    /// Runs until idle: the clock jumps from event to event (timers included) until nothing is pending, bounded by
+    /// 10 s of virtual time.
     pub fn drive(&mut self) {
-        self.drive_for(Duration::from_secs(10));
+        let end = self.now + Duration::from_secs(10);
+        let mut guard = 0u64;
+        while self.now <= end && self.step() {
+            guard += 1;
+            assert!(guard < 50_000_000, "livelock");
+        }
     }
 }
 
