@@ -221,10 +221,29 @@ fn prefix(number: u64, ts: Duration, t0: Duration) -> String {
     format!("{number:>5} {}.{:06}", rel.as_secs(), rel.subsec_micros())
 }
 
+/// The frame's IP addresses.
+fn ips(p: &ParsedFrame<'_>) -> (IpAddr, IpAddr) {
+    match p.repr.ip {
+        IpRepr::Ipv4(ip) => (ip.src_addr.into(), ip.dst_addr.into()),
+        IpRepr::Ipv6(ip) => (ip.src_addr.into(), ip.dst_addr.into()),
+    }
+}
+
+/// `src:port > dst:port` as tcpdump writes it (IPv6 addresses in brackets).
+fn endpoints(p: &ParsedFrame<'_>) -> String {
+    let (src, dst) = ips(p);
+    let (sp, dp) = (p.repr.udp.src_port, p.repr.udp.dst_port);
+    format!(
+        "{} > {}",
+        std::net::SocketAddr::new(src, sp),
+        std::net::SocketAddr::new(dst, dp)
+    )
+}
+
 fn text_line(number: u64, ts: Duration, t0: Duration, p: &ParsedFrame<'_>, frame: &[u8]) -> String {
-    // roce-wire's one-line printer, e.g. `RC SEND_FIRST qp=0x000012 psn=100 A=0 pad=0
-    // len=256 icrc=ok`; a failed ICRC gets the stored and computed values appended.
-    let mut line = format!("{} {p}", prefix(number, ts, t0));
+    // The addresses, then roce-wire's one-line printer, e.g. `10.0.0.1:49152 > 10.0.0.2:4791 RC SEND_FIRST
+    // qp=0x000012 psn=100 A=0 pad=0 len=256 icrc=ok`; a failed ICRC gets the stored and computed values appended.
+    let mut line = format!("{} {} {p}", prefix(number, ts, t0), endpoints(p));
     if !p.icrc_ok {
         let _ = write!(line, " ({})", icrc_mismatch(p, frame));
     }
@@ -256,10 +275,7 @@ fn json_good(number: u64, ts: Duration, p: &ParsedFrame<'_>, frame: &[u8]) -> Va
     o.insert("fecn".into(), json!(r.bth.fecn));
     o.insert("pad".into(), json!(r.bth.pad_count));
     o.insert("pkey".into(), json!(r.bth.pkey));
-    let (src, dst): (IpAddr, IpAddr) = match r.ip {
-        IpRepr::Ipv4(ip) => (ip.src_addr.into(), ip.dst_addr.into()),
-        IpRepr::Ipv6(ip) => (ip.src_addr.into(), ip.dst_addr.into()),
-    };
+    let (src, dst) = ips(p);
     o.insert("ip_version".into(), json!(r.ip.version()));
     o.insert("src_ip".into(), json!(src.to_string()));
     o.insert("dst_ip".into(), json!(dst.to_string()));

@@ -14,8 +14,6 @@
 //!
 //! * `cc trace --profile paper|ns3_mlx|nvidia --cnp-us T1,T2,... [--plot FILE.svg]` — the DCQCN reaction point
 //!   driven through a CNP schedule, JSON in the schema of `../shared/dcqcn/rp_reference.py` (see [`cc`]).
-//!
-//! `stats` will be added as a further subcommand.
 
 mod bench;
 mod capture;

@@ -274,6 +274,28 @@ fn vectors_pcap_matches_vectors_json() {
 }
 
 #[test]
+fn text_lines_name_addresses_and_ports() {
+    // The text lines omitted them; each now carries what --json reports, tcpdump style.
+    let file = shared().join("spec/vectors.pcap");
+    let text = stdout_lines(&decode(&file, false));
+    let json = stdout_lines(&decode(&file, true));
+    assert_eq!(text.len(), json.len());
+    for (t, j) in text.iter().zip(&json) {
+        let v: Value = serde_json::from_str(j).expect("json");
+        let sock = |ip: &Value, port: &Value| {
+            let ip: std::net::IpAddr = ip.as_str().expect("ip").parse().expect("ip");
+            std::net::SocketAddr::new(ip, port.as_u64().expect("port") as u16).to_string()
+        };
+        let want = format!(
+            " {} > {} ",
+            sock(&v["src_ip"], &v["udp_sport"]),
+            sock(&v["dst_ip"], &v["udp_dport"])
+        );
+        assert!(t.contains(&want), "{want:?} missing from {t:?}");
+    }
+}
+
+#[test]
 fn vectors_text_output_is_one_line_per_packet() {
     let vecs = vectors();
     let out = decode(&shared().join("spec/vectors.pcap"), false);

@@ -406,7 +406,10 @@ fn metrics_are_served_while_running() {
             let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
             let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
             let _ = s.read_to_string(&mut body);
-            if body.contains("rocev2_sent_pkts_total{side=\"client\"}") {
+            // Both ends of the loopback run (only the client was exported before).
+            if body.contains("rocev2_sent_pkts_total{side=\"client\"}")
+                && body.contains("rocev2_sent_pkts_total{side=\"server\"}")
+            {
                 break;
             }
             body.clear();
@@ -416,6 +419,10 @@ fn metrics_are_served_while_running() {
     let status = child.wait().expect("wait");
     assert!(status.success());
     assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    assert!(
+        body.contains("rocev2_rcvd_pkts_total{side=\"server\"}"),
+        "the loopback server is not exported: {body}"
+    );
     assert!(body.contains("# TYPE rocev2_sent_pkts counter"), "{body}");
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
 }
@@ -567,4 +574,196 @@ fn busy_roce_port_is_a_clear_error() {
         "took {:?}",
         t0.elapsed()
     );
+}
+
+#[test]
+fn sim_link_banner_names_the_simulated_segment() {
+    let _serial = serial();
+    // It said "Ethernet (UDP 4791)" for the in-memory segment.
+    let out = rocev2(&[
+        "perf",
+        "write-bw",
+        "--loopback",
+        "--link",
+        "sim",
+        "-n",
+        "20",
+    ]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    let link = s
+        .lines()
+        .find(|l| l.trim_start().starts_with("Link type"))
+        .expect("a Link type line");
+    assert!(
+        link.contains("simulated segment") && !link.contains("UDP"),
+        "{link}"
+    );
+}
+
+#[test]
+fn stats_blocks_come_client_first_every_time() {
+    let _serial = serial();
+    // The in-process server printed its blocks when its thread ended, before or after the client's.
+    for run in 0..4 {
+        let ips = ips(122);
+        let out = rocev2(&[
+            "perf",
+            "send-bw",
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "-s",
+            "64",
+            "-n",
+            "20",
+            "--stats",
+        ]);
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{s}");
+        let order: Vec<usize> = [
+            "engine counters (client):",
+            "udp link counters (client):",
+            "engine counters (server):",
+            "udp link counters (server):",
+        ]
+        .iter()
+        .map(|h| {
+            s.find(h)
+                .unwrap_or_else(|| panic!("run {run}: no `{h}` in:\n{s}"))
+        })
+        .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "run {run}: {order:?}\n{s}"
+        );
+    }
+}
+
+#[test]
+fn link_byte_counters_count_frames_on_both_sides() {
+    let _serial = serial();
+    // tx_bytes counted UDP payload, rx_bytes whole frames: the two ends of one loopback run disagreed.
+    let ips = ips(123);
+    let out = rocev2(&[
+        "perf",
+        "write-bw",
+        "--loopback",
+        "--loopback-ips",
+        &ips,
+        "-s",
+        "3000",
+        "-n",
+        "50",
+        "--stats",
+    ]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    let value = |header: &str, name: &str| -> u64 {
+        let sec = &s[s
+            .find(header)
+            .unwrap_or_else(|| panic!("no {header}:\n{s}"))..];
+        sec.lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .find_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some(name)).then(|| w.next().and_then(|v| v.parse().ok()))?
+            })
+            .unwrap_or(0)
+    };
+    let (ctx, srx) = (
+        value("udp link counters (client):", "tx_bytes"),
+        value("udp link counters (server):", "rx_bytes"),
+    );
+    let (crx, stx) = (
+        value("udp link counters (client):", "rx_bytes"),
+        value("udp link counters (server):", "tx_bytes"),
+    );
+    assert!(ctx > 0 && stx > 0, "{s}");
+    assert_eq!(ctx, srx, "client tx vs server rx:\n{s}");
+    assert_eq!(stx, crx, "server tx vs client rx:\n{s}");
+    assert_eq!(ctx, value("engine counters (client):", "sent_bytes"), "{s}");
+}
+
+#[test]
+fn a_standalone_server_prints_the_header_block() {
+    let _serial = serial();
+    // perftest's server prints the test's header and the address block; rocev2's printed only the table.
+    let dir = common::scratch("server-banner");
+    let port = TcpListener::bind("127.0.124.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let p = port.to_string();
+    let argv = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            common::bin(),
+            "perf",
+            "read-bw",
+            "-p",
+            &p,
+            "--timeout",
+            "20",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        v.extend(extra.iter().map(|s| (*s).to_owned()));
+        v
+    };
+    let mut srv = common::Proc::spawn("server", &dir, &argv(&["--ip", "127.0.124.1"]));
+    common::wait_socket(
+        &mut srv,
+        "tcp",
+        [127, 0, 124, 1],
+        port,
+        Duration::from_secs(10),
+    );
+    let cli = common::Proc::spawn(
+        "client",
+        &dir,
+        &argv(&[
+            "127.0.124.1",
+            "--ip",
+            "127.0.124.2",
+            "-n",
+            "20",
+            "-s",
+            "1024",
+        ]),
+    )
+    .wait(Duration::from_secs(30));
+    let srv = srv.wait(Duration::from_secs(30));
+    assert!(cli.status.success(), "{cli}");
+    assert!(srv.status.success(), "{srv}");
+    for want in [
+        "RDMA_Read BW Test",
+        "Connection type : RC",
+        "Mtu             : 4096[B]",
+        " local address: LID 0000 QPN 0x",
+        " remote address: LID 0000 QPN 0x",
+        " GID: 00:00:00:00:00:00:00:00:00:00:255:255:127:00:124:01",
+        "#bytes     #iterations",
+    ] {
+        assert!(
+            srv.stdout.contains(want),
+            "`{want}` not in the server's output:\n{srv}"
+        );
+        assert!(
+            cli.stdout.contains(want),
+            "`{want}` not in the client's output:\n{cli}"
+        );
+    }
+}
+
+#[test]
+fn top_level_help_lists_what_is_there() {
+    let out = rocev2(&["--help"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!s.contains("later"), "{s}");
+    for cmd in ["decode", "perf", "pingpong"] {
+        assert!(s.contains(cmd), "{cmd} missing: {s}");
+    }
 }

@@ -74,6 +74,8 @@ struct Session {
     buf: MrBuf,
     ah: Option<Ah>,
     remote: PeerInfo,
+    /// This side's QP records (as sent to the peer).
+    local: Vec<QpRecord>,
     r: u64,
     k: u64,
     p: Params,
@@ -83,6 +85,48 @@ struct Session {
 impl Session {
     fn slot_off(&self, s: u64) -> u64 {
         self.r * (1 + s % self.k)
+    }
+
+    /// perftest's address block: the rule, then per QP a `local address:` and a `remote address:` line (LID, QPN,
+    /// PSN; READ also the outstanding READs; READ and WRITE the RKey and VAddr) each followed by its GID in decimal
+    /// bytes, as perftest's `ctx_print_pingpong_data` prints them (the table header's rule closes it).
+    fn address_block(&self) -> String {
+        let verb_rdma = matches!(
+            self.p.test,
+            Test::ReadBw | Test::ReadLat | Test::WriteBw | Test::WriteLat
+        );
+        let is_read = matches!(self.p.test, Test::ReadBw | Test::ReadLat);
+        let line = |side: &str, q: &QpRecord, rkey: u32, va: u64, gid: &[u8; 16]| {
+            let mut l = format!(
+                " {side} address: LID 0000 QPN {:#06x} PSN {:#06x}",
+                q.qpn, q.psn
+            );
+            if is_read {
+                // The outstanding READs each QP is connected with (`ConnectOpts` default, as `setup` uses).
+                l.push_str(&format!(" OUT {:#04x}", ConnectOpts::default().rd_atomic));
+            }
+            if verb_rdma {
+                l.push_str(&format!(" RKey {rkey:#08x} VAddr {va:#016x}"));
+            }
+            let g: Vec<String> = gid.iter().map(|b| format!("{b:02}")).collect();
+            format!("{l}\n GID: {}\n", g.join(":"))
+        };
+        let cfg = self.pd.context().config();
+        let my_gid = cfg.gids.first().copied().unwrap_or_default().0;
+        let mut out = format!("{}\n", report::footer());
+        for (i, q) in self.local.iter().enumerate() {
+            out.push_str(&line("local", q, self.mr.rkey().0, self.mr.addr(), &my_gid));
+            if let Some(r) = self.remote.qps.get(i) {
+                out.push_str(&line(
+                    "remote",
+                    r,
+                    self.remote.rkey,
+                    self.remote.va,
+                    &self.remote.gid,
+                ));
+            }
+        }
+        out
     }
 
     fn remote_qpn(&self, i: usize) -> Qpn {
@@ -254,8 +298,9 @@ pub fn run_side(
         }
     };
     let mut s = r;
-    if is_client && out.print && !out.json {
-        super::print_banner(&s.p, ctx, o);
+    if out.print && !out.json {
+        super::print_banner(&s.p, ctx, o, out.link);
+        print!("{}", s.address_block());
     }
     if out.print && !out.json {
         println!(
@@ -438,6 +483,7 @@ fn setup(
         buf,
         ah,
         remote,
+        local: recs,
         r,
         k,
         // The path MTU both sides use from here on (the banner shows it).

@@ -161,15 +161,23 @@ fn check_test(a: &PerfArgs, p: &Params) -> Result<(), String> {
 }
 
 /// Entry point for `--perftest-compat` (client when an address is given, else server).
-pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> {
+pub(super) fn run(
+    a: &PerfArgs,
+    p: &Params,
+    out: &Output,
+    devices: &super::Devices,
+) -> Result<(), String> {
     check_test(a, p)?;
     let timeout = super::oob_timeout(a);
     let mut x = match &a.address {
-        Some(host) => PerftestExchange::connect(host, a.port, a.ip, timeout).map_err(|e| {
-            format!(
-                "{e} (is a perftest server, or `rocev2 perf --perftest-compat`, running there?)"
-            )
-        })?,
+        Some(host) => {
+            PerftestExchange::connect(host, a.port, a.ip, timeout).map_err(|e| match e {
+                crate::oob::OobError::Resolve { .. } => e.to_string(),
+                _ => format!(
+                    "{e} (is a perftest server, or `rocev2 perf --perftest-compat`, running there?)"
+                ),
+            })?
+        }
         None => {
             let ip = a.ip.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
             let l = TcpListener::bind((ip, a.port))
@@ -202,6 +210,11 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
         a.seed.wrapping_mul(2).wrapping_add(u64::from(is_client)),
         true,
     )?;
+    devices.add(
+        if is_client { "client" } else { "server" },
+        &ctx,
+        Some(&link_stats),
+    );
     let geo = Geometry::new(p, u64::from(cycle), u64::from(cache_line));
     let r = super::dcqcn::with_rate_log(&a.cc, &ctx, true, || {
         session(
@@ -216,16 +229,7 @@ pub(super) fn run(a: &PerfArgs, p: &Params, out: &Output) -> Result<(), String> 
             out,
         )
     });
-    let r = super::with_rx_hint(r, rx, &link_stats);
-    if a.stats {
-        super::print_stats(
-            if is_client { "client" } else { "server" },
-            &ctx,
-            Some(&link_stats),
-            a.json,
-        );
-    }
-    r
+    super::with_rx_hint(r, rx, &link_stats)
 }
 
 fn mtu_of_enum(e: u8) -> Mtu {

@@ -43,6 +43,10 @@ pub fn render(devices: &[(String, Context)]) -> String {
     out
 }
 
+/// Where the responder finds the devices to export at each scrape (`(side label, device)` pairs; a perf run adds
+/// its devices as it opens them).
+pub type DeviceSource = Arc<dyn Fn() -> Vec<(String, Context)> + Send + Sync>;
+
 /// The responder thread; stops when dropped.
 #[derive(Debug)]
 pub struct MetricsServer {
@@ -52,8 +56,8 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Binds `addr` and starts serving.
-    pub fn start(addr: &str, devices: Vec<(String, Context)>) -> std::io::Result<MetricsServer> {
+    /// Binds `addr` and starts serving the devices `devices` returns at each scrape.
+    pub fn start(addr: &str, devices: DeviceSource) -> std::io::Result<MetricsServer> {
         let l = TcpListener::bind(addr)?;
         let local = l.local_addr()?;
         l.set_nonblocking(true)?;
@@ -64,7 +68,7 @@ impl MetricsServer {
             .spawn(move || {
                 while !st.load(Ordering::Relaxed) {
                     match l.accept() {
-                        Ok((s, _)) => serve(s, &devices),
+                        Ok((s, _)) => serve(s, &devices()),
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(20));
                         }

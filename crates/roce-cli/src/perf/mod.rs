@@ -28,7 +28,7 @@ use std::io::BufWriter;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -756,6 +756,16 @@ pub struct Output {
     pub events: Option<Moderation>,
     /// Register the test buffer on huge pages (`--use_hugepages`).
     pub hugepages: bool,
+    /// The banner's link type.
+    pub link: &'static str,
+}
+
+/// The device name in banners: `rocev2` and its RoCE address (`rocev2 devinfo` lists the same).
+fn devinfo_name(ctx: &Context) -> String {
+    match ctx.gid(0).and_then(|g| g.as_ipv4()) {
+        Some(v4) => format!("rocev2 ({})", Ipv4Addr::from(v4)),
+        None => format!("rocev2 ({})", ctx.gid(0).unwrap_or_default()),
+    }
 }
 
 /// Faults of this side's link: `(transmitted frames, received frames)`.
@@ -953,6 +963,11 @@ pub fn run(a: &PerfArgs) -> ExitCode {
     }
     let out = Output {
         print: true,
+        link: if a.loopback && a.link == LinkKind::Sim {
+            "simulated segment (in memory, --link sim; 100 Gb/s, 1 us)"
+        } else {
+            "Ethernet (RoCE v2, UDP 4791)"
+        },
         json: a.json,
         gbits: a.report_gbits,
         hugepages: a.use_hugepages,
@@ -970,15 +985,27 @@ pub fn run(a: &PerfArgs) -> ExitCode {
             "rocev2 perf: -x is accepted; the GID in use is the IPv4-mapped GID of the local address"
         );
     }
-    let r = if a.perftest_compat {
-        compat::run(a, &params, &out)
-    } else if a.loopback {
-        loopback(a, &params, &out)
-    } else if let Some(addr) = &a.address {
-        client(a, &params, addr, &out, None)
-    } else {
-        server(a, &out, None)
+    let devices = Devices::default();
+    let metrics = match start_metrics(a, &devices) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("rocev2 perf: {e}");
+            return ExitCode::from(1);
+        }
     };
+    let r = if a.perftest_compat {
+        compat::run(a, &params, &out, &devices)
+    } else if a.loopback {
+        loopback(a, &params, &out, &devices)
+    } else if let Some(addr) = &a.address {
+        client(a, &params, addr, &out, None, &devices)
+    } else {
+        server(a, &out, None, &devices)
+    };
+    drop(metrics);
+    if a.stats {
+        devices.print_stats(a.json);
+    }
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -1028,7 +1055,7 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
     }
 }
 
-fn loopback(a: &PerfArgs, params: &Params, out: &Output) -> Result<(), String> {
+fn loopback(a: &PerfArgs, params: &Params, out: &Output, devices: &Devices) -> Result<(), String> {
     let (srv_ip, cli_ip) = match a.loopback_ips.as_slice() {
         [s, c] => (*s, *c),
         _ => return Err("--loopback-ips takes two addresses".into()),
@@ -1059,12 +1086,13 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output) -> Result<(), String> {
         print: false,
         ..out.clone()
     };
+    let srv_devices = devices.clone();
     let server = std::thread::Builder::new()
         .name("perf-server".into())
         .spawn(move || {
             let mut o =
                 Oob::accept(&listener, Some(timeout), timeout).map_err(|e| e.to_string())?;
-            server_session(&srv_args, &srv_out, &mut o, srv_sim)
+            server_session(&srv_args, &srv_out, &mut o, srv_sim, &srv_devices)
         })
         .map_err(|e| e.to_string())?;
     let mut client_args = a.clone();
@@ -1076,6 +1104,7 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output) -> Result<(), String> {
         &srv_ip.to_string(),
         out,
         sim.map(|(_, c)| c),
+        devices,
     );
     let sr = server
         .join()
@@ -1087,7 +1116,12 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output) -> Result<(), String> {
     }
 }
 
-fn server(a: &PerfArgs, out: &Output, sim: Option<Context>) -> Result<(), String> {
+fn server(
+    a: &PerfArgs,
+    out: &Output,
+    sim: Option<Context>,
+    devices: &Devices,
+) -> Result<(), String> {
     let ip = a.ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     let listener = TcpListener::bind((ip, a.port))
         .map_err(|e| format!("listening on {ip}:{}: {e}", a.port))?;
@@ -1096,10 +1130,11 @@ fn server(a: &PerfArgs, out: &Output, sim: Option<Context>) -> Result<(), String
             "************************************\n* Waiting for client to connect... *\n************************************"
         );
     }
-    // Wait up to an hour for a client; once one is connected, every read is bounded by --timeout.
+    // Wait for a client (no longer than --timeout if given); once one is connected, every read is bounded by
+    // --timeout.
     let mut o =
         Oob::accept(&listener, accept_timeout(a), oob_timeout(a)).map_err(|e| e.to_string())?;
-    server_session(a, out, &mut o, sim)
+    server_session(a, out, &mut o, sim, devices)
 }
 
 fn server_session(
@@ -1107,6 +1142,7 @@ fn server_session(
     out: &Output,
     o: &mut Oob,
     sim: Option<Context>,
+    devices: &Devices,
 ) -> Result<(), String> {
     let hello = o.hello(None).map_err(|e| e.to_string())?;
     let mut params = match Params::from_json(&hello) {
@@ -1141,41 +1177,80 @@ fn server_session(
             }
         }
     };
-    let _metrics = start_metrics(a, &[("server", &ctx)], !a.loopback)?;
+    devices.add("server", &ctx, link.as_ref().map(|(s, _)| s));
     let mut r = dcqcn::with_rate_log(&a.cc, &ctx, !a.loopback, || {
         bench::run_side(&ctx, &params, o, false, out)
     });
     if let Some((s, rx)) = &link {
         r = with_rx_hint(r, *rx, s);
     }
-    if a.stats {
-        print_stats("server", &ctx, link.as_ref().map(|(s, _)| &**s), a.json);
-    }
     r
 }
 
+/// One device of this run, with its UDP link's counters.
+struct RunDevice {
+    side: &'static str,
+    ctx: Context,
+    link: Option<Arc<SharedUdpStats>>,
+}
+
+/// The devices of this run (one; two with `--loopback`), added by each side as it opens its own: `--metrics`
+/// exports all of them while the run goes on, `--stats` prints them once the run has ended, client first.
+#[derive(Clone, Default)]
+pub(crate) struct Devices(Arc<Mutex<Vec<RunDevice>>>);
+
+impl Devices {
+    fn add(&self, side: &'static str, ctx: &Context, link: Option<&Arc<SharedUdpStats>>) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(RunDevice {
+                side,
+                ctx: ctx.clone(),
+                link: link.cloned(),
+            });
+        }
+    }
+
+    /// `(side, device)` pairs, client first.
+    fn list(&self) -> Vec<(String, Context)> {
+        let mut v: Vec<(String, Context)> = self
+            .0
+            .lock()
+            .map(|v| {
+                v.iter()
+                    .map(|d| (d.side.to_owned(), d.ctx.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// `--stats` for every device, client first (the order is fixed, whichever side ended first).
+    fn print_stats(&self, json: bool) {
+        let Ok(mut v) = self.0.lock() else { return };
+        v.sort_by_key(|d| d.side);
+        for d in v.iter() {
+            print_stats(d.side, &d.ctx, d.link.as_deref(), json);
+        }
+    }
+}
+
+/// `--metrics ADDR`: serves the devices of this run while it goes on.
 fn start_metrics(
     a: &PerfArgs,
-    devs: &[(&str, &Context)],
-    enabled: bool,
+    devices: &Devices,
 ) -> Result<Option<metrics::MetricsServer>, String> {
-    match (&a.metrics, enabled) {
-        (Some(addr), true) => {
-            let m = metrics::MetricsServer::start(
-                addr,
-                devs.iter()
-                    .map(|(s, c)| ((*s).to_owned(), (*c).clone()))
-                    .collect(),
-            )
-            .map_err(|e| format!("--metrics {addr}: {e}"))?;
-            eprintln!(
-                "rocev2 perf: serving metrics on http://{}/metrics",
-                m.addr()
-            );
-            Ok(Some(m))
-        }
-        _ => Ok(None),
-    }
+    let Some(addr) = &a.metrics else {
+        return Ok(None);
+    };
+    let d = devices.clone();
+    let m = metrics::MetricsServer::start(addr, Arc::new(move || d.list()))
+        .map_err(|e| format!("--metrics {addr}: {e}"))?;
+    eprintln!(
+        "rocev2 perf: serving metrics on http://{}/metrics",
+        m.addr()
+    );
+    Ok(Some(m))
 }
 
 fn client(
@@ -1184,6 +1259,7 @@ fn client(
     host: &str,
     out: &Output,
     sim: Option<Context>,
+    devices: &Devices,
 ) -> Result<(), String> {
     let timeout = oob_timeout(a);
     let mut o = Oob::connect(host, a.port, a.ip, timeout).map_err(|e| match &e {
@@ -1225,24 +1301,26 @@ fn client(
             }
         }
     };
-    let _metrics = start_metrics(a, &[("client", &ctx)], true)?;
+    devices.add("client", &ctx, link.as_ref().map(|(s, _)| s));
     let mut r = dcqcn::with_rate_log(&a.cc, &ctx, true, || {
         bench::run_side(&ctx, params, &mut o, true, out)
     });
     if let Some((s, rx)) = &link {
         r = with_rx_hint(r, *rx, s);
     }
-    if a.stats {
-        print_stats("client", &ctx, link.as_ref().map(|(s, _)| &**s), a.json);
-    }
     r
 }
 
-/// The client's banner (printed by `bench::run_side` once the exchange has settled the MTU both sides use).
-fn print_banner(p: &Params, ctx: &Context, o: &Oob) {
+/// The banner of either side, perftest's header block (printed by `bench::run_side` once the exchange has settled
+/// the MTU both sides use; the address block follows it). `link` names the link (`--link`).
+fn print_banner(p: &Params, ctx: &Context, o: &Oob, link: &str) {
     let gid = ctx.gid(0).unwrap_or_default();
     println!("{}", report::footer());
     println!("                    {}", p.test.title());
+    println!(
+        " Dual-port       : OFF\t\tDevice         : {}",
+        devinfo_name(ctx)
+    );
     println!(
         " Number of qps   : {}\t\tTransport type : IB (RoCE v2, rocev2 software RNIC)",
         p.qps
@@ -1257,7 +1335,7 @@ fn print_banner(p: &Params, ctx: &Context, o: &Oob) {
         println!(" Post List       : {}", p.post_list);
     }
     println!(" Mtu             : {}[B]", p.mtu.bytes());
-    println!(" Link type       : Ethernet (UDP 4791)");
+    println!(" Link type       : {link}");
     println!(" GID index       : 0 ({gid})");
     println!(" Max inline data : {}[B]", p.inline);
     println!(

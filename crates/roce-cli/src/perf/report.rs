@@ -131,16 +131,29 @@ fn bw_unit(bytes_per_sec: f64, gbits: bool) -> f64 {
     }
 }
 
-/// One table line.
+/// One table line, in perftest's column layout (its `REPORT_FMT`: left-aligned fields of 7 and 10 characters with
+/// the same gaps, so the values sit under the header's words); with `--report_gbits` an average below 0.1 Gb/s gets
+/// six decimals, as perftest's `REPORT_FMT_EXT`.
 pub fn bw_line(r: &BwResult, gbits: bool) -> String {
-    format!(
-        " {:<10} {:<10}       {:.2}            {:.2}  \t\t   {:.6}",
-        r.size,
-        r.iterations,
+    let (peak, avg) = (
         bw_unit(r.peak_bps, gbits),
         bw_unit(r.avg_bytes_per_sec(), gbits),
-        r.msg_rate_mpps()
-    )
+    );
+    if gbits && avg < 0.1 {
+        format!(
+            " {:<7}    {}           {peak:<7.6}            {avg:<7.6}            {:<7.6}",
+            r.size,
+            r.iterations,
+            r.msg_rate_mpps()
+        )
+    } else {
+        format!(
+            " {:<7}    {:<10}       {peak:<7.2}            {avg:<7.2}\t\t     {:<7.6}",
+            r.size,
+            r.iterations,
+            r.msg_rate_mpps()
+        )
+    }
 }
 
 /// Closing line of a table.
@@ -172,20 +185,12 @@ pub fn lat_header() -> String {
     )
 }
 
-/// One latency table line.
+/// One latency table line, in perftest's column layout (its `REPORT_FMT_LAT`).
 pub fn lat_line(size: u64, s: &LatStats) -> String {
     let [min, max, typ, avg, sd, p99, p999] = s.summary();
     format!(
-        " {:<7} {:<10}     {:<10.2}     {:<10.2}   {:<10.2}       {:<10.2}     {:<10.2}      {:<10.2}             {:<10.2}",
-        size,
+        " {size:<7} {}          {min:<7.2}        {max:<7.2}      {typ:<7.2}  \t       {avg:<7.2}     \t{sd:<7.2}\t\t{p99:<7.2} \t\t{p999:<7.2}",
         s.count(),
-        min,
-        max,
-        typ,
-        avg,
-        sd,
-        p99,
-        p999
     )
 }
 
@@ -227,6 +232,40 @@ mod tests {
         assert!(
             line.contains("2048.00") && line.contains("1000.00"),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn lines_have_perftest_layout() {
+        // The strings perftest prints for these values (its REPORT_FMT / REPORT_FMT_EXT / REPORT_FMT_LAT, checked
+        // with C-style printf).
+        let r = BwResult {
+            size: 65536,
+            iterations: 5000,
+            elapsed: Duration::from_secs(1),
+            peak_bps: 1234.5678 * (1 << 20) as f64,
+        };
+        assert_eq!(
+            bw_line(&r, false),
+            " 65536      5000             1234.57            312.50 \t\t     0.005000"
+        );
+        let slow = BwResult {
+            size: 2,
+            iterations: 5,
+            elapsed: Duration::from_secs(1),
+            peak_bps: 10.0,
+        };
+        assert_eq!(
+            bw_line(&slow, true),
+            " 2          5           0.000000            0.000000            0.000005"
+        );
+        let mut s = LatStats::new();
+        for v in [1000u64, 2000, 3000] {
+            s.record(v);
+        }
+        assert_eq!(
+            lat_line(2, &s),
+            " 2       3          1.00           3.00         2.00     \t       2.00        \t0.82   \t\t3.00    \t\t3.00   "
         );
     }
 
