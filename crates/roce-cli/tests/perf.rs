@@ -767,3 +767,31 @@ fn top_level_help_lists_what_is_there() {
         assert!(s.contains(cmd), "{cmd} missing: {s}");
     }
 }
+
+#[test]
+fn loopback_without_ips_picks_a_free_pair() {
+    let _serial = serial();
+    // Another run owns 127.0.0.2:4791 (here a plain socket): a second --loopback run failed with "in use".
+    let _other = std::net::UdpSocket::bind("127.0.0.2:4791").expect("bind 127.0.0.2:4791");
+    let out = rocev2(&[
+        "perf", "write-bw", "--loopback", "-n", "20", "-s", "64", "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("using 127.0.0.3 and 127.0.0.4"), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["verified"], true);
+    // An explicit pair that is taken says how to choose another.
+    let out = rocev2(&[
+        "perf",
+        "write-bw",
+        "--loopback",
+        "--loopback-ips",
+        "127.0.0.1,127.0.0.2",
+        "-n",
+        "20",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--loopback-ips A,B"), "{err}");
+}

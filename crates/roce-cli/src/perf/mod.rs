@@ -233,9 +233,10 @@ pub struct PerfArgs {
     /// Both ends in this process over UDP on 127.0.0.1 / 127.0.0.2.
     #[arg(long)]
     pub loopback: bool,
-    /// Server and client addresses for --loopback.
-    #[arg(long = "loopback-ips", value_delimiter = ',', default_values_t = [IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))])]
-    pub loopback_ips: Vec<IpAddr>,
+    /// Server and client addresses for --loopback (default: the first pair 127.0.0.1,127.0.0.2 / .3,.4 / ...
+    /// whose RoCE port 4791 is free, so runs at the same time do not collide).
+    #[arg(long = "loopback-ips", value_delimiter = ',')]
+    pub loopback_ips: Option<Vec<IpAddr>>,
     /// Link of --loopback.
     #[arg(long, value_enum, default_value = "udp")]
     pub link: LinkKind,
@@ -895,7 +896,8 @@ fn open_udp(
         .map_err(|e| {
             let chain = source_chain(&e);
             let hint = if chain.contains("in use") {
-                " (another RoCE stack or rocev2 run owns this address and port)"
+                " (another RoCE stack or rocev2 run owns this address and port; with --loopback, choose a free pair \
+                 with --loopback-ips A,B, or leave it out to get one)"
             } else {
                 ""
             };
@@ -1056,9 +1058,13 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
 }
 
 fn loopback(a: &PerfArgs, params: &Params, out: &Output, devices: &Devices) -> Result<(), String> {
-    let (srv_ip, cli_ip) = match a.loopback_ips.as_slice() {
-        [s, c] => (*s, *c),
-        _ => return Err("--loopback-ips takes two addresses".into()),
+    let (srv_ip, cli_ip) = match a.loopback_ips.as_deref() {
+        Some([s, c]) => (*s, *c),
+        Some(_) => return Err("--loopback-ips takes two addresses".into()),
+        None if a.link == LinkKind::Sim => {
+            (Ipv4Addr::new(127, 0, 0, 1).into(), Ipv4Addr::new(127, 0, 0, 2).into())
+        }
+        None => free_loopback_pair()?,
     };
     let timeout = oob_timeout(a);
     let listener =
@@ -1114,6 +1120,29 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output, devices: &Devices) -> R
         (Err(c), _) => Err(c),
         (Ok(()), Err(s)) => Err(format!("server side: {s}")),
     }
+}
+
+/// The first pair 127.0.0.(2k+1), 127.0.0.(2k+2) whose RoCE port (UDP 4791) is free on both addresses, probed by
+/// binding (a run that starts between the probe and the bind can still take it; its error then names the pair).
+/// Not the first pair gets a note on stderr.
+fn free_loopback_pair() -> Result<(IpAddr, IpAddr), String> {
+    let free = |ip: Ipv4Addr| std::net::UdpSocket::bind((ip, roce_wire::ROCE_V2_PORT)).is_ok();
+    for k in 0..127u8 {
+        let (s, c) = (
+            Ipv4Addr::new(127, 0, 0, 2 * k + 1),
+            Ipv4Addr::new(127, 0, 0, 2 * k + 2),
+        );
+        if free(s) && free(c) {
+            if k > 0 {
+                eprintln!(
+                    "rocev2 perf: note: UDP port 4791 of 127.0.0.1/127.0.0.2 is in use (another run?); using {s} and {c} \
+                     (--loopback-ips chooses the pair)"
+                );
+            }
+            return Ok((s.into(), c.into()));
+        }
+    }
+    Err("no loopback address pair 127.0.0.x with a free UDP port 4791; choose one with --loopback-ips A,B".into())
 }
 
 fn server(
