@@ -774,7 +774,14 @@ fn loopback_without_ips_picks_a_free_pair() {
     // Another run owns 127.0.0.2:4791 (here a plain socket): a second --loopback run failed with "in use".
     let _other = std::net::UdpSocket::bind("127.0.0.2:4791").expect("bind 127.0.0.2:4791");
     let out = rocev2(&[
-        "perf", "write-bw", "--loopback", "-n", "20", "-s", "64", "--json",
+        "perf",
+        "write-bw",
+        "--loopback",
+        "-n",
+        "20",
+        "-s",
+        "64",
+        "--json",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
@@ -794,4 +801,166 @@ fn loopback_without_ips_picks_a_free_pair() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--loopback-ips A,B"), "{err}");
+}
+
+#[test]
+fn bidirectional_bandwidth_verifies_both_directions() {
+    let _serial = serial();
+    for (i, (t, c)) in [
+        ("send-bw", "RC"),
+        ("write-bw", "RC"),
+        ("read-bw", "RC"),
+        ("atomic-bw", "RC"),
+        ("send-bw", "UD"),
+        ("write-bw", "UC"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut extra = vec!["-b", "-c", c, "-n", "200", "-q", "2"];
+        if !t.starts_with("atomic") && *c != "UD" {
+            extra.extend_from_slice(&["-s", "1500"]);
+        }
+        let v = loopback_json(t, 125 + i as u8, &extra);
+        assert_eq!(v.len(), 1, "{t} {c}");
+        assert_eq!(v[0]["bidirectional"], true, "{}", v[0]);
+        assert_eq!(v[0]["verified"], true, "{}", v[0]);
+        assert_eq!(v[0]["iterations"], 400, "{}", v[0]);
+        assert_eq!(v[0]["peer_iterations"], 400, "{}", v[0]);
+    }
+    // A corrupted byte on either side fails the run.
+    for t in ["write-bw", "send-bw", "read-bw", "atomic-bw"] {
+        let ips = ips(131);
+        let out = rocev2(&[
+            "perf",
+            t,
+            "-b",
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "-n",
+            "50",
+            "--json",
+            "--debug-corrupt-before-verify",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{t}: {err}");
+        assert!(err.contains("verification failed"), "{t}: {err}");
+    }
+}
+
+#[test]
+fn traffic_class_marks_every_packet() {
+    let _serial = serial();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let file = dir.join(format!("tclass-{}.pcap", std::process::id()));
+    let f = file.to_string_lossy().into_owned();
+    for (flag, value, dscp) in [("-T", "104", 26), ("--tclass", "184", 46)] {
+        for t in ["send-bw", "read-lat"] {
+            let v = loopback_json(
+                t,
+                132,
+                &["-s", "2000", "-n", "20", flag, value, "--pcap", &f],
+            );
+            assert_eq!(v[0]["verified"], true);
+            let out = rocev2(&["decode", "--json", &f]);
+            assert!(out.status.success());
+            let pkts: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("json"))
+                .collect();
+            assert!(pkts.len() >= 20, "{t}: {} packets", pkts.len());
+            // Both directions: requests and ACKs / responses.
+            assert!(pkts.iter().any(|p| p["dst_ip"] == "127.0.132.1"));
+            assert!(pkts.iter().any(|p| p["dst_ip"] == "127.0.132.2"));
+            for p in &pkts {
+                assert_eq!(p["dscp"], dscp, "{t} {flag} {value}: {p}");
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn output_levels_print_one_number_per_size() {
+    let _serial = serial();
+    for (t, level, extra) in [
+        ("write-bw", "bandwidth", &["-n", "50"][..]),
+        ("send-bw", "message_rate", &["-n", "50", "-a"][..]),
+        ("read-lat", "latency", &["-n", "20"][..]),
+    ] {
+        let ips = ips(133);
+        let mut args = vec![
+            "perf",
+            t,
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "--output",
+            level,
+        ];
+        args.extend_from_slice(extra);
+        let out = rocev2(&args);
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {s}");
+        let lines: Vec<&str> = s.lines().collect();
+        let want = if extra.contains(&"-a") { 23 } else { 1 };
+        assert_eq!(lines.len(), want, "{args:?}: {s}");
+        for l in lines {
+            let x: f64 = l
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("not a number: {l:?}"));
+            assert!(x > 0.0 && x.is_finite(), "{l}");
+        }
+    }
+}
+
+#[test]
+fn run_infinitely_reports_latency_percentiles_per_interval() {
+    let _serial = serial();
+    // --run_infinitely was refused for latency tests; now each -D interval prints a full latency line.
+    let dir = common::scratch("infinite");
+    let argv: Vec<String> = [
+        common::bin(),
+        "perf",
+        "send-lat",
+        "--loopback",
+        "--loopback-ips",
+        "127.0.134.1,127.0.134.2",
+        "--run_infinitely",
+        "-D",
+        "1",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let mut p = common::Proc::spawn("send-lat", &dir, &argv);
+    let t0 = Instant::now();
+    let lines = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let text = std::fs::read_to_string(dir.join("send-lat.out")).unwrap_or_default();
+        let lines: Vec<String> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("2 "))
+            .map(str::to_owned)
+            .collect();
+        if lines.len() >= 2 || t0.elapsed() > Duration::from_secs(20) || p.try_wait().is_some() {
+            break lines;
+        }
+    };
+    drop(p);
+    assert!(lines.len() >= 2, "{lines:?}");
+    for l in &lines {
+        // #bytes #iterations t_min t_max t_typical t_avg t_stdev p99 p99.9
+        let cols: Vec<f64> = l
+            .split_whitespace()
+            .map(|c| c.parse().expect("number"))
+            .collect();
+        assert_eq!(cols.len(), 9, "{l}");
+        assert!(
+            cols[1] > 0.0 && cols[7] >= cols[4] && cols[8] >= cols[7],
+            "{l}"
+        );
+    }
 }

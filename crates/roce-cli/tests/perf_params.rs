@@ -52,6 +52,18 @@ fn values_perftest_refuses_are_refused_with_the_flag_named() {
         (&["write-bw", "-s", "0"], "-s 0"),
         (&["write-bw", "-a", "-D", "2"], "all sizes"),
         (&["read-bw", "-c", "UC"], "does not run over UC"),
+        (&["write-lat", "-b"], "only available in bandwidth tests"),
+        (
+            &["write-bw", "-b", "--run_infinitely"],
+            "-b with --run_infinitely",
+        ),
+        (
+            &["write-bw", "--output", "latency"],
+            "bandwidth, message_rate",
+        ),
+        (&["send-lat", "--output", "bandwidth"], "can be: latency"),
+        (&["write-bw", "-O"], "one port"),
+        (&["write-bw", "--dualport"], "one port"),
     ];
     for (args, want) in cases {
         let mut v = vec!["perf"];
@@ -214,4 +226,54 @@ fn sizes_take_perftest_suffixes() {
         "20",
     ]);
     assert_eq!(v[0]["size"], 65536, "{}", v[0]);
+}
+
+#[test]
+fn perftest_spellings_are_accepted() {
+    let _serial = common::serial();
+    // perftest spells these with underscores or dashes; both are accepted (clap refused the other spelling).
+    let v = json_run(&[
+        "write-bw",
+        "--loopback",
+        "--tx_depth",
+        "64",
+        "--post-list",
+        "2",
+        "--cq_mod",
+        "2",
+        "--inline-size",
+        "64",
+        "--report-gbits",
+        "--use-hugepages",
+        "--qp_timeout",
+        "14",
+        "--gid_index",
+        "0",
+        "-n",
+        "20",
+        "-s",
+        "64",
+    ]);
+    assert_eq!(v[0]["verified"], true, "{}", v[0]);
+    let v = json_run(&[
+        "write-bw",
+        "--loopback",
+        "--tx-depth",
+        "64",
+        "--post_list",
+        "2",
+        "--cq-mod",
+        "2",
+        "--inline_size",
+        "64",
+        "--report_gbits",
+        "--use_hugepages",
+        "--tos",
+        "0",
+        "-n",
+        "20",
+        "-s",
+        "64",
+    ]);
+    assert_eq!(v[0]["verified"], true, "{}", v[0]);
 }

@@ -35,7 +35,7 @@ use roce_verbs::{
 use serde_json::{Value, json};
 
 use super::report::{self, BwResult, LatStats};
-use super::{Conn, Output, Params, Test};
+use super::{Conn, Output, OutputLevel, Params, Test};
 use crate::oob::{Exchange, Oob, PeerInfo, QpRecord};
 
 /// Q_Key of the UD tests (perftest's).
@@ -80,6 +80,16 @@ struct Session {
     k: u64,
     p: Params,
     wcs: Vec<Wc>,
+    /// SEND receives of this size (bidirectional runs, where the sending loop also receives).
+    rx: RxTally,
+}
+
+/// What the receives of one size brought: the slots that received, how many, the first bad length.
+#[derive(Debug, Default)]
+struct RxTally {
+    used: Vec<bool>,
+    received: u64,
+    error: Option<String>,
 }
 
 impl Session {
@@ -195,7 +205,30 @@ impl Session {
             .ok_or("preparing buffers: size exceeds the buffer")?;
         tx.copy_from_slice(&pattern_buf(side, size));
         self.buf[r..r + used].fill(0);
+        self.rx = RxTally {
+            used: vec![false; self.k as usize],
+            ..RxTally::default()
+        };
         Ok(())
+    }
+
+    /// A receive completion of a bidirectional SEND run: counts it, checks its length, marks its slot and posts
+    /// the receive again into that slot.
+    fn on_recv(&mut self, wc: &Wc, size: u64) {
+        self.rx.received += 1;
+        let (q, slot) = ((wc.wr_id >> 32) as usize, wc.wr_id & 0xFFFF_FFFF);
+        if let Some(u) = self.rx.used.get_mut(slot as usize) {
+            *u = true;
+        }
+        let want = self.recv_len(size);
+        if wc.byte_len != want && self.rx.error.is_none() {
+            self.rx.error = Some(format!("received {} bytes, expected {want}", wc.byte_len));
+        }
+        if let Err(e) = self.post_recv(q, slot) {
+            self.rx
+                .error
+                .get_or_insert_with(|| format!("post_recv: {e}"));
+        }
     }
 
     /// `--debug-corrupt-before-verify`: flips byte 0 of slot `slot` (after the UD GRH area) or bumps the atomic
@@ -298,11 +331,13 @@ pub fn run_side(
         }
     };
     let mut s = r;
-    if out.print && !out.json {
+    // --output prints the numbers only, as perftest's.
+    let tables = out.print && !out.json && out.level.is_none();
+    if tables {
         super::print_banner(&s.p, ctx, o, out.link);
         print!("{}", s.address_block());
     }
-    if out.print && !out.json {
+    if tables {
         println!(
             "{}",
             if p.test.is_bw() {
@@ -324,7 +359,7 @@ pub fn run_side(
             return Err(e);
         }
     }
-    if out.print && !out.json {
+    if tables {
         println!("{}", report::footer());
     }
     o.sync("bye", json!({}), Duration::from_secs(10))
@@ -332,10 +367,11 @@ pub fn run_side(
     Ok(())
 }
 
-/// Receive WRs kept posted per QP by this side (0: it receives nothing).
-fn rx_ring(test: Test, is_client: bool) -> u32 {
+/// Receive WRs kept posted per QP by this side (0: it receives nothing); `-b`: both sides of SEND.
+fn rx_ring(test: Test, is_client: bool, bidir: bool) -> u32 {
     match (test, is_client) {
         (Test::SendBw, false) => RX_DEPTH,
+        (Test::SendBw, true) if bidir => RX_DEPTH,
         (Test::SendLat | Test::WriteLat, _) => 16,
         _ => 0,
     }
@@ -445,6 +481,7 @@ fn setup(
     };
     let opts = ConnectOpts {
         mtu,
+        traffic_class: p.tclass,
         ..ConnectOpts::default()
     };
     let gid = roce_proto::Gid(remote.gid);
@@ -469,6 +506,7 @@ fn setup(
         let attr = AhAttr {
             dgid: gid,
             hop_limit: 64,
+            traffic_class: p.tclass,
             dmac: remote.mac,
             ..AhAttr::default()
         };
@@ -493,10 +531,11 @@ fn setup(
             ..p.clone()
         },
         wcs: vec![Wc::default(); 64],
+        rx: RxTally::default(),
     };
     // The receive ring, once for the whole run (module docs, "Receive WRs"), before the peer may send.
     for q in 0..s.qps.len() {
-        for slot in 0..u64::from(rx_ring(p.test, is_client)) {
+        for slot in 0..u64::from(rx_ring(p.test, is_client, p.bidir)) {
             s.post_recv(q, slot)
                 .map_err(|e| format!("post_recv: {e}"))?;
         }
@@ -527,6 +566,9 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
             s.sabotage(0)?;
             local = (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(SERVER, slot, size));
         }
+        if s.p.bidir {
+            return client_bidir_done(s, o, size, (res, min_posted), local, out);
+        }
         let reply = o
             .sync(
                 "done",
@@ -547,7 +589,7 @@ fn client_size(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<
             report::bw_json(test.name(), conn, &res, verified),
         );
     } else {
-        let (stats, slot) = client_lat(s, size)?;
+        let (stats, slot) = client_lat(s, size, out)?;
         let mut local = Ok(());
         if s.p.verify
             && matches!(test, Test::SendLat | Test::WriteLat | Test::ReadLat)
@@ -608,6 +650,17 @@ fn verdict(
 /// Prints one result: the table line, or the JSON object with the path MTU in use (`mtu`, bytes) added.
 fn emit(out: &Output, mtu: Mtu, line: String, mut j: Value) {
     if !out.print {
+        return;
+    }
+    if let (Some(level), false) = (out.level, out.json) {
+        // perftest's --output: the one number, "%lf".
+        let key = match (level, out.gbits) {
+            (OutputLevel::Bandwidth, true) => "bw_avg_gbps",
+            (OutputLevel::Bandwidth, false) => "bw_avg_mbps",
+            (OutputLevel::MessageRate, _) => "msg_rate_mpps",
+            (OutputLevel::Latency, _) => "t_avg_us",
+        };
+        println!("{:.6}", j[key].as_f64().unwrap_or(0.0));
         return;
     }
     if out.json {
@@ -680,7 +733,9 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
                     let sge = match p.test {
                         Test::SendBw | Test::WriteBw => s.mr.sge(0, size as u32),
                         Test::ReadBw => s.mr.sge(s.slot_off(i), size as u32),
-                        _ => s.mr.sge(s.slot_off(0), 8),
+                        // The fetched value goes to the transmit region (unused by atomics): slot 0 is this
+                        // side's own counter, which the peer increments in a -b run.
+                        _ => s.mr.sge(0, 8),
                     };
                     sges.push([sge]);
                 }
@@ -728,9 +783,15 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
             }
         }
         let n = s.poll();
-        for wc in &s.wcs[..n] {
+        for idx in 0..n {
+            let wc = s.wcs[idx];
             if wc.status != WcStatus::Success {
-                return Err(wc_error(wc));
+                return Err(wc_error(&wc));
+            }
+            if wc.opcode == WcOpcode::Recv {
+                // -b: the peer's SENDs to this side.
+                s.on_recv(&wc, size);
+                continue;
             }
             let q = (wc.wr_id >> 48) as usize;
             let covered = wc.wr_id & 0xFFFF_FFFF_FFFF;
@@ -757,7 +818,7 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
                 }
             ));
         }
-        if p.infinite && now.duration_since(sec_start) >= Duration::from_secs(1) {
+        if p.infinite && now.duration_since(sec_start) >= p.report_every {
             let r = BwResult {
                 size,
                 iterations: sec_done,
@@ -825,9 +886,13 @@ pub(super) fn peak_bps(samples: &[(Duration, u64)], size: u64, elapsed: Duration
 
 /// The latency loop (one QP, one message in flight). Returns the statistics and the receive slot that holds the
 /// server's data (SEND: the slot of the last reply; WRITE and READ: slot 0, their target).
-fn client_lat(s: &mut Session, size: u64) -> Result<(LatStats, u64), String> {
+///
+/// `--run_infinitely`: never returns; prints the statistics of each report interval (percentiles included) and
+/// starts the next.
+fn client_lat(s: &mut Session, size: u64, out: &Output) -> Result<(LatStats, u64), String> {
     let p = s.p.clone();
     let mut stats = LatStats::new();
+    let mut interval_start = Instant::now();
     let rkey = roce_proto::Rkey(s.remote.rkey);
     let flags = if matches!(p.test, Test::SendLat | Test::WriteLat) {
         s.inline_flag(size)
@@ -838,7 +903,18 @@ fn client_lat(s: &mut Session, size: u64) -> Result<(LatStats, u64), String> {
     let mut i = 0u64;
     let mut data_slot = 0u64;
     loop {
-        if let Some(d) = p.duration {
+        if p.infinite {
+            if interval_start.elapsed() >= p.report_every {
+                emit(
+                    out,
+                    p.mtu,
+                    report::lat_line(size, &stats),
+                    report::lat_json(p.test.name(), p.conn.name(), size, &stats, None),
+                );
+                stats = LatStats::new();
+                interval_start = Instant::now();
+            }
+        } else if let Some(d) = p.duration {
             if t_start.elapsed() >= d {
                 break;
             }
@@ -937,9 +1013,12 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
         .filter(|&x| x > 0 && x <= super::MAX_SIZE)
         .ok_or("bad size from the client")?;
     s.prepare(SERVER, size)?;
-    let active = rx_ring(s.p.test, false) > 0;
+    let active = rx_ring(s.p.test, false, false) > 0;
     o.sync("ready", json!({}), Duration::from_secs(30))
         .map_err(|e| e.to_string())?;
+    if s.p.bidir {
+        return server_bidir(s, o, size, out);
+    }
     let Served {
         done,
         used,
@@ -965,45 +1044,14 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
     // Verify, then answer.
     let mut answer = json!({ "verified": Value::Null, "received": received });
     if s.p.verify {
-        if !matches!(s.p.test, Test::ReadBw | Test::ReadLat) {
-            // SEND lands in whichever slot the ring offers: alter one that received.
-            let slot = used.iter().position(|&u| u).unwrap_or(0) as u64;
-            s.sabotage(slot)?;
-        }
-        let r = match s.p.test {
-            Test::WriteBw if s.p.conn == Conn::Uc => {
-                let slots = min_posted.min(s.k);
-                (0..slots)
-                    .map(|slot| s.check_slot_uc(CLIENT, slot, size))
-                    .collect::<Result<Vec<bool>, String>>()
-                    .and_then(|c| match c.iter().filter(|&&x| x).count() {
-                        0 if slots > 0 => Err(
-                            "no WRITE arrived complete (all lost: UC retransmits nothing)".into(),
-                        ),
-                        _ => Ok(()),
-                    })
-            }
-            Test::WriteBw => {
-                (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(CLIENT, slot, size))
-            }
-            Test::SendBw | Test::SendLat => server_check_send(s, &used, received, size, completed),
-            Test::WriteLat => {
-                if completed > 0 {
-                    s.check_slot(CLIENT, 0, size)
-                } else {
-                    Ok(())
-                }
-            }
-            Test::AtomicBw | Test::AtomicLat => match s.bytes(s.slot_off(0), 8) {
-                Ok(b) => {
-                    let v = u64::from_le_bytes(b.try_into().unwrap_or_default());
-                    answer["atomic_value"] = json!(v);
-                    Ok(())
-                }
-                Err(e) => Err(format!("reading the counter: {e}")),
-            },
-            Test::ReadBw | Test::ReadLat => Ok(()),
-        };
+        let r = check_incoming(
+            s,
+            size,
+            CLIENT,
+            (&used, received),
+            (completed, min_posted),
+            &mut answer,
+        );
         match r {
             Ok(()) => answer["verified"] = json!(true),
             Err(d) => {
@@ -1029,8 +1077,250 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
     }
 }
 
-fn server_check_send(
+// ------------------------------------------------------------------------------------------------ -b
+
+/// `-b`, client side, after its own sending loop: sends `done` with its result while still taking the server's SENDs,
+/// verifies what the server sent to this side, and prints both directions summed (perftest's duplex report).
+fn client_bidir_done(
+    s: &mut Session,
+    o: &mut Oob,
+    size: u64,
+    (res, min_posted): (BwResult, u64),
+    mut local: Result<(), String>,
+    out: &Output,
+) -> Result<(), String> {
+    let payload = json!({
+        "completed": res.iterations,
+        "min_posted": min_posted,
+        "result": res.to_json(),
+    });
+    let reply = service_during(s, o, size, move |o| o.sync("done", payload, PASSIVE_WAIT))?;
+    let peer = BwResult::from_json(&reply["result"]).ok_or("the server's result is missing")?;
+    let completed = reply.get("completed").and_then(Value::as_u64).unwrap_or(0);
+    let their_min = reply.get("min_posted").and_then(Value::as_u64).unwrap_or(0);
+    if s.p.verify && local.is_ok() {
+        let mut mine = json!({});
+        let (used, received) = (s.rx.used.clone(), s.rx.received);
+        local = match s.rx.error.clone() {
+            Some(e) => Err(e),
+            None => check_incoming(
+                s,
+                size,
+                SERVER,
+                (&used, received),
+                (completed, their_min),
+                &mut mine,
+            ),
+        };
+        if let (Ok(()), Some(v)) = (&local, mine["atomic_value"].as_u64())
+            && v != completed
+        {
+            local = Err(format!(
+                "this side's counter is {v} after {completed} FETCH_ADDs completed by the server"
+            ));
+        }
+    }
+    let verified = verdict(s, local, &reply, res.iterations)?;
+    let (test, conn) = (s.p.test.name(), s.p.conn.name());
+    emit(
+        out,
+        s.p.mtu,
+        report::bw_line_sum(&res, &peer, out.gbits),
+        report::bw_json_sum(test, conn, &res, &peer, verified),
+    );
+    Ok(())
+}
+
+/// `-b`, server side of one size: the same sending loop as the client's, toward the client (taking its SENDs as they
+/// come); then waits for the client's `done` while still receiving, verifies what the client sent to this side (and,
+/// for READ, what this side read), answers with its verdict and its own result, and prints both directions summed.
+fn server_bidir(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result<(), String> {
+    let (res, min_posted) = client_bw(s, size, out)?;
+    let mut local = Ok(());
+    if s.p.verify && s.p.test == Test::ReadBw {
+        s.sabotage(0)?;
+        local = (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(CLIENT, slot, size));
+    }
+    let done = service_during(s, o, size, |o| o.recv_msg("done", PASSIVE_WAIT))?;
+    let completed = done.get("completed").and_then(Value::as_u64).unwrap_or(0);
+    let their_min = done.get("min_posted").and_then(Value::as_u64).unwrap_or(0);
+    let mut answer = json!({
+        "verified": Value::Null,
+        "received": s.rx.received,
+        "completed": res.iterations,
+        "min_posted": min_posted,
+        "result": res.to_json(),
+    });
+    if s.p.verify {
+        let (used, received) = (s.rx.used.clone(), s.rx.received);
+        let r = local
+            .and_then(|()| s.rx.error.clone().map_or(Ok(()), Err))
+            .and_then(|()| {
+                check_incoming(
+                    s,
+                    size,
+                    CLIENT,
+                    (&used, received),
+                    (completed, their_min),
+                    &mut answer,
+                )
+            });
+        match r {
+            Ok(()) => answer["verified"] = json!(true),
+            Err(d) => {
+                answer["verified"] = json!(false);
+                answer["detail"] = json!(d);
+            }
+        }
+    }
+    o.send_msg("done", answer.clone())
+        .map_err(|e| e.to_string())?;
+    if let Some(peer) = BwResult::from_json(&done["result"]) {
+        let mut j = report::bw_json_sum(
+            s.p.test.name(),
+            s.p.conn.name(),
+            &res,
+            &peer,
+            answer["verified"].as_bool(),
+        );
+        j["side"] = json!("server");
+        emit(out, s.p.mtu, report::bw_line_sum(&res, &peer, out.gbits), j);
+    }
+    match answer.get("detail").and_then(Value::as_str) {
+        Some(d) => Err(format!("verification failed: {d}")),
+        None => Ok(()),
+    }
+}
+
+/// `-b`: runs `talk` (an out-of-band step that waits for the peer) on a second thread while this thread keeps taking
+/// receive completions and posting the receives again, so the peer's SENDs never stall on this side's ring; then
+/// waits until every message the peer reports completed (`completed` of the message `talk` returns) has been
+/// received (RC SEND, at most 5 s more), or until the CQ has been quiet for 200 ms (UC/UD; 20 ms otherwise).
+fn service_during(
+    s: &mut Session,
+    o: &mut Oob,
+    size: u64,
+    talk: impl FnOnce(&mut Oob) -> Result<Value, crate::oob::OobError> + Send,
+) -> Result<Value, String> {
+    let rc_send = s.p.conn == Conn::Rc && s.p.test == Test::SendBw;
+    let settle = if s.p.conn == Conn::Rc {
+        Duration::from_millis(20)
+    } else {
+        Duration::from_millis(200)
+    };
+    let flag = AtomicBool::new(false);
+    let peer_completed = AtomicU64::new(0);
+    let (v, err) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| {
+            let r = talk(o);
+            let n = r
+                .as_ref()
+                .ok()
+                .and_then(|v| v.get("completed"))
+                .and_then(Value::as_u64);
+            peer_completed.store(n.unwrap_or(0), Ordering::Relaxed);
+            // Release: the count above is visible to whoever sees the flag.
+            flag.store(true, Ordering::Release);
+            r
+        });
+        let mut err: Option<String> = None;
+        let mut quiet = Instant::now();
+        let mut done_at: Option<Instant> = None;
+        loop {
+            let n = s.poll();
+            if n > 0 {
+                quiet = Instant::now();
+            }
+            for idx in 0..n {
+                let wc = s.wcs[idx];
+                if wc.status != WcStatus::Success {
+                    err.get_or_insert_with(|| wc_error(&wc));
+                } else if wc.opcode == WcOpcode::Recv {
+                    s.on_recv(&wc, size);
+                }
+            }
+            if flag.load(Ordering::Acquire) {
+                let t = *done_at.get_or_insert_with(Instant::now);
+                let all_in = rc_send && s.rx.received >= peer_completed.load(Ordering::Relaxed);
+                if all_in
+                    || (!rc_send && quiet.elapsed() >= settle)
+                    || t.elapsed() >= Duration::from_secs(5)
+                {
+                    break;
+                }
+            }
+        }
+        let v = h.join().unwrap_or_else(|_| {
+            Err(crate::oob::OobError::Protocol(
+                "the out-of-band thread panicked".into(),
+            ))
+        });
+        (v, err)
+    });
+    let v = v.map_err(|e| e.to_string())?;
+    match err {
+        Some(e) => Err(e),
+        None => Ok(v),
+    }
+}
+
+/// Verifies what the peer (`from`, its pattern) sent to this side during one size: WRITE the slots it wrote
+/// (`min_posted` of them at most; UC tolerates a lost tail), SEND every slot a receive completed into and (RC) that
+/// `received` reaches the peer's `completed`, the ping-pong WRITE slot 0; atomics report this side's counter as
+/// `answer["atomic_value"]` (the peer compares it with its completed count); READ has nothing to check here (the
+/// reader checks its own slots). `--debug-corrupt-before-verify` alters a received slot first.
+fn check_incoming(
+    s: &mut Session,
+    size: u64,
+    from: u8,
+    (used, received): (&[bool], u64),
+    (completed, min_posted): (u64, u64),
+    answer: &mut Value,
+) -> Result<(), String> {
+    if !matches!(s.p.test, Test::ReadBw | Test::ReadLat) {
+        // SEND lands in whichever slot the ring offers: alter one that received.
+        let slot = used.iter().position(|&u| u).unwrap_or(0) as u64;
+        s.sabotage(slot)?;
+    }
+    match s.p.test {
+        Test::WriteBw if s.p.conn == Conn::Uc => {
+            let slots = min_posted.min(s.k);
+            (0..slots)
+                .map(|slot| s.check_slot_uc(from, slot, size))
+                .collect::<Result<Vec<bool>, String>>()
+                .and_then(|c| match c.iter().filter(|&&x| x).count() {
+                    0 if slots > 0 => {
+                        Err("no WRITE arrived complete (all lost: UC retransmits nothing)".into())
+                    }
+                    _ => Ok(()),
+                })
+        }
+        Test::WriteBw => {
+            (0..min_posted.min(s.k)).try_for_each(|slot| s.check_slot(from, slot, size))
+        }
+        Test::SendBw | Test::SendLat => check_send(s, from, used, received, size, completed),
+        Test::WriteLat => {
+            if completed > 0 {
+                s.check_slot(from, 0, size)
+            } else {
+                Ok(())
+            }
+        }
+        Test::AtomicBw | Test::AtomicLat => match s.bytes(s.slot_off(0), 8) {
+            Ok(b) => {
+                let v = u64::from_le_bytes(b.try_into().unwrap_or_default());
+                answer["atomic_value"] = json!(v);
+                Ok(())
+            }
+            Err(e) => Err(format!("reading the counter: {e}")),
+        },
+        Test::ReadBw | Test::ReadLat => Ok(()),
+    }
+}
+
+fn check_send(
     s: &Session,
+    from: u8,
     used: &[bool],
     received: u64,
     size: u64,
@@ -1038,7 +1328,7 @@ fn server_check_send(
 ) -> Result<(), String> {
     if s.p.conn == Conn::Rc && received < completed {
         return Err(format!(
-            "received {received} messages, the client completed {completed}"
+            "received {received} messages, the peer completed {completed}"
         ));
     }
     if received == 0 && completed > 0 {
@@ -1046,7 +1336,7 @@ fn server_check_send(
     }
     for (slot, &u) in used.iter().enumerate() {
         if u {
-            s.check_slot(CLIENT, slot as u64, size)?;
+            s.check_slot(from, slot as u64, size)?;
         }
     }
     Ok(())

@@ -148,6 +148,15 @@ fn check_test(a: &PerfArgs, p: &Params) -> Result<(), String> {
     if p.infinite {
         return refuse("--run_infinitely");
     }
+    if p.bidir {
+        return refuse("-b");
+    }
+    if p.tclass != 0 {
+        return refuse("-T/--tclass");
+    }
+    if a.output.is_some() {
+        return refuse("--output");
+    }
     if a.loopback {
         return Err(
             "--perftest-compat runs as a server or a client (two processes), not with --loopback"

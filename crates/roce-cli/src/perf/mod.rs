@@ -149,6 +149,18 @@ impl Conn {
     }
 }
 
+/// `--output`: perftest's reduced verbosity levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputLevel {
+    /// Average bandwidth only.
+    Bandwidth,
+    /// Message rate only.
+    #[value(name = "message_rate", alias = "message-rate")]
+    MessageRate,
+    /// Average latency only.
+    Latency,
+}
+
 /// Link used by `--loopback`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LinkKind {
@@ -179,11 +191,27 @@ pub struct PerfArgs {
     /// Run every size 2 B .. 8 MiB (powers of two; UD: up to the MTU).
     #[arg(short = 'a', long)]
     pub all: bool,
+    /// Bidirectional bandwidth: both sides send at once; each side's result is the sum of both directions, as
+    /// perftest's (bandwidth tests).
+    #[arg(short = 'b', long)]
+    pub bidirectional: bool,
+    /// IP traffic class of this run's packets (the GRH traffic class: DSCP = value >> 2; the engine sets the ECN
+    /// bits), 0 .. 255. perftest's --tclass; its -T/--tos (rdma_cm's TOS) sets the same IPv4 byte here.
+    #[arg(short = 'T', long = "tclass", visible_alias = "tos")]
+    pub tclass: Option<u8>,
+    /// Print only one number per size, as perftest's --output: `bandwidth` (average, in the unit of the table) or
+    /// `message_rate` (Mpps) for bandwidth tests, `latency` (average, µs) for latency tests.
+    #[arg(long, value_enum)]
+    pub output: Option<OutputLevel>,
+    /// perftest's dual-port mode: refused (a rocev2 device is one port: one address and its UDP link; run a second
+    /// perf pair on a second address instead).
+    #[arg(short = 'O', long)]
+    pub dualport: bool,
     /// Number of QPs (bandwidth tests).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
     /// TX depth: WRs outstanding per QP (default 128 for bandwidth, 1 for latency).
-    #[arg(short = 't', long = "tx-depth")]
+    #[arg(short = 't', long = "tx-depth", visible_alias = "tx_depth")]
     pub tx_depth: Option<u32>,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096. Default: the active MTU of the local RoCE address, the
     /// largest of those at most the MTU of the network device owning it minus 80 (as Linux rxe: 1500 → 1024,
@@ -192,20 +220,25 @@ pub struct PerfArgs {
     #[arg(short = 'm', long)]
     pub mtu: Option<u32>,
     /// Largest message sent inline (SEND and WRITE; default 0 for bandwidth, 220 for latency; at most 256).
-    #[arg(short = 'I', long = "inline_size")]
+    #[arg(short = 'I', long = "inline_size", visible_alias = "inline-size")]
     pub inline_size: Option<u32>,
     /// CQ moderation: request a completion every N WRs (bandwidth; default 100, at most the TX depth). With
     /// -e it is also the completion-channel event count.
     #[arg(short = 'Q', long = "cq-mod", visible_alias = "cq_mod")]
     pub cq_mod: Option<u32>,
-    /// Post list: WRs per post_send call (doorbell batch).
-    #[arg(short = 'l', long = "post_list", default_value_t = 1)]
+    /// Post list: WRs per post_send call (doorbell batch; bandwidth tests).
+    #[arg(
+        short = 'l',
+        long = "post_list",
+        visible_alias = "post-list",
+        default_value_t = 1
+    )]
     pub post_list: u32,
     /// Connection type.
     #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
     pub conn: Conn,
     /// Report bandwidth in Gb/s instead of MB/s (2^20 bytes).
-    #[arg(long = "report_gbits")]
+    #[arg(long = "report_gbits", visible_alias = "report-gbits")]
     pub report_gbits: bool,
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long, default_value_t = 18515)]
@@ -215,11 +248,11 @@ pub struct PerfArgs {
     pub cpu_freq: bool,
     /// Put this side's test buffer on 2 MiB huge pages (reserve them first: `echo N > /proc/sys/vm/nr_hugepages`).
     /// Without free huge pages a warning is printed and normal pages are used.
-    #[arg(long = "use_hugepages")]
+    #[arg(long = "use_hugepages", visible_alias = "use-hugepages")]
     pub use_hugepages: bool,
     /// Bandwidth tests: run until interrupted, printing a line per second (nothing is verified: the run never
     /// ends).
-    #[arg(long = "run_infinitely")]
+    #[arg(long = "run_infinitely", visible_alias = "run-infinitely")]
     pub run_infinitely: bool,
     /// Wait for completions on a completion channel (events) instead of busy polling.
     #[arg(short = 'e', long = "events")]
@@ -292,10 +325,10 @@ pub struct PerfArgs {
     #[arg(long = "perftest-compat")]
     pub perftest_compat: bool,
     /// perftest's GID index: accepted; this side always uses the IPv4-mapped GID of its address.
-    #[arg(short = 'x', long = "gid-index")]
+    #[arg(short = 'x', long = "gid-index", visible_alias = "gid_index")]
     pub gid_index: Option<u32>,
     /// perftest's device name: accepted and ignored (the device is the UDP link on the local address).
-    #[arg(short = 'd', long = "ib-dev")]
+    #[arg(short = 'd', long = "ib-dev", visible_alias = "ib_dev")]
     pub ib_dev: Option<String>,
     /// Receive path of the UDP link: packet (AF_PACKET, real IP headers, needs CAP_NET_RAW; needed for peers that
     /// number their IPv4 IDs, such as Linux rxe), socket (UDP socket; rocev2 peers), auto (socket when the peer's
@@ -304,7 +337,7 @@ pub struct PerfArgs {
     pub rx: RxArg,
     /// With --perftest-compat: the QP's local ACK timeout exponent (4.096 µs · 2^N, as perftest's -u; default 14 ≈
     /// 67 ms). Raise it for a slow peer, e.g. rxe in an emulated guest.
-    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    #[arg(short = 'u', long = "qp-timeout", visible_alias = "qp_timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     pub qp_timeout: u8,
     /// Congestion control: --dcqcn, --cc-set, --rate-log, --rate-log-us, --ce-rx (`perf/dcqcn.rs`).
     #[command(flatten)]
@@ -346,6 +379,12 @@ pub struct Params {
     pub post_list: u32,
     pub verify: bool,
     pub infinite: bool,
+    /// `--run_infinitely`: a result line per this interval (`-D`, default 5 s).
+    pub report_every: Duration,
+    /// `-b`: both sides send.
+    pub bidir: bool,
+    /// `-T`/`--tclass`: the IP traffic class of every packet.
+    pub tclass: u8,
     /// Alter verified data before verifying (testing aid, hidden flag).
     pub debug_corrupt: bool,
     /// UD bandwidth without `-s`: the message size is the MTU, lowered to the path MTU once both sides' are known.
@@ -626,9 +665,38 @@ impl Params {
                 return Err("fault probabilities must be within 0..1".into());
             }
         }
-        if a.run_infinitely && !t.is_bw() {
-            return Err("--run_infinitely applies to bandwidth tests".into());
+        if a.dualport {
+            return Err(
+                "-O/--dualport: a rocev2 device has one port (one address and its UDP link); to load two, run a \
+                 second perf pair on a second address"
+                    .into(),
+            );
         }
+        if a.bidirectional && !t.is_bw() {
+            return Err(
+                "-b: bidirectional is only available in bandwidth tests, as in perftest".into(),
+            );
+        }
+        if a.bidirectional && a.run_infinitely {
+            return Err("-b with --run_infinitely is not supported (a run never ends to exchange both results)".into());
+        }
+        match (a.output, t.is_bw()) {
+            (Some(OutputLevel::Latency), true) => {
+                return Err(
+                    "--output for bandwidth tests can be: bandwidth, message_rate (as in perftest)"
+                        .into(),
+                );
+            }
+            (Some(OutputLevel::Bandwidth | OutputLevel::MessageRate), false) => {
+                return Err("--output for latency tests can be: latency (as in perftest)".into());
+            }
+            _ => {}
+        }
+        // --run_infinitely: -D is the report interval, 5 s without it (perftest's DEF_DURATION).
+        let (duration, report_every) = match (a.run_infinitely, duration) {
+            (true, d) => (None, d.unwrap_or(Duration::from_secs(5))),
+            (false, d) => (d, Duration::from_secs(5)),
+        };
         Ok((
             Params {
                 test: t,
@@ -644,6 +712,9 @@ impl Params {
                 post_list,
                 verify: !a.no_verify,
                 infinite: a.run_infinitely,
+                report_every,
+                bidir: a.bidirectional,
+                tclass: a.tclass.unwrap_or(0),
                 debug_corrupt: a.debug_corrupt,
                 ud_size_mtu,
             },
@@ -666,6 +737,9 @@ impl Params {
             "post_list": self.post_list,
             "verify": self.verify,
             "infinite": self.infinite,
+            "report_every_s": self.report_every.as_secs_f64(),
+            "bidir": self.bidir,
+            "tclass": self.tclass,
             "debug_corrupt": self.debug_corrupt,
             "ud_size_mtu": self.ud_size_mtu,
         })
@@ -733,6 +807,22 @@ impl Params {
             post_list: ranged("post_list", 1, MAX_TX_DEPTH)?,
             verify: v.get("verify").and_then(Value::as_bool).unwrap_or(true),
             infinite: v.get("infinite").and_then(Value::as_bool).unwrap_or(false),
+            report_every: v
+                .get("report_every_s")
+                .and_then(Value::as_f64)
+                .filter(|d| d.is_finite() && *d > 0.0)
+                .and_then(|d| Duration::try_from_secs_f64(d).ok())
+                .unwrap_or(Duration::from_secs(5)),
+            bidir: v.get("bidir").and_then(Value::as_bool).unwrap_or(false),
+            tclass: v
+                .get("tclass")
+                .map(|t| {
+                    t.as_u64()
+                        .and_then(|t| u8::try_from(t).ok())
+                        .ok_or("client parameters: bad `tclass`")
+                })
+                .transpose()?
+                .unwrap_or(0),
             debug_corrupt: v
                 .get("debug_corrupt")
                 .and_then(Value::as_bool)
@@ -759,6 +849,8 @@ pub struct Output {
     pub hugepages: bool,
     /// The banner's link type.
     pub link: &'static str,
+    /// `--output`: one number per size instead of the tables.
+    pub level: Option<OutputLevel>,
 }
 
 /// The device name in banners: `rocev2` and its RoCE address (`rocev2 devinfo` lists the same).
@@ -965,6 +1057,7 @@ pub fn run(a: &PerfArgs) -> ExitCode {
     }
     let out = Output {
         print: true,
+        level: a.output,
         link: if a.loopback && a.link == LinkKind::Sim {
             "simulated segment (in memory, --link sim; 100 Gb/s, 1 us)"
         } else {
@@ -1061,9 +1154,10 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output, devices: &Devices) -> R
     let (srv_ip, cli_ip) = match a.loopback_ips.as_deref() {
         Some([s, c]) => (*s, *c),
         Some(_) => return Err("--loopback-ips takes two addresses".into()),
-        None if a.link == LinkKind::Sim => {
-            (Ipv4Addr::new(127, 0, 0, 1).into(), Ipv4Addr::new(127, 0, 0, 2).into())
-        }
+        None if a.link == LinkKind::Sim => (
+            Ipv4Addr::new(127, 0, 0, 1).into(),
+            Ipv4Addr::new(127, 0, 0, 2).into(),
+        ),
         None => free_loopback_pair()?,
     };
     let timeout = oob_timeout(a);
@@ -1154,7 +1248,7 @@ fn server(
     let ip = a.ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     let listener = TcpListener::bind((ip, a.port))
         .map_err(|e| format!("listening on {ip}:{}: {e}", a.port))?;
-    if out.print && !out.json {
+    if out.print && !out.json && out.level.is_none() {
         println!(
             "************************************\n* Waiting for client to connect... *\n************************************"
         );
@@ -1367,6 +1461,9 @@ fn print_banner(p: &Params, ctx: &Context, o: &Oob, link: &str) {
     println!(" Link type       : {link}");
     println!(" GID index       : 0 ({gid})");
     println!(" Max inline data : {}[B]", p.inline);
+    if p.tclass != 0 {
+        println!(" Traffic class   : {} (DSCP {})", p.tclass, p.tclass >> 2);
+    }
     println!(
         " Peer            : {} (out-of-band format {:?})",
         o.peer_addr(),

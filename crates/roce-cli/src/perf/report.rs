@@ -131,27 +131,81 @@ fn bw_unit(bytes_per_sec: f64, gbits: bool) -> f64 {
     }
 }
 
+/// The reported figures of a bandwidth result: peak and average in bytes per second, message rate in Mpps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Figures {
+    peak_bps: f64,
+    avg_bps: f64,
+    mpps: f64,
+}
+
+impl BwResult {
+    fn figures(&self) -> Figures {
+        Figures {
+            peak_bps: self.peak_bps,
+            avg_bps: self.avg_bytes_per_sec(),
+            mpps: self.msg_rate_mpps(),
+        }
+    }
+
+    /// The result as the peer needs it for a `-b` sum: `{size, iterations, elapsed_s, peak_bps}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "size": self.size,
+            "iterations": self.iterations,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "peak_bps": self.peak_bps,
+        })
+    }
+
+    /// The inverse of [`BwResult::to_json`]; `None` for a missing or bad field (a peer's message).
+    pub fn from_json(v: &Value) -> Option<BwResult> {
+        Some(BwResult {
+            size: v.get("size")?.as_u64()?,
+            iterations: v.get("iterations")?.as_u64()?,
+            elapsed: v
+                .get("elapsed_s")?
+                .as_f64()
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())?,
+            peak_bps: v.get("peak_bps")?.as_f64().filter(|x| x.is_finite())?,
+        })
+    }
+}
+
+/// Both directions of a `-b` run added up, as perftest's bidirectional report (its `print_full_bw_report` adds the
+/// peer's peak, average and message rate to this side's).
+fn sum(own: &BwResult, peer: &BwResult) -> Figures {
+    let (a, b) = (own.figures(), peer.figures());
+    Figures {
+        peak_bps: a.peak_bps + b.peak_bps,
+        avg_bps: a.avg_bps + b.avg_bps,
+        mpps: a.mpps + b.mpps,
+    }
+}
+
 /// One table line, in perftest's column layout (its `REPORT_FMT`: left-aligned fields of 7 and 10 characters with
 /// the same gaps, so the values sit under the header's words); with `--report_gbits` an average below 0.1 Gb/s gets
 /// six decimals, as perftest's `REPORT_FMT_EXT`.
 pub fn bw_line(r: &BwResult, gbits: bool) -> String {
-    let (peak, avg) = (
-        bw_unit(r.peak_bps, gbits),
-        bw_unit(r.avg_bytes_per_sec(), gbits),
-    );
+    line_of(r.size, r.iterations, r.figures(), gbits)
+}
+
+/// The table line of a `-b` run: this side's size and iterations, both directions' figures summed.
+pub fn bw_line_sum(own: &BwResult, peer: &BwResult, gbits: bool) -> String {
+    line_of(own.size, own.iterations, sum(own, peer), gbits)
+}
+
+fn line_of(size: u64, iterations: u64, f: Figures, gbits: bool) -> String {
+    let (peak, avg) = (bw_unit(f.peak_bps, gbits), bw_unit(f.avg_bps, gbits));
     if gbits && avg < 0.1 {
         format!(
-            " {:<7}    {}           {peak:<7.6}            {avg:<7.6}            {:<7.6}",
-            r.size,
-            r.iterations,
-            r.msg_rate_mpps()
+            " {size:<7}    {iterations}           {peak:<7.6}            {avg:<7.6}            {:<7.6}",
+            f.mpps
         )
     } else {
         format!(
-            " {:<7}    {:<10}       {peak:<7.2}            {avg:<7.2}\t\t     {:<7.6}",
-            r.size,
-            r.iterations,
-            r.msg_rate_mpps()
+            " {size:<7}    {iterations:<10}       {peak:<7.2}            {avg:<7.2}\t\t     {:<7.6}",
+            f.mpps
         )
     }
 }
@@ -163,17 +217,36 @@ pub fn footer() -> &'static str {
 
 /// The `--json` object of a bandwidth result.
 pub fn bw_json(test: &str, conn: &str, r: &BwResult, verified: Option<bool>) -> Value {
+    json_of(test, conn, r, r.figures(), verified)
+}
+
+/// The `--json` object of a `-b` run: both directions' figures summed (as the table line), `bidirectional`
+/// true, and the peer's own iteration count as `peer_iterations`.
+pub fn bw_json_sum(
+    test: &str,
+    conn: &str,
+    own: &BwResult,
+    peer: &BwResult,
+    verified: Option<bool>,
+) -> Value {
+    let mut j = json_of(test, conn, own, sum(own, peer), verified);
+    j["bidirectional"] = json!(true);
+    j["peer_iterations"] = json!(peer.iterations);
+    j
+}
+
+fn json_of(test: &str, conn: &str, r: &BwResult, f: Figures, verified: Option<bool>) -> Value {
     json!({
         "test": test,
         "connection": conn,
         "size": r.size,
         "iterations": r.iterations,
         "elapsed_s": r.elapsed.as_secs_f64(),
-        "bw_peak_gbps": bw_unit(r.peak_bps, true),
-        "bw_avg_gbps": bw_unit(r.avg_bytes_per_sec(), true),
-        "bw_peak_mbps": bw_unit(r.peak_bps, false),
-        "bw_avg_mbps": bw_unit(r.avg_bytes_per_sec(), false),
-        "msg_rate_mpps": r.msg_rate_mpps(),
+        "bw_peak_gbps": bw_unit(f.peak_bps, true),
+        "bw_avg_gbps": bw_unit(f.avg_bps, true),
+        "bw_peak_mbps": bw_unit(f.peak_bps, false),
+        "bw_avg_mbps": bw_unit(f.avg_bps, false),
+        "msg_rate_mpps": f.mpps,
         "verified": verified,
     })
 }
