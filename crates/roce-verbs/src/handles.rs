@@ -13,11 +13,12 @@ use roce_link::{Link, LinkError, SimConfig, SimNet};
 use roce_proto::{
     AccessFlags, AhAttr, AhHandle, Counters, CqHandle, CreateQpError, DeviceAttr, Engine,
     EngineConfig, Gid, Lkey, ModifyQpError, MrBuffer, MrInfo, Mtu, Psn, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, Qpn, RecvWr, ResourceError, Rkey, SendWr, Sge, Wc,
+    QpInfo, QpInitAttr, QpState, QpType, Qpn, RecvWr, ResourceError, Rkey, SendWr, Sge, Wc,
 };
 
 use crate::channel::{CompChannel, Moderation};
 use crate::clock::Clock;
+use crate::endpoint::{self, DeviceList, Endpoint};
 use crate::runner::{self, CqNotify, CqSlot, Device, QpSlot, RuntimeConfig, RuntimeStats, Shared};
 use crate::wqe::{RecvWqe, SendWqe, WqeError};
 
@@ -121,15 +122,35 @@ pub struct QpRate {
     pub shaped_bps: Option<u64>,
 }
 
+/// One QP as [`Context::qp_snapshots`] sees it.
+#[derive(Clone, Debug)]
+pub struct QpSnapshot {
+    /// The QP.
+    pub qpn: Qpn,
+    /// State, PSNs, queue depths (send WRs outstanding: the send-queue depth).
+    pub info: QpInfo,
+    /// Its counters.
+    pub counters: Counters,
+    /// Its rate controller's state, if it has one (DCQCN RC, RT, α).
+    pub rate: Option<roce_proto::RateMetrics>,
+    /// The rate its shaper enforces in bit/s (`None` = unlimited).
+    pub shaped_bps: Option<u64>,
+}
+
 /// The engine thread of one or more devices; stopped and joined when the last context is dropped.
 #[derive(Debug)]
 struct Runtime {
     shared: Arc<Shared>,
     join: Mutex<Option<JoinHandle<()>>>,
+    /// The stats endpoint serving this runtime's devices (`endpoint` module).
+    endpoint: Mutex<Option<Endpoint>>,
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        if let Some(e) = self.endpoint.lock().ok().and_then(|mut g| g.take()) {
+            e.stop();
+        }
         self.shared.shutdown();
         if let Ok(mut g) = self.join.lock()
             && let Some(j) = g.take()
@@ -141,7 +162,7 @@ impl Drop for Runtime {
 }
 
 #[derive(Debug)]
-struct CtxInner {
+pub(crate) struct CtxInner {
     rt: Arc<Runtime>,
     dev: usize,
     cfg: EngineConfig,
@@ -181,6 +202,7 @@ impl Context {
             .map(|c| c.device.max_qp as usize + c.device.max_cq as usize)
             .sum();
         let shared = Arc::new(Shared::new(max_objects));
+        let rt_endpoint = rt.stats_endpoint.clone();
         let (tx, rx) = mpsc::sync_channel::<Result<(), Error>>(1);
         let engine_cfgs = cfgs.clone();
         let sh = Arc::clone(&shared);
@@ -211,13 +233,14 @@ impl Context {
         let runtime = Arc::new(Runtime {
             shared,
             join: Mutex::new(Some(join)),
+            endpoint: Mutex::new(None),
         });
         match rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(Error::EngineGone),
         }
-        Ok(cfgs
+        let ctxs: Vec<Context> = cfgs
             .into_iter()
             .enumerate()
             .map(|(dev, cfg)| Context {
@@ -228,7 +251,63 @@ impl Context {
                     cfg,
                 }),
             })
-            .collect())
+            .collect();
+        let devices: DeviceList = Arc::new(Mutex::new(
+            ctxs.iter().map(|c| Arc::downgrade(&c.inner)).collect(),
+        ));
+        let ep = endpoint::start(&rt_endpoint, devices);
+        if let Ok(mut g) = runtime.endpoint.lock() {
+            *g = ep;
+        }
+        Ok(ctxs)
+    }
+
+    /// A handle from the shared state the stats endpoint keeps (weakly).
+    pub(crate) fn from_inner(inner: Arc<CtxInner>) -> Context {
+        Context { inner }
+    }
+
+    /// The index of this device on its engine thread (0 for [`Context::open`]).
+    pub fn index(&self) -> usize {
+        self.inner.dev
+    }
+
+    /// The socket of the stats endpoint serving this device (`None` when off or not created; see the `endpoint`
+    /// module docs).
+    pub fn stats_endpoint(&self) -> Option<std::path::PathBuf> {
+        self.inner
+            .rt
+            .endpoint
+            .lock()
+            .ok()?
+            .as_ref()
+            .map(|e| e.path().to_owned())
+    }
+
+    /// Every QP of this device with its state, PSNs, queue depths, counters and rate state, in one engine call
+    /// (control path: visits each QP once; for `rocev2 stat`).
+    pub fn qp_snapshots(&self) -> Result<Vec<QpSnapshot>, Error> {
+        self.call(|d| {
+            let now = d.now;
+            let e = &d.engine;
+            e.qpns()
+                .filter_map(|qpn| {
+                    Some(QpSnapshot {
+                        qpn,
+                        info: e.qp_info(qpn)?,
+                        counters: e.qp_counters(qpn)?.clone(),
+                        rate: e.qp_rate(qpn, now),
+                        shaped_bps: e.qp_rate_bps(qpn),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// The engine's text dump of QP `qpn` (state, PSNs, queue depths, retry counters and timers, rate controller,
+    /// non-zero counters); `None` for an unknown QPN.
+    pub fn qp_dump(&self, qpn: Qpn) -> Result<Option<String>, Error> {
+        self.call(move |d| d.engine.qp_dump(qpn))
     }
 
     /// Two devices (MAC 02:00:00:00:00:01 / :02, GIDs `::ffff:192.0.2.1` / `.2`) on a simulated 100 Gb/s segment
@@ -927,9 +1006,12 @@ impl Qp {
             let _ = ring.push(wqe);
         }
         drop(ring);
-        self.ctx()
-            .shared()
-            .ring(self.ctx().inner.dev, self.inner.slot, &self.inner.pending);
+        self.ctx().shared().ring(
+            self.ctx().inner.dev,
+            self.inner.slot,
+            &self.inner.pending,
+            wrs.len(),
+        );
         Ok(())
     }
 
@@ -954,9 +1036,12 @@ impl Qp {
             let _ = ring.push(RecvWqe::from_wr(wr)?);
         }
         drop(ring);
-        self.ctx()
-            .shared()
-            .ring(self.ctx().inner.dev, self.inner.slot, &self.inner.pending);
+        self.ctx().shared().ring(
+            self.ctx().inner.dev,
+            self.inner.slot,
+            &self.inner.pending,
+            wrs.len(),
+        );
         Ok(())
     }
 

@@ -53,6 +53,7 @@
 
 mod channel;
 mod clock;
+pub mod endpoint;
 mod handles;
 mod hugepage;
 #[allow(unsafe_code)]
@@ -62,15 +63,17 @@ mod wqe;
 
 pub use channel::{CompChannel, Moderation};
 pub use clock::Clock;
+pub use endpoint::StatsEndpoint;
 pub use handles::{
-    Ah, COMMAND_TIMEOUT, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint, QpRate,
+    Ah, COMMAND_TIMEOUT, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint,
+    QpRate, QpSnapshot,
 };
 pub use hugepage::{HUGE_PAGE_SIZE, HugePageBuffer, HugePagePolicy};
 pub use memory::{MrBuf, PAGE_SIZE};
 pub use roce_proto::{
     AccessFlags, AhAttr, Counters, EngineConfig, Gid, MrBuffer, MrMemory, Mtu, Psn, QpAttr,
-    QpAttrMask, QpCap, QpState, QpType, RateMetrics, RecvWr, Rkey, SendFlags, SendOp, SendWr, Sge,
-    UdDest, Wc, WcOpcode, WcStatus,
+    QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics, RecvWr, Rkey, SendFlags, SendOp,
+    SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
 };
 pub use runner::{RuntimeConfig, RuntimeStats};
 pub use wqe::{MAX_INLINE, MAX_SGE};

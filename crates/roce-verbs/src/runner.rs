@@ -50,6 +50,7 @@ use roce_proto::{CqHandle, Engine, Instant, Qpn, Wc, WcStatus};
 
 use crate::channel::{CompChannel, Moderation, ModerationState};
 use crate::clock::Clock;
+use crate::endpoint::StatsEndpoint;
 use crate::wqe::{RecvWqe, SendWqe};
 
 /// A control command: runs on the engine thread with the device it targets.
@@ -70,10 +71,13 @@ pub struct RuntimeConfig {
     pub yield_for: Duration,
     /// Longest single park (a real link's receive readiness is only seen when the thread runs).
     pub park_max: Duration,
+    /// Where the runtime's stats endpoint listens (what `rocev2 stat` reads; see the `endpoint` module docs).
+    pub stats_endpoint: StatsEndpoint,
 }
 
 impl Default for RuntimeConfig {
-    /// No pinning, bursts of 32 frames, spin 20 µs, yield up to 2 ms idle, then park at most 1 ms at a time.
+    /// No pinning, bursts of 32 frames, spin 20 µs, yield up to 2 ms idle, then park at most 1 ms at a time; the
+    /// stats endpoint in the run directory.
     fn default() -> Self {
         RuntimeConfig {
             pin_core: None,
@@ -82,6 +86,7 @@ impl Default for RuntimeConfig {
             spin: Duration::from_micros(20),
             yield_for: Duration::from_millis(2),
             park_max: Duration::from_millis(1),
+            stats_endpoint: StatsEndpoint::RunDir,
         }
     }
 }
@@ -97,6 +102,9 @@ pub struct RuntimeStats {
     pub wakeups: AtomicU64,
     /// Doorbells rung (one per posted chain).
     pub doorbells: AtomicU64,
+    /// Work requests posted (send and receive), counted with their doorbell: `wqes / doorbells` is the average
+    /// chain length.
+    pub wqes: AtomicU64,
     /// `flush()` calls that followed at least one frame.
     pub flushes: AtomicU64,
     /// Frames transmitted.
@@ -178,9 +186,10 @@ impl Shared {
         }
     }
 
-    /// The doorbell: announces that QP `slot` of device `dev` has new ring entries.
-    pub(crate) fn ring(&self, dev: usize, slot: u32, pending: &AtomicBool) {
+    /// The doorbell: announces that QP `slot` of device `dev` has `wqes` new ring entries.
+    pub(crate) fn ring(&self, dev: usize, slot: u32, pending: &AtomicBool, wqes: usize) {
         self.stats.doorbells.fetch_add(1, Ordering::Relaxed);
+        self.stats.wqes.fetch_add(wqes as u64, Ordering::Relaxed);
         // Only one doorbell entry per QP is outstanding: the engine clears `pending` (SeqCst) before it drains the
         // ring, so a push made after its drain started sets the flag again and enqueues the QP again.
         if !pending.swap(true, Ordering::SeqCst) {

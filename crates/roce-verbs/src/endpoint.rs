@@ -1,0 +1,408 @@
+//! The stats endpoint: each runtime (engine thread) of a process answers `rocev2 stat` with the live counters of its
+//! devices, what `rdma statistic` reads from the kernel for an RNIC.
+//!
+//! # Where
+//!
+//! A Unix stream socket `<run dir>/<pid>.<n>.sock` (`n` counts the runtimes of the process), created when the
+//! runtime starts and removed when it stops (its last [`crate::Context`] is dropped). The run directory is
+//! [`run_dir`]: `$ROCEV2_RUN_DIR` if set, else `/run/rocev2` when it can be created (root), else
+//! `$XDG_RUNTIME_DIR/rocev2`, else `/tmp/rocev2-<uid>`; readers ([`endpoints`]) look in all of them. A socket left by
+//! a process that died without dropping its devices is found stale (its pid is gone) and removed by [`endpoints`].
+//!
+//! Opt out per runtime with [`StatsEndpoint::Off`] in [`crate::RuntimeConfig::stats_endpoint`], or for a whole
+//! process with the environment variable `ROCEV2_STATS_ENDPOINT=0`.
+//!
+//! # Protocol (version 1)
+//!
+//! The client connects, writes one JSON object and a newline, and reads one JSON object (the server then closes):
+//!
+//! * `{"get": "stats"}` → `{"proto": "rocev2-stats", "v": 1, "pid", "cmdline", "devices": [DEVICE...]}` with
+//!   DEVICE = `{"index", "gids": [..], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {loops, parks,
+//!   wakeups, doorbells, wqes, flushes, tx_frames, rx_frames, link_errors, doorbell_overflows}, "qps": [QP...]}` and
+//!   QP = `{"qpn", "type", "state", "next_psn", "una_psn", "epsn", "msn", "sq_outstanding", "rq_outstanding",
+//!   "udp_sport", "rate_bps", "target_bps", "alpha", "limited", "shaped_bps", "counters": {...}}`. Counters are
+//!   cumulative; rates are for the reader to compute between two snapshots. The `runtime` object is the engine
+//!   thread's ([`crate::RuntimeStats`]), the same for every device on it.
+//! * `{"get": "qp", "qpn": N}` → the same envelope with `"devices": [{"index", "qp": {"qpn", "dump"}}]`, one entry
+//!   per device that has QP N; `dump` is the engine's text dump (state, PSNs, queue depths, retry counters and
+//!   timers, rate controller, non-zero counters).
+//! * anything else → `{"proto": "rocev2-stats", "v": 1, "error": "..."}`.
+//!
+//! Requests are served one at a time on the endpoint's own thread, each bounded by a 2 s read/write timeout; the
+//! counters are taken on the engine thread like every control verb (never on the data path).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+use roce_proto::{Counters, QpState, QpType, Qpn};
+use serde_json::{Map, Value, json};
+
+use crate::handles::{Context, CtxInner};
+
+/// Protocol tag of every answer.
+pub const PROTO: &str = "rocev2-stats";
+/// Protocol version.
+pub const VERSION: u64 = 1;
+/// Environment variable that turns every endpoint of the process off (`0`, `off`, `false`, `no`).
+pub const ENV_OFF: &str = "ROCEV2_STATS_ENDPOINT";
+/// Environment variable naming the run directory.
+pub const ENV_DIR: &str = "ROCEV2_RUN_DIR";
+
+/// Where (whether) a runtime serves its stats endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StatsEndpoint {
+    /// In [`run_dir`] (the default), unless `ROCEV2_STATS_ENDPOINT=0`.
+    #[default]
+    RunDir,
+    /// In this directory (created if missing).
+    Dir(PathBuf),
+    /// No endpoint.
+    Off,
+}
+
+/// The candidate run directories, in the order a writer tries them (see the module docs).
+fn candidates() -> Vec<PathBuf> {
+    if let Some(d) = std::env::var_os(ENV_DIR).filter(|d| !d.is_empty()) {
+        return vec![PathBuf::from(d)];
+    }
+    let mut v = vec![PathBuf::from("/run/rocev2")];
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        v.push(Path::new(&x).join("rocev2"));
+    }
+    v.push(PathBuf::from(format!("/tmp/rocev2-{}", uid())));
+    v
+}
+
+/// The real user id, from `/proc/self/status` (no libc here); `0` if unreadable.
+fn uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        })
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The run directory this process writes its endpoints to: the first candidate that exists or can be created
+/// (mode 0700 when created). `None` when none can.
+pub fn run_dir() -> Option<PathBuf> {
+    candidates().into_iter().find(|d| {
+        d.is_dir()
+            || std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(d)
+                .is_ok()
+    })
+}
+
+/// One endpoint socket found by [`endpoints`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointPath {
+    /// The process serving it.
+    pub pid: u32,
+    /// The socket.
+    pub path: PathBuf,
+}
+
+/// Every endpoint socket of a live process in the run directories (all candidates, or `$ROCEV2_RUN_DIR`), sorted by
+/// pid. Sockets whose process is gone are removed (best effort).
+pub fn endpoints() -> Vec<EndpointPath> {
+    let mut out = Vec::new();
+    for dir in candidates() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let path = e.path();
+            let Some(pid) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .filter(|n| n.ends_with(".sock"))
+                .and_then(|n| n.split('.').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !e.file_type().is_ok_and(|t| t.is_socket()) {
+                continue;
+            }
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                out.push(EndpointPath { pid, path });
+            } else {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    out.sort_by(|a, b| (a.pid, &a.path).cmp(&(b.pid, &b.path)));
+    out.dedup();
+    out
+}
+
+/// Sends `request` to the endpoint at `path` and returns its answer, each way bounded by `timeout`.
+///
+/// # Errors
+/// Connecting, writing or reading failed, or the answer is not JSON.
+pub fn query(path: &Path, request: &Value, timeout: Duration) -> std::io::Result<Value> {
+    let mut s = UnixStream::connect(path)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut line = request.to_string();
+    line.push('\n');
+    s.write_all(line.as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer)?;
+    serde_json::from_str(answer.trim_end()).map_err(std::io::Error::other)
+}
+
+/// A running endpoint; stopped (thread joined, socket removed) by [`Endpoint::stop`].
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    join: Option<JoinHandle<()>>,
+    thread: ThreadId,
+}
+
+/// The devices an endpoint reports: weak, so it never keeps a runtime alive.
+pub(crate) type DeviceList = Arc<Mutex<Vec<Weak<CtxInner>>>>;
+
+/// Runtimes started by this process (the `<n>` of the socket name).
+static RUNTIMES: AtomicU64 = AtomicU64::new(0);
+
+/// Starts the endpoint `cfg` asks for, serving `devices`; `None` when it is off or cannot be created (a warning
+/// is logged: the runtime works without it).
+pub(crate) fn start(cfg: &StatsEndpoint, devices: DeviceList) -> Option<Endpoint> {
+    let off =
+        std::env::var(ENV_OFF).is_ok_and(|v| matches!(v.trim(), "0" | "off" | "false" | "no"));
+    let dir = match cfg {
+        StatsEndpoint::Off => return None,
+        _ if off => return None,
+        StatsEndpoint::RunDir => run_dir()?,
+        StatsEndpoint::Dir(d) => {
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(d);
+            d.clone()
+        }
+    };
+    let n = RUNTIMES.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("{}.{n}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = match UnixListener::bind(&path).and_then(|l| {
+        l.set_nonblocking(true)?;
+        Ok(l)
+    }) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "no stats endpoint");
+            return None;
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = Arc::clone(&stop);
+    let join = std::thread::Builder::new()
+        .name("rocev2-stats".into())
+        .spawn(move || serve(&listener, &st, &devices))
+        .ok()?;
+    let thread = join.thread().id();
+    Some(Endpoint {
+        path,
+        stop,
+        join: Some(join),
+        thread,
+    })
+}
+
+impl Endpoint {
+    /// The socket's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops the thread (joined unless this is it: the last device handle can be dropped by a request in flight)
+    /// and removes the socket.
+    pub(crate) fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(j) = self.join.take()
+            && std::thread::current().id() != self.thread
+        {
+            let _ = j.join();
+        }
+    }
+}
+
+fn serve(l: &UnixListener, stop: &AtomicBool, devices: &DeviceList) {
+    while !stop.load(Ordering::Relaxed) {
+        match l.accept() {
+            Ok((s, _)) => answer(s, devices),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Largest request line read.
+const MAX_REQUEST: u64 = 4096;
+
+fn answer(s: UnixStream, devices: &DeviceList) {
+    let t = Some(Duration::from_secs(2));
+    if s.set_nonblocking(false).is_err() || s.set_read_timeout(t).is_err() {
+        return;
+    }
+    let _ = s.set_write_timeout(t);
+    let mut line = String::new();
+    let Ok(reader) = s.try_clone() else { return };
+    let _ = BufReader::new(std::io::Read::take(reader, MAX_REQUEST)).read_line(&mut line);
+    // Upgrade outside the lock: a request may hold the last handle of a device whose drop takes the lock.
+    let live: Vec<Context> = devices
+        .lock()
+        .map(|v| {
+            v.iter()
+                .filter_map(Weak::upgrade)
+                .map(Context::from_inner)
+                .collect()
+        })
+        .unwrap_or_default();
+    let body = match serde_json::from_str::<Value>(line.trim()) {
+        Ok(req) => respond(&req, &live),
+        Err(e) => Err(format!("not a JSON request: {e}")),
+    };
+    let mut out = envelope();
+    match body {
+        Ok(devs) => out["devices"] = Value::Array(devs),
+        Err(e) => out["error"] = json!(e),
+    }
+    let mut text = out.to_string();
+    text.push('\n');
+    let mut s = s;
+    let _ = s.write_all(text.as_bytes());
+    drop(live);
+}
+
+fn envelope() -> Value {
+    json!({
+        "proto": PROTO,
+        "v": VERSION,
+        "pid": std::process::id(),
+        "cmdline": std::env::args().collect::<Vec<_>>().join(" "),
+    })
+}
+
+fn respond(req: &Value, devices: &[Context]) -> Result<Vec<Value>, String> {
+    match req.get("get").and_then(Value::as_str) {
+        Some("stats") => Ok(devices
+            .iter()
+            .map(|c| device_stats(c).unwrap_or_else(|e| json!({ "index": c.index(), "error": e })))
+            .collect()),
+        Some("qp") => {
+            let qpn = req
+                .get("qpn")
+                .and_then(Value::as_u64)
+                .and_then(|q| u32::try_from(q).ok())
+                .ok_or("`qp` needs a numeric `qpn`")?;
+            let mut v = Vec::new();
+            for c in devices {
+                match c.qp_dump(Qpn::new(qpn)) {
+                    Ok(Some(dump)) => {
+                        v.push(json!({ "index": c.index(), "qp": { "qpn": qpn, "dump": dump } }));
+                    }
+                    Ok(None) => {}
+                    Err(e) => v.push(json!({ "index": c.index(), "error": e.to_string() })),
+                }
+            }
+            Ok(v)
+        }
+        _ => Err(
+            "unknown request (expected {\"get\": \"stats\"} or {\"get\": \"qp\", \"qpn\": N})"
+                .into(),
+        ),
+    }
+}
+
+fn counters_json(c: &Counters) -> Value {
+    Value::Object(
+        c.iter()
+            .map(|(k, v)| (k.to_owned(), json!(v)))
+            .collect::<Map<_, _>>(),
+    )
+}
+
+fn qp_type(t: QpType) -> &'static str {
+    match t {
+        QpType::Rc => "RC",
+        QpType::Uc => "UC",
+        QpType::Ud => "UD",
+    }
+}
+
+fn qp_state(s: QpState) -> &'static str {
+    match s {
+        QpState::Reset => "RESET",
+        QpState::Init => "INIT",
+        QpState::Rtr => "RTR",
+        QpState::Rts => "RTS",
+        QpState::Sqd => "SQD",
+        QpState::Sqe => "SQE",
+        QpState::Err => "ERR",
+    }
+}
+
+fn device_stats(c: &Context) -> Result<Value, String> {
+    let counters = c.counters().map_err(|e| e.to_string())?;
+    let qps = c.qp_snapshots().map_err(|e| e.to_string())?;
+    let cfg = c.config();
+    let r = c.runtime_stats();
+    let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mac: Vec<String> = cfg.mac.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(json!({
+        "index": c.index(),
+        "gids": cfg.gids.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
+        "mac": mac.join(":"),
+        "max_qp": c.query_device().max_qp,
+        "counters": counters_json(&counters),
+        "runtime": {
+            "loops": ld(&r.loops),
+            "parks": ld(&r.parks),
+            "wakeups": ld(&r.wakeups),
+            "doorbells": ld(&r.doorbells),
+            "wqes": ld(&r.wqes),
+            "flushes": ld(&r.flushes),
+            "tx_frames": ld(&r.tx_frames),
+            "rx_frames": ld(&r.rx_frames),
+            "link_errors": ld(&r.link_errors),
+            "doorbell_overflows": ld(&r.doorbell_overflows),
+        },
+        "qps": qps.iter().map(|q| json!({
+            "qpn": q.qpn.value(),
+            "type": qp_type(q.info.qp_type),
+            "state": qp_state(q.info.state),
+            "next_psn": q.info.next_psn.value(),
+            "una_psn": q.info.una_psn.value(),
+            "epsn": q.info.epsn.value(),
+            "msn": q.info.msn,
+            "sq_outstanding": q.info.sq_outstanding,
+            "rq_outstanding": q.info.rq_outstanding,
+            "udp_sport": q.info.udp_sport,
+            "rate_bps": q.rate.and_then(|r| r.rate_bps),
+            "target_bps": q.rate.and_then(|r| r.target_bps),
+            "alpha": q.rate.and_then(|r| r.alpha),
+            "limited": q.rate.is_some_and(|r| r.limited),
+            "shaped_bps": q.shaped_bps,
+            "counters": counters_json(&q.counters),
+        })).collect::<Vec<_>>(),
+    }))
+}

@@ -1,0 +1,153 @@
+//! The stats endpoint (`roce_verbs::endpoint`): a runtime serves its devices' live counters on a Unix socket for
+//! `rocev2 stat`, and removes the socket when its last device goes.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use roce_verbs::endpoint::{self, PROTO};
+use roce_verbs::*;
+use serde_json::{Value, json};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn ask(path: &Path, req: Value) -> Value {
+    let v = endpoint::query(path, &req, Duration::from_secs(5)).expect("query");
+    assert_eq!(v["proto"], PROTO, "{v}");
+    assert_eq!(v["v"], 1, "{v}");
+    assert_eq!(v["pid"], std::process::id(), "{v}");
+    v
+}
+
+#[test]
+fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
+    let dir = scratch("endpoint");
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Dir(dir.clone()),
+        ..RuntimeConfig::default()
+    };
+    let (ca, cb) = Context::sim_pair(rt).expect("pair");
+    let path = ca.stats_endpoint().expect("an endpoint");
+    assert_eq!(cb.stats_endpoint(), Some(path.clone()), "one per runtime");
+    assert!(path.starts_with(&dir), "{}", path.display());
+
+    // Two connected RC QPs; 20 SENDs of 1000 bytes from a to b, in chains of 4 (5 doorbells).
+    let cap = QpCap {
+        max_send_wr: 32,
+        max_recv_wr: 32,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let side = |c: &Context| {
+        let pd = c.alloc_pd().expect("pd");
+        let cq = c.create_cq(64, None, Moderation::default()).expect("cq");
+        let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap, false).expect("qp");
+        let buf = MrBuf::new(4096).expect("buf");
+        let mr = pd.reg_mr(&buf, AccessFlags::LOCAL_WRITE).expect("mr");
+        (pd, cq, qp, buf, mr)
+    };
+    let (a, b) = (side(&ca), side(&cb));
+    let o = ConnectOpts::default();
+    a.2.connect(&b.2.endpoint(Psn::new(7)), Psn::new(1), &o)
+        .expect("connect");
+    b.2.connect(&a.2.endpoint(Psn::new(1)), Psn::new(7), &o)
+        .expect("connect");
+    let rsge = [b.4.sge(0, 1000)];
+    for i in 0..20 {
+        b.2.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &rsge,
+        }])
+        .expect("recv");
+    }
+    let ssge = [a.4.sge(0, 1000)];
+    for c in 0..5u64 {
+        let wrs: Vec<SendWr<'_>> = (0..4)
+            .map(|i| SendWr::new(c * 4 + i, SendOp::Send, &ssge).signaled())
+            .collect();
+        a.2.post_send(&wrs).expect("send");
+    }
+    let mut got = 0;
+    let mut wcs = [Wc::default(); 32];
+    let t0 = Instant::now();
+    while got < 40 {
+        got += a.1.poll(&mut wcs) + b.1.poll(&mut wcs);
+        assert!(t0.elapsed() < Duration::from_secs(10), "{got} completions");
+    }
+
+    let v = ask(&path, json!({"get": "stats"}));
+    let devs = v["devices"].as_array().expect("devices");
+    assert_eq!(devs.len(), 2, "{v}");
+    let (da, db) = (&devs[0], &devs[1]);
+    assert_eq!(da["index"], 0);
+    assert_eq!(da["gids"][0], "::ffff:192.0.2.1");
+    assert!(da["counters"]["sent_pkts"].as_u64() >= Some(20), "{da}");
+    assert_eq!(db["counters"]["rdma_sends"], 20, "{db}");
+    // The runtime's doorbells and WQEs: 5 send chains of 4 + 20 single receives at least.
+    let rt = &da["runtime"];
+    assert!(rt["doorbells"].as_u64() >= Some(25), "{rt}");
+    assert!(rt["wqes"].as_u64() >= Some(40), "{rt}");
+    let qa = &da["qps"][0];
+    assert_eq!(qa["qpn"], a.2.qpn().value());
+    assert_eq!(qa["type"], "RC");
+    assert_eq!(qa["state"], "RTS");
+    assert_eq!(qa["sq_outstanding"], 0, "{qa}");
+    assert_eq!(
+        qa["counters"]["sent_pkts"], da["counters"]["sent_pkts"],
+        "{qa}"
+    );
+    assert_eq!(db["qps"][0]["epsn"], 1 + 20, "{db}");
+
+    // Each device numbers its QPs from 0x11: both answer, each with its own QP's state.
+    assert_eq!(a.2.qpn(), b.2.qpn());
+    let v = ask(&path, json!({"get": "qp", "qpn": b.2.qpn().value()}));
+    let hits = v["devices"].as_array().expect("devices");
+    assert_eq!(hits.len(), 2, "{v}");
+    let dump = |i: usize| hits[i]["qp"]["dump"].as_str().expect("dump").to_owned();
+    assert!(
+        dump(0).contains("state=Rts") && dump(0).contains("next_psn=21"),
+        "{}",
+        dump(0)
+    );
+    assert!(
+        dump(1).contains("epsn=21") && dump(1).contains("rdma_sends=20"),
+        "{}",
+        dump(1)
+    );
+    let v = ask(&path, json!({"get": "qp", "qpn": 0x999}));
+    assert_eq!(v["devices"], json!([]), "{v}");
+
+    let v = ask(&path, json!({"get": "nonsense"}));
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unknown request")),
+        "{v}"
+    );
+
+    // Gone with the last device of the runtime.
+    drop((a, b));
+    drop(ca);
+    assert!(path.exists());
+    drop(cb);
+    // The runtime may finish stopping on its engine thread (a handle's last cleanup command holds it).
+    let t0 = Instant::now();
+    while path.exists() && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!path.exists(), "{} left behind", path.display());
+}
+
+#[test]
+fn endpoint_can_be_turned_off() {
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Off,
+        ..RuntimeConfig::default()
+    };
+    let (ca, _cb) = Context::sim_pair(rt).expect("pair");
+    assert_eq!(ca.stats_endpoint(), None);
+}
