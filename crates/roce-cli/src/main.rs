@@ -10,6 +10,8 @@
 //! * `pingpong [rc|ud] [SERVER]` — `ibv_rc_pingpong` / `ibv_ud_pingpong` compatible test that interoperates
 //!   with the rdma-core tools and Linux Soft-RoCE (see [`pingpong`]).
 //!
+//! * `stat [--json] [-w SECS] [--qp N]` — live counters of every rocev2 device on this host (see [`stat`]).
+//!
 //! * `bench engine [--json]` — the engine's send-path cost per core on a null link (see [`bench`]).
 //!
 //! * `cc trace --profile paper|ns3_mlx|nvidia --cnp-us T1,T2,... [--plot FILE.svg]` — the DCQCN reaction point
@@ -25,6 +27,7 @@ mod perf;
 mod pingpong;
 mod plotfont;
 mod rxmode;
+mod stat;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -56,6 +59,10 @@ enum Command {
     Pingpong(Box<pingpong::PingpongArgs>),
     /// Benchmarks: `rocev2 bench engine [--json]` measures the engine's send path per core on a null link.
     Bench(bench::BenchArgs),
+    /// The counters of every rocev2 device running on this host, per device and per QP, read live from the
+    /// processes (as `rdma statistic`), with the send-queue depth, retransmission rate (flagged above 5 %), doorbell
+    /// rate and WQEs per doorbell; `--qp N` dumps one QP. `-w SECS` watches, `--json` for scripts.
+    Stat(stat::StatArgs),
     /// Congestion control: `rocev2 cc trace` drives the DCQCN reaction point through a CNP schedule (JSON in the
     /// schema of ../shared/dcqcn/rp_reference.py, optional SVG plot).
     Cc(cc::CcArgs),
@@ -85,6 +92,7 @@ fn main() -> ExitCode {
         Command::Decode(args) => decode_cmd(&args),
         Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
+        Command::Stat(args) => stat::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Cc(args) => cc::run(&args),
     }

@@ -1,0 +1,438 @@
+//! `rocev2 stat`: the counters of every rocev2 device running on this host, read live from the processes through
+//! their stats endpoints (`roce_verbs::endpoint`), as `rdma statistic` shows an RNIC's.
+//!
+//! For each process (pid, command line) and each of its devices: the non-zero port counters, and the three signals
+//! the send module's operators watch, over a sampling interval (two snapshots `--interval` apart, default 1 s; in
+//! watch mode between refreshes):
+//!
+//! * **send-queue depth**: send WRs posted and not yet completed, summed over the device's QPs (and per QP);
+//! * **retransmission rate**: `Δretransmitted_pkts / Δsent_pkts`, flagged above 5 % — a sign of a lossy or congested
+//!   network (go-back-N resends a whole window per loss);
+//! * **doorbell rate** and **WQEs per doorbell** (`Δwqes / Δdoorbells`, the average post-list chain): a low figure at
+//!   a high rate means the application rings once per WR. Both come from the engine thread, which may serve
+//!   several devices (they then show the same figures).
+//!
+//! Then one line per QP: type, state, PSNs (next, oldest unacknowledged, expected), queue depths, rate controller and
+//! its non-zero counters. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
+//! and timer state, rate controller, counters) for every device that has one; `--pid` narrows to one process.
+//! `--json` prints one object per sample; `-w SECS` repeats until interrupted.
+
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use roce_verbs::endpoint::{self, EndpointPath};
+use serde_json::{Value, json};
+
+/// Retransmission rate above which a device or QP is flagged.
+const RETRANS_FLAG: f64 = 0.05;
+
+/// `rocev2 stat` arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct StatArgs {
+    /// Print one JSON object per sample instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Watch mode: refresh every SECS seconds until interrupted (rates over each refresh interval).
+    #[arg(short = 'w', long = "watch", value_name = "SECS")]
+    pub watch: Option<f64>,
+    /// Seconds between the two snapshots the rates of a one-shot report come from.
+    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    pub interval: f64,
+    /// Print the dump of this QP (state, PSNs, outstanding WRs, retry and CC state) instead of the counters.
+    #[arg(long, value_name = "QPN", value_parser = parse_qpn)]
+    pub qp: Option<u32>,
+    /// Only this process.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Show every counter, zeros included.
+    #[arg(short = 'a', long)]
+    pub all: bool,
+}
+
+/// A QPN in decimal or 0x hex.
+fn parse_qpn(s: &str) -> Result<u32, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    v.ok()
+        .filter(|&q| q <= 0xFF_FFFF)
+        .ok_or_else(|| format!("`{s}` is not a QP number (24 bits, decimal or 0x hex)"))
+}
+
+/// How long one endpoint may take to answer.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Entry point of `rocev2 stat`.
+pub fn run(a: &StatArgs) -> ExitCode {
+    let secs = |v: f64, what: &str| {
+        Duration::try_from_secs_f64(v)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("{what} {v}: a positive number of seconds"))
+    };
+    let (interval, watch) = match (
+        secs(a.interval, "--interval"),
+        a.watch.map(|w| secs(w, "--watch")).transpose(),
+    ) {
+        (Ok(i), Ok(w)) => (i, w),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("rocev2 stat: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(qpn) = a.qp {
+        return qp_dump(a, qpn);
+    }
+    let mut prev = snapshot(a.pid);
+    let mut t_prev = Instant::now();
+    if prev.is_empty() {
+        eprintln!("{}", nothing_running());
+        if watch.is_none() {
+            return ExitCode::from(1);
+        }
+    }
+    let tty = std::io::stdout().is_terminal() && !a.json;
+    loop {
+        std::thread::sleep(watch.unwrap_or(interval));
+        let cur = snapshot(a.pid);
+        let dt = t_prev.elapsed();
+        t_prev = Instant::now();
+        let report = report(&prev, &cur, dt);
+        if a.json {
+            println!("{report}");
+        } else {
+            if tty && watch.is_some() {
+                // Clear the screen and home the cursor, as `watch` does.
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{}", text(&report, a.all));
+        }
+        prev = cur;
+        if watch.is_none() {
+            return ExitCode::SUCCESS;
+        }
+    }
+}
+
+fn nothing_running() -> String {
+    let dirs = endpoint::run_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_else(|| "no run directory".into());
+    format!(
+        "rocev2 stat: no rocev2 device is running on this host (no stats endpoint in {dirs}; programs started with \
+         ROCEV2_STATS_ENDPOINT=0 or another ROCEV2_RUN_DIR are not seen)"
+    )
+}
+
+/// One process's answer (or why there is none).
+struct Sample {
+    ep: EndpointPath,
+    answer: Result<Value, String>,
+}
+
+fn snapshot(pid: Option<u32>) -> Vec<Sample> {
+    endpoint::endpoints()
+        .into_iter()
+        .filter(|e| pid.is_none_or(|p| p == e.pid))
+        .map(|ep| {
+            let answer = endpoint::query(&ep.path, &json!({"get": "stats"}), QUERY_TIMEOUT)
+                .map_err(|e| e.to_string())
+                .and_then(|v| match v.get("error").and_then(Value::as_str) {
+                    Some(e) => Err(e.to_owned()),
+                    None => Ok(v),
+                });
+            Sample { ep, answer }
+        })
+        .collect()
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// `Δa / Δb` of two counters, `None` when `Δb` is 0.
+fn ratio(num: u64, den: u64) -> Option<f64> {
+    (den > 0).then(|| num as f64 / den as f64)
+}
+
+/// The report of one sample: `{interval_s, runtimes: [{pid, endpoint, cmdline, devices: [DEVICE + signals]}]}`, one
+/// entry per endpoint (a process has one per runtime), every device with rates against the same device (endpoint,
+/// index) in `prev` over `dt` (none for a device that was not there).
+fn report(prev: &[Sample], cur: &[Sample], dt: Duration) -> Value {
+    let secs = dt.as_secs_f64();
+    let find_prev = |path: &PathBuf, index: u64| -> Option<&Value> {
+        prev.iter()
+            .find(|s| &s.ep.path == path)
+            .and_then(|s| s.answer.as_ref().ok())
+            .and_then(|a| a["devices"].as_array())
+            .and_then(|d| d.iter().find(|x| u(x, "index") == index))
+    };
+    let procs: Vec<Value> = cur
+        .iter()
+        .map(|s| {
+            let mut p = json!({
+                "pid": s.ep.pid,
+                "endpoint": s.ep.path.display().to_string(),
+            });
+            match &s.answer {
+                Err(e) => p["error"] = json!(e),
+                Ok(a) => {
+                    p["cmdline"] = a["cmdline"].clone();
+                    let devs: Vec<Value> = a["devices"]
+                        .as_array()
+                        .map(|d| d.as_slice())
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|d| {
+                            let mut d = d.clone();
+                            let before = find_prev(&s.ep.path, u(&d, "index"));
+                            d["signals"] = signals(&d, before, secs);
+                            d
+                        })
+                        .collect();
+                    p["devices"] = Value::Array(devs);
+                }
+            }
+            p
+        })
+        .collect();
+    json!({ "interval_s": secs, "runtimes": procs })
+}
+
+/// The operators' signals of device `d` since `before` (`secs` earlier): send-queue depth (total and per QP),
+/// retransmission rate (and whether it is above 5 %), doorbell rate, WQEs per doorbell, packet rates.
+fn signals(d: &Value, before: Option<&Value>, secs: f64) -> Value {
+    let qps = d["qps"]
+        .as_array()
+        .map(|q| q.as_slice())
+        .unwrap_or_default();
+    let sq_depth: u64 = qps.iter().map(|q| u(q, "sq_outstanding")).sum();
+    let Some(b) = before else {
+        return json!({ "sq_depth": sq_depth });
+    };
+    let dc = |k: &str| u(&d["counters"], k).saturating_sub(u(&b["counters"], k));
+    let dr = |k: &str| u(&d["runtime"], k).saturating_sub(u(&b["runtime"], k));
+    let retrans = ratio(dc("retransmitted_pkts"), dc("sent_pkts"));
+    let per_qp: Vec<Value> = qps
+        .iter()
+        .map(|q| {
+            let qb = b["qps"]
+                .as_array()
+                .and_then(|v| v.iter().find(|x| x["qpn"] == q["qpn"]));
+            let r = qb.and_then(|qb| {
+                let dq = |k: &str| u(&q["counters"], k).saturating_sub(u(&qb["counters"], k));
+                ratio(dq("retransmitted_pkts"), dq("sent_pkts"))
+            });
+            json!({
+                "qpn": q["qpn"],
+                "sq_depth": u(q, "sq_outstanding"),
+                "retrans_rate": r,
+                "retrans_flag": r.is_some_and(|r| r > RETRANS_FLAG),
+            })
+        })
+        .collect();
+    json!({
+        "sq_depth": sq_depth,
+        "retrans_rate": retrans,
+        "retrans_flag": retrans.is_some_and(|r| r > RETRANS_FLAG),
+        "sent_pps": dc("sent_pkts") as f64 / secs,
+        "rcvd_pps": dc("rcvd_pkts") as f64 / secs,
+        "doorbells_per_s": dr("doorbells") as f64 / secs,
+        "wqes_per_doorbell": ratio(dr("wqes"), dr("doorbells")),
+        "qps": per_qp,
+    })
+}
+
+/// A rate for people: "12.3k" etc.
+fn human(x: f64) -> String {
+    match x {
+        x if x >= 1e9 => format!("{:.2}G", x / 1e9),
+        x if x >= 1e6 => format!("{:.2}M", x / 1e6),
+        x if x >= 1e3 => format!("{:.1}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
+}
+
+fn pct(r: Option<f64>, flag: bool) -> String {
+    match r {
+        None => "-".into(),
+        Some(r) if flag => format!(
+            "{:.2} % (!) above 5 %: lossy or congested network",
+            r * 100.0
+        ),
+        Some(r) => format!("{:.2} %", r * 100.0),
+    }
+}
+
+/// `name value` pairs of a counters object (non-zero ones unless `all`), on one line.
+fn counters_line(c: &Value, all: bool) -> String {
+    c.as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, v)| all || v.as_u64() != Some(0))
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
+/// A device's name in the text report: its IPv4 address (from an IPv4-mapped GID) or its GID.
+fn device_name(gid: &str) -> &str {
+    gid.strip_prefix("::ffff:").unwrap_or(gid)
+}
+
+/// The text form of a report, in `rdma statistic`'s spirit: a `link` line per device, a `qp` line per QP.
+fn text(r: &Value, all: bool) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let procs = r["runtimes"]
+        .as_array()
+        .map(|v| v.as_slice())
+        .unwrap_or_default();
+    if procs.is_empty() {
+        let _ = writeln!(o, "{}", nothing_running());
+    }
+    for p in procs {
+        let pid = u(p, "pid");
+        let cmd = p["cmdline"].as_str().unwrap_or("?");
+        if let Some(e) = p["error"].as_str() {
+            let _ = writeln!(o, "pid {pid}: no answer from {}: {e}", p["endpoint"]);
+            continue;
+        }
+        for d in p["devices"]
+            .as_array()
+            .map(|v| v.as_slice())
+            .unwrap_or_default()
+        {
+            let gid = d["gids"][0].as_str().unwrap_or("?");
+            let name = format!("rocev2_{}/1", device_name(gid));
+            if let Some(e) = d["error"].as_str() {
+                let _ = writeln!(o, "link {name} pid {pid}: {e}");
+                continue;
+            }
+            let _ = writeln!(
+                o,
+                "link {name} pid {pid} comm {cmd} gid {gid} {}",
+                counters_line(&d["counters"], all)
+            );
+            let s = &d["signals"];
+            let _ = writeln!(
+                o,
+                "    sq_depth {} retrans {} doorbells {}/s wqes/doorbell {} packets {}/s out {}/s in",
+                u(s, "sq_depth"),
+                pct(s["retrans_rate"].as_f64(), s["retrans_flag"] == true),
+                s["doorbells_per_s"].as_f64().map_or("-".into(), human),
+                s["wqes_per_doorbell"]
+                    .as_f64()
+                    .map_or("-".into(), |x| format!("{x:.2}")),
+                s["sent_pps"].as_f64().map_or("-".into(), human),
+                s["rcvd_pps"].as_f64().map_or("-".into(), human),
+            );
+            let sig_qps = s["qps"]
+                .as_array()
+                .map(|v| v.as_slice())
+                .unwrap_or_default();
+            for q in d["qps"]
+                .as_array()
+                .map(|v| v.as_slice())
+                .unwrap_or_default()
+            {
+                let qs = sig_qps.iter().find(|x| x["qpn"] == q["qpn"]);
+                let rate = match (q["rate_bps"].as_u64(), q["limited"] == true) {
+                    (Some(r), l) => format!(
+                        " cc_rate {}b/s{}",
+                        human(r as f64),
+                        if l { " (limited)" } else { "" }
+                    ),
+                    (None, _) => String::new(),
+                };
+                let _ = writeln!(
+                    o,
+                    "qp link {name} lqpn {:#x} type {} state {} sq {} rq {} next_psn {:#x} una_psn {:#x} epsn {:#x} \
+                     retrans {}{rate} {}",
+                    u(q, "qpn"),
+                    q["type"].as_str().unwrap_or("?"),
+                    q["state"].as_str().unwrap_or("?"),
+                    u(q, "sq_outstanding"),
+                    u(q, "rq_outstanding"),
+                    u(q, "next_psn"),
+                    u(q, "una_psn"),
+                    u(q, "epsn"),
+                    pct(
+                        qs.and_then(|x| x["retrans_rate"].as_f64()),
+                        qs.is_some_and(|x| x["retrans_flag"] == true)
+                    ),
+                    counters_line(&q["counters"], all),
+                );
+            }
+        }
+    }
+    o
+}
+
+/// `--qp N`: every device (of `--pid`, if given) that has QP N, with its dump.
+fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
+    let eps: Vec<EndpointPath> = endpoint::endpoints()
+        .into_iter()
+        .filter(|e| a.pid.is_none_or(|p| p == e.pid))
+        .collect();
+    if eps.is_empty() {
+        eprintln!("{}", nothing_running());
+        return ExitCode::from(1);
+    }
+    let mut found = Vec::new();
+    for ep in &eps {
+        match endpoint::query(&ep.path, &json!({"get": "qp", "qpn": qpn}), QUERY_TIMEOUT) {
+            Ok(v) => {
+                for d in v["devices"]
+                    .as_array()
+                    .map(|v| v.as_slice())
+                    .unwrap_or_default()
+                {
+                    found.push(json!({
+                        "pid": ep.pid,
+                        "cmdline": v["cmdline"],
+                        "index": d["index"],
+                        "qpn": qpn,
+                        "dump": d["qp"]["dump"],
+                        "error": d["error"],
+                    }));
+                }
+            }
+            Err(e) => eprintln!("rocev2 stat: pid {}: {e}", ep.pid),
+        }
+    }
+    if found.is_empty() {
+        eprintln!(
+            "rocev2 stat: no running device has QP {qpn:#x}{}",
+            a.pid.map(|p| format!(" in pid {p}")).unwrap_or_default()
+        );
+        return ExitCode::from(1);
+    }
+    if a.json {
+        println!("{}", Value::Array(found));
+    } else {
+        for f in &found {
+            println!(
+                "pid {} ({}) device {} QP {qpn:#x}:",
+                f["pid"],
+                f["cmdline"].as_str().unwrap_or("?"),
+                f["index"]
+            );
+            match (f["dump"].as_str(), f["error"].as_str()) {
+                (Some(d), _) => {
+                    for l in d.lines() {
+                        println!("  {l}");
+                    }
+                }
+                (None, Some(e)) => println!("  error: {e}"),
+                _ => {}
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,234 @@
+//! `rocev2 stat` against a live `rocev2 perf --loopback` run: the counters and signals of both devices, read from the
+//! running process through its stats endpoints (in a private run directory, `ROCEV2_RUN_DIR`), the QP dump, and
+//! nothing once the run has ended.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{Proc, scratch, serial};
+use serde_json::Value;
+
+fn stat(run_dir: &Path, args: &[&str]) -> Output {
+    Command::new(common::bin())
+        .arg("stat")
+        .args(args)
+        .env("ROCEV2_RUN_DIR", run_dir)
+        .output()
+        .expect("run rocev2 stat")
+}
+
+/// Starts `rocev2 perf ARGS --loopback` with its endpoints in `run_dir`; returns once both runtimes' sockets exist.
+fn perf(dir: &Path, run_dir: &Path, args: &[&str]) -> Proc {
+    let mut argv = vec![
+        common::bin().to_owned(),
+        "perf".to_owned(),
+        // `env` puts the run directory into the child's environment (Proc takes an argv).
+    ];
+    argv.extend(args.iter().map(|s| (*s).to_owned()));
+    let mut full = vec![
+        "env".to_owned(),
+        format!("ROCEV2_RUN_DIR={}", run_dir.display()),
+    ];
+    full.extend(argv);
+    let mut p = Proc::spawn("perf", dir, &full);
+    let t0 = Instant::now();
+    while sockets(run_dir).len() < 2 {
+        assert!(
+            p.try_wait().is_none(),
+            "perf ended early\n{}",
+            p.output_so_far()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no endpoints in {}\n{}",
+            run_dir.display(),
+            p.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    p
+}
+
+fn sockets(run_dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(run_dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn stat_reads_a_running_perf() {
+    let _serial = serial();
+    let dir = scratch("stat");
+    let run_dir = dir.join("run");
+    let mut p = perf(
+        &dir,
+        &run_dir,
+        &[
+            "write-bw",
+            "--loopback",
+            "--loopback-ips",
+            "127.0.48.1,127.0.48.2",
+            "-s",
+            "1024",
+            "-l",
+            "4",
+            "-D",
+            "6",
+        ],
+    );
+    // Give the run time to start sending (the endpoints exist from the device's creation on).
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = stat(&run_dir, &["--json", "--interval", "0.5"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rts = v["runtimes"].as_array().expect("runtimes");
+    // --loopback over UDP: one process, one runtime per end.
+    assert_eq!(rts.len(), 2, "{v}");
+    let pid = p.pid();
+    let devs: Vec<&Value> = rts
+        .iter()
+        .inspect(|r| assert_eq!(r["pid"], pid, "{r}"))
+        .flat_map(|r| r["devices"].as_array().expect("devices").iter())
+        .collect();
+    let by_gid = |g: &str| {
+        *devs
+            .iter()
+            .find(|d| d["gids"][0] == g)
+            .unwrap_or_else(|| panic!("no device {g}: {v}"))
+    };
+    let client = by_gid("::ffff:127.0.48.2");
+    let server = by_gid("::ffff:127.0.48.1");
+    let cs = &client["signals"];
+    // The client posts chains of 4 WRITEs (-l 4): one doorbell each.
+    let wpd = cs["wqes_per_doorbell"].as_f64().expect("wqes/doorbell");
+    assert!((3.9..=4.1).contains(&wpd), "{cs}");
+    assert!(cs["doorbells_per_s"].as_f64() > Some(0.0), "{cs}");
+    assert_eq!(cs["retrans_rate"].as_f64(), Some(0.0), "no loss: {cs}");
+    assert_eq!(cs["retrans_flag"], false);
+    assert!(cs["sent_pps"].as_f64() > Some(0.0), "{cs}");
+    assert!(server["signals"]["rcvd_pps"].as_f64() > Some(0.0));
+    assert!(
+        server["counters"]["rx_write_requests"].as_u64() > Some(0),
+        "{server}"
+    );
+    let q = &client["qps"][0];
+    assert_eq!(
+        (&q["type"], &q["state"]),
+        (&"RC".into(), &"RTS".into()),
+        "{q}"
+    );
+    assert!(q["sq_outstanding"].as_u64() <= Some(128), "{q}");
+
+    // Text: a link line per device, a qp line per QP, the signals.
+    let out = stat(&run_dir, &["--interval", "0.3"]);
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for want in [
+        "link rocev2_127.0.48.2/1",
+        "link rocev2_127.0.48.1/1",
+        "qp link rocev2_127.0.48.2/1 lqpn 0x11 type RC state RTS",
+        "wqes/doorbell 4.00",
+        "retrans 0.00 %",
+    ] {
+        assert!(t.contains(want), "`{want}` not in:\n{t}");
+    }
+
+    // --qp: the engine's dump of QP 0x11, on both devices (each numbers from 0x11).
+    let out = stat(&run_dir, &["--qp", "0x11", "--pid", &pid.to_string()]);
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(t.matches("QP 0x11:").count(), 2, "{t}");
+    assert!(
+        t.contains("state=Rts") && t.contains("requester: next_psn="),
+        "{t}"
+    );
+    let out = stat(&run_dir, &["--qp", "0x999"]);
+    assert_eq!(out.status.code(), Some(1));
+
+    let done = p.wait(Duration::from_secs(30));
+    assert!(done.status.success(), "{done}");
+    // The endpoints went with the run.
+    assert!(sockets(&run_dir).is_empty(), "{:?}", sockets(&run_dir));
+    let out = stat(&run_dir, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no rocev2 device is running"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn stat_flags_a_high_retransmission_rate() {
+    let _serial = serial();
+    let dir = scratch("stat-loss");
+    let run_dir = dir.join("run");
+    let mut p = perf(
+        &dir,
+        &run_dir,
+        &[
+            "write-bw",
+            "--loopback",
+            "--loopback-ips",
+            "127.0.49.1,127.0.49.2",
+            "-s",
+            "4096",
+            "--loss",
+            "0.1",
+            "-D",
+            "5",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = stat(&run_dir, &["--interval", "0.5"]);
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{t}");
+    let link = t
+        .lines()
+        .skip_while(|l| !l.starts_with("link rocev2_127.0.49.2/1"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no client device:\n{t}"));
+    assert!(link.contains("(!) above 5 %"), "{link}\n{t}");
+    let done = p.wait(Duration::from_secs(30));
+    assert!(done.status.success(), "{done}");
+}
+
+#[test]
+fn endpoints_can_be_turned_off() {
+    let _serial = serial();
+    let dir = scratch("stat-off");
+    let run_dir = dir.join("run");
+    let argv: Vec<String> = [
+        "env",
+        &format!("ROCEV2_RUN_DIR={}", run_dir.display()),
+        "ROCEV2_STATS_ENDPOINT=0",
+        common::bin(),
+        "perf",
+        "send-lat",
+        "--loopback",
+        "--loopback-ips",
+        "127.0.50.1,127.0.50.2",
+        "-D",
+        "2",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let mut p = Proc::spawn("perf", &dir, &argv);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(sockets(&run_dir).is_empty());
+    let done = p.wait(Duration::from_secs(30));
+    assert!(done.status.success(), "{done}");
+}
