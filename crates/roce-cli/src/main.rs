@@ -10,6 +10,8 @@
 //! * `pingpong [rc|ud] [SERVER]` — `ibv_rc_pingpong` / `ibv_ud_pingpong` compatible test that interoperates
 //!   with the rdma-core tools and Linux Soft-RoCE (see [`pingpong`]).
 //!
+//! * `devinfo [-d DEV] [-v]` — the devices of this host as `ibv_devinfo` shows them (see [`devinfo`]).
+//!
 //! * `stat [--json] [-w SECS] [--qp N]` — live counters of every rocev2 device on this host (see [`stat`]).
 //!
 //! * `bench engine [--json]` — the engine's send-path cost per core on a null link (see [`bench`]).
@@ -21,6 +23,7 @@ mod bench;
 mod capture;
 mod cc;
 mod decode;
+mod devinfo;
 mod link;
 mod oob;
 mod perf;
@@ -63,6 +66,9 @@ enum Command {
     /// processes (as `rdma statistic`), with the send-queue depth, retransmission rate (flagged above 5 %), doorbell
     /// rate and WQEs per doorbell; `--qp N` dumps one QP. `-w SECS` watches, `--json` for scripts.
     Stat(stat::StatArgs),
+    /// The rocev2 devices of this host (one per network interface with an IP address) as `ibv_devinfo [-v]`
+    /// shows RDMA devices: port state, active MTU, GID table with types, limits (-v), programs using each.
+    Devinfo(devinfo::DevinfoArgs),
     /// Congestion control: `rocev2 cc trace` drives the DCQCN reaction point through a CNP schedule (JSON in the
     /// schema of ../shared/dcqcn/rp_reference.py, optional SVG plot).
     Cc(cc::CcArgs),
@@ -93,6 +99,7 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Stat(args) => stat::run(&args),
+        Command::Devinfo(args) => devinfo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Cc(args) => cc::run(&args),
     }

@@ -544,27 +544,65 @@ fn rx_filter(local: IpAddr, port: u16) -> Vec<libc::sock_filter> {
     p
 }
 
-/// Index and name of the interface that owns `addr` in the calling thread's network namespace (getifaddrs(3));
-/// a loopback address not configured on any interface (127.0.0.2) belongs to the loopback interface. This is the
-/// interface [`RxMode::Packet`] captures on; callers can also use it to tell whether an address is local.
+/// A network interface of the calling thread's network namespace and its IP addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interface {
+    /// Its name (`eth0`, `lo`).
+    pub name: String,
+    /// Its interface index (0 if `if_nametoindex` failed).
+    pub index: u32,
+    /// `IFF_UP`: administratively up.
+    pub up: bool,
+    /// `IFF_RUNNING`: operationally up (carrier).
+    pub running: bool,
+    /// `IFF_LOOPBACK`.
+    pub loopback: bool,
+    /// Its IPv4 and IPv6 addresses, in `getifaddrs` order.
+    pub addrs: Vec<IpAddr>,
+}
+
+/// Every interface with its addresses (getifaddrs(3)), in the order the kernel lists them; interfaces without an
+/// IP address are included (no addresses).
 ///
 /// # Errors
-/// `AddrNotAvailable` when no interface has the address; the `getifaddrs` error otherwise.
-pub fn interface_of(addr: IpAddr) -> io::Result<(u32, String)> {
+/// The `getifaddrs` error.
+pub fn interfaces() -> io::Result<Vec<Interface>> {
     let mut list: *mut libc::ifaddrs = core::ptr::null_mut();
     // SAFETY: `list` is a valid out-pointer; on success it must be freed with freeifaddrs (done below).
     if unsafe { libc::getifaddrs(&mut list) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut found = None;
-    // 127.0.0.0/8 (and ::1) are local through `lo` without being configured one by one.
-    let mut loopback = None;
+    let mut out: Vec<Interface> = Vec::new();
     let mut cur = list;
     while !cur.is_null() {
         // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
         let ifa = unsafe { &*cur };
         cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+        if ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        let i = match out.iter().position(|x| x.name == name) {
+            Some(i) => i,
+            None => {
+                let flags = ifa.ifa_flags;
+                let has = |f: libc::c_int| flags & f as libc::c_uint != 0;
+                out.push(Interface {
+                    // SAFETY: as above; `if_nametoindex` only reads the string.
+                    index: unsafe { libc::if_nametoindex(ifa.ifa_name) },
+                    name,
+                    up: has(libc::IFF_UP),
+                    running: has(libc::IFF_RUNNING),
+                    loopback: has(libc::IFF_LOOPBACK),
+                    addrs: Vec::new(),
+                });
+                out.len() - 1
+            }
+        };
+        if ifa.ifa_addr.is_null() {
             continue;
         }
         // SAFETY: `ifa_addr` is non-null and points at a sockaddr whose family says which struct it is.
@@ -584,26 +622,32 @@ pub fn interface_of(addr: IpAddr) -> io::Result<(u32, String)> {
             }
             _ => continue,
         };
-        let is_lo = ifa.ifa_flags & libc::IFF_LOOPBACK as libc::c_uint != 0;
-        if a == addr || (is_lo && addr.is_loopback() && loopback.is_none()) {
-            // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
-            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-            // SAFETY: as above.
-            let idx = unsafe { libc::if_nametoindex(ifa.ifa_name) };
-            let hit = Some((idx, name.to_string_lossy().into_owned()));
-            if a == addr {
-                found = hit;
-                break;
-            }
-            loopback = hit;
-        }
+        out[i].addrs.push(a);
     }
-    let found = found.or(loopback);
-    // SAFETY: `list` came from getifaddrs and is freed once; no reference into it survives (the name was copied).
+    // SAFETY: `list` came from getifaddrs and is freed once; no reference into it survives (names were copied).
     unsafe { libc::freeifaddrs(list) };
+    Ok(out)
+}
+
+/// Index and name of the interface that owns `addr` in the calling thread's network namespace ([`interfaces`]);
+/// a loopback address not configured on any interface (127.0.0.2) belongs to the loopback interface. This is the
+/// interface [`RxMode::Packet`] captures on; callers can also use it to tell whether an address is local.
+///
+/// # Errors
+/// `AddrNotAvailable` when no interface has the address; the `getifaddrs` error otherwise.
+pub fn interface_of(addr: IpAddr) -> io::Result<(u32, String)> {
+    let all = interfaces()?;
+    // 127.0.0.0/8 (and ::1) are local through `lo` without being configured one by one.
+    let found = all.iter().find(|i| i.addrs.contains(&addr)).or_else(|| {
+        all.iter()
+            .find(|i| i.loopback && addr.is_loopback() && !i.addrs.is_empty())
+    });
     match found {
-        Some((idx, name)) if idx != 0 => Ok((idx, name)),
-        Some((_, name)) => Err(io::Error::other(format!("interface {name} has no index"))),
+        Some(i) if i.index != 0 => Ok((i.index, i.name.clone())),
+        Some(i) => Err(io::Error::other(format!(
+            "interface {} has no index",
+            i.name
+        ))),
         None => Err(io::Error::new(
             io::ErrorKind::AddrNotAvailable,
             format!("no interface in this network namespace has address {addr}"),

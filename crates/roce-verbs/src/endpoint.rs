@@ -17,7 +17,7 @@
 //! The client connects, writes one JSON object and a newline, and reads one JSON object (the server then closes):
 //!
 //! * `{"get": "stats"}` → `{"proto": "rocev2-stats", "v": 1, "pid", "cmdline", "devices": [DEVICE...]}` with
-//!   DEVICE = `{"index", "gids": [..], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {loops, parks,
+//!   DEVICE = `{"index", "gids": [GID as IPv6 text, e.g. "::ffff:198.18.0.1"], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {loops, parks,
 //!   wakeups, doorbells, wqes, flushes, tx_frames, rx_frames, link_errors, doorbell_overflows}, "qps": [QP...]}` and
 //!   QP = `{"qpn", "type", "state", "next_psn", "una_psn", "epsn", "msn", "sq_outstanding", "rq_outstanding",
 //!   "udp_sport", "rate_bps", "target_bps", "alpha", "limited", "shaped_bps", "counters": {...}}`. Counters are
@@ -370,7 +370,7 @@ fn device_stats(c: &Context) -> Result<Value, String> {
     let mac: Vec<String> = cfg.mac.iter().map(|b| format!("{b:02x}")).collect();
     Ok(json!({
         "index": c.index(),
-        "gids": cfg.gids.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
+        "gids": cfg.gids.iter().map(|g| std::net::Ipv6Addr::from(g.0).to_string()).collect::<Vec<_>>(),
         "mac": mac.join(":"),
         "max_qp": c.query_device().max_qp,
         "counters": counters_json(&counters),

@@ -1,0 +1,332 @@
+//! `rocev2 devinfo`: the rocev2 devices of this host as `ibv_devinfo [-v]` shows RDMA devices.
+//!
+//! A rocev2 device is a network interface with an IP address: a rocev2 program opens it by binding UDP 4791 on one
+//! of the addresses (as Linux rxe makes `rxe0` on top of `eth0`). So there is one device per interface, named
+//! `rocev2_<interface>`, with one port whose
+//!
+//! * state is `PORT_ACTIVE` when the interface is up with carrier (`IFF_RUNNING`), else `PORT_DOWN` (rxe: carrier);
+//! * active MTU is the largest IB MTU that fits the interface's MTU minus 80 header bytes (rxe's rule; the same
+//!   `rocev2 perf` negotiates, `perf::port_mtu`); max MTU 4096;
+//! * GID table holds the interface's addresses (IPv4 as IPv4-mapped GIDs), each of type RoCE v2;
+//! * limits (`-v`) are the engine's defaults ([`roce_proto::DeviceAttr`]): what a program opening the device gets.
+//!
+//! The node GUID is the EUI-64 of the interface's MAC address (as rxe derives it). Devices that running programs have
+//! open (their stats endpoints, see `rocev2 stat`) are listed under the port with their process.
+
+use std::net::IpAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use roce_link::udp::{Interface, interfaces};
+use roce_proto::{DeviceAttr, Gid, Mtu};
+use roce_verbs::endpoint;
+use serde_json::{Value, json};
+
+use crate::perf::port_mtu;
+
+/// `rocev2 devinfo` arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DevinfoArgs {
+    /// Only this device: its name (`rocev2_eth0`), its interface (`eth0`) or one of its addresses.
+    #[arg(short = 'd', long = "ib-dev", visible_alias = "device")]
+    pub dev: Option<String>,
+    /// Also print the device limits and port details (as `ibv_devinfo -v`).
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// Print a JSON array of devices instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ibv_mtu` enum value of an MTU (1 = 256 .. 5 = 4096).
+fn mtu_enum(m: Mtu) -> u32 {
+    match m {
+        Mtu::Mtu256 => 1,
+        Mtu::Mtu512 => 2,
+        Mtu::Mtu1024 => 3,
+        Mtu::Mtu2048 => 4,
+        Mtu::Mtu4096 => 5,
+    }
+}
+
+fn sysfs(name: &str, what: &str) -> Option<String> {
+    // Interface names never contain '/' (Linux `dev_valid_name`); refuse to build another path from one.
+    if name.contains('/') || name == "." || name == ".." {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/class/net/{name}/{what}"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// The EUI-64 GUID of a MAC address `aa:bb:cc:dd:ee:ff` as `aabb:ccff:fedd:eeff` with the U/L bit flipped.
+fn guid_of_mac(mac: &str) -> String {
+    let b: Vec<u8> = mac
+        .split(':')
+        .filter_map(|x| u8::from_str_radix(x, 16).ok())
+        .collect();
+    let b: [u8; 6] = b.try_into().unwrap_or_default();
+    let g = [b[0] ^ 0x02, b[1], b[2], 0xff, 0xfe, b[3], b[4], b[5]];
+    format!(
+        "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
+        g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    )
+}
+
+fn gid_of(a: IpAddr) -> Gid {
+    match a {
+        IpAddr::V4(v) => Gid::from_ipv4(v.octets()),
+        IpAddr::V6(v) => Gid(v.octets()),
+    }
+}
+
+/// A GID as IPv6 text (`::ffff:198.18.0.1`, `fe80::1`), as `ibv_devinfo` and the stats endpoint write it.
+fn gid_text(g: Gid) -> String {
+    std::net::Ipv6Addr::from(g.0).to_string()
+}
+
+/// Programs that have a device open on an address of `i` (any 127.0.0.0/8 or ::1 address for the loopback
+/// interface): `(pid, command line, gid)`.
+fn users(i: &Interface) -> Vec<Value> {
+    let ours = |g: &str| {
+        g.parse::<std::net::Ipv6Addr>().is_ok_and(|v6| {
+            let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+            i.addrs.contains(&ip) || (i.loopback && ip.is_loopback())
+        })
+    };
+    let mut v = Vec::new();
+    for ep in endpoint::endpoints() {
+        let Ok(a) = endpoint::query(&ep.path, &json!({"get": "stats"}), Duration::from_secs(2))
+        else {
+            continue;
+        };
+        for d in a["devices"]
+            .as_array()
+            .map(|d| d.as_slice())
+            .unwrap_or_default()
+        {
+            for g in d["gids"]
+                .as_array()
+                .map(|g| g.as_slice())
+                .unwrap_or_default()
+            {
+                if g.as_str().is_some_and(ours) {
+                    v.push(json!({ "pid": ep.pid, "cmdline": a["cmdline"], "gid": g }));
+                }
+            }
+        }
+    }
+    v
+}
+
+/// One device as JSON (`verbose` adds the limits).
+fn device(i: &Interface, verbose: bool) -> Value {
+    let mac = sysfs(&i.name, "address").unwrap_or_else(|| "00:00:00:00:00:00".into());
+    let netdev_mtu: u32 = sysfs(&i.name, "mtu")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    let active = port_mtu::ib_mtu_for_netdev(netdev_mtu);
+    let attr = DeviceAttr::default();
+    let gids: Vec<String> = i.addrs.iter().map(|a| gid_text(gid_of(*a))).collect();
+    let guid = guid_of_mac(&mac);
+    let mut d = json!({
+        "hca_id": format!("rocev2_{}", i.name),
+        "netdev": i.name,
+        "transport": "InfiniBand (0)",
+        "fw_ver": env!("CARGO_PKG_VERSION"),
+        "node_guid": guid,
+        "sys_image_guid": guid,
+        "vendor_id": "0x0000",
+        "vendor_part_id": 0,
+        "hw_ver": "0x0",
+        "phys_port_cnt": 1,
+        "port": {
+            "port": 1,
+            "state": if i.running { "PORT_ACTIVE (4)" } else { "PORT_DOWN (1)" },
+            "max_mtu": format!("{} ({})", attr.max_mtu.bytes(), mtu_enum(attr.max_mtu)),
+            "active_mtu": format!("{} ({})", active.bytes(), mtu_enum(active)),
+            "netdev_mtu": netdev_mtu,
+            "sm_lid": 0,
+            "port_lid": 0,
+            "port_lmc": "0x00",
+            "link_layer": "Ethernet",
+            "gids": gids.iter().map(|g| json!({ "gid": g, "type": "RoCE v2" })).collect::<Vec<_>>(),
+            "in_use_by": users(i),
+        },
+    });
+    if verbose {
+        d["limits"] = json!({
+            "max_mr_size": format!("{:#x}", attr.max_mr_size),
+            "page_size_cap": "0x1000",
+            "max_qp": attr.max_qp,
+            "max_qp_wr": attr.max_qp_wr,
+            "max_sge": attr.max_sge,
+            "max_inline_data": attr.max_inline_data,
+            "max_cq": attr.max_cq,
+            "max_cqe": attr.max_cqe,
+            "max_mr": attr.max_mr,
+            "max_pd": attr.max_pd,
+            "max_ah": attr.max_ah,
+            "max_qp_rd_atom": attr.max_qp_rd_atom,
+            "max_qp_init_rd_atom": attr.max_qp_init_rd_atom,
+            "atomic_cap": "ATOMIC_HCA (1)",
+            "max_srq": 0,
+        });
+        d["port"]["phys_state"] = json!(if i.running {
+            "LINK_UP (5)"
+        } else {
+            "DISABLED (3)"
+        });
+        d["port"]["max_msg_sz"] = json!(format!("{:#x}", attr.max_msg_sz));
+        d["port"]["gid_tbl_len"] = json!(gids.len());
+    }
+    d
+}
+
+fn text(d: &Value) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let s = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    };
+    let _ = writeln!(o, "hca_id:\t{}", s(&d["hca_id"]));
+    for k in [
+        "transport",
+        "fw_ver",
+        "node_guid",
+        "sys_image_guid",
+        "vendor_id",
+        "vendor_part_id",
+        "hw_ver",
+        "phys_port_cnt",
+    ] {
+        let _ = writeln!(o, "\t{:<24}{}", format!("{k}:"), s(&d[k]));
+    }
+    if d["limits"].is_object() {
+        // ibv_devinfo -v's order.
+        for k in [
+            "max_mr_size",
+            "page_size_cap",
+            "max_qp",
+            "max_qp_wr",
+            "max_sge",
+            "max_inline_data",
+            "max_cq",
+            "max_cqe",
+            "max_mr",
+            "max_pd",
+            "max_qp_rd_atom",
+            "max_qp_init_rd_atom",
+            "atomic_cap",
+            "max_ah",
+            "max_srq",
+        ] {
+            let _ = writeln!(o, "\t{:<24}{}", format!("{k}:"), s(&d["limits"][k]));
+        }
+    }
+    let p = &d["port"];
+    let _ = writeln!(o, "\t\tport:\t1");
+    for k in [
+        "state",
+        "max_mtu",
+        "active_mtu",
+        "sm_lid",
+        "port_lid",
+        "port_lmc",
+        "link_layer",
+        "phys_state",
+        "max_msg_sz",
+        "gid_tbl_len",
+    ] {
+        if !p[k].is_null() {
+            let _ = writeln!(o, "\t\t\t{:<16}{}", format!("{k}:"), s(&p[k]));
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\t\t\t{:<16}{} ({})",
+        "netdev:",
+        s(&d["netdev"]),
+        s(&p["netdev_mtu"])
+    );
+    for (i, g) in p["gids"]
+        .as_array()
+        .map(|v| v.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let _ = writeln!(o, "\t\t\tGID[{i:>3}]:\t{}, {}", s(&g["gid"]), s(&g["type"]));
+    }
+    for u in p["in_use_by"]
+        .as_array()
+        .map(|v| v.as_slice())
+        .unwrap_or_default()
+    {
+        let _ = writeln!(
+            o,
+            "\t\t\tin use by:\tpid {} ({}) on {}",
+            u["pid"],
+            s(&u["cmdline"]),
+            s(&u["gid"])
+        );
+    }
+    o
+}
+
+/// Whether interface `i` is what `-d` names: `rocev2_<name>`, `<name>`, or one of its addresses.
+fn matches(i: &Interface, want: &str) -> bool {
+    want == i.name
+        || want.strip_prefix("rocev2_") == Some(i.name.as_str())
+        || want
+            .parse::<IpAddr>()
+            .is_ok_and(|a| i.addrs.contains(&a) || (i.loopback && a.is_loopback()))
+}
+
+/// Entry point of `rocev2 devinfo`.
+pub fn run(a: &DevinfoArgs) -> ExitCode {
+    let all = match interfaces() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("rocev2 devinfo: listing the network interfaces: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let devs: Vec<Value> = all
+        .iter()
+        .filter(|i| !i.addrs.is_empty())
+        .filter(|i| a.dev.as_deref().is_none_or(|w| matches(i, w)))
+        .map(|i| device(i, a.verbose))
+        .collect();
+    if devs.is_empty() {
+        match &a.dev {
+            Some(d) => eprintln!(
+                "rocev2 devinfo: no device `{d}` (a rocev2 device is a network interface with an IP address; see \
+                 `rocev2 devinfo`)"
+            ),
+            None => eprintln!("rocev2 devinfo: no network interface with an IP address"),
+        }
+        return ExitCode::from(1);
+    }
+    if a.json {
+        println!("{}", Value::Array(devs));
+    } else {
+        for d in &devs {
+            print!("{}", text(d));
+            println!();
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guid_is_the_eui64_of_the_mac() {
+        assert_eq!(guid_of_mac("02:00:c6:12:00:01"), "0000:c6ff:fe12:0001");
+        assert_eq!(guid_of_mac("52:54:00:12:34:56"), "5054:00ff:fe12:3456");
+    }
+}
