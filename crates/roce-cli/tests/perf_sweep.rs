@@ -10,6 +10,7 @@ mod common;
 
 use common::{SweepCase, sweep_cases};
 use serde_json::Value;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -81,4 +82,49 @@ fn every_test_sweeps_all_sizes_over_loopback_rc() {
 #[test]
 fn every_test_sweeps_all_sizes_over_loopback_uc_ud() {
     sweep_all(|c| c.conn != "RC", 70);
+}
+
+/// The README's perftest examples: every line of the block after the `perf-examples` marker runs as written (with
+/// this build's binary) and exits 0, so the commands a new user copies keep working.
+#[test]
+fn readme_commands_run() {
+    let _serial = common::serial();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .expect("README.md");
+    let block: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.contains("<!-- perf-examples"))
+        .skip(2) // the marker and the opening fence
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    assert!(
+        block.len() >= 10,
+        "the README's perf-examples block is missing or short"
+    );
+    let mut failed = Vec::new();
+    for line in &block {
+        let cmd = line.split('#').next().unwrap_or("").trim();
+        let mut words = cmd.split_whitespace();
+        assert_eq!(words.next(), Some("target/release/rocev2"), "{line}");
+        let args: Vec<&str> = words.collect();
+        let t0 = Instant::now();
+        let out = Command::new(common::bin())
+            .args(&args)
+            .output()
+            .expect("run rocev2");
+        eprintln!("{cmd}: {:?} in {:?}", out.status.code(), t0.elapsed());
+        if !out.status.success() {
+            failed.push(format!(
+                "{cmd}: {:?}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "README commands failed:\n{}",
+        failed.join("\n")
+    );
 }
