@@ -333,6 +333,16 @@ pub fn run_side(
     let mut s = r;
     // --output prints the numbers only, as perftest's.
     let tables = out.print && !out.json && out.level.is_none();
+    let with_progress;
+    let out = if is_client {
+        with_progress = Output {
+            progress: super::progress::Progress::for_run(&s.p, tables),
+            ..out.clone()
+        };
+        &with_progress
+    } else {
+        out
+    };
     if tables {
         super::print_banner(&s.p, ctx, o, out.link);
         print!("{}", s.address_block());
@@ -348,7 +358,10 @@ pub fn run_side(
         );
     }
     let sizes = s.p.sizes.clone();
-    for size in sizes {
+    for (index, &size) in sizes.iter().enumerate() {
+        if let Some(pr) = &out.progress {
+            pr.start_size(index, size, s.p.iters * u64::from(s.p.qps));
+        }
         let res = if is_client {
             client_size(&mut s, o, size, out)
         } else {
@@ -358,6 +371,9 @@ pub fn run_side(
             o.send_error(&e);
             return Err(e);
         }
+    }
+    if let Some(pr) = &out.progress {
+        pr.finish();
     }
     if tables {
         println!("{}", report::footer());
@@ -668,6 +684,8 @@ fn emit(out: &Output, mtu: Mtu, line: String, mut j: Value) {
             j["mtu"] = json!(mtu.bytes());
         }
         println!("{j}");
+    } else if let Some(pr) = &out.progress {
+        pr.println(&line);
     } else {
         println!("{line}");
     }
@@ -807,6 +825,9 @@ fn client_bw(s: &mut Session, size: u64, out: &Output) -> Result<(BwResult, u64)
             if now.duration_since(last_sample) >= Duration::from_micros(500) {
                 samples.push((now.duration_since(t0), total_done));
                 last_sample = now;
+                if let Some(pr) = &out.progress {
+                    pr.at(total_done, now.duration_since(t0));
+                }
             }
         } else if now.duration_since(last_progress) > STALL {
             return Err(format!(
@@ -997,6 +1018,11 @@ fn client_lat(s: &mut Session, size: u64, out: &Output) -> Result<(LatStats, u64
             }
         }
         i += 1;
+        if i.is_multiple_of(64)
+            && let Some(pr) = &out.progress
+        {
+            pr.at(i, t_start.elapsed());
+        }
     }
     Ok((stats, data_slot))
 }

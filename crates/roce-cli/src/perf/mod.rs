@@ -10,6 +10,9 @@
 //! out-of-band hello). Data is verified at the end of every size (unless `--no-verify`): a mismatch is an error
 //! and a non-zero exit.
 //!
+//! Long runs (`-a`, `-D`, `-n` of 10 000 or more) draw a progress line on stderr when it is a terminal and the output
+//! is the table (`progress`); result lines on stdout are the same with or without it.
+//!
 //! Receive mode (`--rx auto|packet|socket`, alias `--rx-mode`): as `rocev2 pingpong` (see `crate::rxmode`); `auto`
 //! is `socket` for a peer on this host (so `--loopback`) and `packet` otherwise. A run that fails after frames
 //! failed the ICRC check in socket mode says that a Linux rxe peer needs `--rx packet`.
@@ -19,6 +22,7 @@ mod compat;
 pub mod dcqcn;
 pub mod metrics;
 pub mod port_mtu;
+pub mod progress;
 pub mod report;
 pub mod shaping;
 pub mod udp_stats;
@@ -280,7 +284,8 @@ pub struct PerfArgs {
     /// the server's wait for a client (default: none, a server waits as perftest's does).
     #[arg(long)]
     pub timeout: Option<f64>,
-    /// Print one JSON object per size instead of the table.
+    /// Print one JSON object per size instead of the table (and no progress line: a long run on a terminal
+    /// draws one on stderr otherwise).
     #[arg(long)]
     pub json: bool,
     /// Skip the end-of-run data verification.
@@ -851,6 +856,8 @@ pub struct Output {
     pub link: &'static str,
     /// `--output`: one number per size instead of the tables.
     pub level: Option<OutputLevel>,
+    /// The progress line of a long run on a terminal (set by the client side, `bench::run_side`).
+    pub progress: Option<progress::Progress>,
 }
 
 /// The device name in banners: `rocev2` and its RoCE address (`rocev2 devinfo` lists the same).
@@ -1058,6 +1065,7 @@ pub fn run(a: &PerfArgs) -> ExitCode {
     let out = Output {
         print: true,
         level: a.output,
+        progress: None,
         link: if a.loopback && a.link == LinkKind::Sim {
             "simulated segment (in memory, --link sim; 100 Gb/s, 1 us)"
         } else {
