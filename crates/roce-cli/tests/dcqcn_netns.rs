@@ -126,7 +126,7 @@ fn ce_marks_on_the_wire_make_cnps_and_the_rate_drops_and_recovers() {
         "client handled {handled} of {sent} CNPs"
     );
     assert_eq!(g(&cc, "rp_cnp_ignored"), 0);
-    // The client's rate: C before the first CNP, cut (α₀ = 1 halves it), then back near C (fast recovery).
+    // The client's rate: C before the first CNP, cut, then back near C (fast recovery).
     let rows = rate_log(&log);
     assert!(rows.len() > 100, "{} rate samples", rows.len());
     assert_eq!(rows[0].1, line, "starts at the line rate");
@@ -135,7 +135,11 @@ fn ce_marks_on_the_wire_make_cnps_and_the_rate_drops_and_recovers() {
         .enumerate()
         .min_by(|a, b| a.1.1.total_cmp(&b.1.1))
         .expect("rows");
-    assert!(min <= 0.6 * line, "lowest rate {min}");
+    // A cut with α₀ = 1 halves RC, but the log is sampled every 100 µs by a thread of a loaded host, and fast
+    // recovery climbs back by half the gap every T = 55 µs (DCQCN.md §2.3); α also decays before a late first CNP.
+    // So the lowest sample is not 0.5·C on a busy machine (0.18–0.66·C seen): ≤ 0.8·C still proves the cuts, as
+    // without DCQCN the rate stays at C.
+    assert!(min <= 0.8 * line, "lowest rate {min}");
     let back = rows[i_min..].iter().find(|r| r.1 >= 0.95 * line);
     assert!(
         back.is_some(),
