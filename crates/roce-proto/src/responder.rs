@@ -377,22 +377,13 @@ impl Engine {
                     qp.counters.drop_stale_response += 1;
                     return;
                 }
-                // A replay supersedes a queued stream of the same resource in place (so ACKs queued behind it
-                // stay behind it); otherwise it goes to the back.
-                let item = RespItem::Read {
+                supersede_from(&mut qp.resp, p, Some(ri as u32));
+                qp.resp.out.push_back(RespItem::Read {
                     res: ri as u32,
                     psn: p,
                     offset: skip,
                     first: true,
-                };
-                let pos =
-                    qp.resp.out.iter().position(
-                        |it| matches!(it, RespItem::Read { res, .. } if *res == ri as u32),
-                    );
-                match pos {
-                    Some(pos) => qp.resp.out[pos] = item,
-                    None => qp.resp.out.push_back(item),
-                }
+                });
             }
             op::COMPARE_SWAP | op::FETCH_ADD => {
                 let hit = qp
@@ -402,6 +393,7 @@ impl Engine {
                     .find(|r| r.valid && r.atomic && r.psn == p)
                     .copied();
                 if let Some(r) = hit {
+                    supersede_from(&mut qp.resp, p, None);
                     qp.resp.out.push_back(RespItem::AtomicAck {
                         psn: p,
                         orig: r.orig,
@@ -1176,6 +1168,27 @@ impl Engine {
     }
 }
 
+/// Before the replay for a duplicate READ/atomic at PSN `p` is queued: drops every queued response for PSN `p` or
+/// later, and (READ) the queued stream of the same resource `res`, wherever it stands.
+///
+/// A duplicate READ/atomic means the requester has gone back to `p` (go-back-N, `ROCEV2.md §4.4`): it takes
+/// responses only in PSN order from `p`, discards anything for a later PSN until `p`'s response arrives, and sends
+/// every later request again. Responses leave in the PSN order of the requests they answer (IBTA; rxe `rxe_resp.c`
+/// `duplicate_request` makes the duplicate's replay the current reply at once), so the replay comes next after the
+/// responses still owed for earlier PSNs, never behind streams for later READs that the requester would discard:
+/// queued behind them, recovery waited for the local ACK timeout (issue #10; `roce-tests/tests/read_loss.rs`
+/// `duplicate_read_is_answered_before_later_queued_streams`). What is dropped is asked for again by the re-sent
+/// requests: READs replay from their resources, atomics resend their saved results, SEND/WRITEs are re-ACKed.
+fn supersede_from(resp: &mut crate::qp::RespCtx, p: Psn, res: Option<u32>) {
+    resp.out.retain(|it| {
+        let (psn, same) = match *it {
+            RespItem::Read { res: r, psn, .. } => (psn, Some(r) == res),
+            RespItem::Ack { psn, .. } | RespItem::AtomicAck { psn, .. } => (psn, false),
+        };
+        !same && psn.diff(p) < 0
+    });
+}
+
 /// Picks the responder resource for a new (in-sequence) READ/atomic: always the ring's next slot, i.e. the oldest
 /// saved request, which is overwritten. If a response stream of that slot is still queued (a replay for an
 /// earlier duplicate), it is dropped from the response queue: it would otherwise stream the new request's data
@@ -1199,7 +1212,7 @@ fn alloc_resource(resp: &mut crate::qp::RespCtx) -> Option<usize> {
     }
     let ri = resp.res_next as usize % n;
     resp.res_next = ((ri + 1) % n) as u32;
-    // At most one queued stream per resource: a duplicate replaces a queued stream in place (`on_duplicate`).
+    // At most one queued stream per resource: a replay first removes its resource's queued stream (`supersede_from`).
     if let Some(pos) = resp
         .out
         .iter()

@@ -335,13 +335,17 @@ fn sweep_seeds() {
 /// paced to 25 Mb/s, so its response streams queue):
 ///
 /// 1. X and Y are executed (resources 0 and 1); X's stream leaves; the spurious timeout re-requests X and Y.
-/// 2. Duplicate X finds X's stream gone and queues a replay of X behind Y; duplicate Y restarts Y's queued stream.
+/// 2. Duplicate X finds X's stream gone and queues a replay of X; duplicate Y queues Y's again.
 ///    The restarted Y MIDDLE is dropped (scripted), so the requester still needs Y.
-/// 3. X's original responses complete X; the requester sends Z, which reaches the responder while X's replay is
-///    still queued.
-/// 4. Z must take resource 0 (X, completed) and drop X's replay. The old rule skipped the busy resource 0 and
-///    overwrote Y, so every re-request of Y's rest was dropped (`drop_stale_response`, 7 times) until
-///    `RETRY_EXC_ERR` — the symptom seen in the netns test.
+/// 3. X's original responses complete X; the requester sends Z.
+/// 4. Z must take resource 0 (X, completed). The old rule skipped a busy resource 0 and overwrote Y, so every
+///    re-request of Y's rest was dropped (`drop_stale_response`, 7 times) until `RETRY_EXC_ERR` — the symptom seen
+///    in the netns test.
+///
+/// When this test was written, X's replay went behind Y's queued stream and was still queued when Z arrived (the
+/// case `alloc_resource` handles by dropping it). Since a duplicate READ's replay goes before the streams queued for
+/// later PSNs (`duplicate_read_is_answered_before_later_queued_streams`), X's replay leaves at once and Z finds
+/// nothing of X queued; the seeded slow-responder runs above still recycle resources under loss.
 #[test]
 fn queued_replay_of_the_oldest_read_does_not_evict_a_newer_one() {
     let cfg = PairConfig {
@@ -410,8 +414,8 @@ fn queued_replay_of_the_oldest_read_does_not_evict_a_newer_one() {
         assert!(got[r.clone()] == want[r], "READ {k}: wrong data");
     }
     assert_eq!(p.counters(1).drop_stale_response, 0, "{log}");
-    // The preconditions really occurred: X's replay was queued (X FIRST sent twice, the second time after Z's
-    // request was sent) and Y's rest was re-requested.
+    // The preconditions really occurred: X was replayed (X FIRST sent twice, the second time before Z was sent: the
+    // replay went ahead of Y's stream), and Y's rest was re-requested.
     let z_sent = p
         .captured
         .iter()
@@ -426,13 +430,106 @@ fn queued_replay_of_the_oldest_read_does_not_evict_a_newer_one() {
         .map(|c| c.at)
         .collect();
     assert!(
-        x_first.len() == 2 && x_first[1] > z_sent,
-        "X replay not queued behind Z: {x_first:?}, Z at {z_sent}\n{log}"
+        x_first.len() == 2 && x_first[1] < z_sent,
+        "X not replayed ahead of Y's stream: {x_first:?}, Z at {z_sent}\n{log}"
     );
     assert!(
         p.sent_by(0)
             .iter()
             .any(|k| k.psn == 104 && k.reth.is_some_and(|r| r.2 == 3000 - 1024)),
         "Y's rest was not re-requested\n{log}"
+    );
+}
+
+/// A duplicate READ is answered before the response streams the responder has queued for later READs (issue #10,
+/// found while classifying the `read-bw -a` retries): 16 posted 64 KiB READs (64 response packets each at PMTU
+/// 1024; the requester's 128-PSN window lets three be outstanding), the responder paced to 50 Mb/s so their streams
+/// queue, the local ACK timeout of `rocev2 perf` (14, ≈67 ms) and `retry_cnt` 7. The LAST response packet of READ 0
+/// is lost after READ 0's stream has left the queue; READ 1's FIRST response is then an implied NAK and the
+/// requester goes back to READ 0's last packet, re-requesting READ 0's rest and the READs after it (`ROCEV2.md
+/// §4.4`, go-back-N).
+///
+/// The requester takes responses only in PSN order from its resume point, so everything the responder sends for
+/// later READs before READ 0's replay is discarded. The old rule appended the replay behind the queued streams of
+/// READs 1 and 2 (and each re-requested READ restarted its queued stream in place), so recovery waited for the local
+/// ACK timeout: one `local_ack_timeout_err` and a second retry here (three with a 4096-PSN window), a 67 ms stall
+/// per lost tail packet. Responses go in PSN order (IBTA: the responder answers requests in the PSN order it
+/// received them; rxe `rxe_resp.c` `duplicate_request` makes the duplicate the current reply at once): a duplicate
+/// READ at PSN p drops what is queued for PSNs after p — the rewound requester asks for all of it again — and its
+/// replay is next. One loss, one retry, no timeout.
+#[test]
+fn duplicate_read_is_answered_before_later_queued_streams() {
+    const N: u64 = 16;
+    const LEN: u32 = 64 << 10;
+    let mut p = Pair::with_config(PairConfig {
+        sim: SimConfig {
+            bandwidth_bps: 10_000_000_000,
+            propagation: Duration::from_micros(20),
+            ..SimConfig::default()
+        },
+        ..PairConfig::default()
+    });
+    let o = ConnOpts {
+        mtu: Mtu::Mtu1024,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        timeout: 14,
+        retry_cnt: 7,
+        ..ConnOpts::default()
+    };
+    let (a, b) = connect(&mut p, &o);
+    p.b()
+        .set_qp_rate_limit(b.qpn, Some(50_000_000), Some(0))
+        .expect("rate limit");
+    let total = (N * u64::from(LEN)) as usize;
+    let dst = reg(&mut p, a, total, |_| 0);
+    let src = reg(&mut p, b, total, |i| (i.wrapping_mul(131) ^ (i >> 8)) as u8);
+    // The responder's frames: READ 0's 63 FIRST/MIDDLE pass, its LAST is lost.
+    let pkts = LEN / 1024;
+    p.faults(1).script_tx((0..pkts).map(|k| {
+        if k + 1 < pkts {
+            Fault::Pass
+        } else {
+            Fault::Drop
+        }
+    }));
+    let sgs: Vec<[Sge; 1]> = (0..N)
+        .map(|k| [sge(&dst, k * u64::from(LEN), LEN)])
+        .collect();
+    let wrs: Vec<SendWr> = (0..N)
+        .map(|k| {
+            SendWr::new(
+                k,
+                SendOp::RdmaRead {
+                    remote_addr: src.addr + k * u64::from(LEN),
+                    rkey: src.rkey,
+                },
+                &sgs[k as usize],
+            )
+            .signaled()
+        })
+        .collect();
+    p.a().post_send(a.qpn, &wrs).expect("post_send");
+    let done = p.drive_until(Duration::from_secs(5), |p| {
+        p.nodes[0].engine.cq_len(a.cq) >= N as usize
+    });
+    let wc = poll_all(p.a(), a.cq);
+    let statuses: Vec<(u64, WcStatus)> = wc.iter().map(|w| (w.wr_id, w.status)).collect();
+    let want: Vec<(u64, WcStatus)> = (0..N).map(|k| (k, WcStatus::Success)).collect();
+    let (req, resp) = (p.counters(0), p.counters(1));
+    assert!(
+        done && statuses == want,
+        "completions {statuses:?}\nrequester {req:?}\nresponder {resp:?}"
+    );
+    let src_bytes = p.e(1).mr_bytes(src.lkey).expect("src").to_vec();
+    assert!(
+        p.e(0).mr_bytes(dst.lkey).expect("dst") == src_bytes[..],
+        "READ data differs from the responder's MR"
+    );
+    // One loss, one retry: the implied NAK's; no local ACK timeout.
+    assert_eq!(
+        (req.local_ack_timeout_err, req.implied_nak_seq_err),
+        (0, 1),
+        "requester {req:?}"
     );
 }
