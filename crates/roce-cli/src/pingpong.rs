@@ -71,12 +71,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use roce_link::{Link, LinkError, Pcap, PcapMode, RxMode, UdpConfig, UdpLink};
+use roce_link::{LinkError, Pcap, PcapMode, RxMode, UdpConfig, UdpLink};
 use roce_proto::{EngineConfig, Mtu, QpType};
 use roce_verbs::{
-    AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, Moderation, Mr, MrBuf, Pd, Psn,
-    Qp, QpAttr, QpAttrMask, QpCap, QpEndpoint, QpState, RecvWr, RuntimeConfig, SendOp, SendWr, Sge,
-    UdDest, Wc, WcStatus,
+    AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, Moderation, Mr, MrBuf, Pd,
+    ProgressMode, Psn, Qp, QpAttr, QpAttrMask, QpCap, QpEndpoint, QpState, RecvWr, RuntimeConfig,
+    SendLink, SendOp, SendWr, Sge, UdDest, Wc, WcStatus,
 };
 use roce_wire::{Gid, Qpn};
 
@@ -138,6 +138,10 @@ pub struct PingpongArgs {
     /// Sleep on completion events instead of polling.
     #[arg(short = 'e', long)]
     events: bool,
+    /// Who drives the RoCE engine: `caller` (run-to-completion in this program's thread) or `thread` (a progress
+    /// thread).
+    #[arg(long = "progress", default_value = "caller", value_parser = crate::perf::parse_progress)]
+    progress: ProgressMode,
     /// Service level: accepted and ignored (RoCE v2 carries no SL).
     #[arg(short = 'l', long)]
     sl: Option<u32>,
@@ -468,8 +472,8 @@ fn open_device(a: &PingpongArgs, local: IpAddr, peer: IpAddr) -> Result<(Context
             seed,
             ..EngineConfig::default()
         };
-        Context::open(cfg, RuntimeConfig::default(), move || {
-            let mut l: Box<dyn Link> = Box::new(UdpLink::bind(ucfg)?);
+        Context::open(cfg, RuntimeConfig::with_mode(a.progress), move || {
+            let mut l: SendLink = Box::new(UdpLink::bind(ucfg)?);
             if let Some(p) = pcap {
                 let file = File::create(&p).map_err(|e| {
                     LinkError::Io(std::io::Error::new(
@@ -753,9 +757,9 @@ fn run_traffic(s: &Session, p: &Params, remote: &Dest, client: bool) -> Result<D
                 if ch.get_event(Duration::from_millis(100)).is_some() {
                     s.cq.req_notify();
                 }
-            } else {
+            } else if s.ctx.progress_mode() == ProgressMode::Thread {
                 idle_polls += 1;
-                // Spin briefly, then sleep: the engine threads (this side's and, on one host, the peer's) need
+                // Spin briefly, then sleep: the progress threads (this side's and, on one host, the peer's) need
                 // the CPU to move the packets; yielding instead starved them on a 2-core machine (≈1 ms/iter over
                 // loopback against ≈0.17 ms/iter with the sleep).
                 if idle_polls < 32 {
@@ -764,6 +768,7 @@ fn run_traffic(s: &Session, p: &Params, remote: &Dest, client: bool) -> Result<D
                     std::thread::sleep(Duration::from_micros(1));
                 }
             }
+            // Caller mode: the empty poll itself ran a pass (receive, process, complete); poll again at once.
             continue;
         }
         idle_polls = 0;

@@ -964,3 +964,29 @@ fn run_infinitely_reports_latency_percentiles_per_interval() {
         );
     }
 }
+
+/// Both progress modes, polling and completion events (`-e`): run-to-completion (`--progress caller`, the default)
+/// drives the engine in the test threads (the passive write-bw server through its auto-progress thread), `--progress
+/// thread` in progress threads; every run verifies its data.
+#[test]
+fn both_progress_modes_with_and_without_events() {
+    let _serial = serial();
+    let mut net = 190u8;
+    for mode in ["caller", "thread"] {
+        for events in [false, true] {
+            let mut extra = vec!["--progress", mode, "-n", "200"];
+            if events {
+                extra.push("-e");
+            }
+            let v = loopback_json("send-lat", net, &extra);
+            check_lat(&v[0], "send-lat", 2, 200);
+            extra.extend_from_slice(&["-s", "4096"]);
+            let v = loopback_json("write-bw", net + 1, &extra);
+            check_bw(&v[0], "write-bw", 4096, 200);
+            net += 2;
+        }
+    }
+    let out = rocev2(&["perf", "send-lat", "--loopback", "--progress", "polling"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("caller or thread"));
+}

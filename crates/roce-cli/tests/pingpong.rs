@@ -120,6 +120,11 @@ fn bytes_line(stdout: &str) -> Option<u64> {
 
 /// rocev2 server and client over loopback `net`; both must succeed and agree.
 fn loopback_pair(transport: &str, net: u8, port: u16, size: u32, iters: u32) {
+    loopback_pair_with(transport, net, port, size, iters, &[]);
+}
+
+/// [`loopback_pair`] with `extra` arguments for both sides.
+fn loopback_pair_with(transport: &str, net: u8, port: u16, size: u32, iters: u32, extra: &[&str]) {
     let srv_ip = format!("127.0.{net}.1");
     let cli_ip = format!("127.0.{net}.2");
     let (port_s, size_s, iters_s) = (port.to_string(), size.to_string(), iters.to_string());
@@ -136,10 +141,12 @@ fn loopback_pair(transport: &str, net: u8, port: u16, size: u32, iters: u32) {
     ];
     let mut s_args = vec![bin(), "pingpong", transport, "--ip", &srv_ip];
     s_args.extend_from_slice(&common);
+    s_args.extend_from_slice(extra);
     let server = spawn(None, &s_args);
     wait_listening(None, port);
     let mut c_args = vec![bin(), "pingpong", transport, &srv_ip, "--ip", &cli_ip];
     c_args.extend_from_slice(&common);
+    c_args.extend_from_slice(extra);
     let client = spawn(None, &c_args);
     let (co, _) = wait_bounded(client, Duration::from_secs(60));
     let (so, _) = wait_bounded(server, Duration::from_secs(30));
@@ -190,6 +197,21 @@ fn loopback_pair(transport: &str, net: u8, port: u16, size: u32, iters: u32) {
         field(&sout, "remote address"),
         field(&cout, "local address")
     );
+}
+
+/// Both progress modes, with and without completion events (`-e`).
+#[test]
+fn rc_loopback_progress_modes_and_events() {
+    for (i, extra) in [
+        &["--progress", "thread"][..],
+        &["--progress", "thread", "-e"][..],
+        &["--progress", "caller", "-e"][..],
+    ]
+    .iter()
+    .enumerate()
+    {
+        loopback_pair_with("rc", 221 + i as u8, 18790 + i as u16, 1024, 200, extra);
+    }
 }
 
 #[test]

@@ -13,12 +13,12 @@
 //! reorder. [`SimNet::next_event`] / [`Link::poll_at`] report the next arrival so a driver can advance virtual
 //! time to `min(engine timeouts, next arrival)`.
 //!
-//! Ports share the medium through `Rc<RefCell<…>>`: single-threaded by design (virtual time has one driver).
+//! Ports share the medium through `Arc<Mutex<…>>`, so a port is `Send` (a runtime may drive it from whichever thread
+//! holds its progress lock); virtual time still has one driver at a time, and the mutex is uncontended then.
 
-use std::cell::RefCell;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
@@ -195,12 +195,17 @@ impl Core {
 /// The shared medium. Cheap to clone (a handle).
 #[derive(Clone)]
 pub struct SimNet {
-    core: Rc<RefCell<Core>>,
+    core: Arc<Mutex<Core>>,
+}
+
+/// Locks the medium (a panic while it was held leaves plain data behind: keep going).
+fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+    core.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl core::fmt::Debug for SimNet {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let c = self.core.borrow();
+        let c = lock(&self.core);
         f.debug_struct("SimNet")
             .field("cfg", &c.cfg)
             .field("ports", &c.ports.len())
@@ -219,7 +224,7 @@ impl SimNet {
             seq: 0,
         };
         SimNet {
-            core: Rc::new(RefCell::new(core)),
+            core: Arc::new(Mutex::new(core)),
         }
     }
 
@@ -233,7 +238,7 @@ impl SimNet {
 
     /// Attaches a port with station address `mac`.
     pub fn add_port(&self, mac: [u8; 6]) -> SimPort {
-        let mut c = self.core.borrow_mut();
+        let mut c = lock(&self.core);
         let mtu = c.cfg.mtu;
         c.ports.push(PortState {
             mac,
@@ -244,7 +249,7 @@ impl SimNet {
             stats: SimStats::default(),
         });
         SimPort {
-            core: Rc::clone(&self.core),
+            core: Arc::clone(&self.core),
             id: c.ports.len() - 1,
             staging: vec![0; mtu],
             staged: false,
@@ -253,12 +258,12 @@ impl SimNet {
 
     /// The segment's configuration.
     pub fn config(&self) -> SimConfig {
-        self.core.borrow().cfg
+        lock(&self.core).cfg
     }
 
     /// The earliest arrival at any port.
     pub fn next_event(&self) -> Option<Instant> {
-        let c = self.core.borrow();
+        let c = lock(&self.core);
         c.ports
             .iter()
             .filter_map(|p| p.rx.peek().map(|a| a.0.at))
@@ -267,18 +272,18 @@ impl SimNet {
 
     /// Frames in flight (not yet received) over all ports.
     pub fn in_flight(&self) -> usize {
-        self.core.borrow().ports.iter().map(|p| p.rx.len()).sum()
+        lock(&self.core).ports.iter().map(|p| p.rx.len()).sum()
     }
 
     /// Counters of port `id` (ports are numbered in creation order from 0).
     pub fn stats(&self, id: usize) -> Option<SimStats> {
-        self.core.borrow().ports.get(id).map(|p| p.stats)
+        lock(&self.core).ports.get(id).map(|p| p.stats)
     }
 }
 
 /// One station on a [`SimNet`]; implements [`Link`].
 pub struct SimPort {
-    core: Rc<RefCell<Core>>,
+    core: Arc<Mutex<Core>>,
     id: usize,
     staging: Vec<u8>,
     staged: bool,
@@ -300,7 +305,7 @@ impl SimPort {
 
     /// Counters of this port.
     pub fn stats(&self) -> SimStats {
-        self.core.borrow().ports[self.id].stats
+        lock(&self.core).ports[self.id].stats
     }
 }
 
@@ -322,7 +327,7 @@ impl Link for SimPort {
         let mut n = 0;
         while n < max {
             let frame = {
-                let mut c = self.core.borrow_mut();
+                let mut c = lock(&self.core);
                 let port = &mut c.ports[self.id];
                 match port.rx.peek() {
                     Some(Reverse(a)) if a.at <= now => {}
@@ -337,7 +342,7 @@ impl Link for SimPort {
             };
             let mut frame = frame;
             sink(&mut frame);
-            self.core.borrow_mut().pool.put(frame);
+            lock(&self.core).pool.put(frame);
             n += 1;
         }
         Ok(n)
@@ -359,7 +364,7 @@ impl Link for SimPort {
             });
         };
         self.staged = false;
-        self.core.borrow_mut().send(self.id, now, frame);
+        lock(&self.core).send(self.id, now, frame);
         Ok(())
     }
 
@@ -369,7 +374,7 @@ impl Link for SimPort {
     }
 
     fn poll_at(&self) -> Option<Instant> {
-        self.core.borrow().ports[self.id].rx.peek().map(|a| a.0.at)
+        lock(&self.core).ports[self.id].rx.peek().map(|a| a.0.at)
     }
 }
 

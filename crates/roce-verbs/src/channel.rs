@@ -9,10 +9,12 @@
 //! way NIC drivers' adaptive interrupt moderation (DIM) trades latency for event rate.
 
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use roce_proto::Instant;
+
+use crate::runner::{Idle, ProgressMode, Shared, idle_step};
 
 /// CQ moderation parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,12 +111,22 @@ impl ModerationState {
 }
 
 /// A completion channel: CQs that share it queue their events here; [`CompChannel::get_event`] blocks for one.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct CompChannel {
     events: Mutex<VecDeque<u32>>,
     cv: Condvar,
     /// CQs attached over the channel's life (room reserved for one event each).
     attached: std::sync::atomic::AtomicUsize,
+    /// Device groups in [`ProgressMode::Caller`] whose CQs are attached: `get_event` drives their progress.
+    drivers: Mutex<Vec<Weak<Shared>>>,
+}
+
+impl std::fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("attached", &self.attached)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CompChannel {
@@ -127,7 +139,14 @@ impl CompChannel {
     /// [`notify`](Self::notify) does not allocate while each attached CQ has at most one event queued (events are
     /// one-shot: a CQ fires again only after `req_notify`; an application that re-arms without calling
     /// [`get_event`](Self::get_event) can queue more, and the queue then grows).
-    pub(crate) fn attach(&self) {
+    pub(crate) fn attach(&self, driver: Weak<Shared>) {
+        if let Some(sh) = driver.upgrade()
+            && sh.mode() == ProgressMode::Caller
+            && let Ok(mut d) = self.drivers.lock()
+            && !d.iter().any(|w| w.ptr_eq(&driver))
+        {
+            d.push(driver);
+        }
         if let Ok(mut q) = self.events.lock() {
             let n = self
                 .attached
@@ -139,7 +158,7 @@ impl CompChannel {
         }
     }
 
-    /// Queues an event of CQ `cq` (engine thread). Event path only (at most one per arm, never per packet): takes
+    /// Queues an event of CQ `cq` (in a pass). Event path only (at most one per arm, never per packet): takes
     /// the mutex, which only a thread inside [`get_event`](Self::get_event) contends, for a push into reserved room
     /// and a condition-variable signal.
     pub(crate) fn notify(&self, cq: u32) {
@@ -151,8 +170,59 @@ impl CompChannel {
 
     /// `ibv_get_cq_event`: waits up to `timeout` for an event and returns the id ([`crate::Cq::id`]) of the CQ
     /// that raised it; `None` on timeout.
+    ///
+    /// In [`ProgressMode::Caller`] the waiting thread drives the progress of the attached CQs' devices itself (a
+    /// pass, then the progress thread's back-off: busy for `spin`, yielding until `yield_for`, then sleeping on the
+    /// channel at most `park_max` between passes), so an event-driven program needs no other thread.
     pub fn get_event(&self, timeout: Duration) -> Option<u32> {
         let deadline = std::time::Instant::now() + timeout;
+        // The groups to drive, without allocating for the usual few (the event path is allocation-free).
+        let mut few: [Option<Arc<Shared>>; 4] = Default::default();
+        let mut more: Vec<Arc<Shared>> = Vec::new();
+        if let Ok(d) = self.drivers.lock() {
+            for (i, sh) in d.iter().filter_map(Weak::upgrade).enumerate() {
+                match few.get_mut(i) {
+                    Some(slot) => *slot = Some(sh),
+                    None => more.push(sh),
+                }
+            }
+        }
+        let drivers = || few.iter().flatten().chain(more.iter());
+        if let Some(sh) = drivers().next() {
+            let clock = sh.clock;
+            let mut last_work = clock.now();
+            loop {
+                if let Some(cq) = self.try_event() {
+                    return Some(cq);
+                }
+                let mut work = false;
+                for d in drivers() {
+                    work |= d.progress();
+                }
+                if let Some(cq) = self.try_event() {
+                    return Some(cq);
+                }
+                let now = clock.now();
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                if work {
+                    last_work = now;
+                    continue;
+                }
+                match idle_step(sh, now, now.saturating_duration_since(last_work)) {
+                    Idle::Spin => std::hint::spin_loop(),
+                    Idle::Yield => std::thread::yield_now(),
+                    Idle::Sleep(d) => {
+                        let q = self.events.lock().ok()?;
+                        if q.is_empty() {
+                            let _ = self.cv.wait_timeout(q, d.min(left)).ok()?;
+                        }
+                    }
+                }
+            }
+        }
         let mut q = self.events.lock().ok()?;
         loop {
             if let Some(cq) = q.pop_front() {
@@ -164,6 +234,10 @@ impl CompChannel {
             }
             q = self.cv.wait_timeout(q, left).ok()?.0;
         }
+    }
+
+    fn try_event(&self) -> Option<u32> {
+        self.events.lock().ok()?.pop_front()
     }
 }
 

@@ -1,5 +1,5 @@
 //! The runtime clock: maps `std::time::Instant` onto the engine's [`roce_proto::time::Instant`] (nanoseconds since
-//! a process-wide origin taken at first use), so every engine thread and link in the process shares one time base
+//! a process-wide origin taken at first use), so every runtime and link in the process shares one time base
 //! (`STYLE.md` D2).
 
 use std::sync::OnceLock;

@@ -1,4 +1,4 @@
-//! The stats endpoint: each runtime (engine thread) of a process answers `rocev2 stat` with the live counters of its
+//! The stats endpoint: each runtime (device group) of a process answers `rocev2 stat` with the live counters of its
 //! devices, what `rdma statistic` reads from the kernel for an RNIC.
 //!
 //! # Where
@@ -29,7 +29,7 @@
 //! * anything else → `{"proto": "rocev2-stats", "v": 1, "error": "..."}`.
 //!
 //! Requests are served one at a time on the endpoint's own thread, each bounded by a 2 s read/write timeout; the
-//! counters are taken on the engine thread like every control verb (never on the data path).
+//! counters are taken under the progress lock like every control verb (never on the data path).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
@@ -375,7 +375,11 @@ fn device_stats(c: &Context) -> Result<Value, String> {
         "max_qp": c.query_device().max_qp,
         "counters": counters_json(&counters),
         "runtime": {
-            "loops": ld(&r.loops),
+            "progress": format!("{:?}", c.progress_mode()).to_lowercase(),
+            "caller_passes": ld(&r.caller_passes),
+            "thread_passes": ld(&r.thread_passes),
+            "missed": ld(&r.missed),
+            "thread_missed": ld(&r.thread_missed),
             "parks": ld(&r.parks),
             "wakeups": ld(&r.wakeups),
             "doorbells": ld(&r.doorbells),

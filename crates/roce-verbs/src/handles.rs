@@ -2,12 +2,11 @@
 //!
 //! Handles are cheap `Clone`s (`Arc`), `Send + Sync`. Each keeps the objects it depends on alive (a QP holds its PD
 //! and CQs, an MR its PD, everything its context), so dropping in any order is safe (V1); the engine-side object is
-//! destroyed when the last handle goes. The engine thread stops when the last handle of its last device is dropped.
+//! destroyed when the last handle goes. The progress thread stops when the last handle of its last device is dropped.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use roce_link::{Link, LinkError, SimConfig, SimNet};
 use roce_proto::{
@@ -17,13 +16,12 @@ use roce_proto::{
 };
 
 use crate::channel::{CompChannel, Moderation};
-use crate::clock::Clock;
 use crate::endpoint::{self, DeviceList, Endpoint};
-use crate::runner::{self, CqNotify, CqSlot, Device, QpSlot, RuntimeConfig, RuntimeStats, Shared};
+use crate::runner::{
+    self, CqNotify, CqSlot, Device, PassKind, ProgressMode, QpSlot, RuntimeConfig, RuntimeStats,
+    Shared,
+};
 use crate::wqe::{RecvWqe, SendWqe, WqeError};
-
-/// How long a control verb waits for the engine thread's answer before failing with [`Error::Timeout`].
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors of control verbs.
 #[derive(Debug, thiserror::Error)]
@@ -41,14 +39,11 @@ pub enum Error {
     /// Opening the link failed.
     #[error("opening the link failed")]
     Link(#[from] LinkError),
-    /// The engine thread is gone (stopped or panicked).
-    #[error("the engine thread has stopped")]
+    /// The device is gone (a device index that does not exist).
+    #[error("the device has stopped")]
     EngineGone,
-    /// The engine thread did not answer within [`COMMAND_TIMEOUT`].
-    #[error("the engine thread did not answer within {0:?}")]
-    Timeout(Duration),
-    /// Spawning the engine thread failed.
-    #[error("spawning the engine thread failed")]
+    /// Spawning the progress thread failed.
+    #[error("spawning the progress thread failed")]
     Spawn(#[source] std::io::Error),
     /// A bad argument detected by the runtime.
     #[error("invalid argument: {0}")]
@@ -77,7 +72,7 @@ impl Error {
             Error::Resource(_) | Error::CreateQp(_) | Error::ModifyQp(_) => EINVAL,
             Error::InvalidArgument(_) => EINVAL,
             Error::Spawn(_) => EAGAIN,
-            Error::Link(_) | Error::EngineGone | Error::Timeout(_) => EIO,
+            Error::Link(_) | Error::EngineGone => EIO,
         }
     }
 }
@@ -137,7 +132,7 @@ pub struct QpSnapshot {
     pub shaped_bps: Option<u64>,
 }
 
-/// The engine thread of one or more devices; stopped and joined when the last context is dropped.
+/// A device group's shared state and its progress thread (if any); stopped and joined when the last context goes.
 #[derive(Debug)]
 struct Runtime {
     shared: Arc<Shared>,
@@ -156,7 +151,7 @@ impl Drop for Runtime {
             && let Some(j) = g.take()
             && j.join().is_err()
         {
-            tracing::error!("the engine thread panicked");
+            tracing::error!("the progress thread panicked");
         }
     }
 }
@@ -169,29 +164,32 @@ pub(crate) struct CtxInner {
     attr: DeviceAttr,
 }
 
-/// A device (one engine port on an engine thread): `ibv_context`.
+/// A device (one engine port with its link): `ibv_context`.
 #[derive(Clone, Debug)]
 pub struct Context {
     inner: Arc<CtxInner>,
 }
 
-/// What a link factory returns: one link per device, built on the engine thread (so links need not be `Send`).
-type LinkFactory = Box<dyn FnOnce() -> Result<Vec<Box<dyn Link>>, LinkError> + Send>;
+/// A link a runtime can drive from any thread.
+pub type SendLink = Box<dyn Link + Send>;
+
+/// What a link factory returns: one link per device, in order.
+type LinkFactory = Box<dyn FnOnce() -> Result<Vec<SendLink>, LinkError>>;
 
 impl Context {
-    /// Opens one device on its own engine thread. `link` runs on that thread and builds the link.
+    /// Opens one device. `link` builds its link (in this thread).
     ///
-    /// Errors: [`Error::Link`] if the factory fails, [`Error::Spawn`].
+    /// Errors: [`Error::Link`] if the factory fails, [`Error::Spawn`] if the progress thread cannot start.
     pub fn open<F>(cfg: EngineConfig, rt: RuntimeConfig, link: F) -> Result<Context, Error>
     where
-        F: FnOnce() -> Result<Box<dyn Link>, LinkError> + Send + 'static,
+        F: FnOnce() -> Result<SendLink, LinkError> + 'static,
     {
         let mut v = Context::open_group(vec![cfg], rt, Box::new(move || link().map(|l| vec![l])))?;
         v.pop().ok_or(Error::EngineGone)
     }
 
-    /// Opens several devices driven by **one** engine thread (needed when their links share single-threaded
-    /// state, like the ports of one [`SimNet`]). `links` must return one link per config, in order.
+    /// Opens several devices behind **one** progress lock and progress thread (for links that share state, like
+    /// the ports of one [`SimNet`]: any pass drives them all). `links` must return one link per config, in order.
     pub fn open_group(
         cfgs: Vec<EngineConfig>,
         rt: RuntimeConfig,
@@ -201,45 +199,44 @@ impl Context {
             .iter()
             .map(|c| c.device.max_qp as usize + c.device.max_cq as usize)
             .sum();
-        let shared = Arc::new(Shared::new(max_objects));
+        let links = links()?;
+        if links.len() != cfgs.len() {
+            return Err(Error::InvalidArgument("one link per device"));
+        }
+        let devs = cfgs
+            .iter()
+            .cloned()
+            .zip(links)
+            .map(|(c, l)| Device::new(Engine::new(c), l))
+            .collect();
         let rt_endpoint = rt.stats_endpoint.clone();
-        let (tx, rx) = mpsc::sync_channel::<Result<(), Error>>(1);
-        let engine_cfgs = cfgs.clone();
-        let sh = Arc::clone(&shared);
-        let join = std::thread::Builder::new()
-            .name("roce-engine".into())
-            .spawn(move || {
-                let links = match links() {
-                    Ok(l) if l.len() == engine_cfgs.len() => l,
-                    Ok(_) => {
-                        let _ = tx.send(Err(Error::InvalidArgument("one link per device")));
-                        return;
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(Error::Link(e)));
-                        return;
-                    }
-                };
-                let devs = engine_cfgs
-                    .into_iter()
-                    .zip(links)
-                    .map(|(c, l)| Device::new(Engine::new(c), l))
-                    .collect();
-                sh.set_thread(std::thread::current());
-                let _ = tx.send(Ok(()));
-                runner::run(devs, sh, rt, Clock::new());
-            })
-            .map_err(Error::Spawn)?;
+        let shared = Arc::new(Shared::new(devs, max_objects, rt));
+        let join = if shared.wants_thread() {
+            let sh = Arc::clone(&shared);
+            let name = match shared.mode() {
+                ProgressMode::Thread => "roce-progress",
+                ProgressMode::Caller => "roce-autoprogress",
+            };
+            let (started_tx, started_rx) = std::sync::mpsc::sync_channel::<()>(1);
+            let j = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    let _ = started_tx.send(());
+                    runner::run_thread(sh)
+                })
+                .map_err(Error::Spawn)?;
+            shared.set_thread(j.thread().clone());
+            // The thread runs before `open` returns (its start-up, which allocates, is not left to chance later).
+            started_rx.recv().map_err(|_| Error::EngineGone)?;
+            Some(j)
+        } else {
+            None
+        };
         let runtime = Arc::new(Runtime {
             shared,
-            join: Mutex::new(Some(join)),
+            join: Mutex::new(join),
             endpoint: Mutex::new(None),
         });
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(Error::EngineGone),
-        }
         let ctxs: Vec<Context> = cfgs
             .into_iter()
             .enumerate()
@@ -267,7 +264,7 @@ impl Context {
         Context { inner }
     }
 
-    /// The index of this device on its engine thread (0 for [`Context::open`]).
+    /// The index of this device in its group (0 for [`Context::open`]).
     pub fn index(&self) -> usize {
         self.inner.dev
     }
@@ -304,27 +301,21 @@ impl Context {
         })
     }
 
-    /// The engine's text dump of QP `qpn` (state, PSNs, queue depths, retry counters and timers, rate controller,
-    /// non-zero counters); `None` for an unknown QPN.
-    pub fn qp_dump(&self, qpn: Qpn) -> Result<Option<String>, Error> {
-        self.call(move |d| d.engine.qp_dump(qpn))
-    }
-
     /// Two devices (MAC 02:00:00:00:00:01 / :02, GIDs `::ffff:192.0.2.1` / `.2`) on a simulated 100 Gb/s segment
-    /// ([`SimConfig::default`]), driven by one engine thread in real time.
+    /// ([`SimConfig::default`]), one device group in real time (any pass drives both ports).
     pub fn sim_pair(rt: RuntimeConfig) -> Result<(Context, Context), Error> {
         Context::sim_pair_with(rt, SimConfig::default(), Ok)
     }
 
     /// Like [`sim_pair`](Self::sim_pair) with a segment configuration and a wrapper applied to each port's link
-    /// (decorators such as `Faulty` or `Pcap`; called on the engine thread with port 0, then port 1).
+    /// (decorators such as `Faulty` or `Pcap`; called with port 0, then port 1).
     pub fn sim_pair_with<W>(
         rt: RuntimeConfig,
         sim: SimConfig,
         mut wrap: W,
     ) -> Result<(Context, Context), Error>
     where
-        W: FnMut(Box<dyn Link>) -> Result<Box<dyn Link>, LinkError> + Send + 'static,
+        W: FnMut(SendLink) -> Result<SendLink, LinkError> + 'static,
     {
         let cfg = |i: u8| EngineConfig {
             mac: [0x02, 0, 0, 0, 0, i],
@@ -349,35 +340,39 @@ impl Context {
         Ok((a, b))
     }
 
-    fn shared(&self) -> &Shared {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.inner.rt.shared
     }
 
-    /// Runs `f` on the engine thread with this device and waits for its result.
+    /// Runs `f` with this device under the progress lock (blocking), then one pass; in the calling thread.
     fn call<R, F>(&self, f: F) -> Result<R, Error>
     where
-        R: Send + 'static,
-        F: FnOnce(&mut Device) -> R + Send + 'static,
+        F: FnOnce(&mut Device) -> R,
     {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.shared().submit(
-            self.inner.dev,
-            Box::new(move |d| {
-                let _ = tx.send(f(d));
-            }),
-        );
-        rx.recv_timeout(COMMAND_TIMEOUT).map_err(|e| match e {
-            mpsc::RecvTimeoutError::Timeout => Error::Timeout(COMMAND_TIMEOUT),
-            mpsc::RecvTimeoutError::Disconnected => Error::EngineGone,
-        })
+        self.shared()
+            .control(self.inner.dev, f)
+            .ok_or(Error::EngineGone)
     }
 
-    /// Runs `f` on the engine thread without waiting (used by `Drop`).
+    /// Like [`call`](Self::call), ignoring the result (used by `Drop`).
     fn cast<F>(&self, f: F)
     where
-        F: FnOnce(&mut Device) + Send + 'static,
+        F: FnOnce(&mut Device),
     {
-        self.shared().submit(self.inner.dev, Box::new(f));
+        let _ = self.call(f);
+    }
+
+    /// Drives this device's group once in the calling thread — receive, process, transmit, complete — if no other
+    /// thread is doing it right now (then that thread runs a pass for this caller). Returns true if the pass did
+    /// anything. For programs that wait without posting or polling (e.g. a pure RDMA WRITE target in a loop of its
+    /// own) and want to drive progress themselves in [`ProgressMode::Caller`].
+    pub fn progress(&self) -> bool {
+        self.shared().progress()
+    }
+
+    /// Who drives this device ([`RuntimeConfig::progress`]).
+    pub fn progress_mode(&self) -> ProgressMode {
+        self.shared().mode()
     }
 
     /// The engine configuration (MAC, GID table, netdev MTU).
@@ -395,7 +390,7 @@ impl Context {
         self.inner.cfg.gids.get(index).copied()
     }
 
-    /// Port counters (a snapshot taken on the engine thread).
+    /// Port counters (a snapshot).
     pub fn counters(&self) -> Result<Counters, Error> {
         self.call(|d| d.engine.counters().clone())
     }
@@ -405,7 +400,13 @@ impl Context {
         self.call(move |d| d.engine.qp_counters(qpn).cloned())
     }
 
-    /// The rate state of every QP of this device, as of the engine thread's current instant (returned with it):
+    /// The engine's text dump of QP `qpn` (state, PSNs, queue depths, retry counters and timers, rate controller,
+    /// non-zero counters); `None` for an unknown QPN.
+    pub fn qp_dump(&self, qpn: Qpn) -> Result<Option<String>, Error> {
+        self.call(move |d| d.engine.qp_dump(qpn))
+    }
+
+    /// The rate state of every QP of this device, as of the runtime's current instant (returned with it):
     /// the rate controller's view (DCQCN RC, RT, α, `../shared/dcqcn/DCQCN.md` §2) and the rate its shaper enforces
     /// (the smaller of that and the QP's limit; `None` = unlimited). For rate logs (`rocev2 perf --rate-log`).
     pub fn qp_rates(&self) -> Result<(roce_proto::Instant, Vec<QpRate>), Error> {
@@ -426,7 +427,7 @@ impl Context {
         })
     }
 
-    /// Counters of the engine thread (shared by every device on it).
+    /// Counters of the runtime (shared by every device of the group).
     pub fn runtime_stats(&self) -> &RuntimeStats {
         &self.shared().stats
     }
@@ -448,7 +449,7 @@ impl Context {
     }
 
     /// `ibv_create_cq` with room for `depth` completions, optionally attached to a completion channel with the given
-    /// moderation. The ring between the engine thread and [`Cq::poll`] also holds `depth` entries; completions that
+    /// moderation. The ring between the passes and [`Cq::poll`] also holds `depth` entries; completions that
     /// do not fit wait in the engine CQ (whose overrun rules apply, `ROCEV2.md §4.4`).
     pub fn create_cq(
         &self,
@@ -463,8 +464,8 @@ impl Context {
         let armed = Arc::new(AtomicBool::new(false));
         let arm_pending = Arc::new(AtomicBool::new(false));
         if let Some(c) = channel {
-            // Room for this CQ's event, so firing it on the engine thread does not allocate.
-            c.attach();
+            // Room for this CQ's event, so firing it in a pass does not allocate.
+            c.attach(Arc::downgrade(self.shared()));
         }
         let notify = channel.map(|c| CqNotify {
             chan: Arc::clone(c),
@@ -524,7 +525,7 @@ impl Pd {
     /// co-owns the memory until the MR is gone, so dropping `buf` first is harmless.
     ///
     /// Errors: the engine's (`Error::Resource`: dead PD, `max_mr`, `max_mr_size`, REMOTE_WRITE without
-    /// LOCAL_WRITE), `EngineGone`, `Timeout`.
+    /// LOCAL_WRITE).
     pub fn reg_mr(&self, buf: &crate::MrBuf, access: AccessFlags) -> Result<Mr, Error> {
         self.reg_region(Arc::clone(buf.region()), access)
     }
@@ -816,13 +817,32 @@ pub struct Cq {
 
 impl Cq {
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many (0 = empty, not an error,
-    /// `STYLE.md` V6). Lock-free with respect to the engine thread; concurrent pollers of one CQ serialise on a
-    /// mutex.
+    /// `STYLE.md` V6). Reads the CQ ring first (no progress lock); in [`ProgressMode::Caller`] an empty ring makes
+    /// this thread run a pass (receive, process, complete) and read again. Concurrent pollers of one CQ serialise
+    /// on the ring's mutex.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
+        let n = self.take(out);
+        if n > 0 || self.inner.ctx.shared().mode() != ProgressMode::Caller {
+            return n;
+        }
+        let (_, handed_over) = self.inner.ctx.shared().progress_for(PassKind::Poll);
+        if handed_over {
+            // Another thread holds the progress lock (and runs the pass for us). If it was preempted on this core, a
+            // caller spinning on empty polls would only keep it off the CPU: yield once.
+            std::thread::yield_now();
+        }
+        self.take(out)
+    }
+
+    /// Moves what the ring holds (at most `out.len()`) into `out`.
+    fn take(&self, out: &mut [Wc]) -> usize {
         let Ok(mut ring) = self.inner.ring.lock() else {
             return 0;
         };
         let n = out.len().min(ring.slots());
+        if n == 0 {
+            return 0;
+        }
         let Ok(chunk) = ring.read_chunk(n) else {
             return 0;
         };
@@ -837,12 +857,18 @@ impl Cq {
     /// CQ after arming: completions published before the arm do count toward the moderation limits.
     pub fn req_notify(&self) {
         self.inner.armed.store(true, Ordering::SeqCst);
-        // The arm doorbell: the engine thread evaluates this CQ's moderation now (no allocation, no lock).
+        // The arm doorbell: the next pass evaluates this CQ's moderation (no allocation; in Caller mode that pass runs
+        // now, in this thread).
         self.inner.ctx.shared().ring_arm(
             self.inner.ctx.inner.dev,
             self.inner.slot,
             &self.inner.arm_pending,
         );
+    }
+
+    /// The device of this CQ.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
     }
 
     /// An id for this CQ, as returned by [`CompChannel::get_event`].
@@ -967,6 +993,11 @@ impl Qp {
         &self.inner.pd.inner.ctx
     }
 
+    /// The device of this QP.
+    pub fn context(&self) -> &Context {
+        self.ctx()
+    }
+
     /// This QP's endpoint record for the peer, with first send PSN `psn`.
     pub fn endpoint(&self, psn: Psn) -> QpEndpoint {
         let cfg = self.ctx().config();
@@ -978,8 +1009,23 @@ impl Qp {
         }
     }
 
-    /// `ibv_post_send` of a chain: every WR is copied into the send ring, then **one** doorbell is rung. All or
-    /// nothing: on error nothing was posted.
+    /// Run-to-completion: in [`ProgressMode::Caller`], a pass in this thread right after the doorbell (the QP's
+    /// packets leave before the post returns, as far as the pass budget allows; if another thread is driving the
+    /// engine, it runs the pass for us).
+    fn kick(&self) {
+        self.kick_for(PassKind::Post);
+    }
+
+    fn kick_for(&self, kind: PassKind) {
+        let sh = self.ctx().shared();
+        if sh.mode() == ProgressMode::Caller {
+            sh.progress_for(kind);
+        }
+    }
+
+    /// `ibv_post_send` of a chain: every WR is copied into the send ring, then **one** doorbell is rung; in
+    /// [`ProgressMode::Caller`] this thread then runs a pass (crate docs, "Progress"). All or nothing: on error
+    /// nothing was posted.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let cap = self.inner.cap;
         let mut ring = self.inner.sq.lock().unwrap_or_else(|p| p.into_inner());
@@ -1012,6 +1058,7 @@ impl Qp {
             &self.inner.pending,
             wrs.len(),
         );
+        self.kick();
         Ok(())
     }
 
@@ -1042,6 +1089,7 @@ impl Qp {
             &self.inner.pending,
             wrs.len(),
         );
+        self.kick_for(PassKind::Recv);
         Ok(())
     }
 
@@ -1186,9 +1234,11 @@ impl Qp {
 mod tests {
     use super::*;
     use roce_proto::{SendOp, WcStatus};
+    use std::sync::mpsc;
+    use std::time::Duration;
 
     /// More QPs ring at once than the doorbell queue holds (its minimum is 64 entries, and `max_qp` / `max_cq` are
-    /// configured small): the producers flag an overflow, the engine thread looks at every QP once, and every
+    /// configured small): the producers flag an overflow, the next pass looks at every QP once, and every
     /// WR still completes.
     #[test]
     fn doorbell_overflow_falls_back_to_one_pass_over_all_qps() {
@@ -1210,7 +1260,7 @@ mod tests {
             RuntimeConfig::default(),
             Box::new(move || {
                 let (_net, pa, pb) = SimNet::pair(SimConfig::default(), ma, mb);
-                Ok(vec![Box::new(pa) as Box<dyn Link>, Box::new(pb)])
+                Ok(vec![Box::new(pa) as SendLink, Box::new(pb)])
             }),
         )
         .expect("open");
@@ -1248,14 +1298,23 @@ mod tests {
             qb.connect(&qa.endpoint(pa), pb, &o).expect("connect b");
             qps.push((qa, qb));
         }
-        // Hold the engine thread so that no doorbell is consumed while the QPs ring. With one entry per QP the
+        // Hold the progress lock (a control verb in another thread) so that no doorbell is consumed while the QPs
+        // ring: the posts' own passes find the lock held and hand over (`missed`). With one entry per QP the
         // 64-entry queue cannot fill, so QPs 0..7 clear their pending flag after each post (as a destroyed QP's
         // stale entry would leave it) and push 70 entries; QP 7 then posts once and finds the queue full: only the
         // overflow pass can find its WR.
         let (tx, rx) = mpsc::channel::<()>();
-        ca.cast(move |_| {
-            let _ = rx.recv_timeout(Duration::from_secs(5));
-        });
+        let (held_tx, held_rx) = mpsc::channel::<()>();
+        let holder = {
+            let ca = ca.clone();
+            std::thread::spawn(move || {
+                ca.cast(move |_| {
+                    let _ = held_tx.send(());
+                    let _ = rx.recv_timeout(Duration::from_secs(5));
+                });
+            })
+        };
+        held_rx.recv().expect("lock held");
         let post = |qa: &Qp, id: u64| {
             let sge = [mra.sge(0, 8)];
             let wr = SendWr::new(
@@ -1280,6 +1339,7 @@ mod tests {
         post(&qps[7].0, 99);
         posted += 1;
         let _ = tx.send(());
+        holder.join().expect("holder");
         let mut got = 0u64;
         let mut wcs = [Wc::default(); 16];
         let t0 = std::time::Instant::now();

@@ -1,16 +1,25 @@
-//! roce-verbs: the application-facing runtime of the rocev2 software RNIC — threads, not sans-IO.
+//! roce-verbs: the application-facing runtime of the rocev2 software RNIC.
 //!
-//! An **engine thread** owns the sans-IO [`roce_proto::Engine`] of a device together with its
-//! [`roce_link::Link`] and drives it (`STYLE.md` D1, loop described in the `runner` module docs). Applications use
-//! thread-safe handles whose verbs forward to that thread (`STYLE.md` §4.3, §10):
+//! Each device (a sans-IO [`roce_proto::Engine`] with its [`roce_link::Link`]) sits behind one progress lock, and
+//! whichever thread calls drives it (`STYLE-progress-memory.md` §2–3). Handles are `Send + Sync` cheap clones
+//! (`STYLE.md` §4.3); any thread may post or poll.
 //!
-//! * data path: [`Qp::post_send`] / [`Qp::post_recv`] copy the work requests into the QP's lock-free SPSC rings
-//!   (rtrb) and ring **one doorbell per posted chain** (a release store, plus an unpark only when the engine thread
-//!   is parked); completions come back through a per-CQ ring, [`Cq::poll`] `(&mut [Wc]) -> usize` (0 = empty);
-//! * control path (create/modify/destroy, `reg_mr`, counters): a command queue; the caller waits for
-//!   the answer (bounded by [`COMMAND_TIMEOUT`]);
-//! * completion channels with CQ moderation ([`CompChannel`], [`Moderation`]): `req_notify` + a blocking
-//!   `get_event(timeout)`.
+//! # Progress ([`ProgressMode`]; the lock protocol is in `src/progress.rs`)
+//!
+//! * [`ProgressMode::Caller`] (default, run-to-completion): [`Qp::post_send`] / [`Qp::post_recv`] copy the WRs into
+//!   the QP's ring, ring one doorbell per chain and run one bounded pass in the posting thread (an idle QP's packets
+//!   leave before the call returns); [`Cq::poll`] reads the CQ ring and, if it is empty, runs a pass (receive,
+//!   process, complete) and reads again; [`CompChannel::get_event`] drives passes while it waits. A thread that
+//!   finds another one driving hands its work over (the `missed` flag) and returns at once. An auto-progress
+//!   thread steps in only when no caller has driven for [`RuntimeConfig::auto_progress`] (1 ms), so a program that
+//!   stops calling — a pure RDMA WRITE target, a thread blocked elsewhere — keeps answering; [`Context::progress`]
+//!   lets a program drive explicitly.
+//! * [`ProgressMode::Thread`]: a progress thread keeps every QP moving (posts ring a doorbell and wake it; polls
+//!   read the CQ ring).
+//!
+//! Control verbs (create/modify/destroy, `reg_mr`, counters) take the progress lock in the calling thread. A pass
+//! is bounded ([`RuntimeConfig::tx_budget`] frames out, [`RuntimeConfig::rx_burst`] in), allocates nothing, and
+//! touches only QPs and CQs with news.
 //!
 //! # Memory: the application's own, under the RNIC contract
 //!
@@ -58,15 +67,17 @@ mod handles;
 mod hugepage;
 #[allow(unsafe_code)]
 mod memory;
+mod progress;
 mod runner;
+mod sync;
 mod wqe;
 
 pub use channel::{CompChannel, Moderation};
 pub use clock::Clock;
 pub use endpoint::StatsEndpoint;
 pub use handles::{
-    Ah, COMMAND_TIMEOUT, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint,
-    QpRate, QpSnapshot,
+    Ah, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint, QpRate, QpSnapshot,
+    SendLink,
 };
 pub use hugepage::{HUGE_PAGE_SIZE, HugePageBuffer, HugePagePolicy};
 pub use memory::{MrBuf, PAGE_SIZE};
@@ -75,5 +86,5 @@ pub use roce_proto::{
     QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics, RecvWr, Rkey, SendFlags, SendOp,
     SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
 };
-pub use runner::{RuntimeConfig, RuntimeStats};
+pub use runner::{ProgressMode, RuntimeConfig, RuntimeStats};
 pub use wqe::{MAX_INLINE, MAX_SGE};

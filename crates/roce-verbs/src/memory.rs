@@ -268,9 +268,9 @@ impl MrMemory for SharedMemory {
 }
 
 /// A page-aligned, zeroed byte buffer the application owns and registers with [`Pd::reg_mr`](crate::Pd::reg_mr):
-/// it reads and writes its data through the buffer as a slice (`Deref<Target = [u8]>`, [`as_mut_slice`]
-/// (Self::as_mut_slice)) while the engine reads and writes the same bytes as an RNIC's DMA would — under the RNIC
-/// contract (a buffer is not changed between post and completion; see the [module docs](self) and the crate docs).
+/// it reads and writes its data through the buffer as a slice (`Deref<Target = [u8]>`,
+/// [`as_mut_slice`](Self::as_mut_slice)) while the engine reads and writes the same bytes as an RNIC's DMA would —
+/// under the RNIC contract (a buffer is not changed between post and completion; see the crate docs).
 ///
 /// The engine co-owns the memory while an MR covers it, so dropping the `MrBuf` early never frees bytes the engine
 /// may still touch: the memory goes when the last of the buffer and its MRs goes. Optionally on 2 MiB huge pages
@@ -333,7 +333,7 @@ impl MrBuf {
     }
 
     /// The bytes. Bytes that a WR in flight or a peer writes may change under the application only if it breaks
-    /// the RNIC contract (module docs); read them after the completion that says they are there.
+    /// the RNIC contract (crate docs); read them after the completion that says they are there.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the region is valid for `len` bytes while `self` holds its `Arc`. The engine never holds a
         // reference into it; it copies ranges named by WRs or by remote accesses the application granted, which the
@@ -402,7 +402,7 @@ impl crate::Pd {
     ///   the last [`Mr`](crate::Mr) handle was dropped and the runtime deregistered it once its WRs completed) and
     ///   the context is gone or the deregistration has returned.
     /// * The application does not access bytes of in-flight WRs or bytes a peer is accessing (the RNIC contract in
-    ///   the [module docs](self)); data races there are the caller's undefined behaviour, as with a hardware RNIC.
+    ///   the crate docs); data races there are the caller's undefined behaviour, as with a hardware RNIC.
     pub unsafe fn reg_mr_raw(
         &self,
         addr: *mut u8,

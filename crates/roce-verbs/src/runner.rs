@@ -1,88 +1,142 @@
-//! The engine thread (`STYLE.md` D1, D4, §10): owns one or more [`Engine`]s with their [`Link`]s and drives them.
+//! Progress: the one bounded pass that moves a device group's engines and links (`STYLE.md` D1, D4, §10;
+//! `STYLE-progress-memory.md` §2–3), and who runs it.
 //!
-//! One loop iteration:
-//! 1. per device: `rx_burst` → `handle_frame` for each frame; `handle_timeout(now)` when the engine's deadline
-//!    has passed;
-//! 2. drain the QP rings named by doorbells (`post_send` / `post_recv` into the engine; WQEs wait in the ring while
-//!    the engine's SQ/RQ is full) and evaluate the CQs named by arm doorbells ([`crate::Cq::req_notify`]);
-//! 3. run queued control commands (create/modify/destroy, reg_mr, counters);
-//! 4. per device: `poll_transmit` into link transmit buffers up to `tx_budget` frames, then **one** `flush()`;
-//! 5. publish completions into the per-CQ rings (never more than a ring has room for: the rest stays in the engine
-//!    CQ, so no completion is lost) and fire completion-channel events (CQ moderation);
-//! 6. back off when idle: spin, then `yield_now`, then park until the next engine/link/moderation deadline
-//!    (at most `park_max`, because a real link's receive readiness is not visible to a parked thread).
+//! # The pass ([`pass`])
 //!
-//! Application threads wake a parked engine thread with a doorbell (see [`Shared::ring`]).
+//! Per device of the group:
+//! 1. drain the QP rings named by doorbells (`post_send` / `post_recv` into the engine; WQEs wait in the ring while
+//!    the engine's SQ/RQ is full) and evaluate the CQs named by arm doorbells ([`crate::Cq::req_notify`]) — first,
+//!    so that receives posted before the pass are there for the frames it receives;
+//! 2. `rx_burst` (at most [`RuntimeConfig::rx_burst`] frames) → `handle_frame`; `handle_timeout(now)` when the
+//!    engine's deadline has passed;
+//! 3. `poll_transmit` into link transmit buffers, at most [`RuntimeConfig::tx_budget`] frames (quinn's
+//!    `MAX_TRANSMIT_DATAGRAMS`: a thread that posts one WR never sends someone else's 8 MiB WRITE to the end; the
+//!    rest goes out in later passes), then **one** `flush()`;
+//! 4. publish completions into the per-CQ rings (never more than a ring has room for: the rest stays in the engine
+//!    CQ, so no completion is lost) and fire completion-channel events (CQ moderation); retry deferred MR
+//!    deregistrations.
+//!
+//! A post's pass skips the receive burst (the poll that follows receives); a poll's pass that publishes completions,
+//! and a receive post's pass, skip step 3 (for at most [`TX_DEFER_MAX`]), so that the ACK of what was just
+//! received leaves with the application's reply in one `sendmmsg` ([`PassKind`]). Every other pass is full.
+//!
+//! # Who runs it ([`ProgressMode`])
+//!
+//! The engines and links sit behind one progress lock per device group ([`ProgressLock`]: `try_lock`, and a
+//! `missed` flag so that a thread that finds it held hands its work to the holder instead of waiting).
+//!
+//! * [`ProgressMode::Caller`] (default, run-to-completion): `post_send`/`post_recv` run a pass in the posting thread
+//!   (an idle QP's packets are built and sent before the call returns); [`crate::Cq::poll`] on an empty ring runs a
+//!   pass in the polling thread (receive, process, complete); [`crate::CompChannel::get_event`] drives passes while
+//!   it waits. For programs that stop calling (a pure RDMA WRITE target, a process blocked elsewhere) an
+//!   **auto-progress** thread takes over after [`RuntimeConfig::auto_progress`] without any caller pass, and steps
+//!   back as soon as callers drive again. Its cost: one wake-up per `auto_progress` period while callers are busy
+//!   (1000/s at the 1 ms default), nothing on the data path; a passive target's first ACK may wait up to that period
+//!   (far below any RC ACK timeout), after which the thread keeps it moving like the Thread mode.
+//! * [`ProgressMode::Thread`]: a progress thread keeps every QP moving (the former engine-thread runtime): posts
+//!   ring a doorbell and wake it if it is parked ([`SleepFlag`]); polls read the CQ ring only.
+//!
+//! Control verbs (create/modify/destroy, `reg_mr`, counters) take the progress lock (blocking), act, and run one
+//! pass, in the calling thread, in both modes.
 //!
 //! # Per-packet cost
 //!
-//! Nothing here allocates, locks or scans all QPs/CQs per packet or per post (`docs/ARCHITECTURE.md`):
+//! Nothing here allocates, locks (besides the progress lock once per pass) or scans all QPs/CQs per packet or per
+//! post (`docs/ARCHITECTURE.md`):
 //!
 //! * **Doorbells** go through one fixed-capacity lock-free MPMC queue (`crossbeam_queue::ArrayQueue`, allocated once
-//!   when the engine thread starts). Each QP has a "doorbell pending" flag and each CQ an "arm pending" flag; an
-//!   entry is pushed only when the flag goes from clear to set, and the engine clears the flag before acting on the
-//!   entry, so a QP or CQ has at most one entry queued and the queue is sized for every QP and CQ the devices allow
-//!   (twice over: destroyed objects may leave a stale entry that is consumed on the next pass). Should a push still
-//!   fail (pathological create/destroy churn), the producer sets an overflow flag and the engine falls back to one
-//!   pass over every QP and CQ — correct, and only on that path. Alternatives weighed: one rtrb SPSC ring per
-//!   producer needs a registry of producer threads (QP handles are `Sync`, any thread may post); the previous
-//!   `SegQueue` allocated a block every 31 pushes on the posting thread and freed it on the engine thread.
+//!   when the group opens). Each QP has a "doorbell pending" flag and each CQ an "arm pending" flag; an entry is
+//!   pushed only when the flag goes from clear to set, and the pass clears the flag before acting on the entry, so
+//!   a QP or CQ has at most one entry queued and the queue is sized for every QP and CQ the devices allow (twice
+//!   over: destroyed objects may leave a stale entry that is consumed on the next pass). Should a push still fail
+//!   (pathological create/destroy churn), the producer sets an overflow flag and the next pass looks at every QP and
+//!   CQ once — correct, and only on that path.
 //! * **Completions**: the engine lists the CQs that gained completions ([`Engine::poll_ready_cq`], each once); a CQ
 //!   whose ring was full (or that has runtime-made completions waiting) goes on a short pending list, retried on
 //!   every pass until drained. Runner CQ slots are indexed by the engine's CQ index, so no lookup is needed.
 //! * **Moderation timers** of armed CQs live in a binary heap (at most one entry per CQ, capacity reserved at
 //!   `create_cq`); the idle path looks only at its top.
 //! * **Events** ([`CompChannel`]): firing one takes the channel's mutex, pushes into a queue whose capacity was
-//!   reserved when the CQ was attached (no allocation), and signals the condition variable. That lock is on the
-//!   event path only — at most one event per `req_notify` (events are one-shot), never per packet or per
-//!   completion — and is contended only by a thread inside [`CompChannel::get_event`].
+//!   reserved when the CQ was attached (no allocation), and signals the condition variable — at most one event per
+//!   `req_notify` (events are one-shot), never per packet or per completion.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::Thread;
 use std::time::Duration;
 
-use crossbeam_queue::{ArrayQueue, SegQueue};
+use crossbeam_queue::ArrayQueue;
 use roce_link::{Link, min_instant};
 use roce_proto::{CqHandle, Engine, Instant, Qpn, Wc, WcStatus};
 
 use crate::channel::{CompChannel, Moderation, ModerationState};
 use crate::clock::Clock;
 use crate::endpoint::StatsEndpoint;
+use crate::progress::{Outcome, ProgressLock, SleepFlag};
 use crate::wqe::{RecvWqe, SendWqe};
 
-/// A control command: runs on the engine thread with the device it targets.
-pub(crate) type Cmd = Box<dyn FnOnce(&mut Device) + Send>;
+/// Who drives the engines (module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// Run-to-completion: posts, polls and event waits run passes in the calling thread; an auto-progress thread
+    /// covers programs that stop calling ([`RuntimeConfig::auto_progress`]).
+    #[default]
+    Caller,
+    /// A progress thread keeps every QP moving; posts and polls only touch the rings.
+    Thread,
+}
 
-/// Tuning of the engine thread loop.
+impl std::str::FromStr for ProgressMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "caller" => Ok(ProgressMode::Caller),
+            "thread" => Ok(ProgressMode::Thread),
+            _ => Err(format!("unknown progress mode {s:?} (caller or thread)")),
+        }
+    }
+}
+
+/// Tuning of progress.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeConfig {
-    /// Pin the engine thread to this core (index into `core_affinity::get_core_ids()`); `None` = no pinning.
+    /// Who drives the engines.
+    pub progress: ProgressMode,
+    /// [`ProgressMode::Caller`]: the auto-progress thread starts driving after this long without a caller pass
+    /// (`None`: no such thread; the application must call often enough itself, e.g. by polling).
+    pub auto_progress: Option<Duration>,
+    /// Pin the progress / auto-progress thread to this core (index into `core_affinity::get_core_ids()`).
     pub pin_core: Option<usize>,
-    /// Frames taken from the link per receive burst.
+    /// Frames taken from each link per pass.
     pub rx_burst: usize,
-    /// Frames produced per device per loop iteration before `flush()` (doorbell batching).
+    /// Frames produced per device per pass before `flush()` (doorbell batching, and the bound on what one caller's
+    /// pass transmits).
     pub tx_budget: usize,
-    /// Idle time spent busy-polling before yielding.
+    /// Passes one call runs at most while other threads keep flagging `missed` (see `src/progress.rs`).
+    pub max_rounds: u32,
+    /// Idle time the progress thread (and a waiting [`CompChannel::get_event`]) spends busy-polling before yielding.
     pub spin: Duration,
-    /// Idle time (from the last useful iteration) after which the thread parks instead of yielding.
+    /// Idle time (from the last useful pass) after which they sleep instead of yielding.
     pub yield_for: Duration,
-    /// Longest single park (a real link's receive readiness is only seen when the thread runs).
+    /// Longest single sleep (a real link's receive readiness is only seen when a pass runs).
     pub park_max: Duration,
     /// Where the runtime's stats endpoint listens (what `rocev2 stat` reads; see the `endpoint` module docs).
     pub stats_endpoint: StatsEndpoint,
 }
 
 impl Default for RuntimeConfig {
-    /// No pinning, bursts of 32 frames, spin 20 µs, yield up to 2 ms idle, then park at most 1 ms at a time; the
-    /// stats endpoint in the run directory.
+    /// Caller mode with auto-progress after 1 ms, no pinning, bursts of 32 frames, 4 rounds, spin 20 µs, yield up
+    /// to 2 ms idle, then sleep at most 1 ms at a time; the stats endpoint in the run directory.
     fn default() -> Self {
         RuntimeConfig {
+            progress: ProgressMode::Caller,
+            auto_progress: Some(Duration::from_millis(1)),
             pin_core: None,
             rx_burst: 32,
             tx_budget: 32,
+            max_rounds: 4,
             spin: Duration::from_micros(20),
             yield_for: Duration::from_millis(2),
             park_max: Duration::from_millis(1),
@@ -91,14 +145,30 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// Counters of the engine thread itself (not the protocol): how often it looped, parked, was woken.
+impl RuntimeConfig {
+    /// The default configuration in `mode`.
+    pub fn with_mode(mode: ProgressMode) -> RuntimeConfig {
+        RuntimeConfig {
+            progress: mode,
+            ..RuntimeConfig::default()
+        }
+    }
+}
+
+/// Counters of the runtime itself (not the protocol), shared by every device of a group.
 #[derive(Debug, Default)]
 pub struct RuntimeStats {
-    /// Loop iterations.
-    pub loops: AtomicU64,
-    /// Times the thread parked.
+    /// Passes run by application threads (posts, polls, event waits, control verbs).
+    pub caller_passes: AtomicU64,
+    /// Passes run by the progress / auto-progress thread.
+    pub thread_passes: AtomicU64,
+    /// Times an application thread found the progress lock held and handed its work to the holder (`missed`).
+    pub missed: AtomicU64,
+    /// Times the progress thread found the progress lock held.
+    pub thread_missed: AtomicU64,
+    /// Times the progress thread parked.
     pub parks: AtomicU64,
-    /// Unparks issued by application doorbells.
+    /// Unparks issued by application doorbells (Thread mode).
     pub wakeups: AtomicU64,
     /// Doorbells rung (one per posted chain).
     pub doorbells: AtomicU64,
@@ -111,12 +181,33 @@ pub struct RuntimeStats {
     pub tx_frames: AtomicU64,
     /// Frames received.
     pub rx_frames: AtomicU64,
-    /// Link errors (other than back-pressure) seen by the loop.
+    /// Link errors (other than back-pressure) seen by passes.
     pub link_errors: AtomicU64,
-    /// Times the doorbell queue was found full and the loop looked at every QP and CQ once instead (expected 0; see
-    /// the `runner` module docs).
+    /// Times the doorbell queue was found full and a pass looked at every QP and CQ once instead (expected 0; see
+    /// the module docs).
     pub doorbell_overflows: AtomicU64,
 }
+
+/// What a pass is for; a post and a poll skip what they do not need (module docs, "The pass").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PassKind {
+    /// Everything (progress thread, auto-progress, event waits, control verbs, [`crate::Context::progress`]).
+    Full,
+    /// After a send post: no receive burst (the next poll receives); transmit the posted work now.
+    Post,
+    /// After a receive post: hand the receives to the engine; no receive burst, and transmitting is left to a later
+    /// pass like [`PassKind::Poll`] does (an application that reposts a receive and then replies sends the pending
+    /// ACK with the reply).
+    Recv,
+    /// An empty poll: receive and complete; if that published completions, leave transmitting (e.g. the ACK of the
+    /// message just received) to a later pass — usually the application's reply post, so ACK and reply share one
+    /// `sendmmsg` — for at most [`TX_DEFER_MAX`].
+    Poll,
+}
+
+/// How long poll passes may leave transmitting to a later pass (an ACK waits at most this plus one application
+/// call: far below any RC ACK timeout, 4.096 µs · 2^timeout).
+pub(crate) const TX_DEFER_MAX: Duration = Duration::from_micros(50);
 
 /// Doorbell entry kind bit: the entry names a CQ that was armed (else a QP with new ring entries).
 const DB_CQ_ARM: u64 = 1 << 63;
@@ -124,16 +215,32 @@ const DB_CQ_ARM: u64 = 1 << 63;
 /// Largest doorbell queue (16 bytes per entry: 4 MiB), for configurations with very large `max_qp`/`max_cq`.
 const MAX_DOORBELLS: usize = 1 << 18;
 
-/// State shared between application threads and the engine thread.
+/// The devices of a group: what the progress lock protects.
+pub(crate) struct Group {
+    pub(crate) devs: Vec<Device>,
+}
+
+/// State shared by every handle of a device group and its progress thread.
 pub(crate) struct Shared {
     /// QPs with newly posted work and CQs newly armed: `kind | (device << 32) | slot` (see the module docs).
     doorbells: ArrayQueue<u64>,
-    /// A doorbell push found the queue full: the engine must look at every QP and CQ once.
+    /// A doorbell push found the queue full: the next pass must look at every QP and CQ once.
     db_overflow: AtomicBool,
-    cmds: SegQueue<(usize, Cmd)>,
-    parked: AtomicBool,
+    /// The engines and links.
+    pub(crate) group: ProgressLock<Group>,
+    sleep: SleepFlag,
     pub(crate) stop: AtomicBool,
     thread: Mutex<Option<Thread>>,
+    pub(crate) cfg: RuntimeConfig,
+    pub(crate) clock: Clock,
+    /// Engine time (ns) of the last pass an application thread asked for (auto-progress watches it).
+    last_caller: AtomicU64,
+    /// A holder stopped at `max_rounds` with `missed` still set: the progress thread must run a pass even while
+    /// callers are active (Caller mode's auto-progress otherwise stays out of their way).
+    handoff: AtomicBool,
+    /// Engine time (ns) of the group's next deadline (engine timers, link arrivals, moderation), as of the last
+    /// pass; `u64::MAX` = none. Lets the progress thread size its sleep without the lock.
+    next_deadline: AtomicU64,
     pub(crate) stats: RuntimeStats,
 }
 
@@ -141,25 +248,39 @@ impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
             .field("doorbells", &self.doorbells.len())
-            .field("cmds", &self.cmds.len())
+            .field("mode", &self.cfg.progress)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
 }
 
 impl Shared {
-    /// `max_objects`: QPs + CQs all devices on the thread allow (the doorbell queue holds twice that, at least 64
+    /// `max_objects`: QPs + CQs all devices of the group allow (the doorbell queue holds twice that, at least 64
     /// and at most [`MAX_DOORBELLS`] entries; beyond that the overflow path keeps it correct).
-    pub(crate) fn new(max_objects: usize) -> Shared {
+    pub(crate) fn new(devs: Vec<Device>, max_objects: usize, cfg: RuntimeConfig) -> Shared {
         Shared {
             doorbells: ArrayQueue::new(max_objects.saturating_mul(2).clamp(64, MAX_DOORBELLS)),
             db_overflow: AtomicBool::new(false),
-            cmds: SegQueue::new(),
-            parked: AtomicBool::new(false),
+            group: ProgressLock::new(Group { devs }),
+            sleep: SleepFlag::default(),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
+            cfg,
+            clock: Clock::new(),
+            last_caller: AtomicU64::new(0),
+            handoff: AtomicBool::new(false),
+            next_deadline: AtomicU64::new(u64::MAX),
             stats: RuntimeStats::default(),
         }
+    }
+
+    pub(crate) fn mode(&self) -> ProgressMode {
+        self.cfg.progress
+    }
+
+    /// True if a progress thread exists for this group.
+    pub(crate) fn wants_thread(&self) -> bool {
+        self.cfg.progress == ProgressMode::Thread || self.cfg.auto_progress.is_some()
     }
 
     pub(crate) fn set_thread(&self, t: Thread) {
@@ -168,66 +289,139 @@ impl Shared {
         }
     }
 
-    /// Wakes the engine thread if (and only if) it is parked.
-    ///
-    /// Ordering: the caller has just published work (a ring push, a queue push). The SeqCst fence orders that
-    /// publication before the load of `parked`; the engine thread stores `parked = true` and then issues its own
-    /// SeqCst fence before re-checking the queues. So either the engine sees our work, or we see `parked` and
-    /// unpark it (Dekker pattern) — a wake-up cannot be lost.
-    fn wake(&self) {
-        fence(Ordering::SeqCst);
-        if self.parked.load(Ordering::Relaxed) {
-            self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
-            if let Ok(g) = self.thread.lock()
-                && let Some(t) = g.as_ref()
-            {
-                t.unpark();
-            }
-        }
-    }
-
-    /// The doorbell: announces that QP `slot` of device `dev` has `wqes` new ring entries.
-    pub(crate) fn ring(&self, dev: usize, slot: u32, pending: &AtomicBool, wqes: usize) {
-        self.stats.doorbells.fetch_add(1, Ordering::Relaxed);
-        self.stats.wqes.fetch_add(wqes as u64, Ordering::Relaxed);
-        // Only one doorbell entry per QP is outstanding: the engine clears `pending` (SeqCst) before it drains the
-        // ring, so a push made after its drain started sets the flag again and enqueues the QP again.
-        if !pending.swap(true, Ordering::SeqCst) {
-            self.push_doorbell(((dev as u64) << 32) | u64::from(slot));
-        }
-        self.wake();
-    }
-
-    /// The arm doorbell: CQ `slot` of device `dev` was armed (`req_notify`); the engine re-evaluates its moderation
-    /// (completions published before the arm count). `arm_pending` plays the role of the QP's `pending` flag.
-    pub(crate) fn ring_arm(&self, dev: usize, slot: u32, arm_pending: &AtomicBool) {
-        if !arm_pending.swap(true, Ordering::SeqCst) {
-            self.push_doorbell(DB_CQ_ARM | ((dev as u64) << 32) | u64::from(slot));
-        }
-        self.wake();
-    }
-
-    fn push_doorbell(&self, db: u64) {
-        if self.doorbells.push(db).is_err() {
-            // Only under heavy create/destroy churn (see the module docs): the engine scans once.
-            self.db_overflow.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// Queues a control command for device `dev`.
-    pub(crate) fn submit(&self, dev: usize, cmd: Cmd) {
-        self.cmds.push((dev, cmd));
-        self.wake();
-    }
-
-    /// Asks the loop to stop and wakes it.
-    pub(crate) fn shutdown(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+    fn unpark_thread(&self) {
         if let Ok(g) = self.thread.lock()
             && let Some(t) = g.as_ref()
         {
             t.unpark();
         }
+    }
+
+    /// Wakes the progress thread if (and only if) it is parked (Thread mode; [`SleepFlag`]).
+    fn wake(&self) {
+        if self.sleep.must_wake() {
+            self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+            self.unpark_thread();
+        }
+    }
+
+    /// The doorbell: announces that QP `slot` of device `dev` has `wqes` new ring entries. In Thread mode it also
+    /// wakes the progress thread; in Caller mode the caller runs a pass next ([`progress`](Self::progress)).
+    pub(crate) fn ring(&self, dev: usize, slot: u32, pending: &AtomicBool, wqes: usize) {
+        self.stats.doorbells.fetch_add(1, Ordering::Relaxed);
+        self.stats.wqes.fetch_add(wqes as u64, Ordering::Relaxed);
+        // Only one doorbell entry per QP is outstanding: a pass clears `pending` (SeqCst) before it drains the
+        // ring, so a push made after its drain started sets the flag again and enqueues the QP again.
+        if !pending.swap(true, Ordering::SeqCst) {
+            self.push_doorbell(((dev as u64) << 32) | u64::from(slot));
+        }
+        if self.mode() == ProgressMode::Thread {
+            self.wake();
+        }
+    }
+
+    /// The arm doorbell: CQ `slot` of device `dev` was armed (`req_notify`); the next pass re-evaluates its
+    /// moderation (completions published before the arm count). `arm_pending` plays the role of the QP's `pending`.
+    pub(crate) fn ring_arm(&self, dev: usize, slot: u32, arm_pending: &AtomicBool) {
+        if !arm_pending.swap(true, Ordering::SeqCst) {
+            self.push_doorbell(DB_CQ_ARM | ((dev as u64) << 32) | u64::from(slot));
+        }
+        match self.mode() {
+            ProgressMode::Thread => self.wake(),
+            ProgressMode::Caller => {
+                self.progress();
+            }
+        }
+    }
+
+    fn push_doorbell(&self, db: u64) {
+        if self.doorbells.push(db).is_err() {
+            // Only under heavy create/destroy churn (see the module docs): the next pass scans once.
+            self.db_overflow.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Work a parked progress thread must not sleep through.
+    fn has_work(&self) -> bool {
+        !self.doorbells.is_empty()
+            || self.db_overflow.load(Ordering::SeqCst)
+            || self.group.missed()
+            || self.stop.load(Ordering::SeqCst)
+    }
+
+    /// A full pass in an application thread (event waits, [`crate::Context::progress`]): runs it now if the
+    /// progress lock is free, else hands it to the holder. Returns true if this call ran a pass that did something.
+    pub(crate) fn progress(&self) -> bool {
+        self.progress_for(PassKind::Full).0
+    }
+
+    /// [`progress`](Self::progress) with a pass of `kind` (posts, polls). Only this call's first pass has that kind;
+    /// passes it runs for other threads (`missed`) are full ones. Returns (did something, handed over to the holder).
+    pub(crate) fn progress_for(&self, kind: PassKind) -> (bool, bool) {
+        let now = self.clock.now();
+        self.last_caller.store(now.as_nanos(), Ordering::Relaxed);
+        let mut work = false;
+        let mut k = kind;
+        let o = self.group.try_progress(self.cfg.max_rounds, |g| {
+            work |= pass(self, g, k);
+            k = PassKind::Full;
+        });
+        self.account(o, true);
+        (work, o.passes == 0)
+    }
+
+    fn account(&self, o: Outcome, caller: bool) {
+        let (c, m) = if caller {
+            (&self.stats.caller_passes, &self.stats.missed)
+        } else {
+            (&self.stats.thread_passes, &self.stats.thread_missed)
+        };
+        if o.passes == 0 {
+            m.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.fetch_add(u64::from(o.passes), Ordering::Relaxed);
+        }
+        if o.left_missed {
+            // This thread has done its share; the progress thread serves the rest.
+            self.handoff.store(true, Ordering::SeqCst);
+            self.unpark_thread();
+        }
+    }
+
+    /// A control verb: takes the progress lock (blocking), runs `f` on device `dev`, then a pass.
+    pub(crate) fn control<R>(&self, dev: usize, f: impl FnOnce(&mut Device) -> R) -> Option<R> {
+        let now = self.clock.now();
+        let (r, o) = self.group.with(
+            self.cfg.max_rounds,
+            |g| {
+                g.devs.get_mut(dev).map(|d| {
+                    d.now = now;
+                    f(d)
+                })
+            },
+            |g| {
+                pass(self, g, PassKind::Full);
+            },
+        );
+        self.account(o, true);
+        r
+    }
+
+    /// Asks the progress thread to stop and wakes it.
+    pub(crate) fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.unpark_thread();
+    }
+
+    /// Sleep bound for an idle driver: time to the group's next deadline (at most `park_max`).
+    pub(crate) fn idle_sleep(&self, now: Instant) -> Duration {
+        let d = self.next_deadline.load(Ordering::Relaxed);
+        let until = if d == u64::MAX {
+            self.cfg.park_max
+        } else {
+            Instant::from_nanos(d).saturating_duration_since(now)
+        };
+        until.min(self.cfg.park_max)
     }
 }
 
@@ -333,10 +527,10 @@ impl CqSlot {
     }
 }
 
-/// One device (port) on an engine thread.
+/// One device (port) of a group.
 pub struct Device {
     pub(crate) engine: Engine,
-    pub(crate) link: Box<dyn Link + 'static>,
+    pub(crate) link: Box<dyn Link + Send>,
     pub(crate) qps: Vec<Option<QpSlot>>,
     /// Indexed by the engine's CQ index (`CqHandle.0 - 1`), so [`Engine::poll_ready_cq`] names the slot.
     pub(crate) cqs: Vec<Option<CqSlot>>,
@@ -348,6 +542,8 @@ pub struct Device {
     wc_buf: Vec<Wc>,
     /// MRs whose last handle went while WRs still used them: deregistered once the engine lets go.
     deferred_dereg: Vec<roce_proto::Lkey>,
+    /// Since when poll passes have left transmitting to a later pass ([`PassKind::Poll`]).
+    tx_deferred: Option<Instant>,
     pub(crate) now: Instant,
 }
 
@@ -360,7 +556,7 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    pub(crate) fn new(engine: Engine, link: Box<dyn Link + 'static>) -> Device {
+    pub(crate) fn new(engine: Engine, link: Box<dyn Link + Send>) -> Device {
         Device {
             engine,
             link,
@@ -371,6 +567,7 @@ impl Device {
             cq_timers: BinaryHeap::new(),
             wc_buf: vec![Wc::default(); 64],
             deferred_dereg: Vec::new(),
+            tx_deferred: None,
             now: Instant::ZERO,
         }
     }
@@ -681,21 +878,40 @@ fn push_synthetic(
     }
 }
 
-/// The loop. Returns when `shared.stop` is set.
-pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig, clock: Clock) {
-    if let Some(core) = cfg.pin_core {
-        match core_affinity::get_core_ids().and_then(|ids| ids.get(core).copied()) {
-            Some(id) if core_affinity::set_for_current(id) => {}
-            _ => tracing::warn!(core, "could not pin the engine thread; running unpinned"),
+/// One bounded pass over every device of the group (module docs). Returns true if it did anything.
+pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
+    let cfg = &shared.cfg;
+    let stats = &shared.stats;
+    let now = shared.clock.now();
+    let devs = &mut g.devs;
+    let mut work = false;
+    // Posted work first, so that a receive the application posted before this pass is in the engine before the
+    // frames this pass receives are processed.
+    while let Some(db) = shared.doorbells.pop() {
+        let (d, slot) = (((db & !DB_CQ_ARM) >> 32) as usize, db as u32);
+        let Some(dev) = devs.get_mut(d) else {
+            continue;
+        };
+        if db & DB_CQ_ARM != 0 {
+            dev.on_arm(slot, now);
+            continue;
+        }
+        if let Some(Some(qp)) = dev.qps.get(slot as usize) {
+            // Cleared before draining: a post after this point rings again (see `Shared::ring`).
+            qp.pending.store(false, Ordering::SeqCst);
+        }
+        work |= dev.drain_qp(slot);
+    }
+    if shared.db_overflow.swap(false, Ordering::SeqCst) {
+        stats.doorbell_overflows.fetch_add(1, Ordering::Relaxed);
+        for dev in devs.iter_mut() {
+            work |= dev.recover_overflow(now);
         }
     }
-    let stats = &shared.stats;
-    let mut last_work = clock.now();
-    while !shared.stop.load(Ordering::Acquire) {
-        stats.loops.fetch_add(1, Ordering::Relaxed);
-        let now = clock.now();
-        let mut work = false;
-        for dev in &mut devs {
+    for dev in devs.iter_mut() {
+        dev.now = now;
+        work |= dev.retry_blocked();
+        if matches!(kind, PassKind::Full | PassKind::Poll) {
             let engine = &mut dev.engine;
             match dev
                 .link
@@ -712,126 +928,171 @@ pub(crate) fn run(mut devs: Vec<Device>, shared: Arc<Shared>, cfg: RuntimeConfig
                     tracing::warn!(error = %e, "rx_burst failed");
                 }
             }
-            if dev.engine.poll_timeout().is_some_and(|t| t <= now) {
-                dev.engine.handle_timeout(now);
-                work = true;
-            }
         }
-        while let Some(db) = shared.doorbells.pop() {
-            let (d, slot) = (((db & !DB_CQ_ARM) >> 32) as usize, db as u32);
-            let Some(dev) = devs.get_mut(d) else {
-                continue;
-            };
-            if db & DB_CQ_ARM != 0 {
-                dev.on_arm(slot, now);
-                continue;
-            }
-            if let Some(Some(qp)) = dev.qps.get(slot as usize) {
-                // Cleared before draining: a post after this point rings again (see `Shared::ring`).
-                qp.pending.store(false, Ordering::SeqCst);
-            }
-            work |= dev.drain_qp(slot);
-        }
-        if shared.db_overflow.swap(false, Ordering::SeqCst) {
-            stats.doorbell_overflows.fetch_add(1, Ordering::Relaxed);
-            for dev in &mut devs {
-                work |= dev.recover_overflow(now);
-            }
-        }
-        // Control commands after the doorbells: WRs a thread posted before it issued a command (e.g. `Mr::dereg`)
-        // are in the engine when the command runs.
-        while let Some((d, cmd)) = shared.cmds.pop() {
-            if let Some(dev) = devs.get_mut(d) {
-                dev.now = now;
-                cmd(dev);
-            }
+        if dev.engine.poll_timeout().is_some_and(|t| t <= now) {
+            dev.engine.handle_timeout(now);
             work = true;
         }
-        for dev in &mut devs {
-            work |= dev.retry_blocked();
-            let mut sent = 0;
-            while sent < cfg.tx_budget {
-                let buf = match dev.link.tx_buf(now) {
-                    Ok(b) => b,
-                    Err(roce_link::LinkError::Busy) => break,
-                    Err(e) => {
-                        stats.link_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(error = %e, "tx_buf failed");
-                        break;
-                    }
-                };
-                // Zero copy where the link gathers: payload pieces stay in the registered memory.
-                let mut segs = [roce_proto::TxSeg::EMPTY; 8];
-                let Some(meta) = dev.engine.poll_transmit_gather(now, buf, &mut segs) else {
-                    break;
-                };
-                let committed = match meta.gather {
-                    None => dev.link.tx_commit(now, meta.len),
-                    // SAFETY: the pieces point into MRs of this engine, which this thread alone drives: nothing
-                    // writes them or deregisters an MR (those are engine calls, made only by this loop) before
-                    // the `flush` below, and the link keeps no piece past that flush (`Link::tx_commit_gather`).
-                    #[allow(unsafe_code)]
-                    Some(g) => unsafe { dev.link.tx_commit_gather(now, g, &segs) },
-                };
-                if let Err(e) = committed {
+    }
+    let mut deadline: Option<Instant> = None;
+    for dev in devs.iter_mut() {
+        let defer_ok = dev
+            .tx_deferred
+            .is_none_or(|t| now.saturating_duration_since(t) < TX_DEFER_MAX);
+        let defer = defer_ok
+            && match kind {
+                PassKind::Recv => true,
+                // The caller has completions to act on; its next call transmits (see `PassKind::Poll`).
+                PassKind::Poll => dev.publish(now) > 0,
+                PassKind::Full | PassKind::Post => false,
+            };
+        if defer {
+            dev.tx_deferred.get_or_insert(now);
+            work = true;
+            deadline = min_instant(deadline, Some(now));
+            continue;
+        }
+        dev.tx_deferred = None;
+        let mut sent = 0;
+        while sent < cfg.tx_budget {
+            let buf = match dev.link.tx_buf(now) {
+                Ok(b) => b,
+                Err(roce_link::LinkError::Busy) => break,
+                Err(e) => {
                     stats.link_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "tx_commit failed");
+                    tracing::warn!(error = %e, "tx_buf failed");
+                    break;
                 }
-                sent += 1;
-            }
-            if sent > 0 {
-                stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);
-                stats.flushes.fetch_add(1, Ordering::Relaxed);
-                work = true;
-            }
-            // Flush every iteration: a link may hold frames from an earlier Busy.
-            if let Err(e) = dev.link.flush(now) {
+            };
+            // Zero copy where the link gathers: payload pieces stay in the registered memory.
+            let mut segs = [roce_proto::TxSeg::EMPTY; 8];
+            let Some(meta) = dev.engine.poll_transmit_gather(now, buf, &mut segs) else {
+                break;
+            };
+            let committed = match meta.gather {
+                None => dev.link.tx_commit(now, meta.len),
+                // SAFETY: the pieces point into MRs of this engine, and this pass holds the group's progress lock
+                // until after the `flush` below: no engine call (the only way to write an MR's bytes on the
+                // engine's behalf or to deregister it) runs before then, the application leaves bytes of in-flight
+                // WRs alone (RNIC contract, crate docs), and the link keeps no piece past that flush
+                // (`Link::tx_commit_gather`).
+                #[allow(unsafe_code)]
+                Some(g) => unsafe { dev.link.tx_commit_gather(now, g, &segs) },
+            };
+            if let Err(e) = committed {
                 stats.link_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "flush failed");
+                tracing::warn!(error = %e, "tx_commit failed");
             }
-            if dev.publish(now) > 0 {
-                work = true;
+            sent += 1;
+        }
+        if sent > 0 {
+            stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);
+            stats.flushes.fetch_add(1, Ordering::Relaxed);
+            work = true;
+        }
+        // Flush every pass: a link may hold frames from an earlier Busy.
+        if let Err(e) = dev.link.flush(now) {
+            stats.link_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "flush failed");
+        }
+        if dev.publish(now) > 0 {
+            work = true;
+        }
+        dev.run_timers(now);
+        dev.retry_deferred_dereg();
+        while let Some(ev) = dev.engine.poll_async_event() {
+            tracing::debug!(?ev, "async event");
+        }
+        deadline = min_instant(deadline, dev.engine.poll_timeout());
+        deadline = min_instant(deadline, dev.link.poll_at());
+        deadline = min_instant(deadline, dev.moderation_deadline());
+    }
+    shared.next_deadline.store(
+        deadline.map_or(u64::MAX, Instant::as_nanos),
+        Ordering::Relaxed,
+    );
+    work
+}
+
+/// Idle back-off of a thread that drives passes in a loop: busy-poll for `spin`, then yield until `yield_for`,
+/// then sleep (at most `park_max`, never past the group's next deadline).
+pub(crate) enum Idle {
+    /// Call again at once.
+    Spin,
+    /// `yield_now`, then call again.
+    Yield,
+    /// Sleep this long.
+    Sleep(Duration),
+}
+
+/// What an idle driver does `idle` after its last useful pass.
+pub(crate) fn idle_step(shared: &Shared, now: Instant, idle: Duration) -> Idle {
+    let cfg = &shared.cfg;
+    if idle < cfg.spin {
+        return Idle::Spin;
+    }
+    let sleep = shared.idle_sleep(now);
+    if sleep.is_zero() {
+        return Idle::Spin;
+    }
+    if idle < cfg.yield_for {
+        return Idle::Yield;
+    }
+    Idle::Sleep(sleep)
+}
+
+/// The progress thread (Thread mode) or auto-progress thread (Caller mode). Returns when `shared.stop` is set.
+pub(crate) fn run_thread(shared: Arc<Shared>) {
+    let cfg = shared.cfg.clone();
+    if let Some(core) = cfg.pin_core {
+        match core_affinity::get_core_ids().and_then(|ids| ids.get(core).copied()) {
+            Some(id) if core_affinity::set_for_current(id) => {}
+            _ => tracing::warn!(core, "could not pin the progress thread; running unpinned"),
+        }
+    }
+    let clock = shared.clock;
+    let mut last_work = clock.now();
+    while !shared.stop.load(Ordering::Acquire) {
+        let now = clock.now();
+        if cfg.progress == ProgressMode::Caller {
+            let after = cfg.auto_progress.unwrap_or(cfg.park_max);
+            let since_caller = now.saturating_duration_since(Instant::from_nanos(
+                shared.last_caller.load(Ordering::Relaxed),
+            ));
+            // `missed` alone is no reason to step in: a caller that raised it is served by the caller holding the
+            // lock; only a holder that gave up (`handoff`) needs this thread while callers are active.
+            if since_caller < after && !shared.handoff.swap(false, Ordering::SeqCst) {
+                // Callers are driving: stay out of their way, look again when they might have stopped.
+                std::thread::park_timeout(after - since_caller);
+                last_work = clock.now();
+                continue;
             }
-            dev.run_timers(now);
-            dev.retry_deferred_dereg();
-            while let Some(ev) = dev.engine.poll_async_event() {
-                tracing::debug!(?ev, "async event");
-            }
+        }
+        let mut work = false;
+        let o = shared
+            .group
+            .try_progress_idle(cfg.max_rounds, |g| work |= pass(&shared, g, PassKind::Full));
+        shared.account(o, false);
+        if o.passes == 0 {
+            // Someone holds the lock and drives (a caller, possibly preempted mid-pass, or a control verb):
+            // spinning here would only take CPU from it.
+            std::thread::park_timeout(cfg.spin);
+            continue;
         }
         if work {
             last_work = now;
             continue;
         }
-        let idle = now.saturating_duration_since(last_work);
-        if idle < cfg.spin {
-            std::hint::spin_loop();
-            continue;
+        match idle_step(&shared, now, now.saturating_duration_since(last_work)) {
+            Idle::Spin => std::hint::spin_loop(),
+            Idle::Yield => std::thread::yield_now(),
+            Idle::Sleep(d) => {
+                if shared.sleep.prepare_park(|| shared.has_work()) {
+                    shared.stats.parks.fetch_add(1, Ordering::Relaxed);
+                    std::thread::park_timeout(d);
+                    shared.sleep.unparked();
+                }
+            }
         }
-        let mut deadline: Option<Instant> = None;
-        for dev in &mut devs {
-            deadline = min_instant(deadline, dev.engine.poll_timeout());
-            deadline = min_instant(deadline, dev.link.poll_at());
-            deadline = min_instant(deadline, dev.moderation_deadline());
-        }
-        let until = deadline.map_or(cfg.park_max, |d| d.saturating_duration_since(now));
-        if until.is_zero() {
-            continue;
-        }
-        if idle < cfg.yield_for {
-            std::thread::yield_now();
-            continue;
-        }
-        // Park (Dekker with `Shared::wake`): announce, fence, re-check the queues, then sleep.
-        shared.parked.store(true, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        if shared.doorbells.is_empty()
-            && !shared.db_overflow.load(Ordering::SeqCst)
-            && shared.cmds.is_empty()
-            && !shared.stop.load(Ordering::SeqCst)
-        {
-            stats.parks.fetch_add(1, Ordering::Relaxed);
-            std::thread::park_timeout(until.min(cfg.park_max));
-        }
-        shared.parked.store(false, Ordering::Relaxed);
     }
 }

@@ -1,9 +1,10 @@
-//! The runtime's data path allocates nothing once warm: application threads post RDMA WRITEs through the QP rings
-//! and doorbells, the engine thread drives two simulated ports, publishes completions into the CQ rings (and, with a
-//! completion channel, fires moderated events), and the application polls. A counting `#[global_allocator]`, armed
-//! for every thread of the process during the measured phase, must see no allocation, reallocation or
-//! deallocation. Covers one QP, four QPs sharing one CQ with interleaved posts, and completion-event mode
-//! (`req_notify` + `get_event` per event).
+//! The runtime's data path allocates nothing once warm, in both progress modes: the application posts RDMA WRITEs
+//! through the QP rings and doorbells, passes drive two simulated ports (run-to-completion: in the posting and
+//! polling thread itself, and in `get_event`; Thread mode: in the progress thread), publish completions into the CQ
+//! rings (and, with a completion channel, fire moderated events), and the application polls. A counting
+//! `#[global_allocator]`, armed for every thread of the process during the measured phase, must see no allocation,
+//! reallocation or deallocation. Covers one QP, four QPs sharing one CQ with interleaved posts, and completion-event
+//! mode (`req_notify` + `get_event` per event).
 //!
 //! One `#[test]` only, so no other test thread runs while the counter is armed.
 
@@ -141,6 +142,7 @@ fn connect(a: &Side, b: &Side) {
 
 /// Warm up, then count allocations over the measured rounds.
 fn measure(name: &str, a: &Side, b: &Side, chan: Option<&CompChannel>) {
+    let name = format!("{:?} progress, {name}", a.cq.context().progress_mode());
     run(a, b, 300, chan);
     EVENTS.store(0, Ordering::SeqCst);
     ARMED.store(true, Ordering::SeqCst);
@@ -155,11 +157,17 @@ fn measure(name: &str, a: &Side, b: &Side, chan: Option<&CompChannel>) {
 
 #[test]
 fn runtime_data_path_allocates_nothing_once_warm() {
-    // Long spin/yield phases so the engine thread does not park between rounds (parking is not the data path and
-    // the doorbell wake is covered by the runtime tests).
+    for mode in [ProgressMode::Caller, ProgressMode::Thread] {
+        both_paths(mode);
+    }
+}
+
+fn both_paths(mode: ProgressMode) {
+    // Long spin/yield phases so no driver parks between rounds (parking is not the data path and the doorbell wake is
+    // covered by the runtime tests).
     let rt = RuntimeConfig {
         yield_for: Duration::from_secs(60),
-        ..RuntimeConfig::default()
+        ..RuntimeConfig::with_mode(mode)
     };
     let (ca, cb) = Context::sim_pair(rt).expect("pair");
 
@@ -189,4 +197,10 @@ fn runtime_data_path_allocates_nothing_once_warm() {
     );
     connect(&ae, &be);
     measure("completion events", &ae, &be, Some(&chan));
+    let st = ca.runtime_stats();
+    let passes = match mode {
+        ProgressMode::Caller => &st.caller_passes,
+        ProgressMode::Thread => &st.thread_passes,
+    };
+    assert!(passes.load(Ordering::Relaxed) > 1000, "{mode:?}: {st:?}");
 }

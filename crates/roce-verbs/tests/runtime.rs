@@ -1,13 +1,29 @@
-//! Runtime tests: real engine threads over the simulated segment (one thread driving both ports) and over
-//! `UdpLink` on loopback addresses (one engine thread per device). Each UDP test uses its own 127.0.x.0/24 pair so
-//! tests can run in parallel.
+//! Runtime tests: real engines over the simulated segment (one device group, so any pass drives both ports) and over
+//! `UdpLink` on loopback addresses (one group per device). Each UDP test uses its own 127.0.x.0/24 pair so tests can
+//! run in parallel. Every scenario runs in both progress modes (`both_modes!`: `<name>::caller`, `<name>::thread`).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use roce_link::{Link, UdpConfig, UdpLink};
+use roce_link::{UdpConfig, UdpLink};
 use roce_verbs::*;
+
+/// `mod $name { caller, thread }`: runs `fn $name(mode)` once per progress mode.
+macro_rules! both_modes {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn caller() {
+                super::$name(roce_verbs::ProgressMode::Caller);
+            }
+            #[test]
+            fn thread() {
+                super::$name(roce_verbs::ProgressMode::Thread);
+            }
+        }
+    )*};
+}
 
 struct End {
     ctx: Context,
@@ -155,15 +171,14 @@ fn concurrent_send_recv(mut a: End, b: End) {
     drop((a, b));
 }
 
-#[test]
-fn sim_threads_post_and_poll_concurrently() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+fn sim_threads_post_and_poll_concurrently(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     let a = end(&ca, None, Moderation::default(), 16 * 256);
     let b = end(&cb, None, Moderation::default(), 32 * 256);
     concurrent_send_recv(a, b);
 }
 
-fn udp_ctx(last: u8, ip: Ipv4Addr, peer_mac: [u8; 6]) -> Context {
+fn udp_ctx(rt: RuntimeConfig, last: u8, ip: Ipv4Addr, peer_mac: [u8; 6]) -> Context {
     let mac = [2, 0, 0, 0, 0x10, last];
     let cfg = EngineConfig {
         mac,
@@ -171,20 +186,24 @@ fn udp_ctx(last: u8, ip: Ipv4Addr, peer_mac: [u8; 6]) -> Context {
         seed: u64::from(last),
         ..EngineConfig::default()
     };
-    Context::open(cfg, RuntimeConfig::default(), move || {
+    Context::open(cfg, rt, move || {
         let mut u = UdpConfig::new(IpAddr::V4(ip));
         u.local_mac = mac;
         u.peer_mac = peer_mac;
-        Ok(Box::new(UdpLink::bind(u)?) as Box<dyn Link>)
+        Ok(Box::new(UdpLink::bind(u)?) as SendLink)
     })
     .expect("open udp device")
 }
 
-#[test]
-fn udp_loopback_threads_post_and_poll_concurrently() {
-    let (ia, ib) = (Ipv4Addr::new(127, 0, 61, 1), Ipv4Addr::new(127, 0, 61, 2));
-    let ca = udp_ctx(1, ia, [2, 0, 0, 0, 0x10, 2]);
-    let cb = udp_ctx(2, ib, [2, 0, 0, 0, 0x10, 1]);
+fn udp_loopback_threads_post_and_poll_concurrently(mode: ProgressMode) {
+    let net = match mode {
+        ProgressMode::Caller => 61,
+        ProgressMode::Thread => 62,
+    };
+    let (ia, ib) = (Ipv4Addr::new(127, 0, net, 1), Ipv4Addr::new(127, 0, net, 2));
+    let rt = RuntimeConfig::with_mode(mode);
+    let ca = udp_ctx(rt.clone(), 1, ia, [2, 0, 0, 0, 0x10, 2]);
+    let cb = udp_ctx(rt, 2, ib, [2, 0, 0, 0, 0x10, 1]);
     let a = end(&ca, None, Moderation::default(), 16 * 256);
     let b = end(&cb, None, Moderation::default(), 32 * 256);
     concurrent_send_recv(a, b);
@@ -192,9 +211,8 @@ fn udp_loopback_threads_post_and_poll_concurrently() {
 
 /// RDMA WRITEs with a channel: `count` = 4 fires after the 4th completion long before the period; a single
 /// completion fires only after `period`.
-#[test]
-fn moderation_fires_at_count_or_period() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+fn moderation_fires_at_count_or_period(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     let chan = Arc::new(CompChannel::new());
     let period = Duration::from_millis(1000);
     let a = end(
@@ -258,10 +276,12 @@ fn moderation_fires_at_count_or_period() {
     drop(b.pd);
 }
 
-/// With a 30 s park and no timers, only the doorbell's unpark can make the engine thread act on a post.
+/// Thread mode: with a 30 s park and no timers, only the doorbell's unpark can make the progress thread act on a
+/// post.
 #[test]
-fn doorbell_wakes_parked_engine() {
+fn thread_mode_doorbell_wakes_parked_progress_thread() {
     let rt = RuntimeConfig {
+        progress: ProgressMode::Thread,
         spin: Duration::from_micros(1),
         yield_for: Duration::from_micros(1),
         park_max: Duration::from_secs(30),
@@ -277,7 +297,7 @@ fn doorbell_wakes_parked_engine() {
             .runtime_stats()
             .parks
             .load(std::sync::atomic::Ordering::Relaxed);
-        assert!(parks > 0, "engine thread never parked");
+        assert!(parks > 0, "progress thread never parked");
         let t0 = Instant::now();
         let sge = [a.mr.sge(0, 128)];
         let wr = SendWr::new(
@@ -306,9 +326,8 @@ fn doorbell_wakes_parked_engine() {
     );
 }
 
-#[test]
-fn post_errors_are_synchronous_and_bad_lkey_is_a_completion() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+fn post_errors_are_synchronous_and_bad_lkey_is_a_completion(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     let a = end(&ca, None, Moderation::default(), 4096);
     let b = end(&cb, None, Moderation::default(), 4096);
     connect(&a, &b);
@@ -344,9 +363,8 @@ fn post_errors_are_synchronous_and_bad_lkey_is_a_completion() {
 
 /// A remote range past the end of the peer's MR: the responder NAKs (REM_ACCESS_ERR at the requester, IBTA
 /// §9.7.5.2.8) and writes nothing, neither inside nor outside the registered buffer.
-#[test]
-fn out_of_range_remote_write_is_rem_access_err_and_writes_nothing() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+fn out_of_range_remote_write_is_rem_access_err_and_writes_nothing(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     let mut a = end(&ca, None, Moderation::default(), 4096);
     let b = end(&cb, None, Moderation::default(), 4096);
     connect(&a, &b);
@@ -371,9 +389,8 @@ fn out_of_range_remote_write_is_rem_access_err_and_writes_nothing() {
 /// (SEND into a posted receive, RDMA WRITE), an RDMA READ lands where the application reads it, an atomic acts on
 /// the peer's buffer in place — no copy command anywhere; and a raw registration over memory the test owns works
 /// the same way.
-#[test]
-fn application_memory_is_what_the_wire_carries() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+fn application_memory_is_what_the_wire_carries(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     let mut a = end(&ca, None, Moderation::default(), 8192);
     let mut b = end(&cb, None, Moderation::default(), 8192);
     connect(&a, &b);
@@ -469,9 +486,8 @@ fn application_memory_is_what_the_wire_carries() {
 /// `Mr::dereg` while a WR that names the MR is in flight is refused with `Busy` (EBUSY) and gives the MR back;
 /// after the completion it succeeds. Dropping the last handles (MR and buffer) with a WR in flight is harmless: the
 /// engine co-owns the memory and deregisters once the WR has completed.
-#[test]
-fn dereg_with_work_in_flight_is_refused() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+fn dereg_with_work_in_flight_is_refused(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     const LEN: usize = 4 << 20;
     let mut a = end(&ca, None, Moderation::default(), LEN);
     let b = end(&cb, None, Moderation::default(), LEN);
@@ -517,10 +533,9 @@ fn dereg_with_work_in_flight_is_refused() {
 }
 
 /// Several application threads, each with its own QP pair on the same two devices, post RDMA WRITEs and poll
-/// their own CQs at the same time (many producers on one engine thread's doorbell queue).
-#[test]
-fn many_threads_many_qps_one_engine() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+/// their own CQs at the same time (many producers on one group's doorbell queue).
+fn many_threads_many_qps_one_engine(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     let mut handles = Vec::new();
     for t in 0..4u8 {
         let (ca, cb) = (ca.clone(), cb.clone());
@@ -615,9 +630,8 @@ fn write_one(a: &End, b: &End, id: u64) {
 /// A CQ whose ring is full keeps its remaining completions in the engine; once the application polls, the engine
 /// thread publishes them without any new completion arriving (the engine lists a CQ once per news, so the runtime
 /// must remember CQs it could not drain).
-#[test]
-fn full_cq_ring_is_published_after_poll() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+fn full_cq_ring_is_published_after_poll(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     let mut a = end(&ca, None, Moderation::default(), 4096);
     let b = end(&cb, None, Moderation::default(), 4096);
     connect(&a, &b);
@@ -654,11 +668,10 @@ fn full_cq_ring_is_published_after_poll() {
 }
 
 /// Completions published before `req_notify` count toward the moderation limit: arming a CQ that already holds
-/// `count` unreported completions raises the event at once (the arm doorbell makes the engine thread look at that
+/// `count` unreported completions raises the event at once (the arm doorbell makes the next pass look at that
 /// CQ; nothing else would, since no completion follows).
-#[test]
-fn arming_after_completions_fires_at_once() {
-    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+fn arming_after_completions_fires_at_once(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     let chan = Arc::new(CompChannel::new());
     let moder = Moderation {
         count: 2,
@@ -680,3 +693,93 @@ fn arming_after_completions_fires_at_once() {
     // One-shot: no second event without a new arm.
     assert_eq!(chan.get_event(Duration::from_millis(100)), None);
 }
+
+/// A passive RDMA WRITE target — it registers its buffer, connects, and then makes no call at all — keeps
+/// acknowledging in both modes: Thread mode's progress thread and Caller mode's auto-progress thread drive it. Each
+/// device is its own group (UDP on loopback), so the writer's passes never drive the target.
+fn passive_write_target_keeps_acking(mode: ProgressMode) {
+    let net = match mode {
+        ProgressMode::Caller => 63,
+        ProgressMode::Thread => 64,
+    };
+    let (ia, ib) = (Ipv4Addr::new(127, 0, net, 1), Ipv4Addr::new(127, 0, net, 2));
+    let rt = RuntimeConfig::with_mode(mode);
+    let ca = udp_ctx(rt.clone(), 1, ia, [2, 0, 0, 0, 0x10, 2]);
+    let cb = udp_ctx(rt, 2, ib, [2, 0, 0, 0, 0x10, 1]);
+    let mut a = end(&ca, None, Moderation::default(), 16 * 4096);
+    let b = end(&cb, None, Moderation::default(), 16 * 4096);
+    connect(&a, &b);
+    let ld = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+    let b_caller = ld(&cb.runtime_stats().caller_passes);
+    let t0 = Instant::now();
+    for i in 0..300u64 {
+        let slot = i % 16;
+        a.buf[(slot * 4096) as usize..][..4096].fill(i as u8);
+        let sge = [a.mr.sge(slot * 4096, 4096)];
+        let op = SendOp::RdmaWrite {
+            remote_addr: b.mr.addr() + slot * 4096,
+            rkey: b.mr.rkey(),
+        };
+        a.qp.post_send(&[SendWr::new(i, op, &sge).signaled()])
+            .expect("post");
+        let wc = poll_n(&a.cq, 1, Duration::from_secs(10));
+        assert_eq!((wc[0].wr_id, wc[0].status), (i, WcStatus::Success));
+        if i == 0 {
+            // Pause once so that Caller mode's auto-progress thread must wake from its idle sleep.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // The last 16 WRITEs are in place in the target's memory.
+    for i in 284..300u64 {
+        let slot = (i % 16) as usize;
+        assert!(b.buf[slot * 4096..][..4096].iter().all(|&x| x == i as u8));
+    }
+    assert_eq!(
+        ld(&cb.runtime_stats().caller_passes),
+        b_caller,
+        "the target made no call"
+    );
+    assert!(ld(&cb.runtime_stats().thread_passes) > 0);
+    eprintln!(
+        "{mode:?}: 300 WRITEs to a passive target in {:?}",
+        t0.elapsed()
+    );
+}
+
+/// Caller mode without any thread (`auto_progress: None`): posts and polls alone move both devices of a sim pair.
+#[test]
+fn caller_mode_without_threads_runs_in_the_callers() {
+    let rt = RuntimeConfig {
+        auto_progress: None,
+        ..RuntimeConfig::with_mode(ProgressMode::Caller)
+    };
+    let (ca, cb) = Context::sim_pair(rt).expect("pair");
+    let mut a = end(&ca, None, Moderation::default(), 8192);
+    let b = end(&cb, None, Moderation::default(), 8192);
+    connect(&a, &b);
+    a.buf[..8192].fill(9);
+    for i in 0..100 {
+        write_one(&a, &b, i);
+        let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
+        assert_eq!(wc[0].status, WcStatus::Success);
+    }
+    assert!(b.buf[..64].iter().all(|&x| x == 9));
+    let st = ca.runtime_stats();
+    let ld = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(ld(&st.thread_passes), 0, "no progress thread");
+    assert!(ld(&st.caller_passes) >= 200);
+}
+
+both_modes!(
+    passive_write_target_keeps_acking,
+    sim_threads_post_and_poll_concurrently,
+    udp_loopback_threads_post_and_poll_concurrently,
+    moderation_fires_at_count_or_period,
+    post_errors_are_synchronous_and_bad_lkey_is_a_completion,
+    out_of_range_remote_write_is_rem_access_err_and_writes_nothing,
+    application_memory_is_what_the_wire_carries,
+    dereg_with_work_in_flight_is_refused,
+    many_threads_many_qps_one_engine,
+    full_cq_ring_is_published_after_poll,
+    arming_after_completions_fires_at_once,
+);

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 use roce_proto::{Mtu, Qpn, WcOpcode};
 use roce_verbs::{
     AccessFlags, Ah, AhAttr, CompChannel, ConnectOpts, Context, Cq, HugePagePolicy, Mr, MrBuf, Pd,
-    PostError, Psn, Qp, QpCap, QpEndpoint, RecvWr, SendFlags, SendOp, SendWr, UdDest, Wc, WcStatus,
+    PostError, ProgressMode, Psn, Qp, QpCap, QpEndpoint, RecvWr, SendFlags, SendOp, SendWr, UdDest,
+    Wc, WcStatus,
 };
 use serde_json::{Value, json};
 
@@ -158,8 +159,11 @@ impl Session {
             let _ = ch.get_event(Duration::from_millis(10));
             return self.cq.poll(&mut self.wcs);
         }
-        // Busy polling, but give the CPU away when empty: on small machines the engine threads share the cores.
-        std::thread::yield_now();
+        // Caller progress: the empty poll ran a pass in this thread; poll again at once. Thread progress: give the
+        // CPU away, the progress threads share the cores on small machines.
+        if self.cq.context().progress_mode() == ProgressMode::Thread {
+            std::thread::yield_now();
+        }
         0
     }
 

@@ -74,8 +74,8 @@ use std::time::{Duration, Instant};
 
 use roce_proto::{Qpn, WcOpcode};
 use roce_verbs::{
-    AccessFlags, AhAttr, Context, Cq, Gid, Mr, MrBuf, Mtu, Psn, Qp, QpAttr, QpAttrMask, QpCap,
-    QpState, RecvWr, Rkey, SendFlags, SendOp, SendWr, Wc, WcStatus,
+    AccessFlags, AhAttr, Context, Cq, Gid, Mr, MrBuf, Mtu, ProgressMode, Psn, Qp, QpAttr,
+    QpAttrMask, QpCap, QpState, RecvWr, Rkey, SendFlags, SendOp, SendWr, Wc, WcStatus,
 };
 use serde_json::json;
 
@@ -315,7 +315,8 @@ struct Sess<'a> {
 impl Sess<'_> {
     fn poll(&mut self) -> usize {
         let n = self.cq.poll(&mut self.wcs);
-        if n == 0 {
+        // Caller progress: the empty poll ran a pass here; Thread progress: let the progress thread have the CPU.
+        if n == 0 && self.cq.context().progress_mode() == ProgressMode::Thread {
             std::thread::yield_now();
         }
         n
@@ -955,7 +956,14 @@ fn write_lat(s: &mut Sess<'_>, is_client: bool) -> Result<LatStats, String> {
                         "the peer's WRITE #{rcnt} did not arrive within {STALL:?}"
                     ));
                 }
-                std::thread::yield_now();
+                // Nothing polls a CQ while waiting on memory: drive the engine here (Caller progress), or leave the
+                // CPU to the progress thread.
+                let ctx = s.cq.context();
+                if ctx.progress_mode() == ProgressMode::Caller {
+                    ctx.progress();
+                } else {
+                    std::thread::yield_now();
+                }
             }
             if let Some(t) = t_post.take() {
                 st.record((t.elapsed().as_nanos() / 2) as u64);

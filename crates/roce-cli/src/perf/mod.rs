@@ -37,10 +37,10 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use roce_link::{
-    FaultConfig, Faulty, Link, LinkError, Pcap, PcapMode, RxMode, SimConfig, UdpConfig, UdpLink,
+    FaultConfig, Faulty, LinkError, Pcap, PcapMode, RxMode, SimConfig, UdpConfig, UdpLink,
 };
 use roce_proto::{EngineConfig, Gid, Mtu, QpType};
-use roce_verbs::{Context, Moderation, RuntimeConfig};
+use roce_verbs::{Context, Moderation, ProgressMode, RuntimeConfig, SendLink};
 use serde_json::{Value, json};
 
 use crate::oob::{Oob, OobError};
@@ -321,9 +321,13 @@ pub struct PerfArgs {
     /// Testing aid: alter one verified byte (or the atomic counter) just before verification, which must then fail.
     #[arg(long = "debug-corrupt-before-verify", hide = true)]
     pub debug_corrupt: bool,
-    /// Pin the engine thread to this core.
+    /// Pin the progress thread (`--progress thread`) or auto-progress thread (`caller`) to this core.
     #[arg(long = "engine-core")]
     pub engine_core: Option<usize>,
+    /// Who drives the RoCE engine: `caller` (run-to-completion: posts and polls drive it in the test threads; an
+    /// auto-progress thread covers a passive side) or `thread` (a progress thread per device).
+    #[arg(long = "progress", default_value = "caller", value_parser = parse_progress)]
+    pub progress: ProgressMode,
     /// Speak perftest's out-of-band exchange (without -R) and put perftest's traffic pattern on the wire, so that
     /// ib_send_bw / ib_write_bw / ib_read_bw / ib_atomic_bw / ib_send_lat / ib_write_lat pair with this side (same
     /// flags on both sides; no parameter exchange).
@@ -924,11 +928,11 @@ fn engine_cfg(ip: IpAddr, seed: u64) -> EngineConfig {
 }
 
 fn wrap_link(
-    base: Box<dyn Link>,
+    base: SendLink,
     faults: Option<(FaultConfig, FaultConfig)>,
     seed: u64,
     pcap: Option<&PathBuf>,
-) -> Result<Box<dyn Link>, LinkError> {
+) -> Result<SendLink, LinkError> {
     let mut l = base;
     if let Some((tx, rx)) = faults {
         l = Box::new(Faulty::new(l, tx, rx, seed));
@@ -943,8 +947,13 @@ fn wrap_link(
 fn runtime_cfg(a: &PerfArgs) -> RuntimeConfig {
     RuntimeConfig {
         pin_core: a.engine_core,
-        ..RuntimeConfig::default()
+        ..RuntimeConfig::with_mode(a.progress)
     }
+}
+
+/// `--progress caller|thread`.
+pub fn parse_progress(s: &str) -> Result<ProgressMode, String> {
+    s.parse()
 }
 
 /// Receive buffer of the UDP link for a run of `p`: room for two of its largest messages (the kernel counts each
@@ -986,7 +995,7 @@ fn open_udp(
         let tap_stats = Arc::clone(&link_stats);
         let pcap = pcap.clone();
         Context::open(cfg.clone(), runtime_cfg(a), move || {
-            let base: Box<dyn Link> = Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats));
+            let base: SendLink = Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats));
             wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
         })
     };
@@ -1132,8 +1141,11 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
             let ld =
                 |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
             text.push_str(&format!(
-                "runtime ({side} engine thread): loops {} parks {} wakeups {} doorbells {} flushes {} tx_frames {} rx_frames {} link_errors {}\n",
-                ld(&r.loops),
+                "runtime ({side}, {:?} progress): caller_passes {} thread_passes {} missed {} parks {} wakeups {} doorbells {} flushes {} tx_frames {} rx_frames {} link_errors {}\n",
+                ctx.progress_mode(),
+                ld(&r.caller_passes),
+                ld(&r.thread_passes),
+                ld(&r.missed),
                 ld(&r.parks),
                 ld(&r.wakeups),
                 ld(&r.doorbells),
