@@ -211,10 +211,16 @@ pub(crate) fn start(cfg: &StatsEndpoint, devices: DeviceList) -> Option<Endpoint
     };
     let stop = Arc::new(AtomicBool::new(false));
     let st = Arc::clone(&stop);
+    let (started_tx, started_rx) = std::sync::mpsc::sync_channel::<()>(1);
     let join = std::thread::Builder::new()
         .name("rocev2-stats".into())
-        .spawn(move || serve(&listener, &st, &devices))
+        .spawn(move || {
+            let _ = started_tx.send(());
+            serve(&listener, &st, &devices)
+        })
         .ok()?;
+    // Running before `open` returns: its start-up (which allocates) never lands in the application's steady state.
+    let _ = started_rx.recv();
     let thread = join.thread().id();
     Some(Endpoint {
         path,
