@@ -394,6 +394,11 @@ impl Shared {
         let (r, o) = self.group.with(
             self.cfg.max_rounds,
             |g| {
+                // Transmit what poll passes left for later (an ACK) before the verb: destroying the QP, or a
+                // program ending after its last completion, must not swallow it.
+                if g.devs.iter().any(|d| d.tx_deferred.is_some()) {
+                    pass(self, g, PassKind::Full);
+                }
                 g.devs.get_mut(dev).map(|d| {
                     d.now = now;
                     f(d)

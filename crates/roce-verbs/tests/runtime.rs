@@ -746,6 +746,65 @@ fn passive_write_target_keeps_acking(mode: ProgressMode) {
     );
 }
 
+/// The receiver of the last message of a conversation destroys its QP right after polling the completion (as
+/// `ibv_rc_pingpong` tears down at exit): the ACK of that message still reaches the sender, whose SEND completes
+/// successfully instead of running out of retries. (A poll pass may leave that ACK for the application's next post;
+/// a control verb transmits it first.)
+fn last_message_is_acked_before_teardown(mode: ProgressMode) {
+    let net = match mode {
+        ProgressMode::Caller => 65,
+        ProgressMode::Thread => 66,
+    };
+    let (ia, ib) = (Ipv4Addr::new(127, 0, net, 1), Ipv4Addr::new(127, 0, net, 2));
+    let rt = RuntimeConfig::with_mode(mode);
+    let ca = udp_ctx(rt.clone(), 1, ia, [2, 0, 0, 0, 0x10, 2]);
+    let cb = udp_ctx(rt, 2, ib, [2, 0, 0, 0, 0x10, 1]);
+    let a = end(&ca, None, Moderation::default(), 4096);
+    let b = end(&cb, None, Moderation::default(), 4096);
+    // A short ACK timeout and a single retry: a swallowed ACK fails the SEND within tens of milliseconds.
+    let o = ConnectOpts {
+        timeout: 12,
+        retry_cnt: 1,
+        ..ConnectOpts::default()
+    };
+    let (pa, pb) = (Psn::new(100), Psn::new(5000));
+    a.qp.connect(&b.qp.endpoint(pb), pa, &o).expect("connect a");
+    b.qp.connect(&a.qp.endpoint(pa), pb, &o).expect("connect b");
+    for round in 0..20u64 {
+        let rsge = [b.mr.sge(0, 64)];
+        b.qp.post_recv(&[RecvWr {
+            wr_id: round,
+            sg_list: &rsge,
+        }])
+        .expect("recv");
+        let sge = [a.mr.sge(0, 64)];
+        a.qp.post_send(&[SendWr::new(round, SendOp::Send, &sge).signaled()])
+            .expect("send");
+        let wc = poll_n(&b.cq, 1, Duration::from_secs(5));
+        assert_eq!(wc[0].status, WcStatus::Success);
+        if round < 19 {
+            let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
+            assert_eq!(wc[0].status, WcStatus::Success);
+        }
+    }
+    // The receiver is done: tear it down at once.
+    let End {
+        qp,
+        cq,
+        mr,
+        pd,
+        buf,
+        ..
+    } = b;
+    drop((qp, cq, mr, pd, buf, cb));
+    let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status),
+        (19, WcStatus::Success),
+        "{mode:?}"
+    );
+}
+
 /// Caller mode without any thread (`auto_progress: None`): posts and polls alone move both devices of a sim pair.
 #[test]
 fn caller_mode_without_threads_runs_in_the_callers() {
@@ -771,6 +830,7 @@ fn caller_mode_without_threads_runs_in_the_callers() {
 }
 
 both_modes!(
+    last_message_is_acked_before_teardown,
     passive_write_target_keeps_acking,
     sim_threads_post_and_poll_concurrently,
     udp_loopback_threads_post_and_poll_concurrently,
