@@ -502,14 +502,36 @@ fn dereg_with_work_in_flight_is_refused(mode: ProgressMode) {
         a.qp.post_send(&[SendWr::new(id, op, &sge).signaled()])
             .expect("post");
     };
-    write(&a, 1);
-    let (mr, e) = a.mr.clone().dereg().expect_err("in flight");
-    assert!(matches!(e, Error::Busy(_)), "{e:?}");
-    assert_eq!(e.errno(), 16, "EBUSY");
+    // A SEND to a QP with no receive posted is answered with RNR NAKs and retried without end (rnr_retry 7), so it
+    // stays in flight, whatever the threads' timing, until b posts a receive.
+    let sge = [a.mr.sge(0, LEN as u32)];
+    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge).signaled()])
+        .expect("post");
+    std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..3 {
+        let (mr, e) = a.mr.clone().dereg().expect_err("in flight");
+        assert!(matches!(e, Error::Busy(_)), "{e:?}");
+        assert_eq!(e.errno(), 16, "EBUSY");
+        drop(mr);
+        assert_eq!(
+            a.cq.poll(&mut [Wc::default(); 1]),
+            0,
+            "the SEND waits for a receive"
+        );
+    }
+    let rsge = [b.mr.sge(0, LEN as u32)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &rsge,
+    }])
+    .expect("recv");
     let wc = poll_n(&a.cq, 1, Duration::from_secs(20));
-    assert_eq!(wc[0].status, WcStatus::Success);
+    assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::Success));
+    assert_eq!(
+        poll_n(&b.cq, 1, Duration::from_secs(20))[0].byte_len,
+        LEN as u32
+    );
     assert!(b.buf.iter().all(|&x| x == 0x3c));
-    drop(mr);
     // A fresh MR: drop every application handle of it while a WR reads it; the data still arrives intact.
     let mut buf = MrBuf::new(LEN).expect("buf");
     buf.fill(0x77);
