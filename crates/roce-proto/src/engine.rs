@@ -1625,6 +1625,14 @@ impl Engine {
         self.sched.tx_burst()
     }
 
+    /// How long a driver may hold posted work back to send it in one I/O call with the posts that follow it (doorbell
+    /// batching): `SRTT / SchedConfig::batch.rtt_fraction` (a quarter of the smoothed RTT by default) — the span
+    /// [`tx_burst`](Self::tx_burst) gives one batch on the wire, so that batching never hides an ACK or a CNP from
+    /// the peer for longer than that (`DCQCN.md §10`).
+    pub fn batch_window(&self) -> core::time::Duration {
+        self.sched.batch_window()
+    }
+
     fn account_tx(&mut self, i: usize, meta: &TxMeta) {
         self.stats.sent_pkts += 1;
         self.stats.sent_bytes += meta.len as u64;

@@ -491,6 +491,8 @@ fn rtt_is_measured_and_sizes_the_batching_window() {
         assert_eq!(p.a().scheduler().rtt().samples(), 50);
         let quota = p.a().drain_quota(a.qpn, 1000);
         let burst = p.a().tx_burst();
+        // The doorbell batching window a runtime uses: a quarter of the SRTT.
+        assert_eq!(p.a().batch_window(), p.a().srtt() / 4);
         eprintln!(
             "propagation {prop_us} µs: SRTT {got} ns, drain quota {quota} WQEs of 4 KiB, {burst} frames per I/O"
         );

@@ -20,6 +20,29 @@
 //! and a receive post's pass, skip step 3 (for at most [`TX_DEFER_MAX`]), so that the ACK of what was just
 //! received leaves with the application's reply in one `sendmmsg` ([`PassKind`]). Every other pass is full.
 //!
+//! # Doorbell batching
+//!
+//! Posts that arrive while another thread's pass holds the progress lock are served by one pass after it (`missed`),
+//! so their frames leave in one `flush` (one `sendmmsg`). A thread that posts in a loop would still pay one I/O call
+//! per post, so a post's pass holds its frames back when the post is part of a stream, and the pass that closes the
+//! batch sends them together (the engine's adaptive batching window, `roce_proto::sched::batch`,
+//! `docs/SCHEDULER.md`, `../shared/dcqcn/DCQCN.md §10`):
+//!
+//! * **stream**: every doorbell the pass found is of a QP whose previous doorbell came less than the window `W`
+//!   before. `W` = [`Engine::batch_window`] (a quarter of the measured SRTT: the span the engine gives one batch on
+//!   the wire, so batching never hides an ACK or a CNP from the peer for longer — §10), at most [`TX_DEFER_MAX`].
+//!   It adapts to the load twice over: the doorbell rate decides whether posts batch at all, the RTT how long.
+//! * **idle**: a doorbell of a QP not rung within `W` — a post on an idle QP, a latency test's request — transmits
+//!   at once, with everything held back for other QPs.
+//! * the batch closes (the pass transmits) when it is `W` old, or holds [`Engine::tx_burst`] send WQEs (the engine's
+//!   frames per I/O call, at most [`RuntimeConfig::tx_budget`]), or any non-post pass runs (a poll, an event wait,
+//!   a control verb); a post or poll after the window has passed transmits it. If the application stops calling
+//!   altogether, the auto-progress thread sends it after [`RuntimeConfig::auto_progress`], as it does an ACK a poll
+//!   pass left for the reply.
+//!
+//! [`RuntimeStats`] counts doorbells, WQEs, held-back posts (`batched_posts`) and the I/O calls on both sides
+//! (`flushes`, `rx_bursts`) with their frames; `rocev2 stat` shows WQEs per doorbell and packets per I/O call.
+//!
 //! # Who runs it ([`ProgressMode`])
 //!
 //! The engines and links sit behind one progress lock per device group ([`ProgressLock`]: `try_lock`, and a
@@ -175,12 +198,19 @@ pub struct RuntimeStats {
     /// Work requests posted (send and receive), counted with their doorbell: `wqes / doorbells` is the average
     /// chain length.
     pub wqes: AtomicU64,
-    /// `flush()` calls that followed at least one frame.
+    /// Transmit I/O calls: `flush()` calls that followed at least one frame (on `UdpLink` one `sendmmsg` per
+    /// source-port socket with frames queued, i.e. per QP); `tx_frames / flushes` is packets per transmit call.
     pub flushes: AtomicU64,
     /// Frames transmitted.
     pub tx_frames: AtomicU64,
+    /// Receive I/O calls: `rx_burst()` calls that returned at least one frame (on `UdpLink` one `recvmmsg`);
+    /// `rx_frames / rx_bursts` is packets per receive call.
+    pub rx_bursts: AtomicU64,
     /// Frames received.
     pub rx_frames: AtomicU64,
+    /// Post passes that left transmitting to a later pass, to send their work in one I/O call with the posts that
+    /// follow (doorbell batching, module docs).
+    pub batched_posts: AtomicU64,
     /// Link errors (other than back-pressure) seen by passes.
     pub link_errors: AtomicU64,
     /// Times the doorbell queue was found full and a pass looked at every QP and CQ once instead (expected 0; see
@@ -193,7 +223,8 @@ pub struct RuntimeStats {
 pub(crate) enum PassKind {
     /// Everything (progress thread, auto-progress, event waits, control verbs, [`crate::Context::progress`]).
     Full,
-    /// After a send post: no receive burst (the next poll receives); transmit the posted work now.
+    /// After a send post: no receive burst (the next poll receives); transmit the posted work now, unless the post
+    /// is part of a stream (module docs, "Doorbell batching").
     Post,
     /// After a receive post: hand the receives to the engine; no receive burst, and transmitting is left to a later
     /// pass like [`PassKind::Poll`] does (an application that reposts a receive and then replies sends the pending
@@ -442,6 +473,9 @@ pub(crate) struct QpSlot {
     pub(crate) max_recv_wr: u32,
     /// Already waiting in `Device::blocked`.
     blocked: bool,
+    /// When a pass last moved send WQEs of this QP into the engine (doorbell batching: send work again within the
+    /// batching window means the QP is streaming posts).
+    last_send: Instant,
 }
 
 impl QpSlot {
@@ -466,6 +500,7 @@ impl QpSlot {
             max_send_wr,
             max_recv_wr,
             blocked: false,
+            last_send: Instant::ZERO,
         }
     }
 }
@@ -547,8 +582,14 @@ pub struct Device {
     wc_buf: Vec<Wc>,
     /// MRs whose last handle went while WRs still used them: deregistered once the engine lets go.
     deferred_dereg: Vec<roce_proto::Lkey>,
-    /// Since when poll passes have left transmitting to a later pass ([`PassKind::Poll`]).
+    /// Since when passes have left transmitting to a later pass ([`PassKind::Poll`], doorbell batching).
     tx_deferred: Option<Instant>,
+    /// Send WQEs moved into the engine since the last transmit (the size of the doorbell batch being gathered).
+    batch_wqes: u32,
+    /// This pass moved send WQEs of a QP that had moved some within the batching window before (a stream of posts)
+    /// / of an idle QP.
+    db_busy: bool,
+    db_idle: bool,
     pub(crate) now: Instant,
 }
 
@@ -573,6 +614,9 @@ impl Device {
             wc_buf: vec![Wc::default(); 64],
             deferred_dereg: Vec::new(),
             tx_deferred: None,
+            batch_wqes: 0,
+            db_busy: false,
+            db_idle: false,
             now: Instant::ZERO,
         }
     }
@@ -629,6 +673,7 @@ impl Device {
         let info = self.engine.qp_info(qpn);
         let (mut sq_out, mut rq_out) =
             info.map_or((0, 0), |i| (i.sq_outstanding, i.rq_outstanding));
+        let sq_before = sq_out;
         while let Ok(wqe) = qp.rq.peek() {
             if rq_out >= qp.max_recv_wr {
                 stuck = true;
@@ -666,6 +711,7 @@ impl Device {
             let _ = qp.sq.pop();
             moved = true;
             sq_out += 1;
+            self.batch_wqes = self.batch_wqes.saturating_add(1);
             if let Err(e) = r {
                 tracing::warn!(%qpn, error = %e, "post_send refused by the engine; completing with LOC_QP_OP_ERR");
                 push_synthetic(
@@ -677,6 +723,16 @@ impl Device {
                     opc,
                 );
             }
+        }
+        if sq_out > sq_before {
+            // Doorbell batching (module docs): send work again within the window = a stream of posts.
+            let window = self.engine.batch_window().min(TX_DEFER_MAX);
+            if self.now.saturating_duration_since(qp.last_send) < window {
+                self.db_busy = true;
+            } else {
+                self.db_idle = true;
+            }
+            qp.last_send = self.now;
         }
         if stuck && !qp.blocked {
             qp.blocked = true;
@@ -890,6 +946,9 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
     let now = shared.clock.now();
     let devs = &mut g.devs;
     let mut work = false;
+    for dev in devs.iter_mut() {
+        dev.now = now;
+    }
     // Posted work first, so that a receive the application posted before this pass is in the engine before the
     // frames this pass receives are processed.
     while let Some(db) = shared.doorbells.pop() {
@@ -914,7 +973,6 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         }
     }
     for dev in devs.iter_mut() {
-        dev.now = now;
         work |= dev.retry_blocked();
         if matches!(kind, PassKind::Full | PassKind::Poll) {
             let engine = &mut dev.engine;
@@ -924,6 +982,7 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
             {
                 Ok(n) => {
                     if n > 0 {
+                        stats.rx_bursts.fetch_add(1, Ordering::Relaxed);
                         stats.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
                         work = true;
                     }
@@ -941,23 +1000,42 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
     }
     let mut deadline: Option<Instant> = None;
     for dev in devs.iter_mut() {
-        let defer_ok = dev
+        let (busy, idle) = (
+            std::mem::take(&mut dev.db_busy),
+            std::mem::take(&mut dev.db_idle),
+        );
+        let age = dev
             .tx_deferred
-            .is_none_or(|t| now.saturating_duration_since(t) < TX_DEFER_MAX);
-        let defer = defer_ok
-            && match kind {
-                PassKind::Recv => true,
-                // The caller has completions to act on; its next call transmits (see `PassKind::Poll`).
-                PassKind::Poll => dev.publish(now) > 0,
-                PassKind::Full | PassKind::Post => false,
-            };
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        // Doorbell batching (module docs, "Doorbell batching"): only a post pass whose doorbells all come from QPs
+        // that are streaming posts holds back, while the batch is younger than the window and smaller than a
+        // transmit call's worth.
+        let window = dev.engine.batch_window().min(TX_DEFER_MAX);
+        let (defer, limit) = match kind {
+            PassKind::Recv => (age < TX_DEFER_MAX, TX_DEFER_MAX),
+            // The caller has completions to act on; its next call transmits (see `PassKind::Poll`).
+            PassKind::Poll => (age < TX_DEFER_MAX && dev.publish(now) > 0, TX_DEFER_MAX),
+            PassKind::Post => (
+                busy && !idle
+                    && age < window
+                    && (dev.batch_wqes as usize) < dev.engine.tx_burst().min(cfg.tx_budget),
+                window,
+            ),
+            PassKind::Full => (false, Duration::ZERO),
+        };
         if defer {
-            dev.tx_deferred.get_or_insert(now);
+            let t0 = *dev.tx_deferred.get_or_insert(now);
             work = true;
-            deadline = min_instant(deadline, Some(now));
+            if kind == PassKind::Post {
+                stats.batched_posts.fetch_add(1, Ordering::Relaxed);
+                deadline = min_instant(deadline, Some(t0.saturating_add(limit)));
+            } else {
+                deadline = min_instant(deadline, Some(now));
+            }
             continue;
         }
         dev.tx_deferred = None;
+        dev.batch_wqes = 0;
         let mut sent = 0;
         while sent < cfg.tx_budget {
             let buf = match dev.link.tx_buf(now) {

@@ -4,7 +4,8 @@
 //! rings (and, with a completion channel, fire moderated events), and the application polls. A counting
 //! `#[global_allocator]`, armed for every thread of the process during the measured phase, must see no allocation,
 //! reallocation or deallocation. Covers one QP, four QPs sharing one CQ with interleaved posts, and completion-event
-//! mode (`req_notify` + `get_event` per event).
+//! mode (`req_notify` + `get_event` per event), and streams of posts on one QP (doorbell batching holds them back and
+//! sends them together).
 //!
 //! One `#[test]` only, so no other test thread runs while the counter is armed.
 
@@ -86,27 +87,32 @@ fn side(ctx: &Context, nqp: usize, chan: Option<&Arc<CompChannel>>, moder: Moder
     }
 }
 
-/// Runs `rounds` rounds of one signaled 64-byte WRITE per QP (posts interleaved across QPs), waiting for all
-/// completions of a round before the next; with `chan`, each round also arms the CQ and waits for its event.
-fn run(a: &Side, b: &Side, rounds: usize, chan: Option<&CompChannel>) {
+/// Runs `rounds` rounds of `burst` 64-byte WRITEs per QP, one per post, the last of each QP signaled (posts
+/// interleaved across QPs), waiting for all completions of a round before the next; with `chan`, each round also
+/// arms the CQ and waits for its event.
+fn run(a: &Side, b: &Side, rounds: usize, burst: usize, chan: Option<&CompChannel>) {
     let mut wcs = [Wc::default(); 16];
     let n = a.qps.len();
     for r in 0..rounds {
         if chan.is_some() {
             a.cq.req_notify();
         }
-        for qp in &a.qps {
-            let sge = [a.mr.sge(0, 64)];
-            let wr = SendWr::new(
-                r as u64,
-                SendOp::RdmaWrite {
-                    remote_addr: b.mr.addr(),
-                    rkey: b.mr.rkey(),
-                },
-                &sge,
-            )
-            .signaled();
-            qp.post_send(&[wr]).expect("post");
+        for k in 0..burst {
+            for qp in &a.qps {
+                let sge = [a.mr.sge(0, 64)];
+                let mut wr = SendWr::new(
+                    r as u64,
+                    SendOp::RdmaWrite {
+                        remote_addr: b.mr.addr(),
+                        rkey: b.mr.rkey(),
+                    },
+                    &sge,
+                );
+                if k + 1 == burst {
+                    wr = wr.signaled();
+                }
+                qp.post_send(&[wr]).expect("post");
+            }
         }
         if let Some(c) = chan {
             let ev = c.get_event(Duration::from_secs(5));
@@ -141,12 +147,12 @@ fn connect(a: &Side, b: &Side) {
 }
 
 /// Warm up, then count allocations over the measured rounds.
-fn measure(name: &str, a: &Side, b: &Side, chan: Option<&CompChannel>) {
+fn measure(name: &str, a: &Side, b: &Side, burst: usize, chan: Option<&CompChannel>) {
     let name = format!("{:?} progress, {name}", a.cq.context().progress_mode());
-    run(a, b, 300, chan);
+    run(a, b, 300, burst, chan);
     EVENTS.store(0, Ordering::SeqCst);
     ARMED.store(true, Ordering::SeqCst);
-    run(a, b, 1000, chan);
+    run(a, b, 1000, burst, chan);
     ARMED.store(false, Ordering::SeqCst);
     let events = EVENTS.load(Ordering::SeqCst);
     assert_eq!(
@@ -169,21 +175,21 @@ fn both_paths(mode: ProgressMode) {
         yield_for: Duration::from_secs(60),
         ..RuntimeConfig::with_mode(mode)
     };
-    let (ca, cb) = Context::sim_pair(rt).expect("pair");
+    let (ca, cb) = Context::sim_pair(rt.clone()).expect("pair");
 
     let (a, b) = (
         side(&ca, 1, None, Moderation::default()),
         side(&cb, 1, None, Moderation::default()),
     );
     connect(&a, &b);
-    measure("one QP", &a, &b, None);
+    measure("one QP", &a, &b, 1, None);
 
     let (a4, b4) = (
         side(&ca, 4, None, Moderation::default()),
         side(&cb, 4, None, Moderation::default()),
     );
     connect(&a4, &b4);
-    measure("four QPs", &a4, &b4, None);
+    measure("four QPs", &a4, &b4, 1, None);
 
     let chan = Arc::new(CompChannel::new());
     let moder = Moderation {
@@ -196,11 +202,29 @@ fn both_paths(mode: ProgressMode) {
         side(&cb, 4, None, Moderation::default()),
     );
     connect(&ae, &be);
-    measure("completion events", &ae, &be, Some(&chan));
+    measure("completion events", &ae, &be, 1, Some(&chan));
     let st = ca.runtime_stats();
     let passes = match mode {
         ProgressMode::Caller => &st.caller_passes,
         ProgressMode::Thread => &st.thread_passes,
     };
     assert!(passes.load(Ordering::Relaxed) > 1000, "{mode:?}: {st:?}");
+
+    // Doorbell batching: streams of 16 posts on one QP; over a segment with 100 µs of propagation the batching
+    // window is 50 µs, so Caller mode holds posts back and sends them together.
+    let sim = roce_link::SimConfig {
+        propagation: Duration::from_micros(100),
+        ..roce_link::SimConfig::default()
+    };
+    let (cs, ds) = Context::sim_pair_with(rt, sim, Ok).expect("pair");
+    let (a_s, b_s) = (
+        side(&cs, 1, None, Moderation::default()),
+        side(&ds, 1, None, Moderation::default()),
+    );
+    connect(&a_s, &b_s);
+    measure("streams of posts", &a_s, &b_s, 16, None);
+    let held = cs.runtime_stats().batched_posts.load(Ordering::Relaxed);
+    if mode == ProgressMode::Caller {
+        assert!(held > 1000, "the batching path ran: {held} posts held back");
+    }
 }

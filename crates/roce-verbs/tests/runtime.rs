@@ -851,6 +851,251 @@ fn caller_mode_without_threads_runs_in_the_callers() {
     assert!(ld(&st.caller_passes) >= 200);
 }
 
+/// Link I/O calls of both ports of a sim pair, counted at the link ([`Counted`]).
+#[derive(Default)]
+struct IoCount {
+    /// `flush` calls that followed at least one committed frame.
+    tx_calls: std::sync::atomic::AtomicU64,
+    tx_frames: std::sync::atomic::AtomicU64,
+    /// `rx_burst` calls that returned at least one frame.
+    rx_calls: std::sync::atomic::AtomicU64,
+    rx_frames: std::sync::atomic::AtomicU64,
+    /// Of port 0 (device `a`) only.
+    a_tx_calls: std::sync::atomic::AtomicU64,
+    a_tx_frames: std::sync::atomic::AtomicU64,
+}
+
+/// A link that counts what the runtime asks of it (`port` 0 or 1), then forwards.
+struct Counted {
+    inner: Box<dyn roce_link::Link + Send>,
+    port: usize,
+    uncommitted: bool,
+    n: Arc<IoCount>,
+}
+
+impl roce_link::Link for Counted {
+    fn caps(&self) -> roce_link::LinkCaps {
+        self.inner.caps()
+    }
+    fn rx_burst(
+        &mut self,
+        now: roce_link::Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<usize, roce_link::LinkError> {
+        let k = self.inner.rx_burst(now, max, sink)?;
+        if k > 0 {
+            self.n
+                .rx_calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.n
+                .rx_frames
+                .fetch_add(k as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(k)
+    }
+    fn tx_buf(&mut self, now: roce_link::Instant) -> Result<&mut [u8], roce_link::LinkError> {
+        self.inner.tx_buf(now)
+    }
+    fn tx_commit(
+        &mut self,
+        now: roce_link::Instant,
+        len: usize,
+    ) -> Result<(), roce_link::LinkError> {
+        self.inner.tx_commit(now, len)?;
+        self.uncommitted = true;
+        self.n
+            .tx_frames
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.port == 0 {
+            self.n
+                .a_tx_frames
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+    fn flush(&mut self, now: roce_link::Instant) -> Result<(), roce_link::LinkError> {
+        if std::mem::take(&mut self.uncommitted) {
+            self.n
+                .tx_calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.port == 0 {
+                self.n
+                    .a_tx_calls
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        self.inner.flush(now)
+    }
+    fn poll_at(&self) -> Option<roce_link::Instant> {
+        self.inner.poll_at()
+    }
+}
+
+/// A connected RC pair over the simulated segment (`propagation` one way) with counted links, in Caller mode
+/// without the auto-progress thread, so that only the test's own calls run passes.
+fn counted_pair(propagation: Duration) -> (End, End, Arc<IoCount>) {
+    let rt = RuntimeConfig {
+        auto_progress: None,
+        ..RuntimeConfig::with_mode(ProgressMode::Caller)
+    };
+    let sim = roce_link::SimConfig {
+        propagation,
+        ..roce_link::SimConfig::default()
+    };
+    let n = Arc::new(IoCount::default());
+    let (nn, mut port) = (n.clone(), 0);
+    let (ca, cb) = Context::sim_pair_with(rt, sim, move |inner| {
+        port += 1;
+        Ok(Box::new(Counted {
+            inner,
+            port: port - 1,
+            uncommitted: false,
+            n: nn.clone(),
+        }) as Box<dyn roce_link::Link + Send>)
+    })
+    .expect("pair");
+    let a = end(&ca, None, Moderation::default(), 8192);
+    let b = end(&cb, None, Moderation::default(), 8192);
+    connect(&a, &b);
+    (a, b, n)
+}
+
+/// Doorbell batching (`src/runner.rs` module docs, issue #12): an isolated post is transmitted by its own pass, in its
+/// own I/O call, before `post_send` returns (no added delay); a thread posting a stream of WRITEs (one WR per post)
+/// gets them out in fewer link I/O calls than packets. The segment's 100 µs propagation gives an SRTT of at least
+/// 200 µs, so the window is the 50 µs cap and a batch closes at `tx_budget` (32) WQEs. Before the batching, every
+/// post was one I/O call of one packet (ratio 1.0).
+#[test]
+fn doorbell_batching_coalesces_a_stream_and_never_delays_an_isolated_post() {
+    let (a, b, n) = counted_pair(Duration::from_micros(100));
+    // RTT samples for the engine's window.
+    for i in 0..10 {
+        write_one(&a, &b, i);
+        poll_n(&a.cq, 1, Duration::from_secs(5));
+    }
+    let calls = || n.a_tx_calls.load(std::sync::atomic::Ordering::Relaxed);
+    let frames = || n.a_tx_frames.load(std::sync::atomic::Ordering::Relaxed);
+    // Isolated posts: idle for longer than any window, then one post; its frame left in one call before it returned.
+    for i in 0..5 {
+        std::thread::sleep(Duration::from_millis(2));
+        let (c0, f0) = (calls(), frames());
+        write_one(&a, &b, 100 + i);
+        assert_eq!(
+            (calls() - c0, frames() - f0),
+            (1, 1),
+            "an isolated post must be transmitted at once, in its own I/O call"
+        );
+        poll_n(&a.cq, 1, Duration::from_secs(5));
+    }
+    // A stream: rounds of 32 one-WR posts (the last signaled), then wait for its completion.
+    let (c0, f0) = (calls(), frames());
+    let batched0 = a
+        .ctx
+        .runtime_stats()
+        .batched_posts
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let sge = [a.mr.sge(0, 64)];
+    for round in 0..16u64 {
+        for k in 0..32u64 {
+            let mut wr = SendWr::new(
+                round * 32 + k,
+                SendOp::RdmaWrite {
+                    remote_addr: b.mr.addr(),
+                    rkey: b.mr.rkey(),
+                },
+                &sge,
+            );
+            if k == 31 {
+                wr = wr.signaled();
+            }
+            a.qp.post_send(&[wr]).expect("post");
+        }
+        let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
+        assert_eq!(wc[0].status, WcStatus::Success);
+    }
+    let (dc, df) = (calls() - c0, frames() - f0);
+    let batched = a
+        .ctx
+        .runtime_stats()
+        .batched_posts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - batched0;
+    eprintln!(
+        "stream of 512 posts: {df} frames in {dc} I/O calls ({:.3} calls per packet), {batched} posts held back",
+        dc as f64 / df as f64
+    );
+    assert_eq!(df, 512);
+    assert!(
+        dc * 2 <= df,
+        "a stream of posts must share I/O calls: {dc} calls for {df} packets"
+    );
+}
+
+/// The runtime's counters (`RuntimeStats`: doorbells, WQEs, transmit and receive I/O calls and their packets) count
+/// what happened: doorbells and WQEs against the test's own posts, I/O calls and packets against what the links
+/// saw.
+#[test]
+fn runtime_counters_count_doorbells_wqes_and_link_io() {
+    let (a, b, n) = counted_pair(Duration::from_micros(1));
+    let st = a.ctx.runtime_stats();
+    let ld = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((ld(&st.doorbells), ld(&st.wqes)), (0, 0));
+    // 40 posts of one WRITE, 10 posts of a chain of 4 WRITEs, 8 posts of 2 receives on b.
+    let sge = [a.mr.sge(0, 64)];
+    let write = |id: u64| {
+        SendWr::new(
+            id,
+            SendOp::RdmaWrite {
+                remote_addr: b.mr.addr(),
+                rkey: b.mr.rkey(),
+            },
+            &sge,
+        )
+        .signaled()
+    };
+    for i in 0..40 {
+        a.qp.post_send(&[write(i)]).expect("post");
+        if i % 8 == 7 {
+            poll_n(&a.cq, 8, Duration::from_secs(5));
+        }
+    }
+    for i in 0..10 {
+        let chain = [
+            write(4 * i),
+            write(4 * i + 1),
+            write(4 * i + 2),
+            write(4 * i + 3),
+        ];
+        a.qp.post_send(&chain).expect("post chain");
+        poll_n(&a.cq, 4, Duration::from_secs(5));
+    }
+    let bsge = [b.mr.sge(0, 64)];
+    for i in 0..8 {
+        let rw = [
+            RecvWr {
+                wr_id: 2 * i,
+                sg_list: &bsge,
+            },
+            RecvWr {
+                wr_id: 2 * i + 1,
+                sg_list: &bsge,
+            },
+        ];
+        b.qp.post_recv(&rw).expect("post_recv");
+    }
+    a.ctx.progress();
+    assert_eq!(ld(&st.doorbells), 40 + 10 + 8, "one doorbell per post call");
+    assert_eq!(ld(&st.wqes), 40 + 40 + 16, "WQEs of all post calls");
+    assert_eq!(ld(&st.flushes), ld(&n.tx_calls), "transmit I/O calls");
+    assert_eq!(ld(&st.tx_frames), ld(&n.tx_frames), "packets transmitted");
+    assert_eq!(ld(&st.rx_bursts), ld(&n.rx_calls), "receive I/O calls");
+    assert_eq!(ld(&st.rx_frames), ld(&n.rx_frames), "packets received");
+    // 80 WRITEs went out (and their ACKs came back): the counters saw them.
+    assert!(ld(&st.tx_frames) >= 80 && ld(&st.rx_frames) >= 80, "{st:?}");
+    assert!(ld(&st.flushes) > 0 && ld(&st.rx_bursts) > 0);
+}
+
 both_modes!(
     last_message_is_acked_before_teardown,
     passive_write_target_keeps_acking,

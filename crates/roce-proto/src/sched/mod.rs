@@ -874,6 +874,11 @@ impl Scheduler {
         batch::frames_per_io(window, self.avg_frame, b.max_frames_per_io) as usize
     }
 
+    /// `SRTT / rtt_fraction`: the span of one batch ([`batch`]; `Engine::batch_window`).
+    pub fn batch_window(&self) -> Duration {
+        self.srtt() / self.cfg.batch.rtt_fraction.max(1)
+    }
+
     /// The earliest instant after the last observed one at which the port or a backlogged class bucket conforms
     /// again, while work waits for it (`None` if nothing waits on a bucket). QPs waiting for their own bucket have
     /// `Shaper` timers instead.
