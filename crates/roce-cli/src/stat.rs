@@ -9,8 +9,12 @@
 //! * **retransmission rate**: `Δretransmitted_pkts / Δsent_pkts`, flagged above 5 % — a sign of a lossy or congested
 //!   network (go-back-N resends a whole window per loss);
 //! * **doorbell rate** and **WQEs per doorbell** (`Δwqes / Δdoorbells`, the average post-list chain): a low figure at
-//!   a high rate means the application rings once per WR. Both come from the engine thread, which may serve
-//!   several devices (they then show the same figures).
+//!   a high rate means the application rings once per WR;
+//! * **packets per I/O call**, out (`Δtx_frames / Δflushes`: frames per `flush`, one `sendmmsg` per QP socket) and in
+//!   (`Δrx_frames / Δrx_bursts`: frames per `recvmmsg`) — how well doorbell batching and receive bursts amortise the
+//!   system calls. These come from the runtime's counters (`roce_verbs::RuntimeStats`, counted where the doorbell
+//!   rings and where the pass calls the link), shared by the devices of one runtime (they then show the same
+//!   figures).
 //!
 //! Then one line per QP: type, state, PSNs (next, oldest unacknowledged, expected), queue depths, rate controller and
 //! its non-zero counters. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
@@ -242,6 +246,8 @@ fn signals(d: &Value, before: Option<&Value>, secs: f64) -> Value {
         "rcvd_pps": dc("rcvd_pkts") as f64 / secs,
         "doorbells_per_s": dr("doorbells") as f64 / secs,
         "wqes_per_doorbell": ratio(dr("wqes"), dr("doorbells")),
+        "tx_pkts_per_io": ratio(dr("tx_frames"), dr("flushes")),
+        "rx_pkts_per_io": ratio(dr("rx_frames"), dr("rx_bursts")),
         "qps": per_qp,
     })
 }
@@ -322,7 +328,7 @@ fn text(r: &Value, all: bool) -> String {
             let s = &d["signals"];
             let _ = writeln!(
                 o,
-                "    sq_depth {} retrans {} doorbells {}/s wqes/doorbell {} packets {}/s out {}/s in",
+                "    sq_depth {} retrans {} doorbells {}/s wqes/doorbell {} packets {}/s out {}/s in, per I/O call {} out {} in",
                 u(s, "sq_depth"),
                 pct(s["retrans_rate"].as_f64(), s["retrans_flag"] == true),
                 s["doorbells_per_s"].as_f64().map_or("-".into(), human),
@@ -331,6 +337,12 @@ fn text(r: &Value, all: bool) -> String {
                     .map_or("-".into(), |x| format!("{x:.2}")),
                 s["sent_pps"].as_f64().map_or("-".into(), human),
                 s["rcvd_pps"].as_f64().map_or("-".into(), human),
+                s["tx_pkts_per_io"]
+                    .as_f64()
+                    .map_or("-".into(), |x| format!("{x:.2}")),
+                s["rx_pkts_per_io"]
+                    .as_f64()
+                    .map_or("-".into(), |x| format!("{x:.2}")),
             );
             let sig_qps = s["qps"]
                 .as_array()

@@ -424,6 +424,22 @@ fn metrics_are_served_while_running() {
         "the loopback server is not exported: {body}"
     );
     assert!(body.contains("# TYPE rocev2_sent_pkts counter"), "{body}");
+    // The runtime's counters: the client rang doorbells and both sides made link I/O calls.
+    let metric = |name: &str| -> u64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name}: {body}"))
+    };
+    assert!(metric("rocev2_runtime_doorbells_total{side=\"client\"}") > 0);
+    let (calls, frames) = (
+        metric("rocev2_runtime_tx_io_calls_total{side=\"client\"}"),
+        metric("rocev2_runtime_tx_frames_total{side=\"client\"}"),
+    );
+    assert!(
+        calls > 0 && frames >= calls,
+        "{calls} calls, {frames} frames"
+    );
+    assert!(metric("rocev2_runtime_rx_io_calls_total{side=\"server\"}") > 0);
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
 }
 

@@ -115,6 +115,16 @@ fn stat_reads_a_running_perf() {
     let wpd = cs["wqes_per_doorbell"].as_f64().expect("wqes/doorbell");
     assert!((3.9..=4.1).contains(&wpd), "{cs}");
     assert!(cs["doorbells_per_s"].as_f64() > Some(0.0), "{cs}");
+    // Packets per link I/O call: every call carried at least one; the client's chains of 4 go out together.
+    let tx_io = cs["tx_pkts_per_io"]
+        .as_f64()
+        .expect("tx packets per I/O call");
+    let rx_io = server["signals"]["rx_pkts_per_io"]
+        .as_f64()
+        .expect("rx packets per I/O call");
+    eprintln!("client: {tx_io:.2} packets per transmit call; server: {rx_io:.2} per receive call");
+    assert!(tx_io >= 2.0, "{cs}");
+    assert!(rx_io >= 1.0, "{}", server["signals"]);
     assert_eq!(cs["retrans_rate"].as_f64(), Some(0.0), "no loss: {cs}");
     assert_eq!(cs["retrans_flag"], false);
     assert!(cs["sent_pps"].as_f64() > Some(0.0), "{cs}");
@@ -140,6 +150,7 @@ fn stat_reads_a_running_perf() {
         "link rocev2_127.0.48.1/1",
         "qp link rocev2_127.0.48.2/1 lqpn 0x11 type RC state RTS",
         "wqes/doorbell 4.00",
+        "per I/O call",
         "retrans 0.00 %",
     ] {
         assert!(t.contains(want), "`{want}` not in:\n{t}");

@@ -17,8 +17,9 @@
 //! The client connects, writes one JSON object and a newline, and reads one JSON object (the server then closes):
 //!
 //! * `{"get": "stats"}` → `{"proto": "rocev2-stats", "v": 1, "pid", "cmdline", "devices": [DEVICE...]}` with
-//!   DEVICE = `{"index", "gids": [GID as IPv6 text, e.g. "::ffff:198.18.0.1"], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {loops, parks,
-//!   wakeups, doorbells, wqes, flushes, tx_frames, rx_frames, link_errors, doorbell_overflows}, "qps": [QP...]}` and
+//!   DEVICE = `{"index", "gids": [GID as IPv6 text, e.g. "::ffff:198.18.0.1"], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {progress,
+//!   caller_passes, thread_passes, missed, thread_missed, parks, wakeups, doorbells, wqes, flushes, tx_frames,
+//!   rx_bursts, rx_frames, batched_posts, link_errors, doorbell_overflows}, "qps": [QP...]}` and
 //!   QP = `{"qpn", "type", "state", "next_psn", "una_psn", "epsn", "msn", "sq_outstanding", "rq_outstanding",
 //!   "udp_sport", "rate_bps", "target_bps", "alpha", "limited", "shaped_bps", "counters": {...}}`. Counters are
 //!   cumulative; rates are for the reader to compute between two snapshots. The `runtime` object is the engine
@@ -392,7 +393,9 @@ fn device_stats(c: &Context) -> Result<Value, String> {
             "wqes": ld(&r.wqes),
             "flushes": ld(&r.flushes),
             "tx_frames": ld(&r.tx_frames),
+            "rx_bursts": ld(&r.rx_bursts),
             "rx_frames": ld(&r.rx_frames),
+            "batched_posts": ld(&r.batched_posts),
             "link_errors": ld(&r.link_errors),
             "doorbell_overflows": ld(&r.doorbell_overflows),
         },

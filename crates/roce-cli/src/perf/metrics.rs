@@ -36,6 +36,40 @@ pub fn render(devices: &[(String, Context)]) -> String {
         }
         reg.register(*name, format!("engine counter {name}"), fam);
     }
+    // The runtime's own counters (`roce_verbs::RuntimeStats`): doorbells and WQEs (WQEs per doorbell), link I/O calls
+    // and their packets on both sides (packets per I/O call), posts held back by doorbell batching.
+    type Pick = fn(&roce_verbs::RuntimeStats) -> &std::sync::atomic::AtomicU64;
+    let runtime: [(&str, &str, Pick); 7] = [
+        ("runtime_doorbells", "doorbells rung (post calls)", |r| {
+            &r.doorbells
+        }),
+        ("runtime_wqes", "WQEs posted", |r| &r.wqes),
+        (
+            "runtime_tx_io_calls",
+            "link transmit calls (flushes with frames)",
+            |r| &r.flushes,
+        ),
+        ("runtime_tx_frames", "frames transmitted", |r| &r.tx_frames),
+        (
+            "runtime_rx_io_calls",
+            "link receive calls (bursts with frames)",
+            |r| &r.rx_bursts,
+        ),
+        ("runtime_rx_frames", "frames received", |r| &r.rx_frames),
+        (
+            "runtime_batched_posts",
+            "posts held back by doorbell batching",
+            |r| &r.batched_posts,
+        ),
+    ];
+    for (name, help, pick) in runtime {
+        let fam = Family::<Labels, Counter>::default();
+        for (side, ctx) in devices {
+            fam.get_or_create(&vec![("side".to_owned(), side.clone())])
+                .inc_by(pick(ctx.runtime_stats()).load(Ordering::Relaxed));
+        }
+        reg.register(name, help, fam);
+    }
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {
         out.clear();
