@@ -4,9 +4,10 @@
 //! `--rate-limit` is in) over the client's elapsed time — must be within 3 % of the limit, at 1 Gb/s and at
 //! 0.5 Gb/s (the second run shows the limit, not the machine, sets the rate). Data verification stays on.
 //!
-//! The bucket is 2 MB deep (`--burst`, 16 ms at 1 Gb/s) instead of the default 187.5 KB: the engine thread of this
-//! software NIC shares two cores with the application threads of both sides (and, on a development machine, with
-//! builds), and is descheduled for milliseconds at a time; tokens it could not use meanwhile must not be lost, or the
+//! The bucket is 2 MB deep (`--burst`, 16 ms at 1 Gb/s) instead of the default 187.5 KB: the thread that drives the
+//! engine of this software NIC (the client's own thread in the default run-to-completion mode, `--progress caller`;
+//! the progress thread with `--progress thread`) shares two cores with the other side (and, on a development
+//! machine, with builds), and is descheduled for milliseconds at a time; tokens it could not use meanwhile must not be lost, or the
 //! rate measures the host's scheduler, not the shaper. The burst adds at most 2 MB to ≥ 190 MB sent (≤ 1.1 %).
 //! Exceeding the limit by more than 3 % always fails. Falling short fails too, unless the same path, unlimited, right
 //! afterwards cannot carry 1.3 × the limit either: then the host is too loaded to test a rate and the test says so
