@@ -255,7 +255,9 @@ def markdown(doc, results_path):
       f"veth pair (`scripts/netns.sh`, {m['ip_a']} ↔ {m['ip_b']}, MTU 9000), sender/client side in namespace A "
       f"pinned to CPU {m['cpu_a']}, sink/server side in namespace B pinned to CPU {m['cpu_b']} (`taskset`, "
       "`nice -n -20`). **The machine has 2 CPUs in all**, so each side gets exactly one: the raw tools are one "
-      "thread per side, a `rocev2 perf` process is two (application thread and engine thread) sharing its CPU. "
+      "thread per side; a `rocev2 perf` process runs the RoCE engine in its application thread (run-to-completion, "
+      "`--progress caller`, the default: posts transmit, CQ polls receive and complete) and has an auto-progress "
+      "thread that drives only while the application makes no verbs call for 1 ms (a passive WRITE target). "
       "Regenerate with:")
     w("")
     w("```sh")
@@ -321,10 +323,10 @@ def markdown(doc, results_path):
           f"**{fmt(ratio)}**{rng(per)} | {v(ev)} | **{fmt(ratio_ev)}**{rng(per_ev)} |")
     fails = [r for r in R if "error" in r]
     w("")
-    w("The ratio is median rocev2 rate / median raw delivered rate (range: the per-repetition ratios). Target of "
-      "later work: ≥ 0.9. `-e` is the same run with `-e` on both sides: the application thread sleeps on the "
-      "completion channel (`-Q 100` completions or 100 µs per event) instead of polling the CQ and calling "
-      "`sched_yield` when it is empty, so the engine thread has the CPU to itself while it works.")
+    w("The ratio is median rocev2 rate / median raw delivered rate (range: the per-repetition ratios). Target "
+      "(issue #9): ≥ 0.9. `-e` is the same run with `-e` on both sides: the application thread waits on the "
+      "completion channel (`-Q 100` completions or 100 µs per event; the wait runs progress passes) instead of "
+      "polling the CQ.")
     if fails:
         w("")
         w(f"**{len(fails)} run(s) failed** and are left out of the medians: "
@@ -346,9 +348,9 @@ def markdown(doc, results_path):
       "against `t_typical`** (both medians).")
     w("")
     w("| 64 B | raw RTT, µs | raw RTT / 2, µs | rocev2 send-lat t_typical (½ RTT), µs | **rocev2 / (raw RTT / 2)** | "
-      "raw RTT/2 p99, µs | rocev2 p99 (½ RTT), µs | send-lat -e t_typical, µs | **-e / (raw RTT / 2)** | "
-      "send-lat -e p99, µs |")
-    w("|---|---|---|---|---|---|---|---|---|---|")
+      "raw RTT/2 p99, µs | rocev2 p99 (½ RTT), µs | **rocev2 p99 / raw p99** | send-lat -e t_typical, µs | "
+      "**-e / (raw RTT / 2)** | send-lat -e p99, µs |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
     rtt = series(R, "raw-ping", 64, ["rtt_us", "typical"])
     rp99 = series(R, "raw-ping", 64, ["rtt_us", "p99"])
     lt = series(R, "roce-lat", 64, ["t_typical_us"])
@@ -361,11 +363,14 @@ def markdown(doc, results_path):
     ep99 = series(R, "roce-lat-ev", 64, ["p99_us"])
     per_ev = [et[k] / half[k] for k in et if k in half and half[k] > 0]
     ev_ratio = med(et.values()) / med(half.values()) if et and half else None
+    hp99 = {k: x / 2 for k, x in rp99.items()}
+    per99 = [lp99[k] / hp99[k] for k in lp99 if k in hp99 and hp99[k] > 0]
+    p99_ratio = med(lp99.values()) / med(hp99.values()) if lp99 and hp99 else None
     w(f"| median | {v(rtt)} | {v(half)} | {v(lt)} | **{fmt(lat_ratio)}**{rng(per)} | "
-      f"{v({k: x / 2 for k, x in rp99.items()})} | {v(lp99)} | {v(et)} | **{fmt(ev_ratio)}**{rng(per_ev)} | "
+      f"{v(hp99)} | {v(lp99)} | **{fmt(p99_ratio)}**{rng(per99)} | {v(et)} | **{fmt(ev_ratio)}**{rng(per_ev)} | "
       f"{v(ep99)} |")
     w("")
-    w("Target of later work: ≤ 1.2.")
+    w("Targets (issue #9): t_typical ≤ 1.3 × raw RTT / 2, p99 ≤ 2 × raw p99 (both halved round trips).")
     w("")
     where_the_time_goes(w, doc, ratios_bw, lat_ratio)
     return "\n".join(L) + "\n"
@@ -448,7 +453,7 @@ def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
       "ran as softirq, which is not charged to the process (next table). "
       "Send calls are `sendmmsg` + `sendto`, receive calls `recvmmsg` + `recvfrom` (including the ones that "
       "find nothing: `EAGAIN`); \"pkts / sendmmsg\" is frames handed to the kernel per `sendmmsg` (raw: packets "
-      "sent; rocev2: the engine thread's `tx_frames` counter).")
+      "sent; rocev2: the runtime's `tx_frames` counter).")
     w("")
     cpu_rows = [(l, n) for l, n in (("raw send 64 B", "raw-send-64"), ("rocev2 write-bw 64 B", "roce-bw-64"),
                                     ("raw send 4096 B", "raw-send-4096"), ("rocev2 write-bw 4096 B", "roce-bw-4096"),
@@ -492,7 +497,7 @@ def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
         if max(float(pct(P[n]["profile"]["classes"].get(c, 0), P[n]["profile"]["samples"])) for _, n in prof_rows) < 0.5:
             continue
         w(f"| {c} | " + " | ".join(cells) + " |")
-    thr = []  # thread names: `rocev2` = the application thread, `roce-engine` = the engine thread
+    thr = []  # thread names: `rocev2` = the application thread (it runs the engine passes), `roce-autoprogre` = auto-progress
     for _, n in prof_rows:
         pr = P[n]["profile"]
         thr.append(", ".join(f"{t} {fmt(pct(v, pr['samples']))} %" for t, v in
@@ -500,7 +505,9 @@ def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
     w("| *threads* | " + " | ".join(thr) + " |")
     w("| *samples* | " + " | ".join(str(P[n]["profile"]["samples"]) for _, n in prof_rows) + " |")
     w("")
-    w("Threads: `rocev2` is the application (perftest) thread, `roce-engine` the engine thread. "
+    w("Threads: `rocev2` is the application (perftest) thread, which also runs the engine's progress passes "
+      "(run-to-completion); `roce-autoprogre` is the auto-progress thread (`roce-autoprogress`, name cut to 15 "
+      "characters), `rocev2-stats` the stats endpoint. "
       "Classes under 0.5 % everywhere are left out. \"receive softirq\" is the kernel receive path that runs "
       "inside the sender's `sendmmsg` on veth (the peer's IP/UDP input up to its socket queue): on this wire the "
       "sending CPU pays for both ends of the kernel stack.")
@@ -568,29 +575,46 @@ def summary(w, doc, ratios_bw, lat_ratio):
             continue
         w(f"* **write-bw {s} B** (rocev2/raw {fmt(ratios_bw.get(s))}): the raw sender spends {fmt(rk)} % of its "
           f"CPU inside `sendmmsg` (the useful work: both ends of the kernel path); the rocev2 client process "
-          f"(application + engine thread on one CPU) only {fmt(ok)} %. The client's CPU goes to `sched_yield` "
+          f"(one process on one CPU) only {fmt(ok)} %. The client's CPU goes to `sched_yield` "
           f"({fmt(oy)} % of the `perf record` run; the `perf stat` run made {fmt(ys / roce_n if ys else None)} calls and "
           f"{fmt(cs / roce_n if cs else None)} context switches per message"
-          + (": the application thread's CQ poll yields whenever the CQ is empty, `roce-cli/src/perf/bench.rs`, so "
-             "the two threads hand the CPU back and forth" if oy >= 10 else "") + f"), receiving ACKs (`recvmmsg`, {fmt(orx)} %; {fmt(acks)} ACK per data packet) and "
-          f"user-space work ({fmt(ou)} %, of which ICRC {fmt(icrc)} %). The engine thread got "
-          f"{fmt(pct(thr.get('roce-engine', 0), tot))} % of the samples, the application thread "
-          f"{fmt(pct(thr.get('rocev2', 0), tot))} %. Messages in the profiled runs: raw {raw_n}, rocev2 {roce_n}.")
+          + f"), receiving ACKs (`recvmmsg`, {fmt(orx)} %; {fmt(acks)} ACK per data packet) and "
+          f"user-space work ({fmt(ou)} %, of which ICRC {fmt(icrc)} %). The application thread (which runs the "
+          f"passes) got {fmt(pct(thr.get('rocev2', 0), tot))} % of the samples, the auto-progress thread "
+          f"{fmt(pct(thr.get('roce-autoprogre', 0), tot))} %; "
+          f"{fmt(cnt['runtime_tx_frames'] / cnt['runtime_flushes'] if cnt.get('runtime_flushes') else None)} frames "
+          f"per transmit call (runtime counters). Messages in the profiled runs: raw {raw_n}, rocev2 {roce_n}."
+          + server_note(P, s, doc["meta"]))
     spin = share(P, "roce-lat", "kernel: recvmmsg")
     y = share(P, "roce-lat", "kernel: sched_yield")
     lc = P.get("roce-lat", {}).get("stat_counters", {})
     it = P.get("roce-lat", {}).get("stat_result", {}).get("iterations")
     rm = P.get("roce-lat", {}).get("perf_stat", {}).get("syscalls:sys_enter_recvmmsg")
-    loops = lc.get("runtime_loops")
+    passes = lc.get("runtime_caller_passes")
+    cs = P.get("roce-lat", {}).get("perf_stat", {}).get("context-switches")
     if spin is not None and it and y is not None:
         w(f"* **send-lat** (rocev2/raw {fmt(lat_ratio)}): per round trip the client process made "
-          f"{fmt(rm / it if rm else None)} `recvmmsg` calls and its engine loop ran {fmt(loops / it if loops else None)} "
-          f"times; {fmt(spin)} % of its CPU is in `recvmmsg` and {fmt(y)} % in `sched_yield`. The engine thread "
-          "polls the socket (one `recvmmsg` per loop) for its idle spin time (`RuntimeConfig::spin`, 20 µs by "
-          "default) before it yields, and it shares one CPU with the application thread that must run to see the "
-          "completion and post the answer; `-e`, where the application thread sleeps instead of polling, lowers "
-          "t_typical (table above), which points at the two threads competing for the one CPU.")
+          f"{fmt(rm / it if rm else None)} `recvmmsg` calls (each empty CQ poll runs a pass, one `recvmmsg`), its "
+          f"application thread ran {fmt(passes / it if passes else None)} progress passes and it was switched out "
+          f"{fmt(cs / it if cs else None)} times; {fmt(spin)} % of its CPU is in `recvmmsg` and {fmt(y)} % in "
+          "`sched_yield`.")
     w("")
+
+
+def server_note(P, s, m):
+    """The write-bw server (side B, a passive WRITE target driven by its auto-progress thread): CPU it got."""
+    e = P.get(f"roce-bw-server-{s}", {})
+    t, st = e.get("time", {}), e.get("perf_stat", {})
+    n = P.get(f"roce-bw-{s}", {}).get("stat_result", {}).get("iterations")
+    if None in (t.get("user_s"), t.get("sys_s"), t.get("wall_s")) or not n or not t["wall_s"]:
+        return ""
+    busy = pct(t["user_s"] + t["sys_s"], t["wall_s"])
+    y = st.get("syscalls:sys_enter_sched_yield")
+    cpu_b = (P.get(f"roce-bw-{s}", {}).get("cpus") or {}).get(f"cpu{m['cpu_b']}", {})
+    return (f" The server (side B: a passive WRITE target, driven by its auto-progress thread) ran {fmt(busy)} % "
+            f"of its wall time and made {fmt(y / n if y is not None else None)} `sched_yield` calls per message"
+            + (f" while CPU {m['cpu_b']} spent {fmt(cpu_b.get('user'))} % in user time (the server's own user time is small: "
+               "the rest is other jobs)" if cpu_b.get("user") is not None else "") + ".")
 
 
 def write_into(path, section):
