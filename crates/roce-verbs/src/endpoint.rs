@@ -29,7 +29,8 @@
 //!   timers, rate controller, non-zero counters).
 //! * anything else → `{"proto": "rocev2-stats", "v": 1, "error": "..."}`.
 //!
-//! Requests are served one at a time on the endpoint's own thread, each bounded by a 2 s read/write timeout; the
+//! Requests are served one at a time on the endpoint's own thread, each bounded by 2 s in all (reading the request
+//! and writing the answer; a client that trickles or stalls is dropped then, and at once when the runtime stops); the
 //! counters are taken under the progress lock like every control verb (never on the data path).
 
 use std::io::{BufRead, BufReader, Write};
@@ -253,7 +254,7 @@ impl Endpoint {
 fn serve(l: &UnixListener, stop: &AtomicBool, devices: &DeviceList) {
     while !stop.load(Ordering::Relaxed) {
         match l.accept() {
-            Ok((s, _)) => answer(s, devices),
+            Ok((s, _)) => answer(s, stop, devices),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -263,17 +264,97 @@ fn serve(l: &UnixListener, stop: &AtomicBool, devices: &DeviceList) {
 }
 
 /// Largest request line read.
-const MAX_REQUEST: u64 = 4096;
+const MAX_REQUEST: usize = 4096;
 
-fn answer(s: UnixStream, devices: &DeviceList) {
-    let t = Some(Duration::from_secs(2));
-    if s.set_nonblocking(false).is_err() || s.set_read_timeout(t).is_err() {
+/// Time bound of one whole request, reading the request and writing the answer together: a client that trickles
+/// its request or reads the answer slowly is dropped when it runs out, so it can keep other readers waiting (and
+/// the runtime's teardown, which joins this thread) for at most this long.
+const REQUEST_BOUND: Duration = Duration::from_secs(2);
+
+/// Longest single blocking socket call, so that a stop request is seen while a client stalls.
+const SLICE: Duration = Duration::from_millis(50);
+
+/// Time left before `deadline` for one blocking call (at most [`SLICE`]); `None` when the deadline passed or the
+/// endpoint is stopping.
+fn slice_left(deadline: std::time::Instant, stop: &AtomicBool) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    (!stop.load(Ordering::Relaxed) && !left.is_zero()).then(|| left.min(SLICE))
+}
+
+/// Reads one request line (without the newline) of at most [`MAX_REQUEST`] bytes before `deadline`; `None` if the
+/// client sent none in time (or the endpoint is stopping).
+fn read_request(
+    s: &mut UnixStream,
+    deadline: std::time::Instant,
+    stop: &AtomicBool,
+) -> Option<String> {
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 512];
+    loop {
+        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            buf.truncate(i);
+            break;
+        }
+        if buf.len() >= MAX_REQUEST {
+            buf.truncate(MAX_REQUEST);
+            break;
+        }
+        let t = slice_left(deadline, stop)?;
+        s.set_read_timeout(Some(t)).ok()?;
+        let want = chunk.len().min(MAX_REQUEST - buf.len());
+        match std::io::Read::read(s, &mut chunk[..want]) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Writes `bytes` before `deadline` (given up when the client does not read them in time).
+fn write_answer(
+    s: &mut UnixStream,
+    mut bytes: &[u8],
+    deadline: std::time::Instant,
+    stop: &AtomicBool,
+) {
+    while !bytes.is_empty() {
+        let Some(t) = slice_left(deadline, stop) else {
+            return;
+        };
+        if s.set_write_timeout(Some(t)).is_err() {
+            return;
+        }
+        match s.write(bytes) {
+            Ok(0) => return,
+            Ok(n) => bytes = &bytes[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn answer(mut s: UnixStream, stop: &AtomicBool, devices: &DeviceList) {
+    let deadline = std::time::Instant::now() + REQUEST_BOUND;
+    if s.set_nonblocking(false).is_err() {
         return;
     }
-    let _ = s.set_write_timeout(t);
-    let mut line = String::new();
-    let Ok(reader) = s.try_clone() else { return };
-    let _ = BufReader::new(std::io::Read::take(reader, MAX_REQUEST)).read_line(&mut line);
+    let Some(line) = read_request(&mut s, deadline, stop) else {
+        return;
+    };
     // Upgrade outside the lock: a request may hold the last handle of a device whose drop takes the lock.
     let live: Vec<Context> = devices
         .lock()
@@ -295,8 +376,7 @@ fn answer(s: UnixStream, devices: &DeviceList) {
     }
     let mut text = out.to_string();
     text.push('\n');
-    let mut s = s;
-    let _ = s.write_all(text.as_bytes());
+    write_answer(&mut s, text.as_bytes(), deadline, stop);
     drop(live);
 }
 

@@ -151,3 +151,66 @@ fn endpoint_can_be_turned_off() {
     let (ca, _cb) = Context::sim_pair(rt).expect("pair");
     assert_eq!(ca.stats_endpoint(), None);
 }
+
+/// A hostile local client that trickles its request (one byte every 300 ms, each inside the per-read timeout) must
+/// neither keep other readers out for longer than one request's time bound nor hold up the application's teardown
+/// (dropping the last device joins the endpoint thread).
+#[test]
+fn a_trickling_client_neither_starves_readers_nor_holds_up_teardown() {
+    use std::io::Write;
+    let dir = scratch("trickle");
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Dir(dir.clone()),
+        ..RuntimeConfig::default()
+    };
+    let (ca, cb) = Context::sim_pair(rt).expect("pair");
+    let path = ca.stats_endpoint().expect("an endpoint");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickler = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+            // At most 30 bytes (9 s), so that a failing run ends.
+            for _ in 0..30 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(b" ").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    // A well-behaved reader behind it is answered within a few request bounds (2 s each).
+    let t0 = Instant::now();
+    let v = endpoint::query(&path, &json!({"get": "stats"}), Duration::from_secs(8));
+    assert!(
+        v.is_ok(),
+        "reader starved by a trickling client for {:?}: {v:?}",
+        t0.elapsed()
+    );
+    // Another trickler, then teardown: dropping the devices returns promptly.
+    let trickler2 = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+            // At most 30 bytes (9 s), so that a failing run ends.
+            for _ in 0..30 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(b" ").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    drop((ca, cb));
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    trickler.join().expect("trickler");
+    trickler2.join().expect("trickler");
+    assert!(
+        took < Duration::from_secs(3),
+        "dropping the last device took {took:?} behind a trickling stats client"
+    );
+}
