@@ -460,7 +460,6 @@ impl Context {
         if depth == 0 {
             return Err(Error::InvalidArgument("cq depth must be at least 1"));
         }
-        let (prod, cons) = rtrb::RingBuffer::<Wc>::new(depth as usize);
         let armed = Arc::new(AtomicBool::new(false));
         let arm_pending = Arc::new(AtomicBool::new(false));
         if let Some(c) = channel {
@@ -472,10 +471,13 @@ impl Context {
             armed: Arc::clone(&armed),
             arm_pending: Arc::clone(&arm_pending),
         });
-        let (handle, slot) = self.call(move |d| {
+        let (handle, slot, cons) = self.call(move |d| {
             let h = d.engine.create_cq(depth)?;
+            // The ring is sized only once the engine has accepted `depth` (1..=max_cqe): a huge depth is an
+            // `InvalidArgument`, never an allocation that aborts the process.
+            let (prod, cons) = rtrb::RingBuffer::<Wc>::new(depth as usize);
             let slot = d.put_cq(CqSlot::new(h, prod, notify, moderation));
-            Ok::<_, ResourceError>((h, slot))
+            Ok::<_, ResourceError>((h, slot, cons))
         })??;
         Ok(Cq {
             inner: Arc::new(CqInner {

@@ -828,6 +828,21 @@ fn last_message_is_acked_before_teardown(mode: ProgressMode) {
 }
 
 /// Caller mode without any thread (`auto_progress: None`): posts and polls alone move both devices of a sim pair.
+/// A CQ depth above the device's `max_cqe` is refused with an error (it used to size the runtime's CQ ring first:
+/// `create_cq(u32::MAX)` aborted the process on a 170 GB allocation).
+#[test]
+fn oversized_cq_depth_is_an_error_not_an_abort() {
+    let (ca, _cb) = Context::sim_pair(RuntimeConfig::default()).expect("pair");
+    let max = ca.query_device().max_cqe;
+    for depth in [max + 1, u32::MAX] {
+        assert!(
+            ca.create_cq(depth, None, Moderation::default()).is_err(),
+            "depth {depth} accepted"
+        );
+    }
+    assert!(ca.create_cq(64, None, Moderation::default()).is_ok());
+}
+
 #[test]
 fn caller_mode_without_threads_runs_in_the_callers() {
     let rt = RuntimeConfig {
