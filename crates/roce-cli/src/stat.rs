@@ -190,6 +190,8 @@ fn report(prev: &[Sample], cur: &[Sample], dt: Duration) -> Value {
                         .map(|d| d.as_slice())
                         .unwrap_or_default()
                         .iter()
+                        // An answer is another process's word: a device that is not an object is skipped.
+                        .filter(|d| d.is_object())
                         .map(|d| {
                             let mut d = d.clone();
                             let before = find_prev(&s.ep.path, u(&d, "index"));

@@ -243,3 +243,39 @@ fn endpoints_can_be_turned_off() {
     let done = p.wait(Duration::from_secs(30));
     assert!(done.status.success(), "{done}");
 }
+
+/// A socket in the run directory that answers with something other than a rocev2 stats object (another process of
+/// the same user can put one there): `rocev2 stat` reports it and does not panic.
+#[test]
+fn a_malformed_answer_is_reported_not_a_panic() {
+    let dir = scratch("stat-malformed");
+    let run_dir = dir.join("run");
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    // Named after this (live) process, as an endpoint of it would be.
+    let path = run_dir.join(format!("{}.0.sock", std::process::id()));
+    let l = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let answers: [&[u8]; 3] = [
+        br#"{"proto":"rocev2-stats","v":1,"pid":1,"devices":[7,null,{"index":"x","counters":5,"qps":[1]}]}"#,
+        br#"[1,2,3]"#,
+        br#"{"proto":"rocev2-stats","v":1,"devices":{"index":0}}"#,
+    ];
+    let server = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for a in answers {
+            let (mut s, _) = l.accept().expect("accept");
+            let mut b = [0u8; 256];
+            let _ = s.read(&mut b);
+            let _ = s.write_all(a);
+            let _ = s.write_all(b"\n");
+        }
+    });
+    for _ in 0..3 {
+        let o = stat(&run_dir, &["--json"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !err.contains("panicked") && o.status.code() != Some(101),
+            "rocev2 stat panicked on a malformed answer: {err}"
+        );
+    }
+    server.join().expect("server");
+}

@@ -214,3 +214,48 @@ fn a_trickling_client_neither_starves_readers_nor_holds_up_teardown() {
         "dropping the last device took {took:?} behind a trickling stats client"
     );
 }
+
+/// `endpoint::query` (what `rocev2 stat` reads with) against a hostile socket: an answer trickled a byte at a time
+/// and an endless answer both end in an error within the timeout, with a bounded buffer.
+#[test]
+fn query_bounds_a_trickling_or_endless_answer() {
+    use std::io::{Read, Write};
+    let dir = scratch("hostile-answer");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("1.0.sock");
+    let l = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let server = std::thread::spawn(move || {
+        // 1: a byte every 100 ms for 5 s; 2: 256 MiB without a newline.
+        for endless in [false, true] {
+            let (mut s, _) = l.accept().expect("accept");
+            let mut b = [0u8; 256];
+            let _ = s.read(&mut b);
+            if endless {
+                let chunk = vec![b'1'; 1 << 20];
+                for _ in 0..256 {
+                    if s.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+            } else {
+                for _ in 0..50 {
+                    if s.write_all(b" ").is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    });
+    let t0 = Instant::now();
+    let r = endpoint::query(&path, &json!({"get": "stats"}), Duration::from_secs(1));
+    let took = t0.elapsed();
+    assert!(
+        r.is_err() && took < Duration::from_secs(3),
+        "trickled answer: {r:?} after {took:?}"
+    );
+    let r = endpoint::query(&path, &json!({"get": "stats"}), Duration::from_secs(20));
+    let e = r.expect_err("an endless answer");
+    assert!(e.to_string().contains("longer than"), "{e}");
+    server.join().expect("server");
+}
