@@ -21,9 +21,26 @@ struct Counting;
 static ARMED: AtomicBool = AtomicBool::new(false);
 static EVENTS: AtomicU64 = AtomicU64::new(0);
 
+/// The call stack of the first allocator call in the measured phase, for the failure message.
+static FIRST: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+thread_local! {
+    /// Set while this thread captures `FIRST` (the capture allocates; those calls are not the data path's).
+    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn note() {
-    if ARMED.load(Ordering::Relaxed) {
-        EVENTS.fetch_add(1, Ordering::Relaxed);
+    if !ARMED.load(Ordering::Relaxed) || CAPTURING.with(|c| c.get()) {
+        return;
+    }
+    if EVENTS.fetch_add(1, Ordering::Relaxed) == 0 {
+        CAPTURING.with(|c| c.set(true));
+        let bt = std::backtrace::Backtrace::force_capture().to_string();
+        let name = std::thread::current().name().unwrap_or("?").to_owned();
+        if let Ok(mut f) = FIRST.lock() {
+            *f = Some(format!("thread {name}:\n{bt}"));
+        }
+        CAPTURING.with(|c| c.set(false));
     }
 }
 
@@ -155,9 +172,12 @@ fn measure(name: &str, a: &Side, b: &Side, burst: usize, chan: Option<&CompChann
     run(a, b, 1000, burst, chan);
     ARMED.store(false, Ordering::SeqCst);
     let events = EVENTS.load(Ordering::SeqCst);
+    let first = FIRST.lock().map(|mut f| f.take()).unwrap_or(None);
     assert_eq!(
-        events, 0,
-        "{name}: {events} allocator calls in the steady state"
+        events,
+        0,
+        "{name}: {events} allocator calls in the steady state; the first from {}",
+        first.unwrap_or_default()
     );
 }
 
