@@ -29,6 +29,13 @@ impl FramePool {
         v
     }
 
+    /// Adds `n` free buffers of `frame_cap` bytes, so the next `n` frames in flight take no allocation.
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.free.reserve(n);
+        let cap = self.frame_cap;
+        self.free.extend((0..n).map(|_| Vec::with_capacity(cap)));
+    }
+
     /// Returns a buffer to the pool.
     pub(crate) fn put(&mut self, v: Vec<u8>) {
         self.free.push(v);

@@ -27,6 +27,9 @@ use rand_chacha::ChaCha8Rng;
 use crate::pool::FramePool;
 use crate::{IcrcCaps, Instant, Link, LinkCaps, LinkError};
 
+/// Most frames per port the segment's queues and frame pool are sized for when a port is added.
+const PREALLOC_FRAMES: usize = 1024;
+
 /// Ethernet minimum frame length without FCS (short frames are padded by the MAC).
 const ETH_MIN_FRAME: usize = 60;
 
@@ -240,12 +243,18 @@ impl SimNet {
     pub fn add_port(&self, mac: [u8; 6]) -> SimPort {
         let mut c = lock(&self.core);
         let mtu = c.cfg.mtu;
+        // The port's queues and the segment's frame pool are sized up front for `queue_limit` frames (at most
+        // PREALLOC_FRAMES), so a workload whose frames in flight stay within that never makes the segment allocate,
+        // whatever the threads' timing: a new high-water mark reached only under load would otherwise grow them
+        // mid-run. Beyond it they still grow (a starved receiver is not a drop on this medium).
+        let pre = c.cfg.queue_limit.clamp(1, PREALLOC_FRAMES);
+        c.pool.reserve(pre);
         c.ports.push(PortState {
             mac,
             busy_until: Instant::ZERO,
-            egress: VecDeque::new(),
+            egress: VecDeque::with_capacity(pre),
             last_arrival: Instant::ZERO,
-            rx: BinaryHeap::new(),
+            rx: BinaryHeap::with_capacity(pre),
             stats: SimStats::default(),
         });
         SimPort {
