@@ -11,7 +11,8 @@
 //! * limits (`-v`) are the engine's defaults ([`roce_proto::DeviceAttr`]): what a program opening the device gets.
 //!
 //! The node GUID is the EUI-64 of the interface's MAC address (as rxe derives it). Devices that running programs have
-//! open (their stats endpoints, see `rocev2 stat`) are listed under the port with their process.
+//! open (their stats endpoints, see `rocev2 stat`) are listed under the port with their process, when that process is
+//! in the caller's network namespace (another namespace's `lo` is another interface).
 
 use std::net::IpAddr;
 use std::process::ExitCode;

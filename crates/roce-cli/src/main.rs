@@ -62,12 +62,13 @@ enum Command {
     Pingpong(Box<pingpong::PingpongArgs>),
     /// Benchmarks: `rocev2 bench engine [--json]` measures the engine's send path per core on a null link.
     Bench(bench::BenchArgs),
-    /// The counters of every rocev2 device running on this host, per device and per QP, read live from the
-    /// processes (as `rdma statistic`), with the send-queue depth, retransmission rate (flagged above 5 %), doorbell
+    /// The counters of every rocev2 device running in this network namespace, per device and per QP, read live
+    /// from the processes (as `rdma statistic`; programs in other namespaces are not shown), with the send-queue depth, retransmission rate (flagged above 5 %), doorbell
     /// rate and WQEs per doorbell; `--qp N` dumps one QP. `-w SECS` watches, `--json` for scripts.
     Stat(stat::StatArgs),
     /// The rocev2 devices of this host (one per network interface with an IP address) as `ibv_devinfo [-v]`
-    /// shows RDMA devices: port state, active MTU, GID table with types, limits (-v), programs using each.
+    /// shows RDMA devices: port state, active MTU, GID table with types, limits (-v), programs (of this network
+    /// namespace) using each.
     Devinfo(devinfo::DevinfoArgs),
     /// Congestion control: `rocev2 cc trace` drives the DCQCN reaction point through a CNP schedule (JSON in the
     /// schema of ../shared/dcqcn/rp_reference.py, optional SVG plot).

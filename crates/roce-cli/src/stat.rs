@@ -1,5 +1,6 @@
-//! `rocev2 stat`: the counters of every rocev2 device running on this host, read live from the processes through
-//! their stats endpoints (`roce_verbs::endpoint`), as `rdma statistic` shows an RNIC's.
+//! `rocev2 stat`: the counters of every rocev2 device running in the caller's network namespace, read live from the
+//! processes through their stats endpoints (`roce_verbs::endpoint`), as `rdma statistic` shows an RNIC's (programs
+//! in other network namespaces are not shown: their devices are not this namespace's).
 //!
 //! For each process (pid, command line) and each of its devices: the non-zero port counters, and the three signals
 //! the send module's operators watch, over a sampling interval (two snapshots `--interval` apart, default 1 s; in
@@ -126,8 +127,8 @@ fn nothing_running() -> String {
         .map(|d| d.display().to_string())
         .unwrap_or_else(|| "no run directory".into());
     format!(
-        "rocev2 stat: no rocev2 device is running on this host (no stats endpoint in {dirs}; programs started with \
-         ROCEV2_STATS_ENDPOINT=0 or another ROCEV2_RUN_DIR are not seen)"
+        "rocev2 stat: no rocev2 device is running in this network namespace (no stats endpoint in {dirs}; programs \
+         in other network namespaces, or started with ROCEV2_STATS_ENDPOINT=0 or another ROCEV2_RUN_DIR, are not seen)"
     )
 }
 

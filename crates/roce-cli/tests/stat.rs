@@ -279,3 +279,66 @@ fn a_malformed_answer_is_reported_not_a_panic() {
     }
     server.join().expect("server");
 }
+
+/// A program in another network namespace shares the run directory but not the interfaces: `rocev2 stat` and
+/// `rocev2 devinfo` in this namespace do not list it (its 127.0.52.x is another namespace's `lo`), and `rocev2 stat`
+/// inside its namespace does.
+#[test]
+fn programs_of_another_netns_are_not_listed() {
+    if let Some(why) = common::netns_unavailable() {
+        eprintln!("SKIPPED (stat netns): {why}");
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("stat-netns");
+    let run_dir = dir.join("run");
+    // `unshare --net` runs the shell in a new network namespace; it brings up its loopback and execs perf (same pid).
+    let perf_cmd = format!(
+        "ip link set lo up && exec env ROCEV2_RUN_DIR={} {} perf send-lat --loopback --loopback-ips \
+         127.0.52.1,127.0.52.2 -D 4",
+        run_dir.display(),
+        common::bin()
+    );
+    let argv = common::strings(&["unshare", "--net", "sh", "-c", &perf_cmd]);
+    let mut p = Proc::spawn("perf", &dir, &argv);
+    let t0 = Instant::now();
+    while sockets(&run_dir).len() < 2 {
+        assert!(p.try_wait().is_none(), "{}", p.output_so_far());
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{}",
+            p.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = stat(&run_dir, &["--json", "--interval", "0.2"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "listed from another netns: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = Command::new(common::bin())
+        .args(["devinfo", "-d", "lo"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .output()
+        .expect("devinfo");
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && !t.contains("in use by"), "{t}");
+    // From inside its namespace it is listed.
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{}/ns/net", p.pid()))
+        .args([common::bin(), "stat", "--json", "--interval", "0.2"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .output()
+        .expect("nsenter rocev2 stat");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["runtimes"].as_array().map(Vec::len), Some(2), "{v}");
+    let done = p.wait(Duration::from_secs(30));
+    assert!(done.status.success(), "{done}");
+}

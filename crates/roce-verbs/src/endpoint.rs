@@ -8,6 +8,8 @@
 //! [`run_dir`]: `$ROCEV2_RUN_DIR` if set, else `/run/rocev2` when it can be created (root), else
 //! `$XDG_RUNTIME_DIR/rocev2`, else `/tmp/rocev2-<uid>`; readers ([`endpoints`]) look in all of them. A socket left by
 //! a process that died without dropping its devices is found stale (its pid is gone) and removed by [`endpoints`].
+//! The run directory is shared by every network namespace of the host, so [`endpoints`] lists only the processes in
+//! the reader's own network namespace (as `rdma statistic` shows the devices of its namespace).
 //!
 //! Opt out per runtime with [`StatsEndpoint::Off`] in [`crate::RuntimeConfig::stats_endpoint`], or for a whole
 //! process with the environment variable `ROCEV2_STATS_ENDPOINT=0`.
@@ -116,9 +118,12 @@ pub struct EndpointPath {
     pub path: PathBuf,
 }
 
-/// Every endpoint socket of a live process in the run directories (all candidates, or `$ROCEV2_RUN_DIR`), sorted by
-/// pid. Sockets whose process is gone are removed (best effort).
+/// Every endpoint socket of a live process in the caller's network namespace in the run directories (all
+/// candidates, or `$ROCEV2_RUN_DIR`), sorted by pid. A process is in the caller's namespace when its
+/// `/proc/<pid>/ns/net` link reads the same as `/proc/self/ns/net`; processes whose link cannot be read (another
+/// user's, or no `/proc`) are left out. Sockets whose process is gone are removed (best effort).
 pub fn endpoints() -> Vec<EndpointPath> {
+    let own_netns = std::fs::read_link("/proc/self/ns/net").ok();
     let mut out = Vec::new();
     for dir in candidates() {
         let Ok(rd) = std::fs::read_dir(&dir) else {
@@ -139,7 +144,10 @@ pub fn endpoints() -> Vec<EndpointPath> {
                 continue;
             }
             if Path::new(&format!("/proc/{pid}")).exists() {
-                out.push(EndpointPath { pid, path });
+                let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+                if netns.is_some() && netns == own_netns {
+                    out.push(EndpointPath { pid, path });
+                }
             } else {
                 let _ = std::fs::remove_file(&path);
             }
