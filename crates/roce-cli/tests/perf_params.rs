@@ -64,6 +64,8 @@ fn values_perftest_refuses_are_refused_with_the_flag_named() {
         (&["send-lat", "--output", "bandwidth"], "can be: latency"),
         (&["write-bw", "-O"], "one port"),
         (&["write-bw", "--dualport"], "one port"),
+        (&["write-bw", "-R"], "no RDMA connection manager"),
+        (&["send-lat", "--rdma_cm"], "no RDMA connection manager"),
     ];
     for (args, want) in cases {
         let mut v = vec!["perf"];

@@ -211,6 +211,10 @@ pub struct PerfArgs {
     /// perf pair on a second address instead).
     #[arg(short = 'O', long)]
     pub dualport: bool,
+    /// perftest's -R/--rdma_cm (connect through the RDMA connection manager): refused (rocev2 has no rdma_cm; the two
+    /// ends exchange QP numbers, PSNs and keys over TCP, perftest's default out-of-band exchange).
+    #[arg(short = 'R', long = "rdma_cm", visible_alias = "rdma-cm")]
+    pub rdma_cm: bool,
     /// Number of QPs (bandwidth tests).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
@@ -678,6 +682,13 @@ impl Params {
             return Err(
                 "-O/--dualport: a rocev2 device has one port (one address and its UDP link); to load two, run a \
                  second perf pair on a second address"
+                    .into(),
+            );
+        }
+        if a.rdma_cm {
+            return Err(
+                "-R/--rdma_cm: rocev2 has no RDMA connection manager; the ends exchange their QP numbers, PSNs and keys \
+                 over TCP (perftest's default without -R): run without -R"
                     .into(),
             );
         }
