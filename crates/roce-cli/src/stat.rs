@@ -19,7 +19,8 @@
 //!
 //! Then one line per QP: type, state, PSNs (next, oldest unacknowledged, expected), queue depths, rate controller and
 //! its non-zero counters. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
-//! and timer state, rate controller, counters) for every device that has one; `--pid` narrows to one process.
+//! and timer state, rate controller, counters) for every device that has one, headed by the process and the
+//! device's port name; `--pid` narrows to one process.
 //! `--json` prints one object per sample; `-w SECS` repeats until interrupted.
 
 use std::io::IsTerminal as _;
@@ -289,9 +290,11 @@ fn counters_line(c: &Value, all: bool) -> String {
         .unwrap_or_default()
 }
 
-/// A device's name in the text report: its IPv4 address (from an IPv4-mapped GID) or its GID.
-fn device_name(gid: &str) -> &str {
-    gid.strip_prefix("::ffff:").unwrap_or(gid)
+/// A device's port in the text report, `rocev2_<address>/1`, named by its first GID: the IPv4 address of an
+/// IPv4-mapped GID, else the GID.
+fn link_name(d: &Value) -> String {
+    let gid = d["gids"][0].as_str().unwrap_or("?");
+    format!("rocev2_{}/1", gid.strip_prefix("::ffff:").unwrap_or(gid))
 }
 
 /// The text form of a report, in `rdma statistic`'s spirit: a `link` line per device, a `qp` line per QP.
@@ -318,7 +321,7 @@ fn text(r: &Value, all: bool) -> String {
             .unwrap_or_default()
         {
             let gid = d["gids"][0].as_str().unwrap_or("?");
-            let name = format!("rocev2_{}/1", device_name(gid));
+            let name = link_name(d);
             if let Some(e) = d["error"].as_str() {
                 let _ = writeln!(o, "link {name} pid {pid}: {e}");
                 continue;
@@ -412,6 +415,7 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
                         "pid": ep.pid,
                         "cmdline": v["cmdline"],
                         "index": d["index"],
+                        "device": link_name(d),
                         "qpn": qpn,
                         "dump": d["qp"]["dump"],
                         "error": d["error"],
@@ -436,7 +440,7 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
                 "pid {} ({}) device {} QP {qpn:#x}:",
                 f["pid"],
                 f["cmdline"].as_str().unwrap_or("?"),
-                f["index"]
+                f["device"].as_str().unwrap_or("?"),
             );
             match (f["dump"].as_str(), f["error"].as_str()) {
                 (Some(d), _) => {

@@ -156,15 +156,24 @@ fn stat_reads_a_running_perf() {
         assert!(t.contains(want), "`{want}` not in:\n{t}");
     }
 
-    // --qp: the engine's dump of QP 0x11, on both devices (each numbers from 0x11).
+    // --qp: the engine's dump of QP 0x11, on both devices (each numbers from 0x11, told apart by the device name),
+    // in verbs terms with PSNs in hex, no Rust debug text.
     let out = stat(&run_dir, &["--qp", "0x11", "--pid", &pid.to_string()]);
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{t}");
     assert_eq!(t.matches("QP 0x11:").count(), 2, "{t}");
-    assert!(
-        t.contains("state=Rts") && t.contains("requester: next_psn="),
-        "{t}"
-    );
+    for want in [
+        "device rocev2_127.0.48.1/1 QP 0x11:",
+        "device rocev2_127.0.48.2/1 QP 0x11:",
+        "RC state=RTS",
+        "requester: next_psn=0x",
+        "rate: line (fixed cnps=0)",
+    ] {
+        assert!(t.contains(want), "`{want}` not in:\n{t}");
+    }
+    for unwanted in ["Rts", "Rkey(", "FixedRate", "Some(", " {"] {
+        assert!(!t.contains(unwanted), "`{unwanted}` in:\n{t}");
+    }
     let out = stat(&run_dir, &["--qp", "0x999"]);
     assert_eq!(out.status.code(), Some(1));
 

@@ -43,7 +43,9 @@ pub struct RateMetrics {
 }
 
 /// Per-QP reaction-point hook. All inputs carry `now`; no method reads a clock. `Send` so the engine can move to
-/// its driver thread. See the [module docs](self) for when the engine calls what.
+/// its driver thread. See the [module docs](self) for when the engine calls what. The `Debug` form is the
+/// controller's state in the QP dump (`rocev2 stat --qp`): write it for operators, in the controller's own terms
+/// (as [`Dcqcn`]'s `dcqcn paper rc=... alpha=...`), not a derived Rust struct dump.
 pub trait RateController: fmt::Debug + Send {
     /// A data frame of `bytes` (whole frame) was released by the shaper at `now`.
     fn on_tx(&mut self, now: Instant, bytes: usize);
@@ -73,10 +75,17 @@ pub trait RateController: fmt::Debug + Send {
 
 /// A fixed-rate (or unlimited) controller: reports `rate_bps` if set, which the QP's shaper enforces; CNPs are
 /// counted by the engine and otherwise ignored (no DCQCN).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct FixedRate {
     rate_bps: Option<u64>,
     cnps: u64,
+}
+
+/// The QP dump's form: `fixed cnps=N` (the rate is printed beside it).
+impl fmt::Debug for FixedRate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fixed cnps={}", self.cnps)
+    }
 }
 
 impl FixedRate {

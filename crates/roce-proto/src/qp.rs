@@ -307,6 +307,26 @@ pub(crate) enum InMsg {
     },
 }
 
+/// The QP dump's words for the message in progress: `none`, `SEND placed N`, `RDMA WRITE rkey 0x.. va 0x.. len N
+/// placed N` (bytes).
+impl fmt::Display for InMsg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            InMsg::None => f.write_str("none"),
+            InMsg::Send { placed } => write!(f, "SEND placed {placed}"),
+            InMsg::Write {
+                rkey,
+                va,
+                len,
+                placed,
+            } => write!(
+                f,
+                "RDMA WRITE rkey {rkey} va {va:#x} len {len} placed {placed}"
+            ),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct RespCtx {
     pub(crate) epsn: Psn,
@@ -416,16 +436,17 @@ impl fmt::Debug for Qp {
     }
 }
 
-/// The QP dump (`rocev2 stats --qp`, test failure messages).
+/// The QP dump (`rocev2 stat --qp`, test failure messages), in verbs/IBTA terms: type and state as `ibv_qp_type`
+/// and `ibv_qp_state` name them, QPNs and PSNs in hex (as `rocev2 stat` and Wireshark print them).
 impl fmt::Display for Qp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = &self.req;
         writeln!(
             f,
-            "QP {} {:?} state={:?} dest_qp={} pmtu={} timeout={} retry_cnt={} rnr_retry={}",
+            "QP {} {} state={} dest_qp={} pmtu={} timeout={} retry_cnt={} rnr_retry={}",
             self.qpn,
-            self.qp_type,
-            self.state,
+            self.qp_type.name(),
+            self.state.name(),
             self.attr.dest_qp_num,
             self.pmtu(),
             self.attr.timeout,
@@ -434,11 +455,11 @@ impl fmt::Display for Qp {
         )?;
         writeln!(
             f,
-            "  requester: next_psn={} una_psn={} high_psn={} sq head/cur/tail={}/{}/{} (depth {}) cur_pkt={} \
-             rd_atomic_out={}/{} retry_left={} rnr_left={} rnr_wait={}",
-            r.next_psn,
-            r.una_psn,
-            r.high_psn,
+            "  requester: next_psn={:#x} una_psn={:#x} high_psn={:#x} sq head/cur/tail={}/{}/{} (depth {}) \
+             cur_pkt={} rd_atomic_out={}/{} retry_left={} rnr_left={} rnr_wait={}",
+            r.next_psn.value(),
+            r.una_psn.value(),
+            r.high_psn.value(),
             self.sq.head,
             self.sq.cur,
             self.sq.tail,
@@ -452,9 +473,9 @@ impl fmt::Display for Qp {
         )?;
         writeln!(
             f,
-            "  responder: epsn={} msn={} nak_sent={} msg={:?} rq {}/{} (depth {}) pending_out={} cnp_pending={} \
+            "  responder: epsn={:#x} msn={} nak_sent={} msg={} rq {}/{} (depth {}) pending_out={} cnp_pending={} \
              cnp_owed={}",
-            self.resp.epsn,
+            self.resp.epsn.value(),
             self.resp.msn,
             self.resp.nak_sent,
             self.resp.msg,
@@ -468,7 +489,7 @@ impl fmt::Display for Qp {
         write!(f, "  timers:")?;
         for k in TimerKind::ALL {
             if let Some(t) = self.timers.get(k) {
-                write!(f, " {k:?}@{t}")?;
+                write!(f, " {}@{t}", k.name())?;
             }
         }
         writeln!(f)?;

@@ -30,6 +30,17 @@ pub enum TimerKind {
 }
 
 impl TimerKind {
+    /// The timer's name in the QP dump: `ack_timeout`, `rnr_retry`, `shaper`, `rate_timer`, `cnp_pacing`.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            TimerKind::AckTimeout => "ack_timeout",
+            TimerKind::RnrRetry => "rnr_retry",
+            TimerKind::Shaper => "shaper",
+            TimerKind::RateTimer => "rate_timer",
+            TimerKind::CnpPacing => "cnp_pacing",
+        }
+    }
+
     /// Every kind, in discriminant order.
     pub(crate) const ALL: [TimerKind; TIMER_KINDS] = [
         TimerKind::AckTimeout,

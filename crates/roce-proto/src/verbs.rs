@@ -205,6 +205,17 @@ pub enum QpType {
     Ud,
 }
 
+impl QpType {
+    /// The transport's name as `rdma resource show qp` writes it: `RC`, `UC`, `UD`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QpType::Rc => "RC",
+            QpType::Uc => "UC",
+            QpType::Ud => "UD",
+        }
+    }
+}
+
 /// QP state (`ibv_qp_state`, `ROCEV2.md §4.6`); discriminants are the libibverbs values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
@@ -223,6 +234,22 @@ pub enum QpState {
     Sqe = 5,
     /// IBV_QPS_ERR: everything flushed.
     Err = 6,
+}
+
+impl QpState {
+    /// The state's name as `ibv_qp_state`'s and `rdma resource show qp` write it: `RESET`, `INIT`, `RTR`, `RTS`,
+    /// `SQD`, `SQE`, `ERR`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Sqd => "SQD",
+            QpState::Sqe => "SQE",
+            QpState::Err => "ERR",
+        }
+    }
 }
 
 impl QpState {

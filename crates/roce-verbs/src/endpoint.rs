@@ -26,7 +26,7 @@
 //!   "udp_sport", "rate_bps", "target_bps", "alpha", "limited", "shaped_bps", "counters": {...}}`. Counters are
 //!   cumulative; rates are for the reader to compute between two snapshots. The `runtime` object is the engine
 //!   thread's ([`crate::RuntimeStats`]), the same for every device on it.
-//! * `{"get": "qp", "qpn": N}` → the same envelope with `"devices": [{"index", "qp": {"qpn", "dump"}}]`, one entry
+//! * `{"get": "qp", "qpn": N}` → the same envelope with `"devices": [{"index", "gids", "qp": {"qpn", "dump"}}]`, one entry
 //!   per device that has QP N; `dump` is the engine's text dump (state, PSNs, queue depths, retry counters and
 //!   timers, rate controller, non-zero counters).
 //! * anything else → `{"proto": "rocev2-stats", "v": 1, "error": "..."}`.
@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
-use roce_proto::{Counters, QpState, QpType, Qpn};
+use roce_proto::{Counters, Qpn};
 use serde_json::{Map, Value, json};
 
 use crate::handles::{Context, CtxInner};
@@ -474,7 +474,11 @@ fn respond(req: &Value, devices: &[Context]) -> Result<Vec<Value>, String> {
             for c in devices {
                 match c.qp_dump(Qpn::new(qpn)) {
                     Ok(Some(dump)) => {
-                        v.push(json!({ "index": c.index(), "qp": { "qpn": qpn, "dump": dump } }));
+                        v.push(json!({
+                            "index": c.index(),
+                            "gids": gid_texts(c),
+                            "qp": { "qpn": qpn, "dump": dump },
+                        }));
                     }
                     Ok(None) => {}
                     Err(e) => v.push(json!({ "index": c.index(), "error": e.to_string() })),
@@ -497,24 +501,13 @@ fn counters_json(c: &Counters) -> Value {
     )
 }
 
-fn qp_type(t: QpType) -> &'static str {
-    match t {
-        QpType::Rc => "RC",
-        QpType::Uc => "UC",
-        QpType::Ud => "UD",
-    }
-}
-
-fn qp_state(s: QpState) -> &'static str {
-    match s {
-        QpState::Reset => "RESET",
-        QpState::Init => "INIT",
-        QpState::Rtr => "RTR",
-        QpState::Rts => "RTS",
-        QpState::Sqd => "SQD",
-        QpState::Sqe => "SQE",
-        QpState::Err => "ERR",
-    }
+/// The device's GIDs as IPv6 text (`::ffff:198.18.0.1`).
+fn gid_texts(c: &Context) -> Vec<String> {
+    c.config()
+        .gids
+        .iter()
+        .map(|g| std::net::Ipv6Addr::from(g.0).to_string())
+        .collect()
 }
 
 fn device_stats(c: &Context) -> Result<Value, String> {
@@ -526,7 +519,7 @@ fn device_stats(c: &Context) -> Result<Value, String> {
     let mac: Vec<String> = cfg.mac.iter().map(|b| format!("{b:02x}")).collect();
     Ok(json!({
         "index": c.index(),
-        "gids": cfg.gids.iter().map(|g| std::net::Ipv6Addr::from(g.0).to_string()).collect::<Vec<_>>(),
+        "gids": gid_texts(c),
         "mac": mac.join(":"),
         "max_qp": c.query_device().max_qp,
         "counters": counters_json(&counters),
@@ -550,8 +543,8 @@ fn device_stats(c: &Context) -> Result<Value, String> {
         },
         "qps": qps.iter().map(|q| json!({
             "qpn": q.qpn.value(),
-            "type": qp_type(q.info.qp_type),
-            "state": qp_state(q.info.state),
+            "type": q.info.qp_type.name(),
+            "state": q.info.state.name(),
             "next_psn": q.info.next_psn.value(),
             "una_psn": q.info.una_psn.value(),
             "epsn": q.info.epsn.value(),

@@ -109,12 +109,12 @@ fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
     assert_eq!(hits.len(), 2, "{v}");
     let dump = |i: usize| hits[i]["qp"]["dump"].as_str().expect("dump").to_owned();
     assert!(
-        dump(0).contains("state=Rts") && dump(0).contains("next_psn=21"),
+        dump(0).contains("state=RTS") && dump(0).contains("next_psn=0x15"),
         "{}",
         dump(0)
     );
     assert!(
-        dump(1).contains("epsn=21") && dump(1).contains("rdma_sends=20"),
+        dump(1).contains("epsn=0x15") && dump(1).contains("rdma_sends=20"),
         "{}",
         dump(1)
     );
