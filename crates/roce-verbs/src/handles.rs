@@ -4,7 +4,7 @@
 //! and CQs, an MR its PD, everything its context), so dropping in any order is safe (V1); the engine-side object is
 //! destroyed when the last handle goes. The progress thread stops when the last handle of its last device is dropped.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -487,6 +487,7 @@ impl Context {
                 ring: Mutex::new(cons),
                 armed,
                 arm_pending,
+                idle_since: AtomicU64::new(runner::NOT_IDLE),
             }),
         })
     }
@@ -789,6 +790,10 @@ struct CqInner {
     ring: Mutex<rtrb::Consumer<Wc>>,
     armed: Arc<AtomicBool>,
     arm_pending: Arc<AtomicBool>,
+    /// Caller mode: engine time (ns) since which polls of this CQ have found nothing and their passes did nothing
+    /// ([`runner::NOT_IDLE`] while completions or work come); decides when a poller gives its core away
+    /// ([`Shared::poll_idle`](runner::Shared::poll_idle)).
+    idle_since: AtomicU64,
 }
 
 impl std::fmt::Debug for CqInner {
@@ -822,18 +827,33 @@ impl Cq {
     /// `STYLE.md` V6). Reads the CQ ring first (no progress lock); in [`ProgressMode::Caller`] an empty ring makes
     /// this thread run a pass (receive, process, complete) and read again. Concurrent pollers of one CQ serialise
     /// on the ring's mutex.
+    ///
+    /// Caller mode: once polls of this CQ have found nothing (and their passes did nothing) for
+    /// [`RuntimeConfig::spin`], each further empty poll yields the core (`sched_yield`) before returning, so an
+    /// application spinning on `poll` lets the thread that must answer it run (the peer of a ping-pong on this host,
+    /// the lock holder it handed its pass to) instead of holding the core until the scheduler preempts it
+    /// (`runner` module docs, "Who runs it").
     pub fn poll(&self, out: &mut [Wc]) -> usize {
+        let sh = self.inner.ctx.shared();
         let n = self.take(out);
-        if n > 0 || self.inner.ctx.shared().mode() != ProgressMode::Caller {
+        if sh.mode() != ProgressMode::Caller {
             return n;
         }
-        let (_, handed_over) = self.inner.ctx.shared().progress_for(PassKind::Poll);
-        if handed_over {
-            // Another thread holds the progress lock (and runs the pass for us). If it was preempted on this core, a
-            // caller spinning on empty polls would only keep it off the CPU: yield once.
+        if n > 0 {
+            sh.poll_idle(&self.inner.idle_since, true);
+            return n;
+        }
+        let (work, handed_over) = sh.progress_for(PassKind::Poll);
+        // Handed over: another thread holds the progress lock (and runs the pass for us); if it was preempted on
+        // this core, spinning would only keep it off the CPU.
+        if sh.poll_idle(&self.inner.idle_since, work) || handed_over {
             std::thread::yield_now();
         }
-        self.take(out)
+        let n = self.take(out);
+        if n > 0 {
+            sh.poll_idle(&self.inner.idle_since, true);
+        }
+        n
     }
 
     /// Moves what the ring holds (at most `out.len()`) into `out`.

@@ -51,7 +51,11 @@
 //! * [`ProgressMode::Caller`] (default, run-to-completion): `post_send`/`post_recv` run a pass in the posting thread
 //!   (an idle QP's packets are built and sent before the call returns); [`crate::Cq::poll`] on an empty ring runs a
 //!   pass in the polling thread (receive, process, complete); [`crate::CompChannel::get_event`] drives passes while
-//!   it waits. For programs that stop calling (a pure RDMA WRITE target, a process blocked elsewhere) an
+//!   it waits. A poller whose polls have found nothing for [`RuntimeConfig::spin`] yields the core after each
+//!   further empty poll ([`Shared::poll_idle`], the progress thread's back-off): on a host with more runnable
+//!   threads than cores, the thread it waits for (the peer of a ping-pong on this host, a preempted holder of the
+//!   progress lock) then runs at once instead of after the scheduler preempts the spinning poller (a slice, ~1 ms
+//!   per message of a latency test). For programs that stop calling (a pure RDMA WRITE target, a process blocked elsewhere) an
 //!   **auto-progress** thread takes over after [`RuntimeConfig::auto_progress`] without any caller pass, and steps
 //!   back as soon as callers drive again. Its cost: one wake-up per `auto_progress` period while callers are busy
 //!   (1000/s at the 1 ms default), nothing on the data path; a passive target's first ACK may wait up to that period
@@ -211,6 +215,9 @@ pub struct RuntimeStats {
     /// Post passes that left transmitting to a later pass, to send their work in one I/O call with the posts that
     /// follow (doorbell batching, module docs).
     pub batched_posts: AtomicU64,
+    /// Caller mode: empty polls that yielded the core after polls of their CQ had found nothing for
+    /// [`RuntimeConfig::spin`] ([`crate::Cq::poll`]).
+    pub poll_yields: AtomicU64,
     /// Link errors (other than back-pressure) seen by passes.
     pub link_errors: AtomicU64,
     /// Times the doorbell queue was found full and a pass looked at every QP and CQ once instead (expected 0; see
@@ -239,6 +246,9 @@ pub(crate) enum PassKind {
 /// How long poll passes may leave transmitting to a later pass (an ACK waits at most this plus one application
 /// call: far below any RC ACK timeout, 4.096 µs · 2^timeout).
 pub(crate) const TX_DEFER_MAX: Duration = Duration::from_micros(50);
+
+/// [`CqInner`](crate::Cq)'s idle clock while polls find completions or work ([`Shared::poll_idle`]).
+pub(crate) const NOT_IDLE: u64 = u64::MAX;
 
 /// Doorbell entry kind bit: the entry names a CQ that was armed (else a QP with new ring entries).
 const DB_CQ_ARM: u64 = 1 << 63;
@@ -417,6 +427,31 @@ impl Shared {
             self.handoff.store(true, Ordering::SeqCst);
             self.unpark_thread();
         }
+    }
+
+    /// Caller mode, after a poll of a CQ whose idle clock is `idle_since` (engine ns, [`NOT_IDLE`]): `busy` = the
+    /// poll returned completions or its pass did something, which restarts the clock. Otherwise returns true if
+    /// the poller should yield the core: the CQ has been idle for [`RuntimeConfig::spin`] and no engine or link
+    /// deadline is due ([`idle_step`], the progress thread's back-off, whose sleep a poll turns into a yield: `poll`
+    /// never blocks). Counts the yields (`poll_yields`).
+    pub(crate) fn poll_idle(&self, idle_since: &AtomicU64, busy: bool) -> bool {
+        if busy {
+            if idle_since.load(Ordering::Relaxed) != NOT_IDLE {
+                idle_since.store(NOT_IDLE, Ordering::Relaxed);
+            }
+            return false;
+        }
+        let now = self.clock.now();
+        let since = idle_since.load(Ordering::Relaxed);
+        if since == NOT_IDLE {
+            idle_since.store(now.as_nanos(), Ordering::Relaxed);
+        }
+        let idle = now.saturating_duration_since(Instant::from_nanos(since.min(now.as_nanos())));
+        if matches!(idle_step(self, now, idle), Idle::Spin) {
+            return false;
+        }
+        self.stats.poll_yields.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// A control verb: takes the progress lock (blocking), runs `f` on device `dev`, then a pass.

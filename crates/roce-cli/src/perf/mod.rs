@@ -1152,7 +1152,7 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
             let ld =
                 |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
             text.push_str(&format!(
-                "runtime ({side}, {:?} progress): caller_passes {} thread_passes {} missed {} parks {} wakeups {} doorbells {} wqes {} batched_posts {} flushes {} tx_frames {} rx_bursts {} rx_frames {} link_errors {}\n",
+                "runtime ({side}, {:?} progress): caller_passes {} thread_passes {} missed {} parks {} wakeups {} doorbells {} wqes {} batched_posts {} flushes {} tx_frames {} rx_bursts {} rx_frames {} poll_yields {} link_errors {}\n",
                 ctx.progress_mode(),
                 ld(&r.caller_passes),
                 ld(&r.thread_passes),
@@ -1166,6 +1166,7 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
                 ld(&r.tx_frames),
                 ld(&r.rx_bursts),
                 ld(&r.rx_frames),
+                ld(&r.poll_yields),
                 ld(&r.link_errors)
             ));
             if let Some(l) = link {
