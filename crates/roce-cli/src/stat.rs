@@ -2,7 +2,8 @@
 //! processes through their stats endpoints (`roce_verbs::endpoint`), as `rdma statistic` shows an RNIC's (programs
 //! in other network namespaces are not shown: their devices are not this namespace's).
 //!
-//! For each process (pid, command line) and each of its devices: the non-zero port counters, and the three signals
+//! For each process (pid, process name as `comm`; the command line too in `--json`) and each of its devices:
+//! the non-zero port counters, and the three signals
 //! the send module's operators watch, over a sampling interval (two snapshots `--interval` apart, default 1 s; in
 //! watch mode between refreshes):
 //!
@@ -21,7 +22,8 @@
 //! its non-zero counters. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
 //! and timer state, rate controller, counters) for every device that has one, headed by the process and the
 //! device's port name; `--pid` narrows to one process.
-//! `--json` prints one object per sample; `-w SECS` repeats until interrupted.
+//! `--json` prints one object per sample (with its UTC `time`); `-w SECS` repeats until interrupted, each sample
+//! headed by a `--- <UTC time> every SECSs` line.
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -114,6 +116,14 @@ pub fn run(a: &StatArgs) -> ExitCode {
                 // Clear the screen and home the cursor, as `watch` does.
                 print!("\x1b[2J\x1b[H");
             }
+            if let Some(w) = watch {
+                // Each sample headed by when it was taken, as `watch` heads its screen.
+                println!(
+                    "--- {} every {}s",
+                    report["time"].as_str().unwrap_or("?"),
+                    w.as_secs_f64()
+                );
+            }
             print!("{}", text(&report, a.all));
         }
         prev = cur;
@@ -164,7 +174,8 @@ fn ratio(num: u64, den: u64) -> Option<f64> {
     (den > 0).then(|| num as f64 / den as f64)
 }
 
-/// The report of one sample: `{interval_s, runtimes: [{pid, endpoint, cmdline, devices: [DEVICE + signals]}]}`, one
+/// The report of one sample: `{time, interval_s, runtimes: [{pid, endpoint, comm, cmdline, devices: [DEVICE +
+/// signals]}]}` (`time`: when it was taken, UTC, ISO 8601; `comm`: the process name), one
 /// entry per endpoint (a process has one per runtime), every device with rates against the same device (endpoint,
 /// index) in `prev` over `dt` (none for a device that was not there).
 fn report(prev: &[Sample], cur: &[Sample], dt: Duration) -> Value {
@@ -186,6 +197,7 @@ fn report(prev: &[Sample], cur: &[Sample], dt: Duration) -> Value {
             match &s.answer {
                 Err(e) => p["error"] = json!(e),
                 Ok(a) => {
+                    p["comm"] = a["comm"].clone();
                     p["cmdline"] = a["cmdline"].clone();
                     let devs: Vec<Value> = a["devices"]
                         .as_array()
@@ -207,7 +219,36 @@ fn report(prev: &[Sample], cur: &[Sample], dt: Duration) -> Value {
             p
         })
         .collect();
-    json!({ "interval_s": secs, "runtimes": procs })
+    json!({ "time": utc_now(), "interval_s": secs, "runtimes": procs })
+}
+
+/// The wall-clock time now as UTC ISO 8601 with milliseconds, `2026-12-01T23:05:33.123Z`.
+fn utc_now() -> String {
+    utc(std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default())
+}
+
+/// `t` after the Unix epoch as UTC ISO 8601 with milliseconds.
+fn utc(t: Duration) -> String {
+    let (days, sod) = (t.as_secs() / 86_400, t.as_secs() % 86_400);
+    // Days since 1970-01-01 to a proleptic Gregorian date, over 400-year eras of 146,097 days (H. Hinnant's
+    // `civil_from_days`, shifted so a year starts on March 1st and leap days fall at its end).
+    let z = days + 719_468;
+    let (era, doe) = (z / 146_097, z % 146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = era * 400 + yoe + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        sod / 3600,
+        sod / 60 % 60,
+        sod % 60,
+        t.subsec_millis()
+    )
 }
 
 /// The operators' signals of device `d` since `before` (`secs` earlier): send-queue depth (total and per QP),
@@ -310,7 +351,7 @@ fn text(r: &Value, all: bool) -> String {
     }
     for p in procs {
         let pid = u(p, "pid");
-        let cmd = p["cmdline"].as_str().unwrap_or("?");
+        let cmd = p["comm"].as_str().unwrap_or("?");
         if let Some(e) = p["error"].as_str() {
             let _ = writeln!(o, "pid {pid}: no answer from {}: {e}", p["endpoint"]);
             continue;
@@ -413,6 +454,7 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
                 {
                     found.push(json!({
                         "pid": ep.pid,
+                        "comm": v["comm"],
                         "cmdline": v["cmdline"],
                         "index": d["index"],
                         "device": link_name(d),
@@ -439,7 +481,7 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
             println!(
                 "pid {} ({}) device {} QP {qpn:#x}:",
                 f["pid"],
-                f["cmdline"].as_str().unwrap_or("?"),
+                f["comm"].as_str().unwrap_or("?"),
                 f["device"].as_str().unwrap_or("?"),
             );
             match (f["dump"].as_str(), f["error"].as_str()) {
@@ -454,4 +496,24 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates_across_leap_days_and_centuries() {
+        let day = |d: u64, s: u64| utc(Duration::from_secs(d * 86_400 + s));
+        assert_eq!(day(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(day(59, 3_661), "1970-03-01T01:01:01.000Z");
+        assert_eq!(day(11_016, 86_399), "2000-02-29T23:59:59.000Z");
+        assert_eq!(day(19_782, 0), "2024-02-29T00:00:00.000Z");
+        assert_eq!(day(20_424, 0), "2025-12-02T00:00:00.000Z");
+        assert_eq!(day(47_541, 0), "2100-03-01T00:00:00.000Z");
+        assert_eq!(
+            utc(Duration::from_millis(1_500)),
+            "1970-01-01T00:00:01.500Z"
+        );
+    }
 }

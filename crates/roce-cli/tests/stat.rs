@@ -177,6 +177,39 @@ fn stat_reads_a_running_perf() {
     let out = stat(&run_dir, &["--qp", "0x999"]);
     assert_eq!(out.status.code(), Some(1));
 
+    // comm is the process name (as `rdma statistic`'s), the command line is in --json; watch mode heads each
+    // sample with its time.
+    let out = stat(&run_dir, &["--json", "--interval", "0.2"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["runtimes"][0]["comm"], "rocev2", "{v}");
+    let cmdline = v["runtimes"][0]["cmdline"].as_str().unwrap_or_default();
+    assert!(cmdline.contains("perf write-bw --loopback"), "{v}");
+    let mut w = Command::new(common::bin())
+        .args(["stat", "-w", "0.3"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("rocev2 stat -w");
+    std::thread::sleep(Duration::from_millis(1200));
+    w.kill().expect("kill stat -w");
+    let t = String::from_utf8_lossy(&w.wait_with_output().expect("stat -w").stdout).into_owned();
+    assert!(
+        t.contains(&format!(
+            "link rocev2_127.0.48.2/1 pid {pid} comm rocev2 gid"
+        )),
+        "{t}"
+    );
+    let stamps: Vec<&str> = t.lines().filter(|l| l.starts_with("--- ")).collect();
+    assert!(stamps.len() >= 2, "{t}");
+    // `--- 2026-12-01T23:05:33.123Z every 0.3s`
+    let today = v["time"].as_str().expect("time")[..10].to_owned();
+    assert!(
+        stamps
+            .iter()
+            .all(|l| l.starts_with(&format!("--- {today}T")) && l.ends_with("Z every 0.3s")),
+        "{t}"
+    );
+
     let done = p.wait(Duration::from_secs(30));
     assert!(done.status.success(), "{done}");
     // The endpoints went with the run.

@@ -18,7 +18,8 @@
 //!
 //! The client connects, writes one JSON object and a newline, and reads one JSON object (the server then closes):
 //!
-//! * `{"get": "stats"}` → `{"proto": "rocev2-stats", "v": 1, "pid", "cmdline", "devices": [DEVICE...]}` with
+//! * `{"get": "stats"}` → `{"proto": "rocev2-stats", "v": 1, "pid", "comm", "cmdline", "devices": [DEVICE...]}` (`comm`: the
+//!   process name, `/proc/<pid>/comm`; `cmdline`: the arguments joined by spaces) with
 //!   DEVICE = `{"index", "gids": [GID as IPv6 text, e.g. "::ffff:198.18.0.1"], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {progress,
 //!   caller_passes, thread_passes, missed, thread_missed, parks, wakeups, doorbells, wqes, flushes, tx_frames,
 //!   rx_bursts, rx_frames, batched_posts, link_errors, doorbell_overflows}, "qps": [QP...]}` and
@@ -454,8 +455,26 @@ fn envelope() -> Value {
         "proto": PROTO,
         "v": VERSION,
         "pid": std::process::id(),
+        "comm": comm(),
         "cmdline": std::env::args().collect::<Vec<_>>().join(" "),
     })
+}
+
+/// The process name as the kernel keeps it (`/proc/self/comm`, at most 15 bytes; what `ps`, `top` and `rdma
+/// statistic` show as comm); the file name of `argv[0]` if that cannot be read.
+fn comm() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|c| c.trim_end_matches('\n').to_owned())
+        .unwrap_or_else(|_| {
+            std::env::args()
+                .next()
+                .and_then(|a| {
+                    Path::new(&a)
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                })
+                .unwrap_or_default()
+        })
 }
 
 fn respond(req: &Value, devices: &[Context]) -> Result<Vec<Value>, String> {
