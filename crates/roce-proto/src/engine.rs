@@ -1814,6 +1814,16 @@ impl Engine {
             qp.counters.send_err += 1;
             self.stats.send_err += 1;
         }
+        // rxe `rdma_sends`: a SEND WQE retired by the completer (rxe_comp.c `do_complete`), flushes aside.
+        if status != WcStatus::WrFlushErr
+            && matches!(
+                w.op,
+                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
+            )
+        {
+            qp.counters.rdma_sends += 1;
+            self.stats.rdma_sends += 1;
+        }
         if w.signaled || status != WcStatus::Success {
             let byte_len = match w.op {
                 SendOp::RdmaRead { .. } => w.rcvd as u32,

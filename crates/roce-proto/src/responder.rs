@@ -510,8 +510,8 @@ impl Engine {
                         wc.wc_flags |= WcFlags::WITH_INV;
                     }
                     qp.resp.msg = InMsg::None;
-                    qp.counters.rdma_sends += 1;
-                    stats.rdma_sends += 1;
+                    qp.counters.rdma_recvs += 1;
+                    stats.rdma_recvs += 1;
                     let cq = qp.recv_cq;
                     self.retire_recv(i);
                     self.push_wc(cq, wc);
@@ -605,8 +605,6 @@ impl Engine {
                 }
                 if ends {
                     qp.resp.msg = InMsg::None;
-                    qp.counters.rdma_recvs += 1;
-                    stats.rdma_recvs += 1;
                     qp.counters.rx_write_requests += 1;
                     stats.rx_write_requests += 1;
                     if with_imm {
@@ -622,6 +620,8 @@ impl Engine {
                             wc_flags: WcFlags::WITH_IMM,
                             ..Wc::default()
                         };
+                        qp.counters.rdma_recvs += 1;
+                        stats.rdma_recvs += 1;
                         let cq = qp.recv_cq;
                         self.retire_recv(i);
                         self.push_wc(cq, wc);
@@ -704,8 +704,6 @@ impl Engine {
                     offset: 0,
                     first: true,
                 });
-                qp.counters.rdma_recvs += 1;
-                stats.rdma_recvs += 1;
                 qp.counters.rx_read_requests += 1;
                 stats.rx_read_requests += 1;
                 Exec::Done {
@@ -911,8 +909,8 @@ impl Engine {
             wc.imm_data = imm;
             wc.wc_flags |= WcFlags::WITH_IMM;
         }
-        qp.counters.rdma_sends += 1;
-        stats.rdma_sends += 1;
+        qp.counters.rdma_recvs += 1;
+        stats.rdma_recvs += 1;
         let cq = qp.recv_cq;
         self.retire_recv(i);
         self.push_wc(cq, wc);

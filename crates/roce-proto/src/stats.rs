@@ -61,9 +61,12 @@ counters! {
     send_err,
     /// Link-down events reported by the driver through `Engine::handle_link_change` (rxe `link_downed`).
     link_downed,
-    /// SEND messages received completely (rxe `rdma_sends` counts send requests; we count received SENDs).
+    /// Send WRs of a SEND opcode (SEND, SEND with immediate, SEND with invalidate) completed by the requester, with
+    /// success or an error but not flushed (rxe `rdma_sends`, counted in rxe_comp.c `do_complete`).
     rdma_sends,
-    /// RDMA READ/WRITE requests executed by the responder (rxe `rdma_recvs`).
+    /// Receive WRs completed successfully by the responder: a SEND message received whole, or an RDMA WRITE with
+    /// immediate (rxe `rdma_recvs`, counted in rxe_resp.c `do_complete`). Executed READ/WRITE requests are
+    /// `rx_read_requests` / `rx_write_requests`.
     rdma_recvs,
     /// Local ACK timer expirations (mlx5 `local_ack_timeout_err`), one per expiry that retransmits or gives up.
     local_ack_timeout_err,

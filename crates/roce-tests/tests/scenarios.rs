@@ -1423,7 +1423,7 @@ fn s11_counter_names() {
     }
     let ca = p.counters(0);
     let cb = p.counters(1);
-    assert_eq!(cb.rdma_sends, 20);
+    assert_eq!(cb.rdma_recvs, 20);
     assert!(ca.retransmitted_pkts > 0 && cb.duplicate_request + cb.out_of_seq_request > 0);
     let rx_b = p.nodes[1].link.inner().inner().stats().rx_frames;
     assert_eq!(

@@ -149,7 +149,7 @@ fn soak_100k_messages_under_faults() {
     assert_eq!(data_errors, 0);
     assert_eq!((sent_done, received), (MESSAGES, MESSAGES));
     assert_eq!(ca.retry_exceeded_err, 0);
-    assert_eq!(cb.rdma_sends, MESSAGES);
+    assert_eq!(cb.rdma_recvs, MESSAGES);
     assert!(
         fa.dropped > 0 && fa.corrupted > 0 && fa.duplicated > 0 && fa.reordered > 0,
         "faults were injected: {fa:?}"

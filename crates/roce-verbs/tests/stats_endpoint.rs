@@ -86,7 +86,7 @@ fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
     assert_eq!(da["index"], 0);
     assert_eq!(da["gids"][0], "::ffff:192.0.2.1");
     assert!(da["counters"]["sent_pkts"].as_u64() >= Some(20), "{da}");
-    assert_eq!(db["counters"]["rdma_sends"], 20, "{db}");
+    assert_eq!(db["counters"]["rdma_recvs"], 20, "{db}");
     // The runtime's doorbells and WQEs: 5 send chains of 4 + 20 single receives at least.
     let rt = &da["runtime"];
     assert!(rt["doorbells"].as_u64() >= Some(25), "{rt}");
@@ -114,7 +114,7 @@ fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
         dump(0)
     );
     assert!(
-        dump(1).contains("epsn=0x15") && dump(1).contains("rdma_sends=20"),
+        dump(1).contains("epsn=0x15") && dump(1).contains("rdma_recvs=20"),
         "{}",
         dump(1)
     );

@@ -630,7 +630,8 @@ fn s11_counters_by_name_and_qp_dump() {
         assert!(Counters::NAMES.contains(&name), "{name}");
     }
     assert_eq!(p.a.counters().get("sent_pkts"), Some(1));
-    assert_eq!(p.b.counters().get("rdma_sends"), Some(1));
+    assert_eq!(p.a.counters().get("rdma_sends"), Some(1));
+    assert_eq!(p.b.counters().get("rdma_recvs"), Some(1));
     assert_eq!(p.a.counters().get("no_such_counter"), None);
     assert_eq!(p.a.counters().iter().count(), Counters::NAMES.len());
     assert_eq!(p.a.qp_counters(a.qpn).unwrap().sent_pkts, 1);

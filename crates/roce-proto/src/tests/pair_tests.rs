@@ -58,7 +58,15 @@ fn rc_send_happy_path_multi_packet() {
     );
     assert_eq!(p.a.qp_info(a.qpn).unwrap().next_psn, Psn::new(106));
     assert_eq!(p.b.qp_info(b.qpn).unwrap().epsn, Psn::new(106));
-    assert_eq!(p.b.counters().rdma_sends, 1);
+    // rxe's meaning: the requester counts its completed SEND WR, the responder the receive WR it completed.
+    assert_eq!(
+        (p.a.counters().rdma_sends, p.a.counters().rdma_recvs),
+        (1, 0)
+    );
+    assert_eq!(
+        (p.b.counters().rdma_sends, p.b.counters().rdma_recvs),
+        (0, 1)
+    );
 }
 
 fn setup(o: &ConnOpts) -> (Pair, End, End, MrInfo, MrInfo) {
@@ -150,6 +158,8 @@ fn rc_write_read_and_imm() {
         ),
         (2, 1, 0)
     );
+    // Only the WRITE with immediate completed a receive WR (rxe `rdma_recvs`); no SEND WR was sent.
+    assert_eq!((c.rdma_recvs, p.a.counters().rdma_sends), (1, 0));
 }
 
 #[test]
