@@ -44,7 +44,8 @@ pub enum RateUnits {
 /// Scheduler flags (see the module docs).
 #[derive(Clone, Debug, Default, Args)]
 pub struct SchedArgs {
-    /// Rate limit of every QP of this side, in Gb/s on the wire (whole frames, Ethernet header to ICRC).
+    /// Rate limit of every QP of this side, in Gb/s on the wire (whole frames, Ethernet header to ICRC). Not the
+    /// same as perftest's --rate_limit (underscore), which limits the message payload rate in --rate_units.
     #[arg(long = "rate-limit", value_name = "GBPS")]
     pub rate_limit: Option<f64>,
     /// Token-bucket depth of every QP of this side in bytes (default 1.5 × BDP: 187,500 at 100 Gb/s × 10 µs; at least
@@ -57,7 +58,8 @@ pub struct SchedArgs {
     /// ETS weights of traffic classes 0, 1, ... (comma-separated; unnamed classes keep weight 1).
     #[arg(long = "tc-weights", value_name = "W0,W1,..", value_delimiter = ',')]
     pub tc_weights: Vec<u32>,
-    /// perftest: maximum message rate of every QP, in --rate_units (default Gb/s of payload).
+    /// perftest: maximum message rate of every QP, in --rate_units (default Gb/s of payload). Not the same as
+    /// --rate-limit (hyphen), which counts whole frames on the wire in Gb/s.
     #[arg(long = "rate_limit", value_name = "RATE")]
     pub pt_rate_limit: Option<f64>,
     /// perftest: units of --rate_limit: g (Gb/s), M (MiB/s), p (messages/s).
