@@ -107,15 +107,10 @@ fn run(ns: &NetnsPair, dir: &Path, port: u16, r: &Run) -> Outcome {
         dir,
         &NetnsPair::argv(&ns.a, &srv_args),
     );
-    let ip_a: Vec<u8> = ns
-        .ip_a
-        .split('.')
-        .map(|o| o.parse().expect("IPv4"))
-        .collect();
     common::wait_socket(
         &mut server,
         "tcp",
-        [ip_a[0], ip_a[1], ip_a[2], ip_a[3]],
+        ns.octets_a(),
         port,
         Duration::from_secs(20),
     );

@@ -34,11 +34,6 @@ fn skip() -> bool {
     false
 }
 
-fn octets(ip: &str) -> [u8; 4] {
-    let v: Vec<u8> = ip.split('.').map(|o| o.parse().expect("IPv4")).collect();
-    [v[0], v[1], v[2], v[3]]
-}
-
 /// Runs `perf write-bw` between A (server, `--json`) and B (client, `--json` if `client_json`), the client with
 /// `extra` flags and a capture; asserts both exit 0 and returns (client, server, capture path).
 fn perf(
@@ -61,7 +56,7 @@ fn perf(
     common::wait_socket(
         &mut server,
         "tcp",
-        octets(&ns.ip_a),
+        ns.octets_a(),
         port,
         Duration::from_secs(20),
     );
@@ -189,7 +184,7 @@ fn pingpong_caps_m_by_the_active_mtu() {
     common::wait_socket(
         &mut server,
         "tcp",
-        octets(&ns.ip_a),
+        ns.octets_a(),
         port,
         Duration::from_secs(20),
     );

@@ -36,15 +36,10 @@ fn sweep(ns: &NetnsPair, dir: &Path, port: u16, case: &SweepCase) {
         dir,
         &NetnsPair::argv(&ns.a, &srv),
     );
-    let ip_a: Vec<u8> = ns
-        .ip_a
-        .split('.')
-        .map(|o| o.parse().expect("IPv4"))
-        .collect();
     common::wait_socket(
         &mut server,
         "tcp",
-        [ip_a[0], ip_a[1], ip_a[2], ip_a[3]],
+        ns.octets_a(),
         port,
         Duration::from_secs(20),
     );

@@ -289,6 +289,14 @@ fn netns_script() -> PathBuf {
 }
 
 impl NetnsPair {
+    /// `ip_a` as octets, the form [`wait_socket`] takes.
+    pub fn octets_a(&self) -> [u8; 4] {
+        self.ip_a
+            .parse::<std::net::Ipv4Addr>()
+            .expect("IPv4")
+            .octets()
+    }
+
     /// Creates `rcetest<pid>-<tag>a` / `...b` with `ip_a`/`ip_b` (in 198.18.0.0/15) on links of `mtu` bytes.
     pub fn up(tag: &str, ip_a: &str, ip_b: &str, mtu: u32) -> NetnsPair {
         remove_stale();
@@ -386,6 +394,11 @@ pub fn sweep_cases() -> Vec<SweepCase> {
         }
     }
     v
+}
+
+/// The `--loopback-ips` value of loopback pair `n`: 127.0.n.1 (server) and 127.0.n.2 (client).
+pub fn loopback_ips(n: u8) -> String {
+    format!("127.0.{n}.1,127.0.{n}.2")
 }
 
 impl SweepCase {
