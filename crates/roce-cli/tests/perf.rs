@@ -12,15 +12,13 @@ use serde_json::Value;
 
 mod common;
 
+use common::loopback_ips as ips;
+
 fn rocev2(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rocev2"))
         .args(args)
         .output()
         .expect("run rocev2")
-}
-
-fn ips(n: u8) -> String {
-    format!("127.0.{n}.1,127.0.{n}.2")
 }
 
 /// Runs a loopback test and returns its JSON lines (asserting exit 0).

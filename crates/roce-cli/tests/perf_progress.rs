@@ -10,9 +10,15 @@ use serde_json::Value;
 
 mod common;
 
+use common::loopback_ips as ips;
+
 /// The sizes of `-a`: 2 B to 8 MiB.
 fn sweep() -> Vec<u64> {
-    (1..=23).map(|k| 1u64 << k).collect()
+    common::SweepCase {
+        test: "write-bw",
+        conn: "RC",
+    }
+    .sizes(u64::MAX)
 }
 
 /// Runs `rocev2 args` with stderr, and stdout unless `stdout_file` is given, on a pseudo-terminal; returns
@@ -82,10 +88,6 @@ fn masked(text: &str) -> Vec<String> {
                 .join(" ")
         })
         .collect()
-}
-
-fn ips(n: u8) -> String {
-    format!("127.0.{n}.1,127.0.{n}.2")
 }
 
 #[test]

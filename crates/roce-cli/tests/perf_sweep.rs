@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// Runs `case` with `-a` over loopback pair `127.0.<net>.1/.2` and checks every size (panics with the run's
 /// output on a failure).
 fn sweep_loopback(case: &SweepCase, net: u8) {
-    let ips = format!("127.0.{net}.1,127.0.{net}.2");
+    let ips = common::loopback_ips(net);
     let args = [
         "perf",
         case.test,
