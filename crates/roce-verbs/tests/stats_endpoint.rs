@@ -166,11 +166,11 @@ fn a_trickling_client_neither_starves_readers_nor_holds_up_teardown() {
     let (ca, cb) = Context::sim_pair(rt).expect("pair");
     let path = ca.stats_endpoint().expect("an endpoint");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let trickler = {
+    // A client that sends one byte every 300 ms, at most 30 (9 s) so that a failing run ends.
+    let trickle = || {
         let (path, stop) = (path.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
-            // At most 30 bytes (9 s), so that a failing run ends.
             for _ in 0..30 {
                 if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(b" ").is_err() {
                     break;
@@ -179,6 +179,7 @@ fn a_trickling_client_neither_starves_readers_nor_holds_up_teardown() {
             }
         })
     };
+    let trickler = trickle();
     std::thread::sleep(Duration::from_millis(200));
     // A well-behaved reader behind it is answered within a few request bounds (2 s each).
     let t0 = Instant::now();
@@ -189,19 +190,7 @@ fn a_trickling_client_neither_starves_readers_nor_holds_up_teardown() {
         t0.elapsed()
     );
     // Another trickler, then teardown: dropping the devices returns promptly.
-    let trickler2 = {
-        let (path, stop) = (path.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
-            // At most 30 bytes (9 s), so that a failing run ends.
-            for _ in 0..30 {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(b" ").is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(300));
-            }
-        })
-    };
+    let trickler2 = trickle();
     std::thread::sleep(Duration::from_millis(500));
     let t0 = Instant::now();
     drop((ca, cb));
