@@ -67,14 +67,15 @@ fn wait(mut child: Child, limit: Duration) -> Output {
 
 /// Accepts the client's connection on `l`, failing with the client's output if it exits first or does not connect
 /// within `limit` (a refused flag must fail the test, not block it in `accept`).
-fn accept_from(l: &TcpListener, client: &mut Child, test: &str, limit: Duration) -> TcpStream {
+fn accept_from(l: &TcpListener, client: Child, test: &str, limit: Duration) -> (TcpStream, Child) {
+    let mut client = client;
     l.set_nonblocking(true).expect("nonblocking listener");
     let t0 = Instant::now();
     loop {
         match l.accept() {
             Ok((c, _)) => {
                 c.set_nonblocking(false).expect("blocking stream");
-                return c;
+                return (c, client);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => panic!("{test}: accept: {e}"),
@@ -82,33 +83,16 @@ fn accept_from(l: &TcpListener, client: &mut Child, test: &str, limit: Duration)
         let exited = client.try_wait().expect("try_wait").is_some();
         if exited || t0.elapsed() > limit {
             let _ = client.kill();
-            let _ = client.wait();
-            let mut out = String::new();
-            for pipe in [
-                client.stdout.take().map(|mut p| {
-                    let mut b = String::new();
-                    let _ = p.read_to_string(&mut b);
-                    b
-                }),
-                client.stderr.take().map(|mut p| {
-                    let mut b = String::new();
-                    let _ = p.read_to_string(&mut b);
-                    b
-                }),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                out.push_str(&pipe);
-                out.push('\n');
-            }
+            let o = client.wait_with_output().expect("output");
             panic!(
-                "{test}: the client {} without reaching the relay:\n{out}",
+                "{test}: the client {} without reaching the relay:\n{}\n{}",
                 if exited {
                     "exited"
                 } else {
                     "did not connect within the limit"
-                }
+                },
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
             );
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -517,8 +501,7 @@ fn six_tests_rocev2_to_rocev2_through_a_checking_relay() {
         cargs.extend(extra.iter().map(|s| s.to_string()));
         // Let the server listen first.
         std::thread::sleep(Duration::from_millis(300));
-        let mut cli = spawn(&cargs);
-        let c = accept_from(&l, &mut cli, test, Duration::from_secs(30));
+        let (c, cli) = accept_from(&l, spawn(&cargs), test, Duration::from_secs(30));
         c.set_read_timeout(Some(Duration::from_secs(60)))
             .expect("timeout");
         let s = connect_from(ip(net, 2), SocketAddr::from((ip(net, 1), sport)));
