@@ -102,15 +102,18 @@ impl LatStats {
         }
         let n = self.n as f64;
         let avg = self.sum / n;
+        // A bucket's value is its highest equivalent value, which may lie past the largest sample; perftest's
+        // quantiles come from the sorted samples themselves, so they never leave [t_min, t_max].
+        let q = |p: f64| self.hist.value_at_quantile(p).clamp(self.min, self.max) as f64;
         let var = (self.sum_sq / n - avg * avg).max(0.0);
         [
             Self::us(self.min as f64),
             Self::us(self.max as f64),
-            Self::us(self.hist.value_at_quantile(0.5) as f64),
+            Self::us(q(0.5)),
             Self::us(avg),
             Self::us(var.sqrt()),
-            Self::us(self.hist.value_at_quantile(0.99) as f64),
-            Self::us(self.hist.value_at_quantile(0.999) as f64),
+            Self::us(q(0.99)),
+            Self::us(q(0.999)),
         ]
     }
 }
@@ -289,6 +292,23 @@ pub fn lat_json(test: &str, conn: &str, size: u64, s: &LatStats, verified: Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// perftest takes t_typical and the percentiles from the sorted samples, so they lie within [t_min, t_max];
+    /// hdrhistogram's bucket values are the bucket's highest equivalent value, which can exceed the largest sample.
+    #[test]
+    fn quantiles_lie_within_min_and_max() {
+        let mut l = LatStats::new();
+        for ns in [
+            34_050, 35_000, 36_000, 38_810, 39_000, 40_000, 41_000, 42_000, 43_000, 222_000,
+        ] {
+            l.record(ns);
+        }
+        let [min, max, typ, _, _, p99, p999] = l.summary();
+        for q in [typ, p99, p999] {
+            assert!((min..=max).contains(&q), "{q} outside [{min}, {max}]");
+        }
+        assert_eq!((p99, p999), (max, max));
+    }
 
     #[test]
     fn bw_units() {
