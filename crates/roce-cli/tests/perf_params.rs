@@ -279,3 +279,49 @@ fn perftest_spellings_are_accepted() {
     ]);
     assert_eq!(v[0]["verified"], true, "{}", v[0]);
 }
+
+#[test]
+fn default_inline_sizes_are_perftests() {
+    let _serial = common::serial();
+    // perftest_parameters.h DEF_INLINE_WRITE 220, DEF_INLINE_SEND_RC_UC 236, DEF_INLINE_SEND_UD 188; ctx_set_max_inline
+    // applies them to latency tests only (READ, atomics and bandwidth tests: 0). rocev2 used 220 for every latency test.
+    let cases: &[(&str, &str, &str)] = &[
+        ("send-lat", "RC", "236[B]"),
+        ("send-lat", "UC", "236[B]"),
+        ("send-lat", "UD", "188[B]"),
+        ("write-lat", "RC", "220[B]"),
+        ("write-lat", "UC", "220[B]"),
+        ("read-lat", "RC", "0[B]"),
+        ("atomic-lat", "RC", "0[B]"),
+        ("send-bw", "RC", "0[B]"),
+        ("write-bw", "RC", "0[B]"),
+    ];
+    let ips = common::loopback_ips(47);
+    for (test, conn, want) in cases {
+        // --perftest-compat (two processes, no banner) takes its inline size from the same parameters.
+        let args = [
+            "perf",
+            test,
+            "-c",
+            conn,
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "-n",
+            "10",
+            "-s",
+            "8",
+        ];
+        let out = rocev2(&args);
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{args:?}: {so}{se}");
+        assert_eq!(
+            banner_value(&so, "Max inline data"),
+            *want,
+            "{args:?}: {so}"
+        );
+    }
+}

@@ -227,7 +227,8 @@ pub struct PerfArgs {
     /// sides then use the smaller of their MTUs.
     #[arg(short = 'm', long)]
     pub mtu: Option<u32>,
-    /// Largest message sent inline (SEND and WRITE; default 0 for bandwidth, 220 for latency; at most 256).
+    /// Largest message sent inline (SEND and WRITE; at most 256). Default as perftest's: 220 for write-lat, 236 for
+    /// send-lat over RC/UC, 188 for send-lat over UD, 0 otherwise.
     #[arg(short = 'I', long = "inline_size", visible_alias = "inline-size")]
     pub inline_size: Option<u32>,
     /// CQ moderation: request a completion every N WRs (bandwidth; default 100, at most the TX depth). With
@@ -408,6 +409,18 @@ pub struct Params {
 const MAX_SIZE: u64 = 8 << 20;
 /// perftest's `-n` range (`MIN_ITER`, `MAX_ITER`).
 const MIN_ITERS: u64 = 5;
+
+/// The inline size without -I, bytes: perftest's defaults (perftest_parameters.h `DEF_INLINE_WRITE` 220,
+/// `DEF_INLINE_SEND_RC_UC` 236, `DEF_INLINE_SEND_UD` 188), which its `ctx_set_max_inline` applies to latency tests
+/// only; READ, atomic and bandwidth tests send nothing inline.
+fn default_inline(t: Test, conn: Conn) -> u32 {
+    match (t, conn) {
+        (Test::WriteLat, _) => 220,
+        (Test::SendLat, Conn::Ud) => 188,
+        (Test::SendLat, _) => 236,
+        _ => 0,
+    }
+}
 const MAX_ITERS: u64 = 1 << 32;
 /// perftest's `-t` range ends at 15000 (`MAX_TX`); the engine's queues hold 16384 WRs.
 const MAX_TX_DEPTH: u32 = 15000;
@@ -610,7 +623,7 @@ impl Params {
                 "-I: inline data is not available on READ and atomic tests, as in perftest".into(),
             );
         }
-        let inline = a.inline_size.unwrap_or(if t.is_bw() { 0 } else { 220 });
+        let inline = a.inline_size.unwrap_or_else(|| default_inline(t, a.conn));
         if inline > roce_verbs::MAX_INLINE as u32 {
             return Err(format!(
                 "-I {inline}: at most {} bytes inline",
