@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use roce_link::udp::{Interface, interfaces};
+use roce_link::udp::{Interface, device_name_of_interface, interfaces};
 use roce_proto::{DeviceAttr, Gid, Mtu};
 use roce_verbs::endpoint;
 use serde_json::{Value, json};
@@ -131,7 +131,7 @@ fn device(i: &Interface, verbose: bool) -> Value {
     let gids: Vec<String> = i.addrs.iter().map(|a| gid_text(gid_of(*a))).collect();
     let guid = guid_of_mac(&mac);
     let mut d = json!({
-        "hca_id": format!("rocev2_{}", i.name),
+        "hca_id": device_name_of_interface(&i.name),
         "netdev": i.name,
         "transport": "InfiniBand (0)",
         "fw_ver": env!("CARGO_PKG_VERSION"),
@@ -279,7 +279,7 @@ fn text(d: &Value) -> String {
 /// Whether interface `i` is what `-d` names: `rocev2_<name>`, `<name>`, or one of its addresses.
 fn matches(i: &Interface, want: &str) -> bool {
     want == i.name
-        || want.strip_prefix("rocev2_") == Some(i.name.as_str())
+        || want == device_name_of_interface(&i.name)
         || want
             .parse::<IpAddr>()
             .is_ok_and(|a| i.addrs.contains(&a) || (i.loopback && a.is_loopback()))

@@ -208,6 +208,7 @@ fn report(prev: &[Sample], cur: &[Sample], dt: Duration) -> Value {
                         .filter(|d| d.is_object())
                         .map(|d| {
                             let mut d = d.clone();
+                            d["name"] = json!(device_name(&d));
                             let before = find_prev(&s.ep.path, u(&d, "index"));
                             d["signals"] = signals(&d, before, secs);
                             d
@@ -331,11 +332,28 @@ fn counters_line(c: &Value, all: bool) -> String {
         .unwrap_or_default()
 }
 
-/// A device's port in the text report, `rocev2_<address>/1`, named by its first GID: the IPv4 address of an
-/// IPv4-mapped GID, else the GID.
-fn link_name(d: &Value) -> String {
+/// A device's name (`rocev2_lo`): the device of the interface its first GID's address is on
+/// ([`roce_link::udp::device_name`], the name `rocev2 devinfo` lists), looked up in this network namespace (the one
+/// whose programs `rocev2 stat` lists).
+fn device_name(d: &Value) -> String {
     let gid = d["gids"][0].as_str().unwrap_or("?");
-    format!("rocev2_{}/1", gid.strip_prefix("::ffff:").unwrap_or(gid))
+    match gid.parse::<std::net::Ipv6Addr>() {
+        Ok(v6) => roce_link::udp::device_name(
+            v6.to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+        ),
+        Err(_) => format!("rocev2_{gid}"),
+    }
+}
+
+/// A device's port 1 in the text report, `rocev2_lo/1`, as `rdma statistic` names a link (`rxe0/1`).
+fn link_name(d: &Value) -> String {
+    format!(
+        "{}/1",
+        d["name"]
+            .as_str()
+            .map_or_else(|| device_name(d), str::to_owned)
+    )
 }
 
 /// The text form of a report, in `rdma statistic`'s spirit: a `link` line per device, a `qp` line per QP.
@@ -457,7 +475,8 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
                         "comm": v["comm"],
                         "cmdline": v["cmdline"],
                         "index": d["index"],
-                        "device": link_name(d),
+                        "device": format!("{}/1", device_name(d)),
+                        "gid": d["gids"][0],
                         "qpn": qpn,
                         "dump": d["qp"]["dump"],
                         "error": d["error"],
@@ -479,10 +498,11 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
     } else {
         for f in &found {
             println!(
-                "pid {} ({}) device {} QP {qpn:#x}:",
+                "pid {} ({}) device {} gid {} QP {qpn:#x}:",
                 f["pid"],
                 f["comm"].as_str().unwrap_or("?"),
                 f["device"].as_str().unwrap_or("?"),
+                f["gid"].as_str().unwrap_or("?"),
             );
             match (f["dump"].as_str(), f["error"].as_str()) {
                 (Some(d), _) => {

@@ -145,10 +145,21 @@ fn stat_reads_a_running_perf() {
     let out = stat(&run_dir, &["--interval", "0.3"]);
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
+    // One device naming for stat, devinfo and perf's banner: `rocev2_<interface>` (127.0.48.x is on `lo`), the port
+    // `/1` as `rdma statistic` writes a link; the two ends in one process are told apart by pid and GID.
+    let devinfo = Command::new(common::bin())
+        .args(["devinfo", "--json", "-d", "127.0.48.1"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .output()
+        .expect("rocev2 devinfo");
+    let di: Value = serde_json::from_slice(&devinfo.stdout).expect("devinfo json");
+    assert_eq!(di[0]["hca_id"], "rocev2_lo", "{di}");
+    assert_eq!(client["name"], di[0]["hca_id"], "{client}");
+    assert_eq!(server["name"], di[0]["hca_id"], "{server}");
     for want in [
-        "link rocev2_127.0.48.2/1",
-        "link rocev2_127.0.48.1/1",
-        "qp link rocev2_127.0.48.2/1 lqpn 0x11 type RC state RTS",
+        &format!("link rocev2_lo/1 pid {pid} comm rocev2 gid ::ffff:127.0.48.2 "),
+        &format!("link rocev2_lo/1 pid {pid} comm rocev2 gid ::ffff:127.0.48.1 "),
+        "qp link rocev2_lo/1 lqpn 0x11 type RC state RTS",
         "wqes/doorbell 4.00",
         "per I/O call",
         "retrans 0.00 %",
@@ -156,15 +167,15 @@ fn stat_reads_a_running_perf() {
         assert!(t.contains(want), "`{want}` not in:\n{t}");
     }
 
-    // --qp: the engine's dump of QP 0x11, on both devices (each numbers from 0x11, told apart by the device name),
+    // --qp: the engine's dump of QP 0x11, on both devices (each numbers from 0x11, told apart by the GID),
     // in verbs terms with PSNs in hex, no Rust debug text.
     let out = stat(&run_dir, &["--qp", "0x11", "--pid", &pid.to_string()]);
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{t}");
     assert_eq!(t.matches("QP 0x11:").count(), 2, "{t}");
     for want in [
-        "device rocev2_127.0.48.1/1 QP 0x11:",
-        "device rocev2_127.0.48.2/1 QP 0x11:",
+        "device rocev2_lo/1 gid ::ffff:127.0.48.1 QP 0x11:",
+        "device rocev2_lo/1 gid ::ffff:127.0.48.2 QP 0x11:",
         "RC state=RTS",
         "requester: next_psn=0x",
         "rate: line (fixed cnps=0)",
@@ -195,7 +206,7 @@ fn stat_reads_a_running_perf() {
     let t = String::from_utf8_lossy(&w.wait_with_output().expect("stat -w").stdout).into_owned();
     assert!(
         t.contains(&format!(
-            "link rocev2_127.0.48.2/1 pid {pid} comm rocev2 gid"
+            "link rocev2_lo/1 pid {pid} comm rocev2 gid ::ffff:127.0.48.2"
         )),
         "{t}"
     );
@@ -250,7 +261,9 @@ fn stat_flags_a_high_retransmission_rate() {
     assert!(out.status.success(), "{t}");
     let link = t
         .lines()
-        .skip_while(|l| !l.starts_with("link rocev2_127.0.49.2/1"))
+        .skip_while(|l| {
+            !(l.starts_with("link rocev2_lo/1") && l.contains("gid ::ffff:127.0.49.2 "))
+        })
         .nth(1)
         .unwrap_or_else(|| panic!("no client device:\n{t}"));
     assert!(link.contains("(!) above 5 %"), "{link}\n{t}");

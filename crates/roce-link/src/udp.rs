@@ -655,6 +655,25 @@ pub fn interface_of(addr: IpAddr) -> io::Result<(u32, String)> {
     }
 }
 
+/// The name of the rocev2 device on interface `ifname`: `rocev2_<ifname>` (`rocev2_lo`, `rocev2_eth0`). A rocev2
+/// program opens a device by binding one of the interface's addresses, so there is one device per interface, as
+/// Linux rxe binds one RDMA device to one netdev; the name is unique in a network namespace because interface names
+/// are, stable while the interface keeps its name, and at most 22 bytes (IFNAMSIZ 16 - 1 + 7), well inside
+/// libibverbs' `IBV_SYSFS_NAME_MAX` (64). `rocev2 devinfo`, `rocev2 stat` and `rocev2 perf` use this name.
+pub fn device_name_of_interface(ifname: &str) -> String {
+    format!("rocev2_{ifname}")
+}
+
+/// The name of the rocev2 device that local address `addr` belongs to: [`device_name_of_interface`] of the
+/// interface owning it ([`interface_of`]; 127.0.0.2 belongs to `lo`), in the calling thread's network namespace.
+/// An address that no interface there has (a simulated link's, or another namespace's) gives `rocev2_<addr>`.
+pub fn device_name(addr: IpAddr) -> String {
+    match interface_of(addr) {
+        Ok((_, ifname)) => device_name_of_interface(&ifname),
+        Err(_) => format!("rocev2_{addr}"),
+    }
+}
+
 /// The [`RxMode::Packet`] socket: `AF_PACKET`/`SOCK_RAW`, opened with protocol 0 (receives nothing), filtered,
 /// then bound to the interface with the IP EtherType, so no unfiltered frame is ever queued.
 fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {

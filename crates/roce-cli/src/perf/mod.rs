@@ -888,12 +888,15 @@ pub struct Output {
     pub progress: Option<progress::Progress>,
 }
 
-/// The device name in banners: `rocev2` and its RoCE address (`rocev2 devinfo` lists the same).
+/// The device name in banners: the device of the local RoCE address's interface, as `rocev2 devinfo` and `rocev2
+/// stat` name it ([`roce_link::udp::device_name`], `rocev2_lo`), with the address.
 fn devinfo_name(ctx: &Context) -> String {
-    match ctx.gid(0).and_then(|g| g.as_ipv4()) {
-        Some(v4) => format!("rocev2 ({})", Ipv4Addr::from(v4)),
-        None => format!("rocev2 ({})", ctx.gid(0).unwrap_or_default()),
-    }
+    let gid = ctx.gid(0).unwrap_or_default();
+    let addr = match gid.as_ipv4() {
+        Some(v4) => IpAddr::V4(Ipv4Addr::from(v4)),
+        None => IpAddr::V6(std::net::Ipv6Addr::from(gid.0)),
+    };
+    format!("{} ({addr})", roce_link::udp::device_name(addr))
 }
 
 /// Faults of this side's link: `(transmitted frames, received frames)`.
