@@ -1,0 +1,158 @@
+//! A rocev2 device on a local address: its identity (name, node GUID, MAC, GID table, port MTU and state) and the
+//! engine and UDP link configuration to open it, in one place for every front end (`roce-ibverbs`, the
+//! `libibverbs.so.1` that `rocev2 run` puts in front of a program, reads it from the environment).
+//!
+//! `rocev2 run [--ip ADDR] [--rx socket|packet] -- PROGRAM` sets [`ENV_IP`] (and [`ENV_RX`]). The device is one
+//! port on the network interface that owns the address, named as `rocev2 devinfo` names it ([`device_name`]):
+//! `rocev2_<interface>`.
+
+use std::net::IpAddr;
+
+use crate::udp::{self, RxMode, UdpConfig};
+use roce_proto::{EngineConfig, Gid, Mtu};
+
+/// Environment variable with the local IP address of the device (IPv4 or IPv6).
+pub const ENV_IP: &str = "ROCEV2_IBV_IP";
+/// Environment variable with the receive path of the link: `socket` (default) or `packet` (`AF_PACKET`, needed to
+/// verify the ICRC of peers that number their IPv4 IDs, such as Linux rxe; needs `CAP_NET_RAW`).
+pub const ENV_RX: &str = "ROCEV2_IBV_RX";
+
+/// The name of the rocev2 device on network interface `interface` (`rocev2 devinfo`'s naming).
+pub fn device_name(interface: &str) -> String {
+    format!("rocev2_{interface}")
+}
+
+/// The MAC address rocev2 uses for `ip` (`02:00:` + the last four address bytes), as `rocev2 perf`/`pingpong` do.
+pub fn mac_of(ip: IpAddr) -> [u8; 6] {
+    let o = match ip {
+        IpAddr::V4(v) => v.octets(),
+        IpAddr::V6(v) => {
+            let x = v.octets();
+            [x[12], x[13], x[14], x[15]]
+        }
+    };
+    [0x02, 0x00, o[0], o[1], o[2], o[3]]
+}
+
+/// The GID of an address (IPv4-mapped for IPv4, `ROCEV2.md §1.4`).
+pub fn gid_of(ip: IpAddr) -> Gid {
+    match ip {
+        IpAddr::V4(v) => Gid::from_ipv4(v.octets()),
+        IpAddr::V6(v) => Gid(v.octets()),
+    }
+}
+
+/// What `ibv_get_device_list` reports about the one device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// Local address (UDP 4791 is bound on it when the device is first used for a verbs object).
+    pub ip: IpAddr,
+    /// Receive path of the link.
+    pub rx: RxMode,
+    /// Interface owning `ip`.
+    pub interface: String,
+    /// Its index.
+    pub ifindex: u32,
+    /// Its MTU in bytes (the netdev MTU; bounds the port MTU as rxe's does).
+    pub netdev_mtu: u32,
+    /// Carrier (IFF_RUNNING): port ACTIVE, else DOWN.
+    pub running: bool,
+}
+
+impl DeviceSpec {
+    /// The device configured by the environment, `Ok(None)` when [`ENV_IP`] is unset; errors name what is wrong.
+    pub fn from_env() -> Result<Option<DeviceSpec>, String> {
+        let Some(ip) = std::env::var_os(ENV_IP) else {
+            return Ok(None);
+        };
+        let ip = ip.to_string_lossy();
+        let ip: IpAddr = ip
+            .parse()
+            .map_err(|e| format!("{ENV_IP}={ip}: not an IP address: {e}"))?;
+        let rx = match std::env::var(ENV_RX).as_deref() {
+            Err(_) | Ok("socket") => RxMode::Socket,
+            Ok("packet") => RxMode::Packet,
+            Ok(other) => return Err(format!("{ENV_RX}={other}: expected socket or packet")),
+        };
+        DeviceSpec::for_ip(ip, rx).map(Some)
+    }
+
+    /// The device on `ip` (its interface looked up in this network namespace).
+    pub fn for_ip(ip: IpAddr, rx: RxMode) -> Result<DeviceSpec, String> {
+        let all = udp::interfaces().map_err(|e| format!("listing interfaces: {e}"))?;
+        let (ifindex, interface) = udp::interface_of(ip).map_err(|e| e.to_string())?;
+        let running = all.iter().any(|i| i.index == ifindex && i.running);
+        let netdev_mtu = std::fs::read_to_string(format!("/sys/class/net/{interface}/mtu"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1500);
+        Ok(DeviceSpec {
+            ip,
+            rx,
+            interface,
+            ifindex,
+            netdev_mtu,
+            running,
+        })
+    }
+
+    /// `rocev2_<interface>`.
+    pub fn name(&self) -> String {
+        device_name(&self.interface)
+    }
+
+    /// The GID table (one entry: the address).
+    pub fn gids(&self) -> Vec<Gid> {
+        vec![gid_of(self.ip)]
+    }
+
+    /// Node GUID: the EUI-64 of the MAC (U/L bit flipped), as rxe derives it from its netdev; big-endian bytes.
+    pub fn node_guid(&self) -> [u8; 8] {
+        let m = mac_of(self.ip);
+        [m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]
+    }
+
+    /// Active MTU: the largest IB MTU that fits the netdev MTU minus the RoCE headers (rxe's rule), capped at 4096.
+    pub fn active_mtu(&self) -> Mtu {
+        Mtu::from_netdev_mtu(self.netdev_mtu).unwrap_or(Mtu::Mtu256)
+    }
+
+    /// The engine configuration for this device, seeded with `seed`.
+    pub fn engine_config(&self, seed: u64) -> EngineConfig {
+        EngineConfig {
+            mac: mac_of(self.ip),
+            gids: self.gids(),
+            netdev_mtu: self.netdev_mtu,
+            seed,
+            ..EngineConfig::default()
+        }
+    }
+
+    /// The UDP link configuration (frames from any peer; the peer MAC written into rebuilt frames is not checked).
+    pub fn udp_config(&self) -> UdpConfig {
+        UdpConfig {
+            local_mac: mac_of(self.ip),
+            rx: self.rx,
+            ..UdpConfig::new(self.ip)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_device_is_named_after_its_interface_and_has_a_mapped_gid() {
+        let d = DeviceSpec::for_ip("127.0.0.1".parse().expect("ip"), RxMode::Socket).expect("lo");
+        assert_eq!(d.name(), format!("rocev2_{}", d.interface));
+        assert_eq!(d.gids()[0].to_string(), "::ffff:127.0.0.1");
+        assert_eq!(d.node_guid(), [0x00, 0x00, 127, 0xff, 0xfe, 0, 0, 1]);
+    }
+
+    #[test]
+    fn an_address_of_no_interface_is_an_error() {
+        let e = DeviceSpec::for_ip("198.51.100.77".parse().expect("ip"), RxMode::Socket);
+        assert!(e.is_err(), "{e:?}");
+    }
+}
