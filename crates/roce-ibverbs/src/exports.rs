@@ -1,0 +1,1799 @@
+//! The exported C functions and the objects behind the pointers they hand out. All `unsafe` of the crate is here:
+//! every pointer a program passes is one this library returned (or a caller-owned struct of the documented
+//! layout), as the libibverbs man pages require of callers.
+//!
+//! Each object is a `#[repr(C)]` block whose first member is the C struct the program sees (`IbvCq` …), followed
+//! by the Rust state; a program's pointer to the C struct is therefore also a pointer to the block.
+#![allow(non_camel_case_types, clippy::missing_safety_doc)]
+
+use core::ffi::{c_char, c_int, c_void};
+use core::ptr::{self, null_mut};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use roce_link::UdpLink;
+use roce_link::device::{DeviceSpec, mac_of};
+use roce_verbs::{
+    AccessFlags, AhAttr, CompChannel, Context, Gid, MAX_INLINE, MAX_SGE, Moderation, Mtu,
+    PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Rkey, RuntimeConfig, SendFlags,
+    SendLink, SendOp, SendWr, Sge, UdDest, Wc,
+};
+
+use crate::abi::*;
+
+// ---------------------------------------------------------------------------------------------------------------
+// errno helpers
+
+fn set_errno(e: c_int) {
+    // SAFETY: `__errno_location` returns the calling thread's errno slot, valid for the thread's life.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// NULL with `errno = e` (the pointer-returning verbs' error contract).
+fn null_errno<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    null_mut()
+}
+
+fn copy_cstr(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Objects
+
+/// A device of the list: `ibv_device` plus its configuration. Created once per process and never freed (the real
+/// library also keeps devices for the process's life once opened).
+#[repr(C)]
+struct DeviceBlock {
+    dev: IbvDevice,
+    spec: DeviceSpec,
+    index: c_int,
+}
+
+// SAFETY: the C part holds only NULL pointers and byte arrays, written once before the block is shared.
+unsafe impl Send for DeviceBlock {}
+// SAFETY: as above; the block is never written after creation.
+unsafe impl Sync for DeviceBlock {}
+
+/// The devices of this process, from the environment (`roce_link::device::ENV_IP`), built on first use.
+fn devices() -> &'static [DeviceBlock] {
+    static DEVICES: OnceLock<Vec<DeviceBlock>> = OnceLock::new();
+    DEVICES.get_or_init(|| match DeviceSpec::from_env() {
+        Ok(Some(spec)) => {
+            let mut dev = IbvDevice {
+                ops: [null_mut(); 2],
+                node_type: IBV_NODE_CA,
+                transport_type: IBV_TRANSPORT_IB,
+                name: [0; 64],
+                dev_name: [0; 64],
+                dev_path: [0; 256],
+                ibdev_path: [0; 256],
+            };
+            let name = spec.name();
+            copy_cstr(&mut dev.name, &name);
+            copy_cstr(&mut dev.dev_name, "uverbs-rocev2");
+            copy_cstr(
+                &mut dev.dev_path,
+                "/sys/class/infiniband_verbs/uverbs-rocev2",
+            );
+            copy_cstr(
+                &mut dev.ibdev_path,
+                &format!("/sys/class/infiniband/{name}"),
+            );
+            vec![DeviceBlock {
+                dev,
+                spec,
+                index: 0,
+            }]
+        }
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            eprintln!("rocev2 libibverbs: no device: {e}");
+            Vec::new()
+        }
+    })
+}
+
+/// An opened device. The runtime (engine + UDP link) starts with the first PD or CQ.
+#[repr(C)]
+struct CtxBlock {
+    ctx: IbvContext,
+    dev: &'static DeviceBlock,
+    rt: OnceLock<Result<Context, c_int>>,
+}
+
+impl CtxBlock {
+    fn runtime(&self) -> Result<&Context, c_int> {
+        self.rt
+            .get_or_init(|| {
+                let spec = &self.dev.spec;
+                let seed = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64)
+                    ^ (u64::from(std::process::id()) << 32);
+                let ucfg = spec.udp_config();
+                Context::open(
+                    spec.engine_config(seed),
+                    RuntimeConfig::default(),
+                    move || UdpLink::bind(ucfg).map(|l| Box::new(l) as SendLink),
+                )
+                .map_err(|e| {
+                    let mut msg = e.to_string();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        msg.push_str(": ");
+                        msg.push_str(&s.to_string());
+                        src = s.source();
+                    }
+                    eprintln!(
+                        "rocev2 libibverbs: opening {} on {} (UDP 4791): {msg}",
+                        spec.name(),
+                        spec.ip
+                    );
+                    e.errno()
+                })
+            })
+            .as_ref()
+            .map_err(|e| *e)
+    }
+}
+
+#[repr(C)]
+struct PdBlock {
+    pd: IbvPd,
+    rust: roce_verbs::Pd,
+}
+
+#[repr(C)]
+struct MrBlock {
+    mr: IbvMr,
+    rust: roce_verbs::Mr,
+}
+
+#[repr(C)]
+struct ChannelBlock {
+    ch: IbvCompChannel,
+    rust: Arc<CompChannel>,
+    /// `(CQ id, ibv_cq address)` of the CQs attached, to turn an event into the program's `ibv_cq *`.
+    cqs: Mutex<Vec<(u32, usize)>>,
+}
+
+#[repr(C)]
+struct CqBlock {
+    cq: IbvCq,
+    rust: roce_verbs::Cq,
+}
+
+#[repr(C)]
+struct QpBlock {
+    qp: IbvQp,
+    rust: roce_verbs::Qp,
+    sq_sig_all: bool,
+}
+
+#[repr(C)]
+struct AhBlock {
+    ah: IbvAh,
+    rust: roce_verbs::Ah,
+}
+
+/// The block behind a context pointer this library returned.
+///
+/// # Safety
+/// `ctx` is NULL or was returned by `ibv_open_device` and not yet closed.
+unsafe fn ctx_block<'a>(ctx: *mut IbvContext) -> Option<&'a CtxBlock> {
+    // SAFETY: per the contract, a non-NULL `ctx` is the first member of a live `CtxBlock`.
+    unsafe { ctx.cast::<CtxBlock>().as_ref() }
+}
+
+/// # Safety
+/// `obj` is NULL or a pointer to the first member of a live block of type `T` made by this library.
+unsafe fn block<'a, T, C>(obj: *mut C) -> Option<&'a T> {
+    // SAFETY: per the contract.
+    unsafe { obj.cast::<T>().as_ref() }
+}
+
+fn into_raw<T>(b: T) -> *mut T {
+    Box::into_raw(Box::new(b))
+}
+
+/// # Safety
+/// `p` came from [`into_raw`] with the same `T` and is not used afterwards.
+unsafe fn free<T, C>(p: *mut C) {
+    // SAFETY: per the contract.
+    drop(unsafe { Box::from_raw(p.cast::<T>()) });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Export table: `.symver rocev2_<name>, <name>@@<node>` for every symbol of ABI.md §2.1–§2.2.
+
+macro_rules! versioned {
+    ($($node:literal: [$($name:ident),* $(,)?])*) => {
+        std::arch::global_asm!(concat!(
+            $($(".symver rocev2_", stringify!($name), ", ", stringify!($name), "@@", $node, "\n",)*)*
+        ));
+    };
+}
+
+versioned! {
+    "IBVERBS_1.0": [ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_read_sysfs_file, ibv_get_sysfs_path,
+        ibv_copy_path_rec_from_kern, ibv_copy_qp_attr_from_kern]
+    "IBVERBS_1.1": [ibv_ack_cq_events, ibv_alloc_pd, ibv_attach_mcast, ibv_close_device, ibv_create_ah,
+        ibv_create_ah_from_wc, ibv_create_cq, ibv_create_qp, ibv_create_srq, ibv_dealloc_pd, ibv_dereg_mr,
+        ibv_destroy_ah, ibv_destroy_cq, ibv_destroy_qp, ibv_destroy_srq, ibv_detach_mcast, ibv_free_device_list,
+        ibv_get_cq_event, ibv_get_device_guid, ibv_get_device_list, ibv_get_device_name, ibv_modify_qp,
+        ibv_open_device, ibv_query_device, ibv_query_gid, ibv_query_pkey, ibv_query_port, ibv_query_qp, ibv_reg_mr,
+        ibv_wc_status_str, ibv_copy_ah_attr_from_kern, ibv_dofork_range, ibv_dontfork_range,
+        ibv_resolve_eth_l2_from_gid]
+    "IBVERBS_1.5": [ibv_get_pkey_index]
+    "IBVERBS_1.6": [ibv_qp_to_qp_ex]
+    "IBVERBS_1.8": [ibv_reg_mr_iova2]
+    "IBVERBS_1.9": [ibv_get_device_index]
+    "IBVERBS_1.10": [ibv_query_ece, ibv_set_ece]
+    "IBVERBS_1.11": [_ibv_query_gid_ex]
+    "IBVERBS_PRIVATE_34": [ibv_query_gid_type, verbs_allow_disassociate_destroy, verbs_register_driver_34,
+        __verbs_log, _verbs_init_and_alloc_context, verbs_open_device, verbs_init_cq, verbs_set_ops,
+        verbs_uninit_context, execute_ioctl, ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw,
+        ibv_cmd_alloc_pd, ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,
+        ibv_cmd_create_cq_ex, ibv_cmd_create_flow, ibv_cmd_create_flow_action_esp, ibv_cmd_create_qp_ex,
+        ibv_cmd_create_qp_ex2, ibv_cmd_create_rwq_ind_table, ibv_cmd_create_srq, ibv_cmd_create_srq_ex,
+        ibv_cmd_create_wq, ibv_cmd_dealloc_mw, ibv_cmd_dealloc_pd, ibv_cmd_dereg_mr, ibv_cmd_destroy_ah,
+        ibv_cmd_destroy_counters, ibv_cmd_destroy_cq, ibv_cmd_destroy_flow, ibv_cmd_destroy_flow_action,
+        ibv_cmd_destroy_qp, ibv_cmd_destroy_rwq_ind_table, ibv_cmd_destroy_srq, ibv_cmd_destroy_wq,
+        ibv_cmd_detach_mcast, ibv_cmd_free_dm, ibv_cmd_get_context, ibv_cmd_modify_cq,
+        ibv_cmd_modify_flow_action_esp, ibv_cmd_modify_qp, ibv_cmd_modify_qp_ex, ibv_cmd_modify_srq,
+        ibv_cmd_modify_wq, ibv_cmd_open_qp, ibv_cmd_open_xrcd, ibv_cmd_query_context, ibv_cmd_query_device_any,
+        ibv_cmd_query_mr, ibv_cmd_query_port, ibv_cmd_query_qp, ibv_cmd_query_srq, ibv_cmd_read_counters,
+        ibv_cmd_reg_dm_mr, ibv_cmd_reg_dmabuf_mr, ibv_cmd_reg_mr, ibv_cmd_rereg_mr, ibv_cmd_resize_cq]
+}
+
+/// Entry points that exist only so the loader can bind them (BIND_NOW, ABI.md §1.2) and fail cleanly when called:
+/// the provider-facing `ibv_cmd_*` calls and `execute_ioctl` return `EOPNOTSUPP` (their callers, rdma-core
+/// providers, treat a non-zero return as the errno).
+macro_rules! unsupported_int {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $name() -> c_int {
+                libc::EOPNOTSUPP
+            }
+        )*
+    };
+}
+
+unsupported_int!(
+    rocev2_execute_ioctl,
+    rocev2_ibv_cmd_advise_mr,
+    rocev2_ibv_cmd_alloc_dm,
+    rocev2_ibv_cmd_alloc_mw,
+    rocev2_ibv_cmd_alloc_pd,
+    rocev2_ibv_cmd_attach_mcast,
+    rocev2_ibv_cmd_close_xrcd,
+    rocev2_ibv_cmd_create_ah,
+    rocev2_ibv_cmd_create_counters,
+    rocev2_ibv_cmd_create_cq_ex,
+    rocev2_ibv_cmd_create_flow,
+    rocev2_ibv_cmd_create_flow_action_esp,
+    rocev2_ibv_cmd_create_qp_ex,
+    rocev2_ibv_cmd_create_qp_ex2,
+    rocev2_ibv_cmd_create_rwq_ind_table,
+    rocev2_ibv_cmd_create_srq,
+    rocev2_ibv_cmd_create_srq_ex,
+    rocev2_ibv_cmd_create_wq,
+    rocev2_ibv_cmd_dealloc_mw,
+    rocev2_ibv_cmd_dealloc_pd,
+    rocev2_ibv_cmd_dereg_mr,
+    rocev2_ibv_cmd_destroy_ah,
+    rocev2_ibv_cmd_destroy_counters,
+    rocev2_ibv_cmd_destroy_cq,
+    rocev2_ibv_cmd_destroy_flow,
+    rocev2_ibv_cmd_destroy_flow_action,
+    rocev2_ibv_cmd_destroy_qp,
+    rocev2_ibv_cmd_destroy_rwq_ind_table,
+    rocev2_ibv_cmd_destroy_srq,
+    rocev2_ibv_cmd_destroy_wq,
+    rocev2_ibv_cmd_detach_mcast,
+    rocev2_ibv_cmd_free_dm,
+    rocev2_ibv_cmd_get_context,
+    rocev2_ibv_cmd_modify_cq,
+    rocev2_ibv_cmd_modify_flow_action_esp,
+    rocev2_ibv_cmd_modify_qp,
+    rocev2_ibv_cmd_modify_qp_ex,
+    rocev2_ibv_cmd_modify_srq,
+    rocev2_ibv_cmd_modify_wq,
+    rocev2_ibv_cmd_open_qp,
+    rocev2_ibv_cmd_open_xrcd,
+    rocev2_ibv_cmd_query_context,
+    rocev2_ibv_cmd_query_device_any,
+    rocev2_ibv_cmd_query_mr,
+    rocev2_ibv_cmd_query_port,
+    rocev2_ibv_cmd_query_qp,
+    rocev2_ibv_cmd_query_srq,
+    rocev2_ibv_cmd_read_counters,
+    rocev2_ibv_cmd_reg_dm_mr,
+    rocev2_ibv_cmd_reg_dmabuf_mr,
+    rocev2_ibv_cmd_reg_mr,
+    rocev2_ibv_cmd_rereg_mr,
+    rocev2_ibv_cmd_resize_cq,
+    rocev2_verbs_init_cq,
+    // `ibv_attach_mcast` / `ibv_detach_mcast` / `ibv_query_ece` / `ibv_set_ece` / `ibv_resolve_eth_l2_from_gid`
+    // return 0 or an errno value.
+    rocev2_ibv_attach_mcast,
+    rocev2_ibv_detach_mcast,
+    rocev2_ibv_query_ece,
+    rocev2_ibv_set_ece,
+    rocev2_ibv_resolve_eth_l2_from_gid,
+    // Destroying an SRQ this library never creates.
+    rocev2_ibv_destroy_srq,
+);
+
+/// Pointer-returning entry points that are not supported: NULL with `errno = EOPNOTSUPP`.
+macro_rules! unsupported_ptr {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $name() -> *mut c_void {
+                null_errno(libc::EOPNOTSUPP)
+            }
+        )*
+    };
+}
+
+unsupported_ptr!(
+    rocev2__verbs_init_and_alloc_context,
+    rocev2_verbs_open_device,
+    rocev2_ibv_create_srq,
+    rocev2_ibv_create_ah_from_wc,
+    rocev2_ibv_qp_to_qp_ex,
+);
+
+/// `verbs_allow_disassociate_destroy` (a 1-byte data object read by libmlx5).
+#[unsafe(no_mangle)]
+pub static mut rocev2_verbs_allow_disassociate_destroy: bool = false;
+
+/// Provider registration (the constructors of libmlx5/libefa call it before `main`): accepted and ignored, no
+/// provider is ever used.
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_verbs_register_driver_34(_ops: *const c_void) {}
+
+/// `__verbs_log` (variadic in C; the extra arguments are ignored): providers' debug log, never reached.
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2___verbs_log(_ctx: *mut c_void, _level: u32, _fmt: *const c_char) {}
+
+/// `verbs_set_ops` / `verbs_uninit_context`: provider context set-up and tear-down, never reached (no provider
+/// context is ever made); nothing to do.
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_verbs_set_ops(_vctx: *mut c_void, _ops: *const c_void) {}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_verbs_uninit_context(_vctx: *mut c_void) {}
+
+/// The `ibv_copy_*_from_kern` helpers convert kernel rdma_cm structures for librdmacm, which cannot reach them
+/// without the kernel's rdma_cm device (ABI.md §5.2). They return nothing, so a call is reported on stderr and the
+/// destination is left untouched.
+fn from_kern_unsupported(what: &str) {
+    eprintln!("rocev2 libibverbs: {what} is not supported (it needs the kernel rdma_cm)");
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_ibv_copy_path_rec_from_kern(_dst: *mut c_void, _src: *const c_void) {
+    from_kern_unsupported("ibv_copy_path_rec_from_kern");
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_ibv_copy_qp_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {
+    from_kern_unsupported("ibv_copy_qp_attr_from_kern");
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_ibv_copy_ah_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {
+    from_kern_unsupported("ibv_copy_ah_attr_from_kern");
+}
+
+/// `ibv_dontfork_range` / `ibv_dofork_range`: the engine copies through the process's own mappings (no DMA, no
+/// pinning), so a child after `fork` cannot corrupt a registration: nothing to do, success.
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// sysfs helpers
+
+/// `ibv_get_sysfs_path`: `$SYSFS_PATH` or `/sys`.
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_ibv_get_sysfs_path() -> *const c_char {
+    static PATH: OnceLock<std::ffi::CString> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = std::env::var("SYSFS_PATH").unwrap_or_else(|_| "/sys".into());
+        std::ffi::CString::new(p.trim_end_matches('/')).unwrap_or_else(|_| c"/sys".to_owned())
+    })
+    .as_ptr()
+}
+
+/// `ibv_read_sysfs_file(dir, file, buf, size)`: the file's first `size - 1` bytes without the trailing newline,
+/// NUL-terminated; the length, or -1 when it cannot be read (our devices have no sysfs directory, so
+/// `ibv_devinfo`'s `board_id` line is skipped).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
+    if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+        return -1;
+    }
+    // SAFETY: the caller passes NUL-terminated strings.
+    let (d, f) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(dir),
+            std::ffi::CStr::from_ptr(file),
+        )
+    };
+    let path = format!("{}/{}", d.to_string_lossy(), f.to_string_lossy());
+    let Ok(mut bytes) = std::fs::read(path) else {
+        return -1;
+    };
+    bytes.truncate(size - 1);
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+    }
+    // SAFETY: `buf` has room for `size` bytes (the caller's contract); we write at most `size - 1` + NUL.
+    unsafe {
+        ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), bytes.len());
+        *buf.add(bytes.len()) = 0;
+    }
+    bytes.len() as c_int
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Devices and contexts
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_get_device_list(num: *mut c_int) -> *mut *mut IbvDevice {
+    let devs = devices();
+    let mut v: Vec<*mut IbvDevice> = devs
+        .iter()
+        .map(|d| ptr::from_ref(&d.dev).cast_mut())
+        .collect();
+    if !num.is_null() {
+        // SAFETY: the caller's out-parameter.
+        unsafe { *num = v.len() as c_int };
+    }
+    v.push(null_mut());
+    Box::into_raw(v.into_boxed_slice()).cast::<*mut IbvDevice>()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_free_device_list(list: *mut *mut IbvDevice) {
+    if list.is_null() {
+        return;
+    }
+    let mut n = 0;
+    // SAFETY: `list` came from `ibv_get_device_list`: NULL-terminated.
+    while unsafe { !(*list.add(n)).is_null() } {
+        n += 1;
+    }
+    // SAFETY: it was a boxed slice of `n + 1` pointers.
+    drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, n + 1)) });
+}
+
+/// # Safety
+/// `dev` is NULL or one of the devices of `ibv_get_device_list`.
+unsafe fn dev_block<'a>(dev: *mut IbvDevice) -> Option<&'a DeviceBlock> {
+    // SAFETY: our devices are `DeviceBlock`s that live for the process.
+    unsafe { dev.cast::<DeviceBlock>().as_ref() }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_get_device_name(dev: *mut IbvDevice) -> *const c_char {
+    // SAFETY: the caller passes a listed device.
+    match unsafe { dev_block(dev) } {
+        Some(d) => d.dev.name.as_ptr(),
+        None => null_errno(libc::EINVAL),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_get_device_guid(dev: *mut IbvDevice) -> u64 {
+    // SAFETY: the caller passes a listed device.
+    match unsafe { dev_block(dev) } {
+        // `__be64`: the GUID's bytes in memory order.
+        Some(d) => u64::from_ne_bytes(d.spec.node_guid()),
+        None => 0,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_get_device_index(dev: *mut IbvDevice) -> c_int {
+    // SAFETY: the caller passes a listed device.
+    unsafe { dev_block(dev) }.map_or(-1, |d| d.index)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut IbvContext {
+    // SAFETY: the caller passes a listed device.
+    let Some(d) = (unsafe { dev_block(dev) }) else {
+        return null_errno(libc::EINVAL);
+    };
+    // `cmd_fd` / `async_fd`: real descriptors (closed with the context), never readable (no async events).
+    // SAFETY: plain system calls.
+    let (cmd_fd, async_fd) = unsafe {
+        (
+            libc::eventfd(0, libc::EFD_CLOEXEC),
+            libc::eventfd(0, libc::EFD_CLOEXEC),
+        )
+    };
+    let b = into_raw(CtxBlock {
+        ctx: IbvContext {
+            device: dev,
+            ops: IbvContextOps {
+                compat_before_poll: [None; 11],
+                poll_cq,
+                req_notify_cq,
+                compat_cq_to_srq: [None; 7],
+                post_srq_recv,
+                compat_qp: [None; 4],
+                post_send,
+                post_recv,
+                compat_tail: [None; 5],
+            },
+            cmd_fd,
+            async_fd,
+            num_comp_vectors: 1,
+            mutex: [0; 5],
+            abi_compat: null_mut(),
+        },
+        dev: d,
+        rt: OnceLock::new(),
+    });
+    b.cast::<IbvContext>()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return -1;
+    };
+    // SAFETY: our descriptors.
+    unsafe {
+        libc::close(c.ctx.cmd_fd);
+        libc::close(c.ctx.async_fd);
+    }
+    // SAFETY: the context is not used after close (caller's contract).
+    unsafe { free::<CtxBlock, _>(ctx) };
+    0
+}
+
+fn be64(b: [u8; 8]) -> u64 {
+    u64::from_ne_bytes(b)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_query_device(
+    ctx: *mut IbvContext,
+    attr: *mut IbvDeviceAttr,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    let a = c.dev.spec.engine_config(0).device;
+    let i = |v: u32| v.min(i32::MAX as u32) as c_int;
+    let mut fw = [0 as c_char; 64];
+    copy_cstr(&mut fw, env!("CARGO_PKG_VERSION"));
+    let guid = be64(c.dev.spec.node_guid());
+    let out = IbvDeviceAttr {
+        fw_ver: fw,
+        node_guid: guid,
+        sys_image_guid: guid,
+        max_mr_size: a.max_mr_size,
+        page_size_cap: 0xffff_f000,
+        // rxe's vendor id (0xFFFFFF) and part 0: not a Mellanox/EFA id, so perftest uses the ops.post_send path
+        // (ABI.md §6.3).
+        vendor_id: 0x00ff_ffff,
+        vendor_part_id: 0,
+        hw_ver: 0,
+        max_qp: i(a.max_qp),
+        max_qp_wr: i(a.max_qp_wr),
+        device_cap_flags: 0,
+        max_sge: i(a.max_sge.min(MAX_SGE as u32)),
+        max_sge_rd: i(a.max_sge.min(MAX_SGE as u32)),
+        max_cq: i(a.max_cq),
+        max_cqe: i(a.max_cqe),
+        max_mr: i(a.max_mr),
+        max_pd: i(a.max_pd),
+        max_qp_rd_atom: i(a.max_qp_rd_atom),
+        max_ee_rd_atom: 0,
+        max_res_rd_atom: i(a.max_qp_rd_atom.saturating_mul(a.max_qp)),
+        max_qp_init_rd_atom: i(a.max_qp_init_rd_atom),
+        max_ee_init_rd_atom: 0,
+        atomic_cap: IBV_ATOMIC_HCA,
+        max_ee: 0,
+        max_rdd: 0,
+        max_mw: 0,
+        max_raw_ipv6_qp: 0,
+        max_raw_ethy_qp: 0,
+        max_mcast_grp: 0,
+        max_mcast_qp_attach: 0,
+        max_total_mcast_qp_attach: 0,
+        max_ah: i(a.max_ah),
+        max_fmr: 0,
+        max_map_per_fmr: 0,
+        max_srq: 0,
+        max_srq_wr: 0,
+        max_srq_sge: 0,
+        max_pkeys: 1,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: 1,
+    };
+    // SAFETY: the caller's out-parameter of this type.
+    unsafe { attr.write(out) };
+    0
+}
+
+/// `ibv_query_port` (exported path: writes the 48-byte compat layout, ABI.md §3.2, §7 item 5).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_query_port(
+    ctx: *mut IbvContext,
+    port: u8,
+    attr: *mut IbvPortAttr,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return libc::EINVAL;
+    };
+    if port != 1 || attr.is_null() {
+        return libc::EINVAL;
+    }
+    let s = &c.dev.spec;
+    let out = IbvPortAttr {
+        state: if s.running {
+            IBV_PORT_ACTIVE
+        } else {
+            IBV_PORT_DOWN
+        },
+        max_mtu: Mtu::Mtu4096 as c_int,
+        active_mtu: s.active_mtu() as c_int,
+        gid_tbl_len: s.gids().len() as c_int,
+        port_cap_flags: 0,
+        max_msg_sz: s.engine_config(0).device.max_msg_sz,
+        bad_pkey_cntr: 0,
+        qkey_viol_cntr: 0,
+        pkey_tbl_len: 1,
+        lid: 0,
+        sm_lid: 0,
+        lmc: 0,
+        max_vl_num: 1,
+        sm_sl: 0,
+        subnet_timeout: 0,
+        init_type_reply: 0,
+        // 1X at 2.5 Gb/s: no claim about the speed of a software link.
+        active_width: 1,
+        active_speed: 1,
+        // LinkUp (5) / Disabled (3).
+        phys_state: if s.running { 5 } else { 3 },
+        link_layer: IBV_LINK_LAYER_ETHERNET,
+        flags: 0,
+    };
+    // SAFETY: the caller's struct is at least 48 bytes (the compat layout or the current 52-byte one).
+    unsafe { attr.write(out) };
+    0
+}
+
+/// The GID at `index` of port 1 of `ctx`, or None.
+///
+/// # Safety
+/// As [`ctx_block`].
+unsafe fn gid_at(
+    ctx: *mut IbvContext,
+    port: u32,
+    index: c_int,
+) -> Option<(Gid, &'static DeviceBlock)> {
+    // SAFETY: the caller's contract.
+    let c = unsafe { ctx_block(ctx) }?;
+    if port != 1 || index < 0 {
+        return None;
+    }
+    Some((*c.dev.spec.gids().get(index as usize)?, c.dev))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_query_gid(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: c_int,
+    gid: *mut [u8; 16],
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    match unsafe { gid_at(ctx, u32::from(port), index) } {
+        Some((g, _)) if !gid.is_null() => {
+            // SAFETY: the caller's `union ibv_gid`.
+            unsafe { gid.write(g.0) };
+            0
+        }
+        _ => -1,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2__ibv_query_gid_ex(
+    ctx: *mut IbvContext,
+    port: u32,
+    index: u32,
+    entry: *mut IbvGidEntry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if flags != 0 || entry.is_null() || entry_size < size_of::<IbvGidEntry>() {
+        return libc::EINVAL;
+    }
+    let Ok(idx) = c_int::try_from(index) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: the caller passes an open context.
+    match unsafe { gid_at(ctx, port, idx) } {
+        Some((g, d)) => {
+            // SAFETY: the caller's entry of at least `entry_size` ≥ 32 bytes.
+            unsafe {
+                entry.write(IbvGidEntry {
+                    gid: g.0,
+                    gid_index: index,
+                    port_num: port,
+                    gid_type: IBV_GID_TYPE_ROCE_V2,
+                    ndev_ifindex: d.spec.ifindex,
+                })
+            };
+            0
+        }
+        None => libc::ENODATA,
+    }
+}
+
+/// Private `ibv_query_gid_type` (ibv_devinfo -v): `*type = 1` (RoCE v2 in `ibv_gid_type_sysfs`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_query_gid_type(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: u32,
+    ty: *mut c_int,
+) -> c_int {
+    let Ok(idx) = c_int::try_from(index) else {
+        return -1;
+    };
+    // SAFETY: the caller passes an open context.
+    match unsafe { gid_at(ctx, u32::from(port), idx) } {
+        Some(_) if !ty.is_null() => {
+            // SAFETY: the caller's out-parameter.
+            unsafe { *ty = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+            0
+        }
+        _ => -1,
+    }
+}
+
+/// The one P_Key, the default 0xFFFF.
+const DEFAULT_PKEY_BE: u16 = 0xffff;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_query_pkey(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    if unsafe { ctx_block(ctx) }.is_none() || port != 1 || index != 0 || pkey.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller's out-parameter.
+    unsafe { *pkey = DEFAULT_PKEY_BE };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_get_pkey_index(
+    ctx: *mut IbvContext,
+    port: u8,
+    pkey: u16,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    if unsafe { ctx_block(ctx) }.is_some() && port == 1 && pkey == DEFAULT_PKEY_BE {
+        0
+    } else {
+        -1
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// PD and MR
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return null_errno(libc::EINVAL);
+    };
+    let rt = match c.runtime() {
+        Ok(rt) => rt,
+        Err(e) => return null_errno(e),
+    };
+    match rt.alloc_pd() {
+        Ok(pd) => into_raw(PdBlock {
+            pd: IbvPd {
+                context: ctx,
+                handle: 0,
+            },
+            rust: pd,
+        })
+        .cast(),
+        Err(e) => null_errno(e.errno()),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+    if pd.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a PD of ours, not used after this call (the engine refuses nothing here: objects that use the PD
+    // hold their own reference to it).
+    unsafe { free::<PdBlock, _>(pd) };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_reg_mr(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut IbvMr {
+    // SAFETY: forwarded under the same contract.
+    unsafe { rocev2_ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as u32) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    // SAFETY: the caller passes a PD of ours.
+    let Some(p) = (unsafe { block::<PdBlock, _>(pd) }) else {
+        return null_errno(libc::EINVAL);
+    };
+    // The optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB
+    // (0x80) is a hint. ZERO_BASED / ON_DEMAND and an iova other than the address are not supported.
+    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
+    if access & !IBV_ACCESS_SUPPORTED != 0 || iova != addr as u64 {
+        return null_errno(libc::EOPNOTSUPP);
+    }
+    // SAFETY: `ibv_reg_mr`'s contract is `reg_mr_raw`'s: the program's memory stays valid until `ibv_dereg_mr`
+    // and it does not race in-flight work (ibv_reg_mr(3), ibv_post_send(3)).
+    let r = unsafe {
+        p.rust
+            .reg_mr_raw(addr.cast::<u8>(), length, AccessFlags(access))
+    };
+    match r {
+        Ok(mr) => into_raw(MrBlock {
+            mr: IbvMr {
+                context: p.pd.context,
+                pd,
+                addr,
+                length,
+                handle: 0,
+                lkey: mr.lkey().0,
+                rkey: mr.rkey().0,
+            },
+            rust: mr,
+        })
+        .cast(),
+        Err(e) => null_errno(e.errno()),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+    // SAFETY: the caller passes an MR of ours.
+    let Some(m) = (unsafe { block::<MrBlock, _>(mr) }) else {
+        return libc::EINVAL;
+    };
+    match m.rust.clone().dereg() {
+        Ok(()) => {
+            // SAFETY: deregistered; the caller does not use `mr` again.
+            unsafe { free::<MrBlock, _>(mr) };
+            0
+        }
+        Err((_, e)) => e.errno(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Completion channels and CQs
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_create_comp_channel(
+    ctx: *mut IbvContext,
+) -> *mut IbvCompChannel {
+    // SAFETY: the caller passes an open context.
+    if unsafe { ctx_block(ctx) }.is_none() {
+        return null_errno(libc::EINVAL);
+    }
+    // SAFETY: plain system call.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return null_mut();
+    }
+    into_raw(ChannelBlock {
+        ch: IbvCompChannel {
+            context: ctx,
+            fd,
+            refcnt: 0,
+        },
+        rust: Arc::new(CompChannel::new()),
+        cqs: Mutex::new(Vec::new()),
+    })
+    .cast()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
+    // SAFETY: the caller passes a channel of ours.
+    let Some(c) = (unsafe { block::<ChannelBlock, _>(ch) }) else {
+        return libc::EINVAL;
+    };
+    if c.cqs.lock().map_or(true, |v| !v.is_empty()) {
+        return libc::EBUSY;
+    }
+    // SAFETY: our descriptor; the channel is not used after this call.
+    unsafe {
+        libc::close(c.ch.fd);
+        free::<ChannelBlock, _>(ch);
+    }
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_create_cq(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    _comp_vector: c_int,
+) -> *mut IbvCq {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return null_errno(libc::EINVAL);
+    };
+    // SAFETY: the caller passes NULL or a channel of ours.
+    let ch = unsafe { block::<ChannelBlock, _>(channel) };
+    let Ok(depth) = u32::try_from(cqe) else {
+        return null_errno(libc::EINVAL);
+    };
+    let rt = match c.runtime() {
+        Ok(rt) => rt,
+        Err(e) => return null_errno(e),
+    };
+    let cq = match rt.create_cq(depth, ch.map(|c| &c.rust), Moderation::default()) {
+        Ok(cq) => cq,
+        Err(e) => return null_errno(e.errno()),
+    };
+    let id = cq.id();
+    let b = into_raw(CqBlock {
+        cq: IbvCq {
+            context: ctx,
+            channel,
+            cq_context,
+            handle: id,
+            cqe,
+            mutex: [0; 5],
+            cond: [0; 6],
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        },
+        rust: cq,
+    });
+    if let Some(ch) = ch
+        && let Ok(mut v) = ch.cqs.lock()
+    {
+        v.push((id, b as usize));
+    }
+    b.cast()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
+    // SAFETY: the caller passes a CQ of ours.
+    let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: NULL or the channel the CQ was created on (outlives its CQs: destroy_comp_channel refuses).
+    if let Some(ch) = unsafe { block::<ChannelBlock, _>(c.cq.channel) }
+        && let Ok(mut v) = ch.cqs.lock()
+    {
+        v.retain(|&(_, p)| p != cq as usize);
+    }
+    // SAFETY: the caller does not use `cq` again.
+    unsafe { free::<CqBlock, _>(cq) };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_get_cq_event(
+    ch: *mut IbvCompChannel,
+    cq_out: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: the caller passes a channel of ours.
+    let Some(c) = (unsafe { block::<ChannelBlock, _>(ch) }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: fcntl on our descriptor.
+    let nonblock = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    loop {
+        let wait = if nonblock {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(3600)
+        };
+        let Some(id) = c.rust.get_event(wait) else {
+            if nonblock {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            continue;
+        };
+        let found = c
+            .cqs
+            .lock()
+            .ok()
+            .and_then(|v| v.iter().find(|&&(i, _)| i == id).map(|&(_, p)| p));
+        // An event of a CQ destroyed meanwhile is dropped.
+        let Some(p) = found else { continue };
+        let cq = p as *mut IbvCq;
+        // SAFETY: a live CQ of ours (still attached); the out-parameters are the caller's.
+        unsafe {
+            if !cq_out.is_null() {
+                *cq_out = cq;
+            }
+            if !cq_context.is_null() {
+                *cq_context = (*cq).cq_context;
+            }
+        }
+        return 0;
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_ack_cq_events(cq: *mut IbvCq, nevents: u32) {
+    if cq.is_null() {
+        return;
+    }
+    // SAFETY: a CQ of ours; its mutex was zero-initialised (PTHREAD_MUTEX_INITIALIZER) and lives in the block.
+    unsafe {
+        let m = ptr::addr_of_mut!((*cq).mutex).cast::<libc::pthread_mutex_t>();
+        libc::pthread_mutex_lock(m);
+        (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents);
+        libc::pthread_cond_broadcast(ptr::addr_of_mut!((*cq).cond).cast::<libc::pthread_cond_t>());
+        libc::pthread_mutex_unlock(m);
+    }
+}
+
+/// `ops.req_notify_cq`.
+unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+    // SAFETY: the inline `ibv_req_notify_cq` passes one of our CQs.
+    match unsafe { block::<CqBlock, _>(cq) } {
+        Some(c) => {
+            c.rust.req_notify();
+            0
+        }
+        None => libc::EINVAL,
+    }
+}
+
+fn wc_to_c(w: &Wc) -> IbvWc {
+    let imm = if w.wc_flags.contains(roce_proto::WcFlags::WITH_INV) {
+        w.invalidated_rkey.0
+    } else {
+        w.imm_data.to_be()
+    };
+    IbvWc {
+        wr_id: w.wr_id,
+        status: w.status as c_int,
+        opcode: w.opcode as c_int,
+        vendor_err: 0,
+        byte_len: w.byte_len,
+        imm_data: imm,
+        qp_num: w.qp_num.value(),
+        src_qp: w.src_qp.value(),
+        wc_flags: w.wc_flags.bits(),
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// `ops.poll_cq`: up to `n` completions into `wc`, in batches of 32 through the runtime's CQ ring.
+unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
+    // SAFETY: the inline `ibv_poll_cq` passes one of our CQs.
+    let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
+        return -libc::EINVAL;
+    };
+    if n <= 0 {
+        return 0;
+    }
+    if wc.is_null() {
+        return -libc::EINVAL;
+    }
+    let mut buf = [Wc::default(); 32];
+    let mut got = 0usize;
+    let want = n as usize;
+    while got < want {
+        let k = c.rust.poll(&mut buf[..(want - got).min(32)]);
+        for w in &buf[..k] {
+            // SAFETY: the caller's array has room for `n` entries.
+            unsafe { wc.add(got).write(wc_to_c(w)) };
+            got += 1;
+        }
+        if k < 32 {
+            break;
+        }
+    }
+    got as c_int
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// QPs and AHs
+
+fn qp_type_from_c(t: c_int) -> Option<QpType> {
+    match t {
+        IBV_QPT_RC => Some(QpType::Rc),
+        IBV_QPT_UC => Some(QpType::Uc),
+        IBV_QPT_UD => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+fn qp_type_to_c(t: QpType) -> c_int {
+    match t {
+        QpType::Rc => IBV_QPT_RC,
+        QpType::Uc => IBV_QPT_UC,
+        QpType::Ud => IBV_QPT_UD,
+    }
+}
+
+fn cap_from_c(c: &IbvQpCap) -> QpCap {
+    QpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+fn cap_to_c(c: &QpCap) -> IbvQpCap {
+    IbvQpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_create_qp(
+    pd: *mut IbvPd,
+    attr: *mut IbvQpInitAttr,
+) -> *mut IbvQp {
+    // SAFETY: the caller passes a PD of ours and its init attributes.
+    let (Some(p), Some(a)) = (unsafe { block::<PdBlock, _>(pd) }, unsafe { attr.as_mut() }) else {
+        return null_errno(libc::EINVAL);
+    };
+    if !a.srq.is_null() {
+        return null_errno(libc::EOPNOTSUPP);
+    }
+    let Some(ty) = qp_type_from_c(a.qp_type) else {
+        return null_errno(libc::EOPNOTSUPP);
+    };
+    // SAFETY: the caller passes CQs of ours.
+    let (Some(scq), Some(rcq)) = (unsafe { block::<CqBlock, _>(a.send_cq) }, unsafe {
+        block::<CqBlock, _>(a.recv_cq)
+    }) else {
+        return null_errno(libc::EINVAL);
+    };
+    let mut cap = cap_from_c(&a.cap);
+    cap.max_send_sge = cap.max_send_sge.max(1);
+    cap.max_recv_sge = cap.max_recv_sge.max(1);
+    let qp = match p
+        .rust
+        .create_qp(ty, &scq.rust, &rcq.rust, cap, a.sq_sig_all != 0)
+    {
+        Ok(q) => q,
+        Err(e) => return null_errno(e.errno()),
+    };
+    let mut granted = qp.cap();
+    granted.max_inline_data = granted.max_inline_data.min(MAX_INLINE as u32);
+    a.cap = cap_to_c(&granted);
+    let b = into_raw(QpBlock {
+        qp: IbvQp {
+            context: p.pd.context,
+            qp_context: a.qp_context,
+            pd,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: null_mut(),
+            handle: qp.qpn().value(),
+            qp_num: qp.qpn().value(),
+            state: QpState::Reset as c_int,
+            qp_type: a.qp_type,
+            mutex: [0; 5],
+            cond: [0; 6],
+            events_completed: 0,
+        },
+        rust: qp,
+        sq_sig_all: a.sq_sig_all != 0,
+    });
+    b.cast()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a QP of ours, not used after this call.
+    unsafe { free::<QpBlock, _>(qp) };
+    0
+}
+
+fn state_from_c(s: c_int) -> Option<QpState> {
+    Some(match s {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return None,
+    })
+}
+
+fn mtu_from_c(m: c_int) -> Option<Mtu> {
+    Some(match m {
+        1 => Mtu::Mtu256,
+        2 => Mtu::Mtu512,
+        3 => Mtu::Mtu1024,
+        4 => Mtu::Mtu2048,
+        5 => Mtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+fn ip_of_gid(g: &Gid) -> IpAddr {
+    match g.as_ipv4() {
+        Some(v4) => IpAddr::V4(Ipv4Addr::from(v4)),
+        None => IpAddr::V6(Ipv6Addr::from(g.0)),
+    }
+}
+
+/// An address vector from `ibv_ah_attr`: RoCE needs the GRH (`is_global`), whose GID names the peer's address.
+fn ah_from_c(a: &IbvAhAttr) -> Option<AhAttr> {
+    if a.is_global == 0 {
+        return None;
+    }
+    let dgid = Gid(a.grh.dgid);
+    Some(AhAttr {
+        dgid,
+        sgid_index: a.grh.sgid_index,
+        traffic_class: a.grh.traffic_class,
+        hop_limit: if a.grh.hop_limit == 0 {
+            64
+        } else {
+            a.grh.hop_limit
+        },
+        flow_label: a.grh.flow_label,
+        dmac: mac_of(ip_of_gid(&dgid)),
+    })
+}
+
+fn ah_to_c(a: &AhAttr) -> IbvAhAttr {
+    IbvAhAttr {
+        grh: IbvGlobalRoute {
+            dgid: a.dgid.0,
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        is_global: 1,
+        port_num: 1,
+        ..IbvAhAttr::default()
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_modify_qp(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    mask: c_int,
+) -> c_int {
+    // SAFETY: the caller passes a QP of ours and its attributes.
+    let (Some(q), Some(a)) = (unsafe { block::<QpBlock, _>(qp) }, unsafe { attr.as_ref() }) else {
+        return libc::EINVAL;
+    };
+    let m = QpAttrMask(mask as u32);
+    let mut r = QpAttr::default();
+    if m.contains(QpAttrMask::STATE) {
+        let Some(s) = state_from_c(a.qp_state) else {
+            return libc::EINVAL;
+        };
+        r.qp_state = s;
+    }
+    if m.contains(QpAttrMask::CUR_STATE) {
+        let Some(s) = state_from_c(a.cur_qp_state) else {
+            return libc::EINVAL;
+        };
+        r.cur_qp_state = s;
+    }
+    if m.contains(QpAttrMask::PATH_MTU) {
+        let Some(mtu) = mtu_from_c(a.path_mtu) else {
+            return libc::EINVAL;
+        };
+        r.path_mtu = mtu;
+    }
+    if m.contains(QpAttrMask::AV) {
+        let Some(ah) = ah_from_c(&a.ah_attr) else {
+            return libc::EINVAL;
+        };
+        r.ah_attr = ah;
+    }
+    r.qp_access_flags = AccessFlags(a.qp_access_flags as u32 & IBV_ACCESS_SUPPORTED);
+    r.pkey_index = a.pkey_index;
+    r.port_num = a.port_num;
+    r.qkey = a.qkey;
+    r.timeout = a.timeout;
+    r.retry_cnt = a.retry_cnt;
+    r.rnr_retry = a.rnr_retry;
+    r.rq_psn = roce_proto::Psn::new(a.rq_psn & 0xff_ffff);
+    r.sq_psn = roce_proto::Psn::new(a.sq_psn & 0xff_ffff);
+    r.max_rd_atomic = a.max_rd_atomic;
+    r.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    r.min_rnr_timer = a.min_rnr_timer;
+    r.dest_qp_num = roce_proto::Qpn::new(a.dest_qp_num & 0xff_ffff);
+    r.en_sqd_async_notify = a.en_sqd_async_notify != 0;
+    r.cap = cap_from_c(&a.cap);
+    match q.rust.modify(&r, m) {
+        Ok(()) => {
+            if m.contains(QpAttrMask::STATE) {
+                // SAFETY: our QP; `state` is informational for the program.
+                unsafe { (*qp).state = a.qp_state };
+            }
+            0
+        }
+        Err(e) => e.errno(),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_query_qp(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    _mask: c_int,
+    init: *mut IbvQpInitAttr,
+) -> c_int {
+    // SAFETY: the caller passes a QP of ours.
+    let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    let r = match q.rust.query() {
+        Ok(r) => r,
+        Err(e) => return e.errno(),
+    };
+    let cap = cap_to_c(&q.rust.cap());
+    let out = IbvQpAttr {
+        qp_state: r.qp_state as c_int,
+        cur_qp_state: r.qp_state as c_int,
+        path_mtu: r.path_mtu as c_int,
+        path_mig_state: 0,
+        qkey: r.qkey,
+        rq_psn: r.rq_psn.value(),
+        sq_psn: r.sq_psn.value(),
+        dest_qp_num: r.dest_qp_num.value(),
+        qp_access_flags: r.qp_access_flags.bits() as c_int,
+        cap,
+        ah_attr: ah_to_c(&r.ah_attr),
+        alt_ah_attr: IbvAhAttr::default(),
+        pkey_index: r.pkey_index,
+        alt_pkey_index: 0,
+        en_sqd_async_notify: u8::from(r.en_sqd_async_notify),
+        sq_draining: 0,
+        max_rd_atomic: r.max_rd_atomic,
+        max_dest_rd_atomic: r.max_dest_rd_atomic,
+        min_rnr_timer: r.min_rnr_timer,
+        port_num: 1,
+        timeout: r.timeout,
+        retry_cnt: r.retry_cnt,
+        rnr_retry: r.rnr_retry,
+        alt_port_num: 0,
+        alt_timeout: 0,
+        rate_limit: 0,
+    };
+    // SAFETY: the caller's out-parameters (either may be NULL).
+    unsafe {
+        if !attr.is_null() {
+            attr.write(out);
+        }
+        if !init.is_null() {
+            init.write(IbvQpInitAttr {
+                qp_context: q.qp.qp_context,
+                send_cq: q.qp.send_cq,
+                recv_cq: q.qp.recv_cq,
+                srq: null_mut(),
+                cap,
+                qp_type: qp_type_to_c(q.rust.qp_type()),
+                sq_sig_all: c_int::from(q.sq_sig_all),
+            });
+        }
+    }
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
+    // SAFETY: the caller passes a PD of ours and the attributes.
+    let (Some(p), Some(a)) = (unsafe { block::<PdBlock, _>(pd) }, unsafe { attr.as_ref() }) else {
+        return null_errno(libc::EINVAL);
+    };
+    let Some(ah) = ah_from_c(a) else {
+        return null_errno(libc::EINVAL);
+    };
+    match p.rust.create_ah(&ah) {
+        Ok(h) => into_raw(AhBlock {
+            ah: IbvAh {
+                context: p.pd.context,
+                pd,
+                handle: h.handle().0,
+            },
+            rust: h,
+        })
+        .cast(),
+        Err(e) => null_errno(e.errno()),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rocev2_ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: an AH of ours, not used after this call.
+    unsafe { free::<AhBlock, _>(ah) };
+    0
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Data path (ops slots)
+
+fn post_errno(e: &PostError) -> c_int {
+    match e {
+        PostError::QueueFull { .. } => libc::ENOMEM,
+        _ => libc::EINVAL,
+    }
+}
+
+/// WRs converted per runtime call (each chunk is one doorbell).
+const BATCH: usize = 16;
+
+/// One converted send WR (what [`SendWr`] needs besides its slices).
+#[derive(Clone, Copy)]
+struct SendMeta {
+    wr_id: u64,
+    op: SendOp,
+    flags: SendFlags,
+    ud: Option<UdDest>,
+    nsge: usize,
+    inline: bool,
+}
+
+/// Converts `w` into `sges` / `inl` and its meta; `None` for an opcode or argument we cannot carry (EINVAL).
+///
+/// # Safety
+/// `w` is a valid `ibv_send_wr` whose `sg_list` has `num_sge` entries; inline SGEs name readable memory, and when
+/// `ud` (the QP is UD) `wr.ud.ah` is an AH of ours. (On RC/UC the union holds `wr.rdma`/`wr.atomic`: it is never
+/// read as an AH pointer.)
+unsafe fn convert_send(
+    w: &IbvSendWr,
+    ud: bool,
+    sges: &mut [Sge; MAX_SGE],
+    inl: &mut [&[u8]; MAX_SGE],
+) -> Result<SendMeta, c_int> {
+    let nsge = usize::try_from(w.num_sge).map_err(|_| libc::EINVAL)?;
+    if nsge > MAX_SGE || (nsge > 0 && w.sg_list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    let inline = w.send_flags & IBV_SEND_INLINE != 0;
+    for i in 0..nsge {
+        // SAFETY: `sg_list` has `num_sge` entries.
+        let s = unsafe { *w.sg_list.add(i) };
+        if inline {
+            // SAFETY: inline SGEs name memory the program lets us read during the call (the bytes are copied into
+            // the WQE before post returns).
+            inl[i] = unsafe {
+                std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+            };
+        } else {
+            sges[i] = Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: roce_proto::Lkey(s.lkey),
+            };
+        }
+    }
+    let u = &w.wr;
+    let rkey = Rkey(u.rdma_rkey());
+    let imm = u32::from_be(w.imm_data);
+    let op = match w.opcode {
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
+            invalidate_rkey: Rkey(w.imm_data),
+        },
+        IBV_WR_RDMA_WRITE => SendOp::RdmaWrite {
+            remote_addr: u.remote_addr(),
+            rkey,
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
+            remote_addr: u.remote_addr(),
+            rkey,
+            imm,
+        },
+        IBV_WR_RDMA_READ => SendOp::RdmaRead {
+            remote_addr: u.remote_addr(),
+            rkey,
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::AtomicCmpAndSwp {
+            remote_addr: u.remote_addr(),
+            rkey: Rkey(u.atomic_rkey()),
+            compare: u.compare_add(),
+            swap: u.swap(),
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::AtomicFetchAndAdd {
+            remote_addr: u.remote_addr(),
+            rkey: Rkey(u.atomic_rkey()),
+            add: u.compare_add(),
+        },
+        _ => return Err(libc::EINVAL),
+    };
+    let ud = if ud {
+        // SAFETY: a UD WR names an AH of ours (or NULL, refused).
+        let ah = unsafe { block::<AhBlock, _>(u.ud_ah()) }.ok_or(libc::EINVAL)?;
+        Some(UdDest {
+            ah: ah.rust.handle(),
+            remote_qpn: roce_proto::Qpn::new(u.ud_remote_qpn() & 0xff_ffff),
+            remote_qkey: u.ud_remote_qkey(),
+        })
+    } else {
+        None
+    };
+    Ok(SendMeta {
+        wr_id: w.wr_id,
+        op,
+        flags: SendFlags(w.send_flags & 0xf),
+        ud,
+        nsge,
+        inline,
+    })
+}
+
+/// `ops.post_send`: the chain in chunks of [`BATCH`] WRs, one runtime post (one doorbell) per chunk. On error
+/// `*bad_wr` is the first WR not posted (the ones before it are).
+unsafe extern "C" fn post_send(
+    qp: *mut IbvQp,
+    wr: *mut IbvSendWr,
+    bad: *mut *mut IbvSendWr,
+) -> c_int {
+    // SAFETY: the inline `ibv_post_send` passes one of our QPs.
+    let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    let ud = q.rust.qp_type() == QpType::Ud;
+    let mut cur = wr;
+    let fail = |at: *mut IbvSendWr, e: c_int| {
+        if !bad.is_null() {
+            // SAFETY: the caller's out-parameter.
+            unsafe { *bad = at };
+        }
+        e
+    };
+    while !cur.is_null() {
+        let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
+        let mut inl: [[&[u8]; MAX_SGE]; BATCH] = [[&[]; MAX_SGE]; BATCH];
+        let mut metas = [None::<SendMeta>; BATCH];
+        let mut ptrs = [null_mut::<IbvSendWr>(); BATCH];
+        let mut n = 0;
+        let mut err = None;
+        while n < BATCH && !cur.is_null() {
+            // SAFETY: a WR of the caller's chain.
+            let w = unsafe { &*cur };
+            // SAFETY: as `convert_send` requires (the caller's WR).
+            match unsafe { convert_send(w, ud, &mut sges[n], &mut inl[n]) } {
+                Ok(m) => metas[n] = Some(m),
+                Err(e) => {
+                    err = Some((cur, e));
+                    break;
+                }
+            }
+            ptrs[n] = cur;
+            n += 1;
+            cur = w.next;
+        }
+        if n > 0 {
+            let wrs: [SendWr<'_>; BATCH] = core::array::from_fn(|i| {
+                let m = metas[i].unwrap_or(SendMeta {
+                    wr_id: 0,
+                    op: SendOp::Send,
+                    flags: SendFlags::EMPTY,
+                    ud: None,
+                    nsge: 0,
+                    inline: false,
+                });
+                let mut wr = if m.inline {
+                    SendWr::new(m.wr_id, m.op, &[])
+                } else {
+                    SendWr::new(m.wr_id, m.op, &sges[i][..m.nsge])
+                };
+                if m.inline {
+                    wr.inline_data = &inl[i][..m.nsge];
+                }
+                wr.send_flags = m.flags;
+                wr.ud = m.ud;
+                wr
+            });
+            if let Err(e) = q.rust.post_send(&wrs[..n]) {
+                return fail(ptrs[0], post_errno(&e));
+            }
+        }
+        if let Some((at, e)) = err {
+            return fail(at, e);
+        }
+    }
+    0
+}
+
+/// `ops.post_recv`, chunked like [`post_send`].
+unsafe extern "C" fn post_recv(
+    qp: *mut IbvQp,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    // SAFETY: the inline `ibv_post_recv` passes one of our QPs.
+    let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    let mut cur = wr;
+    let fail = |at: *mut IbvRecvWr, e: c_int| {
+        if !bad.is_null() {
+            // SAFETY: the caller's out-parameter.
+            unsafe { *bad = at };
+        }
+        e
+    };
+    while !cur.is_null() {
+        let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
+        let mut meta = [(0u64, 0usize); BATCH];
+        let mut ptrs = [null_mut::<IbvRecvWr>(); BATCH];
+        let mut n = 0;
+        let mut err = None;
+        while n < BATCH && !cur.is_null() {
+            // SAFETY: a WR of the caller's chain.
+            let w = unsafe { &*cur };
+            let Ok(nsge) = usize::try_from(w.num_sge) else {
+                err = Some((cur, libc::EINVAL));
+                break;
+            };
+            if nsge > MAX_SGE || (nsge > 0 && w.sg_list.is_null()) {
+                err = Some((cur, libc::EINVAL));
+                break;
+            }
+            for (i, s) in sges[n].iter_mut().enumerate().take(nsge) {
+                // SAFETY: `sg_list` has `num_sge` entries.
+                let c = unsafe { *w.sg_list.add(i) };
+                *s = Sge {
+                    addr: c.addr,
+                    length: c.length,
+                    lkey: roce_proto::Lkey(c.lkey),
+                };
+            }
+            meta[n] = (w.wr_id, nsge);
+            ptrs[n] = cur;
+            n += 1;
+            cur = w.next;
+        }
+        if n > 0 {
+            let wrs: [RecvWr<'_>; BATCH] = core::array::from_fn(|i| RecvWr {
+                wr_id: meta[i].0,
+                sg_list: &sges[i][..meta[i].1],
+            });
+            if let Err(e) = q.rust.post_recv(&wrs[..n]) {
+                return fail(ptrs[0], post_errno(&e));
+            }
+        }
+        if let Some((at, e)) = err {
+            return fail(at, e);
+        }
+    }
+    0
+}
+
+/// `ops.post_srq_recv`: there are no SRQs.
+unsafe extern "C" fn post_srq_recv(
+    _srq: *mut c_void,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    if !bad.is_null() {
+        // SAFETY: the caller's out-parameter.
+        unsafe { *bad = wr };
+    }
+    libc::EOPNOTSUPP
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Strings
+
+/// `ibv_wc_status_str`: the status's enumerator name (`IBV_WC_SUCCESS` …), `IBV_WC_UNKNOWN` out of range.
+#[unsafe(no_mangle)]
+pub extern "C" fn rocev2_ibv_wc_status_str(status: c_int) -> *const c_char {
+    const NAMES: [&std::ffi::CStr; 22] = [
+        c"IBV_WC_SUCCESS",
+        c"IBV_WC_LOC_LEN_ERR",
+        c"IBV_WC_LOC_QP_OP_ERR",
+        c"IBV_WC_LOC_EEC_OP_ERR",
+        c"IBV_WC_LOC_PROT_ERR",
+        c"IBV_WC_WR_FLUSH_ERR",
+        c"IBV_WC_MW_BIND_ERR",
+        c"IBV_WC_BAD_RESP_ERR",
+        c"IBV_WC_LOC_ACCESS_ERR",
+        c"IBV_WC_REM_INV_REQ_ERR",
+        c"IBV_WC_REM_ACCESS_ERR",
+        c"IBV_WC_REM_OP_ERR",
+        c"IBV_WC_RETRY_EXC_ERR",
+        c"IBV_WC_RNR_RETRY_EXC_ERR",
+        c"IBV_WC_LOC_RDD_VIOL_ERR",
+        c"IBV_WC_REM_INV_RD_REQ_ERR",
+        c"IBV_WC_REM_ABORT_ERR",
+        c"IBV_WC_INV_EECN_ERR",
+        c"IBV_WC_INV_EEC_STATE_ERR",
+        c"IBV_WC_FATAL_ERR",
+        c"IBV_WC_RESP_TIMEOUT_ERR",
+        c"IBV_WC_GENERAL_ERR",
+    ];
+    usize::try_from(status)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .map_or(c"IBV_WC_UNKNOWN".as_ptr(), |s| s.as_ptr())
+}

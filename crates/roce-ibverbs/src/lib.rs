@@ -1,0 +1,47 @@
+//! `libibverbs.so.1` for rocev2: the libibverbs C ABI of rdma-core 44 (Debian 12) over the rocev2 runtime
+//! ([`roce_verbs`]), so that unmodified ibverbs programs (`ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong`,
+//! `ibv_ud_pingpong`, perftest) run on the software RNIC without RDMA hardware or kernel module:
+//! `rocev2 run [--ip ADDR] -- PROGRAM ARGS` puts this library first on `LD_LIBRARY_PATH` and names the device's
+//! address in the environment ([`roce_link::device`]).
+//!
+//! # The ABI honoured (source: `../shared/libibverbs/ABI.md`, measured on Debian 12)
+//!
+//! * SONAME `libibverbs.so.1`; the 13 version nodes of the real library (`ibverbs.map`); the 109 symbols the
+//!   Debian programs and the provider libraries perftest links (`libmlx5`, `libefa`, `librdmacm`) import, each at
+//!   its version (ABI.md §1.3, §2.1–§2.2; the dynamic loader binds all of them before `main`, §1.2). The versions
+//!   are attached with `.symver` (module `exports`): the implementations are `rocev2_<name>`, exported as
+//!   `<name>@@<node>`.
+//! * Structures with the measured sizes and offsets (module `abi`; every size and offset is asserted at compile
+//!   time against ABI.md §4). `tests/exports.rs` checks the built library's export table against the imports of
+//!   the Debian binaries and provider libraries (`readelf`).
+//! * Contexts are **not extended** (`abi_compat` = NULL, ABI.md §3.2): the inline `ibv_query_port` and
+//!   `ibv_query_device_ex` fall back to the exported verbs; the five data-path slots of `ibv_context.ops`
+//!   (`poll_cq`, `req_notify_cq`, `post_send`, `post_recv`, `post_srq_recv`) are always set.
+//!
+//! # Implemented
+//!
+//! Device discovery (one device, from [`roce_link::device::ENV_IP`]; none without it), `ibv_open_device` /
+//! `close_device`, `query_device`, `query_port`, `query_gid`, `_ibv_query_gid_ex`, `ibv_query_gid_type`,
+//! `query_pkey`, `get_pkey_index`, PD, MR (`ibv_reg_mr`, `ibv_reg_mr_iova2` with iova = address; the optional
+//! access bits are ignored, as the real library does when unsupported), CQ with completion channels
+//! (`ibv_create_comp_channel`, `ibv_get_cq_event` — blocking, or `EAGAIN` when the channel fd is `O_NONBLOCK` —,
+//! `ibv_ack_cq_events`, `req_notify_cq`), QP (RC, UC, UD: create, modify with the IPv4-mapped or IPv6 GID of
+//! `ah_attr.grh.dgid`, query, destroy), AH, and `post_send` / `post_recv` / `poll_cq` mapped onto [`roce_verbs`]'s
+//! `Qp` / `Cq` in the calling thread (no extra thread hop; an auto-progress thread serves a process that stops
+//! calling). The runtime opens the UDP link (port 4791 on the address) when the first PD or CQ is created, so
+//! `ibv_devinfo` works while another program uses the address.
+//!
+//! # Not implemented (clean errors: `NULL` + `errno = EOPNOTSUPP`, or the `EOPNOTSUPP` return each man page gives)
+//!
+//! SRQ (`ibv_create_srq`; `post_srq_recv` returns `EOPNOTSUPP`), multicast attach/detach, `ibv_create_ah_from_wc`,
+//! `ibv_qp_to_qp_ex` (the new post-send API; perftest then uses the old one because the `vendor_part_id` is not a
+//! Mellanox/EFA one, ABI.md §6.3), ECE, `ibv_reg_mr_iova2` with an iova other than the address, on-demand paging,
+//! `ibv_resolve_eth_l2_from_gid`, every private `ibv_cmd_*` / `verbs_*` provider entry point (providers are never
+//! used: `verbs_register_driver_34` accepts and ignores their registration, ABI.md §1.4), async events (none are
+//! raised; the async fd is never readable). `ibv_req_notify_cq` with `solicited_only` arms for every completion
+//! (more events than asked, never fewer). The comp-channel fd is a real file descriptor (for `fcntl`) but is not
+//! signalled: wait with `ibv_get_cq_event`. One device per process; the kernel's rdma_cm (perftest `-R`) cannot
+//! work without the kernel.
+
+mod abi;
+mod exports;
