@@ -14,6 +14,9 @@
 //!
 //! * `stat [--json] [-w SECS] [--qp N]` — live counters of every rocev2 device on this host (see [`stat`]).
 //!
+//! * `run [--ip ADDR] -- PROGRAM ARGS` — runs an unmodified libibverbs program (`ibv_rc_pingpong`, perftest …)
+//!   on the rocev2 RNIC through rocev2's `libibverbs.so.1` (see [`run`]).
+//!
 //! * `bench engine [--json]` — the engine's send-path cost per core on a null link (see [`bench`]).
 //!
 //! * `cc trace --profile paper|ns3_mlx|nvidia --cnp-us T1,T2,... [--plot FILE.svg]` — the DCQCN reaction point
@@ -29,6 +32,7 @@ mod oob;
 mod perf;
 mod pingpong;
 mod plotfont;
+mod run;
 mod rxmode;
 mod stat;
 
@@ -60,6 +64,10 @@ enum Command {
     /// ibv_rc_pingpong / ibv_ud_pingpong compatible test: server `rocev2 pingpong [rc|ud]`, client
     /// `rocev2 pingpong [rc|ud] SERVER`; interoperates with the rdma-core tools (use -g 1 on their side).
     Pingpong(Box<pingpong::PingpongArgs>),
+    /// Run an unmodified libibverbs program (ibv_devinfo, ibv_rc_pingpong, ib_write_bw ...) on the rocev2 RNIC:
+    /// `rocev2 run [--ip ADDR] -- PROGRAM ARGS` puts rocev2's libibverbs.so.1 first on LD_LIBRARY_PATH (device
+    /// `rocev2_<interface>` on ADDR, GID ::ffff:ADDR) and executes the program.
+    Run(run::RunArgs),
     /// Benchmarks: `rocev2 bench engine [--json]` measures the engine's send path per core on a null link.
     Bench(bench::BenchArgs),
     /// The counters of every rocev2 device running in this network namespace, per device and per QP, read live
@@ -101,6 +109,7 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Stat(args) => stat::run(&args),
         Command::Devinfo(args) => devinfo::run(&args),
+        Command::Run(args) => run::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Cc(args) => cc::run(&args),
     }

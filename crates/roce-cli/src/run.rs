@@ -1,0 +1,134 @@
+//! `rocev2 run [--ip ADDR] [--rx socket|packet] -- PROGRAM ARGS`: runs an unmodified libibverbs program on the
+//! rocev2 software RNIC.
+//!
+//! The program is executed (this process is replaced) with a directory holding rocev2's `libibverbs.so.1`
+//! (crate `roce-ibverbs`, built as `libroce_ibverbs.so` next to the `rocev2` binary) first on `LD_LIBRARY_PATH`,
+//! and the device's address in the environment ([`roce_link::device::ENV_IP`], [`roce_link::device::ENV_RX`]).
+//! Debian's binaries have no RPATH, so the dynamic loader takes our library (`../shared/libibverbs/ABI.md` §1.1).
+//! The program then sees one device, `rocev2_<interface>` (the interface owning the address, as `rocev2 devinfo`
+//! names it), whose port is the address's GID.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use roce_link::device::{DeviceSpec, ENV_IP, ENV_RX};
+use roce_link::udp::interfaces;
+
+/// Environment variable naming the rocev2 libibverbs to use instead of `libroce_ibverbs.so` beside `rocev2`.
+pub const ENV_LIB: &str = "ROCEV2_IBVERBS_LIB";
+
+/// `rocev2 run` arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// Local address of the device (UDP 4791 is bound on it when the program creates its first verbs object).
+    /// Default: the first IPv4 address of an interface that is up, not loopback; else 127.0.0.1.
+    #[arg(long)]
+    pub ip: Option<IpAddr>,
+    /// Receive path: `socket` (the UDP socket; enough for rocev2 peers) or `packet` (AF_PACKET: verifies the ICRC
+    /// of peers that number their IPv4 IDs, such as Linux rxe; needs CAP_NET_RAW).
+    #[arg(long, default_value = "socket", value_parser = ["socket", "packet"])]
+    pub rx: String,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub program: Vec<OsString>,
+}
+
+/// The default address: the first IPv4 address of an up, non-loopback interface, else 127.0.0.1.
+fn default_ip() -> IpAddr {
+    interfaces()
+        .ok()
+        .and_then(|all| {
+            all.into_iter()
+                .filter(|i| i.up && !i.loopback)
+                .flat_map(|i| i.addrs)
+                .find(IpAddr::is_ipv4)
+        })
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+/// The rocev2 libibverbs: `$ROCEV2_IBVERBS_LIB`, else `libroce_ibverbs.so` in the directory of this executable.
+fn library() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os(ENV_LIB) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("locating rocev2: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let lib = dir.join("libroce_ibverbs.so");
+    if lib.is_file() {
+        Ok(lib)
+    } else {
+        Err(format!(
+            "{} not found: build it with `cargo build --release -p roce-ibverbs` (or name it with {ENV_LIB})",
+            lib.display()
+        ))
+    }
+}
+
+/// A directory whose `libibverbs.so.1` is a link to `lib`: `<dir of lib>/rocev2-ibverbs/` when writable, else
+/// `$TMPDIR/rocev2-ibverbs-<uid>/`. The link is replaced atomically (a rename), so concurrent runs never see it
+/// missing.
+fn library_dir(lib: &Path) -> Result<PathBuf, String> {
+    let lib = lib
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", lib.display()))?;
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap_or(0);
+    let candidates = [
+        lib.parent().map(|d| d.join("rocev2-ibverbs")),
+        Some(std::env::temp_dir().join(format!("rocev2-ibverbs-{uid}"))),
+    ];
+    let mut last = String::new();
+    for dir in candidates.into_iter().flatten() {
+        let link = dir.join("libibverbs.so.1");
+        if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
+            return Ok(dir);
+        }
+        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
+        let made = std::fs::create_dir_all(&dir)
+            .and_then(|()| {
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(&lib, &tmp)
+            })
+            .and_then(|()| std::fs::rename(&tmp, &link));
+        match made {
+            Ok(()) => return Ok(dir),
+            Err(e) => last = format!("{}: {e}", dir.display()),
+        }
+    }
+    Err(format!("making a directory for libibverbs.so.1: {last}"))
+}
+
+/// Runs `rocev2 run`: returns only on error (the program replaces this process).
+pub fn run(a: &RunArgs) -> ExitCode {
+    match exec(a) {
+        Ok(never) => match never {},
+        Err(e) => {
+            eprintln!("rocev2 run: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn exec(a: &RunArgs) -> Result<std::convert::Infallible, String> {
+    let ip = a.ip.unwrap_or_else(default_ip);
+    // Check the address now, so a typo is reported here and not as "no devices" by the program.
+    DeviceSpec::for_ip(ip, roce_link::RxMode::Socket)?;
+    let dir = library_dir(&library()?)?;
+    let mut path = OsString::from(dir.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let (prog, args) = a.program.split_first().ok_or("no program given")?;
+    let err = Command::new(prog)
+        .args(args)
+        .env("LD_LIBRARY_PATH", path)
+        .env(ENV_IP, ip.to_string())
+        .env(ENV_RX, &a.rx)
+        .exec();
+    Err(format!("executing {}: {err}", prog.to_string_lossy()))
+}

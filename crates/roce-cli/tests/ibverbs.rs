@@ -1,0 +1,213 @@
+//! Unmodified Debian ibverbs programs on rocev2 through `rocev2 run` and rocev2's `libibverbs.so.1` (crate
+//! `roce-ibverbs`):
+//!
+//! * `ibv_devices` / `ibv_devinfo -v` list the device of the address given with `--ip` (name, node GUID, port
+//!   ACTIVE, link layer Ethernet, RoCE v2 GID `::ffff:a.b.c.d`) — no network traffic;
+//! * `ibv_rc_pingpong -g 0` (polling and `-e` events), `ibv_ud_pingpong -g 0`, perftest's `ib_send_bw` and
+//!   `ib_write_bw`: server and client each under `rocev2 run`, in two network namespaces joined by a veth pair
+//!   (`rcetest<pid>-ibverbs…`, 198.18.40.0/24, deleted when the test ends); both sides must exit 0 and print their
+//!   result lines. Needs root and `ip netns` (otherwise skipped with the reason).
+//!
+//! The programs come from Debian's `ibverbs-utils` and `perftest` (installed by `.ci/run`); a missing program is a
+//! failure naming the package. The library is `libroce_ibverbs.so` beside the `rocev2` binary: this test builds it
+//! (`cargo build -p roce-ibverbs`, a no-op when fresh) so that it is never stale.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::{Finished, NetnsPair, Proc, netns_unavailable, scratch, serial, strings, wait_socket};
+
+/// Builds `roce-ibverbs` in this test's profile once, so `rocev2 run` finds a current `libroce_ibverbs.so`.
+fn library() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build -p roce-ibverbs");
+        assert!(
+            out.status.success(),
+            "cargo build -p roce-ibverbs failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lib = Path::new(common::bin())
+            .parent()
+            .expect("bin dir")
+            .join("libroce_ibverbs.so");
+        assert!(lib.is_file(), "{} missing after the build", lib.display());
+    });
+}
+
+/// Panics naming the Debian package when `program` is not installed.
+fn need(program: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()));
+    assert!(
+        found,
+        "{program} not found: install Debian's {package} (.ci/run does)"
+    );
+}
+
+/// `rocev2 run --ip IP -- ARGS` in this namespace, waited for.
+fn run_here(ip: &str, args: &[&str]) -> std::process::Output {
+    library();
+    Command::new(common::bin())
+        .args(["run", "--ip", ip, "--"])
+        .args(args)
+        .output()
+        .expect("run rocev2")
+}
+
+#[test]
+fn devices_and_devinfo_list_the_device_of_the_address() {
+    need("ibv_devices", "ibverbs-utils");
+    let out = run_here("127.0.0.1", &["ibv_devices"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    // Device `rocev2_<interface of 127.0.0.1>`, node GUID = EUI-64 of MAC 02:00:7f:00:00:01.
+    let line = text
+        .lines()
+        .find(|l| l.contains("rocev2_"))
+        .unwrap_or_else(|| panic!("no rocev2 device:\n{text}"));
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f, ["rocev2_lo", "00007ffffe000001"], "{text}");
+
+    let out = run_here("127.0.0.1", &["ibv_devinfo", "-v"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for want in [
+        "hca_id:\trocev2_lo",
+        "node_guid:\t\t\t0000:7fff:fe00:0001",
+        "vendor_part_id:\t\t\t0",
+        "phys_port_cnt:\t\t\t1",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "gid_tbl_len:\t\t1",
+        "GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+
+    // An address no interface has is refused by `rocev2 run` itself.
+    let out = run_here("198.51.100.77", &["ibv_devices"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("198.51.100.77"));
+}
+
+const IP_A: &str = "198.18.40.1";
+const IP_B: &str = "198.18.40.2";
+
+/// Server in namespace A, client in B, both `rocev2 run -- PROGRAM ARGS` (the client adds the server address);
+/// waits for the server's TCP port `port` before starting the client. Returns (server, client).
+fn pair_run(tag: &str, program: &str, args: &[&str], port: u16) -> Option<(Finished, Finished)> {
+    if let Some(why) = netns_unavailable() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    library();
+    let _turn = serial();
+    let ns = NetnsPair::up(&format!("ibverbs{tag}"), IP_A, IP_B, 1500);
+    let dir = scratch(&format!("ibverbs-{tag}"));
+    let argv = |ns_name: &str, ip: &str, peer: Option<&str>| {
+        let mut v = strings(&["run", "--ip", ip, "--", program]);
+        v.extend(strings(args));
+        v.extend(peer.map(str::to_owned));
+        NetnsPair::argv(ns_name, &v)
+    };
+    let mut server = Proc::spawn("server", &dir, &argv(&ns.a, IP_A, None));
+    wait_socket(
+        &mut server,
+        "tcp",
+        [0, 0, 0, 0],
+        port,
+        Duration::from_secs(60),
+    );
+    let mut client = Proc::spawn("client", &dir, &argv(&ns.b, IP_B, Some(IP_A)));
+    let c = client.wait(Duration::from_secs(120));
+    let s = server.wait(Duration::from_secs(60));
+    assert!(s.status.success(), "server failed:\n{s}\nclient:\n{c}");
+    assert!(c.status.success(), "client failed:\n{c}\nserver:\n{s}");
+    Some((s, c))
+}
+
+/// Both sides of a pingpong printed the peer's GID and the two result lines for `iters` iterations.
+fn check_pingpong(s: &Finished, c: &Finished, iters: u64) {
+    for (side, f, remote) in [("server", s, IP_B), ("client", c, IP_A)] {
+        let out = &f.stdout;
+        assert!(
+            out.contains("remote address: LID 0x0000")
+                && out.contains(&format!("GID ::ffff:{remote}")),
+            "{side}: no remote GID ::ffff:{remote}\n{f}"
+        );
+        assert!(out.contains(" bytes in "), "{side}: no bandwidth line\n{f}");
+        assert!(
+            out.contains(&format!("{iters} iters in ")),
+            "{side}: no latency line for {iters} iterations\n{f}"
+        );
+    }
+}
+
+#[test]
+fn rc_pingpong_between_namespaces_polling_and_with_events() {
+    need("ibv_rc_pingpong", "ibverbs-utils");
+    let Some((s, c)) = pair_run("rc", "ibv_rc_pingpong", &["-g", "0", "-n", "200"], 18515) else {
+        return;
+    };
+    check_pingpong(&s, &c, 200);
+    let (s, c) = pair_run(
+        "rce",
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "200", "-e"],
+        18515,
+    )
+    .expect("ran above");
+    check_pingpong(&s, &c, 200);
+}
+
+#[test]
+fn ud_pingpong_between_namespaces() {
+    need("ibv_ud_pingpong", "ibverbs-utils");
+    // UD messages fit the port MTU (1024 on a 1500-byte link).
+    let Some((s, c)) = pair_run(
+        "ud",
+        "ibv_ud_pingpong",
+        &["-g", "0", "-n", "200", "-s", "512"],
+        18515,
+    ) else {
+        return;
+    };
+    check_pingpong(&s, &c, 200);
+}
+
+#[test]
+fn perftest_send_and_write_bw_between_namespaces() {
+    need("ib_send_bw", "perftest");
+    for program in ["ib_send_bw", "ib_write_bw"] {
+        let Some((s, c)) = pair_run(&program[3..7], program, &["-n", "200", "-s", "4096"], 18515)
+        else {
+            return;
+        };
+        // The result row: size, iterations, peak and average bandwidth, message rate.
+        for (side, f) in [("server", &s), ("client", &c)] {
+            let row = f
+                .stdout
+                .lines()
+                .find(|l| l.split_whitespace().take(2).eq(["4096", "200"]))
+                .unwrap_or_else(|| panic!("{program} {side}: no result row\n{f}"));
+            assert_eq!(row.split_whitespace().count(), 5, "{program} {side}: {row}");
+            assert!(
+                f.stdout.contains("Device         : rocev2_veth0"),
+                "{program} {side}\n{f}"
+            );
+        }
+    }
+}
