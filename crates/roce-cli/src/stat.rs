@@ -16,7 +16,10 @@
 //!   (`Δrx_frames / Δrx_bursts`: frames per `recvmmsg`) — how well doorbell batching and receive bursts amortise the
 //!   system calls. These come from the runtime's counters (`roce_verbs::RuntimeStats`, counted where the doorbell
 //!   rings and where the pass calls the link), shared by the devices of one runtime (they then show the same
-//!   figures).
+//!   figures);
+//! * **longest pass gap** (`max_pass_gap_us`, since the runtime started): the longest time the engine went without a
+//!   pass while a timer was armed — near the local ACK timeout (67 ms by default), a stalled progress thread or
+//!   caller explains timeouts that lost nothing.
 //!
 //! Then one line per QP: type, state, PSNs (next, oldest unacknowledged, expected), queue depths, rate controller and
 //! its non-zero counters. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
@@ -260,8 +263,9 @@ fn signals(d: &Value, before: Option<&Value>, secs: f64) -> Value {
         .map(|q| q.as_slice())
         .unwrap_or_default();
     let sq_depth: u64 = qps.iter().map(|q| u(q, "sq_outstanding")).sum();
+    let gap = u(&d["runtime"], "max_pass_gap_us");
     let Some(b) = before else {
-        return json!({ "sq_depth": sq_depth });
+        return json!({ "sq_depth": sq_depth, "max_pass_gap_us": gap });
     };
     let dc = |k: &str| u(&d["counters"], k).saturating_sub(u(&b["counters"], k));
     let dr = |k: &str| u(&d["runtime"], k).saturating_sub(u(&b["runtime"], k));
@@ -294,6 +298,7 @@ fn signals(d: &Value, before: Option<&Value>, secs: f64) -> Value {
         "wqes_per_doorbell": ratio(dr("wqes"), dr("doorbells")),
         "tx_pkts_per_io": ratio(dr("tx_frames"), dr("flushes")),
         "rx_pkts_per_io": ratio(dr("rx_frames"), dr("rx_bursts")),
+        "max_pass_gap_us": gap,
         "qps": per_qp,
     })
 }
@@ -393,7 +398,7 @@ fn text(r: &Value, all: bool) -> String {
             let s = &d["signals"];
             let _ = writeln!(
                 o,
-                "    sq_depth {} retrans {} doorbells {}/s wqes/doorbell {} packets {}/s out {}/s in, per I/O call {} out {} in",
+                "    sq_depth {} retrans {} doorbells {}/s wqes/doorbell {} packets {}/s out {}/s in, per I/O call {} out {} in, max_pass_gap_us {}",
                 u(s, "sq_depth"),
                 pct(s["retrans_rate"].as_f64(), s["retrans_flag"] == true),
                 s["doorbells_per_s"].as_f64().map_or("-".into(), human),
@@ -408,6 +413,7 @@ fn text(r: &Value, all: bool) -> String {
                 s["rx_pkts_per_io"]
                     .as_f64()
                     .map_or("-".into(), |x| format!("{x:.2}")),
+                u(s, "max_pass_gap_us"),
             );
             let sig_qps = s["qps"]
                 .as_array()

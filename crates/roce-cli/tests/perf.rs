@@ -438,6 +438,8 @@ fn metrics_are_served_while_running() {
         "{calls} calls, {frames} frames"
     );
     assert!(metric("rocev2_runtime_rx_io_calls_total{side=\"server\"}") > 0);
+    // The longest pass gap is a gauge (µs), exported for both sides.
+    let _ = metric("rocev2_runtime_max_pass_gap_us{side=\"client\"}");
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
 }
 

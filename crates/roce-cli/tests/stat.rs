@@ -127,6 +127,7 @@ fn stat_reads_a_running_perf() {
     assert!(rx_io >= 1.0, "{}", server["signals"]);
     assert_eq!(cs["retrans_rate"].as_f64(), Some(0.0), "no loss: {cs}");
     assert_eq!(cs["retrans_flag"], false);
+    assert!(cs["max_pass_gap_us"].is_u64(), "{cs}");
     assert!(cs["sent_pps"].as_f64() > Some(0.0), "{cs}");
     assert!(server["signals"]["rcvd_pps"].as_f64() > Some(0.0));
     assert!(
@@ -162,6 +163,7 @@ fn stat_reads_a_running_perf() {
         "qp link rocev2_lo/1 lqpn 0x11 type RC state RTS",
         "wqes/doorbell 4.00",
         "per I/O call",
+        "max_pass_gap_us ",
         "retrans 0.00 %",
     ] {
         assert!(t.contains(want), "`{want}` not in:\n{t}");

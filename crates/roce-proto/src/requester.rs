@@ -545,8 +545,11 @@ impl Engine {
         // acknowledges packets the responder did receive before the rewind (IBTA; rxe `rxe_comp.c` check_psn compares
         // with the WQE's PSNs, not with the rewound send pointer).
         if p.diff(qp.req.una_psn) < 0 {
-            // A duplicate response (the responder re-ACKs every duplicate request, often una−1): harmless and
-            // ignored without a counter, like rxe (`check_psn`: older PSN → done) and mlx5 (no such counter).
+            // A duplicate response (the responder re-ACKs every duplicate request, often una−1, and answers a
+            // re-requested READ whose original responses arrived meanwhile): harmless and ignored (`ROCEV2.md §4.4`; rxe `check_psn`: older
+            // PSN → done), but counted, so that a requester busy with them is visible.
+            self.stats.duplicate_response += 1;
+            qp.counters.duplicate_response += 1;
             return;
         }
         if p.diff(qp.req.high_psn) >= 0 {

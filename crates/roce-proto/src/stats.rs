@@ -131,7 +131,12 @@ counters! {
     drop_uc_out_of_seq,
     /// Drop: a response beyond every PSN ever sent (ghost), a READ response or ATOMIC ACK with nothing outstanding,
     /// or a duplicate READ request that matches no saved READ. Responses older than the oldest unacknowledged PSN
-    /// (duplicates: the responder re-ACKs every duplicate request, typically for una−1) are harmless and ignored
-    /// without a count, like rxe (`rxe_comp.c` check_psn) and mlx5, which have no counter for them.
+    /// are harmless duplicates, not drops: they count as `duplicate_response`.
     drop_stale_response,
+    /// Responses (ACK, NAK, READ response, ATOMIC ACK) with a PSN below the requester's oldest unacknowledged PSN,
+    /// ignored as duplicates (`../shared/spec/ROCEV2.md` §4.4 "duplicate/old ACK: ignore"; rxe `rxe_comp.c`
+    /// `check_psn`: an older PSN ends the completer's work on the packet, without a counter). The responder sends
+    /// them for every duplicate request it re-ACKs (typically una−1), and for a re-requested READ whose responses
+    /// had already arrived; a requester busy with many of them shows it here. Not a drop: nothing was lost.
+    duplicate_response,
 }

@@ -22,7 +22,7 @@
 //!   process name, `/proc/<pid>/comm`; `cmdline`: the arguments joined by spaces) with
 //!   DEVICE = `{"index", "gids": [GID as IPv6 text, e.g. "::ffff:198.18.0.1"], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {progress,
 //!   caller_passes, thread_passes, missed, thread_missed, parks, wakeups, doorbells, wqes, flushes, tx_frames,
-//!   rx_bursts, rx_frames, batched_posts, link_errors, doorbell_overflows}, "qps": [QP...]}` and
+//!   rx_bursts, rx_frames, batched_posts, link_errors, doorbell_overflows, max_pass_gap_us}, "qps": [QP...]}` and
 //!   QP = `{"qpn", "type", "state", "next_psn", "una_psn", "epsn", "msn", "sq_outstanding", "rq_outstanding",
 //!   "udp_sport", "rate_bps", "target_bps", "alpha", "limited", "shaped_bps", "counters": {...}}`. Counters are
 //!   cumulative; rates are for the reader to compute between two snapshots. The `runtime` object is the engine
@@ -559,6 +559,7 @@ fn device_stats(c: &Context) -> Result<Value, String> {
             "batched_posts": ld(&r.batched_posts),
             "link_errors": ld(&r.link_errors),
             "doorbell_overflows": ld(&r.doorbell_overflows),
+            "max_pass_gap_us": ld(&r.max_pass_gap_us),
         },
         "qps": qps.iter().map(|q| json!({
             "qpn": q.qpn.value(),

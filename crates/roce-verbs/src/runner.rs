@@ -223,6 +223,12 @@ pub struct RuntimeStats {
     /// Times the doorbell queue was found full and a pass looked at every QP and CQ once instead (expected 0; see
     /// the module docs).
     pub doorbell_overflows: AtomicU64,
+    /// The longest time (µs) between the starts of two consecutive passes while a device of the group had an engine
+    /// timer armed (outstanding requests waiting for their ACK timeout; rate and CNP timers count too). One pass
+    /// serves every device of the group, so this is each device's value. A value near or above the local ACK
+    /// timeout (4.096 µs · 2^timeout, 67 ms by default) means the engine was not run for that long — a stalled
+    /// progress thread or a caller that stopped calling — and timeouts in that stretch may be spurious.
+    pub max_pass_gap_us: AtomicU64,
 }
 
 /// What a pass is for; a post and a poll skip what they do not need (module docs, "The pass").
@@ -626,6 +632,8 @@ pub struct Device {
     db_busy: bool,
     db_idle: bool,
     pub(crate) now: Instant,
+    /// Start of the last pass, if the engine had a timer armed at its end (for `RuntimeStats::max_pass_gap_us`).
+    timer_pass: Option<Instant>,
 }
 
 impl std::fmt::Debug for Device {
@@ -653,6 +661,7 @@ impl Device {
             db_busy: false,
             db_idle: false,
             now: Instant::ZERO,
+            timer_pass: None,
         }
     }
 
@@ -983,6 +992,11 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
     let mut work = false;
     for dev in devs.iter_mut() {
         dev.now = now;
+        if let Some(t) = dev.timer_pass {
+            let gap =
+                u64::try_from(now.saturating_duration_since(t).as_micros()).unwrap_or(u64::MAX);
+            stats.max_pass_gap_us.fetch_max(gap, Ordering::Relaxed);
+        }
     }
     // Posted work first, so that a receive the application posted before this pass is in the engine before the
     // frames this pass receives are processed.
@@ -1124,6 +1138,9 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         deadline = min_instant(deadline, dev.engine.poll_timeout());
         deadline = min_instant(deadline, dev.link.poll_at());
         deadline = min_instant(deadline, dev.moderation_deadline());
+    }
+    for dev in devs.iter_mut() {
+        dev.timer_pass = dev.engine.poll_timeout().map(|_| now);
     }
     shared.next_deadline.store(
         deadline.map_or(u64::MAX, Instant::as_nanos),

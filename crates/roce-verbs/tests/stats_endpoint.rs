@@ -91,6 +91,7 @@ fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
     let rt = &da["runtime"];
     assert!(rt["doorbells"].as_u64() >= Some(25), "{rt}");
     assert!(rt["wqes"].as_u64() >= Some(40), "{rt}");
+    assert!(rt["max_pass_gap_us"].is_u64(), "{rt}");
     let qa = &da["qps"][0];
     assert_eq!(qa["qpn"], a.2.qpn().value());
     assert_eq!(qa["type"], "RC");

@@ -13,6 +13,7 @@ use std::time::Duration;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use roce_proto::Counters;
 use roce_verbs::Context;
@@ -70,6 +71,18 @@ pub fn render(devices: &[(String, Context)]) -> String {
         }
         reg.register(name, help, fam);
     }
+    // The longest gap between two passes while a timer was armed (`RuntimeStats::max_pass_gap_us`): a gauge.
+    let gap = Family::<Labels, Gauge>::default();
+    for (side, ctx) in devices {
+        let v = ctx.runtime_stats().max_pass_gap_us.load(Ordering::Relaxed);
+        gap.get_or_create(&vec![("side".to_owned(), side.clone())])
+            .set(i64::try_from(v).unwrap_or(i64::MAX));
+    }
+    reg.register(
+        "runtime_max_pass_gap_us",
+        "longest gap between two engine passes while a timer was armed (µs)",
+        gap,
+    );
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {
         out.clear();

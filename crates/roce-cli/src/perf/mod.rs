@@ -1168,7 +1168,7 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
             let ld =
                 |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
             text.push_str(&format!(
-                "runtime ({side}, {:?} progress): caller_passes {} thread_passes {} missed {} parks {} wakeups {} doorbells {} wqes {} batched_posts {} flushes {} tx_frames {} rx_bursts {} rx_frames {} poll_yields {} link_errors {}\n",
+                "runtime ({side}, {:?} progress): caller_passes {} thread_passes {} missed {} parks {} wakeups {} doorbells {} wqes {} batched_posts {} flushes {} tx_frames {} rx_bursts {} rx_frames {} poll_yields {} link_errors {} max_pass_gap_us {}\n",
                 ctx.progress_mode(),
                 ld(&r.caller_passes),
                 ld(&r.thread_passes),
@@ -1183,7 +1183,8 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
                 ld(&r.rx_bursts),
                 ld(&r.rx_frames),
                 ld(&r.poll_yields),
-                ld(&r.link_errors)
+                ld(&r.link_errors),
+                ld(&r.max_pass_gap_us)
             ));
             if let Some(l) = link {
                 text.push_str(&format!("udp link counters ({side}):\n"));

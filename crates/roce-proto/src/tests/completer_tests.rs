@@ -180,6 +180,19 @@ fn late_read_responses_and_atomic_ack_after_a_rewind_are_processed() {
             "atomic={atomic}: late responses were dropped"
         );
         assert_eq!(p.a.counters().drop_stale_response, 0);
+        assert_eq!(p.a.counters().duplicate_response, 0);
+        // The same responses once more (the answer to the retransmitted request, had it been a duplicate READ or
+        // atomic): below una, ignored and counted as duplicates; nothing completes again.
+        for f in &late {
+            p.a.handle_frame(now, f);
+        }
+        assert!(poll_all(&mut p.a, a.cq).is_empty());
+        assert_eq!(p.a.counters().duplicate_response, late.len() as u64);
+        assert_eq!(
+            p.a.qp_counters(a.qpn).unwrap().duplicate_response,
+            late.len() as u64
+        );
+        assert_eq!(p.a.counters().drop_stale_response, 0);
         if atomic {
             let mut orig = [0u8; 8];
             p.a.mr_read(ma.lkey, 16384, &mut orig).unwrap();
@@ -196,9 +209,9 @@ fn late_read_responses_and_atomic_ack_after_a_rewind_are_processed() {
     }
 }
 
-/// A re-ACK for una−1 (the responder re-acknowledges every duplicate) is harmless: it is ignored without being
-/// counted as a drop, as rxe's completer (`check_psn`: older PSN → done) and mlx5's counters do — neither has a
-/// counter for it. Responses beyond anything ever sent are still dropped and counted (`drop_stale_response`).
+/// A re-ACK for una−1 (the responder re-acknowledges every duplicate) is harmless: it is ignored, as rxe's
+/// completer does (`check_psn`: older PSN → done), and counted as `duplicate_response`, not as a drop. Responses
+/// beyond anything ever sent are still dropped and counted (`drop_stale_response`).
 #[test]
 fn reack_of_una_minus_one_is_not_a_drop() {
     let (mut p, a, b, ma, mb) = setup();
@@ -216,6 +229,8 @@ fn reack_of_una_minus_one_is_not_a_drop() {
     p.a.handle_frame(now, &reack);
     assert_eq!(p.a.counters().drop_stale_response, 0);
     assert_eq!(p.a.qp_counters(a.qpn).unwrap().drop_stale_response, 0);
+    assert_eq!(p.a.counters().duplicate_response, 1);
+    assert_eq!(p.a.qp_counters(a.qpn).unwrap().duplicate_response, 1);
     // An ACK for a PSN never sent is a stale (ghost) response.
     let ghost = craft(
         &ack,
@@ -230,6 +245,7 @@ fn reack_of_una_minus_one_is_not_a_drop() {
     p.a.handle_frame(now, &ghost);
     assert_eq!(p.a.counters().drop_stale_response, 1);
     assert_eq!(p.a.qp_counters(a.qpn).unwrap().drop_stale_response, 1);
+    assert_eq!(p.a.counters().duplicate_response, 1);
     let _ = b;
 }
 
