@@ -8,7 +8,12 @@
 //!    the engine's SQ/RQ is full) and evaluate the CQs named by arm doorbells ([`crate::Cq::req_notify`]) — first,
 //!    so that receives posted before the pass are there for the frames it receives;
 //! 2. `rx_burst` (at most [`RuntimeConfig::rx_burst`] frames) → `handle_frame`; `handle_timeout(now)` when the
-//!    engine's deadline has passed;
+//!    engine's deadline has passed — always **after** receiving what the link holds: a pass that finds a timer due
+//!    receives even if its kind skips receiving, and keeps receiving while bursts come back full (at most
+//!    [`RX_BEFORE_TIMERS`] frames), so that an ACK or response already waiting in the link is processed before the
+//!    local ACK timeout it answers can fire. A pass that runs late (its thread was descheduled, the caller stopped
+//!    calling) would otherwise retransmit for nothing, and after `retry_cnt` such passes end a WR in
+//!    `RETRY_EXC_ERR` although every response arrived (`docs/FINDINGS-retry.md`);
 //! 3. `poll_transmit` into link transmit buffers, at most [`RuntimeConfig::tx_budget`] frames (quinn's
 //!    `MAX_TRANSMIT_DATAGRAMS`: a thread that posts one WR never sends someone else's 8 MiB WRITE to the end; the
 //!    rest goes out in later passes), then **one** `flush()`;
@@ -248,6 +253,12 @@ pub(crate) enum PassKind {
     /// `sendmmsg` — for at most [`TX_DEFER_MAX`].
     Poll,
 }
+
+/// Most frames one pass receives before it fires an engine timer that is due, while bursts come back full (module
+/// docs, "The pass"): 256 bursts of the default 32, twice what a 16 MiB receive buffer (`rocev2 perf`'s largest) holds
+/// of 4 KiB frames. Bounded so that a flood that never lets the queue empty delays a timer by one long pass, not
+/// forever.
+pub(crate) const RX_BEFORE_TIMERS: usize = 8192;
 
 /// How long poll passes may leave transmitting to a later pass (an ACK waits at most this plus one application
 /// call: far below any RC ACK timeout, 4.096 µs · 2^timeout).
@@ -1023,22 +1034,31 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
     }
     for dev in devs.iter_mut() {
         work |= dev.retry_blocked();
-        if matches!(kind, PassKind::Full | PassKind::Poll) {
-            let engine = &mut dev.engine;
-            match dev
-                .link
-                .rx_burst(now, cfg.rx_burst, &mut |f| engine.handle_frame(now, f))
-            {
-                Ok(n) => {
-                    if n > 0 {
-                        stats.rx_bursts.fetch_add(1, Ordering::Relaxed);
-                        stats.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
-                        work = true;
+        // Receive before timers (module docs, "The pass"): a due timer makes every pass receive, and receive
+        // everything waiting (bounded), so that responses already in the link count before the timeout fires.
+        let due = dev.engine.poll_timeout().is_some_and(|t| t <= now);
+        if due || matches!(kind, PassKind::Full | PassKind::Poll) {
+            let mut left = if due { RX_BEFORE_TIMERS } else { cfg.rx_burst };
+            while left > 0 {
+                let engine = &mut dev.engine;
+                let max = cfg.rx_burst.min(left);
+                match dev
+                    .link
+                    .rx_burst(now, max, &mut |f| engine.handle_frame(now, f))
+                {
+                    Ok(n) => {
+                        if n > 0 {
+                            stats.rx_bursts.fetch_add(1, Ordering::Relaxed);
+                            stats.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
+                            work = true;
+                        }
+                        left = if n < max { 0 } else { left - n };
                     }
-                }
-                Err(e) => {
-                    stats.link_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "rx_burst failed");
+                    Err(e) => {
+                        stats.link_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "rx_burst failed");
+                        left = 0;
+                    }
                 }
             }
         }

@@ -1226,4 +1226,207 @@ both_modes!(
     many_threads_many_qps_one_engine,
     full_cq_ring_is_published_after_poll,
     arming_after_completions_fires_at_once,
+    responses_waiting_in_the_link_count_before_a_late_timeout,
+    a_late_post_receives_before_the_timeout_fires,
 );
+
+/// What the test tells [`Stalling`] links, and what they saw.
+#[derive(Default)]
+struct StallCtl {
+    /// The last frame device `a` (port 0) received.
+    a_last: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Frames `a` receives ahead of what its segment holds, once `released`.
+    a_extra: std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>,
+    released: std::sync::atomic::AtomicBool,
+    /// Device `b`'s next `flush` that carries frames sleeps this long (ns, 0 = none), as if the thread running the
+    /// pass were descheduled, then sets `released`.
+    b_stall_ns: std::sync::atomic::AtomicU64,
+}
+
+/// A link decorator for the stall scenarios (`port` 0 = device `a`, 1 = `b`).
+struct Stalling {
+    inner: Box<dyn roce_link::Link + Send>,
+    port: usize,
+    committed: bool,
+    ctl: Arc<StallCtl>,
+}
+
+impl roce_link::Link for Stalling {
+    fn caps(&self) -> roce_link::LinkCaps {
+        self.inner.caps()
+    }
+    fn rx_burst(
+        &mut self,
+        now: roce_link::Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<usize, roce_link::LinkError> {
+        if self.port != 0 {
+            return self.inner.rx_burst(now, max, sink);
+        }
+        let mut k = 0;
+        if self.ctl.released.load(std::sync::atomic::Ordering::SeqCst) {
+            let mut extra = self.ctl.a_extra.lock().unwrap();
+            while k < max {
+                let Some(mut f) = extra.pop_front() else {
+                    break;
+                };
+                sink(&mut f);
+                k += 1;
+            }
+        }
+        if k == max {
+            return Ok(k);
+        }
+        let last = &self.ctl.a_last;
+        Ok(k + self.inner.rx_burst(now, max - k, &mut |f: &mut [u8]| {
+            *last.lock().unwrap() = Some(f.to_vec());
+            sink(f)
+        })?)
+    }
+    fn tx_buf(&mut self, now: roce_link::Instant) -> Result<&mut [u8], roce_link::LinkError> {
+        self.inner.tx_buf(now)
+    }
+    fn tx_commit(
+        &mut self,
+        now: roce_link::Instant,
+        len: usize,
+    ) -> Result<(), roce_link::LinkError> {
+        self.committed = true;
+        self.inner.tx_commit(now, len)
+    }
+    fn flush(&mut self, now: roce_link::Instant) -> Result<(), roce_link::LinkError> {
+        self.inner.flush(now)?;
+        if self.port == 1 && std::mem::take(&mut self.committed) {
+            let ns = self
+                .ctl
+                .b_stall_ns
+                .swap(0, std::sync::atomic::Ordering::SeqCst);
+            if ns > 0 {
+                std::thread::sleep(Duration::from_nanos(ns));
+                self.ctl
+                    .released
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        Ok(())
+    }
+    fn poll_at(&self) -> Option<roce_link::Instant> {
+        self.inner.poll_at()
+    }
+}
+
+/// Local ACK timeout exponent of the stall scenarios (4.096 µs · 2^16 ≈ 268 ms) and the stall (longer).
+const STALL_TIMEOUT: u8 = 16;
+const STALL: Duration = Duration::from_millis(400);
+
+/// The stall scenario up to the stall (`docs/FINDINGS-retry.md`): a pair in one group over [`Stalling`] links,
+/// connected with [`STALL_TIMEOUT`], in `mode` without the auto-progress thread; WRITE 1 completed; `dups` copies of
+/// its ACK queued for `a`; WRITE 2 posted and driven until `b` has sent its ACK — and then the thread running that
+/// pass stalls for [`STALL`], past `a`'s ACK timeout, with WRITE 2's ACK (behind the duplicates) waiting in `a`'s link.
+/// Returns the ends and the completions seen so far.
+fn stalled_after_the_ack(mode: ProgressMode, dups: usize) -> (End, End) {
+    let ctl = Arc::new(StallCtl::default());
+    let rt = RuntimeConfig {
+        auto_progress: None,
+        ..RuntimeConfig::with_mode(mode)
+    };
+    let (c, mut port) = (ctl.clone(), 0);
+    let (ca, cb) = Context::sim_pair_with(rt, roce_link::SimConfig::default(), move |inner| {
+        port += 1;
+        Ok(Box::new(Stalling {
+            inner,
+            port: port - 1,
+            committed: false,
+            ctl: c.clone(),
+        }) as Box<dyn roce_link::Link + Send>)
+    })
+    .expect("pair");
+    let a = end(&ca, None, Moderation::default(), 8192);
+    let b = end(&cb, None, Moderation::default(), 8192);
+    let (pa, pb) = (Psn::new(100), Psn::new(5000));
+    let o = ConnectOpts {
+        timeout: STALL_TIMEOUT,
+        ..ConnectOpts::default()
+    };
+    a.qp.connect(&b.qp.endpoint(pb), pa, &o).expect("connect a");
+    b.qp.connect(&a.qp.endpoint(pa), pb, &o).expect("connect b");
+    write_one(&a, &b, 1);
+    assert_eq!(
+        poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
+        WcStatus::Success
+    );
+    let ack = ctl
+        .a_last
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("a received WRITE 1's ACK");
+    assert_eq!(ack[42], 0x11, "BTH opcode ACKNOWLEDGE");
+    ctl.a_extra
+        .lock()
+        .unwrap()
+        .extend(std::iter::repeat_n(ack, dups));
+    ctl.b_stall_ns
+        .store(STALL.as_nanos() as u64, std::sync::atomic::Ordering::SeqCst);
+    write_one(&a, &b, 2);
+    let t0 = Instant::now();
+    while !ctl.released.load(std::sync::atomic::Ordering::SeqCst) {
+        if mode == ProgressMode::Caller {
+            a.ctx.progress();
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "b never sent WRITE 2's ACK"
+        );
+    }
+    (a, b)
+}
+
+/// After a stall, no timeout, no retry, WRITE 2 (and the rest) complete, every duplicate was seen, and the stall
+/// shows in `max_pass_gap_us`.
+fn assert_no_spurious_timeout(a: &End, n: usize, dups: usize) {
+    let wcs = poll_n(&a.cq, n, Duration::from_secs(10));
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    let c = a.ctx.counters().expect("counters");
+    assert_eq!(
+        (
+            c.local_ack_timeout_err,
+            c.completer_retry_err,
+            c.retransmitted_pkts
+        ),
+        (0, 0, 0),
+        "a timeout fired although WRITE 2's ACK was waiting in the link: {c:?}"
+    );
+    assert_eq!(c.duplicate_response, dups as u64);
+    let gap = a
+        .ctx
+        .runtime_stats()
+        .max_pass_gap_us
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(gap >= STALL.as_micros() as u64, "max_pass_gap_us {gap}");
+}
+
+/// A pass that runs after its thread stalled past the ACK timeout receives what waits in the link before it fires
+/// the timer — all of it, not one burst: WRITE 2's ACK waits behind three bursts' worth of duplicate ACKs. Before the
+/// fix the pass read one burst (32 duplicates), then fired the timeout: one spurious retry (and with `retry_cnt`
+/// such passes in a row, `RETRY_EXC_ERR` although every ACK arrived).
+fn responses_waiting_in_the_link_count_before_a_late_timeout(mode: ProgressMode) {
+    let dups = 3 * RuntimeConfig::default().rx_burst;
+    let (a, _b) = stalled_after_the_ack(mode, dups);
+    if mode == ProgressMode::Caller {
+        // One pass, as the application's next call would run it.
+        a.ctx.progress();
+    }
+    assert_no_spurious_timeout(&a, 1, dups);
+}
+
+/// Caller mode's post pass skips receiving; after a stall it must still receive before it fires the timer (before
+/// the fix it fired it with the ACK waiting: one spurious retry). In Thread mode the post only rings the doorbell.
+fn a_late_post_receives_before_the_timeout_fires(mode: ProgressMode) {
+    let (a, b) = stalled_after_the_ack(mode, 0);
+    write_one(&a, &b, 3);
+    assert_no_spurious_timeout(&a, 2, 0);
+}
