@@ -18,6 +18,7 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use roce_link::device::gid_of;
 use roce_link::udp::{Interface, device_name_of_interface, interfaces};
 use roce_proto::{DeviceAttr, Gid, Mtu};
 use roce_verbs::endpoint;
@@ -72,13 +73,6 @@ fn guid_of_mac(mac: &str) -> String {
         "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
         g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     )
-}
-
-fn gid_of(a: IpAddr) -> Gid {
-    match a {
-        IpAddr::V4(v) => Gid::from_ipv4(v.octets()),
-        IpAddr::V6(v) => Gid(v.octets()),
-    }
 }
 
 /// A GID as IPv6 text (`::ffff:198.18.0.1`, `fe80::1`), as `ibv_devinfo` and the stats endpoint write it.

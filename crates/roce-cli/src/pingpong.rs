@@ -71,6 +71,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use roce_link::device::mac_of;
 use roce_link::{LinkError, Pcap, PcapMode, RxMode, UdpConfig, UdpLink};
 use roce_proto::{EngineConfig, Mtu, QpType};
 use roce_verbs::{
@@ -425,17 +426,6 @@ fn write_one(s: &mut TcpStream, buf: &[u8], step: &str) -> Result<(), String> {
         return Err(format!("{step}: short write ({n} of {} bytes)", buf.len()));
     }
     Ok(())
-}
-
-fn mac_of(ip: IpAddr) -> [u8; 6] {
-    let o = match ip {
-        IpAddr::V4(v) => v.octets(),
-        IpAddr::V6(v) => {
-            let x = v.octets();
-            [x[12], x[13], x[14], x[15]]
-        }
-    };
-    [0x02, 0x00, o[0], o[1], o[2], o[3]]
 }
 
 fn source_chain(e: &dyn std::error::Error) -> String {

@@ -3,8 +3,8 @@
 //! `libibverbs.so.1` that `rocev2 run` puts in front of a program, reads it from the environment).
 //!
 //! `rocev2 run [--ip ADDR] [--rx socket|packet] -- PROGRAM` sets [`ENV_IP`] (and [`ENV_RX`]). The device is one
-//! port on the network interface that owns the address, named as `rocev2 devinfo` names it ([`device_name`]):
-//! `rocev2_<interface>`.
+//! port on the network interface that owns the address, named as every rocev2 tool names it
+//! ([`udp::device_name_of_interface`]): `rocev2_<interface>`.
 
 use std::net::IpAddr;
 
@@ -16,11 +16,6 @@ pub const ENV_IP: &str = "ROCEV2_IBV_IP";
 /// Environment variable with the receive path of the link: `socket` (default) or `packet` (`AF_PACKET`, needed to
 /// verify the ICRC of peers that number their IPv4 IDs, such as Linux rxe; needs `CAP_NET_RAW`).
 pub const ENV_RX: &str = "ROCEV2_IBV_RX";
-
-/// The name of the rocev2 device on network interface `interface` (`rocev2 devinfo`'s naming).
-pub fn device_name(interface: &str) -> String {
-    format!("rocev2_{interface}")
-}
 
 /// The MAC address rocev2 uses for `ip` (`02:00:` + the last four address bytes), as `rocev2 perf`/`pingpong` do.
 pub fn mac_of(ip: IpAddr) -> [u8; 6] {
@@ -98,7 +93,7 @@ impl DeviceSpec {
 
     /// `rocev2_<interface>`.
     pub fn name(&self) -> String {
-        device_name(&self.interface)
+        udp::device_name_of_interface(&self.interface)
     }
 
     /// The GID table (one entry: the address).

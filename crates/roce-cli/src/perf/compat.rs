@@ -72,6 +72,7 @@
 use std::net::{IpAddr, TcpListener};
 use std::time::{Duration, Instant};
 
+use roce_link::device::gid_of;
 use roce_proto::{Qpn, WcOpcode};
 use roce_verbs::{
     AccessFlags, AhAttr, Context, Cq, Gid, Mr, MrBuf, Mtu, ProgressMode, Psn, Qp, QpAttr,
@@ -338,14 +339,6 @@ fn wc_error(wc: &Wc) -> String {
         "work completion error: {} (wr_id {:#x}, QP {}, opcode {:?})",
         wc.status, wc.wr_id, wc.qp_num, wc.opcode
     )
-}
-
-/// The IPv4-mapped (or IPv6) GID of `ip`.
-fn gid_of(ip: IpAddr) -> Gid {
-    match ip {
-        IpAddr::V4(v) => Gid::from_ipv4(v.octets()),
-        IpAddr::V6(v) => Gid(v.octets()),
-    }
 }
 
 /// The peer's GID must be the GID of the address we reached it at (see the module docs).

@@ -36,10 +36,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use roce_link::device::{gid_of, mac_of};
 use roce_link::{
     FaultConfig, Faulty, LinkError, Pcap, PcapMode, RxMode, SimConfig, UdpConfig, UdpLink,
 };
-use roce_proto::{EngineConfig, Gid, Mtu, QpType};
+use roce_proto::{EngineConfig, Mtu, QpType};
 use roce_verbs::{Context, Moderation, ProgressMode, RuntimeConfig, SendLink};
 use serde_json::{Value, json};
 
@@ -925,24 +926,6 @@ fn fault_config(a: &PerfArgs) -> Option<(FaultConfig, FaultConfig)> {
         ..FaultConfig::default()
     };
     Some((tx, rx))
-}
-
-fn mac_of(ip: IpAddr) -> [u8; 6] {
-    let o = match ip {
-        IpAddr::V4(v) => v.octets(),
-        IpAddr::V6(v) => {
-            let x = v.octets();
-            [x[12], x[13], x[14], x[15]]
-        }
-    };
-    [0x02, 0x00, o[0], o[1], o[2], o[3]]
-}
-
-fn gid_of(ip: IpAddr) -> Gid {
-    match ip {
-        IpAddr::V4(v) => Gid::from_ipv4(v.octets()),
-        IpAddr::V6(v) => Gid(v.octets()),
-    }
 }
 
 fn engine_cfg(ip: IpAddr, seed: u64) -> EngineConfig {
