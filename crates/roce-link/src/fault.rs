@@ -511,6 +511,11 @@ impl<L: Link> Link for Faulty<L> {
         let held = min_instant(self.tx.next_release(), self.rx.next_release());
         min_instant(self.inner.poll_at(), held)
     }
+
+    /// The inner link's: frames held back here (delay, reordering) are announced by [`Link::poll_at`].
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.wait_fd()
+    }
 }
 
 // ------------------------------------------------------------------------------------------------ frame edits

@@ -21,6 +21,10 @@
 //!
 //! Time is the engine's [`Instant`] (nanoseconds, supplied by the driver); links never read a clock.
 //!
+//! * **readiness**: a link whose frames arrive on a file descriptor names it in [`Link::wait_fd`]; a driver with
+//!   nothing to do blocks on it (with [`wait::Waiter`], which other threads can ring) until a frame arrives or its
+//!   next deadline, instead of polling.
+//!
 //! # The `tx_buf` contract
 //!
 //! Between a `tx_buf` and the matching `tx_commit`, calling `tx_buf` again returns **the same buffer with its
@@ -37,6 +41,7 @@ pub mod pcap;
 mod pool;
 pub mod sim;
 pub mod udp;
+pub mod wait;
 
 pub use fault::{Fault, FaultConfig, FaultStats, Faulty, GilbertElliott};
 pub use null::{NullLink, NullStats};
@@ -45,6 +50,7 @@ pub use roce_proto::time::Instant;
 pub use roce_proto::{TxGather, TxSeg};
 pub use sim::{SimConfig, SimNet, SimPort, SimStats};
 pub use udp::{IpIdPolicy, RxMode, UdpConfig, UdpLink, UdpStats};
+pub use wait::{MAX_WAIT_FDS, Waiter, Woken};
 
 /// What the backend does about the RoCE v2 ICRC (`STYLE.md` W6, `ROCEV2.md §3`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -129,6 +135,18 @@ pub trait Link {
     /// a held frame is released), if known. Real backends that are driven by readiness return `None`.
     fn poll_at(&self) -> Option<Instant>;
 
+    /// A file descriptor that becomes readable (`POLLIN`) when [`rx_burst`](Self::rx_burst) has a frame to deliver,
+    /// so that a driver with nothing to do can block on it ([`wait::Waiter::wait`]) until a frame arrives or its
+    /// next deadline (the engine's `poll_timeout` and [`poll_at`](Self::poll_at)) instead of polling.
+    ///
+    /// `None` (the default) when waiting on a descriptor is not enough to see this link's next work: a link with no
+    /// descriptor (the simulated and null links), or one that has work no readiness announces right now (frames
+    /// queued after back-pressure, which only a later [`flush`](Self::flush) sends). The driver then polls. A
+    /// decorator passes its inner link's answer on (frames it holds back are announced by `poll_at`).
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
     /// Queues a gathered frame ([`roce_proto::Engine::poll_transmit_gather`]): the first `g.head` bytes of the
     /// buffer from the last [`tx_buf`](Self::tx_buf), then `segs[..g.segs]`, then `g.tail` bytes of the buffer at
     /// offset `g.head`. The default linearises it into the buffer (one copy of the payload) and calls
@@ -200,6 +218,9 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn poll_at(&self) -> Option<Instant> {
         (**self).poll_at()
+    }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        (**self).wait_fd()
     }
 }
 

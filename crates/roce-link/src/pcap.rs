@@ -176,6 +176,10 @@ impl<L: Link, W: Write> Link for Pcap<L, W> {
     fn poll_at(&self) -> Option<Instant> {
         self.inner.poll_at()
     }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.wait_fd()
+    }
 }
 
 #[cfg(test)]

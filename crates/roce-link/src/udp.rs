@@ -1788,6 +1788,12 @@ impl Link for UdpLink {
     fn poll_at(&self) -> Option<Instant> {
         None
     }
+
+    /// [`UdpLink::rx_fd`] while no frame waits in the transmit queue (after `EAGAIN`/`ENOBUFS` only a later
+    /// `flush` sends it, and no receive readiness says when).
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.tx_pend.is_empty().then(|| self.rx_fd())
+    }
 }
 
 #[cfg(test)]
