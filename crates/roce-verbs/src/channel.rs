@@ -9,11 +9,15 @@
 //! way NIC drivers' adaptive interrupt moderation (DIM) trades latency for event rate.
 
 use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
+use roce_link::{MAX_WAIT_FDS, Waiter};
 use roce_proto::Instant;
 
+use crate::progress::SleepFlag;
 use crate::runner::{Idle, ProgressMode, Shared, idle_step};
 
 /// CQ moderation parameters.
@@ -111,7 +115,6 @@ impl ModerationState {
 }
 
 /// A completion channel: CQs that share it queue their events here; [`CompChannel::get_event`] blocks for one.
-#[derive(Default)]
 pub struct CompChannel {
     events: Mutex<VecDeque<u32>>,
     cv: Condvar,
@@ -119,6 +122,26 @@ pub struct CompChannel {
     attached: std::sync::atomic::AtomicUsize,
     /// Device groups in [`ProgressMode::Caller`] whose CQs are attached: `get_event` drives their progress.
     drivers: Mutex<Vec<Weak<Shared>>>,
+    /// What a driving `get_event` blocks on with the links' receive descriptors, rung by [`notify`](Self::notify)
+    /// (`None` if the eventfd could not be made: then it sleeps on the condition variable, as without descriptors).
+    waiter: Option<Waiter>,
+    /// `get_event` threads inside that readiness wait (`progress` module, "Sleep flag").
+    sleep: SleepFlag,
+}
+
+impl Default for CompChannel {
+    fn default() -> Self {
+        CompChannel {
+            events: Mutex::default(),
+            cv: Condvar::new(),
+            attached: std::sync::atomic::AtomicUsize::new(0),
+            drivers: Mutex::default(),
+            waiter: Waiter::new()
+                .inspect_err(|e| tracing::warn!(error = %e, "no eventfd for a completion channel"))
+                .ok(),
+            sleep: SleepFlag::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for CompChannel {
@@ -148,10 +171,7 @@ impl CompChannel {
             d.push(driver);
         }
         if let Ok(mut q) = self.events.lock() {
-            let n = self
-                .attached
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                + 1;
+            let n = self.attached.fetch_add(1, Ordering::Relaxed) + 1;
             // `reserve` counts from the current length: make the capacity at least one slot per attached CQ.
             let len = q.len();
             q.reserve(n.saturating_sub(len));
@@ -166,14 +186,21 @@ impl CompChannel {
             q.push_back(cq);
             self.cv.notify_one();
         }
+        if self.sleep.must_wake()
+            && let Some(w) = &self.waiter
+        {
+            w.wake();
+        }
     }
 
     /// `ibv_get_cq_event`: waits up to `timeout` for an event and returns the id ([`crate::Cq::id`]) of the CQ
     /// that raised it; `None` on timeout.
     ///
     /// In [`ProgressMode::Caller`] the waiting thread drives the progress of the attached CQs' devices itself (a
-    /// pass, then the progress thread's back-off: busy for `spin`, yielding until `yield_for`, then sleeping on the
-    /// channel at most `park_max` between passes), so an event-driven program needs no other thread.
+    /// pass, then the progress thread's back-off: busy for `spin`, then blocking in `ppoll` on the links' receive
+    /// descriptors and the channel's eventfd until a frame arrives, another thread's pass raises an event, or the
+    /// next deadline, at most `park_max`; on links without a descriptor, yielding until `yield_for`, then sleeping on
+    /// the channel at most `park_max` between passes), so an event-driven program needs no other thread.
     pub fn get_event(&self, timeout: Duration) -> Option<u32> {
         let deadline = std::time::Instant::now() + timeout;
         // The groups to drive, without allocating for the usual few (the event path is allocation-free).
@@ -191,6 +218,7 @@ impl CompChannel {
         if let Some(sh) = drivers().next() {
             let clock = sh.clock;
             let mut last_work = clock.now();
+            let mut fds = [0 as RawFd; MAX_WAIT_FDS];
             loop {
                 if let Some(cq) = self.try_event() {
                     return Some(cq);
@@ -211,13 +239,42 @@ impl CompChannel {
                     last_work = now;
                     continue;
                 }
-                match idle_step(sh, now, now.saturating_duration_since(last_work)) {
+                // Every driven group's links must have a descriptor, or a frame for one of them would go unseen.
+                let ready = self.waiter.as_ref().and_then(|_| {
+                    let mut n = 0;
+                    for d in drivers() {
+                        n += d.ready_fds(&mut fds[n..])?;
+                    }
+                    Some(n)
+                });
+                let idle = now.saturating_duration_since(last_work);
+                match idle_step(sh, now, idle, ready.is_some()) {
                     Idle::Spin => std::hint::spin_loop(),
                     Idle::Yield => std::thread::yield_now(),
                     Idle::Sleep(d) => {
                         let q = self.events.lock().ok()?;
                         if q.is_empty() {
                             let _ = self.cv.wait_timeout(q, d.min(left)).ok()?;
+                        }
+                    }
+                    Idle::Wait(d) => {
+                        if let (Some(w), Some(n)) = (&self.waiter, ready)
+                            && self
+                                .sleep
+                                .prepare_park(|| self.events.lock().is_ok_and(|q| !q.is_empty()))
+                        {
+                            sh.stats.readiness_waits.fetch_add(1, Ordering::Relaxed);
+                            match w.wait(&fds[..n], d.min(left)) {
+                                Ok(r) if r.readable => {
+                                    sh.stats.readiness_wakeups.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Ok(_) => {}
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "readiness wait failed");
+                                    std::thread::yield_now();
+                                }
+                            }
+                            self.sleep.unparked();
                         }
                     }
                 }

@@ -21,8 +21,9 @@
 //! * `{"get": "stats"}` → `{"proto": "rocev2-stats", "v": 1, "pid", "comm", "cmdline", "devices": [DEVICE...]}` (`comm`: the
 //!   process name, `/proc/<pid>/comm`; `cmdline`: the arguments joined by spaces) with
 //!   DEVICE = `{"index", "gids": [GID as IPv6 text, e.g. "::ffff:198.18.0.1"], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {progress,
-//!   caller_passes, thread_passes, missed, thread_missed, parks, wakeups, doorbells, wqes, flushes, tx_frames,
-//!   rx_bursts, rx_frames, batched_posts, link_errors, doorbell_overflows, max_pass_gap_us}, "qps": [QP...]}` and
+//!   caller_passes, thread_passes, missed, thread_missed, parks, wakeups, readiness_waits, readiness_wakeups,
+//!   doorbells, wqes, flushes, tx_frames, rx_bursts, rx_frames, batched_posts, link_errors, doorbell_overflows,
+//!   max_pass_gap_us}, "qps": [QP...]}` and
 //!   QP = `{"qpn", "type", "state", "next_psn", "una_psn", "epsn", "msn", "sq_outstanding", "rq_outstanding",
 //!   "udp_sport", "rate_bps", "target_bps", "alpha", "limited", "shaped_bps", "counters": {...}}`. Counters are
 //!   cumulative; rates are for the reader to compute between two snapshots. The `runtime` object is the engine
@@ -550,6 +551,8 @@ fn device_stats(c: &Context) -> Result<Value, String> {
             "thread_missed": ld(&r.thread_missed),
             "parks": ld(&r.parks),
             "wakeups": ld(&r.wakeups),
+            "readiness_waits": ld(&r.readiness_waits),
+            "readiness_wakeups": ld(&r.readiness_wakeups),
             "doorbells": ld(&r.doorbells),
             "wqes": ld(&r.wqes),
             "flushes": ld(&r.flushes),

@@ -42,7 +42,7 @@ pub enum Error {
     /// The device is gone (a device index that does not exist).
     #[error("the device has stopped")]
     EngineGone,
-    /// Spawning the progress thread failed.
+    /// Spawning the progress thread (or creating the eventfd that wakes it) failed.
     #[error("spawning the progress thread failed")]
     Spawn(#[source] std::io::Error),
     /// A bad argument detected by the runtime.
@@ -210,7 +210,7 @@ impl Context {
             .map(|(c, l)| Device::new(Engine::new(c), l))
             .collect();
         let rt_endpoint = rt.stats_endpoint.clone();
-        let shared = Arc::new(Shared::new(devs, max_objects, rt));
+        let shared = Arc::new(Shared::new(devs, max_objects, rt).map_err(Error::Spawn)?);
         let join = if shared.wants_thread() {
             let sh = Arc::clone(&shared);
             let name = match shared.mode() {
@@ -225,7 +225,6 @@ impl Context {
                     runner::run_thread(sh)
                 })
                 .map_err(Error::Spawn)?;
-            shared.set_thread(j.thread().clone());
             // The thread runs before `open` returns (its start-up, which allocates, is not left to chance later).
             started_rx.recv().map_err(|_| Error::EngineGone)?;
             Some(j)

@@ -19,14 +19,18 @@
 //!
 //! # Sleep flag (`SleepFlag`)
 //!
-//! The progress thread announces that it is about to park (`parked = true`, fence, re-check for work, park); a
-//! poster publishes its work, fences, and unparks the thread only if `parked` is set. Either the thread's re-check
-//! sees the work or the poster sees the flag: a wake-up cannot be lost.
+//! A thread that is about to block (the progress thread, a [`crate::CompChannel::get_event`] waiter) announces it
+//! (`parked += 1`, fence, re-check for work, block in `ppoll` on the waiter's eventfd and the links' receive
+//! descriptors, `roce_link::wait`); a poster publishes its work, fences, and rings the eventfd only if `parked` is
+//! non-zero. Either the sleeper's re-check sees the work or the poster sees the count: a wake-up cannot be lost. The
+//! eventfd keeps a ring until it is read, so a ring that lands between the re-check and the `ppoll` ends that
+//! `ppoll` at once; a frame that arrives at any point leaves its descriptor readable (level-triggered), so the
+//! `ppoll` returns for it too. The flag only spares posters the system call while nobody sleeps.
 //!
 //! Both are checked with loom (`tests` below: `RUSTFLAGS="--cfg loom" cargo test --release -p roce-verbs --lib
 //! loom`, docs/TESTING.md).
 
-use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, TryLockError, fence};
+use crate::sync::{AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering, TryLockError, fence};
 
 /// What [`ProgressLock::try_progress`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,34 +169,34 @@ impl<T> ProgressLock<T> {
     }
 }
 
-/// The progress thread's "about to park" flag (module docs).
+/// The "about to block" count of the threads that sleep on one waiter (module docs).
 #[derive(Default)]
 pub(crate) struct SleepFlag {
-    parked: AtomicBool,
+    parked: AtomicUsize,
 }
 
 impl SleepFlag {
-    /// Progress thread: announce the park; afterwards re-check for work (`has_work`) and park only if there is none.
-    /// Returns true if the caller may park.
+    /// Sleeper: announce the sleep; afterwards re-check for work (`has_work`) and sleep only if there is none.
+    /// Returns true if the caller may sleep (it then calls [`unparked`](Self::unparked) when it is back).
     pub(crate) fn prepare_park(&self, has_work: impl FnOnce() -> bool) -> bool {
-        self.parked.store(true, Ordering::SeqCst);
+        self.parked.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if has_work() {
-            self.parked.store(false, Ordering::SeqCst);
+            self.parked.fetch_sub(1, Ordering::SeqCst);
             return false;
         }
         true
     }
 
-    /// Progress thread: back from parking.
+    /// Sleeper: back from sleeping.
     pub(crate) fn unparked(&self) {
-        self.parked.store(false, Ordering::SeqCst);
+        self.parked.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Poster, after publishing work: true if the thread must be unparked.
+    /// Poster, after publishing work: true if a sleeper must be woken (its waiter rung).
     pub(crate) fn must_wake(&self) -> bool {
         fence(Ordering::SeqCst);
-        self.parked.load(Ordering::SeqCst)
+        self.parked.load(Ordering::SeqCst) > 0
     }
 }
 
@@ -320,33 +324,100 @@ mod loom_tests {
         });
     }
 
-    /// The sleep flag: a progress thread that finds no work parks (without a timeout); a poster publishes work and
-    /// unparks it only if it announced the park. The thread always wakes for the work (a lost wake-up would leave it
-    /// parked forever: loom reports the deadlock).
+    /// The waiter of `roce_link::wait` as loom sees it: an eventfd counter that `wake` raises and a wait reads back to
+    /// zero, plus one link descriptor that is readable while a frame is queued. `wait` blocks (no timeout: a lost
+    /// wake-up would block forever, which loom reports as a deadlock) until either is set, like `ppoll` on both.
+    #[derive(Default)]
+    struct WaiterModel {
+        state: Mutex<(usize, usize)>,
+        cv: loom::sync::Condvar,
+    }
+
+    impl WaiterModel {
+        /// `Waiter::wake`: one `write(2)` to the eventfd.
+        fn wake(&self) {
+            self.state.lock().unwrap().0 += 1;
+            self.cv.notify_all();
+        }
+        /// The kernel queues a frame on the link's socket (readable, level-triggered).
+        fn frame_arrives(&self) {
+            self.state.lock().unwrap().1 += 1;
+            self.cv.notify_all();
+        }
+        /// `rx_burst`: takes every queued frame (non-blocking). Returns how many.
+        fn rx_burst(&self) -> usize {
+            std::mem::take(&mut self.state.lock().unwrap().1)
+        }
+        /// `Waiter::wait`: blocks until rung or readable; reads the ring back to zero.
+        fn wait(&self) {
+            let mut g = self.state.lock().unwrap();
+            while g.0 == 0 && g.1 == 0 {
+                g = self.cv.wait(g).unwrap();
+            }
+            g.0 = 0;
+        }
+    }
+
+    /// The sleep flag with the readiness wait: the progress thread runs passes (take posts, receive frames) and,
+    /// finding none, announces the sleep, re-checks for posts and blocks on the eventfd + the link. A poster
+    /// publishes a post and rings only if the thread announced a sleep; a frame arrives on the link meanwhile. The
+    /// thread always wakes for both (a lost wake-up would leave it blocked forever: loom reports the deadlock).
     #[test]
     fn loom_sleep_flag_loses_no_wakeup() {
         model(|| {
             let flag = Arc::new(SleepFlag::default());
+            let waiter = Arc::new(WaiterModel::default());
             let work = Arc::new(AtomicUsize::new(0));
             let progress = {
-                let (flag, work) = (flag.clone(), work.clone());
+                let (flag, waiter, work) = (flag.clone(), waiter.clone(), work.clone());
                 loom::thread::spawn(move || {
+                    let mut frames = 0;
                     loop {
-                        if work.load(Ordering::Acquire) == 1 {
+                        // A pass.
+                        let posts = work.load(Ordering::Acquire);
+                        frames += waiter.rx_burst();
+                        if posts == 1 && frames == 1 {
                             return;
                         }
-                        if flag.prepare_park(|| work.load(Ordering::Acquire) == 1) {
-                            loom::thread::park();
+                        if flag.prepare_park(|| work.load(Ordering::Acquire) != posts) {
+                            waiter.wait();
                             flag.unparked();
                         }
                     }
                 })
             };
-            work.store(1, Ordering::Release);
-            if flag.must_wake() {
-                progress.thread().unpark();
-            }
+            let poster = {
+                let (flag, waiter, work) = (flag.clone(), waiter.clone(), work.clone());
+                loom::thread::spawn(move || {
+                    work.store(1, Ordering::Release);
+                    if flag.must_wake() {
+                        waiter.wake();
+                    }
+                })
+            };
+            waiter.frame_arrives();
+            poster.join().unwrap();
             progress.join().unwrap();
+        });
+    }
+
+    /// Two sleepers on one flag (two threads in `CompChannel::get_event`): while either is announced, a poster
+    /// rings. (With a boolean flag the first sleeper's `unparked` would hide the second one from posters.)
+    #[test]
+    fn loom_sleep_flag_counts_sleepers() {
+        model(|| {
+            let flag = Arc::new(SleepFlag::default());
+            let a = flag.prepare_park(|| false);
+            let b = {
+                let flag = flag.clone();
+                loom::thread::spawn(move || flag.prepare_park(|| false))
+            };
+            let b = b.join().unwrap();
+            assert!(a && b);
+            flag.unparked();
+            assert!(flag.must_wake(), "the second sleeper must still be woken");
+            flag.unparked();
+            assert!(!flag.must_wake());
         });
     }
 }

@@ -71,6 +71,26 @@
 //! Control verbs (create/modify/destroy, `reg_mr`, counters) take the progress lock (blocking), act, and run one
 //! pass, in the calling thread, in both modes.
 //!
+//! # Idle
+//!
+//! A thread that drives passes in a loop and finds nothing to do ([`idle_step`]: the progress / auto-progress thread,
+//! a [`CompChannel::get_event`] waiter) busy-polls for [`RuntimeConfig::spin`] (so a busy run pays no system call
+//! beyond its passes), then **blocks until there is work**: in `ppoll(2)` on every link's receive descriptor
+//! ([`Link::wait_fd`], published by each pass) and its own eventfd (`roce_link::wait::Waiter`: rung by doorbells in
+//! Thread mode, hand-offs, the shutdown, and completion events for a channel waiter), with the group's next deadline
+//! (engine timers, link releases, CQ moderation) as the timeout, at most [`RuntimeConfig::park_max`]. A frame wakes
+//! it as soon as the kernel queues it, and on a busy CPU the kernel lets the woken thread (the benchmarks run it at
+//! `nice -20`) preempt the running one; a `sched_yield` or a timed sleep instead hands the CPU to whatever else is
+//! runnable for its slice (BENCHMARKS.md, "Real wire"). The [`SleepFlag`] handshake (loom-checked) makes sure a post
+//! that comes just before the block still wakes it. `park_max` still bounds each wait, for work no descriptor
+//! announces: a timer set by another thread's pass meanwhile, CQ ring room a Thread-mode poller made. Counted in
+//! [`RuntimeStats::readiness_waits`] / [`RuntimeStats::readiness_wakeups`].
+//!
+//! If some link has no descriptor now (the simulated link; a UDP link with frames queued after back-pressure), the
+//! driver falls back to polling: yield until [`RuntimeConfig::yield_for`], then sleep at most `park_max` at a time
+//! ([`RuntimeStats::parks`]). [`crate::Cq::poll`] never blocks (`ibv_poll_cq` is non-blocking): where a driver would
+//! block, an empty poll yields its core instead.
+//!
 //! # Per-packet cost
 //!
 //! Nothing here allocates, locks (besides the progress lock once per pass) or scans all QPs/CQs per packet or per
@@ -94,13 +114,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::Thread;
+use std::sync::atomic::{AtomicI32, AtomicUsize};
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
-use roce_link::{Link, min_instant};
+use roce_link::{Link, MAX_WAIT_FDS, Waiter, Woken, min_instant};
 use roce_proto::{CqHandle, Engine, Instant, Qpn, Wc, WcStatus};
 
 use crate::channel::{CompChannel, Moderation, ModerationState};
@@ -148,11 +169,15 @@ pub struct RuntimeConfig {
     pub tx_budget: usize,
     /// Passes one call runs at most while other threads keep flagging `missed` (see `src/progress.rs`).
     pub max_rounds: u32,
-    /// Idle time the progress thread (and a waiting [`CompChannel::get_event`]) spends busy-polling before yielding.
+    /// Idle time the progress thread (and a waiting [`CompChannel::get_event`]) spends busy-polling before it blocks
+    /// on the links' readiness (or, on links without a descriptor, before yielding).
     pub spin: Duration,
-    /// Idle time (from the last useful pass) after which they sleep instead of yielding.
+    /// Links without a receive descriptor ([`Link::wait_fd`] `None`: the simulated link): idle time (from the last
+    /// useful pass) after which a driver sleeps instead of yielding. Unused while every link has one (module docs,
+    /// "Idle").
     pub yield_for: Duration,
-    /// Longest single sleep (a real link's receive readiness is only seen when a pass runs).
+    /// Longest single sleep or readiness wait. A readiness wait ends at once when a frame arrives; the bound is for
+    /// work no descriptor announces (a timer another thread's pass set meanwhile, CQ ring room a poller made).
     pub park_max: Duration,
     /// Where the runtime's stats endpoint listens (what `rocev2 stat` reads; see the `endpoint` module docs).
     pub stats_endpoint: StatsEndpoint,
@@ -198,10 +223,16 @@ pub struct RuntimeStats {
     pub missed: AtomicU64,
     /// Times the progress thread found the progress lock held.
     pub thread_missed: AtomicU64,
-    /// Times the progress thread parked.
+    /// Times the progress thread slept without a link to wait on (links without a receive descriptor).
     pub parks: AtomicU64,
-    /// Unparks issued by application doorbells (Thread mode).
+    /// Wake-ups (eventfd rings) issued by application doorbells to a sleeping progress thread (Thread mode).
     pub wakeups: AtomicU64,
+    /// Times an idle driver (the progress / auto-progress thread, a [`CompChannel::get_event`] waiter) blocked in
+    /// `ppoll` on the links' receive descriptors and its eventfd, up to the next deadline (module docs, "Idle").
+    pub readiness_waits: AtomicU64,
+    /// Readiness waits that ended because a link became readable (a frame arrived), rather than a ring or the
+    /// timeout.
+    pub readiness_wakeups: AtomicU64,
     /// Doorbells rung (one per posted chain).
     pub doorbells: AtomicU64,
     /// Work requests posted (send and receive), counted with their doorbell: `wqes / doorbells` is the average
@@ -288,7 +319,11 @@ pub(crate) struct Shared {
     pub(crate) group: ProgressLock<Group>,
     sleep: SleepFlag,
     pub(crate) stop: AtomicBool,
-    thread: Mutex<Option<Thread>>,
+    /// What the progress thread blocks on when idle, and what wakes it (doorbells, hand-offs, shutdown); `None` for a
+    /// group without a thread.
+    waiter: Option<Waiter>,
+    /// The links' receive descriptors as of the last pass ([`ReadyFds`]).
+    ready: ReadyFds,
     pub(crate) cfg: RuntimeConfig,
     pub(crate) clock: Clock,
     /// Engine time (ns) of the last pass an application thread asked for (auto-progress watches it).
@@ -315,21 +350,30 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     /// `max_objects`: QPs + CQs all devices of the group allow (the doorbell queue holds twice that, at least 64
     /// and at most [`MAX_DOORBELLS`] entries; beyond that the overflow path keeps it correct).
-    pub(crate) fn new(devs: Vec<Device>, max_objects: usize, cfg: RuntimeConfig) -> Shared {
-        Shared {
+    ///
+    /// Errors: creating the progress thread's eventfd failed.
+    pub(crate) fn new(
+        devs: Vec<Device>,
+        max_objects: usize,
+        cfg: RuntimeConfig,
+    ) -> std::io::Result<Shared> {
+        let thread = cfg.progress == ProgressMode::Thread || cfg.auto_progress.is_some();
+        let waiter = if thread { Some(Waiter::new()?) } else { None };
+        Ok(Shared {
             doorbells: ArrayQueue::new(max_objects.saturating_mul(2).clamp(64, MAX_DOORBELLS)),
             db_overflow: AtomicBool::new(false),
             group: ProgressLock::new(Group { devs }),
             sleep: SleepFlag::default(),
             stop: AtomicBool::new(false),
-            thread: Mutex::new(None),
+            waiter,
+            ready: ReadyFds::default(),
             cfg,
             clock: Clock::new(),
             last_caller: AtomicU64::new(0),
             handoff: AtomicBool::new(false),
             next_deadline: AtomicU64::new(u64::MAX),
             stats: RuntimeStats::default(),
-        }
+        })
     }
 
     pub(crate) fn mode(&self) -> ProgressMode {
@@ -341,26 +385,41 @@ impl Shared {
         self.cfg.progress == ProgressMode::Thread || self.cfg.auto_progress.is_some()
     }
 
-    pub(crate) fn set_thread(&self, t: Thread) {
-        if let Ok(mut g) = self.thread.lock() {
-            *g = Some(t);
+    /// Rings the progress thread's waiter: it returns from its sleep or readiness wait, or does not enter the next.
+    fn ring_thread(&self) {
+        if let Some(w) = &self.waiter {
+            w.wake();
         }
     }
 
-    fn unpark_thread(&self) {
-        if let Ok(g) = self.thread.lock()
-            && let Some(t) = g.as_ref()
-        {
-            t.unpark();
-        }
-    }
-
-    /// Wakes the progress thread if (and only if) it is parked (Thread mode; [`SleepFlag`]).
+    /// Wakes the progress thread if (and only if) it sleeps (Thread mode; [`SleepFlag`]).
     fn wake(&self) {
         if self.sleep.must_wake() {
             self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
-            self.unpark_thread();
+            self.ring_thread();
         }
+    }
+
+    /// The progress thread's sleeps: blocks on its waiter (and on `fds`, the links' receive descriptors, if any)
+    /// for at most `d`. Returns what ended it.
+    fn thread_wait(&self, fds: &[RawFd], d: Duration) -> Woken {
+        match &self.waiter {
+            Some(w) => w.wait(fds, d).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "readiness wait failed; sleeping instead");
+                std::thread::sleep(d);
+                Woken::default()
+            }),
+            None => {
+                std::thread::sleep(d);
+                Woken::default()
+            }
+        }
+    }
+
+    /// The links' receive descriptors as of the last pass (into `out`), or `None` if some link has none now (then
+    /// idle drivers poll).
+    pub(crate) fn ready_fds(&self, out: &mut [RawFd]) -> Option<usize> {
+        self.ready.load(out)
     }
 
     /// The doorbell: announces that QP `slot` of device `dev` has `wqes` new ring entries. In Thread mode it also
@@ -442,7 +501,7 @@ impl Shared {
         if o.left_missed {
             // This thread has done its share; the progress thread serves the rest.
             self.handoff.store(true, Ordering::SeqCst);
-            self.unpark_thread();
+            self.ring_thread();
         }
     }
 
@@ -464,7 +523,8 @@ impl Shared {
             idle_since.store(now.as_nanos(), Ordering::Relaxed);
         }
         let idle = now.saturating_duration_since(Instant::from_nanos(since.min(now.as_nanos())));
-        if matches!(idle_step(self, now, idle), Idle::Spin) {
+        // A poll never blocks (`ibv_poll_cq`): where the progress thread would sleep or wait, it yields.
+        if matches!(idle_step(self, now, idle, false), Idle::Spin) {
             return false;
         }
         self.stats.poll_yields.fetch_add(1, Ordering::Relaxed);
@@ -498,7 +558,7 @@ impl Shared {
     /// Asks the progress thread to stop and wakes it.
     pub(crate) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        self.unpark_thread();
+        self.ring_thread();
     }
 
     /// Sleep bound for an idle driver: time to the group's next deadline (at most `park_max`).
@@ -510,6 +570,63 @@ impl Shared {
             Instant::from_nanos(d).saturating_duration_since(now)
         };
         until.min(self.cfg.park_max)
+    }
+}
+
+/// The receive descriptors of a group's links ([`Link::wait_fd`]), published by every pass (under the progress lock)
+/// and read without it by idle drivers: the descriptors a link names do not change while it lives, only whether it
+/// names one (a queued transmit frame makes it say `None` for a while), so a reader that races a pass sees either
+/// answer, both true of some moment.
+struct ReadyFds {
+    fds: [AtomicI32; MAX_WAIT_FDS],
+    /// How many of `fds` are valid; [`ReadyFds::NONE`]: some link has no descriptor now (or there are more links
+    /// than one wait takes).
+    n: AtomicUsize,
+}
+
+impl Default for ReadyFds {
+    fn default() -> Self {
+        ReadyFds {
+            fds: std::array::from_fn(|_| AtomicI32::new(-1)),
+            n: AtomicUsize::new(ReadyFds::NONE),
+        }
+    }
+}
+
+impl ReadyFds {
+    const NONE: usize = usize::MAX;
+
+    /// A pass: records what the links say now (a virtual call and a store per device; no allocation).
+    fn publish(&self, devs: &[Device]) {
+        let mut n = devs.len();
+        for (i, d) in devs.iter().enumerate() {
+            match (d.link.wait_fd(), self.fds.get(i)) {
+                (Some(fd), Some(slot)) => {
+                    if slot.load(Ordering::Relaxed) != fd {
+                        slot.store(fd, Ordering::Relaxed);
+                    }
+                }
+                _ => {
+                    n = Self::NONE;
+                    break;
+                }
+            }
+        }
+        if self.n.load(Ordering::Relaxed) != n {
+            self.n.store(n, Ordering::Release);
+        }
+    }
+
+    /// Copies the descriptors into `out`; `None` if some link has none (or `out` is too short).
+    fn load(&self, out: &mut [RawFd]) -> Option<usize> {
+        let n = self.n.load(Ordering::Acquire);
+        if n == Self::NONE || n > out.len() {
+            return None;
+        }
+        for (o, f) in out.iter_mut().zip(&self.fds[..n]) {
+            *o = f.load(Ordering::Relaxed);
+        }
+        Some(n)
     }
 }
 
@@ -1166,11 +1283,14 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         deadline.map_or(u64::MAX, Instant::as_nanos),
         Ordering::Relaxed,
     );
+    shared.ready.publish(devs);
     work
 }
 
-/// Idle back-off of a thread that drives passes in a loop: busy-poll for `spin`, then yield until `yield_for`,
-/// then sleep (at most `park_max`, never past the group's next deadline).
+/// Idle back-off of a thread that drives passes in a loop (module docs, "Idle"): busy-poll for `spin`; then, if
+/// every link has a receive descriptor, block on them until a frame arrives, a ring, or the next deadline (at most
+/// `park_max`); on links without one, yield until `yield_for`, then sleep (at most `park_max`, never past the
+/// group's next deadline).
 pub(crate) enum Idle {
     /// Call again at once.
     Spin,
@@ -1178,10 +1298,13 @@ pub(crate) enum Idle {
     Yield,
     /// Sleep this long.
     Sleep(Duration),
+    /// Block on the links' receive descriptors (and the waiter) at most this long.
+    Wait(Duration),
 }
 
-/// What an idle driver does `idle` after its last useful pass.
-pub(crate) fn idle_step(shared: &Shared, now: Instant, idle: Duration) -> Idle {
+/// What an idle driver does `idle` after its last useful pass. `readiness`: it can block on the links' receive
+/// descriptors ([`Shared::ready_fds`]).
+pub(crate) fn idle_step(shared: &Shared, now: Instant, idle: Duration, readiness: bool) -> Idle {
     let cfg = &shared.cfg;
     if idle < cfg.spin {
         return Idle::Spin;
@@ -1189,6 +1312,9 @@ pub(crate) fn idle_step(shared: &Shared, now: Instant, idle: Duration) -> Idle {
     let sleep = shared.idle_sleep(now);
     if sleep.is_zero() {
         return Idle::Spin;
+    }
+    if readiness {
+        return Idle::Wait(sleep);
     }
     if idle < cfg.yield_for {
         return Idle::Yield;
@@ -1207,6 +1333,7 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
     }
     let clock = shared.clock;
     let mut last_work = clock.now();
+    let mut fds = [0 as RawFd; MAX_WAIT_FDS];
     while !shared.stop.load(Ordering::Acquire) {
         let now = clock.now();
         if cfg.progress == ProgressMode::Caller {
@@ -1217,8 +1344,9 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
             // `missed` alone is no reason to step in: a caller that raised it is served by the caller holding the
             // lock; only a holder that gave up (`handoff`) needs this thread while callers are active.
             if since_caller < after && !shared.handoff.swap(false, Ordering::SeqCst) {
-                // Callers are driving: stay out of their way, look again when they might have stopped.
-                std::thread::park_timeout(after - since_caller);
+                // Callers are driving: stay out of their way, look again when they might have stopped (or when a
+                // hand-off or the shutdown rings).
+                shared.thread_wait(&[], after - since_caller);
                 last_work = clock.now();
                 continue;
             }
@@ -1231,20 +1359,39 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
         if o.passes == 0 {
             // Someone holds the lock and drives (a caller, possibly preempted mid-pass, or a control verb):
             // spinning here would only take CPU from it.
-            std::thread::park_timeout(cfg.spin);
+            shared.thread_wait(&[], cfg.spin);
             continue;
         }
         if work {
             last_work = now;
             continue;
         }
-        match idle_step(&shared, now, now.saturating_duration_since(last_work)) {
+        let ready = shared.ready_fds(&mut fds);
+        match idle_step(
+            &shared,
+            now,
+            now.saturating_duration_since(last_work),
+            ready.is_some(),
+        ) {
             Idle::Spin => std::hint::spin_loop(),
             Idle::Yield => std::thread::yield_now(),
             Idle::Sleep(d) => {
                 if shared.sleep.prepare_park(|| shared.has_work()) {
                     shared.stats.parks.fetch_add(1, Ordering::Relaxed);
-                    std::thread::park_timeout(d);
+                    shared.thread_wait(&[], d);
+                    shared.sleep.unparked();
+                }
+            }
+            Idle::Wait(d) => {
+                if shared.sleep.prepare_park(|| shared.has_work()) {
+                    shared.stats.readiness_waits.fetch_add(1, Ordering::Relaxed);
+                    let n = ready.unwrap_or(0);
+                    if shared.thread_wait(&fds[..n], d).readable {
+                        shared
+                            .stats
+                            .readiness_wakeups
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     shared.sleep.unparked();
                 }
             }

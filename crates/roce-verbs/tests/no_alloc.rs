@@ -4,8 +4,8 @@
 //! rings (and, with a completion channel, fire moderated events), and the application polls. A counting
 //! `#[global_allocator]`, armed for every thread of the process during the measured phase, must see no allocation,
 //! reallocation or deallocation. Covers one QP, four QPs sharing one CQ with interleaved posts, and completion-event
-//! mode (`req_notify` + `get_event` per event), and streams of posts on one QP (doorbell batching holds them back and
-//! sends them together).
+//! mode (`req_notify` + `get_event` per event), streams of posts on one QP (doorbell batching holds them back and
+//! sends them together), and a pair over UDP on loopback, whose idle drivers block on the sockets' readiness.
 //!
 //! One `#[test]` only, so no other test thread runs while the counter is armed.
 
@@ -236,7 +236,7 @@ fn both_paths(mode: ProgressMode) {
         propagation: Duration::from_micros(100),
         ..roce_link::SimConfig::default()
     };
-    let (cs, ds) = Context::sim_pair_with(rt, sim, Ok).expect("pair");
+    let (cs, ds) = Context::sim_pair_with(rt.clone(), sim, Ok).expect("pair");
     let (a_s, b_s) = (
         side(&cs, 1, None, Moderation::default()),
         side(&ds, 1, None, Moderation::default()),
@@ -247,4 +247,45 @@ fn both_paths(mode: ProgressMode) {
     if mode == ProgressMode::Caller {
         assert!(held > 1000, "the batching path ran: {held} posts held back");
     }
+
+    // UDP on loopback: every link has a receive descriptor, so idle drivers block in `ppoll` on the sockets and their
+    // eventfd (the target's progress / auto-progress thread; in Caller mode also `get_event`) between frames.
+    let net = match mode {
+        ProgressMode::Caller => 70,
+        ProgressMode::Thread => 71,
+    };
+    let (cu, du) = (udp_ctx(&rt, net, 1), udp_ctx(&rt, net, 2));
+    let chan = Arc::new(CompChannel::new());
+    let (au, bu) = (
+        side(&cu, 1, Some(&chan), Moderation::default()),
+        side(&du, 1, None, Moderation::default()),
+    );
+    connect(&au, &bu);
+    let waits = |c: &Context| c.runtime_stats().readiness_waits.load(Ordering::Relaxed);
+    let before = waits(&du);
+    measure("UDP loopback, completion events", &au, &bu, 1, Some(&chan));
+    assert!(
+        waits(&du) > before,
+        "the target's thread waited on readiness: {:?}",
+        du.runtime_stats()
+    );
+}
+
+/// Device `last` (127.0.`net`.`last`) of a pair over UDP on loopback.
+fn udp_ctx(rt: &RuntimeConfig, net: u8, last: u8) -> Context {
+    let ip = std::net::Ipv4Addr::new(127, 0, net, last);
+    let mac = [2, 0, 0, 0, 0x11, last];
+    let cfg = EngineConfig {
+        mac,
+        gids: vec![Gid::from_ipv4(ip.octets())],
+        seed: u64::from(last),
+        ..EngineConfig::default()
+    };
+    Context::open(cfg, rt.clone(), move || {
+        let mut u = roce_link::UdpConfig::new(std::net::IpAddr::V4(ip));
+        u.local_mac = mac;
+        u.peer_mac = [2, 0, 0, 0, 0x11, 3 - last];
+        Ok(Box::new(roce_link::UdpLink::bind(u)?) as SendLink)
+    })
+    .expect("open udp device")
 }

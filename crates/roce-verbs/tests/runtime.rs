@@ -1213,6 +1213,106 @@ fn runtime_counters_count_doorbells_wqes_and_link_io() {
     assert!(ld(&st.flushes) > 0 && ld(&st.rx_bursts) > 0);
 }
 
+/// A runtime whose idle sleeps would last 30 s if nothing ended them early: only a readiness wake-up (a frame made
+/// the link's socket readable) lets its driver act on a frame within the test's limits.
+fn long_sleep(mode: ProgressMode) -> RuntimeConfig {
+    RuntimeConfig {
+        spin: Duration::from_micros(1),
+        yield_for: Duration::from_micros(1),
+        park_max: Duration::from_secs(30),
+        ..RuntimeConfig::with_mode(mode)
+    }
+}
+
+/// A passive RDMA WRITE target whose progress thread (Thread mode) or auto-progress thread (Caller mode) has gone
+/// idle blocks on its UDP socket's readiness, not in a timed sleep: each WRITE that arrives while it waits is acted
+/// on at once (the writer's completion needs the target's ACK, and the target's sleep bound is 30 s, beyond the
+/// writer's ACK timeout and retries), and the target counts a readiness wake-up for it. Before readiness waits the
+/// thread slept up to `park_max` and the WRITE failed with RETRY_EXC_ERR.
+fn idle_thread_wakes_for_an_incoming_frame(mode: ProgressMode) {
+    let net = match mode {
+        ProgressMode::Caller => 67,
+        ProgressMode::Thread => 68,
+    };
+    let (ia, ib) = (Ipv4Addr::new(127, 0, net, 1), Ipv4Addr::new(127, 0, net, 2));
+    let ca = udp_ctx(RuntimeConfig::with_mode(mode), 1, ia, [2, 0, 0, 0, 0x10, 2]);
+    let cb = udp_ctx(long_sleep(mode), 2, ib, [2, 0, 0, 0, 0x10, 1]);
+    let a = end(&ca, None, Moderation::default(), 4096);
+    let b = end(&cb, None, Moderation::default(), 4096);
+    connect(&a, &b);
+    let ld = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+    let st = cb.runtime_stats();
+    for round in 0..5u64 {
+        // Long enough for the target's thread to finish its ACK and block (it waits with no timer pending).
+        std::thread::sleep(Duration::from_millis(50));
+        let (waits, wakeups) = (ld(&st.readiness_waits), ld(&st.readiness_wakeups));
+        assert!(
+            waits > 0,
+            "the target's thread never waited on readiness: {st:?}"
+        );
+        write_one(&a, &b, round);
+        let wc = poll_n(&a.cq, 1, Duration::from_secs(10));
+        assert_eq!((wc[0].wr_id, wc[0].status), (round, WcStatus::Success));
+        assert!(
+            ld(&st.readiness_wakeups) > wakeups,
+            "round {round}: the WRITE was ACKed without a readiness wake-up: {st:?}"
+        );
+    }
+    // Every link has a descriptor, so the target never fell back to timed sleeps.
+    assert_eq!(ld(&st.parks), 0, "{st:?}");
+}
+
+/// Caller mode without any runtime thread: a thread blocked in `CompChannel::get_event` is the only driver of its
+/// device. It blocks on the link's readiness and the channel's eventfd, so a SEND that arrives while it waits raises
+/// the event at once (its sleep bound is 30 s, the wait's timeout 10 s). Before readiness waits it slept on the
+/// channel's condition variable, which nothing signalled: no event, `None` after 10 s.
+#[test]
+fn get_event_wakes_for_an_incoming_frame() {
+    let (ia, ib) = (Ipv4Addr::new(127, 0, 69, 1), Ipv4Addr::new(127, 0, 69, 2));
+    let ca = udp_ctx(RuntimeConfig::default(), 1, ia, [2, 0, 0, 0, 0x10, 2]);
+    let rt = RuntimeConfig {
+        auto_progress: None,
+        ..long_sleep(ProgressMode::Caller)
+    };
+    let cb = udp_ctx(rt, 2, ib, [2, 0, 0, 0, 0x10, 1]);
+    let chan = Arc::new(CompChannel::new());
+    let a = end(&ca, None, Moderation::default(), 4096);
+    let b = end(&cb, Some(&chan), Moderation::default(), 4096);
+    connect(&a, &b);
+    let ld = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+    let st = cb.runtime_stats();
+    for round in 0..3u64 {
+        let bsge = [b.mr.sge(0, 64)];
+        b.qp.post_recv(&[RecvWr {
+            wr_id: round,
+            sg_list: &bsge,
+        }])
+        .expect("post_recv");
+        b.cq.req_notify();
+        let wakeups = ld(&st.readiness_wakeups);
+        let sender = std::thread::spawn({
+            let (qp, mr) = (a.qp.clone(), a.mr.clone());
+            move || {
+                // Sent while the receiver blocks in get_event.
+                std::thread::sleep(Duration::from_millis(50));
+                let sge = [mr.sge(0, 64)];
+                qp.post_send(&[SendWr::new(round, SendOp::Send, &sge).signaled()])
+                    .expect("post");
+            }
+        });
+        let ev = chan.get_event(Duration::from_secs(10));
+        assert_eq!(ev, Some(b.cq.id()), "round {round}: no event: {st:?}");
+        let wc = poll_n(&b.cq, 1, Duration::from_secs(5));
+        assert_eq!((wc[0].wr_id, wc[0].status), (round, WcStatus::Success));
+        sender.join().expect("sender");
+        assert_eq!(
+            poll_n(&a.cq, 1, Duration::from_secs(10))[0].status,
+            WcStatus::Success
+        );
+        assert!(ld(&st.readiness_wakeups) > wakeups, "round {round}: {st:?}");
+    }
+}
+
 both_modes!(
     last_message_is_acked_before_teardown,
     passive_write_target_keeps_acking,
@@ -1228,6 +1328,7 @@ both_modes!(
     arming_after_completions_fires_at_once,
     responses_waiting_in_the_link_count_before_a_late_timeout,
     a_late_post_receives_before_the_timeout_fires,
+    idle_thread_wakes_for_an_incoming_frame,
 );
 
 /// What the test tells [`Stalling`] links, and what they saw.

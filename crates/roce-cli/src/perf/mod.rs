@@ -1151,13 +1151,15 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
             let ld =
                 |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
             text.push_str(&format!(
-                "runtime ({side}, {:?} progress): caller_passes {} thread_passes {} missed {} parks {} wakeups {} doorbells {} wqes {} batched_posts {} flushes {} tx_frames {} rx_bursts {} rx_frames {} poll_yields {} link_errors {} max_pass_gap_us {}\n",
+                "runtime ({side}, {:?} progress): caller_passes {} thread_passes {} missed {} parks {} wakeups {} readiness_waits {} readiness_wakeups {} doorbells {} wqes {} batched_posts {} flushes {} tx_frames {} rx_bursts {} rx_frames {} poll_yields {} link_errors {} max_pass_gap_us {}\n",
                 ctx.progress_mode(),
                 ld(&r.caller_passes),
                 ld(&r.thread_passes),
                 ld(&r.missed),
                 ld(&r.parks),
                 ld(&r.wakeups),
+                ld(&r.readiness_waits),
+                ld(&r.readiness_wakeups),
                 ld(&r.doorbells),
                 ld(&r.wqes),
                 ld(&r.batched_posts),

@@ -117,4 +117,7 @@ impl Link for UdpTap {
     fn poll_at(&self) -> Option<Instant> {
         self.link.poll_at()
     }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.link.wait_fd()
+    }
 }
