@@ -4,6 +4,7 @@
 # BENCHMARKS.md regenerated from what was measured.
 #
 #   sudo scripts/bench-real-wire.sh [--reps N] [--seconds S] [--lat-iters N] [--no-profile] [--no-write] [--worktree]
+#                                   [--baseline ROCEV2_BINARY --baseline-label TEXT]
 #
 # * Throughput, for each payload size 64, 1024 and 4096 B and each repetition (sizes interleaved, so drifting load
 #   hits every row alike): `rawudp send` (sendmmsg, 32 per call) -> `rawudp sink` (recvmmsg); the same payload as
@@ -15,6 +16,10 @@
 #   tracepoints, context switches) and /usr/bin/time (user/sys CPU), and one under `perf record` (cpu-clock
 #   sampling, DWARF call graphs), classified by crates/roce-rawudp/bench/report.py.
 #
+# * Before/after (with --baseline): another `rocev2` binary (e.g. built from an earlier commit in its own target
+#   directory) runs the same write-bw (busy-polled and -e) and send-lat commands right after the measured build's, in
+#   every repetition, so both builds meet the same load; the report adds a same-run comparison table.
+#
 # Sender/client side in namespace A on CPU 0, sink/server side in namespace B on CPU 1, both `nice -n -20`.
 # Builds release once, from the committed HEAD exported into target/bench-real-wire/src (with --worktree: the
 # working tree as it is, in the usual target directory), and runs private copies of the binaries. Raw results are
@@ -24,7 +29,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-REPS=5 SECS=2 LAT_ITERS=10000 PROFILE=1 WRITE=1 WORKTREE=0
+REPS=5 SECS=2 LAT_ITERS=10000 PROFILE=1 WRITE=1 WORKTREE=0 BASE_BIN= BASE_LABEL=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--reps) REPS=$2; shift 2 ;;
@@ -33,6 +38,8 @@ while [ $# -gt 0 ]; do
 	--no-profile) PROFILE=0; shift ;;
 	--no-write) WRITE=0; shift ;;
 	--worktree) WORKTREE=1; shift ;;
+	--baseline) BASE_BIN=$2; shift 2 ;;
+	--baseline-label) BASE_LABEL=$2; shift 2 ;;
 	-h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench-real-wire.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
@@ -87,6 +94,12 @@ else
 fi
 cp "$TD/release/rocev2" "$TD/release/rawudp" "$D/"
 RAW=$D/rawudp ROCE=$D/rocev2
+BASE=
+if [ -n "$BASE_BIN" ]; then
+	[ -x "$BASE_BIN" ] || { say "bench-real-wire.sh: --baseline $BASE_BIN is not an executable"; exit 2; }
+	cp "$BASE_BIN" "$D/rocev2-base"
+	BASE=$D/rocev2-base
+fi
 
 "$NETNS" up "$NA" "$NB" "$IPA/24" "$IPB/24" 9000 >/dev/null
 
@@ -149,7 +162,7 @@ listening() {
 cat >"$D/meta.json" <<EOF
 {"reps": $REPS, "seconds": $SECS, "lat_iters": $LAT_ITERS, "sizes": [${SIZES// /, }],
  "bw_opts": "$BW_OPTS", "cpu_a": $CPU_A, "cpu_b": $CPU_B, "ip_a": "$IPA", "ip_b": "$IPB",
- "commit": "$COMMIT", "dirty": "$DIRTY",
+ "commit": "$COMMIT", "dirty": "$DIRTY", "baseline": "${BASE_LABEL:-$BASE_BIN}",
  "date": "$(date -u +%Y-%m-%dT%H:%MZ)", "loadavg_start": "$(cut -d' ' -f1-3 /proc/loadavg)",
  "cpu_model": "$(lscpu | sed -n 's/^Model name: *//p' | head -1)", "cpus": "$(nproc)",
  "hypervisor": "$(lscpu | sed -n 's/^Hypervisor vendor: *//p' | head -1)",
@@ -196,6 +209,20 @@ for rep in $(seq 1 "$REPS"); do
 			>"$D/cli.out" 2>"$D/cli.err" || true
 		reap
 		record roce-bw-ev "$size" "$rep" "$D/cli.out" "$D/cli.err"
+		# The baseline build, same commands, right after (--baseline).
+		if [ -n "$BASE" ]; then
+			for ev in "" -e; do
+				# shellcheck disable=SC2086
+				bg "${B[@]}" timeout 60 "$BASE" perf write-bw --json --stats $ev -s "$size" -D "$SECS" $BW_OPTS \
+					--ip "$IPB" >"$D/srv.out" 2>"$D/srv.err"
+				listening "$NB" tcp 18515
+				# shellcheck disable=SC2086
+				"${A[@]}" timeout 60 "$BASE" perf write-bw --json --stats $ev -s "$size" -D "$SECS" $BW_OPTS \
+					--ip "$IPA" "$IPB" >"$D/cli.out" 2>"$D/cli.err" || true
+				reap
+				record "roce-bw-base${ev:+-ev}" "$size" "$rep" "$D/cli.out" "$D/cli.err"
+			done
+		fi
 		say "   rep $rep size $size done (load $(load1))"
 	done
 done
@@ -222,6 +249,19 @@ for rep in $(seq 1 "$REPS"); do
 		>"$D/cli.out" 2>"$D/cli.err" || true
 	reap
 	record roce-lat-ev 64 "$rep" "$D/cli.out" "$D/cli.err"
+	if [ -n "$BASE" ]; then
+		for ev in "" -e; do
+			# shellcheck disable=SC2086
+			bg "${B[@]}" timeout 60 "$BASE" perf send-lat --json --stats $ev -s 64 -n "$LAT_ITERS" --ip "$IPB" \
+				>"$D/srv.out" 2>"$D/srv.err"
+			listening "$NB" tcp 18515
+			# shellcheck disable=SC2086
+			"${A[@]}" timeout 60 "$BASE" perf send-lat --json --stats $ev -s 64 -n "$LAT_ITERS" --ip "$IPA" "$IPB" \
+				>"$D/cli.out" 2>"$D/cli.err" || true
+			reap
+			record "roce-lat-base${ev:+-ev}" 64 "$rep" "$D/cli.out" "$D/cli.err"
+		done
+	fi
 	say "   rep $rep done (load $(load1))"
 done
 
@@ -230,7 +270,7 @@ mkdir -p "$PROF"
 if [ "$PROFILE" = 1 ] && perf stat -e task-clock true >/dev/null 2>&1; then
 	say "== profile: perf stat + /usr/bin/time, then perf record, per scenario"
 	EV=task-clock,context-switches,cpu-migrations
-	for s in sendmmsg recvmmsg sendto recvfrom sched_yield futex; do EV+=",syscalls:sys_enter_$s"; done
+	for s in sendmmsg recvmmsg sendto recvfrom sched_yield futex ppoll; do EV+=",syscalls:sys_enter_$s"; done
 	TIMEFMT='{"user_s": %U, "sys_s": %S, "wall_s": %e, "vol_cs": %w, "invol_cs": %c}'
 	# wrap NAME MODE: sets W to the prefix measuring one side (stat: /usr/bin/time + perf stat; record: perf record).
 	wrap() {

@@ -26,6 +26,7 @@ KERNEL_CLASSES = [
     # (class, any of these frames on the stack); first match wins, tested in this order.
     ("kernel: sched_yield", ("__x64_sys_sched_yield",)),
     ("kernel: futex (park/unpark)", ("__x64_sys_futex",)),
+    ("kernel: ppoll / eventfd write (readiness wait, wake-up)", ("__x64_sys_ppoll", "__x64_sys_write")),
     ("kernel: sendmmsg/sendto, receive softirq (veth delivers to the peer socket on this CPU)", None),
     ("kernel: sendmmsg/sendto, UDP/IP/veth transmit", ("__x64_sys_sendmmsg", "__x64_sys_sendto")),
     ("kernel: recvmmsg/recvfrom", ("__x64_sys_recvmmsg", "__x64_sys_recvfrom", "__x64_sys_recvmsg")),
@@ -372,8 +373,56 @@ def markdown(doc, results_path):
     w("")
     w("Targets (issue #9): t_typical ≤ 1.3 × raw RTT / 2, p99 ≤ 2 × raw p99 (both halved round trips).")
     w("")
+    baseline_table(w, doc)
     where_the_time_goes(w, doc, ratios_bw, lat_ratio)
     return "\n".join(L) + "\n"
+
+
+def baseline_table(w, doc):
+    """`--baseline`: the other build's write-bw and send-lat, run right after this build's in every repetition."""
+    m, R = doc["meta"], doc["results"]
+    if not any(r["kind"].startswith(("roce-bw-base", "roce-lat-base")) for r in R):
+        return
+    v = lambda d: fmt(med(list(d.values()))) + rng(list(d.values()))
+
+    def ratio(new, old):
+        per = [new[k] / old[k] for k in new if k in old and old[k] > 0]
+        r = med(new.values()) / med(old.values()) if new and old else None
+        return f"**{fmt(r)}**{rng(per)}"
+
+    w(f"### Same run: this build (`{m['commit']}`) against the baseline build ({m.get('baseline', '?')})")
+    w("")
+    w("`--baseline`: the baseline `rocev2` ran the same write-bw and send-lat commands (busy-polled and `-e`) right "
+      "after this build's, in every repetition, so both met the same load. Ratios are this build over the baseline "
+      "(medians; range: per repetition). Above 1 is better for write-bw, below 1 for latency.")
+    w("")
+    w("| test | baseline | this build | **this / baseline** | baseline / raw | this / raw |")
+    w("|---|---|---|---|---|---|")
+    for s in m["sizes"]:
+        deliv = series(R, "raw-sink", s, ["mpps"])
+        for tag, new_k, old_k in (("", "roce-bw", "roce-bw-base"), (" -e", "roce-bw-ev", "roce-bw-base-ev")):
+            new = series(R, new_k, s, ["msg_rate_mpps"])
+            old = series(R, old_k, s, ["msg_rate_mpps"])
+            if not old:
+                continue
+            w(f"| write-bw{tag} {s} B, Mpps | {v(old)} | {v(new)} | {ratio(new, old)} | {ratio(old, deliv)} | "
+              f"{ratio(new, deliv)} |")
+    half = {k: x / 2 for k, x in series(R, "raw-ping", 64, ["rtt_us", "typical"]).items()}
+    hp99 = {k: x / 2 for k, x in series(R, "raw-ping", 64, ["rtt_us", "p99"]).items()}
+    for tag, new_k, old_k in (("", "roce-lat", "roce-lat-base"), (" -e", "roce-lat-ev", "roce-lat-base-ev")):
+        for what, key, raw in (("t_typical", "t_typical_us", half), ("p99", "p99_us", hp99)):
+            new = series(R, new_k, 64, [key])
+            old = series(R, old_k, 64, [key])
+            if not old:
+                continue
+            w(f"| send-lat{tag} 64 B {what}, µs | {v(old)} | {v(new)} | {ratio(new, old)} | {ratio(old, raw)} | "
+              f"{ratio(new, raw)} |")
+    fails = [r for r in R if r["kind"].startswith(("roce-bw-base", "roce-lat-base")) and "error" in r]
+    if fails:
+        w("")
+        w(f"**{len(fails)} baseline run(s) failed** and are left out: "
+          + "; ".join(f"{r['kind']} {r['size']} B rep {r['rep']}" for r in fails) + ".")
+    w("")
 
 
 def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
@@ -413,8 +462,8 @@ def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
       "\"per msg\" = per message the client completed or the raw sender sent):")
     w("")
     w("| run | side | user s | sys s | CPU / wall | sys share | send calls / msg | pkts / sendmmsg | receive calls / msg | "
-      "sched_yield / msg | futex / msg | ctx switches / msg |")
-    w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "sched_yield / msg | futex / msg | ppoll / msg | ctx switches / msg |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for s in (64, 4096):
         rows.append((f"raw send {s} B", f"raw-send-{s}", f"raw-sink-{s}", f"raw-send-{s}"))
@@ -445,7 +494,7 @@ def where_the_time_goes(w, doc, ratios_bw, lat_ratio):
             wall = tm(name, "wall_s")
             busy = pct(u + sy, wall) if None not in (u, sy, wall) else None
             w(f"| {label} | {side} | {fmt(u)} | {fmt(sy)} | {fmt(busy)} % | {fmt(share)} % | {fmt(per('sendmmsg', 'sendto'))} | {fmt(tx)} | "
-              f"{fmt(per('recvmmsg', 'recvfrom'))} | {fmt(per('sched_yield'))} | {fmt(per('futex'))} | "
+              f"{fmt(per('recvmmsg', 'recvfrom'))} | {fmt(per('sched_yield'))} | {fmt(per('futex'))} | {fmt(per('ppoll'))} | "
               f"{fmt(cs / n if cs is not None and n else None)} |")
     w("")
     w("\"CPU / wall\" is the CPU time the process got over its lifetime (setup and verification included): "
@@ -610,9 +659,11 @@ def server_note(P, s, m):
         return ""
     busy = pct(t["user_s"] + t["sys_s"], t["wall_s"])
     y = st.get("syscalls:sys_enter_sched_yield")
+    pp = st.get("syscalls:sys_enter_ppoll")
     cpu_b = (P.get(f"roce-bw-{s}", {}).get("cpus") or {}).get(f"cpu{m['cpu_b']}", {})
     return (f" The server (side B: a passive WRITE target, driven by its auto-progress thread) ran {fmt(busy)} % "
-            f"of its wall time and made {fmt(y / n if y is not None else None)} `sched_yield` calls per message"
+            f"of its wall time and made {fmt(y / n if y is not None else None)} `sched_yield` and "
+            f"{fmt(pp / n if pp is not None else None)} `ppoll` (readiness wait) calls per message"
             + (f" while CPU {m['cpu_b']} spent {fmt(cpu_b.get('user'))} % in user time (the server's own user time is small: "
                "the rest is other jobs)" if cpu_b.get("user") is not None else "") + ".")
 
