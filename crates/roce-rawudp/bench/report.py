@@ -273,6 +273,8 @@ def markdown(doc, results_path):
     w(f"Code: `{m['commit']}`{dirty}, release profile. Run: {m['date']}. Machine: {m['cpus']} vCPUs "
       f"\"{m['cpu_model']}\" ({m['hypervisor']} guest), {m['mem']} RAM, Linux {m['kernel']}, {m['rustc']}; "
       f"`net.core.rmem_max`/`wmem_max` {m['rmem_max']}/{m['wmem_max']}. "
+      f"Scheduler group of the run: `{m.get('autogroup', 'not recorded (autogroup nice 0)')}` (a nice value only "
+      "orders threads within one autogroup; see the script's header). "
       f"Load average (1/5/15 min) at start {m['loadavg_start']}, at end {m['loadavg_end']}.")
     loads = [r["load1"] for r in R]
     w("")
