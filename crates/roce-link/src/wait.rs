@@ -5,8 +5,7 @@
 //! A driver thread that has run out of work (no frame received, no timer due, nothing posted) blocks here instead of
 //! sleeping for a fixed time or yielding its core: it wakes when a frame arrives on a link (the kernel marks the
 //! socket readable), when another thread rings the waiter (a post, a shutdown), or at the timeout (the engine's next
-//! timer). The kernel wakes a blocked thread at once and, on a busy CPU, lets a thread of higher priority (lower
-//! `nice`) preempt the running one, which `sched_yield` or a timed sleep do not (BENCHMARKS.md, "Real wire").
+//! timer), and uses no CPU until then.
 //!
 //! The eventfd counter persists until read: a [`wake`](Waiter::wake) that comes before the [`wait`](Waiter::wait)
 //! makes that wait return at once, so a wake-up cannot be lost between a driver's last look for work and its

@@ -79,9 +79,9 @@
 //! ([`Link::wait_fd`], published by each pass) and its own eventfd (`roce_link::wait::Waiter`: rung by doorbells in
 //! Thread mode, hand-offs, the shutdown, and completion events for a channel waiter), with the group's next deadline
 //! (engine timers, link releases, CQ moderation) as the timeout, at most [`RuntimeConfig::park_max`]. A frame wakes
-//! it as soon as the kernel queues it, and on a busy CPU the kernel lets the woken thread (the benchmarks run it at
-//! `nice -20`) preempt the running one; a `sched_yield` or a timed sleep instead hands the CPU to whatever else is
-//! runnable for its slice (BENCHMARKS.md, "Real wire"). The [`SleepFlag`] handshake (loom-checked) makes sure a post
+//! it as soon as the kernel queues it (on a busy CPU, as soon as the scheduler gives its group the CPU), where a
+//! timed sleep would wake only at its end and a `sched_yield` loop burns the CPU it waits on (BENCHMARKS.md, "Real
+//! wire"). The [`SleepFlag`] handshake (loom-checked) makes sure a post
 //! that comes just before the block still wakes it. `park_max` still bounds each wait, for work no descriptor
 //! announces: a timer set by another thread's pass meanwhile, CQ ring room a Thread-mode poller made. Counted in
 //! [`RuntimeStats::readiness_waits`] / [`RuntimeStats::readiness_wakeups`].
