@@ -7,12 +7,14 @@
 //! * state is `PORT_ACTIVE` when the interface is up with carrier (`IFF_RUNNING`), else `PORT_DOWN` (rxe: carrier);
 //! * active MTU is the largest IB MTU that fits the interface's MTU minus 80 header bytes (rxe's rule; the same
 //!   `rocev2 perf` negotiates, `perf::port_mtu`); max MTU 4096;
-//! * GID table holds the interface's addresses (IPv4 as IPv4-mapped GIDs), each of type RoCE v2;
+//! * GID table holds the interface's addresses (IPv4 as IPv4-mapped GIDs), each of type RoCE v2, then the GIDs
+//!   running programs have bound on it without the address being configured (127.0.0.2 on `lo`);
 //! * limits (`-v`) are the engine's defaults ([`roce_proto::DeviceAttr`]): what a program opening the device gets.
 //!
 //! The node GUID is the EUI-64 of the interface's MAC address (as rxe derives it). Devices that running programs have
-//! open (their stats endpoints, see `rocev2 stat`) are listed under the port with their process, when that process is
-//! in the caller's network namespace (another namespace's `lo` is another interface).
+//! open (their stats endpoints, see `rocev2 stat`) are listed under the port with their process (pid and comm, as `ps`
+//! names it; `--json` adds the command line), when that process is in the caller's network namespace (another
+//! namespace's `lo` is another interface).
 
 use std::net::IpAddr;
 use std::process::ExitCode;
@@ -81,7 +83,7 @@ fn gid_text(g: Gid) -> String {
 }
 
 /// Programs that have a device open on an address of `i` (any 127.0.0.0/8 or ::1 address for the loopback
-/// interface): `(pid, command line, gid)`.
+/// interface): `{pid, comm, cmdline, gid}` (`comm`: the process name, as `ps` shows it).
 fn users(i: &Interface) -> Vec<Value> {
     let ours = |g: &str| {
         g.parse::<std::net::Ipv6Addr>().is_ok_and(|v6| {
@@ -106,7 +108,12 @@ fn users(i: &Interface) -> Vec<Value> {
                 .unwrap_or_default()
             {
                 if g.as_str().is_some_and(ours) {
-                    v.push(json!({ "pid": ep.pid, "cmdline": a["cmdline"], "gid": g }));
+                    v.push(json!({
+                        "pid": ep.pid,
+                        "comm": a["comm"],
+                        "cmdline": a["cmdline"],
+                        "gid": g,
+                    }));
                 }
             }
         }
@@ -122,7 +129,15 @@ fn device(i: &Interface, verbose: bool) -> Value {
         .unwrap_or(0);
     let active = port_mtu::ib_mtu_for_netdev(netdev_mtu);
     let attr = DeviceAttr::default();
-    let gids: Vec<String> = i.addrs.iter().map(|a| gid_text(gid_of(*a))).collect();
+    let in_use = users(i);
+    // The GID table: the interface's addresses, then the GIDs programs have bound without the address being
+    // configured (127.0.0.2 on `lo`), as the table of an rxe device lists every GID a QP can use.
+    let mut gids: Vec<String> = i.addrs.iter().map(|a| gid_text(gid_of(*a))).collect();
+    for g in in_use.iter().filter_map(|u| u["gid"].as_str()) {
+        if !gids.iter().any(|x| x == g) {
+            gids.push(g.to_owned());
+        }
+    }
     let guid = guid_of_mac(&mac);
     let mut d = json!({
         "hca_id": device_name_of_interface(&i.name),
@@ -146,7 +161,7 @@ fn device(i: &Interface, verbose: bool) -> Value {
             "port_lmc": "0x00",
             "link_layer": "Ethernet",
             "gids": gids.iter().map(|g| json!({ "gid": g, "type": "RoCE v2" })).collect::<Vec<_>>(),
-            "in_use_by": users(i),
+            "in_use_by": in_use,
         },
     });
     if verbose {
@@ -263,7 +278,7 @@ fn text(d: &Value) -> String {
             o,
             "\t\t\tin use by:\tpid {} ({}) on {}",
             u["pid"],
-            s(&u["cmdline"]),
+            s(&u["comm"]),
             s(&u["gid"])
         );
     }
