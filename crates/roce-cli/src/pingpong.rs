@@ -479,9 +479,9 @@ fn open_device(a: &PingpongArgs, local: IpAddr, peer: IpAddr) -> Result<(Context
     rxmode::open(a.rx, peer, "rocev2 pingpong", open).map_err(|e| {
         let msg = source_chain(&e);
         let hint = if msg.contains("in use") {
-            " (another RoCE stack or rocev2 run owns UDP 4791 on this address)"
+            format!(" ({})", rxmode::in_use_hint(local))
         } else {
-            ""
+            String::new()
         };
         format!("opening the RoCE device on {local}: {msg}{hint}")
     })

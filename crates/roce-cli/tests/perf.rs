@@ -593,6 +593,42 @@ fn busy_roce_port_is_a_clear_error() {
 }
 
 #[test]
+fn same_host_server_and_client_without_ip_are_told_about_ip() {
+    let _serial = serial();
+    // A server and a client on one host, neither with --ip: both take 127.0.0.1 as their RoCE address and the second
+    // cannot bind UDP 4791 there. The hint named --loopback only; the way out with two processes is --ip.
+    let dir = common::scratch("same-host-no-ip");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+        .to_string();
+    let argv = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [common::bin(), "perf", "write-bw", "-p", &port, "-n", "10"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        v.extend(extra.iter().map(|s| (*s).to_owned()));
+        v
+    };
+    let mut srv = common::Proc::spawn("server", &dir, &argv(&["--timeout", "20"]));
+    let p: u16 = port.parse().expect("port");
+    common::wait_socket(&mut srv, "tcp", [0, 0, 0, 0], p, Duration::from_secs(10));
+    let cli =
+        common::Proc::spawn("client", &dir, &argv(&["127.0.0.1"])).wait(Duration::from_secs(30));
+    let srv = srv.wait(Duration::from_secs(30));
+    assert!(!cli.status.success(), "{cli}\n{srv}");
+    assert!(
+        cli.stderr.contains("127.0.0.1:4791")
+            && cli.stderr.contains("in use")
+            && cli.stderr.contains("--ip 127.0.0.2")
+            && cli.stderr.contains("--loopback"),
+        "{cli}"
+    );
+}
+
+#[test]
 fn sim_link_banner_names_the_simulated_segment() {
     let _serial = serial();
     // It said "Ethernet (UDP 4791)" for the in-memory segment.

@@ -1013,11 +1013,17 @@ fn open_udp(
         .map(|(c, rx)| (c, Arc::clone(&link_stats), rx))
         .map_err(|e| {
             let chain = source_chain(&e);
-            let hint = if chain.contains("in use") {
+            let hint = if chain.contains("in use") && a.loopback {
                 " (another RoCE stack or rocev2 run owns this address and port; with --loopback, choose a free pair \
                  with --loopback-ips A,B, or leave it out to get one)"
+                    .to_owned()
+            } else if chain.contains("in use") {
+                format!(
+                    " ({}; or run both ends in one process with --loopback)",
+                    rxmode::in_use_hint(local)
+                )
             } else {
-                ""
+                String::new()
             };
             format!("opening the RoCE device on {local} (UDP 4791): {e}: {chain}{hint}")
         })
