@@ -261,11 +261,14 @@ pub fn lat_header() -> String {
     )
 }
 
-/// One latency table line, in perftest's column layout (its `REPORT_FMT_LAT`).
+/// One latency table line, in perftest's column layout: each value starts where perftest's `REPORT_FMT_LAT` puts a
+/// small one (columns 1, 9, 23, 38, 51, 71, 88, 104, 128, under the header's), in fixed-width fields with spaces
+/// instead of its tabs and `%-7.2f`, so the columns hold for 10,000 µs and more (a latency column is 12 .. 23
+/// characters wide; a value wider than that is still followed by a space).
 pub fn lat_line(size: u64, s: &LatStats) -> String {
     let [min, max, typ, avg, sd, p99, p999] = s.summary();
     format!(
-        " {size:<7} {}          {min:<7.2}        {max:<7.2}      {typ:<7.2}  \t       {avg:<7.2}     \t{sd:<7.2}\t\t{p99:<7.2} \t\t{p999:<7.2}",
+        " {size:<7} {:<13} {min:<14.2} {max:<12.2} {typ:<19.2} {avg:<16.2} {sd:<15.2} {p99:<23.2} {p999:<7.2}",
         s.count(),
     )
 }
@@ -358,8 +361,65 @@ mod tests {
         }
         assert_eq!(
             lat_line(2, &s),
-            " 2       3          1.00           3.00         2.00     \t       2.00        \t0.82   \t\t3.00    \t\t3.00   "
+            " 2       3             1.00           3.00         2.00                2.00             0.82            3.00                    3.00   "
         );
+    }
+
+    /// Where each value of a latency line starts once tabs are expanded (8 columns), and the tokens.
+    fn value_columns(line: &str) -> Vec<(usize, String)> {
+        let mut expanded = String::new();
+        for ch in line.chars() {
+            if ch == '\t' {
+                expanded.push(' ');
+                while !expanded.len().is_multiple_of(8) {
+                    expanded.push(' ');
+                }
+            } else {
+                expanded.push(ch);
+            }
+        }
+        let mut out = Vec::new();
+        let mut start = None;
+        for (i, ch) in expanded.char_indices().chain([(expanded.len(), ' ')]) {
+            match (ch == ' ', start) {
+                (false, None) => start = Some(i),
+                (true, Some(s)) => {
+                    out.push((s, expanded[s..i].to_owned()));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The columns of the latency table hold for any value: perftest's positions for small values (its
+    /// REPORT_FMT_LAT: 1, 9, 23, 38, 51, 71, 88, 104, 128), and the same positions at ≥ 10,000 µs, where perftest's
+    /// `%-7.2f` fields (and our copy of them) overflowed and pushed every later column right.
+    #[test]
+    fn latency_columns_hold_for_large_values() {
+        let want = [1, 9, 23, 38, 51, 71, 88, 104, 128];
+        for (size, iters, base_ns) in [
+            (2u64, 1000u64, 1_000u64),
+            (8_388_608, 1000, 10_000_000),
+            (65536, 100_000, 123_456_789),
+        ] {
+            let mut s = LatStats::new();
+            for i in 0..iters {
+                s.record(base_ns + (i % 97) * base_ns / 10);
+            }
+            let line = lat_line(size, &s);
+            let cols = value_columns(&line);
+            let starts: Vec<usize> = cols.iter().map(|c| c.0).collect();
+            assert_eq!(starts, want, "{line:?}: {cols:?}");
+            assert_eq!(cols[0].1, size.to_string());
+            assert_eq!(cols[1].1, iters.to_string());
+        }
+        let header: Vec<usize> = value_columns(lat_header().lines().nth(1).unwrap_or_default())
+            .iter()
+            .map(|c| c.0)
+            .collect();
+        assert!(header.len() >= 9, "{header:?}");
     }
 
     #[test]
