@@ -907,7 +907,12 @@ fn traffic_class_marks_every_packet() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let file = dir.join(format!("tclass-{}.pcap", std::process::id()));
     let f = file.to_string_lossy().into_owned();
-    for (flag, value, dscp) in [("-T", "104", 26), ("--tclass", "184", 46)] {
+    // -T/--tos are perftest's letters for the IP ToS, --tclass its GRH traffic class: one byte in RoCE v2.
+    for (flag, value, dscp) in [
+        ("-T", "104", 26),
+        ("--tclass", "184", 46),
+        ("--tos", "72", 18),
+    ] {
         for t in ["send-bw", "read-lat"] {
             let v = loopback_json(
                 t,
