@@ -259,9 +259,11 @@ pub struct RuntimeStats {
     /// Times the doorbell queue was found full and a pass looked at every QP and CQ once instead (expected 0; see
     /// the module docs).
     pub doorbell_overflows: AtomicU64,
-    /// The longest time (µs) between the starts of two consecutive passes while a device of the group had an engine
-    /// timer armed (outstanding requests waiting for their ACK timeout; rate and CNP timers count too). One pass
-    /// serves every device of the group, so this is each device's value. A value near or above the local ACK
+    /// The longest time (µs) between the starts of two consecutive passes while a device of the group had work
+    /// outstanding at the end of the first: an engine timer armed (requests waiting for their ACK timeout; rate and
+    /// CNP timers count too), frames left for a later pass (the transmit budget was used up, a receive burst came
+    /// back full, or transmitting was deferred). One pass serves every device of the group, so this is each
+    /// device's value. A value near or above the local ACK
     /// timeout (4.096 µs · 2^timeout, 67 ms by default) means the engine was not run for that long — a stalled
     /// progress thread or a caller that stopped calling — and timeouts in that stretch may be spurious.
     pub max_pass_gap_us: AtomicU64,
@@ -760,8 +762,10 @@ pub struct Device {
     db_busy: bool,
     db_idle: bool,
     pub(crate) now: Instant,
-    /// Start of the last pass, if the engine had a timer armed at its end (for `RuntimeStats::max_pass_gap_us`).
-    timer_pass: Option<Instant>,
+    /// Start of the last pass, if it left work outstanding (for `RuntimeStats::max_pass_gap_us`).
+    busy_pass: Option<Instant>,
+    /// This pass left frames for a later one (full receive burst, transmit budget used up, transmit deferred).
+    left_work: bool,
 }
 
 impl std::fmt::Debug for Device {
@@ -789,7 +793,8 @@ impl Device {
             db_busy: false,
             db_idle: false,
             now: Instant::ZERO,
-            timer_pass: None,
+            busy_pass: None,
+            left_work: false,
         }
     }
 
@@ -1120,7 +1125,8 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
     let mut work = false;
     for dev in devs.iter_mut() {
         dev.now = now;
-        if let Some(t) = dev.timer_pass {
+        dev.left_work = false;
+        if let Some(t) = dev.busy_pass {
             let gap =
                 u64::try_from(now.saturating_duration_since(t).as_micros()).unwrap_or(u64::MAX);
             stats.max_pass_gap_us.fetch_max(gap, Ordering::Relaxed);
@@ -1169,6 +1175,7 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
                             stats.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
                             work = true;
                         }
+                        dev.left_work = n == max;
                         left = if n < max { 0 } else { left - n };
                     }
                     Err(e) => {
@@ -1210,6 +1217,7 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
             PassKind::Full => (false, Duration::ZERO),
         };
         if defer {
+            dev.left_work = true;
             let t0 = *dev.tx_deferred.get_or_insert(now);
             work = true;
             if kind == PassKind::Post {
@@ -1226,7 +1234,10 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         while sent < cfg.tx_budget {
             let buf = match dev.link.tx_buf(now) {
                 Ok(b) => b,
-                Err(roce_link::LinkError::Busy) => break,
+                Err(roce_link::LinkError::Busy) => {
+                    dev.left_work = true;
+                    break;
+                }
                 Err(e) => {
                     stats.link_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, "tx_buf failed");
@@ -1254,6 +1265,7 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
             }
             sent += 1;
         }
+        dev.left_work |= sent >= cfg.tx_budget;
         if sent > 0 {
             stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);
             stats.flushes.fetch_add(1, Ordering::Relaxed);
@@ -1277,7 +1289,8 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         deadline = min_instant(deadline, dev.moderation_deadline());
     }
     for dev in devs.iter_mut() {
-        dev.timer_pass = dev.engine.poll_timeout().map(|_| now);
+        let busy = dev.left_work || dev.engine.poll_timeout().is_some();
+        dev.busy_pass = busy.then_some(now);
     }
     shared.next_deadline.store(
         deadline.map_or(u64::MAX, Instant::as_nanos),
