@@ -4,8 +4,9 @@
 //!
 //! For each process (pid, process name as `comm`; the command line too in `--json`) and each of its devices:
 //! the non-zero port counters, and the three signals
-//! the send module's operators watch, over a sampling interval (two snapshots `--interval` apart, default 1 s; in
-//! watch mode between refreshes):
+//! the send module's operators watch, over a sampling interval (two snapshots `--interval` apart, default 1 s, so a
+//! one-shot report takes that long; in watch mode between refreshes; `--interval 0`: one snapshot at once, without
+//! the rates):
 //!
 //! * **send-queue depth**: send WRs posted and not yet completed, summed over the device's QPs (and per QP);
 //! * **retransmission rate**: `Δretransmitted_pkts / Δsent_pkts`, flagged above 5 % — a sign of a lossy or congested
@@ -48,7 +49,8 @@ pub struct StatArgs {
     /// Watch mode: refresh every SECS seconds until interrupted (rates over each refresh interval).
     #[arg(short = 'w', long = "watch", value_name = "SECS")]
     pub watch: Option<f64>,
-    /// Seconds between the two snapshots the rates of a one-shot report come from.
+    /// Seconds between the two snapshots the rates of a one-shot report come from; 0: one snapshot at once,
+    /// counters and queue depths without rates.
     #[arg(long, default_value_t = 1.0, value_name = "SECS")]
     pub interval: f64,
     /// Print the dump of this QP (state, PSNs, outstanding WRs, retry and CC state) instead of the counters.
@@ -84,10 +86,13 @@ pub fn run(a: &StatArgs) -> ExitCode {
             .filter(|d| !d.is_zero())
             .ok_or_else(|| format!("{what} {v}: a positive number of seconds"))
     };
-    let (interval, watch) = match (
-        secs(a.interval, "--interval"),
-        a.watch.map(|w| secs(w, "--watch")).transpose(),
-    ) {
+    // `--interval 0` (one-shot only): no second snapshot, so no wait and no rates.
+    let interval = if a.interval == 0.0 && a.watch.is_none() {
+        Ok(Duration::ZERO)
+    } else {
+        secs(a.interval, "--interval")
+    };
+    let (interval, watch) = match (interval, a.watch.map(|w| secs(w, "--watch")).transpose()) {
         (Ok(i), Ok(w)) => (i, w),
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("rocev2 stat: {e}");
@@ -106,6 +111,15 @@ pub fn run(a: &StatArgs) -> ExitCode {
         }
     }
     let tty = std::io::stdout().is_terminal() && !a.json;
+    if watch.is_none() && interval.is_zero() {
+        let report = report(&[], &prev, Duration::ZERO);
+        if a.json {
+            println!("{report}");
+        } else {
+            print!("{}", text(&report, a.all));
+        }
+        return ExitCode::SUCCESS;
+    }
     loop {
         std::thread::sleep(watch.unwrap_or(interval));
         let cur = snapshot(a.pid);

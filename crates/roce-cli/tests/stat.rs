@@ -142,6 +142,27 @@ fn stat_reads_a_running_perf() {
     );
     assert!(q["sq_outstanding"].as_u64() <= Some(128), "{q}");
 
+    // --interval 0: one snapshot, at once: the counters and queue depths, no rates (they need two snapshots).
+    let out = stat(&run_dir, &["--json", "--interval", "0"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v0: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v0["interval_s"], 0.0, "{v0}");
+    let d0 = &v0["runtimes"][0]["devices"][0];
+    assert!(d0["counters"]["sent_pkts"].as_u64() > Some(0), "{d0}");
+    assert!(d0["signals"]["sq_depth"].is_u64(), "{d0}");
+    assert!(d0["signals"].get("sent_pps").is_none(), "{d0}");
+    assert_eq!(
+        stat(&run_dir, &["-w", "1", "--interval", "0"])
+            .status
+            .code(),
+        Some(2),
+        "watch mode keeps a positive --interval"
+    );
+
     // Text: a link line per device, a qp line per QP, the signals.
     let out = stat(&run_dir, &["--interval", "0.3"]);
     let t = String::from_utf8_lossy(&out.stdout);
