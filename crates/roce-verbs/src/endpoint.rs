@@ -21,9 +21,7 @@
 //! * `{"get": "stats"}` → `{"proto": "rocev2-stats", "v": 1, "pid", "comm", "cmdline", "devices": [DEVICE...]}` (`comm`: the
 //!   process name, `/proc/<pid>/comm`; `cmdline`: the arguments joined by spaces) with
 //!   DEVICE = `{"index", "gids": [GID as IPv6 text, e.g. "::ffff:198.18.0.1"], "mac", "max_qp", "counters": {NAME: value, ...}, "runtime": {progress,
-//!   caller_passes, thread_passes, missed, thread_missed, parks, wakeups, readiness_waits, readiness_wakeups,
-//!   doorbells, wqes, flushes, tx_frames, rx_bursts, rx_frames, batched_posts, link_errors, doorbell_overflows,
-//!   max_pass_gap_us}, "qps": [QP...]}` and
+//!   and every counter of [`crate::RuntimeStats::counters`] by name}, "qps": [QP...]}` and
 //!   QP = `{"qpn", "type", "state", "next_psn", "una_psn", "epsn", "msn", "sq_outstanding", "rq_outstanding",
 //!   "udp_sport", "rate_bps", "target_bps", "alpha", "limited", "shaped_bps", "counters": {...}}`. Counters are
 //!   cumulative; rates are for the reader to compute between two snapshots. The `runtime` object is the engine
@@ -534,8 +532,14 @@ fn device_stats(c: &Context) -> Result<Value, String> {
     let counters = c.counters().map_err(|e| e.to_string())?;
     let qps = c.qp_snapshots().map_err(|e| e.to_string())?;
     let cfg = c.config();
-    let r = c.runtime_stats();
-    let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut runtime = Map::new();
+    runtime.insert(
+        "progress".into(),
+        json!(format!("{:?}", c.progress_mode()).to_lowercase()),
+    );
+    for (name, v) in c.runtime_stats().counters() {
+        runtime.insert(name.into(), json!(v));
+    }
     let mac: Vec<String> = cfg.mac.iter().map(|b| format!("{b:02x}")).collect();
     Ok(json!({
         "index": c.index(),
@@ -543,27 +547,7 @@ fn device_stats(c: &Context) -> Result<Value, String> {
         "mac": mac.join(":"),
         "max_qp": c.query_device().max_qp,
         "counters": counters_json(&counters),
-        "runtime": {
-            "progress": format!("{:?}", c.progress_mode()).to_lowercase(),
-            "caller_passes": ld(&r.caller_passes),
-            "thread_passes": ld(&r.thread_passes),
-            "missed": ld(&r.missed),
-            "thread_missed": ld(&r.thread_missed),
-            "parks": ld(&r.parks),
-            "wakeups": ld(&r.wakeups),
-            "readiness_waits": ld(&r.readiness_waits),
-            "readiness_wakeups": ld(&r.readiness_wakeups),
-            "doorbells": ld(&r.doorbells),
-            "wqes": ld(&r.wqes),
-            "flushes": ld(&r.flushes),
-            "tx_frames": ld(&r.tx_frames),
-            "rx_bursts": ld(&r.rx_bursts),
-            "rx_frames": ld(&r.rx_frames),
-            "batched_posts": ld(&r.batched_posts),
-            "link_errors": ld(&r.link_errors),
-            "doorbell_overflows": ld(&r.doorbell_overflows),
-            "max_pass_gap_us": ld(&r.max_pass_gap_us),
-        },
+        "runtime": runtime,
         "qps": qps.iter().map(|q| json!({
             "qpn": q.qpn.value(),
             "type": q.info.qp_type.name(),

@@ -269,6 +269,57 @@ pub struct RuntimeStats {
     pub max_pass_gap_us: AtomicU64,
 }
 
+impl RuntimeStats {
+    /// Every counter by its field name, in declaration order (each read `Relaxed`, so not one instant): what the
+    /// stats endpoint and `rocev2 perf --stats` list. A field added to the struct must be added here (the
+    /// destructuring below is exhaustive, so the build says so).
+    pub fn counters(&self) -> [(&'static str, u64); 19] {
+        let RuntimeStats {
+            caller_passes,
+            thread_passes,
+            missed,
+            thread_missed,
+            parks,
+            wakeups,
+            readiness_waits,
+            readiness_wakeups,
+            doorbells,
+            wqes,
+            flushes,
+            tx_frames,
+            rx_bursts,
+            rx_frames,
+            batched_posts,
+            poll_yields,
+            link_errors,
+            doorbell_overflows,
+            max_pass_gap_us,
+        } = self;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("caller_passes", ld(caller_passes)),
+            ("thread_passes", ld(thread_passes)),
+            ("missed", ld(missed)),
+            ("thread_missed", ld(thread_missed)),
+            ("parks", ld(parks)),
+            ("wakeups", ld(wakeups)),
+            ("readiness_waits", ld(readiness_waits)),
+            ("readiness_wakeups", ld(readiness_wakeups)),
+            ("doorbells", ld(doorbells)),
+            ("wqes", ld(wqes)),
+            ("flushes", ld(flushes)),
+            ("tx_frames", ld(tx_frames)),
+            ("rx_bursts", ld(rx_bursts)),
+            ("rx_frames", ld(rx_frames)),
+            ("batched_posts", ld(batched_posts)),
+            ("poll_yields", ld(poll_yields)),
+            ("link_errors", ld(link_errors)),
+            ("doorbell_overflows", ld(doorbell_overflows)),
+            ("max_pass_gap_us", ld(max_pass_gap_us)),
+        ]
+    }
+}
+
 /// What a pass is for; a post and a poll skip what they do not need (module docs, "The pass").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PassKind {

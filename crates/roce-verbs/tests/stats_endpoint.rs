@@ -92,6 +92,11 @@ fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
     assert!(rt["doorbells"].as_u64() >= Some(25), "{rt}");
     assert!(rt["wqes"].as_u64() >= Some(40), "{rt}");
     assert!(rt["max_pass_gap_us"].is_u64(), "{rt}");
+    // Every runtime counter is there (poll_yields was left out of the hand-written list).
+    assert!(rt["poll_yields"].is_u64(), "{rt}");
+    for (name, _) in RuntimeStats::default().counters() {
+        assert!(rt[name].is_u64(), "{name} missing: {rt}");
+    }
     let qa = &da["qps"][0];
     assert_eq!(qa["qpn"], a.2.qpn().value());
     assert_eq!(qa["type"], "RC");

@@ -1153,30 +1153,14 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
                     text.push_str(&format!("  {name:<32} {v}\n"));
                 }
             }
-            let r = ctx.runtime_stats();
-            let ld =
-                |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
             text.push_str(&format!(
-                "runtime ({side}, {:?} progress): caller_passes {} thread_passes {} missed {} parks {} wakeups {} readiness_waits {} readiness_wakeups {} doorbells {} wqes {} batched_posts {} flushes {} tx_frames {} rx_bursts {} rx_frames {} poll_yields {} link_errors {} max_pass_gap_us {}\n",
-                ctx.progress_mode(),
-                ld(&r.caller_passes),
-                ld(&r.thread_passes),
-                ld(&r.missed),
-                ld(&r.parks),
-                ld(&r.wakeups),
-                ld(&r.readiness_waits),
-                ld(&r.readiness_wakeups),
-                ld(&r.doorbells),
-                ld(&r.wqes),
-                ld(&r.batched_posts),
-                ld(&r.flushes),
-                ld(&r.tx_frames),
-                ld(&r.rx_bursts),
-                ld(&r.rx_frames),
-                ld(&r.poll_yields),
-                ld(&r.link_errors),
-                ld(&r.max_pass_gap_us)
+                "runtime ({side}, {:?} progress):",
+                ctx.progress_mode()
             ));
+            for (name, v) in ctx.runtime_stats().counters() {
+                text.push_str(&format!(" {name} {v}"));
+            }
+            text.push('\n');
             if let Some(l) = link {
                 text.push_str(&format!("udp link counters ({side}):\n"));
                 for (name, v) in l.iter().filter(|(_, v)| *v != 0) {
