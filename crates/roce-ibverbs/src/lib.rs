@@ -13,7 +13,8 @@
 //!   `<name>@@<node>`.
 //! * Structures with the measured sizes and offsets (module `abi`; every size and offset is asserted at compile
 //!   time against ABI.md §4). `tests/exports.rs` checks the built library's export table against the imports of
-//!   the Debian binaries and provider libraries (`readelf`).
+//!   the Debian binaries and provider libraries (`readelf`); `tests/c_api.rs` builds a C program against the system
+//!   `<infiniband/verbs.h>` and runs it on this library (queries, the data path, and the error contracts below).
 //! * Contexts are **not extended** (`abi_compat` = NULL, ABI.md §3.2): the inline `ibv_query_port` and
 //!   `ibv_query_device_ex` fall back to the exported verbs; the five data-path slots of `ibv_context.ops`
 //!   (`poll_cq`, `req_notify_cq`, `post_send`, `post_recv`, `post_srq_recv`) are always set.

@@ -4,22 +4,11 @@
 //! SONAME must be `libibverbs.so.1`. Read with `readelf` (binutils); the binaries come from Debian's
 //! `ibverbs-utils`, `perftest` and `ibverbs-providers` (installed by `.ci/run`).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// `libroce_ibverbs.so` of this build (beside `deps/`, where this test binary is).
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test path");
-    let deps = exe.parent().expect("deps dir");
-    [
-        deps.join("libroce_ibverbs.so"),
-        deps.join("../libroce_ibverbs.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .unwrap_or_else(|| panic!("libroce_ibverbs.so not built next to {}", deps.display()))
-}
 
 fn readelf(args: &[&str], file: &Path) -> String {
     let out = Command::new("readelf")
@@ -64,7 +53,7 @@ fn which(program: &str) -> PathBuf {
 
 #[test]
 fn every_import_of_the_debian_programs_and_providers_is_exported_at_its_version() {
-    let lib = library();
+    let lib = common::library();
     assert!(
         readelf(&["-d"], &lib).contains("Library soname: [libibverbs.so.1]"),
         "SONAME"

@@ -1,0 +1,70 @@
+//! `tests/c/api.c`, compiled with `cc` against the system `<infiniband/verbs.h>` and linked with `-libverbs`
+//! (Debian's libibverbs-dev) like any ibverbs program, then run with rocev2's `libibverbs.so.1` first on
+//! `LD_LIBRARY_PATH`:
+//!
+//! * without a configured device: `ibv_get_device_list` is an empty NULL-terminated list;
+//! * with the device on 127.0.201.1: queries, the unsupported verbs' clean errors (SRQ, iova ≠ address, on-demand
+//!   paging, a QP on an SRQ: NULL + `EOPNOTSUPP`; an address vector without GRH: `EINVAL`; a channel still in
+//!   use: `EBUSY`; a non-blocking channel without events: `EAGAIN`), and two RC QPs of one context connected over
+//!   UDP: an inline SEND with immediate data woken through the completion channel, an RDMA WRITE, a chain whose
+//!   second WR is bad (`*bad_wr` names it, the first is posted), then teardown.
+//!
+//! Binds UDP 4791 on 127.0.201.1 (run under the network lock with the other loopback tests).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Compiles `tests/c/api.c` and makes a directory whose `libibverbs.so.1` is ours; returns (program, directory).
+fn build() -> (PathBuf, PathBuf) {
+    assert!(
+        Path::new("/usr/include/infiniband/verbs.h").is_file(),
+        "<infiniband/verbs.h> missing: install Debian's libibverbs-dev (.ci/run does)"
+    );
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-api-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/api.c");
+    let prog = dir.join("api");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::os::unix::fs::symlink(common::library(), dir.join("libibverbs.so.1")).expect("symlink");
+    (prog, dir)
+}
+
+fn run(prog: &Path, dir: &Path, mode: &str, ip: Option<&str>) {
+    let mut cmd = Command::new(prog);
+    cmd.arg(mode)
+        .env("LD_LIBRARY_PATH", dir)
+        .env_remove("ROCEV2_IBV_IP");
+    if let Some(ip) = ip {
+        cmd.env("ROCEV2_IBV_IP", ip);
+    }
+    let out = cmd.output().expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{mode}: {:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn c_program_sees_no_device_without_configuration_and_a_working_device_with_it() {
+    let (prog, dir) = build();
+    run(&prog, &dir, "none", None);
+    run(&prog, &dir, "loop", Some("127.0.201.1"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
