@@ -420,3 +420,23 @@ fn programs_of_another_netns_are_not_listed() {
     let done = p.wait(Duration::from_secs(30));
     assert!(done.status.success(), "{done}");
 }
+
+/// A socket left by a process that died without removing it, whose pid now belongs to another process (here: this
+/// test, alive): the socket's name carries its creator's start time, which is not this process's, so `rocev2 stat`
+/// removes it and finds nothing running (it used to list it, and failed to connect to it, for as long as the pid
+/// lived).
+#[test]
+fn a_socket_of_a_reused_pid_is_removed() {
+    let dir = scratch("stat-reused-pid");
+    let run_dir = dir.join("run");
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    // Start time 1 (clock ticks after boot): no process of this test started then.
+    let path = run_dir.join(format!("{}.1.0.sock", std::process::id()));
+    drop(std::os::unix::net::UnixListener::bind(&path).expect("bind"));
+    assert!(path.exists());
+    let out = stat(&run_dir, &["--interval", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no rocev2 device is running"), "{err}");
+    assert!(!path.exists(), "the stale socket is still there");
+}

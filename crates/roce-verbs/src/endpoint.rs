@@ -3,11 +3,14 @@
 //!
 //! # Where
 //!
-//! A Unix stream socket `<run dir>/<pid>.<n>.sock` (`n` counts the runtimes of the process), created when the
+//! A Unix stream socket `<run dir>/<pid>.<start>.<n>.sock` (`start`: the process's start time, field 22 of
+//! `/proc/<pid>/stat`, in clock ticks after boot; `n` counts the runtimes of the process), created when the
 //! runtime starts and removed when it stops (its last [`crate::Context`] is dropped). The run directory is
 //! [`run_dir`]: `$ROCEV2_RUN_DIR` if set, else `/run/rocev2` when it can be created (root), else
 //! `$XDG_RUNTIME_DIR/rocev2`, else `/tmp/rocev2-<uid>`; readers ([`endpoints`]) look in all of them. A socket left by
-//! a process that died without dropping its devices is found stale (its pid is gone) and removed by [`endpoints`].
+//! a process that died without dropping its devices is stale: [`endpoints`] removes a socket whose pid is gone, or
+//! whose pid now belongs to a process with another start time (the pid was reused). The pid and start time of a
+//! process name it uniquely, so the rule never removes a live endpoint.
 //! The run directory is shared by every network namespace of the host, so [`endpoints`] lists only the processes in
 //! the reader's own network namespace (as `rdma statistic` shows the devices of its namespace).
 //!
@@ -131,19 +134,22 @@ pub fn endpoints() -> Vec<EndpointPath> {
         };
         for e in rd.flatten() {
             let path = e.path();
-            let Some(pid) = path
+            let Some((pid, start)) = path
                 .file_name()
                 .and_then(|n| n.to_str())
-                .filter(|n| n.ends_with(".sock"))
-                .and_then(|n| n.split('.').next())
-                .and_then(|p| p.parse::<u32>().ok())
+                .and_then(|n| n.strip_suffix(".sock"))
+                .and_then(parse_name)
             else {
                 continue;
             };
             if !e.file_type().is_ok_and(|t| t.is_socket()) {
                 continue;
             }
-            if Path::new(&format!("/proc/{pid}")).exists() {
+            // The pid now names a process started at another time: the pid was reused, the socket is stale.
+            let reused = start.is_some_and(|s| start_time(pid).is_some_and(|now| now != s));
+            if reused {
+                let _ = std::fs::remove_file(&path);
+            } else if Path::new(&format!("/proc/{pid}")).exists() {
                 let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
                 if netns.is_some() && netns == own_netns {
                     out.push(EndpointPath { pid, path });
@@ -158,6 +164,63 @@ pub fn endpoints() -> Vec<EndpointPath> {
     out
 }
 
+/// `(pid, start time)` of a socket name without `.sock`: `<pid>.<start>.<n>`, or `<pid>.<n>` as written before
+/// the start time was part of the name (then only the pid is checked).
+fn parse_name(n: &str) -> Option<(u32, Option<u64>)> {
+    let parts: Vec<&str> = n.split('.').collect();
+    let pid = parts.first()?.parse::<u32>().ok()?;
+    match parts.len() {
+        2 => Some((pid, None)),
+        3 => Some((pid, Some(parts[1].parse().ok()?))),
+        _ => None,
+    }
+}
+
+/// The start time of process `pid` in clock ticks after boot (`/proc/<pid>/stat` field 22, proc(5)); `None` when it
+/// cannot be read (the process is gone, or no `/proc`).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 2 (comm) is in parentheses and may hold spaces or ')': count fields after the last ')', which is
+    // followed by field 3 (state); field 22 is the 20th from there.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Connects to the endpoint at `path` before `deadline`. A listener whose queue is full (a process that does not
+/// accept: stopped, or its endpoint thread stuck) refuses a non-blocking connect with `EAGAIN` until a slot frees;
+/// that is retried until the deadline.
+fn connect(
+    path: &Path,
+    deadline: std::time::Instant,
+    timeout: Duration,
+) -> std::io::Result<UnixStream> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let addr = SockAddr::unix(path)?;
+    loop {
+        let s = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+        s.set_nonblocking(true)?;
+        match s.connect(&addr) {
+            Ok(()) => {
+                s.set_nonblocking(false)?;
+                return Ok(s.into());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "its listen queue stayed full for {timeout:?} (the process does not serve its stats \
+                             endpoint: stopped or stuck?)"
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Largest answer [`query`] accepts (a device with 10,000 QPs answers about 8 MB).
 pub const MAX_ANSWER: usize = 64 << 20;
 
@@ -166,7 +229,8 @@ pub const MAX_ANSWER: usize = 64 << 20;
 /// trickling or endless answer ends in an error, not a hang or a growing buffer.
 ///
 /// # Errors
-/// Connecting, writing or reading failed, no whole answer came within `timeout` (`TimedOut`), the answer is
+/// Connecting, writing or reading failed, no connection or no whole answer came within `timeout` (`TimedOut`; a
+/// listener whose queue stays full is not waited on longer), the answer is
 /// longer than [`MAX_ANSWER`], not JSON, or not a version-[`VERSION`] `rocev2-stats` object (`InvalidData`).
 pub fn query(path: &Path, request: &Value, timeout: Duration) -> std::io::Result<Value> {
     use std::io::{Error, ErrorKind};
@@ -182,7 +246,7 @@ pub fn query(path: &Path, request: &Value, timeout: Duration) -> std::io::Result
             Ok(d)
         }
     };
-    let mut s = UnixStream::connect(path)?;
+    let mut s = connect(path, deadline, timeout)?;
     s.set_write_timeout(Some(left()?))?;
     let mut line = request.to_string();
     line.push('\n');
@@ -268,7 +332,11 @@ pub(crate) fn start(cfg: &StatsEndpoint, devices: DeviceList) -> Option<Endpoint
         }
     };
     let n = RUNTIMES.fetch_add(1, Ordering::Relaxed);
-    let path = dir.join(format!("{}.{n}.sock", std::process::id()));
+    let pid = std::process::id();
+    let path = match start_time(pid) {
+        Some(start) => dir.join(format!("{pid}.{start}.{n}.sock")),
+        None => dir.join(format!("{pid}.{n}.sock")),
+    };
     let _ = std::fs::remove_file(&path);
     let listener = match UnixListener::bind(&path).and_then(|l| {
         l.set_nonblocking(true)?;

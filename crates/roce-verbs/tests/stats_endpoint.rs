@@ -254,3 +254,42 @@ fn query_bounds_a_trickling_or_endless_answer() {
     assert!(e.to_string().contains("longer than"), "{e}");
     server.join().expect("server");
 }
+
+/// `endpoint::query` against a socket whose listen queue is full (its process does not accept: stopped, or its
+/// endpoint thread stuck): connecting is bounded by the timeout too, with a clear error. It used to block in
+/// connect() for as long as the queue stayed full.
+#[test]
+fn query_gives_up_on_a_full_listen_queue() {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let dir = scratch("full-queue");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("1.0.sock");
+    let _l = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let addr = SockAddr::unix(&path).expect("address");
+    let mut held = Vec::new();
+    loop {
+        let s = Socket::new(Domain::UNIX, Type::STREAM, None).expect("socket");
+        s.set_nonblocking(true).expect("nonblocking");
+        match s.connect(&addr) {
+            Ok(()) => held.push(s),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the listen queue: {e}"),
+        }
+        assert!(held.len() < 100_000, "the listen queue never filled");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(endpoint::query(
+            &p,
+            &json!({"get": "stats"}),
+            Duration::from_millis(500),
+        ));
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("query did not return: connect() blocked on the full listen queue");
+    let e = r.expect_err("no answer from a full queue");
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    assert!(e.to_string().contains("listen queue"), "{e}");
+}
