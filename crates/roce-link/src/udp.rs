@@ -112,7 +112,8 @@ const ETH_LEN: usize = 14;
 /// `UDP_NO_CHECK6_TX` / `UDP_NO_CHECK6_RX` (linux/udp.h).
 const UDP_NO_CHECK6_TX: libc::c_int = 101;
 const UDP_NO_CHECK6_RX: libc::c_int = 102;
-/// Bytes of control-message space per datagram (aligned; two `int` cmsgs on TX, pktinfo + two on RX).
+/// Bytes of control-message space per datagram (aligned; two `int` cmsgs on TX; on RX pktinfo + two + the receive
+/// timestamp: 112 bytes for IPv4, 120 for IPv6).
 const CMSG_WORDS: usize = 16;
 
 /// Classic BPF opcodes (linux/bpf_common.h), as the `u16` `sock_filter::code` field wants them.
@@ -266,6 +267,12 @@ pub struct UdpStats {
     /// IPv6) is wrong: the kernel, rxe or an RNIC would never hand them to RoCE processing (`ROCEV2.md §1.4`). In
     /// socket mode the kernel drops them itself (they never reach the link).
     pub rx_bad_checksum: u64,
+    /// The longest time (µs) a datagram waited in the receive socket: from the kernel's receive timestamp
+    /// (`SO_TIMESTAMPNS`, taken when the datagram was queued to the socket) to the `recvmmsg` that read it. Socket
+    /// receive mode only. A wait near or above the peer's local ACK timeout means this side did not read (its
+    /// progress thread or caller did not run) while responses or requests waited for it: a stall of the reader,
+    /// not loss.
+    pub rx_wait_max_us: u64,
 }
 
 /// Payload pieces per gathered frame the link sends as iovecs; a frame with more is copied into the slot.
@@ -325,6 +332,8 @@ pub struct UdpLink {
     rx_msgs: Vec<libc::mmsghdr>,
     rx_ctrl: Vec<[u64; CMSG_WORDS]>,
     rx_names: Vec<libc::sockaddr_in6>,
+    /// Kernel receive timestamp (ns since the epoch) of the datagram `rebuild` last parsed; 0 = none.
+    rx_stamp_ns: u64,
     /// Inode of the network namespace the link was bound in (new source-port sockets must be created there).
     netns: Option<u64>,
     /// [`RxMode::Packet`]: the filtered `AF_PACKET` socket frames are read from.
@@ -939,6 +948,7 @@ impl UdpLink {
             rx_msgs: vec![zeroed(); burst],
             rx_ctrl: vec![[0; CMSG_WORDS]; burst],
             rx_names: vec![zeroed(); burst],
+            rx_stamp_ns: 0,
             netns: current_netns(),
             pkt,
             stats: UdpStats {
@@ -981,6 +991,8 @@ impl UdpLink {
             setopt(&s, libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1).map_err(ctx("UDP_NO_CHECK6_TX"))?;
             setopt(&s, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1).map_err(ctx("UDP_NO_CHECK6_RX"))?;
             if rx {
+                setopt(&s, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+                    .map_err(ctx("SO_TIMESTAMPNS"))?;
                 setopt(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)
                     .map_err(ctx("IPV6_RECVPKTINFO"))?;
                 setopt(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)
@@ -998,6 +1010,8 @@ impl UdpLink {
             .map_err(ctx("IP_MTU_DISCOVER"))?;
             setopt(&s, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1).map_err(ctx("SO_NO_CHECK"))?;
             if rx {
+                setopt(&s, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+                    .map_err(ctx("SO_TIMESTAMPNS"))?;
                 setopt(&s, libc::IPPROTO_IP, libc::IP_PKTINFO, 1).map_err(ctx("IP_PKTINFO"))?;
                 setopt(&s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1).map_err(ctx("IP_RECVTOS"))?;
                 setopt(&s, libc::IPPROTO_IP, libc::IP_RECVTTL, 1).map_err(ctx("IP_RECVTTL"))?;
@@ -1533,6 +1547,13 @@ impl UdpLink {
                     let pi = unsafe { core::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>()) };
                     dst = IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr));
                 }
+                (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
+                    // SAFETY: SCM_TIMESTAMPNS carries a struct timespec (socket(7)).
+                    let ts = unsafe { core::ptr::read_unaligned(data.cast::<libc::timespec>()) };
+                    self.rx_stamp_ns = (ts.tv_sec as u64)
+                        .saturating_mul(1_000_000_000)
+                        .saturating_add(ts.tv_nsec as u64);
+                }
                 _ => {}
             }
             // SAFETY: `c` is a valid header within `hdr`'s control buffer.
@@ -1644,16 +1665,25 @@ impl Link for UdpLink {
         let Some(r) = self.recv_batch(fd, n, "UDP")? else {
             return Ok(0);
         };
+        // The kernel's receive timestamps are CLOCK_REALTIME; one reading per burst.
+        let read_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         for i in 0..r {
             let len = self.rx_msgs[i].msg_len as usize;
             if self.rx_msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len >= cap {
                 self.stats.rx_truncated += 1;
                 continue;
             }
+            self.rx_stamp_ns = 0;
             let Some(flen) = self.rebuild(i, len) else {
                 self.stats.rx_bad_addr += 1;
                 continue;
             };
+            if self.rx_stamp_ns != 0 {
+                let wait_us = read_ns.saturating_sub(self.rx_stamp_ns) / 1000;
+                self.stats.rx_wait_max_us = self.stats.rx_wait_max_us.max(wait_us);
+            }
             let start = i * self.rx_slot;
             let frame = &mut self.rx_data[start..start + flen];
             if self.cfg.verify_rx_icrc && icrc::verify(&frame[ETH_LEN..]).is_err() {

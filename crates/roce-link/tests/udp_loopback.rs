@@ -521,3 +521,29 @@ fn tx_buf_is_stable_until_commit() {
     assert_eq!(&a.tx_buf(T0).expect("buf")[..4], &[1, 2, 3, 4]);
     assert!(a.tx_buf(T0).expect("buf").len() >= a.config().mtu);
 }
+
+/// `UdpStats::rx_wait_max_us`: a datagram left in the receive socket is measured from the kernel's receive timestamp
+/// (`SO_TIMESTAMPNS`) to the `recvmmsg` that reads it — at least as long as the test left it there.
+#[test]
+fn time_in_the_receive_socket_is_measured() {
+    let (a_ip, b_ip) = (v4(41, 1), v4(41, 2));
+    let (mut a, mut b) = pair(a_ip, b_ip);
+    let f = F {
+        src: a_ip,
+        dst: b_ip,
+        dst_mac: 0xb,
+        sport: 0xc123,
+        dscp: 0,
+        ecn: Ecn::NotEct,
+        ident: 0,
+        ttl: 64,
+        psn: 1,
+    };
+    a.transmit(T0, &frame(&f, &[7; 64])).expect("transmit");
+    a.flush(T0).expect("flush");
+    assert_eq!(b.stats().rx_wait_max_us, 0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(recv(&mut b, 1).len(), 1, "{:?}", b.stats());
+    let w = b.stats().rx_wait_max_us;
+    assert!((50_000..60_000_000).contains(&w), "waited {w} µs");
+}

@@ -1,7 +1,7 @@
 //! `--stats` for the UDP backend: the [`UdpLink`] counters (ICRC failures, oversize datagrams, ...) live on the
 //! engine thread, inside the link the runtime owns. [`UdpTap`] wraps the link and mirrors its [`UdpStats`] into a
 //! [`SharedUdpStats`] the application thread can read. The mirror is refreshed after a receive burst or a flush
-//! only when a counter changed (one 104-byte compare per call, relaxed stores; no lock, no allocation).
+//! only when a counter changed (one compare of the counters per call, relaxed stores; no lock, no allocation).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use roce_link::{Instant, Link, LinkCaps, LinkError, UdpLink, UdpStats};
 
 /// Counter names, in the order of [`fields`].
-const NAMES: [&str; 13] = [
+const NAMES: [&str; 14] = [
     "tx_frames",
     "tx_bytes",
     "tx_busy",
@@ -23,9 +23,10 @@ const NAMES: [&str; 13] = [
     "rx_truncated",
     "rx_bad_addr",
     "rx_bad_checksum",
+    "rx_wait_max_us",
 ];
 
-fn fields(s: &UdpStats) -> [u64; 13] {
+fn fields(s: &UdpStats) -> [u64; 14] {
     [
         s.tx_frames,
         s.tx_bytes,
@@ -40,13 +41,14 @@ fn fields(s: &UdpStats) -> [u64; 13] {
         s.rx_truncated,
         s.rx_bad_addr,
         s.rx_bad_checksum,
+        s.rx_wait_max_us,
     ]
 }
 
 /// A copy of a [`UdpLink`]'s counters, readable from any thread (values may lag by one burst).
 #[derive(Debug, Default)]
 pub struct SharedUdpStats {
-    values: [AtomicU64; 13],
+    values: [AtomicU64; 14],
 }
 
 impl SharedUdpStats {
