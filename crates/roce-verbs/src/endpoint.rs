@@ -27,7 +27,10 @@
 //!   and every counter of [`crate::RuntimeStats::counters`] by name}, "qps": [QP...]}` and
 //!   QP = `{"qpn", "type", "state", "next_psn", "una_psn", "epsn", "msn", "sq_outstanding", "rq_outstanding",
 //!   "udp_sport", "rate_bps", "target_bps", "alpha", "limited", "shaped_bps", "counters": {...}}`. Counters are
-//!   cumulative; rates are for the reader to compute between two snapshots. The `runtime` object is the engine
+//!   cumulative; rates are for the reader to compute between two snapshots. A device's counters and its QPs' are
+//!   read in one engine call, so they are one instant: the device's are the sum over its QPs plus what belongs to no
+//!   QP (and the counts of QPs destroyed before). Devices are read one after another, and the `runtime` counters
+//!   (atomics of the engine thread) are not part of that instant. The `runtime` object is the engine
 //!   thread's ([`crate::RuntimeStats`]), the same for every device on it.
 //! * `{"get": "qp", "qpn": N}` → the same envelope with `"devices": [{"index", "gids", "qp": {"qpn", "dump"}}]`, one entry
 //!   per device that has QP N; `dump` is the engine's text dump (state, PSNs, queue depths, retry counters and
@@ -597,8 +600,8 @@ fn gid_texts(c: &Context) -> Vec<String> {
 }
 
 fn device_stats(c: &Context) -> Result<Value, String> {
-    let counters = c.counters().map_err(|e| e.to_string())?;
-    let qps = c.qp_snapshots().map_err(|e| e.to_string())?;
+    // One engine call: the device's counters and its QPs' at one instant.
+    let (counters, qps) = c.stats_snapshot().map_err(|e| e.to_string())?;
     let cfg = c.config();
     let mut runtime = Map::new();
     runtime.insert(

@@ -283,21 +283,15 @@ impl Context {
     /// Every QP of this device with its state, PSNs, queue depths, counters and rate state, in one engine call
     /// (control path: visits each QP once; for `rocev2 stat`).
     pub fn qp_snapshots(&self) -> Result<Vec<QpSnapshot>, Error> {
-        self.call(|d| {
-            let now = d.now;
-            let e = &d.engine;
-            e.qpns()
-                .filter_map(|qpn| {
-                    Some(QpSnapshot {
-                        qpn,
-                        info: e.qp_info(qpn)?,
-                        counters: e.qp_counters(qpn)?.clone(),
-                        rate: e.qp_rate(qpn, now),
-                        shaped_bps: e.qp_rate_bps(qpn),
-                    })
-                })
-                .collect()
-        })
+        self.call(|d| qp_snapshots_of(d))
+    }
+
+    /// The port counters and [`qp_snapshots`](Self::qp_snapshots) taken in one engine call, so at one instant: the
+    /// port counters are then exactly the sum over the QPs plus what belongs to no QP (`roce_proto::Counters`),
+    /// except the counts of QPs destroyed since, which stay in the port's. Two separate calls let packets in
+    /// between (a QP's `rcvd_bytes` ahead of its port's). Control path (visits each QP once; the stats endpoint).
+    pub fn stats_snapshot(&self) -> Result<(Counters, Vec<QpSnapshot>), Error> {
+        self.call(|d| (d.engine.counters().clone(), qp_snapshots_of(d)))
     }
 
     /// Two devices (MAC 02:00:00:00:00:01 / :02, GIDs `::ffff:192.0.2.1` / `.2`) on a simulated 100 Gb/s segment
@@ -490,6 +484,23 @@ impl Context {
             }),
         })
     }
+}
+
+/// Every QP of device `d` as [`QpSnapshot`]s (inside an engine call).
+fn qp_snapshots_of(d: &Device) -> Vec<QpSnapshot> {
+    let now = d.now;
+    let e = &d.engine;
+    e.qpns()
+        .filter_map(|qpn| {
+            Some(QpSnapshot {
+                qpn,
+                info: e.qp_info(qpn)?,
+                counters: e.qp_counters(qpn)?.clone(),
+                rate: e.qp_rate(qpn, now),
+                shaped_bps: e.qp_rate_bps(qpn),
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug)]

@@ -293,3 +293,98 @@ fn query_gives_up_on_a_full_listen_queue() {
     assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
     assert!(e.to_string().contains("listen queue"), "{e}");
 }
+
+/// A stats answer is one instant of each device: its counters are the sum over its QPs (no traffic here belongs to
+/// no QP and no QP was destroyed), also while traffic flows. The device's counters and its QPs' used to be read in
+/// two engine calls, with packets in between: a QP's rcvd_bytes could be ahead of its device's.
+#[test]
+fn device_counters_and_qp_counters_are_one_snapshot() {
+    let dir = scratch("snapshot");
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Dir(dir.clone()),
+        progress: ProgressMode::Thread,
+        ..RuntimeConfig::default()
+    };
+    let (ca, cb) = Context::sim_pair(rt).expect("pair");
+    let path = ca.stats_endpoint().expect("an endpoint");
+    let cap = QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let side = |c: &Context| {
+        let pd = c.alloc_pd().expect("pd");
+        let cq = c.create_cq(128, None, Moderation::default()).expect("cq");
+        let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap, false).expect("qp");
+        let buf = MrBuf::new(4096).expect("buf");
+        let mr = pd
+            .reg_mr(&buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .expect("mr");
+        (pd, cq, qp, buf, mr)
+    };
+    let (a, b) = (side(&ca), side(&cb));
+    let o = ConnectOpts::default();
+    a.2.connect(&b.2.endpoint(Psn::new(7)), Psn::new(1), &o)
+        .expect("connect");
+    b.2.connect(&a.2.endpoint(Psn::new(1)), Psn::new(7), &o)
+        .expect("connect");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // WRITEs of 1000 bytes, 16 at a time, until told to stop.
+            let sge = [a.4.sge(0, 1000)];
+            let op = SendOp::RdmaWrite {
+                remote_addr: b.4.addr(),
+                rkey: b.4.rkey(),
+            };
+            let mut wcs = [Wc::default(); 32];
+            let mut id = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let wrs: Vec<SendWr<'_>> = (0..16)
+                    .map(|i| SendWr::new(id + i, op, &sge).signaled())
+                    .collect();
+                id += 16;
+                a.2.post_send(&wrs).expect("write");
+                let mut got = 0;
+                let t0 = Instant::now();
+                while got < 16 {
+                    got += a.1.poll(&mut wcs);
+                    assert!(t0.elapsed() < Duration::from_secs(10), "{got} completions");
+                }
+            }
+        });
+        let mut mismatches = Vec::new();
+        for _ in 0..100 {
+            let v = ask(&path, json!({"get": "stats"}));
+            for d in v["devices"].as_array().expect("devices") {
+                for k in ["sent_pkts", "sent_bytes", "rcvd_pkts", "rcvd_bytes"] {
+                    let dev = d["counters"][k].as_u64().expect("counter");
+                    let qps: u64 = d["qps"]
+                        .as_array()
+                        .expect("qps")
+                        .iter()
+                        .map(|q| q["counters"][k].as_u64().expect("qp counter"))
+                        .sum();
+                    if dev != qps {
+                        mismatches.push(format!("device {} {k}: {dev} vs QPs {qps}", d["index"]));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            mismatches.is_empty(),
+            "{} of 800 sums differ: {:?}",
+            mismatches.len(),
+            &mismatches[..mismatches.len().min(5)]
+        );
+    });
+    let v = ask(&path, json!({"get": "stats"}));
+    assert!(
+        v["devices"][0]["counters"]["sent_pkts"].as_u64() > Some(100),
+        "no traffic: {v}"
+    );
+}
