@@ -302,6 +302,28 @@ impl CompChannel {
 mod tests {
     use super::*;
 
+    /// A create_cq the engine refuses (depth above `max_cqe`) leaves its completion channel as it was: no CQ
+    /// counted as attached (no room reserved for its event), no device group for `get_event` to drive. An accepted
+    /// one attaches.
+    #[test]
+    fn a_refused_create_cq_leaves_no_attachment() {
+        let (ca, _cb) = crate::Context::sim_pair(crate::RuntimeConfig::default()).expect("pair");
+        let ch = Arc::new(CompChannel::new());
+        let too_deep = ca.query_device().max_cqe + 1;
+        assert!(
+            ca.create_cq(too_deep, Some(&ch), Moderation::default())
+                .is_err()
+        );
+        let drivers = |ch: &CompChannel| ch.drivers.lock().map(|d| d.len()).unwrap_or(usize::MAX);
+        assert_eq!(ch.attached.load(Ordering::Relaxed), 0, "{ch:?}");
+        assert_eq!(drivers(&ch), 0);
+        let _cq = ca
+            .create_cq(16, Some(&ch), Moderation::default())
+            .expect("cq");
+        assert_eq!(ch.attached.load(Ordering::Relaxed), 1, "{ch:?}");
+        assert_eq!(drivers(&ch), 1);
+    }
+
     #[test]
     fn count_or_period_whichever_first() {
         let mut m = ModerationState::new(Moderation {

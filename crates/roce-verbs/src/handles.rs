@@ -455,10 +455,6 @@ impl Context {
         }
         let armed = Arc::new(AtomicBool::new(false));
         let arm_pending = Arc::new(AtomicBool::new(false));
-        if let Some(c) = channel {
-            // Room for this CQ's event, so firing it in a pass does not allocate.
-            c.attach(Arc::downgrade(self.shared()));
-        }
         let notify = channel.map(|c| CqNotify {
             chan: Arc::clone(c),
             armed: Arc::clone(&armed),
@@ -472,6 +468,12 @@ impl Context {
             let slot = d.put_cq(CqSlot::new(h, prod, notify, moderation));
             Ok::<_, ResourceError>((h, slot, cons))
         })??;
+        if let Some(c) = channel {
+            // Only once the engine accepted the CQ, so a refusal leaves the channel as it was. Room for this CQ's
+            // event, so firing it in a pass does not allocate: no event can fire before this, since the CQ is armed
+            // only by `req_notify` on the handle returned below.
+            c.attach(Arc::downgrade(self.shared()));
+        }
         Ok(Cq {
             inner: Arc::new(CqInner {
                 ctx: self.clone(),
