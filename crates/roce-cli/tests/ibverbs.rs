@@ -3,8 +3,9 @@
 //!
 //! * `ibv_devices` / `ibv_devinfo -v` list the device of the address given with `--ip` (name, node GUID, port
 //!   ACTIVE, link layer Ethernet, RoCE v2 GID `::ffff:a.b.c.d`) — no network traffic;
-//! * `ibv_rc_pingpong -g 0` (polling and `-e` events), `ibv_ud_pingpong -g 0`, perftest's `ib_send_bw` and
-//!   `ib_write_bw`: server and client each under `rocev2 run`, in two network namespaces joined by a veth pair
+//! * `ibv_rc_pingpong -g 0` (polling and `-e` events), `ibv_ud_pingpong -g 0`, and perftest's `ib_send_bw` (RC,
+//!   RC with `-e` events, UD), `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`, `ib_send_lat`, `ib_write_lat` and
+//!   `ib_read_lat`: server and client each under `rocev2 run`, in two network namespaces joined by a veth pair
 //!   (`rcetest<pid>-ibverbs…`, 198.18.40.0/24, deleted when the test ends); both sides must exit 0 and print their
 //!   result lines. Needs root and `ip netns` (otherwise skipped with the reason).
 //!
@@ -188,25 +189,78 @@ fn ud_pingpong_between_namespaces() {
     check_pingpong(&s, &c, 200);
 }
 
+/// One perftest run: program, arguments, the size its result row starts with, the number of columns of that row,
+/// and whether the server prints the row too.
+struct Perftest {
+    program: &'static str,
+    args: &'static [&'static str],
+    size: &'static str,
+    columns: usize,
+    server_row: bool,
+}
+
 #[test]
-fn perftest_send_and_write_bw_between_namespaces() {
+fn perftest_bandwidth_and_latency_between_namespaces() {
     need("ib_send_bw", "perftest");
-    for program in ["ib_send_bw", "ib_write_bw"] {
-        let Some((s, c)) = pair_run(&program[3..7], program, &["-n", "200", "-s", "4096"], 18515)
-        else {
+    // Bandwidth rows: size, iterations, peak and average bandwidth, message rate. Latency rows: size, iterations,
+    // t_min, t_max, t_typical, t_avg, t_stdev, 99 % and 99.9 % percentiles.
+    let bw = |program, args, size, server_row| Perftest {
+        program,
+        args,
+        size,
+        columns: 5,
+        server_row,
+    };
+    let lat = |program, args| Perftest {
+        program,
+        args,
+        size: "64",
+        columns: 9,
+        server_row: false,
+    };
+    let runs = [
+        bw("ib_send_bw", &["-n", "200", "-s", "4096"][..], "4096", true),
+        bw(
+            "ib_send_bw",
+            &["-n", "200", "-s", "4096", "-e"],
+            "4096",
+            true,
+        ),
+        bw(
+            "ib_send_bw",
+            &["-n", "200", "-s", "512", "-c", "UD"],
+            "512",
+            true,
+        ),
+        bw("ib_write_bw", &["-n", "200", "-s", "4096"], "4096", false),
+        bw("ib_read_bw", &["-n", "200", "-s", "4096"], "4096", false),
+        bw("ib_atomic_bw", &["-n", "200"], "8", false),
+        lat("ib_send_lat", &["-n", "200", "-s", "64"]),
+        lat("ib_write_lat", &["-n", "200", "-s", "64"]),
+        lat("ib_read_lat", &["-n", "200", "-s", "64"]),
+    ];
+    for (i, r) in runs.iter().enumerate() {
+        let Some((s, c)) = pair_run(&format!("pt{i}"), r.program, r.args, 18515) else {
             return;
         };
-        // The result row: size, iterations, peak and average bandwidth, message rate.
+        let what = format!("{} {}", r.program, r.args.join(" "));
         for (side, f) in [("server", &s), ("client", &c)] {
+            assert!(
+                f.stdout.contains("Device         : rocev2_veth0"),
+                "{what} {side}\n{f}"
+            );
+            if side == "server" && !r.server_row {
+                continue;
+            }
             let row = f
                 .stdout
                 .lines()
-                .find(|l| l.split_whitespace().take(2).eq(["4096", "200"]))
-                .unwrap_or_else(|| panic!("{program} {side}: no result row\n{f}"));
-            assert_eq!(row.split_whitespace().count(), 5, "{program} {side}: {row}");
-            assert!(
-                f.stdout.contains("Device         : rocev2_veth0"),
-                "{program} {side}\n{f}"
+                .find(|l| l.split_whitespace().take(2).eq([r.size, "200"]))
+                .unwrap_or_else(|| panic!("{what} {side}: no result row\n{f}"));
+            assert_eq!(
+                row.split_whitespace().count(),
+                r.columns,
+                "{what} {side}: {row}"
             );
         }
     }
