@@ -117,6 +117,8 @@ fn pair_run(tag: &str, program: &str, args: &[&str], port: u16) -> Option<(Finis
     library();
     let _turn = serial();
     let ns = NetnsPair::up(&format!("ibverbs{tag}"), IP_A, IP_B, 1500);
+    // The port is ACTIVE only with carrier (as rxe's); perftest refuses a port that is Down.
+    ns.wait_running();
     let dir = scratch(&format!("ibverbs-{tag}"));
     let argv = |ns_name: &str, ip: &str, peer: Option<&str>| {
         let mut v = strings(&["run", "--ip", ip, "--", program]);

@@ -324,6 +324,29 @@ impl NetnsPair {
         pair
     }
 
+    /// Waits until `veth0` of both namespaces has carrier (operstate `up`): a veth end is running only some time
+    /// after `up` returns, and a program that reads the port state first (perftest: "Port number 1 state is
+    /// Down") must not race it. Panics after 10 s.
+    pub fn wait_running(&self) {
+        let t0 = Instant::now();
+        for ns in [&self.a, &self.b] {
+            loop {
+                let out = Command::new("ip")
+                    .args(["netns", "exec", ns, "cat", "/sys/class/net/veth0/operstate"])
+                    .output()
+                    .expect("ip netns exec");
+                if String::from_utf8_lossy(&out.stdout).trim() == "up" {
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "veth0 of {ns} not up"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
     /// `ip netns exec NS rocev2 ARGS...` as an argv.
     pub fn argv(ns: &str, args: &[String]) -> Vec<String> {
         let mut v: Vec<String> = ["ip", "netns", "exec", ns, bin()]
