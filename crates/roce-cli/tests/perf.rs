@@ -738,6 +738,30 @@ fn link_byte_counters_count_frames_on_both_sides() {
     assert_eq!(ctx, value("engine counters (client):", "sent_bytes"), "{s}");
 }
 
+/// The readiness check the multi-process tests wait on (`common::wait_socket`) looks at the given process's own
+/// sockets: `/proc/PID/net/tcp` lists every socket of the network namespace, and a listener of another process on the
+/// same port (here the test's own) made it report a server ready that was not listening yet — its client was then
+/// refused (`a_standalone_server_prints_the_header_block` failed so on a loaded host).
+#[test]
+fn socket_readiness_is_the_process_own() {
+    let l = TcpListener::bind("127.0.125.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let dir = common::scratch("readiness");
+    let other = common::Proc::spawn("sleep", &dir, &common::strings(&["sleep", "30"]));
+    assert!(common::has_socket(
+        std::process::id(),
+        "tcp",
+        [127, 0, 125, 1],
+        port
+    ));
+    assert!(!common::has_socket(
+        other.pid(),
+        "tcp",
+        [127, 0, 125, 1],
+        port
+    ));
+}
+
 #[test]
 fn a_standalone_server_prints_the_header_block() {
     let _serial = serial();

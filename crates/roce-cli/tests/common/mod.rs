@@ -158,8 +158,11 @@ impl Drop for Proc {
     }
 }
 
-/// Whether process `pid` (in its own network namespace) has a socket of `proto` ("tcp" or "udp") bound to
-/// `ip:port` — for TCP, listening. Reads `/proc/PID/net/PROTO`, so the check never touches the socket.
+/// Whether process `pid` has a socket of `proto` ("tcp" or "udp") bound to `ip:port` — for TCP, listening. Reads
+/// `/proc/PID/net/PROTO` (every socket of the process's network namespace) and keeps only the sockets whose inode is
+/// one of the process's own descriptors (`/proc/PID/fd`), so the check never touches the socket and is not fooled by
+/// another process's socket on the same port (another test's server, or a port-picking listener that a concurrently
+/// forked child still holds until it execs).
 pub fn has_socket(pid: u32, proto: &str, ip: [u8; 4], port: u16) -> bool {
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{proto}")) else {
         return false;
@@ -168,9 +171,29 @@ pub fn has_socket(pid: u32, proto: &str, ip: [u8; 4], port: u16) -> bool {
     let addr = u32::from_ne_bytes(ip);
     let want = format!("{addr:08X}:{port:04X}");
     let want_any = format!("{:08X}:{port:04X}", 0u32);
-    text.lines().skip(1).any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        f.len() > 3 && (f[1] == want || f[1] == want_any) && (proto != "tcp" || f[3] == "0A")
+    let inodes: Vec<String> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let found = f.len() > 9
+                && (f[1] == want || f[1] == want_any)
+                && (proto != "tcp" || f[3] == "0A");
+            found.then(|| f[9].to_owned())
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|t| {
+            t.to_str()
+                .and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']'))
+                .is_some_and(|ino| inodes.iter().any(|i| i == ino))
+        })
     })
 }
 
