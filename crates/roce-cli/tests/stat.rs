@@ -125,8 +125,20 @@ fn stat_reads_a_running_perf() {
     eprintln!("client: {tx_io:.2} packets per transmit call; server: {rx_io:.2} per receive call");
     assert!(tx_io >= 2.0, "{cs}");
     assert!(rx_io >= 1.0, "{}", server["signals"]);
-    assert_eq!(cs["retrans_rate"].as_f64(), Some(0.0), "no loss: {cs}");
-    assert_eq!(cs["retrans_flag"], false);
+    // The loopback loses nothing, but the product does not promise zero retransmissions: on a loaded host a pass
+    // can run later than the 67 ms local ACK timeout (`max_pass_gap_us`), and the requester then retransmits as
+    // IBTA requires. What it does promise: every retransmission here comes from a local ACK timeout, never from a
+    // sequence NAK (the responder saw no gap), and the flag says whether the rate is above 5 %.
+    let rate = cs["retrans_rate"].as_f64().expect("retrans_rate");
+    assert!((0.0..=1.0).contains(&rate), "{cs}");
+    assert_eq!(cs["retrans_flag"], rate > 0.05, "{cs}");
+    let cc = |k: &str| client["counters"][k].as_u64().unwrap_or(0);
+    assert!(
+        rate == 0.0 || cc("local_ack_timeout_err") > 0,
+        "retransmissions without a local ACK timeout on a lossless link: {cs}\n{}",
+        client["counters"]
+    );
+    assert_eq!(cc("rcvd_seq_err"), 0, "no loss: {}", client["counters"]);
     assert!(cs["max_pass_gap_us"].is_u64(), "{cs}");
     assert!(cs["sent_pps"].as_f64() > Some(0.0), "{cs}");
     assert!(server["signals"]["rcvd_pps"].as_f64() > Some(0.0));
@@ -185,10 +197,17 @@ fn stat_reads_a_running_perf() {
         "wqes/doorbell 4.00",
         "per I/O call",
         "max_pass_gap_us ",
-        "retrans 0.00 %",
     ] {
         assert!(t.contains(want), "`{want}` not in:\n{t}");
     }
+    // The rate as a percentage (not necessarily 0: see the JSON check above).
+    assert!(
+        t.lines()
+            .any(|l| l.split_once(" retrans ").is_some_and(|(_, r)| r
+                .split_once(" %")
+                .is_some_and(|(n, _)| n.parse::<f64>().is_ok()))),
+        "no `retrans N.NN %` in:\n{t}"
+    );
 
     // --qp: the engine's dump of QP 0x11, on both devices (each numbers from 0x11, told apart by the GID),
     // in verbs terms with PSNs in hex, no Rust debug text.
