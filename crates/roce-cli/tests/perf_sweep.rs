@@ -116,8 +116,10 @@ fn readme_commands_run() {
         eprintln!("{cmd}: {:?} in {:?}", out.status.code(), t0.elapsed());
         if !out.status.success() {
             failed.push(format!(
-                "{cmd}: {:?}\n{}",
+                "{cmd}: {:?} after {:?}\n--- stdout\n{}--- stderr\n{}",
                 out.status,
+                t0.elapsed(),
+                String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
