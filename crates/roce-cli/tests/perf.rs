@@ -1071,3 +1071,47 @@ fn both_progress_modes_with_and_without_events() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("caller or thread"));
 }
+
+/// `-u N` sets this side's local ACK timeout (4.096 µs · 2^N, perftest's `-u`), not only with `--perftest-compat`:
+/// with `-u 1` (8 µs, shorter than a 64 KiB READ takes over loopback) the requester times out and retries, with the
+/// default 67 ms it does not need to. Before, `rocev2 perf` accepted `-u` and connected with timeout 14 anyway.
+#[test]
+fn qp_timeout_flag_sets_the_local_ack_timeout() {
+    let _serial = serial();
+    let ips = ips(172);
+    let out = rocev2(&[
+        "perf",
+        "read-bw",
+        "--loopback",
+        "--loopback-ips",
+        &ips,
+        "-s",
+        "65536",
+        "-n",
+        "50",
+        "-u",
+        "1",
+        "--stats",
+        "--timeout",
+        "20",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let timeouts: u64 = text
+        .lines()
+        .skip_while(|l| !l.starts_with("engine counters (client)"))
+        .take_while(|l| !l.starts_with("runtime (client"))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("local_ack_timeout_err")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert!(
+        timeouts > 0,
+        "no local ACK timeout with -u 1 (exit {:?}):\n{text}\n{err}",
+        out.status.code()
+    );
+}

@@ -502,6 +502,7 @@ fn setup(
     let opts = ConnectOpts {
         mtu,
         traffic_class: p.tclass,
+        timeout: p.qp_timeout,
         ..ConnectOpts::default()
     };
     let gid = roce_proto::Gid(remote.gid);

@@ -350,8 +350,9 @@ pub struct PerfArgs {
     /// address is on this host, otherwise packet, falling back to socket without CAP_NET_RAW).
     #[arg(long = "rx", visible_alias = "rx-mode", value_enum, default_value_t = RxArg::Auto)]
     pub rx: RxArg,
-    /// With --perftest-compat: the QP's local ACK timeout exponent (4.096 µs · 2^N, as perftest's -u; default 14 ≈
-    /// 67 ms). Raise it for a slow peer, e.g. rxe in an emulated guest.
+    /// The local ACK timeout exponent of this side's QPs (4.096 µs · 2^N, as perftest's -u; default 14 ≈ 67 ms). Raise
+    /// it for a slow peer (rxe in an emulated guest) or a host that stalls processes for longer than 7 timeouts
+    /// (`docs/FINDINGS-retry.md`).
     #[arg(short = 'u', long = "qp-timeout", visible_alias = "qp_timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     pub qp_timeout: u8,
     /// Congestion control: --dcqcn, --cc-set, --rate-log, --rate-log-us, --ce-rx (`perf/dcqcn.rs`).
@@ -404,6 +405,9 @@ pub struct Params {
     pub debug_corrupt: bool,
     /// UD bandwidth without `-s`: the message size is the MTU, lowered to the path MTU once both sides' are known.
     pub ud_size_mtu: bool,
+    /// `-u`: this side's local ACK timeout exponent for its QPs (each side its own, as perftest's; not sent to the
+    /// peer).
+    pub qp_timeout: u8,
 }
 
 /// Largest message (`-s`, the end of `-a`): perftest's `MAX_SIZE`.
@@ -751,6 +755,7 @@ impl Params {
                 tclass: a.tclass.unwrap_or(0),
                 debug_corrupt: a.debug_corrupt,
                 ud_size_mtu,
+                qp_timeout: a.qp_timeout,
             },
             notes,
         ))
@@ -865,6 +870,8 @@ impl Params {
                 .get("ud_size_mtu")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            // Local to each side: the server sets its own (`server_session`).
+            qp_timeout: roce_verbs::ConnectOpts::default().timeout,
         };
         Ok(p)
     }
@@ -1296,7 +1303,10 @@ fn server_session(
 ) -> Result<(), String> {
     let hello = o.hello(None).map_err(|e| e.to_string())?;
     let mut params = match Params::from_json(&hello) {
-        Ok(p) => p,
+        Ok(p) => Params {
+            qp_timeout: a.qp_timeout,
+            ..p
+        },
         Err(e) => {
             o.send_error(&e);
             return Err(e);
