@@ -9,6 +9,7 @@
 use core::ffi::{c_char, c_int, c_void};
 use core::ptr::{self, null_mut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -148,6 +149,9 @@ impl CtxBlock {
 struct PdBlock {
     pd: IbvPd,
     rust: roce_verbs::Pd,
+    /// MRs, QPs and AHs made on this PD and not yet destroyed: `ibv_dealloc_pd` refuses with `EBUSY` while any
+    /// remain (the kernel's use count; the Rust handles would otherwise keep the PD alive silently).
+    users: AtomicU32,
 }
 
 #[repr(C)]
@@ -168,6 +172,9 @@ struct ChannelBlock {
 struct CqBlock {
     cq: IbvCq,
     rust: roce_verbs::Cq,
+    /// QPs whose send or receive CQ this is (counted once per role): `ibv_destroy_cq` refuses with `EBUSY` while
+    /// any remain.
+    users: AtomicU32,
 }
 
 #[repr(C)]
@@ -175,6 +182,89 @@ struct QpBlock {
     qp: IbvQp,
     rust: roce_verbs::Qp,
     sq_sig_all: bool,
+    /// The state of the last successful `ibv_modify_qp` (RESET at creation), as libibverbs keeps `ibv_qp.state`:
+    /// posting needs RTS or later for the send queue and INIT or later for the receive queue (rxe_post_send /
+    /// rxe_post_recv); a QP the engine moved to ERR meanwhile still accepts WRs, which are flushed.
+    state: AtomicI32,
+}
+
+/// `ibv_qp_state` values the post checks compare with (`../shared/spec/ROCEV2.md` §4.6).
+const IBV_QPS_INIT: c_int = 1;
+const IBV_QPS_RTS: c_int = 3;
+
+/// One more (`true`) or one fewer user of the PD or CQ block at `obj` (NULL: nothing).
+///
+/// # Safety
+/// `obj` is NULL or the C struct of a live block of type `T` (`PdBlock` / `CqBlock`).
+unsafe fn count_user<T: HasUsers, C>(obj: *mut C, more: bool) {
+    // SAFETY: per the contract.
+    if let Some(b) = unsafe { block::<T, C>(obj) } {
+        if more {
+            b.users().fetch_add(1, Ordering::AcqRel);
+        } else {
+            b.users().fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Blocks whose destruction waits for their users.
+trait HasUsers {
+    fn users(&self) -> &AtomicU32;
+}
+
+impl HasUsers for PdBlock {
+    fn users(&self) -> &AtomicU32 {
+        &self.users
+    }
+}
+
+impl HasUsers for CqBlock {
+    fn users(&self) -> &AtomicU32 {
+        &self.users
+    }
+}
+
+/// Whether the kernel could pin `[addr, addr + len)` for an MR: every byte in a mapping of this process that is
+/// readable and, when `write`, writable (ib_umem_get pins with FOLL_WRITE for writable access; an unmapped or
+/// protected page makes `ibv_reg_mr` fail with `EFAULT`). Read from `/proc/self/maps`; if that cannot be read the
+/// range is assumed usable. An empty range is usable.
+fn pinnable(addr: usize, len: usize, write: bool) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return true;
+    };
+    let mut cur = addr;
+    // Mappings are listed in ascending address order and do not overlap.
+    for line in maps.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
+            continue;
+        };
+        if hi <= cur {
+            continue;
+        }
+        let p = perms.as_bytes();
+        if lo > cur || p.first() != Some(&b'r') || (write && p.get(1) != Some(&b'w')) {
+            return false;
+        }
+        cur = hi;
+        if cur >= end {
+            return true;
+        }
+    }
+    false
 }
 
 #[repr(C)]
@@ -841,6 +931,7 @@ pub unsafe extern "C" fn rocev2_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd
                 handle: 0,
             },
             rust: pd,
+            users: AtomicU32::new(0),
         })
         .cast(),
         Err(e) => null_errno(e.errno()),
@@ -849,11 +940,14 @@ pub unsafe extern "C" fn rocev2_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
-    if pd.is_null() {
+    // SAFETY: the caller passes a PD of ours.
+    let Some(p) = (unsafe { block::<PdBlock, _>(pd) }) else {
         return libc::EINVAL;
+    };
+    if p.users.load(Ordering::Acquire) != 0 {
+        return libc::EBUSY;
     }
-    // SAFETY: a PD of ours, not used after this call (the engine refuses nothing here: objects that use the PD
-    // hold their own reference to it).
+    // SAFETY: a PD of ours without users, not used after this call.
     unsafe { free::<PdBlock, _>(pd) };
     0
 }
@@ -887,6 +981,10 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
     if access & !IBV_ACCESS_SUPPORTED != 0 || iova != addr as u64 {
         return null_errno(libc::EOPNOTSUPP);
     }
+    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
+    if !pinnable(addr as usize, length, access & 0xb != 0) {
+        return null_errno(libc::EFAULT);
+    }
     // SAFETY: `ibv_reg_mr`'s contract is `reg_mr_raw`'s: the program's memory stays valid until `ibv_dereg_mr`
     // and it does not race in-flight work (ibv_reg_mr(3), ibv_post_send(3)).
     let r = unsafe {
@@ -894,19 +992,22 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
             .reg_mr_raw(addr.cast::<u8>(), length, AccessFlags(access))
     };
     match r {
-        Ok(mr) => into_raw(MrBlock {
-            mr: IbvMr {
-                context: p.pd.context,
-                pd,
-                addr,
-                length,
-                handle: 0,
-                lkey: mr.lkey().0,
-                rkey: mr.rkey().0,
-            },
-            rust: mr,
-        })
-        .cast(),
+        Ok(mr) => {
+            p.users.fetch_add(1, Ordering::AcqRel);
+            into_raw(MrBlock {
+                mr: IbvMr {
+                    context: p.pd.context,
+                    pd,
+                    addr,
+                    length,
+                    handle: 0,
+                    lkey: mr.lkey().0,
+                    rkey: mr.rkey().0,
+                },
+                rust: mr,
+            })
+            .cast()
+        }
         Err(e) => null_errno(e.errno()),
     }
 }
@@ -919,8 +1020,11 @@ pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     };
     match m.rust.clone().dereg() {
         Ok(()) => {
-            // SAFETY: deregistered; the caller does not use `mr` again.
-            unsafe { free::<MrBlock, _>(mr) };
+            // SAFETY: deregistered; the caller does not use `mr` again. Its PD is live (it has this user).
+            unsafe {
+                count_user::<PdBlock, _>(m.mr.pd, false);
+                free::<MrBlock, _>(mr);
+            }
             0
         }
         Err((_, e)) => e.errno(),
@@ -1011,6 +1115,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
             async_events_completed: 0,
         },
         rust: cq,
+        users: AtomicU32::new(0),
     });
     if let Some(ch) = ch
         && let Ok(mut v) = ch.cqs.lock()
@@ -1026,6 +1131,9 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
         return libc::EINVAL;
     };
+    if c.users.load(Ordering::Acquire) != 0 {
+        return libc::EBUSY;
+    }
     // SAFETY: NULL or the channel the CQ was created on (outlives its CQs: destroy_comp_channel refuses).
     if let Some(ch) = unsafe { block::<ChannelBlock, _>(c.cq.channel) }
         && let Ok(mut v) = ch.cqs.lock()
@@ -1255,7 +1363,11 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
         },
         rust: qp,
         sq_sig_all: a.sq_sig_all != 0,
+        state: AtomicI32::new(QpState::Reset as c_int),
     });
+    p.users.fetch_add(1, Ordering::AcqRel);
+    scq.users.fetch_add(1, Ordering::AcqRel);
+    rcq.users.fetch_add(1, Ordering::AcqRel);
     b.cast()
 }
 
@@ -1264,8 +1376,13 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: a QP of ours, not used after this call.
-    unsafe { free::<QpBlock, _>(qp) };
+    // SAFETY: a QP of ours, not used after this call; its PD and CQs are live (it is one of their users).
+    unsafe {
+        count_user::<PdBlock, _>((*qp).pd, false);
+        count_user::<CqBlock, _>((*qp).send_cq, false);
+        count_user::<CqBlock, _>((*qp).recv_cq, false);
+        free::<QpBlock, _>(qp);
+    }
     0
 }
 
@@ -1389,6 +1506,7 @@ pub unsafe extern "C" fn rocev2_ibv_modify_qp(
     match q.rust.modify(&r, m) {
         Ok(()) => {
             if m.contains(QpAttrMask::STATE) {
+                q.state.store(a.qp_state, Ordering::Release);
                 // SAFETY: our QP; `state` is informational for the program.
                 unsafe { (*qp).state = a.qp_state };
             }
@@ -1472,15 +1590,18 @@ pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAt
         return null_errno(libc::EINVAL);
     };
     match p.rust.create_ah(&ah) {
-        Ok(h) => into_raw(AhBlock {
-            ah: IbvAh {
-                context: p.pd.context,
-                pd,
-                handle: h.handle().0,
-            },
-            rust: h,
-        })
-        .cast(),
+        Ok(h) => {
+            p.users.fetch_add(1, Ordering::AcqRel);
+            into_raw(AhBlock {
+                ah: IbvAh {
+                    context: p.pd.context,
+                    pd,
+                    handle: h.handle().0,
+                },
+                rust: h,
+            })
+            .cast()
+        }
         Err(e) => null_errno(e.errno()),
     }
 }
@@ -1490,8 +1611,11 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
     if ah.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: an AH of ours, not used after this call.
-    unsafe { free::<AhBlock, _>(ah) };
+    // SAFETY: an AH of ours, not used after this call; its PD is live (it is one of its users).
+    unsafe {
+        count_user::<PdBlock, _>((*ah).pd, false);
+        free::<AhBlock, _>(ah);
+    }
     0
 }
 
@@ -1629,6 +1753,9 @@ unsafe extern "C" fn post_send(
         }
         e
     };
+    if !wr.is_null() && q.state.load(Ordering::Acquire) < IBV_QPS_RTS {
+        return fail(wr, libc::EINVAL);
+    }
     while !cur.is_null() {
         let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
         let mut inl: [[&[u8]; MAX_SGE]; BATCH] = [[&[]; MAX_SGE]; BATCH];
@@ -1702,6 +1829,9 @@ unsafe extern "C" fn post_recv(
         }
         e
     };
+    if !wr.is_null() && q.state.load(Ordering::Acquire) < IBV_QPS_INIT {
+        return fail(wr, libc::EINVAL);
+    }
     while !cur.is_null() {
         let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
         let mut meta = [(0u64, 0usize); BATCH];

@@ -32,6 +32,12 @@
 //! calling). The runtime opens the UDP link (port 4791 on the address) when the first PD or CQ is created, so
 //! `ibv_devinfo` works while another program uses the address.
 //!
+//! The checks a real provider and the kernel make on the program's mistakes are made here too: posting to a QP
+//! before RTS (send queue) or INIT (receive queue) is `EINVAL` with `*bad_wr` = the first WR (rxe_post_send /
+//! rxe_post_recv); `ibv_destroy_cq` of a CQ a QP uses and `ibv_dealloc_pd` of a PD with MRs, QPs or AHs are `EBUSY`
+//! (the kernel's use counts); `ibv_reg_mr` of memory that is not mapped, or not writable for a writable MR, is NULL
+//! with `EFAULT` (the kernel cannot pin it; here the engine would fault when it copies).
+//!
 //! # Not implemented (clean errors: `NULL` + `errno = EOPNOTSUPP`, or the `EOPNOTSUPP` return each man page gives)
 //!
 //! SRQ (`ibv_create_srq`; `post_srq_recv` returns `EOPNOTSUPP`), multicast attach/detach, `ibv_create_ah_from_wc`,

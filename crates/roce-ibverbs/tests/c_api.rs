@@ -9,24 +9,30 @@
 //!   UDP: an inline SEND with immediate data woken through the completion channel, an RDMA WRITE, a chain whose
 //!   second WR is bad (`*bad_wr` names it, the first is posted), then teardown.
 //!
-//! Binds UDP 4791 on 127.0.201.1 (run under the network lock with the other loopback tests).
+//! * `tests/c/misuse.c` with the device on 127.0.201.2: the mistakes programs make get libibverbs' errors, not
+//!   success: posting to a QP in RESET / INIT / RTR (`EINVAL`, `*bad_wr` = the first WR, nothing completes later),
+//!   destroying a CQ a QP uses or deallocating a PD with MRs / QPs / AHs (`EBUSY`), registering unmapped or (for a
+//!   writable MR) read-only memory (NULL + `EFAULT`).
+//!
+//! Binds UDP 4791 on 127.0.201.1 and 127.0.201.2 (run under the network lock with the other loopback tests).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Compiles `tests/c/api.c` and makes a directory whose `libibverbs.so.1` is ours; returns (program, directory).
-fn build() -> (PathBuf, PathBuf) {
+/// Compiles `tests/c/<name>.c` and makes a directory whose `libibverbs.so.1` is ours; returns (program, directory).
+fn build(name: &str) -> (PathBuf, PathBuf) {
     assert!(
         Path::new("/usr/include/infiniband/verbs.h").is_file(),
         "<infiniband/verbs.h> missing: install Debian's libibverbs-dev (.ci/run does)"
     );
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-api-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/api.c");
-    let prog = dir.join("api");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let prog = dir.join(name);
     let out = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&prog)
@@ -63,8 +69,15 @@ fn run(prog: &Path, dir: &Path, mode: &str, ip: Option<&str>) {
 
 #[test]
 fn c_program_sees_no_device_without_configuration_and_a_working_device_with_it() {
-    let (prog, dir) = build();
+    let (prog, dir) = build("api");
     run(&prog, &dir, "none", None);
     run(&prog, &dir, "loop", Some("127.0.201.1"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_misusing_the_api_gets_the_errors_of_libibverbs() {
+    let (prog, dir) = build("misuse");
+    run(&prog, &dir, "loop", Some("127.0.201.2"));
     let _ = std::fs::remove_dir_all(&dir);
 }
