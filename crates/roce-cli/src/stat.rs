@@ -18,6 +18,9 @@
 //!   system calls. These come from the runtime's counters (`roce_verbs::RuntimeStats`, counted where the doorbell
 //!   rings and where the pass calls the link), shared by the devices of one runtime (they then show the same
 //!   figures);
+//! * **link drops**: datagrams the link dropped before the engine saw them (`rx_icrc_bad`: too short or a wrong
+//!   ICRC, `rx_truncated`, `rx_bad_addr`, `rx_bad_checksum`; `tx_errors`, `tx_invalid`), non-zero ones on a
+//!   `link` line of their own (`-a`: every link counter; `--json`: the device's `link` object);
 //! * **longest pass gap** (`max_pass_gap_us`, since the runtime started): the longest time the engine went without a
 //!   pass while a timer was armed — near the local ACK timeout (67 ms by default), a stalled progress thread or
 //!   caller explains timeouts that lost nothing.
@@ -351,6 +354,28 @@ fn counters_line(c: &Value, all: bool) -> String {
         .unwrap_or_default()
 }
 
+/// The link's own counters (`roce_link::Link::counters`) of what it dropped before the engine saw it, the non-zero
+/// ones (all of them, traffic counters too, with `all`).
+fn link_drops_line(c: &Value, all: bool) -> String {
+    const DROPS: [&str; 6] = [
+        "rx_icrc_bad",
+        "rx_truncated",
+        "rx_bad_addr",
+        "rx_bad_checksum",
+        "tx_errors",
+        "tx_invalid",
+    ];
+    c.as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, v)| all || (DROPS.contains(&k.as_str()) && v.as_u64() != Some(0)))
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
 /// A device's name (`rocev2_lo`): the device of the interface its first GID's address is on
 /// ([`roce_link::udp::device_name`], the name `rocev2 devinfo` lists), looked up in this network namespace (the one
 /// whose programs `rocev2 stat` lists).
@@ -429,6 +454,10 @@ fn text(r: &Value, all: bool) -> String {
                     .map_or("-".into(), |x| format!("{x:.2}")),
                 u(s, "max_pass_gap_us"),
             );
+            let drops = link_drops_line(&d["link"], all);
+            if !drops.is_empty() {
+                let _ = writeln!(o, "    link {drops}");
+            }
             let sig_qps = s["qps"]
                 .as_array()
                 .map(|v| v.as_slice())

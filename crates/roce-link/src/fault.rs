@@ -516,6 +516,10 @@ impl<L: Link> Link for Faulty<L> {
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner.wait_fd()
     }
+
+    fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
+        self.inner.counters(f)
+    }
 }
 
 // ------------------------------------------------------------------------------------------------ frame edits

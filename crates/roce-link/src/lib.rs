@@ -147,6 +147,14 @@ pub trait Link {
         None
     }
 
+    /// Calls `f` with each of this link's own counters (`name`, value): above all the datagrams it dropped before
+    /// the engine could see them (bad ICRC, truncated, wrong address family, ...), which no engine counter shows.
+    /// The stats endpoint reports them as the device's `link` counters (`rocev2 stat`). Control path. The default
+    /// has none; a decorator passes its inner link's on.
+    fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
+        let _ = f;
+    }
+
     /// Queues a gathered frame ([`roce_proto::Engine::poll_transmit_gather`]): the first `g.head` bytes of the
     /// buffer from the last [`tx_buf`](Self::tx_buf), then `segs[..g.segs]`, then `g.tail` bytes of the buffer at
     /// offset `g.head`. The default linearises it into the buffer (one copy of the payload) and calls
@@ -221,6 +229,9 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         (**self).wait_fd()
+    }
+    fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
+        (**self).counters(f)
     }
 }
 

@@ -180,6 +180,10 @@ impl<L: Link, W: Write> Link for Pcap<L, W> {
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner.wait_fd()
     }
+
+    fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
+        self.inner.counters(f)
+    }
 }
 
 #[cfg(test)]

@@ -275,6 +275,47 @@ pub struct UdpStats {
     pub rx_wait_max_us: u64,
 }
 
+impl UdpStats {
+    /// The names of the counters [`values`](Self::values) lists, in its order (the field names; `tx_sendmmsg`,
+    /// `tx_gathered_bytes` and `tx_linearized_bytes` are left out).
+    pub const NAMES: [&'static str; 14] = [
+        "tx_frames",
+        "tx_bytes",
+        "tx_busy",
+        "tx_errors",
+        "tx_invalid",
+        "tx_ip_hdr_mismatch",
+        "tx_sockets",
+        "rx_frames",
+        "rx_bytes",
+        "rx_icrc_bad",
+        "rx_truncated",
+        "rx_bad_addr",
+        "rx_bad_checksum",
+        "rx_wait_max_us",
+    ];
+
+    /// The values of the counters named in [`NAMES`](Self::NAMES), in that order.
+    pub fn values(&self) -> [u64; 14] {
+        [
+            self.tx_frames,
+            self.tx_bytes,
+            self.tx_busy,
+            self.tx_errors,
+            self.tx_invalid,
+            self.tx_ip_hdr_mismatch,
+            self.tx_sockets,
+            self.rx_frames,
+            self.rx_bytes,
+            self.rx_icrc_bad,
+            self.rx_truncated,
+            self.rx_bad_addr,
+            self.rx_bad_checksum,
+            self.rx_wait_max_us,
+        ]
+    }
+}
+
 /// Payload pieces per gathered frame the link sends as iovecs; a frame with more is copied into the slot.
 pub const MAX_GATHER: usize = 8;
 
@@ -1823,6 +1864,13 @@ impl Link for UdpLink {
     /// `flush` sends it, and no receive readiness says when).
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         self.tx_pend.is_empty().then(|| self.rx_fd())
+    }
+
+    /// [`UdpStats`] ([`UdpStats::NAMES`]).
+    fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
+        for (n, v) in UdpStats::NAMES.iter().zip(self.stats.values()) {
+            f(n, v);
+        }
     }
 }
 

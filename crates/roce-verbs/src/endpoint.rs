@@ -601,7 +601,13 @@ fn gid_texts(c: &Context) -> Vec<String> {
 
 fn device_stats(c: &Context) -> Result<Value, String> {
     // One engine call: the device's counters and its QPs' at one instant.
-    let (counters, qps) = c.stats_snapshot().map_err(|e| e.to_string())?;
+    let snap = c.stats_snapshot().map_err(|e| e.to_string())?;
+    let (counters, qps) = (&snap.counters, &snap.qps);
+    let link: Map<String, Value> = snap
+        .link
+        .iter()
+        .map(|&(n, v)| (n.to_owned(), json!(v)))
+        .collect();
     let cfg = c.config();
     let mut runtime = Map::new();
     runtime.insert(
@@ -617,7 +623,8 @@ fn device_stats(c: &Context) -> Result<Value, String> {
         "gids": gid_texts(c),
         "mac": mac.join(":"),
         "max_qp": c.query_device().max_qp,
-        "counters": counters_json(&counters),
+        "counters": counters_json(counters),
+        "link": link,
         "runtime": runtime,
         "qps": qps.iter().map(|q| json!({
             "qpn": q.qpn.value(),

@@ -117,6 +117,17 @@ pub struct QpRate {
     pub shaped_bps: Option<u64>,
 }
 
+/// A device's counters at one instant ([`Context::stats_snapshot`]).
+#[derive(Clone, Debug)]
+pub struct StatsSnapshot {
+    /// The port counters.
+    pub counters: Counters,
+    /// Every QP.
+    pub qps: Vec<QpSnapshot>,
+    /// The link's own counters, `(name, value)` ([`roce_link::Link::counters`]; none for a link without any).
+    pub link: Vec<(&'static str, u64)>,
+}
+
 /// One QP as [`Context::qp_snapshots`] sees it.
 #[derive(Clone, Debug)]
 pub struct QpSnapshot {
@@ -286,12 +297,22 @@ impl Context {
         self.call(|d| qp_snapshots_of(d))
     }
 
-    /// The port counters and [`qp_snapshots`](Self::qp_snapshots) taken in one engine call, so at one instant: the
-    /// port counters are then exactly the sum over the QPs plus what belongs to no QP (`roce_proto::Counters`),
-    /// except the counts of QPs destroyed since, which stay in the port's. Two separate calls let packets in
-    /// between (a QP's `rcvd_bytes` ahead of its port's). Control path (visits each QP once; the stats endpoint).
-    pub fn stats_snapshot(&self) -> Result<(Counters, Vec<QpSnapshot>), Error> {
-        self.call(|d| (d.engine.counters().clone(), qp_snapshots_of(d)))
+    /// The port counters, [`qp_snapshots`](Self::qp_snapshots) and the link's own counters
+    /// ([`roce_link::Link::counters`]: what it dropped before the engine saw it) taken in one engine call, so at one
+    /// instant: the port counters are then exactly the sum over the QPs plus what belongs to no QP
+    /// (`roce_proto::Counters`), except the counts of QPs destroyed since, which stay in the port's. Two separate
+    /// calls let packets in between (a QP's `rcvd_bytes` ahead of its port's). Control path (visits each QP once;
+    /// the stats endpoint).
+    pub fn stats_snapshot(&self) -> Result<StatsSnapshot, Error> {
+        self.call(|d| {
+            let mut link = Vec::new();
+            d.link.counters(&mut |n, v| link.push((n, v)));
+            StatsSnapshot {
+                counters: d.engine.counters().clone(),
+                qps: qp_snapshots_of(d),
+                link,
+            }
+        })
     }
 
     /// Two devices (MAC 02:00:00:00:00:01 / :02, GIDs `::ffff:192.0.2.1` / `.2`) on a simulated 100 Gb/s segment

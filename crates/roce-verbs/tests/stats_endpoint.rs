@@ -388,3 +388,51 @@ fn device_counters_and_qp_counters_are_one_snapshot() {
         "no traffic: {v}"
     );
 }
+
+/// Datagrams the link drops before the engine sees them (garbage at UDP 4791: no room for BTH + ICRC, or a wrong
+/// ICRC) are counted where `rocev2 stat` reads: the device's `link` counters. Binds UDP 4791 on 127.0.71.1 (network
+/// lock, as the other loopback tests).
+#[test]
+fn datagrams_the_link_drops_are_counted_in_the_endpoint() {
+    use roce_link::{UdpConfig, UdpLink};
+    use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+    let dir = scratch("link-drops");
+    let ip = Ipv4Addr::new(127, 0, 71, 1);
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Dir(dir.clone()),
+        ..RuntimeConfig::default()
+    };
+    let cfg = EngineConfig {
+        gids: vec![Gid::from_ipv4(ip.octets())],
+        ..EngineConfig::default()
+    };
+    let ctx = Context::open(cfg, rt, move || {
+        Ok(Box::new(UdpLink::bind(UdpConfig::new(IpAddr::V4(ip)))?) as SendLink)
+    })
+    .expect("open udp device");
+    let path = ctx.stats_endpoint().expect("an endpoint");
+    let tx = UdpSocket::bind((Ipv4Addr::new(127, 0, 71, 2), 0)).expect("sender");
+    // Three too short for BTH + ICRC, two long enough with a wrong ICRC.
+    for len in [0usize, 1, 15, 40, 300] {
+        tx.send_to(&vec![0x5a; len], (ip, 4791)).expect("send");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        ctx.progress();
+        let v = ask(&path, json!({"get": "stats"}));
+        let d = &v["devices"][0];
+        let link = &d["link"];
+        let bad = link["rx_icrc_bad"].as_u64().unwrap_or(0);
+        if bad == 5 {
+            assert_eq!(d["counters"]["rcvd_pkts"], 0, "{d}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "5 dropped datagrams not counted in the device's link counters: {d}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(ctx);
+    let _ = std::fs::remove_dir_all(&dir);
+}

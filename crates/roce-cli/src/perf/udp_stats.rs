@@ -8,43 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use roce_link::{Instant, Link, LinkCaps, LinkError, UdpLink, UdpStats};
 
-/// Counter names, in the order of [`fields`].
-const NAMES: [&str; 14] = [
-    "tx_frames",
-    "tx_bytes",
-    "tx_busy",
-    "tx_errors",
-    "tx_invalid",
-    "tx_ip_hdr_mismatch",
-    "tx_sockets",
-    "rx_frames",
-    "rx_bytes",
-    "rx_icrc_bad",
-    "rx_truncated",
-    "rx_bad_addr",
-    "rx_bad_checksum",
-    "rx_wait_max_us",
-];
-
-fn fields(s: &UdpStats) -> [u64; 14] {
-    [
-        s.tx_frames,
-        s.tx_bytes,
-        s.tx_busy,
-        s.tx_errors,
-        s.tx_invalid,
-        s.tx_ip_hdr_mismatch,
-        s.tx_sockets,
-        s.rx_frames,
-        s.rx_bytes,
-        s.rx_icrc_bad,
-        s.rx_truncated,
-        s.rx_bad_addr,
-        s.rx_bad_checksum,
-        s.rx_wait_max_us,
-    ]
-}
-
 /// A copy of a [`UdpLink`]'s counters, readable from any thread (values may lag by one burst).
 #[derive(Debug, Default)]
 pub struct SharedUdpStats {
@@ -54,7 +17,7 @@ pub struct SharedUdpStats {
 impl SharedUdpStats {
     /// `(name, value)` pairs, named as the [`UdpStats`] fields.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        NAMES
+        UdpStats::NAMES
             .iter()
             .zip(&self.values)
             .map(|(n, v)| (*n, v.load(Ordering::Relaxed)))
@@ -83,7 +46,7 @@ impl UdpTap {
     fn publish(&mut self, force: bool) {
         let s = self.link.stats();
         if force || s != self.last {
-            for (dst, v) in self.shared.values.iter().zip(fields(&s)) {
+            for (dst, v) in self.shared.values.iter().zip(s.values()) {
                 dst.store(v, Ordering::Relaxed);
             }
             self.last = s;
@@ -115,6 +78,9 @@ impl Link for UdpTap {
         let r = self.link.flush(now);
         self.publish(false);
         r
+    }
+    fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
+        self.link.counters(f)
     }
     fn poll_at(&self) -> Option<Instant> {
         self.link.poll_at()
