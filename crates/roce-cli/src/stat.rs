@@ -116,12 +116,12 @@ pub fn run(a: &StatArgs) -> ExitCode {
     let tty = std::io::stdout().is_terminal() && !a.json;
     if watch.is_none() && interval.is_zero() {
         let report = report(&[], &prev, Duration::ZERO);
-        if a.json {
-            println!("{report}");
+        let out = if a.json {
+            format!("{report}\n")
         } else {
-            print!("{}", text(&report, a.all));
-        }
-        return ExitCode::SUCCESS;
+            text(&report, a.all)
+        };
+        return emit(&out).unwrap_or_else(|code| code);
     }
     loop {
         std::thread::sleep(watch.unwrap_or(interval));
@@ -129,26 +129,46 @@ pub fn run(a: &StatArgs) -> ExitCode {
         let dt = t_prev.elapsed();
         t_prev = Instant::now();
         let report = report(&prev, &cur, dt);
+        let mut out = String::new();
         if a.json {
-            println!("{report}");
+            out = format!("{report}\n");
         } else {
             if tty && watch.is_some() {
                 // Clear the screen and home the cursor, as `watch` does.
-                print!("\x1b[2J\x1b[H");
+                out.push_str("\x1b[2J\x1b[H");
             }
             if let Some(w) = watch {
                 // Each sample headed by when it was taken, as `watch` heads its screen.
-                println!(
-                    "--- {} every {}s",
+                out.push_str(&format!(
+                    "--- {} every {}s\n",
                     report["time"].as_str().unwrap_or("?"),
                     w.as_secs_f64()
-                );
+                ));
             }
-            print!("{}", text(&report, a.all));
+            out.push_str(&text(&report, a.all));
+        }
+        if let Err(code) = emit(&out) {
+            return code;
         }
         prev = cur;
         if watch.is_none() {
             return ExitCode::SUCCESS;
+        }
+    }
+}
+
+/// Writes `out` to stdout. `Err` with the exit status when stdout is gone: success when the reader closed the
+/// pipe (`rocev2 stat -w 1 | head -3`: stop quietly, as other tools end on SIGPIPE), 1 on any other write error.
+/// `print!` would panic instead.
+fn emit(out: &str) -> Result<ExitCode, ExitCode> {
+    use std::io::Write as _;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(out.as_bytes()).and_then(|()| o.flush()) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("rocev2 stat: writing to stdout: {e}");
+            Err(ExitCode::from(1))
         }
     }
 }
@@ -542,11 +562,14 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
         );
         return ExitCode::from(1);
     }
+    use std::fmt::Write as _;
+    let mut out = String::new();
     if a.json {
-        println!("{}", Value::Array(found));
+        let _ = writeln!(out, "{}", Value::Array(found));
     } else {
         for f in &found {
-            println!(
+            let _ = writeln!(
+                out,
                 "pid {} ({}) device {} gid {} QP {qpn:#x}:",
                 f["pid"],
                 f["comm"].as_str().unwrap_or("?"),
@@ -556,15 +579,17 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
             match (f["dump"].as_str(), f["error"].as_str()) {
                 (Some(d), _) => {
                     for l in d.lines() {
-                        println!("  {l}");
+                        let _ = writeln!(out, "  {l}");
                     }
                 }
-                (None, Some(e)) => println!("  error: {e}"),
+                (None, Some(e)) => {
+                    let _ = writeln!(out, "  error: {e}");
+                }
                 _ => {}
             }
         }
     }
-    ExitCode::SUCCESS
+    emit(&out).unwrap_or_else(|code| code)
 }
 
 #[cfg(test)]

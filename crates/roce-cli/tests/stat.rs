@@ -459,3 +459,38 @@ fn a_socket_of_a_reused_pid_is_removed() {
     assert!(err.contains("no rocev2 device is running"), "{err}");
     assert!(!path.exists(), "the stale socket is still there");
 }
+
+/// `rocev2 stat -w SECS | head -1`: once the reader has gone, the next sample ends the watch quietly (exit 0), not
+/// with a panic on the closed pipe. Nothing is running (an empty run directory), which still prints a line per
+/// sample.
+#[test]
+fn a_closed_stdout_ends_a_watch_without_a_panic() {
+    use std::process::Stdio;
+    let run_dir = scratch("stat-closed-stdout");
+    let mut child = Command::new(common::bin())
+        .args(["stat", "-w", "0.05"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rocev2 stat");
+    drop(child.stdout.take());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("rocev2 stat -w kept running with its stdout closed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+        .expect("read stderr");
+    assert!(
+        status.success() && !err.contains("panicked"),
+        "{status:?}\n{err}"
+    );
+}
