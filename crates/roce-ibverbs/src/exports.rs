@@ -55,6 +55,17 @@ struct DeviceBlock {
     dev: IbvDevice,
     spec: DeviceSpec,
     index: c_int,
+    /// The runtime (engine + UDP link on port 4791 of the address) shared by the device's open contexts: a process
+    /// may open the device more than once (a library and the program each do), and one address has one port 4791.
+    shared: Mutex<SharedRuntime>,
+}
+
+/// The runtime of a device and how many open contexts use it; the device keeps it only while one does (the objects
+/// made on it hold their own reference).
+#[derive(Default)]
+struct SharedRuntime {
+    rt: Option<Context>,
+    contexts: usize,
 }
 
 // SAFETY: the C part holds only NULL pointers and byte arrays, written once before the block is shared.
@@ -91,6 +102,7 @@ fn devices() -> &'static [DeviceBlock] {
                 dev,
                 spec,
                 index: 0,
+                shared: Mutex::new(SharedRuntime::default()),
             }]
         }
         Ok(None) => Vec::new(),
@@ -101,7 +113,8 @@ fn devices() -> &'static [DeviceBlock] {
     })
 }
 
-/// An opened device. The runtime (engine + UDP link) starts with the first PD or CQ.
+/// An opened device. The runtime (engine + UDP link) starts with the first PD or CQ of the device's first context;
+/// later contexts of the device share it ([`DeviceBlock::shared`]).
 #[repr(C)]
 struct CtxBlock {
     ctx: IbvContext,
@@ -113,6 +126,12 @@ impl CtxBlock {
     fn runtime(&self) -> Result<&Context, c_int> {
         self.rt
             .get_or_init(|| {
+                let mut shared = self.dev.shared.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(rt) = &shared.rt {
+                    let rt = rt.clone();
+                    shared.contexts += 1;
+                    return Ok(rt);
+                }
                 let spec = &self.dev.spec;
                 let seed = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -138,6 +157,10 @@ impl CtxBlock {
                         spec.ip
                     );
                     e.errno()
+                })
+                .inspect(|rt| {
+                    shared.rt = Some(rt.clone());
+                    shared.contexts = 1;
                 })
             })
             .as_ref()
@@ -663,6 +686,21 @@ pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int 
         libc::close(c.ctx.cmd_fd);
         libc::close(c.ctx.async_fd);
     }
+    // The last open context of the device lets the runtime go (once its objects are gone too); dropped outside the
+    // lock, since the last reference joins the runtime's threads.
+    let last = match c.rt.get() {
+        Some(Ok(_)) => {
+            let mut shared = c.dev.shared.lock().unwrap_or_else(|p| p.into_inner());
+            shared.contexts = shared.contexts.saturating_sub(1);
+            if shared.contexts == 0 {
+                shared.rt.take()
+            } else {
+                None
+            }
+        }
+        _ => None,
+    };
+    drop(last);
     // SAFETY: the context is not used after close (caller's contract).
     unsafe { free::<CtxBlock, _>(ctx) };
     0

@@ -3,7 +3,8 @@
  * kernel refuses what the provider does not): posting to a QP that is not ready (EINVAL, *bad_wr = the first WR;
  * ibv_post_send(3), rxe_post_send / rxe_post_recv), destroying a CQ a QP still uses and deallocating a PD that
  * still has MRs, QPs or AHs (EBUSY: the kernel's use counts), registering memory that is not mapped or, for a
- * writable MR, not writable (EFAULT: the kernel cannot pin it). Prints every failed check, "ok" and exits 0 when all
+ * writable MR, not writable (EFAULT: the kernel cannot pin it); a second context of the same device works beside the
+ * first (ibv_open_device may be called more than once). Prints every failed check, "ok" and exits 0 when all
  * pass. */
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -84,6 +85,19 @@ int main(void)
 	if (!pd || !cq || !mr) {
 		fprintf(stderr, "set-up failed\n");
 		return 1;
+	}
+
+	/* A second context on the same device (a library and the program each open it): it works beside the first,
+	 * and closing it leaves the first working (the rest of this program runs on the first). */
+	struct ibv_context *ctx2 = ibv_open_device(list[0]);
+	CHECK(ctx2 != NULL);
+	if (ctx2) {
+		struct ibv_pd *pd2 = ibv_alloc_pd(ctx2);
+		struct ibv_cq *cq2 = ibv_create_cq(ctx2, 4, NULL, NULL, 0);
+		CHECK(pd2 != NULL && cq2 != NULL);
+		CHECK(cq2 == NULL || ibv_destroy_cq(cq2) == 0);
+		CHECK(pd2 == NULL || ibv_dealloc_pd(pd2) == 0);
+		CHECK(ibv_close_device(ctx2) == 0);
 	}
 
 	/* Memory the kernel could not pin: EFAULT, no MR (a later access would fault inside the library). */
