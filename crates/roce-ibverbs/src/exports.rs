@@ -1080,18 +1080,19 @@ pub unsafe extern "C" fn rocev2_ibv_create_comp_channel(
     if unsafe { ctx_block(ctx) }.is_none() {
         return null_errno(libc::EINVAL);
     }
-    // SAFETY: plain system call.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return null_mut();
-    }
+    // `fd`: the channel's, readable while an event waits (a program may poll it, then call ibv_get_cq_event), and
+    // blocking unless the program sets O_NONBLOCK on it (then ibv_get_cq_event does not wait).
+    let rust = Arc::new(CompChannel::new());
+    let Some(fd) = rust.fd() else {
+        return null_errno(libc::EMFILE);
+    };
     into_raw(ChannelBlock {
         ch: IbvCompChannel {
             context: ctx,
             fd,
             refcnt: 0,
         },
-        rust: Arc::new(CompChannel::new()),
+        rust,
         cqs: Mutex::new(Vec::new()),
     })
     .cast()
@@ -1106,11 +1107,8 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_comp_channel(ch: *mut IbvCompChannel
     if c.cqs.lock().map_or(true, |v| !v.is_empty()) {
         return libc::EBUSY;
     }
-    // SAFETY: our descriptor; the channel is not used after this call.
-    unsafe {
-        libc::close(c.ch.fd);
-        free::<ChannelBlock, _>(ch);
-    }
+    // SAFETY: the channel is not used after this call (its descriptor goes with the Rust channel).
+    unsafe { free::<ChannelBlock, _>(ch) };
     0
 }
 

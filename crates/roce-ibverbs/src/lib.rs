@@ -26,7 +26,8 @@
 //! `query_pkey`, `get_pkey_index`, PD, MR (`ibv_reg_mr`, `ibv_reg_mr_iova2` with iova = address; the optional
 //! access bits are ignored, as the real library does when unsupported), CQ with completion channels
 //! (`ibv_create_comp_channel`, `ibv_get_cq_event` — blocking, or `EAGAIN` when the channel fd is `O_NONBLOCK` —,
-//! `ibv_ack_cq_events`, `req_notify_cq`), QP (RC, UC, UD: create, modify with the IPv4-mapped or IPv6 GID of
+//! `ibv_ack_cq_events`, `req_notify_cq`; the channel's `fd` is readable while an event waits, for programs that
+//! `poll`/`epoll` it), QP (RC, UC, UD: create, modify with the IPv4-mapped or IPv6 GID of
 //! `ah_attr.grh.dgid`, query, destroy), AH, and `post_send` / `post_recv` / `poll_cq` mapped onto [`roce_verbs`]'s
 //! `Qp` / `Cq` in the calling thread (no extra thread hop; an auto-progress thread serves a process that stops
 //! calling). The runtime opens the UDP link (port 4791 on the address) when the first PD or CQ is created, so
@@ -46,8 +47,7 @@
 //! `ibv_resolve_eth_l2_from_gid`, every private `ibv_cmd_*` / `verbs_*` provider entry point (providers are never
 //! used: `verbs_register_driver_34` accepts and ignores their registration, ABI.md §1.4), async events (none are
 //! raised; the async fd is never readable). `ibv_req_notify_cq` with `solicited_only` arms for every completion
-//! (more events than asked, never fewer). The comp-channel fd is a real file descriptor (for `fcntl`) but is not
-//! signalled: wait with `ibv_get_cq_event`. One device per process; the kernel's rdma_cm (perftest `-R`) cannot
+//! (more events than asked, never fewer). One device per process; the kernel's rdma_cm (perftest `-R`) cannot
 //! work without the kernel.
 
 mod abi;

@@ -13,7 +13,8 @@
 //!   success: posting to a QP in RESET / INIT / RTR (`EINVAL`, `*bad_wr` = the first WR, nothing completes later),
 //!   destroying a CQ a QP uses or deallocating a PD with MRs / QPs / AHs (`EBUSY`), registering unmapped or (for a
 //!   writable MR) read-only memory (NULL + `EFAULT`); a second `ibv_open_device` of the device works beside the
-//!   first (one runtime, one UDP port, shared by the contexts).
+//!   first (one runtime, one UDP port, shared by the contexts); a program waiting in `poll` on a completion
+//!   channel's `fd` wakes when the event comes and the fd is quiet again once the event is taken.
 //!
 //! Binds UDP 4791 on 127.0.201.1 and 127.0.201.2 (run under the network lock with the other loopback tests).
 

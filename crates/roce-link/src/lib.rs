@@ -50,7 +50,7 @@ pub use roce_proto::time::Instant;
 pub use roce_proto::{TxGather, TxSeg};
 pub use sim::{SimConfig, SimNet, SimPort, SimStats};
 pub use udp::{IpIdPolicy, RxMode, UdpConfig, UdpLink, UdpStats};
-pub use wait::{MAX_WAIT_FDS, Waiter, Woken};
+pub use wait::{MAX_WAIT_FDS, Semaphore, Waiter, Woken};
 
 /// What the backend does about the RoCE v2 ICRC (`STYLE.md` W6, `ROCEV2.md §3`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -131,6 +131,64 @@ impl Waiter {
     }
 }
 
+/// A counting eventfd (`EFD_SEMAPHORE`): [`post`](Self::post) adds one, [`take`](Self::take) removes one, and
+/// [`fd`](Self::fd) is readable (`POLLIN`) while the count is above zero. For a queue whose readiness a program
+/// watches in its own `poll`/`epoll` (a completion channel's `fd`, libibverbs `ibv_comp_channel`): post once per
+/// item pushed, take once per item popped. The descriptor is blocking unless the program sets `O_NONBLOCK` on it;
+/// [`take`](Self::take) after a pop never waits, since that item's post came first (unless someone else read it).
+#[derive(Debug)]
+pub struct Semaphore {
+    fd: OwnedFd,
+}
+
+impl Semaphore {
+    /// Creates the eventfd (count 0, close-on-exec).
+    ///
+    /// # Errors
+    /// The `eventfd(2)` failure (`EMFILE`, `ENFILE`, `ENOMEM`).
+    pub fn new() -> io::Result<Semaphore> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor this process owns.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Semaphore { fd })
+    }
+
+    /// The descriptor (owned by this semaphore; the program may poll it and set `O_NONBLOCK`, not close it).
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Adds one: one `write(2)` of 8 bytes.
+    pub fn post(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of `one` from a live stack value to our own eventfd.
+        let _ = unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                size_of::<u64>(),
+            )
+        };
+    }
+
+    /// Removes one: one `read(2)` of 8 bytes (semaphore mode: the count drops by one).
+    pub fn take(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live stack `u64` from our own eventfd.
+        let _ = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut v as *mut u64).cast(),
+                size_of::<u64>(),
+            )
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
-use roce_link::{MAX_WAIT_FDS, Waiter};
+use roce_link::{MAX_WAIT_FDS, Semaphore, Waiter};
 use roce_proto::Instant;
 
 use crate::progress::SleepFlag;
@@ -127,6 +127,8 @@ pub struct CompChannel {
     waiter: Option<Waiter>,
     /// `get_event` threads inside that readiness wait (`progress` module, "Sleep flag").
     sleep: SleepFlag,
+    /// Counts the queued events for [`fd`](Self::fd): posted per event queued, taken per event returned.
+    ready: Option<Semaphore>,
 }
 
 impl Default for CompChannel {
@@ -140,6 +142,11 @@ impl Default for CompChannel {
                 .inspect_err(|e| tracing::warn!(error = %e, "no eventfd for a completion channel"))
                 .ok(),
             sleep: SleepFlag::default(),
+            ready: Semaphore::new()
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "no eventfd for a completion channel's fd"),
+                )
+                .ok(),
         }
     }
 }
@@ -184,6 +191,10 @@ impl CompChannel {
     pub(crate) fn notify(&self, cq: u32) {
         if let Ok(mut q) = self.events.lock() {
             q.push_back(cq);
+            // Under the lock, so the count never lags a pop of this event.
+            if let Some(r) = &self.ready {
+                r.post();
+            }
             self.cv.notify_one();
         }
         if self.sleep.must_wake()
@@ -191,6 +202,24 @@ impl CompChannel {
         {
             w.wake();
         }
+    }
+
+    /// A descriptor that is readable (`POLLIN`) while an event waits, for a program that waits in its own
+    /// `poll`/`epoll` (libibverbs `ibv_comp_channel.fd`) and then takes the event with
+    /// [`get_event`](Self::get_event) (`Duration::ZERO` to only look). The channel owns it: poll it, set `O_NONBLOCK` on
+    /// it, never read or close it. It may still be readable for a moment after the last event was taken. `None` if
+    /// its eventfd could not be made.
+    pub fn fd(&self) -> Option<RawFd> {
+        self.ready.as_ref().map(Semaphore::fd)
+    }
+
+    /// Counts an event taken off the queue out of [`fd`](Self::fd) (outside the `events` lock: the read cannot wait,
+    /// the event's post came before its push, but a program that reads the descriptor itself could make it).
+    fn taken(&self, cq: u32) -> u32 {
+        if let Some(r) = &self.ready {
+            r.take();
+        }
+        cq
     }
 
     /// `ibv_get_cq_event`: waits up to `timeout` for an event and returns the id ([`crate::Cq::id`]) of the CQ
@@ -283,7 +312,8 @@ impl CompChannel {
         let mut q = self.events.lock().ok()?;
         loop {
             if let Some(cq) = q.pop_front() {
-                return Some(cq);
+                drop(q);
+                return Some(self.taken(cq));
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -294,7 +324,8 @@ impl CompChannel {
     }
 
     fn try_event(&self) -> Option<u32> {
-        self.events.lock().ok()?.pop_front()
+        let cq = self.events.lock().ok()?.pop_front()?;
+        Some(self.taken(cq))
     }
 }
 

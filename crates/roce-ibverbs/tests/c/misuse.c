@@ -4,13 +4,16 @@
  * ibv_post_send(3), rxe_post_send / rxe_post_recv), destroying a CQ a QP still uses and deallocating a PD that
  * still has MRs, QPs or AHs (EBUSY: the kernel's use counts), registering memory that is not mapped or, for a
  * writable MR, not writable (EFAULT: the kernel cannot pin it); a second context of the same device works beside the
- * first (ibv_open_device may be called more than once). Prints every failed check, "ok" and exits 0 when all
+ * first (ibv_open_device may be called more than once); a program waiting in poll() on a completion channel's fd wakes
+ * when the event comes. Prints every failed check, "ok" and exits 0 when all
  * pass. */
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 
 static int fails;
@@ -79,7 +82,8 @@ int main(void)
 		return 1;
 	}
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_comp_channel *chan = ibv_create_comp_channel(ctx);
+	struct ibv_cq *cq = chan ? ibv_create_cq(ctx, 16, NULL, chan, 0) : NULL;
 	char *buf = calloc(1, 4096);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	if (!pd || !cq || !mr) {
@@ -152,7 +156,18 @@ int main(void)
 	/* RTS: the SEND lands in b's receive (posted in INIT); exactly the two completions, nothing else. */
 	CHECK(modify(a, IBV_QPS_RTS, 0, gid) == 0 && modify(b, IBV_QPS_RTS, 0, gid) == 0);
 	s1.next = NULL;
+	/* An event-driven program that waits in poll() on the channel's fd, then takes the event without blocking. */
+	CHECK(fcntl(chan->fd, F_SETFL, fcntl(chan->fd, F_GETFL) | O_NONBLOCK) == 0);
+	struct pollfd pfd = {.fd = chan->fd, .events = POLLIN};
+	CHECK(poll(&pfd, 1, 0) == 0);
+	CHECK(ibv_req_notify_cq(cq, 0) == 0);
 	CHECK(ibv_post_send(a, &s1, &bad_s) == 0);
+	CHECK(poll(&pfd, 1, 5000) == 1 && (pfd.revents & POLLIN));
+	struct ibv_cq *ev_cq = NULL;
+	void *ev_ctx;
+	CHECK(ibv_get_cq_event(chan, &ev_cq, &ev_ctx) == 0 && ev_cq == cq);
+	ibv_ack_cq_events(cq, 1);
+	CHECK(poll(&pfd, 1, 0) == 0); /* taken: no longer readable */
 	int got = 0;
 	while (got < 2 && poll_one(cq, &wc) == 1) {
 		CHECK(wc.status == IBV_WC_SUCCESS && (wc.wr_id == 1 || wc.wr_id == 3));
@@ -179,6 +194,7 @@ int main(void)
 	CHECK(ibv_dereg_mr(mr) == 0);
 	CHECK(ro_mr == NULL || ibv_dereg_mr(ro_mr) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(chan) == 0);
 	CHECK(ibv_dealloc_pd(pd) == 0);
 	CHECK(ibv_close_device(ctx) == 0);
 	ibv_free_device_list(list);
