@@ -47,28 +47,15 @@ impl Waiter {
     /// # Errors
     /// The `eventfd(2)` failure (`EMFILE`, `ENFILE`, `ENOMEM`).
     pub fn new() -> io::Result<Waiter> {
-        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor this process owns.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Waiter { fd })
+        Ok(Waiter {
+            fd: eventfd(libc::EFD_NONBLOCK)?,
+        })
     }
 
     /// Rings the waiter: a thread inside [`wait`](Self::wait) returns, and if none is, the next wait returns at once.
     /// One `write(2)` of 8 bytes; never blocks (a counter that is already near its maximum stays set).
     pub fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes the 8 bytes of `one` from a live stack value to our own eventfd.
-        let _ = unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                (&one as *const u64).cast(),
-                size_of::<u64>(),
-            )
-        };
+        eventfd_add(&self.fd);
     }
 
     /// Blocks until the waiter is rung, one of `fds` is readable, or `timeout` passes (nanosecond resolution,
@@ -116,15 +103,7 @@ impl Waiter {
         }
         let rung = set[0].revents & libc::POLLIN != 0;
         if rung {
-            let mut v: u64 = 0;
-            // SAFETY: reads at most 8 bytes into a live stack `u64` from our own non-blocking eventfd.
-            let _ = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    (&mut v as *mut u64).cast(),
-                    size_of::<u64>(),
-                )
-            };
+            eventfd_read(&self.fd);
         }
         let readable = set[1..n].iter().any(|p| p.revents != 0);
         Ok(Woken { rung, readable })
@@ -147,14 +126,9 @@ impl Semaphore {
     /// # Errors
     /// The `eventfd(2)` failure (`EMFILE`, `ENFILE`, `ENOMEM`).
     pub fn new() -> io::Result<Semaphore> {
-        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor this process owns.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Semaphore { fd })
+        Ok(Semaphore {
+            fd: eventfd(libc::EFD_SEMAPHORE)?,
+        })
     }
 
     /// The descriptor (owned by this semaphore; the program may poll it and set `O_NONBLOCK`, not close it).
@@ -164,29 +138,52 @@ impl Semaphore {
 
     /// Adds one: one `write(2)` of 8 bytes.
     pub fn post(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes the 8 bytes of `one` from a live stack value to our own eventfd.
-        let _ = unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                (&one as *const u64).cast(),
-                size_of::<u64>(),
-            )
-        };
+        eventfd_add(&self.fd);
     }
 
     /// Removes one: one `read(2)` of 8 bytes (semaphore mode: the count drops by one).
     pub fn take(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads at most 8 bytes into a live stack `u64` from our own eventfd.
-        let _ = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut v as *mut u64).cast(),
-                size_of::<u64>(),
-            )
-        };
+        eventfd_read(&self.fd);
     }
+}
+
+/// A new close-on-exec eventfd with count 0 and the extra `flags` (`EFD_NONBLOCK`, `EFD_SEMAPHORE`).
+fn eventfd(flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor this process owns.
+    let fd = unsafe { libc::eventfd(0, flags | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds one to the eventfd's counter: one `write(2)` of 8 bytes (a counter already near its maximum stays set, so
+/// the result is ignored).
+fn eventfd_add(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writes the 8 bytes of `one` from a live stack value to an eventfd we own.
+    let _ = unsafe {
+        libc::write(
+            fd.as_raw_fd(),
+            (&one as *const u64).cast(),
+            size_of::<u64>(),
+        )
+    };
+}
+
+/// One `read(2)` of 8 bytes from the eventfd: the whole counter back to zero, or one in `EFD_SEMAPHORE` mode (an
+/// empty non-blocking counter just fails with `EAGAIN`, ignored).
+fn eventfd_read(fd: &OwnedFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a live stack `u64` from an eventfd we own.
+    let _ = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            (&mut v as *mut u64).cast(),
+            size_of::<u64>(),
+        )
+    };
 }
 
 #[cfg(test)]
