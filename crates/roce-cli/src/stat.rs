@@ -18,9 +18,10 @@
 //!   system calls. These come from the runtime's counters (`roce_verbs::RuntimeStats`, counted where the doorbell
 //!   rings and where the pass calls the link), shared by the devices of one runtime (they then show the same
 //!   figures);
-//! * **link drops**: datagrams the link dropped before the engine saw them (`rx_icrc_bad`: too short or a wrong
-//!   ICRC, `rx_truncated`, `rx_bad_addr`, `rx_bad_checksum`; `tx_errors`, `tx_invalid`), non-zero ones on a
-//!   `link` line of their own (`-a`: every link counter; `--json`: the device's `link` object);
+//! * **link drops**: datagrams the link dropped before the engine saw them (`rx_kernel_drops`: the kernel dropped
+//!   them for the link's receive socket, whose buffer was full; `rx_icrc_bad`: too short or a wrong ICRC,
+//!   `rx_truncated`, `rx_bad_addr`, `rx_bad_checksum`; `tx_errors`, `tx_invalid`), non-zero ones on a `link` line of
+//!   their own (`-a`: every link counter; `--json`: the device's `link` object);
 //! * **longest pass gap** (`max_pass_gap_us`, since the runtime started): the longest time the engine went without a
 //!   pass while a timer was armed — near the local ACK timeout (67 ms by default), a stalled progress thread or
 //!   caller explains timeouts that lost nothing.
@@ -377,7 +378,8 @@ fn counters_line(c: &Value, all: bool) -> String {
 /// The link's own counters (`roce_link::Link::counters`) of what it dropped before the engine saw it, the non-zero
 /// ones (all of them, traffic counters too, with `all`).
 fn link_drops_line(c: &Value, all: bool) -> String {
-    const DROPS: [&str; 6] = [
+    const DROPS: [&str; 7] = [
+        "rx_kernel_drops",
         "rx_icrc_bad",
         "rx_truncated",
         "rx_bad_addr",

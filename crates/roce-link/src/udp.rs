@@ -57,6 +57,11 @@
 //! destination address from `IP_PKTINFO`; IPv6 with the received traffic class / hop limit, flow label 0; UDP
 //! with the sender's ports, the right length and checksum 0.
 //!
+//! **Kernel drops.** Frames the kernel drops for the receive socket before the link reads them (its buffer full
+//! while the reader was descheduled) are invisible to the engine except as a sequence gap; the link counts them in
+//! [`UdpStats::rx_kernel_drops`] (in both receive modes) from the `SO_RXQ_OVFL` control message every received
+//! frame carries, with a low-rate `SO_MEMINFO` reading when the queue is found empty.
+//!
 //! **ICRC: verified here, once.** With [`UdpConfig::verify_rx_icrc`] (default) the backend checks the ICRC over
 //! the rebuilt frame, counts failures in [`UdpStats::rx_icrc_bad`], drops them, and reports
 //! [`IcrcCaps::rx_verified`]. The rebuilt IPv4 header assumes the sender used ID 0 + DF (true for this backend
@@ -113,8 +118,11 @@ const ETH_LEN: usize = 14;
 const UDP_NO_CHECK6_TX: libc::c_int = 101;
 const UDP_NO_CHECK6_RX: libc::c_int = 102;
 /// Bytes of control-message space per datagram (aligned; two `int` cmsgs on TX; on RX pktinfo + two + the receive
-/// timestamp: 112 bytes for IPv4, 120 for IPv6).
-const CMSG_WORDS: usize = 16;
+/// timestamp + the `SO_RXQ_OVFL` drop count: 136 bytes for IPv4, 144 for IPv6; `PACKET_AUXDATA` + drop count: 56).
+const CMSG_WORDS: usize = 20;
+/// Engine time (ns) between two `SO_MEMINFO` reads of the kernel's drop count by [`Link::rx_burst`] (only when a
+/// receive found the queue empty).
+const KERNEL_DROPS_POLL_NS: u64 = 100_000_000;
 
 /// Classic BPF opcodes (linux/bpf_common.h), as the `u16` `sock_filter::code` field wants them.
 mod bpf {
@@ -273,12 +281,23 @@ pub struct UdpStats {
     /// progress thread or caller did not run) while responses or requests waited for it: a stall of the reader,
     /// not loss.
     pub rx_wait_max_us: u64,
+    /// Frames the kernel dropped for the socket this link reads (the UDP socket, or in [`RxMode::Packet`] the
+    /// `AF_PACKET` socket) before the link could read them, mostly because its receive buffer
+    /// ([`UdpConfig::socket_buffer`]) was full while the reader did not run; for the UDP socket also datagrams
+    /// the kernel's UDP layer refused (bad UDP checksum). Frames, cumulative since `bind`. Source: the socket's
+    /// `sk_drops`, read from the `SO_RXQ_OVFL` control message of every received datagram (socket(7); no extra
+    /// system call) and with `getsockopt(SO_MEMINFO)` (`SK_MEMINFO_DROPS`, sock_diag(7)) when a receive finds the
+    /// queue empty (at most every 100 ms of engine time) and on [`UdpLink::refresh_kernel_drops`]. (packet(7)'s
+    /// `PACKET_STATISTICS` counts the same overflows as `tp_drops` but resets on every read, so it is not used.)
+    /// Such a loss never reached the wire's far end of this host's stack: on a lossless path, a sequence gap the
+    /// engine counts on this side is explained by it and by nothing else.
+    pub rx_kernel_drops: u64,
 }
 
 impl UdpStats {
     /// The names of the counters [`values`](Self::values) lists, in its order (the field names; `tx_sendmmsg`,
     /// `tx_gathered_bytes` and `tx_linearized_bytes` are left out).
-    pub const NAMES: [&'static str; 14] = [
+    pub const NAMES: [&'static str; 15] = [
         "tx_frames",
         "tx_bytes",
         "tx_busy",
@@ -293,10 +312,11 @@ impl UdpStats {
         "rx_bad_addr",
         "rx_bad_checksum",
         "rx_wait_max_us",
+        "rx_kernel_drops",
     ];
 
     /// The values of the counters named in [`NAMES`](Self::NAMES), in that order.
-    pub fn values(&self) -> [u64; 14] {
+    pub fn values(&self) -> [u64; 15] {
         [
             self.tx_frames,
             self.tx_bytes,
@@ -312,6 +332,7 @@ impl UdpStats {
             self.rx_bad_addr,
             self.rx_bad_checksum,
             self.rx_wait_max_us,
+            self.rx_kernel_drops,
         ]
     }
 }
@@ -375,6 +396,10 @@ pub struct UdpLink {
     rx_names: Vec<libc::sockaddr_in6>,
     /// Kernel receive timestamp (ns since the epoch) of the datagram `rebuild` last parsed; 0 = none.
     rx_stamp_ns: u64,
+    /// The kernel's cumulative drop count (`sk_drops`, a wrapping `u32`) last seen on the receive socket.
+    rx_drops_seen: u32,
+    /// Engine time (ns) of the next `SO_MEMINFO` read of the drop count by `rx_burst`.
+    rx_drops_poll_ns: u64,
     /// Inode of the network namespace the link was bound in (new source-port sockets must be created there).
     netns: Option<u64>,
     /// [`RxMode::Packet`]: the filtered `AF_PACKET` socket frames are read from.
@@ -769,6 +794,7 @@ fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {
     })?;
     attach_filter(&s, &rx_filter(cfg.local, cfg.port)).map_err(ctx("SO_ATTACH_FILTER"))?;
     setopt(&s, libc::SOL_PACKET, libc::PACKET_AUXDATA, 1).map_err(ctx("PACKET_AUXDATA"))?;
+    setopt(&s, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1).map_err(ctx("SO_RXQ_OVFL"))?;
     if let Some(n) = cfg.socket_buffer {
         set_recv_buffer(&s, n).map_err(ctx("SO_RCVBUF"))?;
     }
@@ -796,14 +822,16 @@ fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {
     Ok(s)
 }
 
-/// `tp_status` of the `PACKET_AUXDATA` control message of one received frame (0 if absent).
-fn aux_status(ctrl: &[u64; CMSG_WORDS], msg: &libc::msghdr) -> u32 {
+/// `tp_status` of the `PACKET_AUXDATA` control message of one received frame (0 if absent), and the kernel's drop
+/// count from its `SO_RXQ_OVFL` control message (`None` if absent: the kernel sends it only once non-zero).
+fn aux_status(ctrl: &[u64; CMSG_WORDS], msg: &libc::msghdr) -> (u32, Option<u32>) {
     let mut hdr: libc::msghdr = zeroed();
     hdr.msg_control = ctrl.as_ptr() as *mut libc::c_void;
     hdr.msg_controllen = msg.msg_controllen;
     // SAFETY: `hdr` describes `ctrl`, of which the kernel filled `msg_controllen` bytes (≤ its size); the macros stay
     // within that length and return null at the end.
     let mut c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
+    let (mut status, mut drops) = (0, None);
     while !c.is_null() {
         // SAFETY: `c` is non-null and points at a complete cmsghdr inside `ctrl`.
         let (level, ty) = unsafe { ((*c).cmsg_level, (*c).cmsg_type) };
@@ -812,12 +840,44 @@ fn aux_status(ctrl: &[u64; CMSG_WORDS], msg: &libc::msghdr) -> u32 {
             let aux = unsafe {
                 core::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::tpacket_auxdata>())
             };
-            return aux.tp_status;
+            status = aux.tp_status;
+        } else if level == libc::SOL_SOCKET && ty == libc::SO_RXQ_OVFL {
+            // SAFETY: SO_RXQ_OVFL carries a `__u32` (socket(7)); unaligned read.
+            drops = Some(unsafe { core::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>()) });
         }
         // SAFETY: `c` is a valid header within `hdr`'s control buffer.
         c = unsafe { libc::CMSG_NXTHDR(&hdr, c) };
     }
-    0
+    (status, drops)
+}
+
+/// The kernel's cumulative drop count of socket `fd` (`SK_MEMINFO_DROPS` of `getsockopt(SO_MEMINFO)`,
+/// sock_diag(7); a wrapping `u32`).
+fn socket_drops(fd: std::os::fd::RawFd) -> io::Result<u32> {
+    let mut info = [0u32; libc::SK_MEMINFO_DROPS as usize + 1];
+    let mut len = size_of_val(&info) as libc::socklen_t;
+    // SAFETY: `info` is writable for `len` bytes, which are passed; the kernel writes at most that many and
+    // updates `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let at = libc::SK_MEMINFO_DROPS as usize;
+    if (len as usize) < (at + 1) * size_of::<u32>() {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "SO_MEMINFO without SK_MEMINFO_DROPS",
+        ));
+    }
+    Ok(info[at])
 }
 
 /// Completes the UDP checksum of a frame whose sender left it to checksum offload (`TP_STATUS_CSUMNOTREADY`: a
@@ -990,6 +1050,8 @@ impl UdpLink {
             rx_ctrl: vec![[0; CMSG_WORDS]; burst],
             rx_names: vec![zeroed(); burst],
             rx_stamp_ns: 0,
+            rx_drops_seen: 0,
+            rx_drops_poll_ns: 0,
             netns: current_netns(),
             pkt,
             stats: UdpStats {
@@ -1034,6 +1096,7 @@ impl UdpLink {
             if rx {
                 setopt(&s, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
                     .map_err(ctx("SO_TIMESTAMPNS"))?;
+                setopt(&s, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1).map_err(ctx("SO_RXQ_OVFL"))?;
                 setopt(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)
                     .map_err(ctx("IPV6_RECVPKTINFO"))?;
                 setopt(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)
@@ -1053,6 +1116,7 @@ impl UdpLink {
             if rx {
                 setopt(&s, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
                     .map_err(ctx("SO_TIMESTAMPNS"))?;
+                setopt(&s, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1).map_err(ctx("SO_RXQ_OVFL"))?;
                 setopt(&s, libc::IPPROTO_IP, libc::IP_PKTINFO, 1).map_err(ctx("IP_PKTINFO"))?;
                 setopt(&s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1).map_err(ctx("IP_RECVTOS"))?;
                 setopt(&s, libc::IPPROTO_IP, libc::IP_RECVTTL, 1).map_err(ctx("IP_RECVTTL"))?;
@@ -1076,6 +1140,47 @@ impl UdpLink {
     /// Counters.
     pub fn stats(&self) -> UdpStats {
         self.stats
+    }
+
+    /// Reads the kernel's drop count of the receive socket now (`getsockopt(SO_MEMINFO)`, one system call) into
+    /// [`UdpStats::rx_kernel_drops`] and returns it. The link also does this by itself, at a low rate, when a
+    /// receive finds the queue empty; call it before reading the stats to include drops no later frame reported.
+    ///
+    /// # Errors
+    ///
+    /// [`LinkError::Io`] if the kernel refuses `SO_MEMINFO`.
+    pub fn refresh_kernel_drops(&mut self) -> Result<u64, LinkError> {
+        let d = socket_drops(self.rx_fd()).map_err(|e| {
+            io_ctx(
+                e,
+                format_args!("SO_MEMINFO of the receive socket of {}", self.local_addr()),
+            )
+        })?;
+        self.note_kernel_drops(d);
+        Ok(self.stats.rx_kernel_drops)
+    }
+
+    /// Takes the kernel's cumulative drop count `d` (a wrapping `u32`, non-decreasing) into
+    /// [`UdpStats::rx_kernel_drops`]. A value older than one already seen (a datagram queued before later drops,
+    /// read after a `SO_MEMINFO` reading) changes nothing.
+    fn note_kernel_drops(&mut self, d: u32) {
+        let delta = d.wrapping_sub(self.rx_drops_seen);
+        if delta != 0 && delta < 1 << 31 {
+            self.rx_drops_seen = d;
+            self.stats.rx_kernel_drops += u64::from(delta);
+        }
+    }
+
+    /// `rx_burst` found the queue empty: reads the drop count if [`KERNEL_DROPS_POLL_NS`] of engine time have
+    /// passed since the last reading (a failure is left for [`UdpLink::refresh_kernel_drops`] to report).
+    fn poll_kernel_drops(&mut self, now: Instant) {
+        let t = now.as_nanos();
+        if t >= self.rx_drops_poll_ns {
+            self.rx_drops_poll_ns = t.saturating_add(KERNEL_DROPS_POLL_NS);
+            if let Ok(d) = socket_drops(self.rx_fd()) {
+                self.note_kernel_drops(d);
+            }
+        }
     }
 
     /// The address the receive socket is bound to.
@@ -1471,7 +1576,12 @@ impl UdpLink {
 
     /// [`RxMode::Packet`] receive: up to `n` whole frames with one `recvmmsg` on the `AF_PACKET` socket, each
     /// trimmed to its IP length (Ethernet padding removed), ICRC-verified over the bytes as received.
-    fn rx_packet(&mut self, n: usize, sink: &mut dyn FnMut(&mut [u8])) -> Result<usize, LinkError> {
+    fn rx_packet(
+        &mut self,
+        now: Instant,
+        n: usize,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<usize, LinkError> {
         let Some(pkt) = &self.pkt else {
             return Ok(0);
         };
@@ -1493,6 +1603,7 @@ impl UdpLink {
         }
         let fd = pkt.as_raw_fd();
         let Some(r) = self.recv_batch(fd, n, "AF_PACKET")? else {
+            self.poll_kernel_drops(now);
             return Ok(0);
         };
         for i in 0..r {
@@ -1500,6 +1611,10 @@ impl UdpLink {
             if self.rx_msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len >= cap {
                 self.stats.rx_truncated += 1;
                 continue;
+            }
+            let (status, drops) = aux_status(&self.rx_ctrl[i], &self.rx_msgs[i].msg_hdr);
+            if let Some(d) = drops {
+                self.note_kernel_drops(d);
             }
             let start = i * self.rx_slot;
             let frame = &mut self.rx_data[start..start + len];
@@ -1517,9 +1632,7 @@ impl UdpLink {
                 self.stats.rx_truncated += 1;
                 continue;
             };
-            let csum_not_ready = aux_status(&self.rx_ctrl[i], &self.rx_msgs[i].msg_hdr)
-                & libc::TP_STATUS_CSUMNOTREADY
-                != 0;
+            let csum_not_ready = status & libc::TP_STATUS_CSUMNOTREADY != 0;
             let frame = &mut frame[..flen];
             if csum_not_ready {
                 finish_udp_checksum(frame, self.v6);
@@ -1587,6 +1700,11 @@ impl UdpLink {
                     // SAFETY: IPV6_PKTINFO carries a struct in6_pktinfo.
                     let pi = unsafe { core::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>()) };
                     dst = IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr));
+                }
+                (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
+                    // SAFETY: SO_RXQ_OVFL carries a __u32, the socket's drop count (socket(7)).
+                    let d = unsafe { core::ptr::read_unaligned(data.cast::<u32>()) };
+                    self.note_kernel_drops(d);
                 }
                 (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
                     // SAFETY: SCM_TIMESTAMPNS carries a struct timespec (socket(7)).
@@ -1673,7 +1791,7 @@ impl Link for UdpLink {
 
     fn rx_burst(
         &mut self,
-        _now: Instant,
+        now: Instant,
         max: usize,
         sink: &mut dyn FnMut(&mut [u8]),
     ) -> Result<usize, LinkError> {
@@ -1682,7 +1800,7 @@ impl Link for UdpLink {
             return Ok(0);
         }
         if self.pkt.is_some() {
-            return self.rx_packet(n, sink);
+            return self.rx_packet(now, n, sink);
         }
         let cap = self.rx_slot - self.hdr;
         for i in 0..n {
@@ -1704,6 +1822,7 @@ impl Link for UdpLink {
         }
         let fd = self.socks[0].as_raw_fd();
         let Some(r) = self.recv_batch(fd, n, "UDP")? else {
+            self.poll_kernel_drops(now);
             return Ok(0);
         };
         // The kernel's receive timestamps are CLOCK_REALTIME; one reading per burst.

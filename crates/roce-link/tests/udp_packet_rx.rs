@@ -7,6 +7,8 @@
 //!   reaches the link, and the kernel's UDP socket on 4791 queues nothing (its drop counter moves instead).
 //! * over `lo` inside a namespace: frames sent by a socket-mode UdpLink arrive once each (the outgoing copy is
 //!   filtered out).
+//! * over `lo` inside a namespace, in both receive modes: a receiver with a tiny receive buffer is sent bursts it
+//!   does not read; `rx_kernel_drops` counts exactly the frames the kernel dropped for its socket.
 //!
 //! Root only: skipped with a printed reason otherwise. Namespaces are deleted by a drop guard, also on panic.
 
@@ -673,4 +675,83 @@ fn loopback_ipv6_bad_udp_checksum_is_dropped_and_counted() {
     let Some(st) = st else { return };
     assert_eq!(got, want, "{st:?}");
     assert_eq!((st.rx_frames, st.rx_bad_checksum), (2, 1), "{st:?}");
+}
+
+/// `UdpStats::rx_kernel_drops` in `rx` mode, inside a fresh namespace's `lo`: a receiver whose receive buffer holds a
+/// few frames is sent bursts while it does not read; every frame the kernel dropped for its socket is counted, no
+/// frame twice, by each of the three ways the count arrives (the `SO_RXQ_OVFL` control message of a later frame, the
+/// low-rate `SO_MEMINFO` reading of an empty receive, `refresh_kernel_drops`). Loopback loses nothing else (the
+/// bursts stay below `netdev_max_backlog`), so the count is exactly sent − received.
+fn receive_buffer_overflow_is_counted(tag: &str, rx: RxMode) {
+    let ns = match Netns::single(tag) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipping netns test: {why}");
+            return;
+        }
+    };
+    let name = ns.names[0].clone();
+    in_netns(&name, move || {
+        const BURST: u32 = 200;
+        let ip_a = Ipv4Addr::new(127, 0, 0, 1);
+        let ip_b = Ipv4Addr::new(127, 0, 0, 2);
+        let mut a = UdpLink::bind(UdpConfig::new(IpAddr::V4(ip_a))).expect("bind a");
+        let mut cb = UdpConfig::new(IpAddr::V4(ip_b));
+        cb.rx = rx;
+        cb.socket_buffer = Some(4096);
+        let mut b = UdpLink::bind(cb).expect("bind b");
+        // An empty receive at T0 takes the first SO_MEMINFO reading; the next is due at T0 + 100 ms.
+        b.rx_burst(T0, 64, &mut |_: &mut [u8]| panic!("nothing sent yet"))
+            .expect("rx");
+        assert_eq!(b.stats().rx_kernel_drops, 0);
+        let mut psn = 0u32;
+        let mut burst = |a: &mut UdpLink, n: u32| {
+            for _ in 0..n {
+                let f = ud_frame(ip_a, ip_b, ROCE_V2_PORT, 0, true, psn, &[psn as u8; 64]);
+                psn += 1;
+                a.transmit(T0, &f).expect("transmit");
+                if psn.is_multiple_of(16) {
+                    a.flush(T0).expect("flush");
+                }
+            }
+            a.flush(T0).expect("flush");
+        };
+        // 1. The burst overflows b; the drops reach b with the next frame queued after them (SO_RXQ_OVFL).
+        burst(&mut a, BURST);
+        let got1 = recv_all(&mut b, BURST as usize, Duration::from_millis(300)).len() as u64;
+        assert!(
+            got1 > 0 && got1 < u64::from(BURST),
+            "{rx:?}: received {got1} of {BURST}: the buffer must hold some, not all"
+        );
+        burst(&mut a, 1);
+        assert_eq!(recv_all(&mut b, 1, Duration::from_secs(2)).len(), 1);
+        let want1 = u64::from(BURST) - got1;
+        assert_eq!(b.stats().rx_kernel_drops, want1, "{rx:?}: {:?}", b.stats());
+        assert_eq!(b.refresh_kernel_drops().expect("SO_MEMINFO"), want1);
+        // 2. A second burst whose drops no later frame reports: an empty receive 200 ms later (engine time)
+        // reads them.
+        burst(&mut a, BURST);
+        let got2 = recv_all(&mut b, BURST as usize, Duration::from_millis(300)).len() as u64;
+        let want2 = want1 + u64::from(BURST) - got2;
+        assert!(
+            want2 > want1,
+            "{rx:?}: received all {got2} of the second burst"
+        );
+        let later = Instant::from_millis(200);
+        b.rx_burst(later, 64, &mut |_: &mut [u8]| panic!("nothing left"))
+            .expect("rx");
+        assert_eq!(b.stats().rx_kernel_drops, want2, "{rx:?}: {:?}", b.stats());
+        assert_eq!(b.refresh_kernel_drops().expect("SO_MEMINFO"), want2);
+        assert_eq!(b.stats().rx_frames, got1 + 1 + got2);
+    });
+}
+
+#[test]
+fn socket_receive_buffer_overflow_is_counted() {
+    receive_buffer_overflow_is_counted("o", RxMode::Socket);
+}
+
+#[test]
+fn packet_receive_buffer_overflow_is_counted() {
+    receive_buffer_overflow_is_counted("p", RxMode::Packet);
 }
