@@ -263,39 +263,61 @@ fn every_test_and_connection_type_over_veth() {
         // Without loss nothing is retransmitted and a reliable run receives every message.
         let cs = common::stats_section(&o.client.stderr, "engine counters (client):");
         let ss = common::stats_section(&o.server.stderr, "engine counters (server):");
-        // Nothing is lost or reordered on the veth, so no side sees a sequence gap. (A retransmission is allowed
-        // only after a local ACK timeout: a CPU-starved engine thread on a loaded machine can miss one.)
-        for (side, s) in [("client", &cs), ("server", &ss)] {
-            for c in [
-                "out_of_seq_request",
-                "packet_seq_err",
-                "implied_nak_seq_err",
-                "drop_uc_out_of_seq",
+        // Nothing is lost or reordered on the veth. The one loss a run without `--loss` may see is inside a
+        // receiving host: the kernel drops frames for a link's receive socket whose buffer is full while the
+        // process is descheduled, and that side's link counts them (`rx_kernel_drops`). So a side may see a
+        // sequence gap only if its own link counted kernel drops (a NAK sequence error only if the peer's did),
+        // and a retransmission needs a local ACK timeout (a CPU-starved engine thread can miss one) or such a NAK
+        // or implied NAK.
+        let kernel_drops = |text: &str, side: &str| {
+            common::stats_section(text, &format!("udp link counters ({side}):"))
+                .get("rx_kernel_drops")
+                .copied()
+                .unwrap_or(0)
+        };
+        let ckd = kernel_drops(&o.client.stderr, "client");
+        let skd = kernel_drops(&o.server.stderr, "server");
+        for (side, s, own, peer) in [("client", &cs, ckd, skd), ("server", &ss, skd, ckd)] {
+            for (c, receiver_drops) in [
+                ("out_of_seq_request", own),
+                ("implied_nak_seq_err", own),
+                ("drop_uc_out_of_seq", own),
+                ("packet_seq_err", peer),
             ] {
-                assert_eq!(
-                    s.get(c),
-                    None,
-                    "{}: {side} {c} without loss: {s:?}",
+                assert!(
+                    s.get(c).is_none() || receiver_drops > 0,
+                    "{}: {side} {c} without loss and without kernel drops on the receiving side (rx_kernel_drops: \
+                     client {ckd}, server {skd}): {s:?}",
                     r.label()
                 );
             }
             assert!(
-                !s.contains_key("retransmitted_pkts") || s.contains_key("local_ack_timeout_err"),
-                "{}: {side} retransmitted without loss or timeout: {s:?}",
+                !s.contains_key("retransmitted_pkts")
+                    || s.contains_key("local_ack_timeout_err")
+                    || s.contains_key("packet_seq_err")
+                    || s.contains_key("implied_nak_seq_err"),
+                "{}: {side} retransmitted without loss, timeout or sequence error: {s:?}",
                 r.label()
             );
         }
-        // Every test has the client send requests that the server accepts.
+        // Every test has the client send requests that the server accepts (or, on a loaded host, its kernel
+        // dropped before the server's link read them).
         let sent = cs.get("sent_pkts").copied().unwrap_or(0);
         let rcvd = ss.get("rcvd_pkts").copied().unwrap_or(0);
         assert!(
-            sent >= r.iters && rcvd >= r.iters,
-            "{}: client sent {sent}, server received {rcvd}",
+            sent >= r.iters && rcvd + skd >= r.iters,
+            "{}: client sent {sent}, server received {rcvd}, its kernel dropped {skd}",
             r.label()
         );
         if r.conn == "RC" {
-            // Nothing lost on the veth: the server accepted every packet the client sent.
-            assert_eq!(sent, rcvd, "{}", r.label());
+            // Nothing lost on the veth: every packet the client sent reached the server's QP or was one of the
+            // frames the server's kernel dropped.
+            assert_eq!(
+                sent,
+                rcvd + skd,
+                "{}: server rx_kernel_drops {skd}",
+                r.label()
+            );
         }
         assert!(o.captured > 0);
     }
