@@ -9,9 +9,14 @@
 //!   `rocev2 perf` negotiates, `perf::port_mtu`); max MTU 4096;
 //! * GID table holds the interface's addresses (IPv4 as IPv4-mapped GIDs), each of type RoCE v2, then the GIDs
 //!   running programs have bound on it without the address being configured (127.0.0.2 on `lo`);
-//! * limits (`-v`) are the engine's defaults ([`roce_proto::DeviceAttr`]): what a program opening the device gets.
+//! * limits (`-v`) are what a program opening the device gets ([`roce_verbs::device_attr`]).
 //!
-//! The node GUID is the EUI-64 of the interface's MAC address (as rxe derives it). Devices that running programs have
+//! Identity and limits come from [`roce_link::device::DeviceSpec`], the facts `roce-ibverbs` reports to a program
+//! under `rocev2 run --ip ADDRESS`: node GUID = EUI-64 of the MAC the engine puts on the wire for the address (as rxe
+//! derives it from its netdev's MAC), vendor and page-size capability. With `-d ADDRESS` the device is shown as
+//! that program sees it (GUID of that address, GID table = that address alone, the one source address its link
+//! can send from), so `rocev2 devinfo -v -d A` and `rocev2 run --ip A -- ibv_devinfo -v` agree field by field;
+//! without an address the GUID is that of the interface's first IPv4 address (else its first address). Devices that running programs have
 //! open (their stats endpoints, see `rocev2 stat`) are listed under the port with their process (pid and comm, as `ps`
 //! names it; `--json` adds the command line), when that process is in the caller's network namespace (another
 //! namespace's `lo` is another interface).
@@ -20,9 +25,9 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use roce_link::device::gid_of;
-use roce_link::udp::{Interface, device_name_of_interface, interfaces};
-use roce_proto::{DeviceAttr, Gid, Mtu};
+use roce_link::device::{DeviceSpec, PAGE_SIZE_CAP, VENDOR_ID, VENDOR_PART_ID, gid_of};
+use roce_link::udp::{Interface, RxMode, device_name_of_interface, interfaces};
+use roce_proto::{Gid, Mtu};
 use roce_verbs::endpoint;
 use serde_json::{Value, json};
 
@@ -63,14 +68,8 @@ fn sysfs(name: &str, what: &str) -> Option<String> {
         .map(|s| s.trim().to_owned())
 }
 
-/// The EUI-64 GUID of a MAC address `aa:bb:cc:dd:ee:ff` as `aabb:ccff:fedd:eeff` with the U/L bit flipped.
-fn guid_of_mac(mac: &str) -> String {
-    let b: Vec<u8> = mac
-        .split(':')
-        .filter_map(|x| u8::from_str_radix(x, 16).ok())
-        .collect();
-    let b: [u8; 6] = b.try_into().unwrap_or_default();
-    let g = [b[0] ^ 0x02, b[1], b[2], 0xff, 0xfe, b[3], b[4], b[5]];
+/// A GUID (big-endian bytes) as `ibv_devinfo` writes it: `aabb:ccdd:eeff:0011`.
+fn guid_text(g: [u8; 8]) -> String {
     format!(
         "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
         g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
@@ -121,24 +120,37 @@ fn users(i: &Interface) -> Vec<Value> {
     v
 }
 
-/// One device as JSON (`verbose` adds the limits).
-fn device(i: &Interface, verbose: bool) -> Value {
-    let mac = sysfs(&i.name, "address").unwrap_or_else(|| "00:00:00:00:00:00".into());
+/// One device as JSON (`verbose` adds the limits): as a program on address `at` sees it when given, else the
+/// interface with all its GIDs. `None` when the address has vanished from the interface meanwhile.
+fn device(i: &Interface, at: Option<IpAddr>, verbose: bool) -> Option<Value> {
     let netdev_mtu: u32 = sysfs(&i.name, "mtu")
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
     let active = port_mtu::ib_mtu_for_netdev(netdev_mtu);
-    let attr = DeviceAttr::default();
+    let first = i
+        .addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(i.addrs.first())
+        .copied()?;
+    let spec = DeviceSpec::for_ip(at.unwrap_or(first), RxMode::Socket).ok()?;
+    let attr = roce_verbs::device_attr(&spec.engine_config(0));
     let in_use = users(i);
-    // The GID table: the interface's addresses, then the GIDs programs have bound without the address being
-    // configured (127.0.0.2 on `lo`), as the table of an rxe device lists every GID a QP can use.
-    let mut gids: Vec<String> = i.addrs.iter().map(|a| gid_text(gid_of(*a))).collect();
-    for g in in_use.iter().filter_map(|u| u["gid"].as_str()) {
-        if !gids.iter().any(|x| x == g) {
-            gids.push(g.to_owned());
+    let gids: Vec<String> = match at {
+        Some(_) => spec.gids().into_iter().map(gid_text).collect(),
+        None => {
+            // The interface's addresses, then the GIDs programs have bound without the address being configured
+            // (127.0.0.2 on `lo`), as the table of an rxe device lists every GID a QP can use.
+            let mut gids: Vec<String> = i.addrs.iter().map(|a| gid_text(gid_of(*a))).collect();
+            for g in in_use.iter().filter_map(|u| u["gid"].as_str()) {
+                if !gids.iter().any(|x| x == g) {
+                    gids.push(g.to_owned());
+                }
+            }
+            gids
         }
-    }
-    let guid = guid_of_mac(&mac);
+    };
+    let guid = guid_text(spec.node_guid());
     let mut d = json!({
         "hca_id": device_name_of_interface(&i.name),
         "netdev": i.name,
@@ -146,8 +158,8 @@ fn device(i: &Interface, verbose: bool) -> Value {
         "fw_ver": env!("CARGO_PKG_VERSION"),
         "node_guid": guid,
         "sys_image_guid": guid,
-        "vendor_id": "0x0000",
-        "vendor_part_id": 0,
+        "vendor_id": format!("{VENDOR_ID:#06x}"),
+        "vendor_part_id": VENDOR_PART_ID,
         "hw_ver": "0x0",
         "phys_port_cnt": 1,
         "port": {
@@ -167,7 +179,7 @@ fn device(i: &Interface, verbose: bool) -> Value {
     if verbose {
         d["limits"] = json!({
             "max_mr_size": format!("{:#x}", attr.max_mr_size),
-            "page_size_cap": "0x1000",
+            "page_size_cap": format!("{PAGE_SIZE_CAP:#x}"),
             "max_qp": attr.max_qp,
             "max_qp_wr": attr.max_qp_wr,
             "max_sge": attr.max_sge,
@@ -190,7 +202,7 @@ fn device(i: &Interface, verbose: bool) -> Value {
         d["port"]["max_msg_sz"] = json!(format!("{:#x}", attr.max_msg_sz));
         d["port"]["gid_tbl_len"] = json!(gids.len());
     }
-    d
+    Some(d)
 }
 
 fn text(d: &Value) -> String {
@@ -303,11 +315,13 @@ pub fn run(a: &DevinfoArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // `-d ADDRESS`: the device as a program on that address sees it.
+    let at = a.dev.as_deref().and_then(|d| d.parse::<IpAddr>().ok());
     let devs: Vec<Value> = all
         .iter()
         .filter(|i| !i.addrs.is_empty())
         .filter(|i| a.dev.as_deref().is_none_or(|w| matches(i, w)))
-        .map(|i| device(i, a.verbose))
+        .filter_map(|i| device(i, at, a.verbose))
         .collect();
     if devs.is_empty() {
         match &a.dev {
@@ -335,8 +349,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn guid_is_the_eui64_of_the_mac() {
-        assert_eq!(guid_of_mac("02:00:c6:12:00:01"), "0000:c6ff:fe12:0001");
-        assert_eq!(guid_of_mac("52:54:00:12:34:56"), "5054:00ff:fe12:3456");
+    fn guid_is_written_as_ibv_devinfo_does() {
+        assert_eq!(
+            guid_text([0, 0, 0xc6, 0xff, 0xfe, 0x12, 0, 1]),
+            "0000:c6ff:fe12:0001"
+        );
     }
 }

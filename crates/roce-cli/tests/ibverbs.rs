@@ -98,10 +98,66 @@ fn devices_and_devinfo_list_the_device_of_the_address() {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
 
+    // `rocev2 devinfo -v -d ADDRESS` shows the same device as the program run with `--ip ADDRESS` sees: every field
+    // both print agrees (identity, limits, port, GID table).
+    let ours = Command::new(common::bin())
+        .args(["devinfo", "-v", "-d", "127.0.0.1"])
+        .output()
+        .expect("run rocev2 devinfo");
+    assert!(ours.status.success(), "{ours:?}");
+    let ours = fields(&String::from_utf8_lossy(&ours.stdout));
+    let theirs = fields(&text);
+    for key in [
+        "hca_id",
+        "node_guid",
+        "sys_image_guid",
+        "vendor_id",
+        "vendor_part_id",
+        "phys_port_cnt",
+        "max_mr_size",
+        "page_size_cap",
+        "max_qp",
+        "max_qp_wr",
+        "max_sge",
+        "max_cq",
+        "max_cqe",
+        "max_mr",
+        "max_pd",
+        "max_qp_rd_atom",
+        "max_qp_init_rd_atom",
+        "max_ah",
+        "state",
+        "max_mtu",
+        "active_mtu",
+        "link_layer",
+        "max_msg_sz",
+        "gid_tbl_len",
+        "GID[  0]",
+        "GID[  1]",
+    ] {
+        assert_eq!(
+            ours.get(key),
+            theirs.get(key),
+            "{key}: rocev2 devinfo -v vs ibv_devinfo -v\n{ours:#?}\n{theirs:#?}"
+        );
+    }
+
     // An address no interface has is refused by `rocev2 run` itself.
     let out = run_here("198.51.100.77", &["ibv_devices"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("198.51.100.77"));
+}
+
+/// `key: value` lines of `ibv_devinfo -v`-style text (first occurrence of each key; values trimmed).
+fn fields(text: &str) -> std::collections::HashMap<String, String> {
+    let mut m = std::collections::HashMap::new();
+    for l in text.lines() {
+        if let Some((k, v)) = l.trim().split_once(':') {
+            m.entry(k.trim().to_owned())
+                .or_insert_with(|| v.trim().to_owned());
+        }
+    }
+    m
 }
 
 const IP_A: &str = "198.18.40.1";

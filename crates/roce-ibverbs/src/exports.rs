@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use roce_link::UdpLink;
-use roce_link::device::{DeviceSpec, mac_of};
+use roce_link::device::{DeviceSpec, PAGE_SIZE_CAP, VENDOR_ID, VENDOR_PART_ID, mac_of};
 use roce_verbs::{
     AccessFlags, AhAttr, CompChannel, Context, Gid, MAX_INLINE, MAX_SGE, Moderation, Mtu,
     PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Rkey, RuntimeConfig, SendFlags,
@@ -722,7 +722,7 @@ pub unsafe extern "C" fn rocev2_ibv_query_device(
     if attr.is_null() {
         return libc::EINVAL;
     }
-    let a = c.dev.spec.engine_config(0).device;
+    let a = roce_verbs::device_attr(&c.dev.spec.engine_config(0));
     let i = |v: u32| v.min(i32::MAX as u32) as c_int;
     let mut fw = [0 as c_char; 64];
     copy_cstr(&mut fw, env!("CARGO_PKG_VERSION"));
@@ -732,17 +732,15 @@ pub unsafe extern "C" fn rocev2_ibv_query_device(
         node_guid: guid,
         sys_image_guid: guid,
         max_mr_size: a.max_mr_size,
-        page_size_cap: 0xffff_f000,
-        // rxe's vendor id (0xFFFFFF) and part 0: not a Mellanox/EFA id, so perftest uses the ops.post_send path
-        // (ABI.md §6.3).
-        vendor_id: 0x00ff_ffff,
-        vendor_part_id: 0,
+        page_size_cap: PAGE_SIZE_CAP,
+        vendor_id: VENDOR_ID,
+        vendor_part_id: VENDOR_PART_ID,
         hw_ver: 0,
         max_qp: i(a.max_qp),
         max_qp_wr: i(a.max_qp_wr),
         device_cap_flags: 0,
-        max_sge: i(a.max_sge.min(MAX_SGE as u32)),
-        max_sge_rd: i(a.max_sge.min(MAX_SGE as u32)),
+        max_sge: i(a.max_sge),
+        max_sge_rd: i(a.max_sge),
         max_cq: i(a.max_cq),
         max_cqe: i(a.max_cqe),
         max_mr: i(a.max_mr),
@@ -791,17 +789,18 @@ pub unsafe extern "C" fn rocev2_ibv_query_port(
         return libc::EINVAL;
     }
     let s = &c.dev.spec;
+    let a = roce_verbs::device_attr(&s.engine_config(0));
     let out = IbvPortAttr {
         state: if s.running {
             IBV_PORT_ACTIVE
         } else {
             IBV_PORT_DOWN
         },
-        max_mtu: Mtu::Mtu4096 as c_int,
+        max_mtu: a.max_mtu as c_int,
         active_mtu: s.active_mtu() as c_int,
         gid_tbl_len: s.gids().len() as c_int,
         port_cap_flags: 0,
-        max_msg_sz: s.engine_config(0).device.max_msg_sz,
+        max_msg_sz: a.max_msg_sz,
         bad_pkey_cntr: 0,
         qkey_viol_cntr: 0,
         pkey_tbl_len: 1,

@@ -17,6 +17,15 @@ pub const ENV_IP: &str = "ROCEV2_IBV_IP";
 /// verify the ICRC of peers that number their IPv4 IDs, such as Linux rxe; needs `CAP_NET_RAW`).
 pub const ENV_RX: &str = "ROCEV2_IBV_RX";
 
+/// `ibv_device_attr.vendor_id` of every rocev2 device: rxe's (0xFFFFFF), with `vendor_part_id` 0 — not a Mellanox,
+/// EFA, Chelsio or Intel id, so perftest takes the plain `post_send` path (`../shared/libibverbs/ABI.md §6.3`).
+pub const VENDOR_ID: u32 = 0x00ff_ffff;
+/// `ibv_device_attr.vendor_part_id` (see [`VENDOR_ID`]).
+pub const VENDOR_PART_ID: u32 = 0;
+/// `ibv_device_attr.page_size_cap`: every power of two from 4 KiB up, as rxe's `RXE_PAGE_SIZE_CAP` (MRs are
+/// byte-granular, so any page size works).
+pub const PAGE_SIZE_CAP: u64 = 0xffff_f000;
+
 /// The MAC address rocev2 uses for `ip` (`02:00:` + the last four address bytes), as `rocev2 perf`/`pingpong` do.
 pub fn mac_of(ip: IpAddr) -> [u8; 6] {
     let o = match ip {
@@ -37,7 +46,7 @@ pub fn gid_of(ip: IpAddr) -> Gid {
     }
 }
 
-/// What `ibv_get_device_list` reports about the one device.
+/// What `ibv_get_device_list` reports about the one device; `rocev2 devinfo -d ADDRESS` shows the same facts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceSpec {
     /// Local address (UDP 4791 is bound on it when the device is first used for a verbs object).
@@ -96,12 +105,13 @@ impl DeviceSpec {
         udp::device_name_of_interface(&self.interface)
     }
 
-    /// The GID table (one entry: the address).
+    /// The GID table (one entry: the address, the only source address the link bound on it can send from).
     pub fn gids(&self) -> Vec<Gid> {
         vec![gid_of(self.ip)]
     }
 
-    /// Node GUID: the EUI-64 of the MAC (U/L bit flipped), as rxe derives it from its netdev; big-endian bytes.
+    /// Node GUID: the EUI-64 of the MAC the engine puts on the wire ([`mac_of`], U/L bit flipped), as rxe derives it
+    /// from its netdev's MAC; big-endian bytes.
     pub fn node_guid(&self) -> [u8; 8] {
         let m = mac_of(self.ip);
         [m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]

@@ -187,6 +187,17 @@ pub type SendLink = Box<dyn Link + Send>;
 /// What a link factory returns: one link per device, in order.
 type LinkFactory = Box<dyn FnOnce() -> Result<Vec<SendLink>, LinkError>>;
 
+/// The limits a program gets from a device with engine configuration `cfg` (`ibv_query_device`): the engine's
+/// ([`Engine::query_device`]) lowered to what the runtime carries per work request ([`crate::MAX_SGE`] SGEs,
+/// [`crate::MAX_INLINE`] inline bytes; [`Context::create_qp`] refuses more). `rocev2 devinfo` and `roce-ibverbs`
+/// report these, so both show the limits a program really has.
+pub fn device_attr(cfg: &EngineConfig) -> DeviceAttr {
+    let mut a = Engine::new(cfg.clone()).query_device();
+    a.max_sge = a.max_sge.min(crate::MAX_SGE as u32);
+    a.max_inline_data = a.max_inline_data.min(crate::MAX_INLINE as u32);
+    a
+}
+
 impl Context {
     /// Opens one device. `link` builds its link (in this thread).
     ///
@@ -254,7 +265,7 @@ impl Context {
                 inner: Arc::new(CtxInner {
                     rt: Arc::clone(&runtime),
                     dev,
-                    attr: Engine::new(cfg.clone()).query_device(),
+                    attr: device_attr(&cfg),
                     cfg,
                 }),
             })

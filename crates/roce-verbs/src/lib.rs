@@ -77,7 +77,7 @@ pub use clock::Clock;
 pub use endpoint::StatsEndpoint;
 pub use handles::{
     Ah, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint, QpRate, QpSnapshot,
-    SendLink, StatsSnapshot,
+    SendLink, StatsSnapshot, device_attr,
 };
 pub use hugepage::{HUGE_PAGE_SIZE, HugePageBuffer, HugePagePolicy};
 pub use memory::{MrBuf, PAGE_SIZE};
