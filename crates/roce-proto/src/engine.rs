@@ -778,7 +778,12 @@ impl Engine {
         let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) else {
             return;
         };
-        match self.sched.set_qp_rate(i, now, qp.rate.rate_bps()) {
+        let retime = self.sched.set_qp_rate(i, now, qp.rate.rate_bps());
+        self.sync_credit_lost(i);
+        let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) else {
+            return;
+        };
+        match retime {
             Retime::None => {}
             Retime::At(at) => {
                 let qpn = qp.qpn.value();
@@ -1453,6 +1458,7 @@ impl Engine {
                 TimerKind::RnrRetry => self.on_rnr_timer(i),
                 TimerKind::Shaper => {
                     self.sched.unpark(i);
+                    self.sync_credit_lost(i);
                     self.kick(i);
                 }
                 TimerKind::RateTimer => {
@@ -1540,6 +1546,7 @@ impl Engine {
                         let qpn = qp.qpn.value();
                         self.timers.set(&mut qp.timers, qpn, TimerKind::Shaper, at);
                     }
+                    self.sync_credit_lost(i);
                     continue;
                 }
                 Pick::Ctrl(i) => (i, self.emit_control(i, now, buf)),
@@ -1561,11 +1568,20 @@ impl Engine {
                         self.apply_rate(i, now);
                     }
                     self.kick(i);
+                    self.sched.settle(i, false);
+                    self.sync_credit_lost(i);
                     self.account_tx(i, &meta);
                     return Some(meta);
                 }
                 // Nothing to send for this QP now (it is queued again when it has work).
-                Ok(None) => {}
+                // A request that waits for the PSN window or a fence keeps the QP backlogged: its packets wait, and
+                // credit its bucket cannot hold meanwhile is lost (`sched`, "credit lost while backlogged").
+                Ok(None) => {
+                    let waiting = matches!(pick, Pick::Data(_))
+                        && self.qps[i].as_deref().is_some_and(Self::has_request_work);
+                    self.sched.settle(i, waiting);
+                    self.sync_credit_lost(i);
+                }
                 Err(()) => {
                     // Buffer too small: the QP goes back to the front of its queue, nothing consumed.
                     self.stats.tx_refused += 1;
@@ -1631,6 +1647,22 @@ impl Engine {
     /// the peer for longer than that (`DCQCN.md §10`).
     pub fn batch_window(&self) -> core::time::Duration {
         self.sched.batch_window()
+    }
+
+    /// Brings `shaper_credit_lost_bytes` of QP `i` (and the port's sum) and `port_shaper_credit_lost_bytes` up to
+    /// the scheduler's buckets (`crate::sched`, "credit lost while backlogged"). O(1).
+    fn sync_credit_lost(&mut self, i: usize) {
+        let port = self.sched.port_bucket().credit_lost_bytes();
+        self.stats.port_shaper_credit_lost_bytes = port;
+        let lost = self
+            .sched
+            .qp(i)
+            .map_or(0, |s| s.bucket().credit_lost_bytes());
+        if let Some(qp) = self.qps.get_mut(i).and_then(Option::as_deref_mut) {
+            let d = lost.saturating_sub(qp.counters.shaper_credit_lost_bytes);
+            qp.counters.shaper_credit_lost_bytes += d;
+            self.stats.shaper_credit_lost_bytes += d;
+        }
     }
 
     fn account_tx(&mut self, i: usize, meta: &TxMeta) {

@@ -139,4 +139,16 @@ counters! {
     /// them for every duplicate request it re-ACKs (typically una−1), and for a re-requested READ whose responses
     /// had already arrived; a requester busy with many of them shows it here. Not a drop: nothing was lost.
     duplicate_response,
+    /// Bytes of sending credit the QP's token bucket discarded at its depth while the QP had frames waiting
+    /// (`crate::sched::shaper`, "credit lost while backlogged"; the depth cap is `../shared/dcqcn/DCQCN.md §7 TB1`,
+    /// the depth `TB3`). A QP limited to `r` sends `r·T + depth − this` at most over `T`: a non-zero value means the
+    /// engine was not driven for longer than `depth / r` (a descheduled thread on a loaded host), the PSN window
+    /// was closed (the peer's ACKs late) or a class/port bucket or other QPs held the QP back — not that the shaper
+    /// is off. Idle overflow and the `TB5` clamp on a rate
+    /// cut are not counted; a lower bound (a QP counts as waiting from the first scheduling decision after a post).
+    /// Updated when the QP is scheduled, parked, unparked or re-rated.
+    shaper_credit_lost_bytes,
+    /// The same for the port bucket (`SchedConfig::port_rate_bps`, `DCQCN.md §9 S5`) while anything was queued to
+    /// send; port-level only (0 per QP; always 0 without a port rate).
+    port_shaper_credit_lost_bytes,
 }

@@ -27,6 +27,20 @@
 //! rate, tokens clamped when the rate drops (no burst right after a CNP, `§7 TB5`), and a pending departure re-timed
 //! on every change (`§2.3 R7`, `§2.4 M7`).
 //!
+//! # Credit lost while backlogged
+//!
+//! A bucket caps its tokens at its depth (`§7 TB1`); tokens that accrue while its QP (or the port) has frames
+//! waiting and the bucket is already full are lost for good, and the flow's rate falls short of its limit by them
+//! (the [`shaper`] module docs). That happens when the engine is not driven for longer than `depth / rate` — its
+//! thread descheduled on a loaded host — and also while a class bucket, the port bucket or the other QPs' DWRR turns
+//! hold a QP back. The scheduler marks a bucket backlogged only at instants it is given (`next(now)`, timers), never
+//! at a `push_*` (which has no `now`: a driver posts before it reads the clock), so the count is a lower bound: a QP
+//! is backlogged from the [`next`](Scheduler::next) that pops or parks it until it is left with nothing to send
+//! ([`settle`](Scheduler::settle), [`unpark`](Scheduler::unpark)) — packets held by the PSN window or a fence count
+//! as waiting; the port from a `next` that finds work until `settle` finds none. The `TB5` clamp on a rate cut is
+//! never counted, nor are WQEs still in a driver's ring (the engine does not see them). Exported per QP and per port as `shaper_credit_lost_bytes` and `port_shaper_credit_lost_bytes`
+//! (`crate::Counters`).
+//!
 //! # Batching window
 //!
 //! [`batch`]: the engine measures the RTT from RC ACKs and tells a driver how many WQEs to take from a QP's ring per
@@ -220,7 +234,8 @@ impl QpShape {
     /// `min(controller, limit)`, like a new rate-limit entry (`ibv_modify_qp_rate_limit`, `DCQCN.md §8`).
     fn reset(&mut self, now: Instant, controller: Option<u64>, cfg: &SchedConfig) {
         let eff = self.effective(controller);
-        self.bucket = TokenBucket::new(eff, self.depth(cfg), now);
+        let depth = self.depth(cfg);
+        self.bucket.restart(now, eff, depth);
     }
 
     /// When the QP may send its next frame.
@@ -295,6 +310,15 @@ struct Entry {
     /// Class whose list holds the entry (when queued on the request tier).
     in_class: u8,
     next: [u32; 3],
+}
+
+impl Entry {
+    /// Not backlogged any more if nothing is queued for the QP's bucket (READ or request tier) and it is not parked.
+    fn settle(&mut self, now: Instant) {
+        if self.queued & (1 << T_READ | 1 << T_DATA) == 0 && !self.shape.parked {
+            self.shape.bucket.set_backlogged(now, false);
+        }
+    }
 }
 
 /// Per-QP state off the per-decision path: the RTT sample in flight and the average WQE size.
@@ -578,6 +602,7 @@ impl Scheduler {
         let at = e.shape.eligible_at(now);
         if at <= now {
             e.shape.parked = false;
+            e.settle(now);
             Retime::Now
         } else {
             Retime::At(at)
@@ -589,11 +614,35 @@ impl Scheduler {
         self.qps.get(slot).map(|e| &e.shape)
     }
 
-    /// The QP's `Shaper` timer fired (or its wait was cancelled): it may be queued again.
+    /// The QP's `Shaper` timer fired (or its wait was cancelled): it may be queued again. Until it is, it counts as
+    /// not backlogged (credit lost while it was parked is counted up to the latest observed instant).
     pub fn unpark(&mut self, slot: usize) {
+        let now = self.now;
         if let Some(e) = self.qps.get_mut(slot) {
             e.shape.parked = false;
+            e.settle(now);
         }
+    }
+
+    /// After the engine has dealt with a pick of the QP in `slot` (sent and re-queued it, or found nothing to send):
+    /// a QP left with nothing queued is no longer backlogged unless `waiting` (it has packets held by something
+    /// other than its bucket — the PSN window, a fence — and is queued again when that clears), nor is the port if
+    /// nothing at all is queued (credit lost is counted up to the latest observed instant). O(1).
+    pub fn settle(&mut self, slot: usize, waiting: bool) {
+        let now = self.now;
+        if let Some(e) = self.qps.get_mut(slot)
+            && !waiting
+        {
+            e.settle(now);
+        }
+        if self.ctrl.is_empty() && self.read.is_empty() && self.active == 0 {
+            self.port.set_backlogged(now, false);
+        }
+    }
+
+    /// The port bucket (rate `SchedConfig::port_rate_bps`; unlimited when none).
+    pub fn port_bucket(&self) -> &TokenBucket {
+        &self.port
     }
 
     /// If the QP is parked, the instant it conforms now (after a bucket reset).
@@ -677,8 +726,10 @@ impl Scheduler {
     pub fn next(&mut self, now: Instant) -> Option<Pick> {
         self.observe(now);
         if self.ctrl.is_empty() && self.read.is_empty() && self.active == 0 {
+            self.port.set_backlogged(now, false);
             return None;
         }
+        self.port.set_backlogged(now, true);
         if self
             .port
             .eligible_at(now, self.max_frame + self.cfg.frame_overhead)
@@ -695,6 +746,7 @@ impl Scheduler {
         if let Some(i) = self.read.pop_front(&self.qps, T_READ) {
             let e = &mut self.qps[i as usize];
             e.queued &= !(1 << T_READ);
+            e.shape.bucket.set_backlogged(now, true);
             let at = e.shape.eligible_at(now);
             if at > now {
                 e.shape.parked = true;
@@ -722,6 +774,7 @@ impl Scheduler {
                 self.push_data(i as usize);
                 continue;
             }
+            e.shape.bucket.set_backlogged(now, true);
             let at = e.shape.eligible_at(now);
             if at > now {
                 e.shape.parked = true;

@@ -18,6 +18,16 @@
 //! * **Rate cut** (`TB5`): on a decrease the tokens are clamped to `b · r_new / r_old`, so a flow told to slow down
 //!   (a CNP) cannot first dump a full bucket at line rate. No clamp on an increase. A pending departure is re-timed
 //!   by asking [`TokenBucket::eligible_at`] again (`R7`/`M7`: "on any RC change the pending departure is re-timed").
+//! * **Credit lost while backlogged** (a measurement, not a rule): `TB1` caps the tokens at the depth, which is what
+//!   bounds a burst after an *idle* period (`TB2`'s arrival curve `b + r·τ`). The same cap also discards the tokens
+//!   that accrue while the flow *has frames waiting* but is not served — in a software NIC, when the thread that
+//!   drives the engine is descheduled for longer than the bucket's depth lasts (`b / r`: 16 ms for 2 MB at 1 Gb/s).
+//!   Those bytes the flow was entitled to are gone, and its long-run rate falls short of `r` by exactly them. The
+//!   bucket counts them ([`TokenBucket::credit_lost_bytes`]) over the spans its owner marks as backlogged
+//!   ([`TokenBucket::set_backlogged`]); accrual while idle is clamped without counting (normal token-bucket
+//!   behaviour), and so are the deliberate `TB5` clamp and a depth reduction. So for a flow backlogged throughout,
+//!   `bytes sent = b₀ + r·T − credit lost − b_T` (tokens at the start and the end): the shortfall the host caused is
+//!   visible instead of looking like a shaper error.
 //!
 //! Arithmetic is exact integer arithmetic: a token is one bit·nanosecond per second (a byte is `8·10⁹` tokens), so a
 //! refill is `elapsed_ns · rate_bps` with no rounding and no drift however long a flow runs; only the instant returned
@@ -44,6 +54,10 @@ pub struct TokenBucket {
     /// Tokens at `last`.
     tokens: i64,
     last: Instant,
+    /// Whether accrual from `last` on happens while the owner has frames waiting (overflow then counts as lost).
+    backlogged: bool,
+    /// Tokens discarded at the depth while backlogged, in all.
+    lost: u128,
 }
 
 impl TokenBucket {
@@ -56,6 +70,8 @@ impl TokenBucket {
             depth,
             tokens: depth,
             last: now,
+            backlogged: false,
+            lost: 0,
         }
     }
 
@@ -89,10 +105,47 @@ impl TokenBucket {
     }
 
     fn refill(&mut self, now: Instant) {
+        if self.backlogged && self.rate_bps != 0 {
+            let dt = now.as_nanos().saturating_sub(self.last.as_nanos());
+            let add = u128::from(dt) * u128::from(self.rate_bps);
+            let room = (self.depth - self.tokens).max(0) as u128;
+            self.lost = self.lost.saturating_add(add.saturating_sub(room));
+        }
         self.tokens = self.tokens_at(now);
         if now > self.last {
             self.last = now;
         }
+    }
+
+    /// Marks, at `now`, whether the bucket's owner has frames waiting to send from now on. Tokens accrued up to `now`
+    /// are credited under the previous mark first. While backlogged, tokens that would overflow the depth are counted
+    /// in [`credit_lost_bytes`](Self::credit_lost_bytes) (see the module docs). O(1), no allocation.
+    pub fn set_backlogged(&mut self, now: Instant, backlogged: bool) {
+        if backlogged != self.backlogged {
+            self.refill(now);
+            self.backlogged = backlogged;
+        }
+    }
+
+    /// Whether the bucket is marked backlogged ([`set_backlogged`](Self::set_backlogged)).
+    pub fn is_backlogged(&self) -> bool {
+        self.backlogged
+    }
+
+    /// Whole bytes of credit discarded at the depth while backlogged, up to the last refill (a charge, a rate or
+    /// depth change, a backlog mark). Never counts idle overflow, the `TB5` clamp or a depth cut; survives
+    /// [`restart`](Self::restart).
+    pub fn credit_lost_bytes(&self) -> u64 {
+        u64::try_from(self.lost / TOKENS_PER_BYTE as u128).unwrap_or(u64::MAX)
+    }
+
+    /// Starts over at `now` as a full bucket of `depth_bytes` refilling at `rate_bps` (a new rate-limit entry), not
+    /// backlogged. Credit lost before `now` is kept (and counted up to `now` if backlogged).
+    pub fn restart(&mut self, now: Instant, rate_bps: Option<u64>, depth_bytes: u64) {
+        self.refill(now);
+        let lost = self.lost;
+        *self = TokenBucket::new(rate_bps, depth_bytes, self.last.max(now));
+        self.lost = lost;
     }
 
     /// The earliest instant (≥ `now`) at which the bucket holds `need_bytes` (capped at the depth, so a full bucket
@@ -160,11 +213,13 @@ impl core::fmt::Display for TokenBucket {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(
             f,
-            "rate={} depth={} B tokens={} B@{}",
+            "rate={} depth={} B tokens={} B@{} backlogged={} credit_lost={} B",
             super::Rate(self.rate_bps()),
             self.depth_bytes(),
             self.tokens / TOKENS_PER_BYTE,
-            self.last
+            self.last,
+            self.backlogged,
+            self.credit_lost_bytes()
         )
     }
 }

@@ -324,3 +324,140 @@ fn class_change_and_unpop() {
     assert_eq!(s.next(now), None);
     assert_eq!(s.stats().class_bytes, [0; TRAFFIC_CLASSES]);
 }
+
+/// A QP limited to 1 Gb/s with a 2 MB bucket (16 ms), driven like the engine drives it (pick → sent → re-queue →
+/// settle) at `now` until it parks or runs out of work (`frames` left to send). Returns the frames sent and the park
+/// instant, if it parked.
+fn drain(s: &mut Scheduler, now: Instant, frames: &mut u32) -> Option<Instant> {
+    while let Some(p) = s.next(now) {
+        match p {
+            Pick::Data(i) => {
+                s.sent(now, p, 4154);
+                *frames -= 1;
+                if *frames > 0 {
+                    s.push_data(i);
+                }
+                s.settle(i, false);
+            }
+            Pick::Park(_, at) => return Some(at),
+            other => panic!("{other:?}"),
+        }
+    }
+    None
+}
+
+const GBPS: u64 = 1_000_000_000;
+const DEPTH: u64 = 2_000_000;
+
+fn limited() -> Scheduler {
+    let cfg = SchedConfig {
+        qp_rate_limit_bps: Some(GBPS),
+        qp_burst_bytes: Some(DEPTH),
+        ..SchedConfig::default()
+    };
+    sched(cfg, 1)
+}
+
+/// Credit lost while backlogged (module docs): a backlogged QP whose engine is not driven for three bucket times
+/// (48 ms) after it parked loses exactly the credit that overflowed its bucket — `r·Δt` less the room the bucket had
+/// at the park — and nothing more once it is driven again; the bytes it sent obey `b₀ + r·T − lost − b_T`.
+#[test]
+fn backlogged_qp_not_driven_loses_exactly_the_overflow() {
+    let mut s = limited();
+    let mut left = u32::MAX;
+    s.push_data(0);
+    let t0 = t(0);
+    let at = drain(&mut s, t0, &mut left).expect("parks once the bucket is empty");
+    let room = DEPTH as i64 - s.qp(0).unwrap().bucket().tokens_bytes(t0);
+    assert_eq!(s.qp(0).unwrap().bucket().credit_lost_bytes(), 0);
+    // The Shaper timer was due at `at`; the engine's thread runs again 48 ms later.
+    let late = at + Duration::from_millis(48);
+    s.observe(late);
+    s.unpark(0);
+    s.push_data(0);
+    let lost = s.qp(0).unwrap().bucket().credit_lost_bytes();
+    let accrued = u128::from(late.as_nanos()) * u128::from(GBPS) / 8_000_000_000;
+    assert_eq!(lost as i64, accrued as i64 - room, "room {room} B");
+    assert!(lost > 2 * DEPTH, "{lost}");
+    // Driven again: the full bucket goes out, then pacing resumes; nothing more is lost.
+    let mut now = late;
+    for _ in 0..200 {
+        let at = drain(&mut s, now, &mut left).expect("parks");
+        now = at;
+        s.observe(now);
+        s.unpark(0);
+        s.push_data(0);
+    }
+    assert_eq!(s.qp(0).unwrap().bucket().credit_lost_bytes(), lost);
+    // Bytes sent = b₀ + r·T − lost − tokens left, to within the rounding to whole bytes.
+    let sent = u64::from(u32::MAX - left) * 4154;
+    let tokens = s.qp(0).unwrap().bucket().tokens_bytes(now);
+    let budget =
+        DEPTH as i128 + i128::from(now.as_nanos()) / 8 - i128::from(lost) - i128::from(tokens);
+    assert!((i128::from(sent) - budget).abs() <= 1, "{sent} vs {budget}");
+}
+
+/// An idle QP loses nothing however long it idles, even when a post finds the scheduler's clock stale (a driver
+/// posts before it reads the clock); the `TB5` clamp on a rate cut while backlogged is not counted either.
+#[test]
+fn idle_qp_and_rate_cut_lose_nothing() {
+    let mut s = limited();
+    let mut left = 10;
+    s.push_data(0);
+    assert_eq!(drain(&mut s, t(0), &mut left), None, "sent its 10 frames");
+    assert!(!s.qp(0).unwrap().bucket().is_backlogged());
+    // Idle for 1 s (60 bucket times); a post arrives while the scheduler last saw t = 0.
+    left = 100;
+    s.push_data(0);
+    let now = t(1_000_000_000);
+    assert_eq!(drain(&mut s, now, &mut left), None);
+    assert_eq!(s.qp(0).unwrap().bucket().credit_lost_bytes(), 0);
+    // Idle again, then backlogged with a full bucket and cut to a tenth: the tokens are clamped to a tenth of the
+    // depth (TB5) and nothing is counted as lost.
+    s.push_data(0);
+    let now = t(2_000_000_000);
+    let p = s.next(now).expect("a full bucket conforms");
+    assert!(s.qp(0).unwrap().bucket().is_backlogged());
+    assert_eq!(s.set_qp_rate(0, now, Some(GBPS / 10)), Retime::None);
+    assert_eq!(
+        s.qp(0).unwrap().bucket().tokens_bytes(now),
+        DEPTH as i64 / 10
+    );
+    s.sent(now, p, 4154);
+    assert_eq!(s.qp(0).unwrap().bucket().credit_lost_bytes(), 0);
+    // Idle ticks of an unlimited port bucket count nothing either.
+    assert_eq!(s.port_bucket().credit_lost_bytes(), 0);
+}
+
+/// The port bucket counts its own overflow while anything is queued: a 1 Gb/s port with an unshaped QP, not driven
+/// for 10 ms while the port waits, loses `r·Δt` less the room it had.
+#[test]
+fn port_bucket_counts_its_overflow_while_work_waits() {
+    let cfg = SchedConfig {
+        port_rate_bps: Some(GBPS),
+        ..SchedConfig::default()
+    };
+    let mut s = sched(cfg, 1);
+    let t0 = t(0);
+    s.push_data(0);
+    while let Some(p) = s.next(t0) {
+        s.sent(t0, p, 4154);
+        s.push_data(0);
+        s.settle(0, false);
+    }
+    let room = s.port_bucket().depth_bytes() as i64 - s.port_bucket().tokens_bytes(t0);
+    let late = t(10_000_000);
+    let p = s.next(late).expect("the port conforms again");
+    s.sent(late, p, 4154);
+    let lost = s.port_bucket().credit_lost_bytes() as i64;
+    assert_eq!(lost, 10_000_000 / 8 - room);
+    // Nothing queued any more: the port idles without counting.
+    s.settle(0, false);
+    assert_eq!(s.next(t(50_000_000)), None);
+    let p = {
+        s.push_data(0);
+        s.next(t(60_000_000)).expect("conforms")
+    };
+    s.sent(t(60_000_000), p, 4154);
+    assert_eq!(s.port_bucket().credit_lost_bytes() as i64, lost);
+}

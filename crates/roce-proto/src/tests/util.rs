@@ -421,6 +421,7 @@ const PORT_LEVEL: &[&str] = &[
     "drop_unknown_qp",
     "link_downed",
     "cq_overflow",
+    "port_shaper_credit_lost_bytes",
 ];
 
 /// The counters' contract (`stats.rs`): the port set is the sum over the (live) QPs plus what belongs to no QP —
