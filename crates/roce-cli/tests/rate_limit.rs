@@ -7,11 +7,20 @@
 //! The bucket is 2 MB deep (`--burst`, 16 ms at 1 Gb/s) instead of the default 187.5 KB: the thread that drives the
 //! engine of this software NIC (the client's own thread in the default run-to-completion mode, `--progress caller`;
 //! the progress thread with `--progress thread`) shares two cores with the other side (and, on a development
-//! machine, with builds), and is descheduled for milliseconds at a time; tokens it could not use meanwhile must not be lost, or the
-//! rate measures the host's scheduler, not the shaper. The burst adds at most 2 MB to ≥ 190 MB sent (≤ 1.1 %).
-//! Exceeding the limit by more than 3 % always fails. Falling short fails too, unless the same path, unlimited, right
-//! afterwards cannot carry 1.3 × the limit either: then the host is too loaded to test a rate and the test says so
-//! (SKIPPED, with the numbers) and passes.
+//! machine, with builds), and is descheduled for milliseconds at a time. Tokens that accrue while the QP has frames
+//! waiting and its bucket is full are lost for good — the host's scheduler, not the shaper — and the engine counts
+//! them (`shaper_credit_lost_bytes`, `roce_proto::sched`, "credit lost while backlogged"). So the criterion is the
+//! honest one: what the receiver got must be within 3 % of `limit × elapsed + burst − credit lost` (the client's
+//! counter; the burst is at most 2 MB of ≥ 190 MB sent). Exceeding the limit itself by more than 3 % always fails.
+//! When the credit lost is more than 30 % of `limit × elapsed`, the host is too loaded to test a rate: the test says
+//! so (SKIPPED, with the numbers) and passes.
+//!
+//! The older escape hatch stays for what the counter cannot see: a shortfall beyond 3 % passes (SKIPPED) only if
+//! the same path, unlimited, right afterwards cannot carry 1.3 × the limit either. The counter is a lower bound —
+//! the engine's scheduler sees a QP as waiting only for the WQEs the runtime has moved from its ring into the engine
+//! (at 1 Gb/s the batching window is one 64 KiB WQE, so between two passes the QP often looks idle), and a wait for
+//! a local ACK timeout after a frame the receiver dropped is not a wait for credit. Measured on a loaded host
+//! (stress-ng on both cores plus builds) most short runs are explained to within ±1 %; some (−4 % to −14 %) are not.
 //!
 //! Needs root and `ip netns` (otherwise prints why it is skipped and passes); run it under the network lock:
 //! `flock /tmp/rocev2-net.lock cargo test --release -p roce-cli --test rate_limit`.
@@ -30,9 +39,20 @@ const IP_B: &str = "198.18.12.2";
 const SIZE: u64 = 65536;
 const BURST: &str = "2000000";
 
-/// One write-bw run of `iters` 64 KiB messages, the client limited to `gbps` on the wire (`None`: unlimited); returns
-/// (receiver's wire Gb/s, client's reported payload Gb/s).
-fn run(ns: &NetnsPair, port: u16, gbps: Option<f64>, iters: u64) -> (f64, f64) {
+/// What one limited run measured.
+struct Run {
+    /// Frame bytes the receiver got (`rcvd_bytes`).
+    rcvd: u64,
+    /// The client's elapsed time in seconds.
+    elapsed: f64,
+    /// The client's `shaper_credit_lost_bytes`.
+    lost: u64,
+    /// The client's reported payload rate in Gb/s.
+    payload: f64,
+}
+
+/// One write-bw run of `iters` 64 KiB messages, the client limited to `gbps` on the wire (`None`: unlimited).
+fn run(ns: &NetnsPair, port: u16, gbps: Option<f64>, iters: u64) -> Run {
     let label = gbps.map_or("unlimited".to_owned(), |g| g.to_string());
     let dir = scratch(&format!("rate-limit-{label}"));
     let port_s = port.to_string();
@@ -67,8 +87,8 @@ fn run(ns: &NetnsPair, port: u16, gbps: Option<f64>, iters: u64) -> (f64, f64) {
         "--timeout",
         "30",
     ]);
-    if let Some(g) = gbps {
-        cli.extend(strings(&["--rate-limit", &g.to_string(), "--burst", BURST]));
+    if gbps.is_some() {
+        cli.extend(strings(&["--rate-limit", &label, "--burst", BURST]));
     }
     let client =
         Proc::spawn("client", &dir, &NetnsPair::argv(&ns.b, &cli)).wait(Duration::from_secs(120));
@@ -87,16 +107,28 @@ fn run(ns: &NetnsPair, port: u16, gbps: Option<f64>, iters: u64) -> (f64, f64) {
     let rcvd = *rx
         .get("rcvd_bytes")
         .unwrap_or_else(|| panic!("server stats:\n{server}"));
-    let wire = rcvd as f64 * 8.0 / elapsed / 1e9;
+    let tx = stats_section(&client.stderr, "engine counters (client):");
+    let c = |k: &str| tx.get(k).copied().unwrap_or(0);
+    let lost = c("shaper_credit_lost_bytes");
     let payload = cj["bw_avg_gbps"].as_f64().expect("bw_avg_gbps");
     eprintln!(
-        "--rate-limit {label}: receiver got {rcvd} B of frames in {elapsed:.3} s = {wire:.4} Gb/s on the wire \
-         (client reports {payload:.4} Gb/s of payload; load {})",
+        "--rate-limit {label}: receiver got {rcvd} B of frames in {elapsed:.3} s = {:.4} Gb/s on the wire \
+         (client reports {payload:.4} Gb/s of payload; client: credit lost {lost} B, sent {} B, retransmitted {} \
+         pkts, {} ACK timeouts; load {})",
+        rcvd as f64 * 8.0 / elapsed / 1e9,
+        c("sent_bytes"),
+        c("retransmitted_pkts"),
+        c("local_ack_timeout_err"),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .trim()
     );
-    (wire, payload)
+    Run {
+        rcvd,
+        elapsed,
+        lost,
+        payload,
+    }
 }
 
 #[test]
@@ -109,31 +141,69 @@ fn rate_limit_holds_on_the_real_wire() {
     let ns = NetnsPair::up("sched", IP_A, IP_B, 9000);
     // About 3 s each: 1 Gb/s × 3 s = 375 MB = 5722 messages of 64 KiB.
     for (k, (gbps, iters)) in [(1.0, 5700u64), (0.5, 2850)].into_iter().enumerate() {
-        let (wire, payload) = run(&ns, 18600 + 2 * k as u16, Some(gbps), iters);
-        let err = (wire - gbps) / gbps;
+        let r = run(&ns, 18600 + 2 * k as u16, Some(gbps), iters);
+        let limit = gbps * 1e9 / 8.0 * r.elapsed;
+        let wire = r.rcvd as f64 * 8.0 / r.elapsed / 1e9;
+        let over = (wire - gbps) / gbps;
         assert!(
-            err < 0.03,
+            over < 0.03,
             "--rate-limit {gbps}: the receiver got {wire} Gb/s ({:+.2} %)",
+            over * 100.0
+        );
+        let share = r.lost as f64 / limit;
+        if share > 0.3 {
+            eprintln!(
+                "SKIPPED rate_limit_holds_on_the_real_wire at {gbps} Gb/s: the host is too loaded — the client's \
+                 shaper lost {} B of credit ({:.1} % of limit × elapsed = {limit:.0} B) while its QP waited; the \
+                 receiver got {} B",
+                r.lost,
+                share * 100.0,
+                r.rcvd
+            );
+            continue;
+        }
+        // What the shaper let out: the initial burst plus the rate over the run, less the credit it lost.
+        let budget = limit + BURST.parse::<f64>().unwrap() - r.lost as f64;
+        let err = (r.rcvd as f64 - budget) / budget;
+        eprintln!(
+            "--rate-limit {gbps}: limit × elapsed {limit:.0} B + burst {BURST} B − credit lost {} B = {budget:.0} B; \
+             receiver got {} B ({:+.2} %)",
+            r.lost,
+            r.rcvd,
             err * 100.0
         );
         if err <= -0.03 {
-            let (cap, _) = run(&ns, 18601 + 2 * k as u16, None, iters);
-            if cap < 1.3 * gbps {
+            // A shortfall the counter does not explain (see the module docs): the host, if the same path cannot
+            // carry 1.3 × the limit unlimited either; the shaper otherwise.
+            let cap = run(&ns, 18601 + 2 * k as u16, None, iters);
+            let cap_gbps = cap.rcvd as f64 * 8.0 / cap.elapsed / 1e9;
+            if cap_gbps < 1.3 * gbps {
                 eprintln!(
                     "SKIPPED rate_limit_holds_on_the_real_wire at {gbps} Gb/s: the host is too loaded — limited \
-                     {wire:.4} Gb/s, unlimited only {cap:.4} Gb/s"
+                     {wire:.4} Gb/s ({:+.2} % off the budget), unlimited only {cap_gbps:.4} Gb/s",
+                    err * 100.0
                 );
                 continue;
             }
             panic!(
-                "--rate-limit {gbps}: the receiver got {wire} Gb/s ({:+.2} %) while the path carries {cap} Gb/s",
-                err * 100.0
+                "--rate-limit {gbps}: the receiver got {} B, {:+.2} % off limit × elapsed + burst − credit lost = \
+                 {budget:.0} B (credit lost {} B), while the path carries {cap_gbps:.4} Gb/s",
+                r.rcvd,
+                err * 100.0,
+                r.lost
             );
         }
+        assert!(
+            err < 0.03,
+            "--rate-limit {gbps}: the receiver got {} B, {:+.2} % above the budget {budget:.0} B",
+            r.rcvd,
+            err * 100.0
+        );
         // The reported payload rate is below the wire rate by the header share (58 of 4154 bytes per frame).
         assert!(
-            payload < wire && payload > wire * 0.97,
-            "{payload} vs {wire}"
+            r.payload < wire && r.payload > wire * 0.97,
+            "{} vs {wire}",
+            r.payload
         );
     }
 }
