@@ -337,6 +337,9 @@ pub(crate) struct RespCtx {
     /// A sequence NAK (or RNR NAK) was sent; suppress more until ePSN arrives (rxe `sent_psn_nak`).
     pub(crate) nak_sent: bool,
     pub(crate) msg: InMsg,
+    /// UC: the open message's FIRST was dropped for lack of a receive WQE; its MIDDLE/LAST are dropped with it and
+    /// counted as `drop_uc_no_recv`, not as a sequence gap.
+    pub(crate) uc_no_recv: bool,
     pub(crate) res: Vec<RdResource>,
     pub(crate) res_next: u32,
     pub(crate) out: VecDeque<RespItem>,
@@ -362,6 +365,7 @@ impl RespCtx {
             msn: 0,
             nak_sent: false,
             msg: InMsg::None,
+            uc_no_recv: false,
             res: Vec::with_capacity(res_cap),
             res_next: 0,
             out: VecDeque::with_capacity(2 * res_cap + 4),

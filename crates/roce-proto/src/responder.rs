@@ -773,7 +773,9 @@ impl Engine {
         }
     }
 
-    /// UC: no ACK/NAK. A PSN gap drops the partial message; the QP resynchronises at the next FIRST/ONLY.
+    /// UC: no ACK/NAK. A PSN gap drops the partial message; the QP resynchronises at the next FIRST/ONLY. A message
+    /// that finds no receive WQE is dropped whole, without an RNR NAK (UC has none; rxe `rxe_resp.c`
+    /// `RESPST_ERR_RNR`: UD/UC class D), and counted as `drop_uc_no_recv`.
     fn on_uc_request(&mut self, i: usize, pkt: &RxPkt<'_>) {
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
@@ -783,6 +785,7 @@ impl Engine {
         if pkt.psn != qp.resp.epsn {
             // Drop what was open (the receive WR stays posted) and resync only on a message start.
             qp.resp.msg = InMsg::None;
+            qp.resp.uc_no_recv = false;
             if !matches!(pos, op::Pos::First | op::Pos::Only) {
                 qp.counters.drop_uc_out_of_seq += 1;
                 self.stats.drop_uc_out_of_seq += 1;
@@ -794,13 +797,21 @@ impl Engine {
             qp.resp.epsn = pkt.psn;
         }
         if matches!(pos, op::Pos::Middle | op::Pos::Last) && qp.resp.msg == InMsg::None {
-            qp.counters.drop_uc_out_of_seq += 1;
-            self.stats.drop_uc_out_of_seq += 1;
+            if qp.resp.uc_no_recv {
+                // The rest of a message whose FIRST found no receive WQE.
+                qp.resp.uc_no_recv = pos == op::Pos::Middle;
+                qp.counters.drop_uc_no_recv += 1;
+                self.stats.drop_uc_no_recv += 1;
+            } else {
+                qp.counters.drop_uc_out_of_seq += 1;
+                self.stats.drop_uc_out_of_seq += 1;
+            }
             qp.resp.epsn = pkt.psn + 1;
             return;
         }
         if matches!(pos, op::Pos::First | op::Pos::Only) {
             qp.resp.msg = InMsg::None;
+            qp.resp.uc_no_recv = false;
         }
         match self.execute(i, pkt) {
             Exec::Done { psns, msg_end } => {
@@ -818,7 +829,18 @@ impl Engine {
                 // A local protection error on the receive WR is a local error: complete it, QP to ERR.
                 self.responder_local_error(i, status);
             }
-            Exec::Rnr | Exec::Fatal { .. } | Exec::Drop => {
+            Exec::Rnr => {
+                let Some(qp) = self.qps[i].as_deref_mut() else {
+                    return;
+                };
+                qp.resp.msg = InMsg::None;
+                qp.resp.epsn = pkt.psn + 1;
+                // A FIRST takes its MIDDLE/LAST packets down with it.
+                qp.resp.uc_no_recv = pos == op::Pos::First;
+                qp.counters.drop_uc_no_recv += 1;
+                self.stats.drop_uc_no_recv += 1;
+            }
+            Exec::Fatal { .. } | Exec::Drop => {
                 let Some(qp) = self.qps[i].as_deref_mut() else {
                     return;
                 };

@@ -129,6 +129,14 @@ counters! {
     drop_ud_no_recv,
     /// Drop: UC packet outside the current message (gap; resynchronised at the next FIRST/ONLY).
     drop_uc_out_of_seq,
+    /// Drop: UC request packets of a message that found no receive WQE (a SEND FIRST/ONLY, or the LAST/ONLY of an
+    /// RDMA WRITE with immediate), and the MIDDLE/LAST packets that follow such a FIRST. UC has no RNR NAK (IBTA;
+    /// `../shared/spec/ROCEV2.md` §5 sends an RNR NAK only on RC): the message is silently dropped, ePSN moves past
+    /// it and the QP stays in RTS (rxe `rxe_resp.c` `RESPST_ERR_RNR`: UD/UC class D, drop the message, no counter).
+    /// The sender is not told: a receiver that replenishes its receives slower than the sender posts SENDs shows it
+    /// here. Not a PSN gap: those are `drop_uc_out_of_seq` (mlx5 counts both kinds of lack of a WQE in its
+    /// per-queue `out_of_buffer`).
+    drop_uc_no_recv,
     /// Drop: a response beyond every PSN ever sent (ghost), a READ response or ATOMIC ACK with nothing outstanding,
     /// or a duplicate READ request that matches no saved READ. Responses older than the oldest unacknowledged PSN
     /// are harmless duplicates, not drops: they count as `duplicate_response`.

@@ -450,6 +450,62 @@ fn uc_gap_drops_partial_message_and_resyncs() {
     assert_eq!(p.b.qp_info(b.qpn).unwrap().state, QpState::Rts);
 }
 
+/// UC has no RNR NAK: a SEND that finds no receive WQE is silently dropped, whole (rxe `rxe_resp.c`
+/// `RESPST_ERR_RNR`: UD/UC class D, drop the message). That is not a PSN gap: every packet of it counts as
+/// `drop_uc_no_recv`, none as `drop_uc_out_of_seq`, and the next message lands once a receive is posted.
+#[test]
+fn uc_send_without_receive_counts_no_recv_not_out_of_seq() {
+    let o = ConnOpts {
+        qp_type: QpType::Uc,
+        ..ConnOpts::default()
+    };
+    let (mut p, a, b, ma, mb) = setup(&o);
+    // A 3-packet message (PMTU 1024) and a 1-packet one, with no receive posted.
+    let long = [sge(&ma, 0, 2500)];
+    let short = [sge(&ma, 0, 100)];
+    p.a.post_send(
+        a.qpn,
+        &[
+            SendWr::new(1, SendOp::Send, &long),
+            SendWr::new(2, SendOp::Send, &short),
+        ],
+    )
+    .unwrap();
+    p.drive();
+    assert_eq!(
+        poll_all(&mut p.a, a.cq).len(),
+        2,
+        "UC completes at send time"
+    );
+    assert!(poll_all(&mut p.b, b.cq).is_empty());
+    for c in [p.b.counters(), p.b.qp_counters(b.qpn).unwrap()] {
+        assert_eq!(c.drop_uc_no_recv, 4, "all 4 packets of the 2 messages");
+        assert_eq!(c.drop_uc_out_of_seq, 0, "no PSN gap");
+        assert_eq!(c.out_of_sequence, 0);
+    }
+    assert_counters_add_up(&p.b);
+    // With a receive posted the next message lands: ePSN followed the dropped ones.
+    p.b.post_recv(
+        b.qpn,
+        &[RecvWr {
+            wr_id: 7,
+            sg_list: &[sge(&mb, 0, 8000)],
+        }],
+    )
+    .unwrap();
+    p.a.post_send(a.qpn, &[SendWr::new(3, SendOp::Send, &long)])
+        .unwrap();
+    p.drive();
+    let wb = poll_all(&mut p.b, b.cq);
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(),
+        vec![(7, 2500)]
+    );
+    assert_eq!(p.b.counters().drop_uc_no_recv, 4);
+    assert_eq!(p.b.counters().drop_uc_out_of_seq, 0);
+    assert_eq!(p.b.qp_info(b.qpn).unwrap().state, QpState::Rts);
+}
+
 #[test]
 fn ipv6_rc_round_trip() {
     let ga = Gid([0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
