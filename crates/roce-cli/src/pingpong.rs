@@ -479,7 +479,7 @@ fn open_device(a: &PingpongArgs, local: IpAddr, peer: IpAddr) -> Result<(Context
     rxmode::open(a.rx, peer, "rocev2 pingpong", open).map_err(|e| {
         let msg = source_chain(&e);
         let hint = if msg.contains("in use") {
-            format!(" ({})", rxmode::in_use_hint(local))
+            format!(" ({})", roce_link::device::in_use_hint(local, None))
         } else {
             String::new()
         };

@@ -82,24 +82,6 @@ pub fn open<T, E: std::error::Error>(
     }
 }
 
-/// The hint for a device whose UDP 4791 on `local` is taken (bind: address in use): another RoCE stack or rocev2
-/// process has that address, and two rocev2 processes on one host need an address each (`--ip`). For a loopback
-/// IPv4 address the hint names the next one (127.0.0.1 → `--ip 127.0.0.2`: any 127/8 address is on `lo`).
-pub fn in_use_hint(local: IpAddr) -> String {
-    let other = match local {
-        IpAddr::V4(v4) if v4.is_loopback() => {
-            let [a, b, c, d] = v4.octets();
-            let d = if d >= 254 { 2 } else { d + 1 };
-            IpAddr::from([a, b, c, d]).to_string()
-        }
-        _ => "<another address of this host>".to_owned(),
-    };
-    format!(
-        "another RoCE stack or rocev2 process owns UDP 4791 on {local}; a second rocev2 process on this host needs an \
-         address of its own: start it with --ip {other}"
-    )
-}
-
 /// [`PACKET_HINT`] when frames failed the ICRC check (`icrc_bad` > 0) in socket mode.
 pub fn icrc_hint(rx: RxMode, icrc_bad: u64) -> Option<&'static str> {
     (rx == RxMode::Socket && icrc_bad > 0).then_some(PACKET_HINT)

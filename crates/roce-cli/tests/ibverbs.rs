@@ -2,7 +2,10 @@
 //! `roce-ibverbs`):
 //!
 //! * `ibv_devices` / `ibv_devinfo -v` list the device of the address given with `--ip` (name, node GUID, port
-//!   ACTIVE, link layer Ethernet, RoCE v2 GID `::ffff:a.b.c.d`) — no network traffic;
+//!   ACTIVE, link layer Ethernet, RoCE v2 GID `::ffff:a.b.c.d`), and every field `rocev2 devinfo -v -d ADDRESS`
+//!   also prints agrees with it — no network traffic;
+//! * a program on an address whose UDP 4791 another process owns is told once, on stderr, to start it with
+//!   `rocev2 run --ip <next address> -- PROGRAM`;
 //! * `ibv_rc_pingpong -g 0` (polling and `-e` events), `ibv_ud_pingpong -g 0`, and perftest's `ib_send_bw` (RC,
 //!   RC with `-e` events, UD), `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`, `ib_send_lat`, `ib_write_lat` and
 //!   `ib_read_lat`: server and client each under `rocev2 run`, in two network namespaces joined by a veth pair
@@ -146,6 +149,27 @@ fn devices_and_devinfo_list_the_device_of_the_address() {
     let out = run_here("198.51.100.77", &["ibv_devices"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("198.51.100.77"));
+}
+
+#[test]
+fn a_second_program_on_a_taken_address_is_told_to_use_another() {
+    need("ibv_rc_pingpong", "ibverbs-utils");
+    // Another process owns UDP 4791 on the address (here: this test); the program's first verb that needs the
+    // device fails, and the library says once on stderr how to start it instead.
+    let taken = std::net::UdpSocket::bind("127.0.77.1:4791").expect("bind 127.0.77.1:4791");
+    let out = run_here("127.0.77.1", &["ibv_rc_pingpong", "-g", "0"]);
+    drop(taken);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("start it with `rocev2 run --ip 127.0.77.2 -- ibv_rc_pingpong"),
+        "no remedy in:\n{err}"
+    );
+    assert_eq!(
+        err.matches("rocev2 libibverbs:").count(),
+        1,
+        "said once:\n{err}"
+    );
 }
 
 /// `key: value` lines of `ibv_devinfo -v`-style text (first occurrence of each key; values trimmed).

@@ -9,12 +9,14 @@
 use core::ffi::{c_char, c_int, c_void};
 use core::ptr::{self, null_mut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use roce_link::UdpLink;
-use roce_link::device::{DeviceSpec, PAGE_SIZE_CAP, VENDOR_ID, VENDOR_PART_ID, mac_of};
+use roce_link::device::{
+    DeviceSpec, PAGE_SIZE_CAP, VENDOR_ID, VENDOR_PART_ID, in_use_hint, mac_of,
+};
 use roce_verbs::{
     AccessFlags, AhAttr, CompChannel, Context, Gid, MAX_INLINE, MAX_SGE, Moderation, Mtu,
     PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Rkey, RuntimeConfig, SendFlags,
@@ -151,11 +153,21 @@ impl CtxBlock {
                         msg.push_str(&s.to_string());
                         src = s.source();
                     }
-                    eprintln!(
-                        "rocev2 libibverbs: opening {} on {} (UDP 4791): {msg}",
-                        spec.name(),
-                        spec.ip
-                    );
+                    // Said once per process: a program retrying (or opening a second context) fails the same way.
+                    static SAID: AtomicBool = AtomicBool::new(false);
+                    if !SAID.swap(true, Ordering::Relaxed) {
+                        let hint = if msg.contains("in use") {
+                            let argv: Vec<String> = std::env::args().collect();
+                            format!(" ({})", in_use_hint(spec.ip, Some(&argv.join(" "))))
+                        } else {
+                            String::new()
+                        };
+                        eprintln!(
+                            "rocev2 libibverbs: opening {} on {} (UDP 4791): {msg}{hint}",
+                            spec.name(),
+                            spec.ip
+                        );
+                    }
                     e.errno()
                 })
                 .inspect(|rt| {

@@ -38,6 +38,30 @@ pub fn mac_of(ip: IpAddr) -> [u8; 6] {
     [0x02, 0x00, o[0], o[1], o[2], o[3]]
 }
 
+/// The hint for a device whose UDP 4791 on `local` is taken (bind: address in use): another RoCE stack or rocev2
+/// process has that address, and two rocev2 processes on one host need an address each (`--ip`). For a loopback
+/// IPv4 address the hint names the next one (127.0.0.1 → `--ip 127.0.0.2`: any 127/8 address is on `lo`).
+/// `command`: the command line the remedy is written for (`rocev2 run --ip 127.0.0.2 -- PROGRAM` for a program
+/// under `rocev2 run`), else the bare option (`rocev2 perf`/`pingpong`).
+pub fn in_use_hint(local: IpAddr, command: Option<&str>) -> String {
+    let other = match local {
+        IpAddr::V4(v4) if v4.is_loopback() => {
+            let [a, b, c, d] = v4.octets();
+            let d = if d >= 254 { 2 } else { d + 1 };
+            IpAddr::from([a, b, c, d]).to_string()
+        }
+        _ => "<another address of this host>".to_owned(),
+    };
+    let remedy = match command {
+        Some(cmd) => format!("`rocev2 run --ip {other} -- {cmd}`"),
+        None => format!("--ip {other}"),
+    };
+    format!(
+        "another RoCE stack or rocev2 process owns UDP 4791 on {local}; a second rocev2 process on this host needs an \
+         address of its own: start it with {remedy}"
+    )
+}
+
 /// The GID of an address (IPv4-mapped for IPv4, `ROCEV2.md §1.4`).
 pub fn gid_of(ip: IpAddr) -> Gid {
     match ip {
@@ -153,6 +177,18 @@ mod tests {
         assert_eq!(d.name(), format!("rocev2_{}", d.interface));
         assert_eq!(d.gids()[0].to_string(), "::ffff:127.0.0.1");
         assert_eq!(d.node_guid(), [0x00, 0x00, 127, 0xff, 0xfe, 0, 0, 1]);
+    }
+
+    #[test]
+    fn the_in_use_hint_names_the_next_loopback_address() {
+        let lo = "127.0.0.1".parse().expect("ip");
+        assert!(in_use_hint(lo, None).ends_with("start it with --ip 127.0.0.2"));
+        assert!(
+            in_use_hint(lo, Some("ib_send_bw -n 5"))
+                .ends_with("start it with `rocev2 run --ip 127.0.0.2 -- ib_send_bw -n 5`")
+        );
+        let top = "127.0.0.254".parse().expect("ip");
+        assert!(in_use_hint(top, None).ends_with("--ip 127.0.0.2"));
     }
 
     #[test]

@@ -1027,7 +1027,7 @@ fn open_udp(
             } else if chain.contains("in use") {
                 format!(
                     " ({}; or run both ends in one process with --loopback)",
-                    rxmode::in_use_hint(local)
+                    roce_link::device::in_use_hint(local, None)
                 )
             } else {
                 String::new()
