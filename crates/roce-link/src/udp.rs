@@ -60,7 +60,8 @@
 //! **Kernel drops.** Frames the kernel drops for the receive socket before the link reads them (its buffer full
 //! while the reader was descheduled) are invisible to the engine except as a sequence gap; the link counts them in
 //! [`UdpStats::rx_kernel_drops`] (in both receive modes) from the `SO_RXQ_OVFL` control message every received
-//! frame carries, with a low-rate `SO_MEMINFO` reading when the queue is found empty.
+//! frame carries, with a low-rate `SO_MEMINFO` reading when the queue is found empty, and a fresh one for each
+//! [`Link::counters`] call (the stats endpoint, `perf --stats`), so the last drops of a run are not missed.
 //!
 //! **ICRC: verified here, once.** With [`UdpConfig::verify_rx_icrc`] (default) the backend checks the ICRC over
 //! the rebuilt frame, counts failures in [`UdpStats::rx_icrc_bad`], drops them, and reports
@@ -287,8 +288,9 @@ pub struct UdpStats {
     /// the kernel's UDP layer refused (bad UDP checksum). Frames, cumulative since `bind`. Source: the socket's
     /// `sk_drops`, read from the `SO_RXQ_OVFL` control message of every received datagram (socket(7); no extra
     /// system call) and with `getsockopt(SO_MEMINFO)` (`SK_MEMINFO_DROPS`, sock_diag(7)) when a receive finds the
-    /// queue empty (at most every 100 ms of engine time) and on [`UdpLink::refresh_kernel_drops`]. (packet(7)'s
-    /// `PACKET_STATISTICS` counts the same overflows as `tp_drops` but resets on every read, so it is not used.)
+    /// queue empty (at most every 100 ms of engine time) and on [`UdpLink::refresh_kernel_drops`]; each
+    /// [`Link::counters`] call reads it afresh. (packet(7)'s `PACKET_STATISTICS` counts the same overflows as
+    /// `tp_drops` but resets on every read, so it is not used.)
     /// Such a loss never reached the wire's far end of this host's stack: on a lossless path, a sequence gap the
     /// engine counts on this side is explained by it and by nothing else.
     pub rx_kernel_drops: u64,
@@ -1164,11 +1166,18 @@ impl UdpLink {
     /// [`UdpStats::rx_kernel_drops`]. A value older than one already seen (a datagram queued before later drops,
     /// read after a `SO_MEMINFO` reading) changes nothing.
     fn note_kernel_drops(&mut self, d: u32) {
-        let delta = d.wrapping_sub(self.rx_drops_seen);
-        if delta != 0 && delta < 1 << 31 {
+        let delta = self.kernel_drops_since_seen(d);
+        if delta != 0 {
             self.rx_drops_seen = d;
             self.stats.rx_kernel_drops += u64::from(delta);
         }
+    }
+
+    /// The drops in the kernel's cumulative count `d` not yet in [`UdpStats::rx_kernel_drops`]: 0 for a value
+    /// older than one already seen.
+    fn kernel_drops_since_seen(&self, d: u32) -> u32 {
+        let delta = d.wrapping_sub(self.rx_drops_seen);
+        if delta < 1 << 31 { delta } else { 0 }
     }
 
     /// `rx_burst` found the queue empty: reads the drop count if [`KERNEL_DROPS_POLL_NS`] of engine time have
@@ -1985,9 +1994,17 @@ impl Link for UdpLink {
         self.tx_pend.is_empty().then(|| self.rx_fd())
     }
 
-    /// [`UdpStats`] ([`UdpStats::NAMES`]).
+    /// [`UdpStats`] ([`UdpStats::NAMES`]), with [`UdpStats::rx_kernel_drops`] as the kernel counts it now: one
+    /// `SO_MEMINFO` reading (a system call; this is the control path, never called per packet), so the stats
+    /// endpoint and `perf --stats` include drops that no later frame and no empty-queue reading reported yet (the
+    /// last ones of a run). The link's own [`UdpLink::stats`] take them in at its next reading. If the kernel
+    /// refuses the reading, the count of the last one.
     fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
-        for (n, v) in UdpStats::NAMES.iter().zip(self.stats.values()) {
+        let mut s = self.stats;
+        if let Ok(d) = socket_drops(self.rx_fd()) {
+            s.rx_kernel_drops += u64::from(self.kernel_drops_since_seen(d));
+        }
+        for (n, v) in UdpStats::NAMES.iter().zip(s.values()) {
             f(n, v);
         }
     }

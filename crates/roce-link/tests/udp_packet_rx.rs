@@ -743,6 +743,24 @@ fn receive_buffer_overflow_is_counted(tag: &str, rx: RxMode) {
         assert_eq!(b.stats().rx_kernel_drops, want2, "{rx:?}: {:?}", b.stats());
         assert_eq!(b.refresh_kernel_drops().expect("SO_MEMINFO"), want2);
         assert_eq!(b.stats().rx_frames, got1 + 1 + got2);
+        // 3. Drops at the very end of a run, which neither a later frame nor an empty receive reports:
+        // `Link::counters` (the stats endpoint, `perf --stats`) reads the kernel's count itself.
+        burst(&mut a, BURST);
+        let got3 = recv_all(&mut b, BURST as usize, Duration::from_millis(300)).len() as u64;
+        let want3 = want2 + u64::from(BURST) - got3;
+        assert!(
+            want3 > want2,
+            "{rx:?}: received all {got3} of the third burst"
+        );
+        assert_eq!(b.stats().rx_kernel_drops, want2, "{rx:?}: not read yet");
+        let mut reported = None;
+        Link::counters(&b, &mut |n, v| {
+            if n == "rx_kernel_drops" {
+                reported = Some(v);
+            }
+        });
+        assert_eq!(reported, Some(want3), "{rx:?}");
+        assert_eq!(b.refresh_kernel_drops().expect("SO_MEMINFO"), want3);
     });
 }
 

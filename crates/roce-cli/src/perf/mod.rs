@@ -1169,8 +1169,14 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
             }
             text.push('\n');
             if let Some(l) = link {
+                // Taken on the engine thread (`Link::counters`: the UDP link reads the kernel's drop count now, so
+                // drops at the very end of the run are in); the mirror, which lags, only if that call fails.
+                let pairs: Vec<(&str, u64)> = match ctx.stats_snapshot() {
+                    Ok(s) if !s.link.is_empty() => s.link,
+                    _ => l.iter().collect(),
+                };
                 text.push_str(&format!("udp link counters ({side}):\n"));
-                for (name, v) in l.iter().filter(|(_, v)| *v != 0) {
+                for (name, v) in pairs.into_iter().filter(|(_, v)| *v != 0) {
                     text.push_str(&format!("  {name:<32} {v}\n"));
                 }
             }
