@@ -378,19 +378,13 @@ fn counters_line(c: &Value, all: bool) -> String {
 /// The link's own counters (`roce_link::Link::counters`) of what it dropped before the engine saw it, the non-zero
 /// ones (all of them, traffic counters too, with `all`).
 fn link_drops_line(c: &Value, all: bool) -> String {
-    const DROPS: [&str; 7] = [
-        "rx_kernel_drops",
-        "rx_icrc_bad",
-        "rx_truncated",
-        "rx_bad_addr",
-        "rx_bad_checksum",
-        "tx_errors",
-        "tx_invalid",
-    ];
     c.as_object()
         .map(|m| {
             m.iter()
-                .filter(|(k, v)| all || (DROPS.contains(&k.as_str()) && v.as_u64() != Some(0)))
+                .filter(|(k, v)| {
+                    all || (roce_link::udp::UdpStats::DROP_NAMES.contains(&k.as_str())
+                        && v.as_u64() != Some(0))
+                })
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect::<Vec<_>>()
                 .join(" ")

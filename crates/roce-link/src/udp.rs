@@ -317,6 +317,18 @@ impl UdpStats {
         "rx_kernel_drops",
     ];
 
+    /// The counters of [`NAMES`](Self::NAMES) that count datagrams (or frames) the link dropped or failed to send
+    /// before the engine saw them: what `rocev2 stat` shows on its `link` line by default.
+    pub const DROP_NAMES: [&'static str; 7] = [
+        "rx_kernel_drops",
+        "rx_icrc_bad",
+        "rx_truncated",
+        "rx_bad_addr",
+        "rx_bad_checksum",
+        "tx_errors",
+        "tx_invalid",
+    ];
+
     /// The values of the counters named in [`NAMES`](Self::NAMES), in that order.
     pub fn values(&self) -> [u64; 15] {
         [
@@ -2102,6 +2114,16 @@ mod tests {
     }
 
     /// IPv4 header checksum and non-zero UDP checksums (IPv4 and IPv6) are checked; zero UDP checksums pass.
+
+    #[test]
+    fn drop_names_are_counter_names() {
+        for n in UdpStats::DROP_NAMES {
+            assert!(
+                UdpStats::NAMES.contains(&n),
+                "{n} is not a UdpStats counter"
+            );
+        }
+    }
     #[test]
     fn packet_path_checksum_rules() {
         for v6 in [false, true] {
