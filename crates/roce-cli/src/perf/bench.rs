@@ -1045,6 +1045,8 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
         .ok_or("bad size from the client")?;
     s.prepare(SERVER, size)?;
     let active = rx_ring(s.p.test, false, false) > 0;
+    // Packets this side accepted before the client may send this size's (the passive UC wait below counts from here).
+    let rx_before = rcvd_pkts(s);
     o.sync("ready", json!({}), Duration::from_secs(30))
         .map_err(|e| e.to_string())?;
     if s.p.bidir {
@@ -1061,8 +1063,11 @@ fn server_size(s: &mut Session, o: &mut Oob, out: &Output) -> Result<(), String>
             .recv_msg("done", PASSIVE_WAIT)
             .map_err(|e| e.to_string())?;
         if s.p.conn != Conn::Rc {
-            // UC: the client's completions only mean "sent"; let in-flight packets land before verifying.
-            settle_rx(s);
+            // UC: the client's completions only mean "sent"; let in-flight packets land before verifying: every
+            // packet of every message the client sent, or (a loss) until the packets stop coming.
+            let sent = d.get("completed").and_then(Value::as_u64).unwrap_or(0);
+            let per_msg = size.div_ceil(u64::from(s.p.mtu.bytes())).max(1);
+            settle_rx(s, rx_before, sent.saturating_mul(per_msg));
         }
         Served {
             done: d,
@@ -1226,14 +1231,16 @@ fn server_bidir(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result
 /// `-b`: runs `talk` (an out-of-band step that waits for the peer) on a second thread while this thread keeps taking
 /// receive completions and posting the receives again, so the peer's SENDs never stall on this side's ring; then
 /// waits until every message the peer reports completed (`completed` of the message `talk` returns) has been
-/// received (RC SEND, at most 5 s more), or until the CQ has been quiet for 200 ms (UC/UD; 20 ms otherwise).
+/// received (SEND: at once when they all arrived; RC at most 5 s more), or, on UC/UD where a message may be lost,
+/// until the CQ has been quiet for 200 ms (20 ms for the other RC tests).
 fn service_during(
     s: &mut Session,
     o: &mut Oob,
     size: u64,
     talk: impl FnOnce(&mut Oob) -> Result<Value, crate::oob::OobError> + Send,
 ) -> Result<Value, String> {
-    let rc_send = s.p.conn == Conn::Rc && s.p.test == Test::SendBw;
+    let send = s.p.test == Test::SendBw;
+    let rc_send = send && s.p.conn == Conn::Rc;
     let settle = if s.p.conn == Conn::Rc {
         Duration::from_millis(20)
     } else {
@@ -1272,7 +1279,7 @@ fn service_during(
             }
             if flag.load(Ordering::Acquire) {
                 let t = *done_at.get_or_insert_with(Instant::now);
-                let all_in = rc_send && s.rx.received >= peer_completed.load(Ordering::Relaxed);
+                let all_in = send && s.rx.received >= peer_completed.load(Ordering::Relaxed);
                 if all_in
                     || (!rc_send && quiet.elapsed() >= settle)
                     || t.elapsed() >= Duration::from_secs(5)
@@ -1373,16 +1380,24 @@ fn check_send(
     Ok(())
 }
 
-/// Waits until this side's received-packet counter has not moved for 100 ms (at most 2 s).
-fn settle_rx(s: &Session) {
-    let ctx = s.pd.context();
-    let read = || ctx.counters().map(|c| c.rcvd_pkts).unwrap_or(0);
+/// Packets this side's device received and accepted so far (`rcvd_pkts`).
+fn rcvd_pkts(s: &Session) -> u64 {
+    s.pd.context().counters().map(|c| c.rcvd_pkts).unwrap_or(0)
+}
+
+/// Waits until this side has accepted `want` packets since the counter read `since` (every packet the peer sent
+/// has landed: no wait at all in the common case), or — some were lost, which UC allows — until the counter has not
+/// moved for 100 ms (at most 2 s).
+fn settle_rx(s: &Session, since: u64, want: u64) {
     let t0 = Instant::now();
-    let mut last = read();
+    let mut last = rcvd_pkts(s);
     let mut still = Instant::now();
-    while t0.elapsed() < Duration::from_secs(2) && still.elapsed() < Duration::from_millis(100) {
-        std::thread::sleep(Duration::from_millis(10));
-        let now = read();
+    while last.wrapping_sub(since) < want
+        && t0.elapsed() < Duration::from_secs(2)
+        && still.elapsed() < Duration::from_millis(100)
+    {
+        std::thread::sleep(Duration::from_micros(200));
+        let now = rcvd_pkts(s);
         if now != last {
             last = now;
             still = Instant::now();
@@ -1399,7 +1414,8 @@ struct Served {
 
 /// Services receives (reposting them; ping-pong tests also reply) until the client's `done` has arrived and the
 /// CQ has then stayed quiet for a settle time (RC: an acknowledged message's receive completion is already in the
-/// engine CQ when the client sees its ACK, so a short settle suffices; UC/UD: a longer one for stragglers).
+/// engine CQ when the client sees its ACK, so a short settle suffices; UC/UD: a longer one for stragglers) — or at
+/// once, on any transport, when as many messages were received as the client completed (nothing is in flight).
 fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, String> {
     let flag = AtomicBool::new(false);
     let client_completed = AtomicU64::new(0);
@@ -1488,11 +1504,11 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
             }
             if flag.load(Ordering::Acquire) {
                 let t = *done_at.get_or_insert_with(Instant::now);
-                // RC SEND: every message the client saw acknowledged has been received; wait for its completion
-                // to be published (bounded), then stop. Otherwise: stop once the CQ has been quiet for `settle`.
-                let all_in = s.p.conn == Conn::Rc
-                    && test == Test::SendBw
-                    && received >= client_completed.load(Ordering::Relaxed);
+                // Every message the client completed has been received (RC SEND: wait for that, bounded; UC/UD
+                // completions mean "sent", so equality means nothing is in flight): stop. Otherwise (a loss on an
+                // unreliable transport, or a test whose receives the client does not count): stop once the CQ has
+                // been quiet for `settle`.
+                let all_in = received >= client_completed.load(Ordering::Relaxed);
                 if all_in
                     || (quiet_since.elapsed() >= settle
                         && (test != Test::SendBw || s.p.conn != Conn::Rc))
