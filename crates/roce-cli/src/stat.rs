@@ -26,8 +26,15 @@
 //!   pass while a timer was armed — near the local ACK timeout (67 ms by default), a stalled progress thread or
 //!   caller explains timeouts that lost nothing.
 //!
-//! Then one line per QP: type, state, PSNs (next, oldest unacknowledged, expected), queue depths, rate controller and
-//! its non-zero counters. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
+//! * **throughput**: bits per second out and in (`Δsent_bytes`, `Δrcvd_bytes`: whole frames), beside packets/s;
+//! * **stalls**, flagged `(!)`: local ACK timeouts (`local_ack_timeout_err`: each is a stall of at least the ACK
+//!   timeout, whether or not the retransmission rate over the interval shows it), transport retries exhausted, and a
+//!   longest pass gap of [`STALL_GAP_US`] or more.
+//!
+//! Then one block per QP: type, state, PSNs (next, oldest unacknowledged, expected), queue depths, rate controller and
+//! its non-zero counters. Each device and QP is named by its port and address (`rocev2_lo/1 127.0.0.2`): the two ends
+//! of a `--loopback` run share the device `rocev2_lo` and both number their QPs from 0x11; `--ip` picks one. The
+//! report fits the terminal (`COLUMNS`, else 120 columns); `--wide` puts each device and QP on one line. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
 //! and timer state, rate controller, counters) for every device that has one, headed by the process and the
 //! device's port name; `--pid` narrows to one process.
 //! `--json` prints one object per sample (with its UTC `time`); `-w SECS` repeats until interrupted, each sample
@@ -43,6 +50,13 @@ use serde_json::{Value, json};
 
 /// Retransmission rate above which a device or QP is flagged.
 const RETRANS_FLAG: f64 = 0.05;
+
+/// Longest pass gap (µs) flagged as a stall: about half the default local ACK timeout (67 ms), so a gap that can
+/// cause timeouts on its own is pointed at.
+pub const STALL_GAP_US: u64 = 30_000;
+
+/// Width of the text report when `COLUMNS` does not say (fits a 120-column terminal).
+const DEFAULT_WIDTH: usize = 120;
 
 /// `rocev2 stat` arguments.
 #[derive(Clone, Debug, clap::Args)]
@@ -63,9 +77,17 @@ pub struct StatArgs {
     /// Only this process.
     #[arg(long)]
     pub pid: Option<u32>,
+    /// Only the device with this address (its GID's IP address: `127.0.0.2`, `::ffff:127.0.0.2` or an IPv6 address);
+    /// with `--qp`, the one device whose QP is meant when both ends of a `--loopback` run number from 0x11.
+    #[arg(long, value_name = "ADDR")]
+    pub ip: Option<std::net::IpAddr>,
     /// Show every counter, zeros included.
     #[arg(short = 'a', long)]
     pub all: bool,
+    /// One line per device and per QP, however long (for `grep`/`awk`); without it the report is wrapped to the
+    /// terminal's width (`COLUMNS`, else 120 columns).
+    #[arg(long)]
+    pub wide: bool,
 }
 
 /// A QPN in decimal or 0x hex.
@@ -106,6 +128,15 @@ pub fn run(a: &StatArgs) -> ExitCode {
     if let Some(qpn) = a.qp {
         return qp_dump(a, qpn);
     }
+    let look = Look {
+        all: a.all,
+        wide: a.wide,
+        width: std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .filter(|&w: &usize| w >= 40)
+            .unwrap_or(DEFAULT_WIDTH),
+    };
     let mut prev = snapshot(a.pid);
     let mut t_prev = Instant::now();
     if prev.is_empty() {
@@ -116,11 +147,11 @@ pub fn run(a: &StatArgs) -> ExitCode {
     }
     let tty = std::io::stdout().is_terminal() && !a.json;
     if watch.is_none() && interval.is_zero() {
-        let report = report(&[], &prev, Duration::ZERO);
+        let report = report(&[], &prev, Duration::ZERO, a.ip);
         let out = if a.json {
             format!("{report}\n")
         } else {
-            text(&report, a.all)
+            text(&report, &look)
         };
         return emit(&out).unwrap_or_else(|code| code);
     }
@@ -129,7 +160,7 @@ pub fn run(a: &StatArgs) -> ExitCode {
         let cur = snapshot(a.pid);
         let dt = t_prev.elapsed();
         t_prev = Instant::now();
-        let report = report(&prev, &cur, dt);
+        let report = report(&prev, &cur, dt, a.ip);
         let mut out = String::new();
         if a.json {
             out = format!("{report}\n");
@@ -146,7 +177,7 @@ pub fn run(a: &StatArgs) -> ExitCode {
                     w.as_secs_f64()
                 ));
             }
-            out.push_str(&text(&report, a.all));
+            out.push_str(&text(&report, &look));
         }
         if let Err(code) = emit(&out) {
             return code;
@@ -218,8 +249,8 @@ fn ratio(num: u64, den: u64) -> Option<f64> {
 /// The report of one sample: `{time, interval_s, runtimes: [{pid, endpoint, comm, cmdline, devices: [DEVICE +
 /// signals]}]}` (`time`: when it was taken, UTC, ISO 8601; `comm`: the process name), one
 /// entry per endpoint (a process has one per runtime), every device with rates against the same device (endpoint,
-/// index) in `prev` over `dt` (none for a device that was not there).
-fn report(prev: &[Sample], cur: &[Sample], dt: Duration) -> Value {
+/// index) in `prev` over `dt` (none for a device that was not there); only the device with address `ip` if given.
+fn report(prev: &[Sample], cur: &[Sample], dt: Duration, ip: Option<std::net::IpAddr>) -> Value {
     let secs = dt.as_secs_f64();
     let find_prev = |path: &PathBuf, index: u64| -> Option<&Value> {
         prev.iter()
@@ -247,6 +278,7 @@ fn report(prev: &[Sample], cur: &[Sample], dt: Duration) -> Value {
                         .iter()
                         // An answer is another process's word: a device that is not an object is skipped.
                         .filter(|d| d.is_object())
+                        .filter(|d| ip.is_none_or(|ip| device_ip(d) == Some(ip)))
                         .map(|d| {
                             let mut d = d.clone();
                             d["name"] = json!(device_name(&d));
@@ -303,11 +335,19 @@ fn signals(d: &Value, before: Option<&Value>, secs: f64) -> Value {
     let sq_depth: u64 = qps.iter().map(|q| u(q, "sq_outstanding")).sum();
     let gap = u(&d["runtime"], "max_pass_gap_us");
     let Some(b) = before else {
-        return json!({ "sq_depth": sq_depth, "max_pass_gap_us": gap });
+        let total = |k: &str| u(&d["counters"], k);
+        return json!({
+            "sq_depth": sq_depth,
+            "max_pass_gap_us": gap,
+            "local_ack_timeouts_total": total("local_ack_timeout_err"),
+            "retransmitted_pkts_total": total("retransmitted_pkts"),
+            "retry_exceeded_total": total("retry_exceeded_err") + total("retry_rnr_exceeded_err"),
+        });
     };
     let dc = |k: &str| u(&d["counters"], k).saturating_sub(u(&b["counters"], k));
     let dr = |k: &str| u(&d["runtime"], k).saturating_sub(u(&b["runtime"], k));
     let retrans = ratio(dc("retransmitted_pkts"), dc("sent_pkts"));
+    let total = |k: &str| u(&d["counters"], k);
     let per_qp: Vec<Value> = qps
         .iter()
         .map(|q| {
@@ -332,6 +372,12 @@ fn signals(d: &Value, before: Option<&Value>, secs: f64) -> Value {
         "retrans_flag": retrans.is_some_and(|r| r > RETRANS_FLAG),
         "sent_pps": dc("sent_pkts") as f64 / secs,
         "rcvd_pps": dc("rcvd_pkts") as f64 / secs,
+        "sent_bps": dc("sent_bytes") as f64 * 8.0 / secs,
+        "rcvd_bps": dc("rcvd_bytes") as f64 * 8.0 / secs,
+        "local_ack_timeouts": dc("local_ack_timeout_err"),
+        "local_ack_timeouts_total": total("local_ack_timeout_err"),
+        "retransmitted_pkts_total": total("retransmitted_pkts"),
+        "retry_exceeded_total": total("retry_exceeded_err") + total("retry_rnr_exceeded_err"),
         "doorbells_per_s": dr("doorbells") as f64 / secs,
         "wqes_per_doorbell": ratio(dr("wqes"), dr("doorbells")),
         "tx_pkts_per_io": ratio(dr("tx_frames"), dr("flushes")),
@@ -406,19 +452,109 @@ fn device_name(d: &Value) -> String {
     }
 }
 
-/// A device's port 1 in the text report, `rocev2_lo/1`, as `rdma statistic` names a link (`rxe0/1`).
-fn link_name(d: &Value) -> String {
-    format!(
-        "{}/1",
-        d["name"]
-            .as_str()
-            .map_or_else(|| device_name(d), str::to_owned)
+/// The IP address of a device's first GID (the IPv4 address of an IPv4-mapped GID).
+fn device_ip(d: &Value) -> Option<std::net::IpAddr> {
+    let v6 = d["gids"][0].as_str()?.parse::<std::net::Ipv6Addr>().ok()?;
+    Some(
+        v6.to_ipv4_mapped()
+            .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
     )
 }
 
-/// The text form of a report, in `rdma statistic`'s spirit: a `link` line per device, a `qp` line per QP.
-fn text(r: &Value, all: bool) -> String {
+/// A device's port 1 and address in the text report, `rocev2_lo/1 127.0.0.2`: the port as `rdma statistic` names a
+/// link (`rxe0/1`), the address to tell apart devices of one interface (both ends of a `--loopback` run).
+fn link_name(d: &Value) -> String {
+    format!(
+        "{}/1 {}",
+        d["name"]
+            .as_str()
+            .map_or_else(|| device_name(d), str::to_owned),
+        device_ip(d).map_or_else(|| "?".to_owned(), |ip| ip.to_string())
+    )
+}
+
+/// How the text report looks: every counter or the non-zero ones, one line per object or wrapped to `width`
+/// columns.
+#[derive(Clone, Copy, Debug)]
+struct Look {
+    all: bool,
+    wide: bool,
+    width: usize,
+}
+
+/// One device's or QP's block: a head line and indented detail lines. `--wide` joins them into one line; otherwise
+/// each line is wrapped at word boundaries to `width` columns, continuation lines indented below their line.
+fn block(o: &mut String, lines: &[String], look: &Look) {
     use std::fmt::Write as _;
+    if look.wide {
+        let _ = writeln!(o, "{}", lines.join("  "));
+        return;
+    }
+    for (i, l) in lines.iter().enumerate() {
+        let (first, cont) = if i == 0 {
+            ("", "    ")
+        } else {
+            ("    ", "        ")
+        };
+        let mut cur = String::from(first);
+        for word in l.split(' ').filter(|w| !w.is_empty()) {
+            if cur.len() > cont.len() && cur.trim_end().len() + 1 + word.len() > look.width {
+                let _ = writeln!(o, "{}", cur.trim_end());
+                cur = String::from(cont);
+            }
+            if !cur.trim().is_empty() {
+                cur.push(' ');
+            }
+            cur.push_str(word);
+        }
+        let _ = writeln!(o, "{}", cur.trim_end());
+    }
+}
+
+/// `12.3 Gb/s` from bits per second.
+fn gbps(bps: f64) -> String {
+    format!("{:.2} Gb/s", bps / 1e9)
+}
+
+/// The `(!)` lines of a device's signals: local ACK timeouts (each a stall of at least the timeout), exhausted
+/// retries, a long pass gap. Empty when nothing stalled.
+fn stall_lines(s: &Value) -> Vec<String> {
+    let mut v = Vec::new();
+    let total = u(s, "local_ack_timeouts_total");
+    if total > 0 {
+        let now = s["local_ack_timeouts"]
+            .as_u64()
+            .map(|n| format!(", {n} in this interval"))
+            .unwrap_or_default();
+        v.push(format!(
+            "(!) {total} local ACK timeout{} since start{now}: the peer (or this side's progress) went silent for at \
+             least the ACK timeout each time; {} packets retransmitted since start",
+            if total == 1 { "" } else { "s" },
+            u(s, "retransmitted_pkts_total")
+        ));
+    }
+    let exhausted = u(s, "retry_exceeded_total");
+    if exhausted > 0 {
+        v.push(format!(
+            "(!) {exhausted} WR{} failed with retries exhausted (RETRY_EXC_ERR / RNR_RETRY_EXC_ERR)",
+            if exhausted == 1 { "" } else { "s" }
+        ));
+    }
+    let gap = u(s, "max_pass_gap_us");
+    if gap >= STALL_GAP_US {
+        v.push(format!(
+            "(!) longest pass gap {} ms: the engine went that long without a pass while a timer was armed (a \
+             stalled progress thread or caller)",
+            gap / 1000
+        ));
+    }
+    v
+}
+
+/// The text form of a report, in `rdma statistic`'s spirit: a `link` block per device, a `qp` block per QP.
+fn text(r: &Value, look: &Look) -> String {
+    use std::fmt::Write as _;
+    let all = look.all;
     let mut o = String::new();
     let procs = r["runtimes"]
         .as_array()
@@ -427,6 +563,7 @@ fn text(r: &Value, all: bool) -> String {
     if procs.is_empty() {
         let _ = writeln!(o, "{}", nothing_running());
     }
+    let opt = |x: &Value, f: &dyn Fn(f64) -> String| x.as_f64().map_or_else(|| "-".into(), f);
     for p in procs {
         let pid = u(p, "pid");
         let cmd = p["comm"].as_str().unwrap_or("?");
@@ -439,41 +576,39 @@ fn text(r: &Value, all: bool) -> String {
             .map(|v| v.as_slice())
             .unwrap_or_default()
         {
-            let gid = d["gids"][0].as_str().unwrap_or("?");
             let name = link_name(d);
             if let Some(e) = d["error"].as_str() {
                 let _ = writeln!(o, "link {name} pid {pid}: {e}");
                 continue;
             }
-            let _ = writeln!(
-                o,
-                "link {name} pid {pid} comm {cmd} gid {gid} {}",
-                counters_line(&d["counters"], all)
-            );
             let s = &d["signals"];
-            let _ = writeln!(
-                o,
-                "    sq_depth {} retrans {} doorbells {}/s wqes/doorbell {} packets {}/s out {}/s in, per I/O call {} out {} in, max_pass_gap_us {}",
-                u(s, "sq_depth"),
-                pct(s["retrans_rate"].as_f64(), s["retrans_flag"] == true),
-                s["doorbells_per_s"].as_f64().map_or("-".into(), human),
-                s["wqes_per_doorbell"]
-                    .as_f64()
-                    .map_or("-".into(), |x| format!("{x:.2}")),
-                s["sent_pps"].as_f64().map_or("-".into(), human),
-                s["rcvd_pps"].as_f64().map_or("-".into(), human),
-                s["tx_pkts_per_io"]
-                    .as_f64()
-                    .map_or("-".into(), |x| format!("{x:.2}")),
-                s["rx_pkts_per_io"]
-                    .as_f64()
-                    .map_or("-".into(), |x| format!("{x:.2}")),
-                u(s, "max_pass_gap_us"),
-            );
+            let mut lines = vec![
+                format!("link {name} pid {pid} comm {cmd}"),
+                format!(
+                    "out {} {} pkt/s  in {} {} pkt/s  sq_depth {}  retrans {}  max_pass_gap_us {}",
+                    opt(&s["sent_bps"], &gbps),
+                    opt(&s["sent_pps"], &human),
+                    opt(&s["rcvd_bps"], &gbps),
+                    opt(&s["rcvd_pps"], &human),
+                    u(s, "sq_depth"),
+                    pct(s["retrans_rate"].as_f64(), s["retrans_flag"] == true),
+                    u(s, "max_pass_gap_us"),
+                ),
+                format!(
+                    "doorbells {}/s  wqes/doorbell {}  per I/O call {} out {} in",
+                    opt(&s["doorbells_per_s"], &human),
+                    opt(&s["wqes_per_doorbell"], &|x| format!("{x:.2}")),
+                    opt(&s["tx_pkts_per_io"], &|x| format!("{x:.2}")),
+                    opt(&s["rx_pkts_per_io"], &|x| format!("{x:.2}")),
+                ),
+            ];
+            lines.extend(stall_lines(s));
+            lines.push(format!("counters {}", counters_line(&d["counters"], all)));
             let drops = link_drops_line(&d["link"], all);
             if !drops.is_empty() {
-                let _ = writeln!(o, "    link {drops}");
+                lines.push(format!("link {drops}"));
             }
+            block(&mut o, &lines, look);
             let sig_qps = s["qps"]
                 .as_array()
                 .map(|v| v.as_slice())
@@ -492,10 +627,8 @@ fn text(r: &Value, all: bool) -> String {
                     ),
                     (None, _) => String::new(),
                 };
-                let _ = writeln!(
-                    o,
-                    "qp link {name} lqpn {:#x} type {} state {} sq {} rq {} next_psn {:#x} una_psn {:#x} epsn {:#x} \
-                     retrans {}{rate} {}",
+                let mut lines = vec![format!(
+                    "qp {:#x} {name} type {} state {} sq {} rq {} next_psn {:#x} una_psn {:#x} epsn {:#x} retrans {}{rate}",
                     u(q, "qpn"),
                     q["type"].as_str().unwrap_or("?"),
                     q["state"].as_str().unwrap_or("?"),
@@ -508,8 +641,12 @@ fn text(r: &Value, all: bool) -> String {
                         qs.and_then(|x| x["retrans_rate"].as_f64()),
                         qs.is_some_and(|x| x["retrans_flag"] == true)
                     ),
-                    counters_line(&q["counters"], all),
-                );
+                )];
+                let c = counters_line(&q["counters"], all);
+                if !c.is_empty() {
+                    lines.push(format!("counters {c}"));
+                }
+                block(&mut o, &lines, look);
             }
         }
     }
@@ -534,13 +671,15 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
                     .as_array()
                     .map(|v| v.as_slice())
                     .unwrap_or_default()
+                    .iter()
+                    .filter(|d| a.ip.is_none_or(|ip| device_ip(d) == Some(ip)))
                 {
                     found.push(json!({
                         "pid": ep.pid,
                         "comm": v["comm"],
                         "cmdline": v["cmdline"],
                         "index": d["index"],
-                        "device": format!("{}/1", device_name(d)),
+                        "device": link_name(d),
                         "gid": d["gids"][0],
                         "qpn": qpn,
                         "dump": d["qp"]["dump"],
@@ -553,8 +692,9 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
     }
     if found.is_empty() {
         eprintln!(
-            "rocev2 stat: no running device has QP {qpn:#x}{}",
-            a.pid.map(|p| format!(" in pid {p}")).unwrap_or_default()
+            "rocev2 stat: no running device has QP {qpn:#x}{}{}",
+            a.pid.map(|p| format!(" in pid {p}")).unwrap_or_default(),
+            a.ip.map(|ip| format!(" at {ip}")).unwrap_or_default()
         );
         return ExitCode::from(1);
     }
@@ -591,6 +731,84 @@ fn qp_dump(a: &StatArgs, qpn: u32) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device sample as the stats endpoint answers (only what the report reads).
+    fn device(sent_bytes: u64, timeouts: u64, gap_us: u64) -> Value {
+        json!({
+            "index": 0,
+            "gids": ["::ffff:127.0.0.2"],
+            "counters": {
+                "sent_bytes": sent_bytes,
+                "sent_pkts": sent_bytes / 1000,
+                "local_ack_timeout_err": timeouts,
+                "retransmitted_pkts": 128 * timeouts,
+                "a_long_counter_name_to_wrap": 123_456_789,
+                "another_long_counter_name": 987_654_321,
+                "yet_another_counter_name_here": 555_555_555,
+            },
+            "runtime": { "max_pass_gap_us": gap_us },
+            "qps": [{ "qpn": 0x11, "type": "RC", "state": "RTS", "counters": {} }],
+        })
+    }
+
+    fn sample(d: Value) -> Sample {
+        Sample {
+            ep: EndpointPath {
+                pid: 7,
+                path: "/run/rocev2/7.sock".into(),
+            },
+            answer: Ok(json!({ "comm": "prog", "devices": [d] })),
+        }
+    }
+
+    /// Issue #18 item 6: throughput in Gb/s; a stall (local ACK timeout) flagged even when it happened before the
+    /// interval (the retransmission rate over the interval then reads 0 %); a long pass gap flagged; no line
+    /// over the width unless `--wide`, which puts each device on one line.
+    #[test]
+    fn text_report_shows_throughput_flags_stalls_and_fits_the_width() {
+        let prev = [sample(device(1_000_000, 1, 67_000))];
+        let cur = [sample(device(1_000_000 + 250_000_000, 1, 67_000))];
+        let r = report(&prev, &cur, Duration::from_secs(1), None);
+        let look = Look {
+            all: false,
+            wide: false,
+            width: 80,
+        };
+        let t = text(&r, &look);
+        assert!(
+            t.starts_with("link rocev2_lo/1 127.0.0.2 pid 7 comm prog\n"),
+            "{t}"
+        );
+        // The words, whatever the wrapping.
+        let flat = t.split_whitespace().collect::<Vec<_>>().join(" ");
+        for want in [
+            "out 2.00 Gb/s 250.0k pkt/s",
+            "(!) 1 local ACK timeout since start, 0 in this interval",
+            "128 packets retransmitted",
+            "(!) longest pass gap 67 ms",
+        ] {
+            assert!(flat.contains(want), "`{want}` not in:\n{t}");
+        }
+        assert!(t.lines().all(|l| l.chars().count() <= 80), "{t}");
+        let wide = text(&r, &Look { wide: true, ..look });
+        assert_eq!(
+            wide.lines().count(),
+            2,
+            "one device line, one QP line:\n{wide}"
+        );
+        // Nothing to flag: no `(!)`.
+        let quiet = [sample(device(5_000, 0, 100))];
+        let t = text(&report(&quiet, &quiet, Duration::from_secs(1), None), &look);
+        assert!(!t.contains("(!)"), "{t}");
+        // `--ip` keeps only the device at that address.
+        let r = report(
+            &prev,
+            &cur,
+            Duration::from_secs(1),
+            Some("127.0.0.3".parse().unwrap()),
+        );
+        assert!(!text(&r, &look).contains("link "), "{r}");
+    }
 
     #[test]
     fn utc_dates_across_leap_days_and_centuries() {

@@ -171,6 +171,38 @@ fn unreliable_sweeps_do_not_wait_out_every_size() {
     }
 }
 
+/// Issue #18 item 6: a run whose QPs hit local ACK timeouts (each a stall of at least the timeout) says so on
+/// stderr, even without `--stats`; a clean run says nothing of the kind.
+#[test]
+fn local_ack_timeouts_are_reported_after_the_run() {
+    let _serial = serial();
+    let run = |net: u8, extra: &[&str]| {
+        let ips = ips(net);
+        let mut args = vec![
+            "perf",
+            "send-lat",
+            "--loopback",
+            "--loopback-ips",
+            &ips,
+            "-n",
+            "30",
+        ];
+        args.extend_from_slice(extra);
+        let out = rocev2(&args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // A latency test has one message in flight: a lost request or response can only be recovered by a timeout.
+    let lossy = run(223, &["--loss", "0.2", "-u", "8"]);
+    assert!(
+        lossy.contains("local ACK timeout") && lossy.contains("stall of at least the ACK timeout"),
+        "{lossy}"
+    );
+    // Clean: no loss, and a 4.3 s timeout so that a loaded machine's scheduling stall is not one.
+    let clean = run(224, &["-u", "20"]);
+    assert!(!clean.contains("local ACK timeout"), "{clean}");
+}
+
 #[test]
 fn loss_still_completes_with_verified_data() {
     let _serial = serial();

@@ -191,15 +191,34 @@ fn stat_reads_a_running_perf() {
     assert_eq!(client["name"], di[0]["hca_id"], "{client}");
     assert_eq!(server["name"], di[0]["hca_id"], "{server}");
     for want in [
-        &format!("link rocev2_lo/1 pid {pid} comm rocev2 gid ::ffff:127.0.48.2 "),
-        &format!("link rocev2_lo/1 pid {pid} comm rocev2 gid ::ffff:127.0.48.1 "),
-        "qp link rocev2_lo/1 lqpn 0x11 type RC state RTS",
+        &format!("link rocev2_lo/1 127.0.48.2 pid {pid} comm rocev2\n"),
+        &format!("link rocev2_lo/1 127.0.48.1 pid {pid} comm rocev2\n"),
+        "qp 0x11 rocev2_lo/1 127.0.48.1 type RC state RTS",
+        "qp 0x11 rocev2_lo/1 127.0.48.2 type RC state RTS",
+        " Gb/s ",
         "wqes/doorbell 4.00",
         "per I/O call",
         "max_pass_gap_us ",
     ] {
         assert!(t.contains(want), "`{want}` not in:\n{t}");
     }
+    // Issue #18 item 6: the report fits a 120-column terminal; `--wide` keeps one line per device and QP.
+    assert!(
+        t.lines().all(|l| l.chars().count() <= 120),
+        "a line over 120 columns:\n{t}"
+    );
+    let wide = stat(&run_dir, &["--interval", "0.2", "--wide"]);
+    let w = String::from_utf8_lossy(&wide.stdout);
+    assert_eq!(
+        w.lines().filter(|l| l.starts_with("link ")).count(),
+        2,
+        "{w}"
+    );
+    assert!(
+        w.lines()
+            .all(|l| l.starts_with("link ") || l.starts_with("qp ")),
+        "--wide: one line per device and QP:\n{w}"
+    );
     // The rate as a percentage (not necessarily 0: see the JSON check above).
     assert!(
         t.lines()
@@ -215,9 +234,27 @@ fn stat_reads_a_running_perf() {
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{t}");
     assert_eq!(t.matches("QP 0x11:").count(), 2, "{t}");
+    // `--ip` picks one end.
+    let one = stat(
+        &run_dir,
+        &[
+            "--qp",
+            "0x11",
+            "--pid",
+            &pid.to_string(),
+            "--ip",
+            "127.0.48.1",
+        ],
+    );
+    let one = String::from_utf8_lossy(&one.stdout);
+    assert_eq!(one.matches("QP 0x11:").count(), 1, "{one}");
+    assert!(
+        one.contains("device rocev2_lo/1 127.0.48.1 gid ::ffff:127.0.48.1 QP 0x11:"),
+        "{one}"
+    );
     for want in [
-        "device rocev2_lo/1 gid ::ffff:127.0.48.1 QP 0x11:",
-        "device rocev2_lo/1 gid ::ffff:127.0.48.2 QP 0x11:",
+        "device rocev2_lo/1 127.0.48.1 gid ::ffff:127.0.48.1 QP 0x11:",
+        "device rocev2_lo/1 127.0.48.2 gid ::ffff:127.0.48.2 QP 0x11:",
         "RC state=RTS",
         "requester: next_psn=0x",
         "rate: line (fixed cnps=0)",
@@ -248,7 +285,7 @@ fn stat_reads_a_running_perf() {
     let t = String::from_utf8_lossy(&w.wait_with_output().expect("stat -w").stdout).into_owned();
     assert!(
         t.contains(&format!(
-            "link rocev2_lo/1 pid {pid} comm rocev2 gid ::ffff:127.0.48.2"
+            "link rocev2_lo/1 127.0.48.2 pid {pid} comm rocev2"
         )),
         "{t}"
     );
@@ -303,9 +340,7 @@ fn stat_flags_a_high_retransmission_rate() {
     assert!(out.status.success(), "{t}");
     let link = t
         .lines()
-        .skip_while(|l| {
-            !(l.starts_with("link rocev2_lo/1") && l.contains("gid ::ffff:127.0.49.2 "))
-        })
+        .skip_while(|l| !l.starts_with("link rocev2_lo/1 127.0.49.2 "))
         .nth(1)
         .unwrap_or_else(|| panic!("no client device:\n{t}"));
     assert!(link.contains("(!) above 5 %"), "{link}\n{t}");

@@ -1141,6 +1141,7 @@ pub fn run(a: &PerfArgs) -> ExitCode {
     if a.stats {
         devices.print_stats(a.json);
     }
+    devices.warn_stalls();
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -1389,6 +1390,28 @@ impl Devices {
             .unwrap_or_default();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+
+    /// Says on stderr, for every device of the run that had local ACK timeouts, how many and what they mean: each
+    /// is a stall of at least the ACK timeout that the bandwidth or latency figures hide (a run with one still
+    /// completes, after go-back-N). Silent when there were none.
+    fn warn_stalls(&self) {
+        let Ok(mut v) = self.0.lock() else { return };
+        v.sort_by_key(|d| d.side);
+        for d in v.iter() {
+            let Ok(c) = d.ctx.counters() else { continue };
+            let n = c.local_ack_timeout_err;
+            if n > 0 {
+                eprintln!(
+                    "rocev2 perf: note: the {} had {n} local ACK timeout{} ({} packets retransmitted): each is a \
+                     stall of at least the ACK timeout (-u) in which the peer's ACKs did not come — a lost packet, \
+                     or a side that did not run for that long (`--stats` shows the counters)",
+                    d.side,
+                    if n == 1 { "" } else { "s" },
+                    c.retransmitted_pkts
+                );
+            }
+        }
     }
 
     /// `--stats` for every device, client first (the order is fixed, whichever side ended first).
