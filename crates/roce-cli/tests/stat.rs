@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -528,4 +529,137 @@ fn a_closed_stdout_ends_a_watch_without_a_panic() {
         status.success() && !err.contains("panicked"),
         "{status:?}\n{err}"
     );
+}
+
+/// `runuser -u nobody -- env -u ... BIN ARGS` (no run directory or XDG runtime directory from this environment).
+fn as_nobody(args: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "runuser",
+        "-u",
+        "nobody",
+        "--",
+        "env",
+        "-u",
+        "ROCEV2_RUN_DIR",
+        "-u",
+        "XDG_RUNTIME_DIR",
+        common::bin(),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    v.extend(args.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+/// Issue #21, as a second local user: a normal user's program got no stats endpoint whenever root's `/run/rocev2`
+/// existed (bind failed with EACCES, no fallback), and the fallback `/tmp/rocev2-<uid>` was used without checking
+/// who owns it, so another user could pre-create it and capture or replace the endpoints. Now the user's program
+/// skips root's directory and serves from its own; a pre-created directory it does not own is refused (the run
+/// still completes, without an endpoint).
+#[test]
+fn a_normal_user_serves_its_own_endpoint_and_refuses_a_planted_directory() {
+    let _serial = serial();
+    let id = |args: &[&str]| {
+        Command::new("id")
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    if id(&["-u"]).as_deref() != Some("0") {
+        eprintln!("skipped: needs root to run programs as user nobody");
+        return;
+    }
+    let Some(uid) = id(&["-u", "nobody"]).filter(|u| !u.is_empty()) else {
+        eprintln!("skipped: no user nobody");
+        return;
+    };
+    let run = |args: &[&str]| {
+        let argv = as_nobody(args);
+        Command::new(&argv[0])
+            .args(&argv[1..])
+            .output()
+            .expect("runuser")
+    };
+    if !run(&["--version"]).status.success() {
+        eprintln!(
+            "skipped: user nobody cannot run {} (a directory on its path is not searchable)",
+            common::bin()
+        );
+        return;
+    }
+    // Root's run directory exists (the defect's condition).
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create("/run/rocev2");
+    let fallback = PathBuf::from(format!("/tmp/rocev2-{uid}"));
+    let _ = std::fs::remove_dir_all(&fallback);
+    let dir = scratch("stat-nobody");
+    let mut p = Proc::spawn(
+        "perf",
+        &dir,
+        &as_nobody(&[
+            "perf",
+            "write-bw",
+            "--loopback",
+            "--loopback-ips",
+            "127.0.225.1,127.0.225.2",
+            "-D",
+            "4",
+        ]),
+    );
+    let t0 = Instant::now();
+    loop {
+        let out = run(&["stat", "--interval", "0"]);
+        let t = String::from_utf8_lossy(&out.stdout).into_owned();
+        if t.contains("link rocev2_lo/1 127.0.225.1 ") {
+            break;
+        }
+        assert!(
+            p.try_wait().is_none() && t0.elapsed() < Duration::from_secs(15),
+            "user nobody's rocev2 stat never saw its own run:\n{t}{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            p.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let done = p.wait(Duration::from_secs(30));
+    assert!(done.status.success(), "{done}");
+
+    // Another user (root here) plants the fallback directory, world-writable: it must not be used.
+    let _ = std::fs::remove_dir_all(&fallback);
+    std::fs::create_dir(&fallback).expect("plant");
+    std::fs::set_permissions(&fallback, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mut p = Proc::spawn(
+        "perf2",
+        &dir,
+        &as_nobody(&[
+            "perf",
+            "write-bw",
+            "--loopback",
+            "--loopback-ips",
+            "127.0.225.3,127.0.225.4",
+            "-D",
+            "2",
+        ]),
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    let planted: Vec<PathBuf> = std::fs::read_dir(&fallback)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let out = run(&["stat", "--interval", "0"]);
+    let done = p.wait(Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&fallback);
+    assert!(
+        planted.is_empty(),
+        "endpoint in a planted directory: {planted:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("127.0.225.3"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(done.status.success(), "{done}");
 }

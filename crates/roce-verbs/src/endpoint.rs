@@ -7,7 +7,13 @@
 //! `/proc/<pid>/stat`, in clock ticks after boot; `n` counts the runtimes of the process), created when the
 //! runtime starts and removed when it stops (its last [`crate::Context`] is dropped). The run directory is
 //! [`run_dir`]: `$ROCEV2_RUN_DIR` if set, else `/run/rocev2` when it can be created (root), else
-//! `$XDG_RUNTIME_DIR/rocev2`, else `/tmp/rocev2-<uid>`; readers ([`endpoints`]) look in all of them. A socket left by
+//! `$XDG_RUNTIME_DIR/rocev2`, else `/tmp/rocev2-<uid>`; readers ([`endpoints`]) look in all of them.
+//! A directory is used only when only its owner controls it ([`dir_trusted`]): a real directory (not a symlink),
+//! owned by the process's user (a reader also trusts root's), not writable by group or others — so a non-root
+//! program skips root's `/run/rocev2` instead of failing to bind there, and another local user who pre-creates
+//! `/tmp/rocev2-<uid>` cannot capture or replace the endpoints. Sockets are mode 0600; the endpoint answers only
+//! its own user and root (`SO_PEERCRED`), and a reader checks that the socket is served by the process its name
+//! says. A socket left by
 //! a process that died without dropping its devices is stale: [`endpoints`] removes a socket whose pid is gone, or
 //! whose pid now belongs to a process with another start time (the pid was reused). The pid and start time of a
 //! process name it uniquely, so the rule never removes a live endpoint.
@@ -102,16 +108,54 @@ fn uid() -> u32 {
         .unwrap_or(0)
 }
 
-/// The run directory this process writes its endpoints to: the first candidate that exists or can be created
-/// (mode 0700 when created). `None` when none can.
+/// Whether `dir` is controlled by its owner alone and that owner is one of `owners`: a directory itself (a
+/// symlink is refused, whatever it points at), owned by one of `owners`, not writable by group or others.
+///
+/// # Errors
+/// Why not, in words for a warning: it cannot be read, is not a directory, is someone else's, or is writable by others.
+pub fn dir_trusted(dir: &Path, owners: &[u32]) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !m.file_type().is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    if !owners.contains(&m.uid()) {
+        return Err(format!(
+            "{} belongs to uid {}, not to this user ({})",
+            dir.display(),
+            m.uid(),
+            uid()
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is writable by group or others (mode {:o})",
+            dir.display(),
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// The run directory this process writes its endpoints to: the first candidate that is this user's alone
+/// ([`dir_trusted`]) or can be created as such (mode 0700). A candidate that exists but is not (root's
+/// `/run/rocev2` for a normal user, or another user's `/tmp/rocev2-<uid>`) is skipped. `None` when none fits.
 pub fn run_dir() -> Option<PathBuf> {
+    let me = [uid()];
     candidates().into_iter().find(|d| {
-        d.is_dir()
-            || std::fs::DirBuilder::new()
+        if std::fs::symlink_metadata(d).is_err() {
+            let _ = std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
-                .create(d)
-                .is_ok()
+                .create(d);
+        }
+        match dir_trusted(d, &me) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::debug!(%why, "not a run directory for this user");
+                false
+            }
+        }
     })
 }
 
@@ -132,6 +176,10 @@ pub fn endpoints() -> Vec<EndpointPath> {
     let own_netns = std::fs::read_link("/proc/self/ns/net").ok();
     let mut out = Vec::new();
     for dir in candidates() {
+        // Only directories that this user or root controls: sockets in another user's could be anyone's.
+        if dir_trusted(&dir, &[uid(), 0]).is_err() {
+            continue;
+        }
         let Ok(rd) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -250,6 +298,24 @@ pub fn query(path: &Path, request: &Value, timeout: Duration) -> std::io::Result
         }
     };
     let mut s = connect(path, deadline, timeout)?;
+    // The socket must be served by the process its name says (a stale name over a socket of another process, or a
+    // socket planted under a live process's name, is not read).
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".sock"))
+        .and_then(parse_name)
+        .map(|(pid, _)| pid);
+    if let Some(named) = named {
+        let cred = rustix::net::sockopt::socket_peercred(&s)?;
+        let served = cred.pid.as_raw_nonzero().get();
+        if i64::from(served) != i64::from(named) {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                format!("the socket is served by pid {served}, not by pid {named} its name says"),
+            ));
+        }
+    }
     s.set_write_timeout(Some(left()?))?;
     let mut line = request.to_string();
     line.push('\n');
@@ -331,6 +397,10 @@ pub(crate) fn start(cfg: &StatsEndpoint, devices: DeviceList) -> Option<Endpoint
                 .recursive(true)
                 .mode(0o700)
                 .create(d);
+            if let Err(why) = dir_trusted(d, &[uid()]) {
+                tracing::warn!(%why, "no stats endpoint");
+                return None;
+            }
             d.clone()
         }
     };
@@ -342,6 +412,8 @@ pub(crate) fn start(cfg: &StatsEndpoint, devices: DeviceList) -> Option<Endpoint
     };
     let _ = std::fs::remove_file(&path);
     let listener = match UnixListener::bind(&path).and_then(|l| {
+        // Only this user may connect (the directory is this user's alone too; the mode does not follow the umask).
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
         l.set_nonblocking(true)?;
         Ok(l)
     }) {
@@ -492,6 +564,12 @@ fn answer(mut s: UnixStream, stop: &AtomicBool, devices: &DeviceList) {
     if s.set_nonblocking(false).is_err() {
         return;
     }
+    // Only this user and root are answered (the answer holds PSNs and keys' traffic counters).
+    let me = uid();
+    match rustix::net::sockopt::socket_peercred(&s) {
+        Ok(c) if c.uid.as_raw() == me || c.uid.is_root() => {}
+        _ => return,
+    }
     let Some(line) = read_request(&mut s, deadline, stop) else {
         return;
     };
@@ -516,8 +594,10 @@ fn answer(mut s: UnixStream, stop: &AtomicBool, devices: &DeviceList) {
     }
     let mut text = out.to_string();
     text.push('\n');
-    write_answer(&mut s, text.as_bytes(), deadline, stop);
+    // Let the devices go before writing: a client that does not read its answer must not keep a runtime (and its
+    // UDP port) alive that the application has closed; closing it stops this endpoint, which ends the write.
     drop(live);
+    write_answer(&mut s, text.as_bytes(), deadline, stop);
 }
 
 fn envelope() -> Value {

@@ -217,7 +217,8 @@ fn query_bounds_a_trickling_or_endless_answer() {
     use std::io::{Read, Write};
     let dir = scratch("hostile-answer");
     std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("1.0.sock");
+    // Named after this process, which serves it (`query` checks the serving pid against the name).
+    let path = dir.join(format!("{}.0.sock", std::process::id()));
     let l = std::os::unix::net::UnixListener::bind(&path).expect("bind");
     let server = std::thread::spawn(move || {
         // 1: a byte every 100 ms for 5 s; 2: 256 MiB without a newline.
@@ -435,4 +436,99 @@ fn datagrams_the_link_drops_are_counted_in_the_endpoint() {
     }
     drop(ctx);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue #21: a stats client that sends its request and never reads the answer kept the runtime it asked about
+/// alive (the endpoint thread held the devices while its write blocked, up to the 2 s request bound), so a program
+/// that closed its device still had it — and its UDP port — for that long. The answer here is larger than the
+/// socket buffer (hundreds of QPs), so the write blocks; once the application drops its handles, the runtime must
+/// stop at once (its endpoint socket is removed when it stops).
+#[test]
+fn a_client_that_does_not_read_its_answer_does_not_keep_the_runtime_alive() {
+    use std::io::Write;
+    let dir = scratch("noread");
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Dir(dir.clone()),
+        ..RuntimeConfig::default()
+    };
+    let (ca, cb) = Context::sim_pair(rt).expect("pair");
+    let path = ca.stats_endpoint().expect("an endpoint");
+    let pd = ca.alloc_pd().expect("pd");
+    let cq = ca.create_cq(16, None, Moderation::default()).expect("cq");
+    let cap = QpCap {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qps: Vec<Qp> = (0..600)
+        .map(|_| pd.create_qp(QpType::Rc, &cq, &cq, cap, false).expect("qp"))
+        .collect();
+    let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+    s.write_all(b"{\"get\":\"stats\"}\n").expect("request");
+    // Let the endpoint build its answer and block writing it.
+    std::thread::sleep(Duration::from_millis(700));
+    let t0 = Instant::now();
+    drop((qps, cq, pd, ca, cb));
+    // The runtime stops (and removes its socket) within the endpoint's 50 ms slice, not after the 2 s bound.
+    while path.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_millis(1000),
+            "the runtime outlived its last handle for {:?} behind a client that does not read",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(s);
+}
+
+/// Issue #21: the run directory must be this user's alone. A directory someone else could write to (or owned by
+/// someone else) is refused for serving — a local attacker who pre-creates it cannot capture or replace the
+/// endpoint — and skipped when reading; a socket is mode 0600 whatever the umask.
+#[test]
+fn run_directories_others_control_are_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = scratch("lax");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Dir(dir.clone()),
+        ..RuntimeConfig::default()
+    };
+    let (ca, _cb) = Context::sim_pair(rt.clone()).expect("pair");
+    assert_eq!(
+        ca.stats_endpoint(),
+        None,
+        "served from a world-writable directory"
+    );
+    assert!(endpoint::dir_trusted(&dir, &[0, 1000]).is_err());
+    // A symlink to a good directory is refused too (it could be re-pointed).
+    let good = scratch("good");
+    std::fs::create_dir_all(&good).expect("dir");
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let link = scratch("link");
+    std::os::unix::fs::symlink(&good, &link).expect("symlink");
+    assert!(endpoint::dir_trusted(&link, &[0, 1000, 65534]).is_err());
+    // The good directory: served, socket mode 0600.
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Dir(good.clone()),
+        ..RuntimeConfig::default()
+    };
+    let (cg, _cg2) = Context::sim_pair(rt).expect("pair");
+    let sock = cg
+        .stats_endpoint()
+        .expect("an endpoint in a directory of this user's");
+    let mode = std::fs::metadata(&sock)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "{}", sock.display());
+    // A socket named after another process (here pid 1) but served by this one is not read: it is forged.
+    let forged = good.join("1.0.sock");
+    let _l = std::os::unix::net::UnixListener::bind(&forged).expect("bind");
+    let e = endpoint::query(&forged, &json!({"get": "stats"}), Duration::from_secs(1))
+        .expect_err("a forged endpoint");
+    assert!(e.to_string().contains("not by pid 1"), "{e}");
 }
