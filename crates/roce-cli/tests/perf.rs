@@ -203,6 +203,45 @@ fn local_ack_timeouts_are_reported_after_the_run() {
     assert!(!clean.contains("local ACK timeout"), "{clean}");
 }
 
+/// Issue #21: every run used seed 1, so every run had the same initial PSNs and the same rkey (0x101): a blind
+/// in-window injection was easy. Without `--seed` two runs now differ in both; with the same `--seed` they agree
+/// (fault-injection runs stay reproducible).
+#[test]
+fn psns_and_rkeys_differ_between_runs_unless_seeded() {
+    let _serial = serial();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    // (PSN, rkey) of the first WRITE of a `write-bw` run.
+    let first = |tag: &str, extra: &[&str]| -> (u64, u64) {
+        let file = dir.join(format!("seed-{tag}-{}.pcap", std::process::id()));
+        let f = file.to_string_lossy().into_owned();
+        let mut args = vec!["-s", "64", "-n", "5", "--pcap", &f];
+        args.extend_from_slice(extra);
+        loopback_json("write-bw", 227, &args);
+        let out = rocev2(&["decode", "--json", &f]);
+        let _ = std::fs::remove_file(&file);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let w: Value = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["reth"].is_object())
+            .unwrap_or_else(|| panic!("no WRITE in the capture:\n{text}"));
+        (
+            w["psn"].as_u64().expect("psn"),
+            w["reth"]["rkey"].as_u64().expect("rkey"),
+        )
+    };
+    let (a, b) = (first("a", &[]), first("b", &[]));
+    assert_ne!(a.0, b.0, "the same initial PSN in two runs");
+    // The key byte takes one of 255 values: two runs agree by chance once in 255, both on the old fixed key once
+    // in 65,025.
+    assert!(
+        a.1 != 0x101 || b.1 != 0x101,
+        "the first MR's rkey is 0x101 in every run"
+    );
+    let (c, d) = (first("c", &["--seed", "9"]), first("d", &["--seed", "9"]));
+    assert_eq!(c, d, "--seed reproduces a run");
+}
+
 #[test]
 fn loss_still_completes_with_verified_data() {
     let _serial = serial();

@@ -358,7 +358,8 @@ impl Engine {
                 "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE",
             ));
         }
-        Ok(self.mrs.register(pd, buf, access, iova))
+        let random = splitmix(&mut self.rng);
+        Ok(self.mrs.register(pd, buf, access, iova, random))
     }
 
     /// `ibv_dereg_mr`: returns the buffer ([`MrBuffer::downcast`] recovers its concrete type). Fails with `Busy`

@@ -300,12 +300,19 @@ impl MrTable {
 
     /// Registers `buf`; its virtual address is `iova` if given (the caller checked that `iova + len` does not
     /// overflow), else a fresh engine-assigned range.
+    ///
+    /// The key is the slot index + 1 in bits 31..8 (what finds the MR without a search) and a key byte in bits 7..0
+    /// (IBTA Vol 1 §10.6.3.1: the consumer-owned "key" portion of an L_Key/R_Key, which verbs providers vary so that
+    /// a stale key is rejected): here the slot's previous key byte advanced by `1 + random % 255`, so the new key is
+    /// never the slot's previous one (a deregistered key is rejected at once) and is not guessable from it (a blind
+    /// peer cannot walk keys in sequence).
     pub(crate) fn register(
         &mut self,
         pd: PdHandle,
         buf: MrBuffer,
         access: AccessFlags,
         iova: Option<u64>,
+        random: u64,
     ) -> MrInfo {
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -316,7 +323,7 @@ impl MrTable {
             }
         };
         let g = &mut self.gens[slot as usize];
-        *g = g.wrapping_add(1);
+        *g = g.wrapping_add(1 + (random % 255) as u8);
         let key = ((slot + 1) << 8) | u32::from(*g);
         let blen = buf.len();
         let len = blen as u64;
@@ -693,8 +700,15 @@ mod tests {
             vec![0u8; 100].into_boxed_slice().into(),
             AccessFlags::LOCAL_WRITE,
             None,
+            0x1234,
         );
-        let b = t.register(pd, vec![0u8; 10].into(), AccessFlags::REMOTE_READ, None);
+        let b = t.register(
+            pd,
+            vec![0u8; 10].into(),
+            AccessFlags::REMOTE_READ,
+            None,
+            0x99,
+        );
         assert_ne!(a.lkey, b.lkey);
         assert!(b.addr >= a.addr + 100 + 4096 - 100, "guard gap between MRs");
         assert_eq!(
@@ -743,11 +757,39 @@ mod tests {
         assert_eq!(t.deregister(a.lkey).map(|b| b.len()), Ok(100));
         assert!(t.deregister(a.lkey).is_err());
         // The slot is reused with a new generation: the stale key misses.
-        let c = t.register(pd, [0u8; 1].into(), AccessFlags::EMPTY, None);
+        let c = t.register(pd, [0u8; 1].into(), AccessFlags::EMPTY, None, 254);
         assert_ne!(c.lkey, a.lkey);
         assert_eq!(
             t.check_local(a.lkey, pd, c.addr, 1, AccessFlags::EMPTY),
             Err(MrFault::BadKey)
         );
+    }
+
+    /// Issue #21: keys are not guessable in sequence, and a slot's new key is never its previous one, whatever
+    /// the random draw (including the draws that would wrap the key byte onto itself).
+    #[test]
+    fn key_bytes_are_random_and_never_repeat_a_slot_s_last_key() {
+        let mut t = MrTable::new();
+        let pd = PdHandle(1);
+        let mut last = None;
+        for r in [0u64, 254, 255, 256, 509, 510, u64::MAX, 7, 7] {
+            let k = t
+                .register(pd, [0u8; 1].into(), AccessFlags::EMPTY, None, r)
+                .lkey;
+            assert_eq!(k.0 >> 8, 1, "the same slot is reused");
+            assert_ne!(Some(k), last, "draw {r}: the previous key came back");
+            last = Some(k);
+            assert!(t.deregister(k).is_ok());
+        }
+        // Two tables (engines) with different draws give different first keys: not 0x101 for everyone.
+        let mut u = MrTable::new();
+        let a = u
+            .register(pd, [0u8; 1].into(), AccessFlags::EMPTY, None, 3)
+            .rkey;
+        let mut v = MrTable::new();
+        let b = v
+            .register(pd, [0u8; 1].into(), AccessFlags::EMPTY, None, 100)
+            .rkey;
+        assert_ne!(a, b);
     }
 }

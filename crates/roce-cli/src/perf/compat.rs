@@ -217,7 +217,7 @@ pub(super) fn run(
         p,
         local,
         peer,
-        a.seed.wrapping_mul(2).wrapping_add(u64::from(is_client)),
+        a.seed().wrapping_mul(2).wrapping_add(u64::from(is_client)),
         true,
     )?;
     devices.add(

@@ -321,9 +321,11 @@ pub struct PerfArgs {
     /// Mark ECN CE on transmitted ECN-capable frames with this probability.
     #[arg(long, default_value_t = 0.0)]
     pub ce: f64,
-    /// Seed of the fault injector and the engines.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seed of the fault injector and the engines (initial PSNs, memory keys). Default: a random one per run, so
+    /// that PSNs and keys are not the same in every run (as perftest randomises its PSNs: a blind in-window
+    /// injection must not be easy); give one to reproduce a fault-injection run exactly.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Testing aid: alter one verified byte (or the atomic counter) just before verification, which must then fail.
     #[arg(long = "debug-corrupt-before-verify", hide = true)]
     pub debug_corrupt: bool,
@@ -361,6 +363,13 @@ pub struct PerfArgs {
     /// Scheduler flags: --rate-limit, --burst, --tc, --tc-weights, perftest's --rate_limit/--rate_units/--burst_size.
     #[command(flatten)]
     pub sched: shaping::SchedArgs,
+}
+
+impl PerfArgs {
+    /// The run's seed ([`run`] resolves `--seed`'s default, a random one, before anything uses it).
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed.unwrap_or(1)
+    }
 }
 
 /// `-s`: a number (decimal, or 0x hex as perftest's strtol) with an optional K or M suffix (2^10, 2^20).
@@ -1076,6 +1085,11 @@ fn accept_timeout(a: &PerfArgs) -> Option<Duration> {
 
 /// Entry point of `rocev2 perf`.
 pub fn run(a: &PerfArgs) -> ExitCode {
+    // One seed for the whole run: the one given, or a random one.
+    let a = &PerfArgs {
+        seed: Some(a.seed.unwrap_or_else(rand::random)),
+        ..a.clone()
+    };
     let params = match Params::from_args(a)
         .and_then(|(p, notes)| shaping::validate(a, &p).map(|()| (p, notes)))
     {
@@ -1208,7 +1222,7 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output, devices: &Devices) -> R
     let sim = if a.link == LinkKind::Sim {
         let faults = fault_config(a);
         let pcap = a.pcap.clone();
-        let seed = a.seed;
+        let seed = a.seed();
         let mut n = 0u64;
         let (c_srv, c_cli) =
             Context::sim_pair_with(runtime_cfg(a), SimConfig::default(), move |l| {
@@ -1333,7 +1347,7 @@ fn server_session(
                 &params,
                 local,
                 peer,
-                a.seed.wrapping_mul(2),
+                a.seed().wrapping_mul(2),
                 a.address.is_none() && !a.loopback,
             ) {
                 Ok((c, s, rx)) => (c, Some((s, rx))),
@@ -1479,7 +1493,7 @@ fn client(
                 params,
                 local,
                 peer,
-                a.seed.wrapping_mul(2).wrapping_add(1),
+                a.seed().wrapping_mul(2).wrapping_add(1),
                 true,
             ) {
                 Ok((c, s, rx)) => (c, Some((s, rx))),
