@@ -78,6 +78,9 @@ pub struct Pair {
     pub lost: u64,
     /// MADs the channel delivered (duplicates included).
     pub delivered: u64,
+    /// Every MAD put on the channel (before loss), with the time and the
+    /// sending side: what a capture at the senders would show.
+    pub capture: Vec<(Instant, Side, [u8; MAD_LEN])>,
     chan: ChannelConfig,
     rng: u64,
     seq: u64,
@@ -105,6 +108,7 @@ impl Pair {
             sent: 0,
             lost: 0,
             delivered: 0,
+            capture: Vec::new(),
             rng: chan.seed,
             chan,
             seq: 0,
@@ -152,6 +156,7 @@ impl Pair {
             let mut buf = [0u8; MAD_LEN];
             while let Some(t) = self.cm(side).poll_transmit(&mut buf) {
                 self.sent += 1;
+                self.capture.push((self.now, side, buf));
                 if self.chance(self.chan.loss_ppm) {
                     self.lost += 1;
                     continue;
