@@ -200,6 +200,8 @@ struct Conn {
     tid: u64,
     /// TID of the DREQ exchange.
     dreq_tid: u64,
+    /// The service ID of the REQ / SIDR_REQ.
+    service_id: u64,
     local_qpn: Qpn,
     remote_qpn: Qpn,
     remote_ca_guid: u64,
@@ -315,6 +317,11 @@ impl Cm {
         self.conn(id).map(|c| c.remote_id)
     }
 
+    /// The service ID a connection or SIDR exchange is for.
+    pub fn service_id(&self, id: ConnId) -> Option<u64> {
+        self.conn(id).map(|c| c.service_id)
+    }
+
     /// Live connections (timewait included).
     pub fn connections(&self) -> usize {
         self.live
@@ -401,6 +408,7 @@ impl Cm {
         let slot = self.alloc(peer, State::ReqSent)?;
         let conn = self.slots[slot].as_mut().expect("just allocated");
         req.local_comm_id = conn.local_id;
+        conn.service_id = p.service_id;
         conn.tid = (u64::from(self.hi_tid) << 32) | u64::from(conn.local_id);
         conn.local_qpn = p.local_qpn;
         conn.retry_timeout = retry_timeout;
@@ -626,6 +634,7 @@ impl Cm {
         let slot = self.alloc(peer, State::SidrReqSent)?;
         let conn = self.slots[slot].as_mut().expect("just allocated");
         conn.tid = (u64::from(self.hi_tid) << 32) | u64::from(conn.local_id);
+        conn.service_id = service_id;
         conn.retry_timeout = timeout;
         let req = SidrReqRepr {
             request_id: conn.local_id,
@@ -663,7 +672,7 @@ impl Cm {
             request_id: conn.remote_id,
             status,
             qpn,
-            service_id: conn.dreq_tid, // the SIDR_REQ's service ID is kept here
+            service_id: conn.service_id,
             qkey,
             private_data,
             ..SidrRepRepr::default()
@@ -946,6 +955,7 @@ impl Cm {
         let conn = self.slots[slot].as_mut().expect("just allocated");
         conn.remote_id = req.local_comm_id;
         conn.tid = tid;
+        conn.service_id = req.service_id;
         conn.remote_qpn = req.local_qpn;
         conn.remote_ca_guid = req.local_ca_guid;
         conn.retry_timeout = iba_time(pl) * 2 + iba_time(req.local_cm_response_timeout);
@@ -1195,7 +1205,7 @@ impl Cm {
         let conn = self.slots[slot].as_mut().expect("just allocated");
         conn.remote_id = req.request_id;
         conn.tid = tid;
-        conn.dreq_tid = req.service_id;
+        conn.service_id = req.service_id;
         conn.sidr_key = Some((src.gid, req.request_id));
         self.by_sidr.insert((src.gid, req.request_id), slot);
         let id = self.id_of(slot);
@@ -1368,6 +1378,7 @@ impl Cm {
             peer,
             tid: 0,
             dreq_tid: 0,
+            service_id: 0,
             local_qpn: Qpn::new(0),
             remote_qpn: Qpn::new(0),
             remote_ca_guid: 0,
