@@ -69,7 +69,8 @@
 //!   and re-sent for each duplicate of the message it acknowledged.
 //! * **Duplicates** (Linux `cm_dup_req_handler`, `cm_dup_rep_handler`,
 //!   `cm_dreq_handler`): a repeated REQ is answered with the stored MRA or REP
-//!   (or ignored while the application decides); a repeated REP with the
+//!   (while the application decides: with an MRA, as rdma_cm's delayed MRA
+//!   does, see [`CmConfig::mra_on_duplicate_req`]); a repeated REP with the
 //!   stored RTU (or MRA); a repeated DREQ in timewait with the stored DREP; a
 //!   DREQ that names no connection (we already left timewait) with a DREP
 //!   built from it (Linux `cm_issue_drep`), so the peer completes.

@@ -44,6 +44,12 @@ pub struct CmConfig {
     pub ack_delay: u8,
     /// The P_Key put in SIDR_REQs and REQs.
     pub pkey: u16,
+    /// When a received REQ is repeated while the application has not
+    /// answered it yet, send an MRA with this service timeout (4.096 µs ×
+    /// 2^n) so the peer waits instead of giving up; `None`: stay silent.
+    /// rdma_cm does this with 24 (≈ 69 s; Linux `cma.c` `CMA_CM_MRA_SETTING`
+    /// with `IB_CM_MRA_FLAG_DELAY`: the MRA goes out on the first duplicate).
+    pub mra_on_duplicate_req: Option<u8>,
     /// Seed of the random comm IDs and transaction IDs.
     pub seed: u64,
 }
@@ -61,6 +67,7 @@ impl Default for CmConfig {
             packet_life_time: 16,
             ack_delay: 15,
             pkey: mad::DEFAULT_PKEY,
+            mra_on_duplicate_req: Some(24),
             seed: 0,
         }
     }
@@ -875,6 +882,12 @@ impl Cm {
             let conn = self.slots[slot].as_ref().expect("indexed");
             let (state, peer, stored, retry) = (conn.state, conn.peer, conn.stored, conn.retry);
             match state {
+                State::ReqRcvd => {
+                    if let Some(t) = self.config.mra_on_duplicate_req {
+                        let id = self.id_of(slot);
+                        let _ = self.mra(Instant::ZERO, id, t, &[]);
+                    }
+                }
                 State::MraReqSent => {
                     if let Some(m) = stored {
                         self.send(peer, m);

@@ -246,16 +246,41 @@ fn duplicate_req_while_rep_sent_resends_the_rep() {
     let Some(Event::ConnectRequest { id, .. }) = b.poll_event() else {
         panic!()
     };
-    // While the application decides, a duplicate REQ is only counted.
+    // While the application decides, a duplicate REQ gets an MRA (rdma_cm's
+    // delayed MRA, service timeout 24), and the next one the same MRA.
     b.handle_mad(now, peer(1), &req[0]);
-    assert!(drain(&mut b).is_empty());
-    assert_eq!(b.stats().duplicates, 1);
+    let mra = drain(&mut b);
+    assert_eq!(mra.len(), 1);
+    let CmMessage::Mra(m) = CmMad::parse(&mra[0]).unwrap().message else {
+        panic!()
+    };
+    assert_eq!(
+        (m.service_timeout, m.message_mraed),
+        (24, cm::msg_response::REQ)
+    );
+    assert_eq!(b.state(id), Some(State::MraReqSent));
+    b.handle_mad(now, peer(1), &req[0]);
+    assert_eq!(drain(&mut b), mra);
+    assert_eq!(b.stats().duplicates, 2);
+    // The MRA reaches A: it now waits 4.096 µs × 2^24 + 2 × packet lifetime.
+    a.handle_mad(now, peer(2), &mra[0]);
+    assert_eq!(a.poll_timeout(), Some(now + iba_time(24) + iba_time(6) * 2));
     b.accept(now, id, &accept_params()).unwrap();
     let rep = drain(&mut b);
     b.handle_mad(now, peer(1), &req[0]);
     assert_eq!(drain(&mut b), rep);
-    assert_eq!(b.stats().duplicates, 2);
+    assert_eq!(b.stats().duplicates, 3);
     assert!(b.poll_event().is_none());
+    // Without the option a duplicate is only counted.
+    let mut c = Cm::new(CmConfig {
+        mra_on_duplicate_req: None,
+        ..config(3, 0xc)
+    });
+    c.listen(SID).unwrap();
+    c.handle_mad(now, peer(1), &req[0]);
+    c.handle_mad(now, peer(1), &req[0]);
+    assert!(drain(&mut c).is_empty());
+    assert_eq!(c.stats().duplicates, 1);
 }
 
 #[test]
