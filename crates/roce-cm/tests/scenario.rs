@@ -490,3 +490,103 @@ fn destroy_of_an_established_connection_disconnects_the_peer() {
     assert_eq!(p.a.state(a_id), None);
     assert_eq!(p.a.connections() + p.b.connections(), 0);
 }
+
+#[test]
+fn passive_side_that_never_answers_is_rejected_by_the_active_timeout() {
+    let (pa, pb) = peers();
+    let quiet = CmConfig {
+        mra_on_duplicate_req: None,
+        ..fast_config(13, 0xb)
+    };
+    let mut p = Pair::new(
+        Cm::new(fast_config(12, 0xa)),
+        pa,
+        Cm::new(quiet),
+        pb,
+        ChannelConfig::default(),
+    );
+    p.b.listen(SID).unwrap();
+    let (now, b_peer) = (p.now, p.b_peer);
+    let a_id = p.a.connect(now, b_peer, &connect_params(b"")).unwrap();
+    p.run(Instant::from_millis(10_000), |_, _, _, _| {});
+    // A gave up with a REJ (Timeout); B, still deciding, sees it as Rejected.
+    assert_eq!(
+        p.events(Side::A).collect::<Vec<_>>(),
+        [&Event::Unreachable {
+            id: a_id,
+            attr_id: cm::attr::REQ
+        }]
+    );
+    assert_eq!(kinds(&p, Side::B), ["ConnectRequest", "Rejected"]);
+    let reason = p.events(Side::B).find_map(|e| match e {
+        Event::Rejected { rej, .. } => Some(rej.reason),
+        _ => None,
+    });
+    assert_eq!(reason, Some(rej_reason::TIMEOUT));
+    assert_eq!(p.b.stats().duplicates, 15);
+    assert_eq!(p.a.connections() + p.b.connections(), 0);
+}
+
+#[test]
+fn active_side_that_never_sends_the_rtu_is_given_up_by_the_passive_side() {
+    let mut p = pair(14, ChannelConfig::default());
+    p.b.listen(SID).unwrap();
+    let (now, b_peer) = (p.now, p.b_peer);
+    p.a.connect(now, b_peer, &connect_params(b"")).unwrap();
+    p.run(Instant::from_millis(10_000), |side, cm, now, ev| {
+        if let (Side::B, Event::ConnectRequest { id, .. }) = (side, ev) {
+            cm.accept(now, *id, &accept_params(b"")).unwrap();
+        }
+    });
+    assert_eq!(kinds(&p, Side::A), ["Reply", "Rejected"]);
+    assert_eq!(kinds(&p, Side::B), ["ConnectRequest", "Unreachable"]);
+    assert!(p.events(Side::B).any(|e| matches!(
+        e,
+        Event::Unreachable {
+            attr_id: cm::attr::REP,
+            ..
+        }
+    )));
+    // The REP went out 16 times; A ignored the 15 duplicates (no RTU yet).
+    assert_eq!(p.b.stats().retransmits, 15);
+    assert_eq!(p.a.stats().duplicates, 15);
+    assert_eq!(p.a.connections() + p.b.connections(), 0);
+}
+
+#[test]
+fn unanswered_dreq_times_out_into_timewait() {
+    let mut p = pair(15, ChannelConfig::default());
+    p.b.listen(SID).unwrap();
+    let (now, b_peer) = (p.now, p.b_peer);
+    p.a.connect(now, b_peer, &connect_params(b"")).unwrap();
+    // B never answers the DREQ.
+    p.run(Instant::from_millis(10_000), |side, cm, now, ev| {
+        match (side, ev) {
+            (Side::B, Event::ConnectRequest { id, .. }) => {
+                cm.accept(now, *id, &accept_params(b"")).unwrap()
+            }
+            (Side::A, Event::Reply { id, .. }) => cm.rtu(now, *id, b"").unwrap(),
+            (Side::A, Event::Established { id }) => cm.disconnect(now, *id, b"").unwrap(),
+            _ => {}
+        }
+    });
+    assert_eq!(
+        kinds(&p, Side::A),
+        ["Reply", "Established", "Disconnected", "TimewaitExit"]
+    );
+    assert!(p.events(Side::A).any(|e| matches!(
+        e,
+        Event::Disconnected {
+            cause: Disconnect::Timeout,
+            ..
+        }
+    )));
+    assert_eq!(
+        kinds(&p, Side::B),
+        ["ConnectRequest", "Established", "Disconnected"]
+    );
+    assert_eq!(p.b.stats().duplicates, 15);
+    assert_eq!(p.a.connections(), 0);
+    // B still waits for its application's DREP.
+    assert_eq!(p.b.connections(), 1);
+}
