@@ -35,6 +35,11 @@
 //!   the send path patches per packet.
 //! * [`pretty`]: one-line tcpdump-like rendering ([`PrettyFrame`]).
 //! * [`udp::udp_sport`]: the Linux UDP source-port rule.
+//! * [`mad`]: management datagrams ([`Mad`] view, [`MadHeaderRepr`]) and how
+//!   a GSI datagram travels on RoCE v2 (UD to QP1, Q_Key 0x8001_0000);
+//!   [`cm`]: the communication manager's messages (REQ, MRA, REJ, REP, RTU,
+//!   DREQ, DREP, SIDR_REQ, SIDR_REP as [`CmMad`]), the rdma_cm address
+//!   header and service IDs.
 //!
 //! The crate is `no_std` (with `alloc` available but unused), has no
 //! `unsafe` code, and allocates nothing in parse or emit. Protocol facts cite
@@ -141,6 +146,7 @@ mod field;
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
+pub mod cm;
 pub mod cnp;
 pub mod deth;
 pub mod eth;
@@ -153,6 +159,7 @@ pub mod ieth;
 pub mod immdt;
 pub mod ipv4;
 pub mod ipv6;
+pub mod mad;
 pub mod opcode;
 pub mod pretty;
 pub mod reth;
@@ -163,6 +170,7 @@ pub mod udp;
 pub use aeth::{Aeth, AethRepr, AethSyndrome, NakCode, ack_credit_count, rnr_timer_us};
 pub use atomic::{AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr};
 pub use bth::{Bth, BthRepr};
+pub use cm::{CmMad, CmMessage};
 pub use cnp::{CnpBody, CnpRepr};
 pub use deth::{Deth, DethRepr};
 pub use eth::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr, VlanTag};
@@ -175,6 +183,7 @@ pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};
 pub use ipv4::{Ecn, Ipv4Packet, Ipv4Repr};
 pub use ipv6::{Ipv6Packet, Ipv6Repr};
+pub use mad::{Mad, MadHeaderRepr};
 pub use opcode::{
     Direction, ExtHeader, ExtHeaders, MsgPosition, OpKind, Opcode, OpcodeInfo, PayloadRule,
     Transport,
