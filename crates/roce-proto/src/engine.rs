@@ -1715,11 +1715,21 @@ impl Engine {
 
     // ----------------------------------------------------------------------------------------------- completion
 
-    /// Pushes a completion; on overrun counts it and raises `CqErr`.
+    /// Pushes a completion. On overrun (IBTA Vol 1 §11.4.2.1: a completion that finds the CQ full puts the CQ in
+    /// error, an affiliated asynchronous error) the completion is lost and counted in `cq_overflow`; the first
+    /// overrun marks the CQ, raises one `CqErr` and moves every QP that completes into this CQ to the error state
+    /// (their outstanding WRs flush — into the overrun CQ, so they are counted as lost too — and each raises
+    /// `QpFatal`), so a program waiting on them learns of it instead of waiting forever. The QP scan runs once per
+    /// CQ, on this error path only.
     pub(crate) fn push_wc(&mut self, cq: CqHandle, wc: Wc) {
         let mut ok = false;
+        let mut first_overrun = false;
         if let Some(c) = self.cq_mut(cq) {
             ok = c.push(wc);
+            if !ok && !c.overrun {
+                c.overrun = true;
+                first_overrun = true;
+            }
             if ok && !c.ready {
                 c.ready = true;
                 self.cq_ready.push_back(cq.0 - 1);
@@ -1727,11 +1737,22 @@ impl Engine {
         }
         if !ok {
             self.stats.cq_overflow += 1;
+        }
+        if first_overrun {
             self.events.push_back(AsyncEvent {
                 event_type: AsyncEventType::CqErr,
                 qpn: None,
                 cq: Some(cq),
             });
+            for i in 0..self.qps.len() {
+                let uses = self.qps[i].as_deref().is_some_and(|qp| {
+                    (qp.send_cq == cq || qp.recv_cq == cq)
+                        && !matches!(qp.state, QpState::Err | QpState::Reset)
+                });
+                if uses {
+                    self.enter_error(i);
+                }
+            }
         }
     }
 

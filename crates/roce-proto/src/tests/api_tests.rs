@@ -1092,3 +1092,63 @@ fn ready_cq_list_reports_each_cq_with_news_once() {
     assert_eq!(p.a.poll_ready_cq(), None);
     assert_eq!(poll_all(&mut p.a, a2.cq).len(), 4);
 }
+
+/// Issue #21: 10,000 signalled WRs into a 16-entry CQ lost 9,968 completions silently while the QP stayed in RTS,
+/// so a program waiting for them waited forever. A CQ overrun is a CQ error (IBTA Vol 1 §11.4.2.1): one `CqErr`
+/// event, and the QPs that complete into that CQ go to the error state (`QpFatal`); a QP on another CQ is untouched.
+#[test]
+fn cq_overrun_is_a_cq_error_and_its_qps_go_to_error() {
+    let mut p = Pair::new();
+    let o = ConnOpts::default();
+    let pd = p.a.alloc_pd().unwrap();
+    let small = p.a.create_cq(2).unwrap();
+    let (qpn, _) = p
+        .a
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: small,
+            recv_cq: small,
+            cap: o.cap,
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let a = End { pd, cq: small, qpn };
+    let b = make_qp(&mut p.b, &o);
+    bring_up(&mut p.a, a, b.qpn, MAC_B, IP_B, o.a_psn, o.b_psn, &o);
+    bring_up(&mut p.b, b, a.qpn, MAC_A, IP_A, o.b_psn, o.a_psn, &o);
+    // A second connected pair on its own CQ, on the same engines.
+    let (c, _d) = connect(&mut p, &o);
+    let ma = mr(&mut p.a, a.pd, 64, |i| i as u8);
+    let mb = mr(&mut p.b, b.pd, 64, |_| 0);
+    let sg = [sge(&ma, 0, 8)];
+    for i in 0..6 {
+        let w = SendWr::new(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: mb.addr,
+                rkey: mb.rkey,
+            },
+            &sg,
+        );
+        p.a.post_send(a.qpn, &[w]).unwrap();
+        p.drive();
+    }
+    assert!(p.a.counters().cq_overflow >= 4, "{:?}", p.a.counters());
+    let evs: Vec<_> = std::iter::from_fn(|| p.a.poll_async_event()).collect();
+    let cq_errs = evs
+        .iter()
+        .filter(|e| e.event_type == AsyncEventType::CqErr)
+        .count();
+    assert_eq!(cq_errs, 1, "one CQ error per overrun CQ: {evs:?}");
+    assert!(
+        evs.iter()
+            .any(|e| e.event_type == AsyncEventType::QpFatal && e.qpn == Some(a.qpn)),
+        "{evs:?}"
+    );
+    assert_eq!(p.a.query_qp(a.qpn).unwrap().qp_state, QpState::Err);
+    assert_eq!(p.a.query_qp(c.qpn).unwrap().qp_state, QpState::Rts);
+    // The two completions that fit are still there to poll.
+    let mut wc = [Wc::default(); 8];
+    assert_eq!(p.a.poll_cq(small, &mut wc), 2);
+}
