@@ -69,6 +69,7 @@ mod hugepage;
 mod memory;
 mod progress;
 mod runner;
+mod srq;
 mod sync;
 mod wqe;
 
@@ -84,7 +85,8 @@ pub use memory::{MrBuf, PAGE_SIZE};
 pub use roce_proto::{
     AccessFlags, AhAttr, Counters, EngineConfig, Gid, MrBuffer, MrMemory, Mtu, Psn, QpAttr,
     QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics, RecvWr, Rkey, SendFlags, SendOp,
-    SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
+    SendWr, Sge, SrqAttr, SrqAttrMask, UdDest, Wc, WcOpcode, WcStatus,
 };
 pub use runner::{ProgressMode, RuntimeConfig, RuntimeStats};
+pub use srq::Srq;
 pub use wqe::{MAX_INLINE, MAX_SGE};
