@@ -16,6 +16,8 @@
 //!   the limit disarms (reads 0) until armed again;
 //! * a QP on an SRQ that enters ERR raises [`AsyncEventType::QpLastWqeReached`] after its `QpFatal`: it takes no
 //!   more WQEs from the SRQ; the SRQ's WQEs are not flushed (they belong to the SRQ, not to the QP);
+//! * a WQE once taken stays with the QP that took it: a UD datagram too long for it is dropped and counted
+//!   (`drop_ud_too_long`) and the WQE waits for that QP's next datagram, as on a QP with its own receive queue;
 //! * `post_recv` on a QP on an SRQ is refused ([`PostErrorKind::QpOnSrq`]); `destroy_srq` is refused with `Busy`
 //!   (EBUSY) while QPs use it; destroying it releases the MR leases of the WQEs still posted (no completions).
 
