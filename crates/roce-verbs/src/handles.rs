@@ -463,6 +463,19 @@ impl Context {
         &self.shared().stats
     }
 
+    /// The oldest asynchronous event of this device not yet taken (`ibv_get_async_event` without the blocking):
+    /// QP fatal / request / access errors, COMM_EST, SQ_DRAINED, CQ overrun, port up/down, an SRQ's limit
+    /// ([`roce_proto::AsyncEventType::SrqLimitReached`], naming it by [`crate::Srq::handle`]) and LAST_WQE_REACHED.
+    /// The device keeps the last 1024 events; older ones are dropped. Takes the progress lock and runs a pass.
+    pub fn poll_async_event(&self) -> Result<Option<roce_proto::AsyncEvent>, Error> {
+        self.call(|d| d.events.pop_front())
+    }
+
+    /// Asynchronous events dropped because 1024 were waiting untaken ([`poll_async_event`](Self::poll_async_event)).
+    pub fn async_events_dropped(&self) -> Result<u64, Error> {
+        self.call(|d| d.events_dropped)
+    }
+
     /// A random initial PSN from the engine's seeded RNG.
     pub fn random_psn(&self) -> Result<Psn, Error> {
         self.call(|d| d.engine_mut().random_psn())

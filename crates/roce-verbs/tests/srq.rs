@@ -1,6 +1,6 @@
 //! Shared receive queues through the runtime ([`Srq`]): RC and UD QPs on one SRQ over the simulated segment, in both
-//! progress modes: verified data, RNR with an empty SRQ (the send completes once a WR is posted), the limit arm and
-//! its one-shot disarm, the object rules (EBUSY while QPs use it, `post_recv` on a QP on an SRQ refused), and
+//! progress modes: verified data, RNR with an empty SRQ (the send completes once a WR is posted), the limit arm, its
+//! event ([`Context::poll_async_event`]) and one-shot disarm, LAST_WQE_REACHED, the object rules (EBUSY while QPs use it, `post_recv` on a QP on an SRQ refused), and
 //! concurrent posting from several threads.
 
 use std::sync::Arc;
@@ -118,6 +118,18 @@ fn send(qp: &Qp, a: &Side, id: u64, off: u64, len: u32, ud: Option<UdDest>) {
         wr = wr.ud(d);
     }
     qp.post_send(&[wr]).expect("post_send");
+}
+
+/// The SRQ events (limit, LAST_WQE_REACHED) the device has raised since the last call.
+fn srq_events(ctx: &Context) -> Vec<AsyncEvent> {
+    std::iter::from_fn(|| ctx.poll_async_event().unwrap())
+        .filter(|e| {
+            matches!(
+                e.event_type,
+                AsyncEventType::SrqLimitReached | AsyncEventType::QpLastWqeReached
+            )
+        })
+        .collect()
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -267,10 +279,20 @@ fn limit_is_one_shot_and_destroy_is_busy_while_qps_use_the_srq(mode: ProgressMod
     send(&qa, &a, 1, 0, 64, None);
     poll_n(&b.cq, 1, Duration::from_secs(10));
     assert_eq!(srq.query().unwrap().srq_limit, 3);
-    // 3 → 2: below it: the limit event fired and the limit disarmed.
+    assert_eq!(srq_events(&cb), vec![]);
+    // 3 → 2: below it: the limit event (naming the SRQ) fired once and the limit disarmed.
     send(&qa, &a, 2, 0, 64, None);
     poll_n(&b.cq, 1, Duration::from_secs(10));
     assert_eq!(srq.query().unwrap().srq_limit, 0);
+    assert_eq!(
+        srq_events(&cb),
+        vec![AsyncEvent {
+            event_type: AsyncEventType::SrqLimitReached,
+            qpn: None,
+            cq: None,
+            srq: Some(srq.handle()),
+        }]
+    );
     // Resize keeps the 2 posted.
     srq.modify(
         &SrqAttr {
@@ -284,6 +306,23 @@ fn limit_is_one_shot_and_destroy_is_busy_while_qps_use_the_srq(mode: ProgressMod
         (srq.query().unwrap().max_wr, srq.outstanding().unwrap()),
         (16, 2)
     );
+    // The QP on the SRQ moved to ERR: LAST_WQE_REACHED, and the SRQ keeps its WRs.
+    qb.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
+    assert_eq!(
+        srq_events(&cb)
+            .iter()
+            .map(|e| (e.event_type, e.qpn))
+            .collect::<Vec<_>>(),
+        vec![(AsyncEventType::QpLastWqeReached, Some(qb.qpn()))]
+    );
+    assert_eq!(srq.outstanding().unwrap(), 2);
     // EBUSY while the QP exists; accepted once it is gone.
     let (srq, e) = srq.clone().destroy().unwrap_err();
     assert_eq!(e.errno(), 16);
