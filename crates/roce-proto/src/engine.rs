@@ -1800,7 +1800,7 @@ impl Engine {
             srq: None,
         });
         if on_srq {
-            // The QP takes no more WQEs from its SRQ (IBTA Vol 1 §11.6.3.1; rxe `flush_recv_queue`).
+            // The QP takes no more WQEs from its SRQ (`ibv_get_async_event(3)`; rxe `flush_recv_queue`).
             self.events.push_back(AsyncEvent {
                 event_type: AsyncEventType::QpLastWqeReached,
                 qpn: Some(qpn),

@@ -8,7 +8,8 @@
 //! there it is used, completed on the QP's receive CQ, or flushed like any receive WQE of the QP. So a multi-packet
 //! SEND keeps the WQE its FIRST packet took, and the rest of the responder is the same with or without an SRQ.
 //!
-//! Rules (IBTA Vol 1 §10.2.9, §11.6.3.1; rxe `rxe_srq.c` / `rxe_resp.c`):
+//! Rules (IBTA Vol 1 §10.2.9; `ibv_create_srq(3)`, `ibv_modify_srq(3)`, `ibv_query_srq(3)`, `ibv_get_async_event(3)`;
+//! rxe `rxe_srq.c` / `rxe_resp.c`):
 //! * an empty SRQ is an empty receive queue: RC answers RNR NAK, UD and UC drop the message and count it
 //!   (`drop_ud_no_recv` / `drop_uc_no_recv`);
 //! * the limit ([`SrqAttr::srq_limit`]) is armed by `modify_srq(LIMIT)` (not by create: `ibv_create_srq(3)`); when a
@@ -54,7 +55,7 @@ impl Srq {
 
 /// Whether `qp` has a receive WQE at its RQ head for the message that is starting: if its own queue is empty and it
 /// is on an SRQ, the SRQ's oldest WQE is moved there first (its SGEs and MR leases go with it), and the limit event
-/// is raised if that leaves the SRQ below its armed limit (IBTA Vol 1 §10.2.9.3; rxe `get_srq_wqe`: the count after
+/// is raised if that leaves the SRQ below its armed limit (`ibv_modify_srq(3)`; rxe `get_srq_wqe`: the count after
 /// the removal is compared, and the limit is cleared when it fires). No allocation: the QP's one-WQE queue and the
 /// event queue's room are reserved at create time.
 pub(crate) fn take_recv(

@@ -803,10 +803,10 @@ pub enum AsyncEventType {
     /// IBV_EVENT_PORT_ERR: the driver reported the link down.
     PortErr,
     /// IBV_EVENT_SRQ_LIMIT_REACHED: the number of WQEs on an SRQ fell below its armed limit; the limit is disarmed
-    /// (IBTA Vol 1 §10.2.9.3 / §11.6.3.1; rxe `rxe_resp.c` `get_srq_wqe`). [`AsyncEvent::srq`] names the SRQ.
+    /// (`ibv_modify_srq(3)`, `ibv_query_srq(3)`; rxe `rxe_resp.c` `get_srq_wqe`). [`AsyncEvent::srq`] names the SRQ.
     SrqLimitReached,
     /// IBV_EVENT_QP_LAST_WQE_REACHED: a QP attached to an SRQ entered ERR and will consume no more WQEs from it
-    /// (IBTA Vol 1 §11.6.3.1; rxe `rxe_resp.c` `flush_recv_queue`).
+    /// (`ibv_get_async_event(3)`; rxe `rxe_resp.c` `flush_recv_queue`).
     QpLastWqeReached,
 }
 
