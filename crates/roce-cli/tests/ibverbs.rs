@@ -6,7 +6,8 @@
 //!   also prints agrees with it — no network traffic;
 //! * a program on an address whose UDP 4791 another process owns is told once, on stderr, to start it with
 //!   `rocev2 run --ip <next address> -- PROGRAM`;
-//! * `ibv_rc_pingpong -g 0` (polling and `-e` events), `ibv_ud_pingpong -g 0`, and perftest's `ib_send_bw` (RC,
+//! * `ibv_rc_pingpong -g 0` (polling and `-e` events), `ibv_ud_pingpong -g 0`, `ibv_srq_pingpong -g 0` (16 RC QPs
+//!   receiving from one shared receive queue; polling and `-e` events), and perftest's `ib_send_bw` (RC,
 //!   RC with `-e` events, UD), `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`, `ib_send_lat`, `ib_write_lat` and
 //!   `ib_read_lat`: server and client each under `rocev2 run`, in two network namespaces joined by a veth pair
 //!   (`rcetest<pid>-ibverbs…`, 198.18.40.0/24, deleted when the test ends); both sides must exit 0 and print their
@@ -268,6 +269,31 @@ fn ud_pingpong_between_namespaces() {
     ) else {
         return;
     };
+    check_pingpong(&s, &c, 200);
+}
+
+#[test]
+fn srq_pingpong_between_namespaces_polling_and_with_events() {
+    need("ibv_srq_pingpong", "ibverbs-utils");
+    let Some((s, c)) = pair_run("srq", "ibv_srq_pingpong", &["-g", "0", "-n", "200"], 18515) else {
+        return;
+    };
+    check_pingpong(&s, &c, 200);
+    // Every one of the 16 QPs (the default `-q`) connected to its peer.
+    for (side, f) in [("server", &s), ("client", &c)] {
+        assert_eq!(
+            f.stdout.matches("remote address: LID 0x0000").count(),
+            16,
+            "{side}: 16 QPs\n{f}"
+        );
+    }
+    let (s, c) = pair_run(
+        "srqe",
+        "ibv_srq_pingpong",
+        &["-g", "0", "-n", "200", "-e"],
+        18515,
+    )
+    .expect("ran above");
     check_pingpong(&s, &c, 200);
 }
 

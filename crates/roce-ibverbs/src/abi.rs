@@ -398,6 +398,34 @@ pub struct IbvGidEntry {
     pub ndev_ifindex: u32,
 }
 
+/// `struct ibv_srq` (128 bytes).
+#[repr(C)]
+pub struct IbvSrq {
+    pub context: *mut IbvContext,
+    pub srq_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
+    pub mutex: PthreadMutex,
+    pub cond: PthreadCond,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvSrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct IbvSrqInitAttr {
+    pub srq_context: *mut c_void,
+    pub attr: IbvSrqAttr,
+}
+
 macro_rules! layout {
     ($t:ty, $size:expr $(, $field:ident @ $off:expr)*) => {
         const _: () = assert!(size_of::<$t>() == $size);
@@ -451,6 +479,10 @@ layout!(IbvDeviceAttr, 232, fw_ver @ 0, node_guid @ 64, sys_image_guid @ 72, max
     max_raw_ethy_qp @ 184, max_mcast_grp @ 188, max_mcast_qp_attach @ 192, max_total_mcast_qp_attach @ 196,
     max_ah @ 200, max_fmr @ 204, max_map_per_fmr @ 208, max_srq @ 212, max_srq_wr @ 216, max_srq_sge @ 220,
     max_pkeys @ 224, local_ca_ack_delay @ 226, phys_port_cnt @ 227);
+layout!(IbvSrq, 128, context @ 0, srq_context @ 8, pd @ 16, handle @ 24, mutex @ 32, cond @ 72,
+    events_completed @ 120);
+layout!(IbvSrqInitAttr, 24, srq_context @ 0, attr @ 8);
+layout!(IbvSrqAttr, 12, max_wr @ 0, max_sge @ 4, srq_limit @ 8);
 layout!(IbvGidEntry, 32, gid @ 0, gid_index @ 16, port_num @ 20, gid_type @ 24, ndev_ifindex @ 28);
 
 // Enum values (ABI.md §4.4).
@@ -463,6 +495,9 @@ pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 /// `ibv_gid_type_sysfs` value of RoCE v2 (private `ibv_query_gid_type` out-parameter).
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
 pub const IBV_ATOMIC_HCA: c_int = 1;
+/// `ibv_srq_attr_mask`: IBV_SRQ_MAX_WR, IBV_SRQ_LIMIT.
+pub const IBV_SRQ_MAX_WR: c_int = 1;
+pub const IBV_SRQ_LIMIT: c_int = 2;
 pub const IBV_QPT_RC: c_int = 2;
 pub const IBV_QPT_UC: c_int = 3;
 pub const IBV_QPT_UD: c_int = 4;

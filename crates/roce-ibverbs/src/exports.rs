@@ -1,4 +1,5 @@
-//! The exported C functions and the objects behind the pointers they hand out. All `unsafe` of the crate is here:
+//! The exported C functions and the objects behind the pointers they hand out (the SRQ ones are in `srq`, which
+//! uses the helpers below). All `unsafe` of the crate is here and in `srq`:
 //! every pointer a program passes is one this library returned (or a caller-owned struct of the documented
 //! layout), as the libibverbs man pages require of callers.
 //!
@@ -34,7 +35,7 @@ fn set_errno(e: c_int) {
 }
 
 /// NULL with `errno = e` (the pointer-returning verbs' error contract).
-fn null_errno<T>(e: c_int) -> *mut T {
+pub(crate) fn null_errno<T>(e: c_int) -> *mut T {
     set_errno(e);
     null_mut()
 }
@@ -181,12 +182,12 @@ impl CtxBlock {
 }
 
 #[repr(C)]
-struct PdBlock {
-    pd: IbvPd,
-    rust: roce_verbs::Pd,
-    /// MRs, QPs and AHs made on this PD and not yet destroyed: `ibv_dealloc_pd` refuses with `EBUSY` while any
-    /// remain (the kernel's use count; the Rust handles would otherwise keep the PD alive silently).
-    users: AtomicU32,
+pub(crate) struct PdBlock {
+    pub(crate) pd: IbvPd,
+    pub(crate) rust: roce_verbs::Pd,
+    /// MRs, QPs, AHs and SRQs made on this PD and not yet destroyed: `ibv_dealloc_pd` refuses with `EBUSY` while
+    /// any remain (the kernel's use count; the Rust handles would otherwise keep the PD alive silently).
+    pub(crate) users: AtomicU32,
 }
 
 #[repr(C)]
@@ -319,18 +320,18 @@ unsafe fn ctx_block<'a>(ctx: *mut IbvContext) -> Option<&'a CtxBlock> {
 
 /// # Safety
 /// `obj` is NULL or a pointer to the first member of a live block of type `T` made by this library.
-unsafe fn block<'a, T, C>(obj: *mut C) -> Option<&'a T> {
+pub(crate) unsafe fn block<'a, T, C>(obj: *mut C) -> Option<&'a T> {
     // SAFETY: per the contract.
     unsafe { obj.cast::<T>().as_ref() }
 }
 
-fn into_raw<T>(b: T) -> *mut T {
+pub(crate) fn into_raw<T>(b: T) -> *mut T {
     Box::into_raw(Box::new(b))
 }
 
 /// # Safety
 /// `p` came from [`into_raw`] with the same `T` and is not used afterwards.
-unsafe fn free<T, C>(p: *mut C) {
+pub(crate) unsafe fn free<T, C>(p: *mut C) {
     // SAFETY: per the contract.
     drop(unsafe { Box::from_raw(p.cast::<T>()) });
 }
@@ -350,8 +351,8 @@ versioned! {
     "IBVERBS_1.0": [ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_read_sysfs_file, ibv_get_sysfs_path,
         ibv_copy_path_rec_from_kern, ibv_copy_qp_attr_from_kern]
     "IBVERBS_1.1": [ibv_ack_cq_events, ibv_alloc_pd, ibv_attach_mcast, ibv_close_device, ibv_create_ah,
-        ibv_create_ah_from_wc, ibv_create_cq, ibv_create_qp, ibv_create_srq, ibv_dealloc_pd, ibv_dereg_mr,
-        ibv_destroy_ah, ibv_destroy_cq, ibv_destroy_qp, ibv_destroy_srq, ibv_detach_mcast, ibv_free_device_list,
+        ibv_create_ah_from_wc, ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr,
+        ibv_destroy_ah, ibv_destroy_cq, ibv_destroy_qp, ibv_detach_mcast, ibv_free_device_list,
         ibv_get_cq_event, ibv_get_device_guid, ibv_get_device_list, ibv_get_device_name, ibv_modify_qp,
         ibv_open_device, ibv_query_device, ibv_query_gid, ibv_query_pkey, ibv_query_port, ibv_query_qp, ibv_reg_mr,
         ibv_wc_status_str, ibv_copy_ah_attr_from_kern, ibv_dofork_range, ibv_dontfork_range,
@@ -454,8 +455,6 @@ unsupported_int!(
     rocev2_ibv_query_ece,
     rocev2_ibv_set_ece,
     rocev2_ibv_resolve_eth_l2_from_gid,
-    // Destroying an SRQ this library never creates.
-    rocev2_ibv_destroy_srq,
 );
 
 /// Pointer-returning entry points that are not supported: NULL with `errno = EOPNOTSUPP`.
@@ -473,7 +472,6 @@ macro_rules! unsupported_ptr {
 unsupported_ptr!(
     rocev2__verbs_init_and_alloc_context,
     rocev2_verbs_open_device,
-    rocev2_ibv_create_srq,
     rocev2_ibv_create_ah_from_wc,
     rocev2_ibv_qp_to_qp_ex,
 );
@@ -669,7 +667,7 @@ pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut Ibv
                 poll_cq,
                 req_notify_cq,
                 compat_cq_to_srq: [None; 7],
-                post_srq_recv,
+                post_srq_recv: crate::srq::post_srq_recv,
                 compat_qp: [None; 4],
                 post_send,
                 post_recv,
@@ -774,9 +772,9 @@ pub unsafe extern "C" fn rocev2_ibv_query_device(
         max_ah: i(a.max_ah),
         max_fmr: 0,
         max_map_per_fmr: 0,
-        max_srq: 0,
-        max_srq_wr: 0,
-        max_srq_sge: 0,
+        max_srq: i(a.max_srq),
+        max_srq_wr: i(a.max_srq_wr),
+        max_srq_sge: i(a.max_srq_sge.min(MAX_SGE as u32)),
         max_pkeys: 1,
         local_ca_ack_delay: 15,
         phys_port_cnt: 1,
@@ -1367,9 +1365,11 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     let (Some(p), Some(a)) = (unsafe { block::<PdBlock, _>(pd) }, unsafe { attr.as_mut() }) else {
         return null_errno(libc::EINVAL);
     };
-    if !a.srq.is_null() {
-        return null_errno(libc::EOPNOTSUPP);
-    }
+    // SAFETY: the caller passes NULL or an SRQ of ours.
+    let srq = match unsafe { crate::srq::srq_of(a.srq) } {
+        Ok(s) => s,
+        Err(e) => return null_errno(e),
+    };
     let Some(ty) = qp_type_from_c(a.qp_type) else {
         return null_errno(libc::EOPNOTSUPP);
     };
@@ -1384,7 +1384,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     cap.max_recv_sge = cap.max_recv_sge.max(1);
     let qp = match p
         .rust
-        .create_qp(ty, &scq.rust, &rcq.rust, cap, a.sq_sig_all != 0)
+        .create_qp_with_srq(ty, &scq.rust, &rcq.rust, cap, a.sq_sig_all != 0, srq)
     {
         Ok(q) => q,
         Err(e) => return null_errno(e.errno()),
@@ -1399,7 +1399,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
             pd,
             send_cq: a.send_cq,
             recv_cq: a.recv_cq,
-            srq: null_mut(),
+            srq: a.srq,
             handle: qp.qpn().value(),
             qp_num: qp.qpn().value(),
             state: QpState::Reset as c_int,
@@ -1669,7 +1669,7 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
 // ---------------------------------------------------------------------------------------------------------------
 // Data path (ops slots)
 
-fn post_errno(e: &PostError) -> c_int {
+pub(crate) fn post_errno(e: &PostError) -> c_int {
     match e {
         PostError::QueueFull { .. } => libc::ENOMEM,
         _ => libc::EINVAL,
@@ -1677,7 +1677,7 @@ fn post_errno(e: &PostError) -> c_int {
 }
 
 /// WRs converted per runtime call (each chunk is one doorbell).
-const BATCH: usize = 16;
+pub(crate) const BATCH: usize = 16;
 
 /// One converted send WR (what [`SendWr`] needs besides its slices).
 #[derive(Clone, Copy)]
@@ -1924,19 +1924,6 @@ unsafe extern "C" fn post_recv(
         }
     }
     0
-}
-
-/// `ops.post_srq_recv`: there are no SRQs.
-unsafe extern "C" fn post_srq_recv(
-    _srq: *mut c_void,
-    wr: *mut IbvRecvWr,
-    bad: *mut *mut IbvRecvWr,
-) -> c_int {
-    if !bad.is_null() {
-        // SAFETY: the caller's out-parameter.
-        unsafe { *bad = wr };
-    }
-    libc::EOPNOTSUPP
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,9 @@
 //! `poll`/`epoll` it), QP (RC, UC, UD: create, modify with the IPv4-mapped or IPv6 GID of
 //! `ah_attr.grh.dgid`, query, destroy), AH, and `post_send` / `post_recv` / `poll_cq` mapped onto [`roce_verbs`]'s
 //! `Qp` / `Cq` in the calling thread (no extra thread hop; an auto-progress thread serves a process that stops
-//! calling). The runtime opens the UDP link (port 4791 on the address) when the first PD or CQ is created, so
+//! calling). Shared receive queues (module `srq`): `ibv_create_srq` / `modify_srq` (resize, limit) / `query_srq` /
+//! `destroy_srq`, `ibv_post_srq_recv`, RC/UC/UD QPs created with `ibv_qp_init_attr.srq`, `ibv_create_srq_ex` for
+//! basic SRQs (its inline wrapper calls `ibv_create_srq`). The runtime opens the UDP link (port 4791 on the address) when the first PD or CQ is created, so
 //! `ibv_devinfo` works while another program uses the address.
 //!
 //! The checks a real provider and the kernel make on the program's mistakes are made here too: posting to a QP
@@ -41,7 +43,7 @@
 //!
 //! # Not implemented (clean errors: `NULL` + `errno = EOPNOTSUPP`, or the `EOPNOTSUPP` return each man page gives)
 //!
-//! SRQ (`ibv_create_srq`; `post_srq_recv` returns `EOPNOTSUPP`), multicast attach/detach, `ibv_create_ah_from_wc`,
+//! XRC and tag-matching SRQs (`ibv_create_srq_ex` answers `EOPNOTSUPP`: the context is not extended), multicast attach/detach, `ibv_create_ah_from_wc`,
 //! `ibv_qp_to_qp_ex` (the new post-send API; perftest then uses the old one because the `vendor_part_id` is not a
 //! Mellanox/EFA one, ABI.md §6.3), ECE, `ibv_reg_mr_iova2` with an iova other than the address, on-demand paging,
 //! `ibv_resolve_eth_l2_from_gid`, every private `ibv_cmd_*` / `verbs_*` provider entry point (providers are never
@@ -52,3 +54,4 @@
 
 mod abi;
 mod exports;
+mod srq;

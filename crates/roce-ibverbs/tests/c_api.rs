@@ -3,8 +3,8 @@
 //! `LD_LIBRARY_PATH`:
 //!
 //! * without a configured device: `ibv_get_device_list` is an empty NULL-terminated list;
-//! * with the device on 127.0.201.1: queries, the unsupported verbs' clean errors (SRQ, iova ≠ address, on-demand
-//!   paging, a QP on an SRQ: NULL + `EOPNOTSUPP`; an address vector without GRH: `EINVAL`; a channel still in
+//! * with the device on 127.0.201.1: queries, the unsupported verbs' clean errors (iova ≠ address, on-demand
+//!   paging: NULL + `EOPNOTSUPP`; an address vector without GRH: `EINVAL`; a channel still in
 //!   use: `EBUSY`; a non-blocking channel without events: `EAGAIN`), and two RC QPs of one context connected over
 //!   UDP: an inline SEND with immediate data woken through the completion channel, an RDMA WRITE, a chain whose
 //!   second WR is bad (`*bad_wr` names it, the first is posted), then teardown.
@@ -16,7 +16,12 @@
 //!   first (one runtime, one UDP port, shared by the contexts); a program waiting in `poll` on a completion
 //!   channel's `fd` wakes when the event comes and the fd is quiet again once the event is taken.
 //!
-//! Binds UDP 4791 on 127.0.201.1 and 127.0.201.2 (run under the network lock with the other loopback tests).
+//! * `tests/c/srq.c` with the device on 127.0.201.16: shared receive queues (create/modify/query/destroy and their
+//!   errors, `ibv_create_srq_ex`, RC and UD QPs on one SRQ with verified data, RNR on an empty SRQ, the limit's
+//!   one-shot disarm, `EBUSY` while QPs use it; the file's header lists every check).
+//!
+//! Binds UDP 4791 on 127.0.201.1, 127.0.201.2 and 127.0.201.16 (run under the network lock with the other loopback
+//! tests).
 
 mod common;
 
@@ -81,5 +86,12 @@ fn c_program_sees_no_device_without_configuration_and_a_working_device_with_it()
 fn c_program_misusing_the_api_gets_the_errors_of_libibverbs() {
     let (prog, dir) = build("misuse");
     run(&prog, &dir, "loop", Some("127.0.201.2"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_on_shared_receive_queues() {
+    let (prog, dir) = build("srq");
+    run(&prog, &dir, "loop", Some("127.0.201.16"));
     let _ = std::fs::remove_dir_all(&dir);
 }

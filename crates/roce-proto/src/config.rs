@@ -39,6 +39,12 @@ pub struct DeviceAttr {
     pub max_msg_sz: u32,
     /// Largest path MTU the port supports (`max_mtu`).
     pub max_mtu: Mtu,
+    /// Maximum number of shared receive queues (`max_srq`).
+    pub max_srq: u32,
+    /// Maximum WQEs per SRQ (`max_srq_wr`).
+    pub max_srq_wr: u32,
+    /// Maximum SGEs per SRQ receive WR (`max_srq_sge`).
+    pub max_srq_sge: u32,
 }
 
 impl Default for DeviceAttr {
@@ -58,6 +64,9 @@ impl Default for DeviceAttr {
             max_qp_init_rd_atom: 128,
             max_msg_sz: 1 << 31,
             max_mtu: Mtu::Mtu4096,
+            max_srq: 1024,
+            max_srq_wr: 16384,
+            max_srq_sge: 32,
         }
     }
 }

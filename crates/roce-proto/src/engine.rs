@@ -182,6 +182,8 @@ pub struct Engine {
     pub(crate) cqs: Vec<Option<Cq>>,
     pub(crate) ahs: Vec<Option<(PdHandle, AhAttr, TxTemplate)>>,
     pub(crate) qps: Vec<Option<Box<Qp>>>,
+    /// Shared receive queues, indexed by `SrqHandle − 1` (`crate::srq`).
+    pub(crate) srqs: Vec<Option<crate::srq::Srq>>,
     pub(crate) qp_free: Vec<u32>,
     pub(crate) live_qps: u32,
     pub(crate) timers: Timers,
@@ -232,6 +234,7 @@ impl Engine {
             cqs: Vec::new(),
             ahs: Vec::new(),
             qps: Vec::new(),
+            srqs: Vec::new(),
             qp_free: Vec::new(),
             live_qps: 0,
             timers: Timers::default(),
@@ -281,7 +284,7 @@ impl Engine {
         Ok(PdHandle(self.pds.len() as u32))
     }
 
-    fn pd_live(&self, pd: PdHandle) -> bool {
+    pub(crate) fn pd_live(&self, pd: PdHandle) -> bool {
         pd.0 >= 1 && self.pds.get(pd.0 as usize - 1).copied().unwrap_or(false)
     }
 
@@ -292,8 +295,8 @@ impl Engine {
         }
         let qp_use = self.qps.iter().flatten().any(|q| q.pd == pd);
         let ah_use = self.ahs.iter().flatten().any(|a| a.0 == pd);
-        if self.mrs.pd_in_use(pd) || qp_use || ah_use {
-            return Err(ResourceError::Busy("PD has MRs, QPs or AHs"));
+        if self.mrs.pd_in_use(pd) || qp_use || ah_use || self.pd_has_srq(pd) {
+            return Err(ResourceError::Busy("PD has MRs, QPs, AHs or SRQs"));
         }
         self.pds[pd.0 as usize - 1] = false;
         Ok(())
@@ -583,6 +586,25 @@ impl Engine {
     /// naming the field; with [`CapPolicy::Clamp`] it is clamped. Returns the QPN and the granted capabilities (S09).
     /// All queue storage (WQE rings, SGE arrays, inline areas) is allocated here, never on the data path.
     pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<(Qpn, QpCap), CreateQpError> {
+        self.create_qp_srq(init, None)
+    }
+
+    /// `ibv_create_qp` with `ibv_qp_init_attr.srq`: as [`create_qp`](Self::create_qp); with `Some(srq)` the QP takes
+    /// its receive WQEs from that SRQ (`crate::srq`): `cap.max_recv_wr` / `max_recv_sge` are ignored and granted as 0
+    /// (as mlx5 reports them), and [`post_recv`](Self::post_recv) on the QP is refused. Errors as `create_qp`, and
+    /// `InvalidHandle("srq")` for a dead SRQ.
+    pub fn create_qp_srq(
+        &mut self,
+        init: &QpInitAttr,
+        srq: Option<SrqHandle>,
+    ) -> Result<(Qpn, QpCap), CreateQpError> {
+        let srq_sge = match srq {
+            None => None,
+            Some(h) => match self.query_srq(h) {
+                Some(a) => Some(a.max_sge),
+                None => return Err(ResourceError::InvalidHandle("srq").into()),
+            },
+        };
         if !self.pd_live(init.pd) {
             return Err(ResourceError::InvalidHandle("pd").into());
         }
@@ -594,6 +616,10 @@ impl Engine {
         }
         let d = self.cfg.device;
         let mut cap = init.cap;
+        if srq.is_some() {
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
         let checks: [(&'static str, &mut u32, u32); 5] = [
             ("max_send_wr", &mut cap.max_send_wr, d.max_qp_wr),
             ("max_recv_wr", &mut cap.max_recv_wr, d.max_qp_wr),
@@ -619,14 +645,16 @@ impl Engine {
                 }
             }
         }
-        if cap.max_send_wr == 0 && cap.max_recv_wr == 0 {
+        if cap.max_send_wr == 0 && cap.max_recv_wr == 0 && srq.is_none() {
             return Err(
                 ResourceError::InvalidArgument("max_send_wr and max_recv_wr are both 0").into(),
             );
         }
         cap.max_send_wr = cap.max_send_wr.max(1);
         cap.max_send_sge = cap.max_send_sge.max(1);
-        cap.max_recv_sge = cap.max_recv_sge.max(1);
+        if srq.is_none() {
+            cap.max_recv_sge = cap.max_recv_sge.max(1);
+        }
         let idx = match self.qp_free.pop() {
             Some(i) => i as usize,
             None => {
@@ -657,7 +685,12 @@ impl Engine {
             },
             req: ReqCtx::INIT,
             sq: SendQueue::new(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data),
-            rq: RecvQueue::new(cap.max_recv_wr, cap.max_recv_sge),
+            // On an SRQ: room for the one WQE the responder takes from it (`srq::take_recv`).
+            rq: match srq_sge {
+                Some(sge) => RecvQueue::new(1, sge),
+                None => RecvQueue::new(cap.max_recv_wr, cap.max_recv_sge),
+            },
+            srq,
             resp: RespCtx::new(res_cap),
             timers: QpTimers::with_base(self.timer_epoch),
             counters: Counters::default(),
@@ -681,18 +714,21 @@ impl Engine {
                 c.users += 1;
             }
         }
+        if let Some(s) = srq.and_then(|h| self.srq_mut(h)) {
+            s.users += 1;
+        }
         Ok((qpn, cap))
     }
 
     /// Sizes the engine-wide queues the per-packet path pushes to, so that after `create_qp` no packet allocates:
     /// the scheduler's queues are intrusive lists through its per-QP entries (sized by `Scheduler::add_qp`); the
-    /// timer heap gets two entries per timer kind per QP; the async event queue room for two events per QP beyond
+    /// timer heap gets two entries per timer kind per QP; the async event queue room for three events per QP beyond
     /// those not yet polled.
     fn reserve_per_qp(&mut self) {
         let timers = 2 * crate::timer::TIMER_KINDS * self.live_qps as usize;
         self.timers
             .reserve(timers.saturating_sub(self.timers.len()));
-        self.events.reserve(2 * self.live_qps as usize);
+        self.events.reserve(3 * self.live_qps as usize);
     }
 
     /// Replaces the QP's rate controller (the DCQCN seam, `crate::cc`; default: a [`crate::cc::Dcqcn`] reaction
@@ -809,6 +845,9 @@ impl Engine {
             if let Some(c) = self.cq_mut(cq) {
                 c.users = c.users.saturating_sub(1);
             }
+        }
+        if let Some(s) = qp.srq.and_then(|h| self.srq_mut(h)) {
+            s.users = s.users.saturating_sub(1);
         }
         self.qp_free.push(i as u32);
         self.live_qps -= 1;
@@ -1329,6 +1368,10 @@ impl Engine {
             };
             for (index, wr) in wrs.iter().enumerate() {
                 let fail = |kind| Err(PostError { index, kind });
+                if qp.srq.is_some() {
+                    result = fail(PostErrorKind::QpOnSrq);
+                    break;
+                }
                 if qp.state == QpState::Reset {
                     result = fail(PostErrorKind::InvalidState(QpState::Reset));
                     break;
@@ -1438,6 +1481,7 @@ impl Engine {
             event_type,
             qpn: None,
             cq: None,
+            srq: None,
         });
     }
 
@@ -1743,6 +1787,7 @@ impl Engine {
                 event_type: AsyncEventType::CqErr,
                 qpn: None,
                 cq: Some(cq),
+                srq: None,
             });
             for i in 0..self.qps.len() {
                 let uses = self.qps[i].as_deref().is_some_and(|qp| {
@@ -1769,11 +1814,22 @@ impl Engine {
         qp.req.rnr_wait = false;
         self.sched.unpark(i);
         let qpn = qp.qpn;
+        let on_srq = qp.srq.is_some();
         self.events.push_back(AsyncEvent {
             event_type: AsyncEventType::QpFatal,
             qpn: Some(qpn),
             cq: None,
+            srq: None,
         });
+        if on_srq {
+            // The QP takes no more WQEs from its SRQ (`ibv_get_async_event(3)`; rxe `flush_recv_queue`).
+            self.events.push_back(AsyncEvent {
+                event_type: AsyncEventType::QpLastWqeReached,
+                qpn: Some(qpn),
+                cq: None,
+                srq: None,
+            });
+        }
         // Responder resources and pending responses are dropped — unless the responder itself failed: then the
         // responses queued for earlier requests still go out ahead of its final NAK (`responder_fatal`).
         if let Some(qp) = self.qps[i].as_deref_mut() {

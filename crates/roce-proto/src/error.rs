@@ -133,6 +133,12 @@ pub enum PostErrorKind {
     /// Inline data named by the SGL could not be read (bad lkey/bounds).
     #[error("inline SGE does not name registered memory")]
     InvalidInlineSge,
+    /// No such SRQ (`post_srq_recv`).
+    #[error("unknown SRQ")]
+    UnknownSrq,
+    /// `post_recv` on a QP created with an SRQ: its receive WQEs come from the SRQ (EINVAL; rxe `rxe_post_recv`).
+    #[error("the QP takes its receive WQEs from an SRQ")]
+    QpOnSrq,
     /// A UD message larger than the path MTU (libibverbs EINVAL on some providers).
     #[error("UD message {0} B exceeds the port MTU")]
     UdTooLarge(u64),

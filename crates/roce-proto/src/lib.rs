@@ -102,6 +102,7 @@ mod qp;
 mod requester;
 mod responder;
 pub mod sched;
+mod srq;
 pub mod state;
 pub mod stats;
 pub mod time;

@@ -406,6 +406,8 @@ pub(crate) struct Qp {
     pub(crate) req: ReqCtx,
     pub(crate) sq: SendQueue,
     pub(crate) rq: RecvQueue,
+    /// The SRQ the QP takes its receive WQEs from (`crate::srq`); `rq` then holds at most the one taken.
+    pub(crate) srq: Option<crate::verbs::SrqHandle>,
     pub(crate) resp: RespCtx,
     pub(crate) timers: QpTimers,
     pub(crate) counters: Counters,

@@ -1028,6 +1028,7 @@ impl Engine {
                     event_type: crate::verbs::AsyncEventType::SqDrained,
                     qpn: Some(qp.qpn),
                     cq: None,
+                    srq: None,
                 });
             }
         }

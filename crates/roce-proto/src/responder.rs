@@ -110,6 +110,7 @@ impl Engine {
                 event_type: AsyncEventType::CommEst,
                 qpn: Some(qp.qpn),
                 cq: None,
+                srq: None,
             });
         }
         // Notification point (`DCQCN.md` §2.2 N1–N3, S18): CE → at most one CNP per QP per `cnp_interval`; ECT-only
@@ -263,6 +264,7 @@ impl Engine {
             event_type: ev,
             qpn: Some(qpn),
             cq: None,
+            srq: None,
         });
         if let (Some(status), true) = (wc, qp.rq.head != qp.rq.tail) {
             {
@@ -413,7 +415,12 @@ impl Engine {
     /// Executes an in-sequence RC request packet.
     fn execute(&mut self, i: usize, pkt: &RxPkt<'_>) -> Exec {
         let Engine {
-            qps, mrs, stats, ..
+            qps,
+            mrs,
+            stats,
+            srqs,
+            events,
+            ..
         } = self;
         let Some(qp) = qps[i].as_deref_mut() else {
             return Exec::Drop;
@@ -463,7 +470,7 @@ impl Engine {
                 let placed = match open {
                     InMsg::Send { placed } => placed,
                     _ => {
-                        if qp.rq.head == qp.rq.tail {
+                        if !crate::srq::take_recv(qp, srqs, events) {
                             return Exec::Rnr;
                         }
                         0
@@ -534,7 +541,7 @@ impl Engine {
             | op::WRITE_ONLY
             | op::WRITE_ONLY_IMM => {
                 let with_imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
-                if with_imm && qp.rq.head == qp.rq.tail {
+                if with_imm && !crate::srq::take_recv(qp, srqs, events) {
                     return Exec::Rnr;
                 }
                 let (rkey, va, len, placed) = match open {
@@ -876,7 +883,12 @@ impl Engine {
     /// in RTS and the receive WR stays posted.
     fn on_ud_request(&mut self, i: usize, pkt: &RxPkt<'_>) {
         let Engine {
-            qps, mrs, stats, ..
+            qps,
+            mrs,
+            stats,
+            srqs,
+            events,
+            ..
         } = self;
         let Some(qp) = qps[i].as_deref_mut() else {
             return;
@@ -891,7 +903,7 @@ impl Engine {
             qp.counters.drop_qkey_mismatch += 1;
             return;
         }
-        if qp.rq.head == qp.rq.tail {
+        if !crate::srq::take_recv(qp, srqs, events) {
             stats.drop_ud_no_recv += 1;
             qp.counters.drop_ud_no_recv += 1;
             return;

@@ -8,5 +8,6 @@ mod loss_tests;
 mod pair_tests;
 mod random_tests;
 mod responder_tests;
+mod srq_tests;
 mod state_tests;
 mod util;

@@ -32,6 +32,10 @@ handle!(
     AhHandle
 );
 handle!(
+    /// A shared receive queue (`ibv_srq`, IBTA Vol 1 §10.2.9): receive WQEs that every QP created on it consumes.
+    SrqHandle
+);
+handle!(
     /// Local key of a memory region (`ibv_mr.lkey`), named in [`Sge::lkey`].
     Lkey
 );
@@ -798,6 +802,12 @@ pub enum AsyncEventType {
     PortActive,
     /// IBV_EVENT_PORT_ERR: the driver reported the link down.
     PortErr,
+    /// IBV_EVENT_SRQ_LIMIT_REACHED: the number of WQEs on an SRQ fell below its armed limit; the limit is disarmed
+    /// (`ibv_modify_srq(3)`, `ibv_query_srq(3)`; rxe `rxe_resp.c` `get_srq_wqe`). [`AsyncEvent::srq`] names the SRQ.
+    SrqLimitReached,
+    /// IBV_EVENT_QP_LAST_WQE_REACHED: a QP attached to an SRQ entered ERR and will consume no more WQEs from it
+    /// (`ibv_get_async_event(3)`; rxe `rxe_resp.c` `flush_recv_queue`).
+    QpLastWqeReached,
 }
 
 /// An asynchronous event, returned by [`crate::Engine::poll_async_event`].
@@ -809,6 +819,30 @@ pub struct AsyncEvent {
     pub qpn: Option<Qpn>,
     /// Affected CQ, if any.
     pub cq: Option<CqHandle>,
+    /// Affected SRQ, if any ([`AsyncEventType::SrqLimitReached`]).
+    pub srq: Option<SrqHandle>,
+}
+
+flags!(
+    /// `ibv_srq_attr_mask`: which fields of [`SrqAttr`] a [`crate::Engine::modify_srq`] call sets.
+    SrqAttrMask {
+        /// IBV_SRQ_MAX_WR: resize the SRQ to `max_wr` WQEs.
+        MAX_WR = 1,
+        /// IBV_SRQ_LIMIT: arm the limit event at `srq_limit` (0 disarms).
+        LIMIT = 2,
+    }
+);
+
+/// SRQ attributes (`ibv_srq_attr`): what [`crate::Engine::query_srq`] reports and
+/// [`crate::Engine::modify_srq`] sets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// WQEs the SRQ holds (its capacity).
+    pub max_wr: u32,
+    /// SGEs per receive WR.
+    pub max_sge: u32,
+    /// The armed limit: [`AsyncEventType::SrqLimitReached`] fires when fewer WQEs than this remain; 0 = not armed.
+    pub srq_limit: u32,
 }
 
 /// What `reg_mr` returns: the keys and the virtual address range the engine assigned to the buffer.

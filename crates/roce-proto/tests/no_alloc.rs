@@ -21,6 +21,11 @@
 //! Engine A transmits through `poll_transmit_gather` (payloads of `GATHER_MIN` bytes or more left in its MRs as
 //! pieces the test wire copies), engine B through `poll_transmit`, so both output paths are covered.
 //!
+//! Engine B's RC and UD QPs take their receive WQEs from shared receive queues (`post_srq_recv`, one SRQ each),
+//! so the SRQ receive path runs in the measured loop too: WQEs moved from the SRQ to the QP, multi-packet SENDs and
+//! WRITE_WITH_IMM on them, RNR NAKs when the SRQ is empty (the late receives), and the SRQ limit event, re-armed
+//! (`modify_srq`) after each time it fires. A's RC and B's UC QPs keep their own receive queues.
+//!
 //! On failure the message names the counts and the engine frames of the first few allocations in the armed region.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -173,6 +178,8 @@ struct Net {
     gathered: u64,
     /// QPs running a DCQCN reaction point: A's RC (paper), A's UD (ns3_mlx), B's RC (nvidia); set by `run`.
     qpns: (Qpn, Qpn, Qpn),
+    /// SRQ limit events seen (and re-armed) at B.
+    srq_limit_events: u64,
 }
 
 impl Net {
@@ -220,6 +227,7 @@ impl Net {
             ect_seen: 0,
             gathered: 0,
             qpns: (Qpn::new(0), Qpn::new(0), Qpn::new(0)),
+            srq_limit_events: 0,
         }
     }
 
@@ -395,9 +403,15 @@ struct Side {
     /// Receive buffers and READ/atomic result buffers.
     rx: MrInfo,
     ah_to_peer: AhHandle,
+    /// SRQs the RC and UD QPs take their receive WQEs from (B only).
+    rc_srq: Option<SrqHandle>,
+    ud_srq: Option<SrqHandle>,
 }
 
-fn make_side(e: &mut Engine) -> Side {
+/// The SRQ limit armed at B's RC SRQ (it fires when fewer WQEs than this remain).
+const RC_SRQ_LIMIT: u32 = 3;
+
+fn make_side(e: &mut Engine, with_srqs: bool) -> Side {
     let pd = e.alloc_pd().unwrap();
     let rc_cq = e.create_cq(4096).unwrap();
     let ud_cq = e.create_cq(4096).unwrap();
@@ -409,21 +423,31 @@ fn make_side(e: &mut Engine) -> Side {
         )
         .unwrap();
     let rx = e.reg_mr(pd, vec![0u8; MR_LEN], ALL_ACCESS).unwrap();
-    let qp = |e: &mut Engine, qp_type, cq| {
-        e.create_qp(&QpInitAttr {
-            qp_type,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: CAP,
-            sq_sig_all: true,
-        })
+    let (rc_srq, ud_srq) = if with_srqs {
+        let rc_srq = e.create_srq(pd, CAP.max_recv_wr, 4).unwrap().0;
+        arm_srq_limit(e, rc_srq);
+        (Some(rc_srq), Some(e.create_srq(pd, UD_RECVS, 1).unwrap().0))
+    } else {
+        (None, None)
+    };
+    let qp = |e: &mut Engine, qp_type, cq, srq| {
+        e.create_qp_srq(
+            &QpInitAttr {
+                qp_type,
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: CAP,
+                sq_sig_all: true,
+            },
+            srq,
+        )
         .unwrap()
         .0
     };
-    let rc = qp(e, QpType::Rc, rc_cq);
-    let ud = qp(e, QpType::Ud, ud_cq);
-    let uc = qp(e, QpType::Uc, ud_cq);
+    let rc = qp(e, QpType::Rc, rc_cq, rc_srq);
+    let ud = qp(e, QpType::Ud, ud_cq, ud_srq);
+    let uc = qp(e, QpType::Uc, ud_cq, None);
     Side {
         rc,
         ud,
@@ -435,6 +459,28 @@ fn make_side(e: &mut Engine) -> Side {
         pd,
         // Set by `connect` once the peer's address is known.
         ah_to_peer: AhHandle(0),
+        rc_srq,
+        ud_srq,
+    }
+}
+
+fn arm_srq_limit(e: &mut Engine, srq: SrqHandle) {
+    e.modify_srq(
+        srq,
+        &SrqAttr {
+            srq_limit: RC_SRQ_LIMIT,
+            ..SrqAttr::default()
+        },
+        SrqAttrMask::LIMIT,
+    )
+    .unwrap();
+}
+
+/// `post_recv` on the QP, or `post_srq_recv` on its SRQ.
+fn post_recv_on(e: &mut Engine, qpn: Qpn, srq: Option<SrqHandle>, wr: RecvWr<'_>) {
+    match srq {
+        Some(srq) => e.post_srq_recv(srq, &[wr]).unwrap(),
+        None => e.post_recv(qpn, &[wr]).unwrap(),
     }
 }
 
@@ -566,8 +612,8 @@ fn bring_up_ud(e: &mut Engine, me: Qpn) {
 }
 
 fn connect(net: &mut Net, timeout: u8) -> (Side, Side) {
-    let mut a = make_side(&mut net.a);
-    let mut b = make_side(&mut net.b);
+    let mut a = make_side(&mut net.a, false);
+    let mut b = make_side(&mut net.b, true);
     bring_up_rc(&mut net.a, a.rc, b.rc, MAC_B, IP_B, timeout);
     bring_up_rc(&mut net.b, b.rc, a.rc, MAC_A, IP_A, timeout);
     bring_up_ud(&mut net.a, a.ud);
@@ -617,15 +663,15 @@ fn post_b_recvs(net: &mut Net, b: &Side, iter: u64) {
     for k in 0..B_RECVS_PER_ITER {
         let off = u64::from(k) * 4096;
         let sg = [sge(&b.rx, off, 2048), sge(&b.rx, off + 2048, 2048)];
-        net.b
-            .post_recv(
-                b.rc,
-                &[RecvWr {
-                    wr_id: iter * 100 + u64::from(k),
-                    sg_list: &sg,
-                }],
-            )
-            .unwrap();
+        post_recv_on(
+            &mut net.b,
+            b.rc,
+            b.rc_srq,
+            RecvWr {
+                wr_id: iter * 100 + u64::from(k),
+                sg_list: &sg,
+            },
+        );
     }
 }
 
@@ -645,20 +691,23 @@ fn post_a_recv(net: &mut Net, a: &Side, iter: u64) {
 /// Posts `n` receives on B's UD or UC QP `qpn` (UD: 40-byte GRH area + 1 KiB; UC: 4 KiB).
 fn post_unrel_recvs(net: &mut Net, b: &Side, qpn: Qpn, n: u32) {
     for k in 0..n {
-        let sg = if qpn == b.ud {
-            [sge(&b.rx, 40_000 + u64::from(k % 8) * 1100, 1100)]
-        } else {
-            [sge(&b.rx, 50_000, 4096)]
-        };
-        net.b
-            .post_recv(
-                qpn,
-                &[RecvWr {
-                    wr_id: u64::from(k),
-                    sg_list: &sg,
-                }],
+        let (sg, srq) = if qpn == b.ud {
+            (
+                [sge(&b.rx, 40_000 + u64::from(k % 8) * 1100, 1100)],
+                b.ud_srq,
             )
-            .unwrap();
+        } else {
+            ([sge(&b.rx, 50_000, 4096)], None)
+        };
+        post_recv_on(
+            &mut net.b,
+            qpn,
+            srq,
+            RecvWr {
+                wr_id: u64::from(k),
+                sg_list: &sg,
+            },
+        );
     }
 }
 
@@ -864,6 +913,12 @@ fn reap(net: &mut Net, a: &Side, b: &Side, t: &mut Tally) {
         .poll_async_event()
         .or_else(|| net.b.poll_async_event())
     {
+        if ev.event_type == AsyncEventType::SrqLimitReached {
+            assert_eq!(ev.srq, b.rc_srq, "{ev:?}");
+            net.srq_limit_events += 1;
+            arm_srq_limit(&mut net.b, ev.srq.unwrap());
+            continue;
+        }
         assert!(
             matches!(ev.event_type, AsyncEventType::CommEst),
             "unexpected async event {ev:?}"
@@ -1014,6 +1069,9 @@ fn steady_state_allocates_nothing() {
         net.a.counters()
     );
     assert_eq!(net.dropped, 0);
+    // B's SRQs served its RC and UD receives, and the limit event fired (and was re-armed) in the measured loop.
+    assert!(net.srq_limit_events > 100, "{}", net.srq_limit_events);
+    assert!(net.b.counters().rdma_recvs > 1000);
     assert!(
         net.gathered > 1000,
         "A's gathering transmit path ran: {}",
@@ -1053,7 +1111,9 @@ fn lossy_steady_state_allocates_nothing() {
         assert!(a.rcvd_seq_err > 0, "{ctx}");
         assert!(a.implied_nak_seq_err + b.implied_nak_seq_err > 0, "{ctx}");
         assert!(b.duplicate_request > 0, "{ctx}");
-        assert!(a.rcvd_rnr_err > 0, "{ctx}");
+        // RNR NAKs from B's RC QP, whose receive WQEs come from its (then empty) SRQ.
+        assert!(a.rcvd_rnr_err > 0 && b.send_rnr_err > 0, "{ctx}");
+        assert!(net.srq_limit_events > 0, "{ctx}");
         assert!(b.np_cnp_sent > 0 && a.rp_cnp_handled > 0, "{ctx}");
         assert!(a.np_cnp_sent > 0 && b.rp_cnp_handled > 0, "{ctx}");
         // DCQCN ran inside the measured loop: CNPs in, cuts, timer/byte-counter increases (each rate change reaches

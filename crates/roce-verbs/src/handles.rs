@@ -95,6 +95,12 @@ pub enum PostError {
     /// Inline payload longer than [`crate::MAX_INLINE`] or the QP's `max_inline_data`.
     #[error("inline data too long")]
     InlineTooLong,
+    /// `post_recv` on a QP created on an SRQ (`EINVAL`; post on the [`crate::Srq`]).
+    #[error("the QP takes its receive WQEs from an SRQ")]
+    QpOnSrq,
+    /// The SRQ was destroyed ([`crate::Srq::destroy`] through another handle) (`EINVAL`).
+    #[error("the SRQ is gone")]
+    SrqGone,
 }
 
 impl From<WqeError> for PostError {
@@ -370,7 +376,7 @@ impl Context {
     }
 
     /// Runs `f` with this device under the progress lock (blocking), then one pass; in the calling thread.
-    fn call<R, F>(&self, f: F) -> Result<R, Error>
+    pub(crate) fn call<R, F>(&self, f: F) -> Result<R, Error>
     where
         F: FnOnce(&mut Device) -> R,
     {
@@ -380,7 +386,7 @@ impl Context {
     }
 
     /// Like [`call`](Self::call), ignoring the result (used by `Drop`).
-    fn cast<F>(&self, f: F)
+    pub(crate) fn cast<F>(&self, f: F)
     where
         F: FnOnce(&mut Device),
     {
@@ -455,6 +461,19 @@ impl Context {
     /// Counters of the runtime (shared by every device of the group).
     pub fn runtime_stats(&self) -> &RuntimeStats {
         &self.shared().stats
+    }
+
+    /// The oldest asynchronous event of this device not yet taken (`ibv_get_async_event` without the blocking):
+    /// QP fatal / request / access errors, COMM_EST, SQ_DRAINED, CQ overrun, port up/down, an SRQ's limit
+    /// ([`roce_proto::AsyncEventType::SrqLimitReached`], naming it by [`crate::Srq::handle`]) and LAST_WQE_REACHED.
+    /// The device keeps the last 1024 events; older ones are dropped. Takes the progress lock and runs a pass.
+    pub fn poll_async_event(&self) -> Result<Option<roce_proto::AsyncEvent>, Error> {
+        self.call(|d| d.events.pop_front())
+    }
+
+    /// Asynchronous events dropped because 1024 were waiting untaken ([`poll_async_event`](Self::poll_async_event)).
+    pub fn async_events_dropped(&self) -> Result<u64, Error> {
+        self.call(|d| d.events_dropped)
     }
 
     /// A random initial PSN from the engine's seeded RNG.
@@ -618,6 +637,11 @@ impl Pd {
         })
     }
 
+    /// The engine handle of this PD.
+    pub(crate) fn handle(&self) -> roce_proto::PdHandle {
+        self.inner.handle
+    }
+
     /// `ibv_create_qp`. The granted capabilities are in [`Qp::cap`]; SGEs per WR are bounded by
     /// [`crate::MAX_SGE`] and inline data by [`crate::MAX_INLINE`] as well.
     pub fn create_qp(
@@ -628,6 +652,26 @@ impl Pd {
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Result<Qp, Error> {
+        self.create_qp_with_srq(qp_type, send_cq, recv_cq, cap, sq_sig_all, None)
+    }
+
+    /// `ibv_create_qp` with `ibv_qp_init_attr.srq`: as [`create_qp`](Self::create_qp); with `Some(srq)` the QP takes
+    /// its receive WQEs from `srq` (`cap.max_recv_wr` / `max_recv_sge` are ignored and granted as 0, and
+    /// [`Qp::post_recv`] is refused with [`PostError::QpOnSrq`]). The QP keeps the SRQ alive. Errors as
+    /// `create_qp`; an SRQ of another device is `InvalidArgument`.
+    pub fn create_qp_with_srq(
+        &self,
+        qp_type: QpType,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cap: QpCap,
+        sq_sig_all: bool,
+        srq: Option<&crate::Srq>,
+    ) -> Result<Qp, Error> {
+        if srq.is_some_and(|s| !Arc::ptr_eq(&s.context().inner, &self.inner.ctx.inner)) {
+            return Err(Error::InvalidArgument("the SRQ belongs to another device"));
+        }
+        let srq_handle = srq.map(crate::Srq::handle);
         if cap.max_send_sge as usize > crate::MAX_SGE || cap.max_recv_sge as usize > crate::MAX_SGE
         {
             return Err(Error::InvalidArgument("more SGEs than roce_verbs::MAX_SGE"));
@@ -649,7 +693,7 @@ impl Pd {
         let p2 = Arc::clone(&pending);
         let (scq, rcq) = (send_cq.inner.slot, recv_cq.inner.slot);
         let (qpn, granted, slot, sqp, rqp) = self.inner.ctx.call(move |d| {
-            let (qpn, granted) = d.engine.create_qp(&init)?;
+            let (qpn, granted) = d.engine.create_qp_srq(&init, srq_handle)?;
             let (sqp, sqc) = rtrb::RingBuffer::<SendWqe>::new(granted.max_send_wr.max(1) as usize);
             let (rqp, rqc) = rtrb::RingBuffer::<RecvWqe>::new(granted.max_recv_wr.max(1) as usize);
             let slot = Device::insert(
@@ -679,6 +723,7 @@ impl Pd {
                 sq: Mutex::new(sqp),
                 rq: Mutex::new(rqp),
                 pending,
+                srq: srq.cloned(),
             }),
         })
     }
@@ -954,6 +999,8 @@ struct QpInner {
     sq: Mutex<rtrb::Producer<SendWqe>>,
     rq: Mutex<rtrb::Producer<RecvWqe>>,
     pending: Arc<AtomicBool>,
+    /// The SRQ the QP receives from (kept alive by the QP, as the kernel's use count does).
+    srq: Option<crate::Srq>,
 }
 
 impl std::fmt::Debug for QpInner {
@@ -1055,6 +1102,10 @@ impl Qp {
     pub fn cap(&self) -> QpCap {
         self.inner.cap
     }
+    /// The SRQ the QP takes its receive WQEs from, if any.
+    pub fn srq(&self) -> Option<&crate::Srq> {
+        self.inner.srq.as_ref()
+    }
     fn ctx(&self) -> &Context {
         &self.inner.pd.inner.ctx
     }
@@ -1128,8 +1179,11 @@ impl Qp {
         Ok(())
     }
 
-    /// `ibv_post_recv` of a chain (one doorbell).
+    /// `ibv_post_recv` of a chain (one doorbell). A QP on an SRQ refuses it ([`PostError::QpOnSrq`]).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        if self.inner.srq.is_some() {
+            return Err(PostError::QpOnSrq);
+        }
         let cap = self.inner.cap;
         let mut ring = self.inner.rq.lock().unwrap_or_else(|p| p.into_inner());
         let free = ring.slots();

@@ -69,6 +69,7 @@ mod hugepage;
 mod memory;
 mod progress;
 mod runner;
+mod srq;
 mod sync;
 mod wqe;
 
@@ -82,9 +83,11 @@ pub use handles::{
 pub use hugepage::{HUGE_PAGE_SIZE, HugePageBuffer, HugePagePolicy};
 pub use memory::{MrBuf, PAGE_SIZE};
 pub use roce_proto::{
-    AccessFlags, AhAttr, Counters, EngineConfig, Gid, MrBuffer, MrMemory, Mtu, Psn, QpAttr,
-    QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics, RecvWr, Rkey, SendFlags, SendOp,
-    SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
+    AccessFlags, AhAttr, AsyncEvent, AsyncEventType, Counters, EngineConfig, Gid, MrBuffer,
+    MrMemory, Mtu, Psn, QpAttr, QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics, RecvWr,
+    Rkey, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqHandle, UdDest, Wc, WcOpcode,
+    WcStatus,
 };
 pub use runner::{ProgressMode, RuntimeConfig, RuntimeStats};
+pub use srq::Srq;
 pub use wqe::{MAX_INLINE, MAX_SGE};

@@ -817,7 +817,15 @@ pub struct Device {
     busy_pass: Option<Instant>,
     /// This pass left frames for a later one (full receive burst, transmit budget used up, transmit deferred).
     left_work: bool,
+    /// Asynchronous events the engine raised and nobody has taken yet ([`crate::Context::poll_async_event`]); at
+    /// most [`ASYNC_EVENTS_KEPT`], the oldest dropped first (room reserved at creation: keeping one never allocates).
+    pub(crate) events: VecDeque<roce_proto::AsyncEvent>,
+    /// Events dropped because [`ASYNC_EVENTS_KEPT`] were waiting.
+    pub(crate) events_dropped: u64,
 }
+
+/// Asynchronous events a device keeps for [`crate::Context::poll_async_event`].
+pub(crate) const ASYNC_EVENTS_KEPT: usize = 1024;
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -846,7 +854,18 @@ impl Device {
             now: Instant::ZERO,
             busy_pass: None,
             left_work: false,
+            events: VecDeque::with_capacity(ASYNC_EVENTS_KEPT),
+            events_dropped: 0,
         }
+    }
+
+    /// Keeps an asynchronous event of the engine for the application, dropping the oldest when full.
+    fn keep_event(&mut self, ev: roce_proto::AsyncEvent) {
+        if self.events.len() >= ASYNC_EVENTS_KEPT {
+            self.events.pop_front();
+            self.events_dropped += 1;
+        }
+        self.events.push_back(ev);
     }
 
     /// The engine (for control commands).
@@ -1334,6 +1353,7 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         dev.retry_deferred_dereg();
         while let Some(ev) = dev.engine.poll_async_event() {
             tracing::debug!(?ev, "async event");
+            dev.keep_event(ev);
         }
         deadline = min_instant(deadline, dev.engine.poll_timeout());
         deadline = min_instant(deadline, dev.link.poll_at());
