@@ -17,7 +17,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{bin, scratch, shared_dir};
+use common::{bin, scratch, testdata_dir};
 use serde_json::Value;
 
 /// §5.2: byte-counter event times may differ by one packet time (MTU·8/RC); RoCE's largest MTU.
@@ -48,7 +48,7 @@ fn python3() -> bool {
 /// Runs the oracle with the same command-line arguments (its CLI and ours share them).
 fn oracle(args: &[String], dir: &Path, name: &str) -> Value {
     let out = dir.join(format!("{name}.oracle.json"));
-    let script = shared_dir().join("dcqcn/rp_reference.py");
+    let script = testdata_dir().join("dcqcn/rp_reference.py");
     let st = Command::new("python3")
         .arg(&script)
         .args(args)
@@ -251,9 +251,9 @@ fn every(from: f64, step: f64, n: usize) -> Vec<f64> {
 
 #[test]
 fn stored_reference_runs_match() {
-    let dir = shared_dir().join("dcqcn");
+    let dir = testdata_dir().join("dcqcn");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("../shared/dcqcn")
+        .expect("testdata/dcqcn")
         .flatten()
         .map(|e| e.path())
         .filter(|p| {

@@ -17,8 +17,8 @@ use pcap_file::pcapng::blocks::interface_description::{
 };
 use serde_json::Value;
 
-fn shared() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+fn testdata() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -62,7 +62,7 @@ struct Vector {
 }
 
 fn vectors() -> Vec<Vector> {
-    let text = std::fs::read_to_string(shared().join("spec/vectors.json")).expect("vectors.json");
+    let text = std::fs::read_to_string(testdata().join("spec/vectors.json")).expect("vectors.json");
     let doc: Value = serde_json::from_str(&text).expect("vectors.json parses");
     doc["vectors"]
         .as_array()
@@ -259,7 +259,7 @@ fn check_vector(vec: &Vector, got: &Value) {
 #[test]
 fn vectors_pcap_matches_vectors_json() {
     let vecs = vectors();
-    let out = decode(&shared().join("spec/vectors.pcap"), true);
+    let out = decode(&testdata().join("spec/vectors.pcap"), true);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -276,7 +276,7 @@ fn vectors_pcap_matches_vectors_json() {
 #[test]
 fn text_lines_name_addresses_and_ports() {
     // The text lines omitted them; each now carries what --json reports, tcpdump style.
-    let file = shared().join("spec/vectors.pcap");
+    let file = testdata().join("spec/vectors.pcap");
     let text = stdout_lines(&decode(&file, false));
     let json = stdout_lines(&decode(&file, true));
     assert_eq!(text.len(), json.len());
@@ -298,7 +298,7 @@ fn text_lines_name_addresses_and_ports() {
 #[test]
 fn vectors_text_output_is_one_line_per_packet() {
     let vecs = vectors();
-    let out = decode(&shared().join("spec/vectors.pcap"), false);
+    let out = decode(&testdata().join("spec/vectors.pcap"), false);
     assert_eq!(out.status.code(), Some(0));
     let lines = stdout_lines(&out);
     assert_eq!(lines.len(), vecs.len());
@@ -482,7 +482,7 @@ fn missing_and_garbage_files_exit_2() {
 /// The number of RoCE packets `check_pcap.py` accepted ("N passed, M failed").
 fn check_pcap_counts(path: &Path) -> (u64, u64) {
     let out = Command::new("python3")
-        .arg(shared().join("tools/check_pcap.py"))
+        .arg(testdata().join("tools/check_pcap.py"))
         .arg("--quiet")
         .arg(path)
         .output()
@@ -498,7 +498,7 @@ fn check_pcap_counts(path: &Path) -> (u64, u64) {
 
 #[test]
 fn softroce_capture_every_icrc_good() {
-    let cap = shared().join("interop/captures/rc_pingpong.pcap");
+    let cap = testdata().join("interop/captures/rc_pingpong.pcap");
     let out = decode(&cap, true);
     assert_eq!(
         out.status.code(),
@@ -643,7 +643,7 @@ fn linux_cooked_capture_decodes() {
 #[test]
 fn tcp_capture_has_no_roce_packets() {
     // perftest's TCP out-of-band exchange: 41 packets, none of them RoCE.
-    let cap = shared().join("interop/captures/perftest_tcp_exchange.pcap");
+    let cap = testdata().join("interop/captures/perftest_tcp_exchange.pcap");
     let out = decode(&cap, false);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");

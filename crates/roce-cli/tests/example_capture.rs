@@ -364,7 +364,7 @@ fn example_capture_decodes_cleanly() {
 #[test]
 fn example_capture_passes_independent_checker() {
     let out = Command::new("python3")
-        .arg(workspace_root().join("../shared/tools/check_pcap.py"))
+        .arg(workspace_root().join("testdata/tools/check_pcap.py"))
         // Not `--strict`: it rejects UDP checksum 0 over IPv6, which rxe and our emitter
         // send (ROCEV2.md §1.4).
         .arg("--pmtu")

@@ -648,7 +648,7 @@ fn six_tests_against_perftest_on_rxe() {
     let _s = serial();
     // Declared before the guard, so released after the guest is down.
     let _lock = softroce_lock(Duration::from_secs(1800));
-    let vm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/interop/softroce-vm");
+    let vm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/interop/softroce-vm");
     let (guest, guest_ip, host_ip) = ("ptcompat", "198.18.0.7", "198.18.0.107");
     let up = Command::new(&vm)
         .args(["up", guest, guest_ip])

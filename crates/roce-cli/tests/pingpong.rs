@@ -20,8 +20,8 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_rocev2")
 }
 
-fn shared() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+fn testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 fn workspace() -> PathBuf {
@@ -557,7 +557,7 @@ fn qp_timeout_sets_the_local_ack_timeout() {
 /// Runs `check_pcap.py --quiet`; returns `(passed, failed)` from its last line.
 fn check_pcap(file: &Path) -> Option<(u64, u64)> {
     let out = Command::new("python3")
-        .arg(shared().join("tools/check_pcap.py"))
+        .arg(testdata().join("tools/check_pcap.py"))
         .arg("--quiet")
         .arg(file)
         .output()
@@ -583,7 +583,7 @@ fn python_peer(transport: &str, tag: &str, size: u32, iters: u32, expect_packets
             return;
         }
     };
-    let peer = shared().join("interop/host_pingpong_peer.py");
+    let peer = testdata().join("interop/host_pingpong_peer.py");
     if !peer.exists() || Command::new("python3").arg("-V").output().is_err() {
         eprintln!("skipping: python3 or {} unavailable", peer.display());
         return;

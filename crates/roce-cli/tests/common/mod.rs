@@ -17,9 +17,9 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_rocev2")
 }
 
-/// `<checkout>/../shared` (the reference material beside the checkout).
-pub fn shared_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+/// `<checkout>/testdata`: the reference data the tests read (provenance in `testdata/README.md`).
+pub fn testdata_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 /// A per-test scratch directory under `CARGO_TARGET_TMPDIR`, emptied first.
@@ -240,10 +240,10 @@ pub fn stats_section(text: &str, header: &str) -> BTreeMap<String, u64> {
     m
 }
 
-/// Runs `shared/tools/check_pcap.py --strict` (with `--pmtu` if given) on `file`; asserts it passes and returns
+/// Runs `testdata/tools/check_pcap.py --strict` (with `--pmtu` if given) on `file`; asserts it passes and returns
 /// the number of RoCE packets it checked.
 pub fn check_pcap(file: &Path, pmtu: Option<u32>) -> u64 {
-    let script = shared_dir().join("tools/check_pcap.py");
+    let script = testdata_dir().join("tools/check_pcap.py");
     let mut cmd = Command::new("python3");
     cmd.arg(&script).arg("--quiet").arg("--strict");
     if let Some(m) = pmtu {
