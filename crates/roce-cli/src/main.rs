@@ -20,7 +20,7 @@
 //! * `bench engine [--json]` — the engine's send-path cost per core on a null link (see [`bench`]).
 //!
 //! * `cc trace --profile paper|ns3_mlx|nvidia --cnp-us T1,T2,... [--plot FILE.svg]` — the DCQCN reaction point
-//!   driven through a CNP schedule, JSON in the schema of `../shared/dcqcn/rp_reference.py` (see [`cc`]).
+//!   driven through a CNP schedule, JSON in the schema of `testdata/dcqcn/rp_reference.py` (see [`cc`]).
 
 mod bench;
 mod capture;
@@ -79,7 +79,7 @@ enum Command {
     /// namespace) using each.
     Devinfo(devinfo::DevinfoArgs),
     /// Congestion control: `rocev2 cc trace` drives the DCQCN reaction point through a CNP schedule (JSON in the
-    /// schema of ../shared/dcqcn/rp_reference.py, optional SVG plot).
+    /// schema of testdata/dcqcn/rp_reference.py, optional SVG plot).
     Cc(cc::CcArgs),
 }
 

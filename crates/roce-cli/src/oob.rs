@@ -11,7 +11,7 @@
 //! # Wire format (perftest compatibility)
 //!
 //! [`PerftestExchange`] speaks perftest's own exchange (fixed-size binary and text messages, no `-R`;
-//! `../shared/interop/README.md` §"perftest"), so that `rocev2 perf --perftest-compat` pairs with `ib_send_bw`,
+//! `docs/spec/INTEROP.md` §5.2), so that `rocev2 perf --perftest-compat` pairs with `ib_send_bw`,
 //! `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`, `ib_send_lat` and `ib_write_lat`.
 //!
 //! # Bounded waits
@@ -545,7 +545,7 @@ fn connect_from(ip: IpAddr, to: SocketAddr, timeout: Duration) -> std::io::Resul
 
 // ------------------------------------------------------------------------------------------------ perftest
 
-/// The version string this side announces to perftest (`../shared/interop/README.md` §"perftest" step 1; perftest
+/// The version string this side announces to perftest (`docs/spec/INTEROP.md` §5.2 step 1; perftest
 /// 4.5-0.17 announces "6.06" and refuses peers below 5.70).
 pub const PERFTEST_VERSION: &str = "6.06";
 /// Size of perftest's version message: the string NUL-padded to 16 bytes.
@@ -562,7 +562,7 @@ const PT_ITERS64_VERSION: f64 = 5.33;
 /// perftest's per-QP record (`pingpong_dest` as sent by `ethernet_write_keys`), with a GID.
 ///
 /// Text form (all lowercase hex): `LLLL:OOOO:QQQQQQ:PPPPPP:RRRRRRRR:VVVVVVVVVVVVVVVV:` then the 16 GID bytes in wire
-/// order as `hh:` each, then `SSSSSSSS:` and a NUL: 108 bytes (`../shared/interop/README.md` §"perftest" step 4).
+/// order as `hh:` each, then `SSSSSSSS:` and a NUL: 108 bytes (`docs/spec/INTEROP.md` §5.2 step 4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PtRecord {
     /// LID (0 on RoCE).
@@ -740,7 +740,7 @@ pub fn pt_decode_mtu(b: &[u8; 2]) -> Option<u8> {
 /// [`versions`](PerftestExchange::versions), [`sys_data`](PerftestExchange::sys_data),
 /// [`mtu`](PerftestExchange::mtu), then [`handshake`](PerftestExchange::handshake) a number of times, optionally
 /// [`bw_reports`](PerftestExchange::bw_reports), and [`close`](PerftestExchange::close).
-/// Facts: `../shared/interop/README.md` §"perftest", checked against `captures/perftest_tcp_exchange.pcap` and
+/// Facts: `docs/spec/INTEROP.md` §5.2, checked against `captures/perftest_tcp_exchange.pcap` and
 /// perftest v4.5-0.17 `src/perftest_communication.c`.
 ///
 /// This is not an [`Exchange`]: perftest's conversation is a fixed sequence of fixed-size binary and text messages

@@ -1,7 +1,7 @@
 //! `rocev2 pingpong [rc|ud] [SERVER]`: the rdma-core `ibv_rc_pingpong` / `ibv_ud_pingpong` test over the rocev2
 //! runtime, wire-compatible with those tools (and so with Linux Soft-RoCE, rxe).
 //!
-//! # What it does (facts from `../shared/interop/README.md`, "ibv_rc_pingpong / ibv_ud_pingpong")
+//! # What it does (facts from `docs/spec/INTEROP.md` §5.1)
 //!
 //! * **Exchange** on TCP (`-p`, default 18515): a 52-byte ASCII record `LLLL:QQQQQQ:PPPPPP:<32 hex GID>` plus one
 //!   NUL (LID, QPN, initial PSN, GID in wire order). The client connects and writes its record in one `write`;
@@ -50,7 +50,7 @@
 //!
 //! # Interoperability checked
 //!
-//! Against Linux 6.1 rxe (rdma-core 44) in the `../shared/interop/softroce-vm` guest: `ibv_rc_pingpong -g 1` and
+//! Against Linux 6.1 rxe (rdma-core 44) in the `testdata/interop/softroce-vm` guest: `ibv_rc_pingpong -g 1` and
 //! `ibv_ud_pingpong -g 1` as server and as client, with and without `-e`, sizes 1, 1024, 4096 (the 1000-iteration
 //! default) and 10000; every frame of the captures passes `check_pcap.py`. Without `-g` the rdma-core tool is
 //! refused at exchange time; with `--rx socket` the rxe frames fail the ICRC and the run ends with the hint.

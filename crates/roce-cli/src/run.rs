@@ -4,7 +4,7 @@
 //! The program is executed (this process is replaced) with a directory holding rocev2's `libibverbs.so.1`
 //! (crate `roce-ibverbs`, built as `libroce_ibverbs.so` next to the `rocev2` binary) first on `LD_LIBRARY_PATH`,
 //! and the device's address in the environment ([`roce_link::device::ENV_IP`], [`roce_link::device::ENV_RX`]).
-//! Debian's binaries have no RPATH, so the dynamic loader takes our library (`../shared/libibverbs/ABI.md` §1.1).
+//! Debian's binaries have no RPATH, so the dynamic loader takes our library (`docs/spec/LIBIBVERBS-ABI.md` §1.1).
 //! The program then sees one device, `rocev2_<interface>` (the interface owning the address, as `rocev2 devinfo`
 //! names it), whose port is the address's GID.
 

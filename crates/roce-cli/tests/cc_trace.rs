@@ -1,7 +1,7 @@
 //! `rocev2 cc trace` (the product's DCQCN reaction point, `roce_proto::cc::Dcqcn`) against the oracle
-//! `../shared/dcqcn/rp_reference.py`, within the tolerances of `DCQCN.md` §5.2:
+//! `testdata/dcqcn/rp_reference.py`, within the tolerances of `DCQCN.md` §5.2:
 //!
-//! * the stored reference runs (`../shared/dcqcn/rp_*.json`), re-run with every parameter of the file;
+//! * the stored reference runs (`testdata/dcqcn/rp_*.json`), re-run with every parameter of the file;
 //! * new schedules (CNP storms, ties with timer instants, repeated and fractional CNP times, long quiet periods)
 //!   with parameter overrides given as `--set` with the oracle's names, for `paper` and `ns3_mlx`; the test runs
 //!   the oracle itself (python3), so nothing here is a frozen copy of its output.

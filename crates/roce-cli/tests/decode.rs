@@ -399,7 +399,7 @@ fn vector(id: &str) -> Vec<u8> {
 fn flipped_payload_bit_fails_icrc() {
     let mut f = vector("rc_send_first");
     f[42 + 12 + 100] ^= 0x10;
-    // Values confirmed by ../shared/tools/check_pcap.py ("wire f663b16e expected
+    // Values confirmed by testdata/tools/check_pcap.py ("wire f663b16e expected
     // f7811c60", printed byte-swapped).
     corrupt_case(
         "flip.pcap",

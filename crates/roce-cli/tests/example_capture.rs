@@ -1,11 +1,11 @@
 //! `examples/capture.pcap`, the README's demo capture, is produced by roce-wire's
-//! emitter (`RoceRepr::emit`) here, never copied from `shared/`.
+//! emitter (`RoceRepr::emit`) here, never copied from `testdata/`.
 //!
 //! * `ROCEV2_WRITE_EXAMPLE=1 cargo test -p roce-cli --test example_capture` rewrites it.
 //! * Without the variable the test fails if the committed file differs from what the
 //!   emitter produces now, then checks the file with `rocev2 decode --json` (exit 0,
 //!   every extension header, VLAN and IPv6 present) and with the independent checker
-//!   `../shared/tools/check_pcap.py`.
+//!   `testdata/tools/check_pcap.py`.
 //!
 //! The capture is one small RC conversation between QP 0x11 (192.0.2.1) and QP 0x12
 //! (192.0.2.2) at PMTU 256 — SEND FIRST/MIDDLE/LAST + ACK, RDMA WRITE ONLY with

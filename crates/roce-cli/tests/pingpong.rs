@@ -3,8 +3,8 @@
 //! * rocev2 server ↔ rocev2 client over loopback addresses (RC and UD, no privileges; each test has its own
 //!   127.0.20N.x pair because the RoCE port 4791 is fixed, so tests can run in parallel);
 //! * in a pair of network namespaces joined by a veth (root only, skipped otherwise): rocev2 server ↔
-//!   `../shared/interop/host_pingpong_peer.py`, an independent Python implementation of the rdma-core pingpong
-//!   client (RC and UD), with the server's `--pcap` checked by `../shared/tools/check_pcap.py`;
+//!   `testdata/interop/host_pingpong_peer.py`, an independent Python implementation of the rdma-core pingpong
+//!   client (RC and UD), with the server's `--pcap` checked by `testdata/tools/check_pcap.py`;
 //! * the exchange: a peer that sends an all-zero GID (the rdma-core tools without `-g`) is refused at exchange time
 //!   with an error naming both GIDs, on either side; an absent or silent peer ends the run with exit 1 in bounded
 //!   time.

@@ -38,7 +38,7 @@
 //!
 //! The crate is `no_std` (with `alloc` available but unused), has no
 //! `unsafe` code, and allocates nothing in parse or emit. Protocol facts cite
-//! `../shared/spec/ROCEV2.md` sections, IBTA Vol 1 or the Linux rxe source.
+//! `docs/spec/ROCEV2.md` sections, IBTA Vol 1 or the Linux rxe source.
 //!
 //! ## Cargo features
 //!

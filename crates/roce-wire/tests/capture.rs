@@ -1,4 +1,4 @@
-//! The real Soft-RoCE capture (`../shared/interop/captures/rc_pingpong.pcap`,
+//! The real Soft-RoCE capture (`testdata/interop/captures/rc_pingpong.pcap`,
 //! rxe on both ends): every RoCE frame parses with a good ICRC and re-emits
 //! byte for byte; everything else is reported as not RoCE.
 

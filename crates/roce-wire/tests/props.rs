@@ -383,7 +383,7 @@ fn write_pcap(path: &std::path::Path, frames: &[Vec<u8>]) {
 }
 
 /// Random frames from both emit paths, checked by the independent Python
-/// checker (`../shared/tools/check_pcap.py`, bitwise CRC, its own parser).
+/// checker (`testdata/tools/check_pcap.py`, bitwise CRC, its own parser).
 #[test]
 fn independent_checker_accepts_emitted_frames() {
     use proptest::strategy::ValueTree;

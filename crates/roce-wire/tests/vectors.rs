@@ -1,4 +1,4 @@
-//! Golden vectors (`../shared/spec/vectors.json`), corruption cases and
+//! Golden vectors (`testdata/spec/vectors.json`), corruption cases and
 //! masked-field behaviour of the ICRC.
 
 mod common;
