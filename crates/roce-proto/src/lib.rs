@@ -3,7 +3,7 @@
 //!
 //! # Architecture
 //!
-//! [`Engine`] is one port of a software RNIC, written in the quinn-proto manner (`../shared/STYLE.md` §2): it does
+//! [`Engine`] is one port of a software RNIC, written in the quinn-proto manner (`docs/STYLE.md` §2): it does
 //! no I/O, reads no clock and draws randomness only from [`EngineConfig::seed`]. A driver feeds it received frames
 //! ([`Engine::handle_frame`]) and timer expiries ([`Engine::handle_timeout`]), issues verbs (`post_send`, ...) and
 //! drains its outputs ([`Engine::poll_transmit`], [`Engine::poll_timeout`], [`Engine::poll_cq`],
