@@ -57,6 +57,15 @@ enum Command {
     /// Prints one line per RoCE packet; other packets are skipped and counted in a
     /// summary on stderr. Exit status: 0 when every RoCE packet is well formed with a
     /// good ICRC, 1 otherwise, 2 when the file cannot be read.
+    ///
+    /// A line: frame number, seconds since the first frame, source > destination
+    /// (IP:UDP port), transport and opcode, then the BTH: qp= destination QPN and psn=
+    /// packet sequence number (both 24-bit, in hex as `rocev2 perf --stats` and
+    /// `rocev2 stat` print them), A= AckReq bit, pad= pad bytes, len= payload bytes; the
+    /// extension headers present (reth, aeth, deth, immdt, ...); the BTH flags that are
+    /// set: SE (solicited event), MigReq (path migration state; Mellanox NICs and rocev2
+    /// set it on RC, Linux rxe does not; receivers ignore it), FECN, BECN (set in CNPs);
+    /// pkey= when not the default 0xffff; icrc=ok or bad (docs/spec/ROCEV2.md §1.5, §3).
     Decode(DecodeArgs),
     /// perftest-style bandwidth/latency tests: `rocev2 perf write-bw --loopback`, server `rocev2 perf send-bw`,
     /// client `rocev2 perf send-bw HOST`.

@@ -61,9 +61,30 @@ fn library() -> Result<PathBuf, String> {
         Ok(lib)
     } else {
         Err(format!(
-            "{} not found: build it with `cargo build --release -p roce-ibverbs` (or name it with {ENV_LIB})",
-            lib.display()
+            "{} not found: {} (or name the library with {ENV_LIB})",
+            lib.display(),
+            build_hint(dir)
         ))
+    }
+}
+
+/// The one command that puts `libroce_ibverbs.so` beside a `rocev2` in `dir`: cargo's `target/release` and
+/// `target/debug` are told apart by their name (a debug `rocev2` next to a release library would not find it);
+/// anywhere else the library has to be built and copied there.
+fn build_hint(dir: &Path) -> String {
+    let profile = dir.file_name().and_then(|n| n.to_str());
+    match profile {
+        Some("release") => "build it with `cargo build --release -p roce-ibverbs` (`cargo build --release` builds \
+                            rocev2 and the library together)"
+            .to_string(),
+        Some("debug") => "build it with `cargo build -p roce-ibverbs` (`cargo build` builds rocev2 and the library \
+                          together)"
+            .to_string(),
+        _ => format!(
+            "build it in the rocev2 checkout with `cargo build --release -p roce-ibverbs` and copy \
+             target/release/libroce_ibverbs.so to {}",
+            dir.display()
+        ),
     }
 }
 

@@ -310,7 +310,7 @@ fn vectors_text_output_is_one_line_per_packet() {
     for part in [
         "RC SEND_FIRST",
         "qp=0x000012",
-        "psn=100",
+        "psn=0x000064",
         "len=256",
         "icrc=ok",
     ] {
@@ -322,6 +322,32 @@ fn vectors_text_output_is_one_line_per_packet() {
     assert!(lines.iter().all(|l| l.contains("icrc=ok")), "{lines:#?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("24 RoCE"), "summary on stderr: {stderr}");
+}
+
+/// PSNs are printed in hex like QPNs (and like `rocev2 perf --stats` and `rocev2 stat`), and the BTH MigReq bit is
+/// spelled out, not a bare `M` (issue #18 item 9); `decode --help` explains the flags of a line.
+#[test]
+fn text_psn_is_hex_and_migreq_is_named() {
+    let mut frame = vector("rc_send_first");
+    // BTH byte 1 bit 6 = MigReq (docs/spec/ROCEV2.md §1.5); the ICRC covers it, so refill it.
+    frame[14 + 20 + 8 + 1] |= 0x40;
+    roce_wire::icrc::fill(&mut frame[14..]).expect("ICRC refill");
+    let path = tmp("migreq.pcap");
+    write_pcap(&path, &[frame]);
+    let out = decode(&path, false);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(out.status.code(), Some(0));
+    let lines = stdout_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let l = &lines[0];
+    assert!(l.contains(" psn=0x000064 "), "PSN 100 in hex: {l}");
+    assert!(l.contains(" MigReq "), "MigReq named: {l}");
+    assert!(!l.contains(" M "), "no bare M: {l}");
+    let help = rocev2(&["decode", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    for word in ["MigReq", "SE", "BECN", "psn=", "hex"] {
+        assert!(help.contains(word), "decode --help explains {word}: {help}");
+    }
 }
 
 #[test]

@@ -122,7 +122,7 @@
 //! assert!(parsed.icrc_ok);
 //! assert_eq!(parsed.repr, repr);
 //! assert_eq!(parsed.payload, &payload[..]);
-//! assert_eq!(parsed.to_string(), "RC SEND_ONLY qp=0x000012 psn=0 A=1 pad=0 len=16 icrc=ok");
+//! assert_eq!(parsed.to_string(), "RC SEND_ONLY qp=0x000012 psn=0x000000 A=1 pad=0 len=16 icrc=ok");
 //! ```
 #![no_std]
 #![forbid(unsafe_code)]

@@ -69,6 +69,24 @@ pub enum Test {
     AtomicLat,
 }
 
+/// What `rocev2 perf` without a test prints: every test with its one-line description and how to start one.
+fn test_list() -> String {
+    use clap::ValueEnum;
+    let mut s = String::from("rocev2 perf: which test? One of:\n");
+    for t in Test::value_variants() {
+        let help = t
+            .to_possible_value()
+            .and_then(|v| v.get_help().map(ToString::to_string))
+            .unwrap_or_default();
+        s.push_str(&format!("  {:<11} {help}\n", t.name()));
+    }
+    s.push_str(
+        "e.g. `rocev2 perf write-bw --loopback` (both ends in this process), `rocev2 perf write-bw` (server) and \
+         `rocev2 perf write-bw SERVER` (client); `rocev2 perf --help` lists the flags.\n",
+    );
+    s
+}
+
 impl Test {
     /// The kebab-case name.
     pub fn name(self) -> &'static str {
@@ -178,9 +196,9 @@ pub enum LinkKind {
 /// `rocev2 perf` arguments.
 #[derive(Clone, Debug, Args)]
 pub struct PerfArgs {
-    /// Test to run.
+    /// Test to run. Without one, `rocev2 perf` lists the tests and exits with status 2.
     #[arg(value_enum)]
-    pub test: Test,
+    pub test: Option<Test>,
     /// Server address (client mode). Without it (and without --loopback) this side is the server.
     pub address: Option<String>,
     /// Message size in bytes, optionally with K or M (2^10, 2^20) as in perftest (default 65536 for bandwidth, 2
@@ -520,7 +538,7 @@ impl Params {
     /// The parameters of `a`, checked as perftest checks them (its ranges and refusals; an error names the flag),
     /// and the notes to print for what was adjusted (where perftest adjusts too).
     fn from_args(a: &PerfArgs) -> Result<(Params, Vec<String>), String> {
-        let t = a.test;
+        let t = a.test.ok_or_else(|| "no test given".to_string())?;
         // Without -m the largest; capped by the active MTU once the local address is known (`apply_port_mtu`).
         let mtu = a
             .mtu
@@ -1076,6 +1094,10 @@ fn accept_timeout(a: &PerfArgs) -> Option<Duration> {
 
 /// Entry point of `rocev2 perf`.
 pub fn run(a: &PerfArgs) -> ExitCode {
+    if a.test.is_none() {
+        eprint!("{}", test_list());
+        return ExitCode::from(2);
+    }
     let params = match Params::from_args(a)
         .and_then(|(p, notes)| shaping::validate(a, &p).map(|()| (p, notes)))
     {
@@ -1507,11 +1529,13 @@ fn print_banner(p: &Params, ctx: &Context, o: &Oob, link: &str) {
     if p.tclass != 0 {
         println!(" Traffic class   : {} (DSCP {})", p.tclass, p.tclass >> 2);
     }
-    println!(
-        " Peer            : {} (out-of-band format {:?})",
-        o.peer_addr(),
-        o.format()
-    );
+    // Who is on the other end, in the user's terms (perftest's programs need --perftest-compat instead).
+    let peer = match o.format() {
+        crate::oob::OobFormat::Rocev2V1 => {
+            "rocev2 perf; perftest's ib_* programs pair with --perftest-compat"
+        }
+    };
+    println!(" Peer            : {} ({peer})", o.peer_addr());
     println!(
         " Data verification : {}",
         if p.verify { "ON" } else { "OFF" }
