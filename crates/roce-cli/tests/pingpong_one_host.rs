@@ -10,52 +10,15 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{Finished, Proc, bin, scratch, serial, strings, wait_socket};
+use common::{
+    Finished, Proc, bin, ibverbs_library, need_program, scratch, serial, strings, wait_socket,
+};
 
 const SERVER_IP: &str = "127.0.61.1";
 const CLIENT_IP: &str = "127.0.61.2";
 const ITERS: &str = "50";
-
-/// Builds `roce-ibverbs` in this test's profile once, so `rocev2 run` finds a current `libroce_ibverbs.so`.
-fn library() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "roce-ibverbs"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo build -p roce-ibverbs");
-        assert!(
-            out.status.success(),
-            "cargo build -p roce-ibverbs failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = Path::new(bin())
-            .parent()
-            .expect("bin dir")
-            .join("libroce_ibverbs.so");
-        assert!(lib.is_file(), "{} missing after the build", lib.display());
-    });
-}
-
-/// Panics naming the Debian package when `program` is not installed.
-fn need(program: &str) {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()));
-    assert!(
-        found,
-        "{program} not found: install Debian's ibverbs-utils (.ci/run does)"
-    );
-}
 
 /// Runs `server` (which listens on TCP `port`), then `client`; both must exit 0. Returns (server, client).
 fn pair(tag: &str, port: u16, server: &[String], client: &[String]) -> (Finished, Finished) {
@@ -131,9 +94,9 @@ fn rdma_core(kind: &str, peer: Option<&str>, ip: &str, port: u16, extra: &[&str]
 
 #[test]
 fn rdma_core_client_against_rocev2_server() {
-    need("ibv_rc_pingpong");
-    need("ibv_ud_pingpong");
-    library();
+    need_program("ibv_rc_pingpong", "ibverbs-utils");
+    need_program("ibv_ud_pingpong", "ibverbs-utils");
+    ibverbs_library();
     let _s = serial();
     for (kind, port, extra) in [("rc", 18761, &[][..]), ("ud", 18762, &["-s", "1024"][..])] {
         let (s, c) = pair(
@@ -148,9 +111,9 @@ fn rdma_core_client_against_rocev2_server() {
 
 #[test]
 fn rocev2_client_against_rdma_core_server() {
-    need("ibv_rc_pingpong");
-    need("ibv_ud_pingpong");
-    library();
+    need_program("ibv_rc_pingpong", "ibverbs-utils");
+    need_program("ibv_ud_pingpong", "ibverbs-utils");
+    ibverbs_library();
     let _s = serial();
     for (kind, port, extra) in [("rc", 18763, &[][..]), ("ud", 18764, &["-s", "1024"][..])] {
         let (s, c) = pair(

@@ -481,3 +481,40 @@ impl SweepCase {
         }
     }
 }
+
+/// Builds `roce-ibverbs` in this test's profile once per test binary, so `rocev2 run` finds a current
+/// `libroce_ibverbs.so` beside `rocev2` (`cargo build -p roce-ibverbs`, a no-op when fresh).
+pub fn ibverbs_library() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build -p roce-ibverbs");
+        assert!(
+            out.status.success(),
+            "cargo build -p roce-ibverbs failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lib = Path::new(bin())
+            .parent()
+            .expect("bin dir")
+            .join("libroce_ibverbs.so");
+        assert!(lib.is_file(), "{} missing after the build", lib.display());
+    });
+}
+
+/// Panics naming the Debian package when `program` is not on `PATH` (`.ci/run` installs them).
+pub fn need_program(program: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()));
+    assert!(
+        found,
+        "{program} not found: install Debian's {package} (.ci/run does)"
+    );
+}
