@@ -99,3 +99,63 @@ fn run_names_the_build_command_for_its_profile() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A run killed by a signal never removes its stats endpoint socket (`<run dir>/<pid>.<start>.<n>.sock`); the next
+/// rocev2 program that starts a runtime there removes it, so they do not pile up in `/run/rocev2` (before, only a
+/// `rocev2 stat` did).
+#[test]
+fn a_killed_runs_socket_is_removed_by_the_next_run() {
+    let _s = serial();
+    let run_dir = scratch("first-hour-stale").join("run");
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    let socks = |pid: Option<u32>| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&run_dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                    .filter(|p| {
+                        pid.is_none_or(|pid| {
+                            p.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with(&format!("{pid}.")))
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut victim = Command::new(bin())
+        .args(["perf", "write-bw", "--loopback", "-D", "30"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the run to kill");
+    let t0 = std::time::Instant::now();
+    while socks(Some(victim.id())).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no endpoint socket appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    victim.kill().expect("SIGKILL");
+    let _ = victim.wait();
+    let left = socks(Some(victim.id()));
+    assert!(!left.is_empty(), "the killed run's socket is left behind");
+    let out = Command::new(bin())
+        .args(["perf", "write-bw", "--loopback", "-n", "10"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .output()
+        .expect("the next run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in &left {
+        assert!(!p.exists(), "{} is still there", p.display());
+    }
+    assert!(socks(None).is_empty(), "left over: {:?}", socks(None));
+}
