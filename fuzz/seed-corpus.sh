@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Fills fuzz/corpus/parse_frame (git-ignored) with seed inputs for the parse_frame target:
-# the committed fuzz/seeds/* plus every frame of ../shared/spec/vectors.pcap (when the
-# reference material sits beside the checkout). Safe to re-run.
+# the committed fuzz/seeds/* plus every frame of testdata/spec/vectors.pcap (the golden
+# vectors). Safe to re-run.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="$here/corpus/parse_frame"
 mkdir -p "$out"
 cp "$here"/seeds/* "$out"/
-vectors="$here/../../shared/spec/vectors.pcap"
+vectors="$here/../testdata/spec/vectors.pcap"
 if [ -f "$vectors" ]; then
     python3 - "$vectors" "$out" <<'PY'
 import struct, sys

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # interop-bench.sh -- side by side on the same emulated link: Linux Soft-RoCE (rxe) <-> rxe versus
 # rocev2 <-> rocev2, both inside two QEMU guests (g1 198.18.0.2, g2 198.18.0.3) of
-# ../shared/interop/softroce-vm.
+# testdata/interop/softroce-vm.
 #
 #   1. rxe:    ib_write_bw / ib_send_lat (perftest, -x 1 -F) between rxe0 of g2 (server) and g1 (client)
 #   2. rocev2: rxe is removed from both guests (rdma link delete rxe0; rmmod rdma_rxe, which frees
@@ -11,15 +11,14 @@
 # (the push channel moves about 75 KB/s), plus the host's libgcc_s.so.1, which the guest image lacks.
 #
 # Usage: scripts/interop-bench.sh [OUTDIR]      (default target/interop-bench)
-#   Env: BW_SIZES ("4096 65536"), LAT_SIZES ("2 4096"), ITERS (1000), SHARED (<checkout>/../shared)
+#   Env: BW_SIZES ("4096 65536"), LAT_SIZES ("2 4096"), ITERS (1000)
 # Prints a Markdown section (also written to OUTDIR/section.md) for BENCHMARKS.md; raw outputs in OUTDIR.
 # Needs root. Takes the lock /var/tmp/softroce-interop.lock (shared with the roce-interop test suite) and
 # always ends with `softroce-vm teardown` (guests and the roce-net namespace only).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-SHARED=${SHARED:-$(cd "$ROOT/../shared" && pwd)}
-VM=$SHARED/interop/softroce-vm
+VM=$ROOT/testdata/interop/softroce-vm
 OUT=${1:-$ROOT/target/interop-bench}
 BW_SIZES=${BW_SIZES:-"4096 65536"}
 LAT_SIZES=${LAT_SIZES:-"2 4096"}

@@ -1,6 +1,6 @@
 //! `rocev2 cc trace`: drives the product's DCQCN reaction point ([`roce_proto::cc::Dcqcn`], the type every QP of
 //! the engine runs) through a CNP schedule and writes the trajectory as JSON in the schema of the oracle
-//! `../shared/dcqcn/rp_reference.py` (`params`, `schedule`, `summary`, `events`, `samples_us_rc_bps`;
+//! `testdata/dcqcn/rp_reference.py` (`params`, `schedule`, `summary`, `events`, `samples_us_rc_bps`;
 //! `DCQCN.md` §5), optionally with an SVG plot of RC and RT.
 //!
 //! The sender is backlogged: it transmits at RC all the time (a fluid source), so the byte counter fires exactly
@@ -30,7 +30,7 @@ pub struct CcArgs {
 #[derive(Debug, Subcommand)]
 enum CcCommand {
     /// Drive the DCQCN reaction point through a CNP schedule and write its trajectory (JSON in the schema of
-    /// `../shared/dcqcn/rp_reference.py`), optionally plotted.
+    /// `testdata/dcqcn/rp_reference.py`), optionally plotted.
     ///
     /// Example: `rocev2 cc trace --profile paper --line-gbps 40 --cnp-us 100,300 --end-us 5000 --plot rc.svg`.
     /// Parameters are set by the profile's names (`--set B_bytes=0`, `--set rpg_time_reset=100`); `--list-params`
@@ -41,7 +41,7 @@ enum CcCommand {
 /// `rocev2 cc trace` arguments.
 #[derive(Debug, Args)]
 pub struct TraceArgs {
-    /// RP profile: paper (DCQCN.md §2.3), ns3_mlx (§2.4), nvidia (§2.5).
+    /// RP profile: paper (docs/spec/DCQCN.md §2.3), ns3_mlx (§2.4), nvidia (§2.5).
     #[arg(long, default_value = "paper", value_parser = parse_profile)]
     profile: Profile,
     /// Line rate C in Gb/s (the rate before any CNP and the cap of RC and RT).

@@ -242,7 +242,7 @@ fn endpoints(p: &ParsedFrame<'_>) -> String {
 
 fn text_line(number: u64, ts: Duration, t0: Duration, p: &ParsedFrame<'_>, frame: &[u8]) -> String {
     // The addresses, then roce-wire's one-line printer, e.g. `10.0.0.1:49152 > 10.0.0.2:4791 RC SEND_FIRST
-    // qp=0x000012 psn=100 A=0 pad=0 len=256 icrc=ok`; a failed ICRC gets the stored and computed values appended.
+    // qp=0x000012 psn=0x000064 A=0 pad=0 len=256 icrc=ok`; a failed ICRC gets the stored and computed values appended.
     let mut line = format!("{} {} {p}", prefix(number, ts, t0), endpoints(p));
     if !p.icrc_ok {
         let _ = write!(line, " ({})", icrc_mismatch(p, frame));

@@ -20,7 +20,7 @@
 //! * `bench engine [--json]` — the engine's send-path cost per core on a null link (see [`bench`]).
 //!
 //! * `cc trace --profile paper|ns3_mlx|nvidia --cnp-us T1,T2,... [--plot FILE.svg]` — the DCQCN reaction point
-//!   driven through a CNP schedule, JSON in the schema of `../shared/dcqcn/rp_reference.py` (see [`cc`]).
+//!   driven through a CNP schedule, JSON in the schema of `testdata/dcqcn/rp_reference.py` (see [`cc`]).
 
 mod bench;
 mod capture;
@@ -57,6 +57,15 @@ enum Command {
     /// Prints one line per RoCE packet; other packets are skipped and counted in a
     /// summary on stderr. Exit status: 0 when every RoCE packet is well formed with a
     /// good ICRC, 1 otherwise, 2 when the file cannot be read.
+    ///
+    /// A line: frame number, seconds since the first frame, source > destination
+    /// (IP:UDP port), transport and opcode, then the BTH: qp= destination QPN and psn=
+    /// packet sequence number (both 24-bit, in hex as `rocev2 perf --stats` and
+    /// `rocev2 stat` print them), A= AckReq bit, pad= pad bytes, len= payload bytes; the
+    /// extension headers present (reth, aeth, deth, immdt, ...); the BTH flags that are
+    /// set: SE (solicited event), MigReq (path migration state; Mellanox NICs and rocev2
+    /// set it on RC, Linux rxe does not; receivers ignore it), FECN, BECN (set in CNPs);
+    /// pkey= when not the default 0xffff; icrc=ok or bad (docs/spec/ROCEV2.md §1.5, §3).
     Decode(DecodeArgs),
     /// perftest-style bandwidth/latency tests: `rocev2 perf write-bw --loopback`, server `rocev2 perf send-bw`,
     /// client `rocev2 perf send-bw HOST`.
@@ -79,7 +88,7 @@ enum Command {
     /// namespace) using each.
     Devinfo(devinfo::DevinfoArgs),
     /// Congestion control: `rocev2 cc trace` drives the DCQCN reaction point through a CNP schedule (JSON in the
-    /// schema of ../shared/dcqcn/rp_reference.py, optional SVG plot).
+    /// schema of testdata/dcqcn/rp_reference.py, optional SVG plot).
     Cc(cc::CcArgs),
 }
 

@@ -11,7 +11,7 @@
 //! # Wire format (perftest compatibility)
 //!
 //! [`PerftestExchange`] speaks perftest's own exchange (fixed-size binary and text messages, no `-R`;
-//! `../shared/interop/README.md` §"perftest"), so that `rocev2 perf --perftest-compat` pairs with `ib_send_bw`,
+//! `docs/spec/INTEROP.md` §5.2), so that `rocev2 perf --perftest-compat` pairs with `ib_send_bw`,
 //! `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`, `ib_send_lat` and `ib_write_lat`.
 //!
 //! # Bounded waits
@@ -62,6 +62,8 @@ pub enum OobError {
     Closed(String),
     /// The peer sent something that is not a valid message of this protocol.
     Protocol(String),
+    /// The peer is not `rocev2 perf` (its first bytes show it): the message says what it is and what to do.
+    Foreign(String),
 }
 
 impl std::fmt::Display for OobError {
@@ -85,6 +87,7 @@ impl std::fmt::Display for OobError {
             }
             OobError::Closed(step) => write!(f, "{step}: the peer closed the connection"),
             OobError::Protocol(m) => write!(f, "out-of-band protocol error: {m}"),
+            OobError::Foreign(m) => f.write_str(m),
         }
     }
 }
@@ -99,6 +102,41 @@ fn secs(d: Duration) -> String {
     } else {
         format!("{s:.1} s")
     }
+}
+
+/// Who sent `first` (the first bytes of what should be a rocev2-perf message, which is a JSON object: `{` first,
+/// never a NUL), or `None` while it can still be one. perftest's exchange starts with its version string in 16
+/// bytes padded with NULs (`6.06`, `docs/spec/INTEROP.md` §5.2 step 1): named, with the flag that pairs with it.
+fn foreign_peer(first: &[u8], step: &str) -> Option<String> {
+    let b = *first.first()?;
+    if b == b'{' {
+        return None;
+    }
+    let digits = first
+        .iter()
+        .take_while(|c| c.is_ascii_digit() || **c == b'.')
+        .count();
+    if b.is_ascii_digit() && first.get(digits) == Some(&0) {
+        let version = String::from_utf8_lossy(&first[..digits]);
+        return Some(format!(
+            "{step}: the peer speaks perftest's exchange (it announced perftest version {version}), not rocev2 \
+             perf's: to pair with perftest's programs (ib_send_bw, ib_write_bw, ...), start this side with \
+             --perftest-compat"
+        ));
+    }
+    if digits > 0 && digits == first.len() && digits < 16 {
+        return None; // perhaps a version string still arriving
+    }
+    let shown: String = first
+        .iter()
+        .take(24)
+        .flat_map(|c| std::ascii::escape_default(*c))
+        .map(char::from)
+        .collect();
+    Some(format!(
+        "{step}: the peer is not rocev2 perf (its first bytes are \"{shown}\"); is another program using that \
+         TCP port? (perftest's programs pair with --perftest-compat)"
+    ))
 }
 
 /// Whether a socket error means a read or write timeout ran out (`SO_RCVTIMEO` / `SO_SNDTIMEO` report `EAGAIN`).
@@ -362,6 +400,10 @@ impl Oob {
             };
             line.extend_from_slice(&chunk[..take]);
             self.reader.consume(take);
+            // Not one of ours: say who it is now rather than wait for a newline that never comes.
+            if let Some(m) = foreign_peer(&line, step) {
+                return Err(OobError::Foreign(m));
+            }
             if line.len() > MAX_MSG {
                 return Err(OobError::Protocol(format!(
                     "{step}: message longer than {MAX_MSG} bytes"
@@ -420,13 +462,20 @@ impl Oob {
         let _ = self.send_msg("error", json!({ "message": message }));
     }
 
-    /// Client: the first message (parameters) without the QP data; server: receives it.
+    /// Client: the first message (parameters) without the QP data; server: receives it. A server that drops the
+    /// connection without a word on the first message is what perftest's programs do with ours: the error says so.
     pub fn hello(&mut self, params: Option<Value>) -> Result<Value, OobError> {
         let t = self.read_timeout;
         match params {
             Some(p) => {
                 self.send_msg("hello", p.clone())?;
-                self.recv_msg("hello", t)
+                self.recv_msg("hello", t).map_err(|e| match e {
+                    OobError::Io { .. } | OobError::Closed(_) => OobError::Foreign(format!(
+                        "{e} (a perftest server, ib_write_bw and the like, does that: start this side with \
+                         --perftest-compat to pair with it)"
+                    )),
+                    e => e,
+                })
             }
             None => {
                 let p = self.recv_msg("hello", t)?;
@@ -545,7 +594,7 @@ fn connect_from(ip: IpAddr, to: SocketAddr, timeout: Duration) -> std::io::Resul
 
 // ------------------------------------------------------------------------------------------------ perftest
 
-/// The version string this side announces to perftest (`../shared/interop/README.md` §"perftest" step 1; perftest
+/// The version string this side announces to perftest (`docs/spec/INTEROP.md` §5.2 step 1; perftest
 /// 4.5-0.17 announces "6.06" and refuses peers below 5.70).
 pub const PERFTEST_VERSION: &str = "6.06";
 /// Size of perftest's version message: the string NUL-padded to 16 bytes.
@@ -562,7 +611,7 @@ const PT_ITERS64_VERSION: f64 = 5.33;
 /// perftest's per-QP record (`pingpong_dest` as sent by `ethernet_write_keys`), with a GID.
 ///
 /// Text form (all lowercase hex): `LLLL:OOOO:QQQQQQ:PPPPPP:RRRRRRRR:VVVVVVVVVVVVVVVV:` then the 16 GID bytes in wire
-/// order as `hh:` each, then `SSSSSSSS:` and a NUL: 108 bytes (`../shared/interop/README.md` §"perftest" step 4).
+/// order as `hh:` each, then `SSSSSSSS:` and a NUL: 108 bytes (`docs/spec/INTEROP.md` §5.2 step 4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PtRecord {
     /// LID (0 on RoCE).
@@ -740,7 +789,7 @@ pub fn pt_decode_mtu(b: &[u8; 2]) -> Option<u8> {
 /// [`versions`](PerftestExchange::versions), [`sys_data`](PerftestExchange::sys_data),
 /// [`mtu`](PerftestExchange::mtu), then [`handshake`](PerftestExchange::handshake) a number of times, optionally
 /// [`bw_reports`](PerftestExchange::bw_reports), and [`close`](PerftestExchange::close).
-/// Facts: `../shared/interop/README.md` §"perftest", checked against `captures/perftest_tcp_exchange.pcap` and
+/// Facts: `docs/spec/INTEROP.md` §5.2, checked against `captures/perftest_tcp_exchange.pcap` and
 /// perftest v4.5-0.17 `src/perftest_communication.c`.
 ///
 /// This is not an [`Exchange`]: perftest's conversation is a fixed sequence of fixed-size binary and text messages
@@ -1022,7 +1071,13 @@ mod tests {
         });
         let mut c = Oob::connect("127.0.0.1", port, None, Duration::from_secs(2)).expect("connect");
         let e = c.hello(Some(json!({}))).expect_err("protocol");
-        assert!(matches!(e, OobError::Protocol(_)), "{e}");
+        // perftest's version string: named, with the flag that pairs with it (issue #18 item 3).
+        assert!(matches!(e, OobError::Foreign(_)), "{e}");
+        assert!(
+            e.to_string().contains("perftest version 6.06")
+                && e.to_string().contains("--perftest-compat"),
+            "{e}"
+        );
         srv.join().expect("server");
     }
 }

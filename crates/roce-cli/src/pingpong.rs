@@ -1,7 +1,7 @@
 //! `rocev2 pingpong [rc|ud] [SERVER]`: the rdma-core `ibv_rc_pingpong` / `ibv_ud_pingpong` test over the rocev2
 //! runtime, wire-compatible with those tools (and so with Linux Soft-RoCE, rxe).
 //!
-//! # What it does (facts from `../shared/interop/README.md`, "ibv_rc_pingpong / ibv_ud_pingpong")
+//! # What it does (facts from `docs/spec/INTEROP.md` §5.1)
 //!
 //! * **Exchange** on TCP (`-p`, default 18515): a 52-byte ASCII record `LLLL:QQQQQQ:PPPPPP:<32 hex GID>` plus one
 //!   NUL (LID, QPN, initial PSN, GID in wire order). The client connects and writes its record in one `write`;
@@ -19,10 +19,12 @@
 //!   in front of the payload; default message size 1024 (rdma-core's help says 2048, which is larger than rxe's
 //!   1024-byte MTU on a 1500-byte Ethernet, so it cannot work against rxe); a message must fit the MTU (`-m`).
 //! * **GID**: a rocev2 port has one GID, index 0, the IPv4-mapped (or IPv6) address of `--ip`; `-g` is accepted
-//!   and ignored with a note. The peer's GID must be the GID of the address the TCP exchange reached it at (client:
-//!   the server address; server: the client's TCP address): an all-zero GID (rdma-core tools run without `-g`) or
-//!   a different one is refused at exchange time with an error naming both GIDs and hinting `-g 1` (rxe's
-//!   IPv4-mapped GID index). On RoCE a zero GID cannot address anything; the peer would never see our packets.
+//!   and ignored with a note. The peer's GID is its RoCE address: RoCE v2 frames go to the IP address in it
+//!   (`docs/spec/ROCEV2.md` §1.2), which need not be the address its TCP connection came from — on one host a
+//!   client on 127.0.0.2 connects to 127.0.0.1 *from* 127.0.0.1, since Linux picks the source of a loopback
+//!   connection by the route. So the GID is taken as it is, and refused at exchange time only when it cannot
+//!   address this port's peer: all zero (rdma-core tools run without `-g`), or of the other IP family than `--ip`
+//!   (e.g. rxe's link-local GID index 0 against an IPv4 port); the error names the GID and the `-g` index to use.
 //! * **Output** (stdout), as the rdma-core tools print it: the local and remote address lines, then
 //!   `N bytes in X seconds = Y Mbit/sec` (N = 2 × size × iters) and `N iters in X seconds = Y usec/iter`.
 //!   `ibv_ud_pingpong` writes `PSN 0x...: GID` in its local line; this tool does the same in UD mode.
@@ -50,7 +52,7 @@
 //!
 //! # Interoperability checked
 //!
-//! Against Linux 6.1 rxe (rdma-core 44) in the `../shared/interop/softroce-vm` guest: `ibv_rc_pingpong -g 1` and
+//! Against Linux 6.1 rxe (rdma-core 44) in the `testdata/interop/softroce-vm` guest: `ibv_rc_pingpong -g 1` and
 //! `ibv_ud_pingpong -g 1` as server and as client, with and without `-e`, sizes 1, 1024, 4096 (the 1000-iteration
 //! default) and 10000; every frame of the captures passes `check_pcap.py`. Without `-g` the rdma-core tool is
 //! refused at exchange time; with `--rx socket` the rxe frames fail the ICRC and the run ends with the hint.
@@ -106,7 +108,7 @@ enum Transport {
 /// Arguments of `rocev2 pingpong`.
 #[derive(Clone, Debug, Args)]
 #[command(
-    after_help = "Examples:\n  rocev2 pingpong rc --ip 198.18.0.1                 # server\n  rocev2 pingpong rc 198.18.0.1 --ip 198.18.0.2      # client\n  ibv_rc_pingpong -g 1 198.18.0.1                    # an rdma-core client (rxe) against the rocev2 server\n\nExit status: 0 when all iterations completed, 1 on any error (exchange, GID mismatch, work completion error,\ntimeout), 2 on bad arguments."
+    after_help = "Examples:\n  rocev2 pingpong rc --ip 198.18.0.1                 # server\n  rocev2 pingpong rc 198.18.0.1 --ip 198.18.0.2      # client\n  ibv_rc_pingpong -g 1 198.18.0.1                    # an rdma-core client (rxe) against the rocev2 server\n\nExit status: 0 when all iterations completed, 1 on any error (exchange, unusable peer GID, work completion error,\ntimeout), 2 on bad arguments."
 )]
 pub struct PingpongArgs {
     /// `rc` (default) or `ud`, optionally followed by the server's address; without an address, wait for a
@@ -353,22 +355,33 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i.wrapping_mul(7) & 0xff) as u8).collect()
 }
 
-/// Refuses a peer GID that is zero or not the GID of the address the exchange reached the peer at.
-fn check_peer_gid(peer: &Dest, peer_ip: IpAddr, side: &str) -> Result<(), String> {
-    let want = Gid::from_ip(peer_ip.to_canonical());
-    if peer.gid == want {
-        return Ok(());
+/// The peer's RoCE address: the IP address in its GID (`docs/spec/ROCEV2.md` §1.2), whatever address its TCP
+/// connection came from (`tcp_ip`, named in errors). Refused: an all-zero GID, and a GID of the other IP family
+/// than `local` (this port cannot send there), e.g. a link-local IPv6 GID against an IPv4 `--ip`.
+fn peer_roce_ip(peer: &Dest, tcp_ip: IpAddr, local: IpAddr, side: &str) -> Result<IpAddr, String> {
+    let ip = peer.gid.to_ip().to_canonical();
+    if !peer.gid.is_zero() && ip.is_ipv4() == local.is_ipv4() {
+        return Ok(ip);
     }
     let what = if peer.gid.is_zero() {
         "an all-zero GID (the rdma-core tools send that without -g)".to_owned()
     } else {
-        format!("GID {}", peer.gid)
+        format!(
+            "GID {} (an {} address)",
+            peer.gid,
+            if ip.is_ipv4() { "IPv4" } else { "IPv6" }
+        )
+    };
+    let family = if local.is_ipv4() {
+        "IPv4-mapped"
+    } else {
+        "IPv6"
     };
     Err(format!(
-        "GID mismatch at exchange time: the {side} at {peer_ip} sent {what}, but the GID of {peer_ip} is {want}; \
-         RoCE v2 packets go to the IP address in the GID, so this cannot work. Start the rdma-core tool with \
-         `-g 1` (rxe's IPv4-mapped GID index; see `ibv_devinfo -v` or `rdma link` for the index whose GID is \
-         {want})"
+        "GID refused at exchange time: the {side} at {tcp_ip} sent {what}, but RoCE v2 packets go to the IP address \
+         in the GID and this port is {local}, so it needs the {side}'s {family} GID (like {}). Start the rdma-core \
+         tool with `-g N`, N the index of that GID in `ibv_devinfo -v` (1 on Linux rxe; 0 under `rocev2 run`)",
+        Gid::from_ip(tcp_ip.to_canonical())
     ))
 }
 
@@ -890,7 +903,7 @@ fn client(a: &PingpongArgs, p: &Params, host: &str) -> Result<(), String> {
     let mut buf = [0u8; RECORD_LEN];
     read_full(&mut tcp, &mut buf, deadline, "Couldn't read remote address")?;
     let remote = Dest::decode(&buf)?;
-    check_peer_gid(&remote, peer, "server")?;
+    let peer = peer_roce_ip(&remote, peer, local, "server")?;
     write_one(&mut tcp, DONE, "Couldn't send \"done\"")?;
     drop(tcp);
     println!("{}", address_line("remote", &remote, p.transport));
@@ -955,7 +968,7 @@ fn server(a: &PingpongArgs, p: &Params) -> Result<(), String> {
     read_full(&mut tcp, &mut buf, deadline, "Couldn't read remote address")?;
     let remote = Dest::decode(&buf)?;
     // Refused before answering: the client then fails reading our record and exits too.
-    check_peer_gid(&remote, peer, "client")?;
+    let peer = peer_roce_ip(&remote, peer, local, "client")?;
     match p.transport {
         Transport::Rc => connect_rc(&s, p, &remote, peer)?,
         Transport::Ud => make_ah(&mut s, &remote, peer)?,
@@ -1070,23 +1083,30 @@ mod tests {
     #[test]
     fn gid_check() {
         let ip: IpAddr = "198.18.0.2".parse().unwrap();
+        let local: IpAddr = "198.18.0.1".parse().unwrap();
         let mut d = Dest {
             lid: 0,
             qpn: Qpn::new(1),
             psn: Psn::new(1),
             gid: Gid::from_ip(ip),
         };
-        assert!(check_peer_gid(&d, ip, "server").is_ok());
+        assert_eq!(peer_roce_ip(&d, ip, local, "server"), Ok(ip));
+        // The GID, not the TCP source, is the RoCE address (one host: TCP from 127.0.0.1, GID 127.0.0.2).
+        let other: IpAddr = "198.18.0.9".parse().unwrap();
+        d.gid = Gid::from_ip(other);
+        assert_eq!(peer_roce_ip(&d, ip, local, "client"), Ok(other));
         d.gid = Gid::ZERO;
-        let e = check_peer_gid(&d, ip, "server").unwrap_err();
+        let e = peer_roce_ip(&d, ip, local, "server").unwrap_err();
         assert!(
-            e.contains("all-zero") && e.contains("::ffff:198.18.0.2") && e.contains("-g 1"),
+            e.contains("all-zero") && e.contains("::ffff:198.18.0.2") && e.contains("-g N"),
             "{e}"
         );
         d.gid = "fe80::5054:c6ff:fe12:2".parse().unwrap();
-        let e = check_peer_gid(&d, ip, "client").unwrap_err();
+        let e = peer_roce_ip(&d, ip, local, "client").unwrap_err();
         assert!(
-            e.contains("fe80::5054:c6ff:fe12:2") && e.contains("::ffff:198.18.0.2"),
+            e.contains("fe80::5054:c6ff:fe12:2")
+                && e.contains("::ffff:198.18.0.2")
+                && e.contains("1 on Linux rxe"),
             "{e}"
         );
     }

@@ -1,5 +1,5 @@
 //! The font of every plot (`rocev2 cc trace --plot`, `rocev2 perf --rate-log`): plotters draws text through
-//! `ab_glyph` with a TrueType font registered at run time, so no fontconfig is needed (`../shared/DEPS.md`, gotcha
+//! `ab_glyph` with a TrueType font registered at run time, so no fontconfig is needed (`docs/DEPENDENCIES.md`, gotcha
 //! 2). The font is DejaVu Sans from the system (Debian: `fonts-dejavu-core`, installed by `.ci/run` when missing)
 //! or the file named by `ROCEV2_PLOT_FONT`.
 

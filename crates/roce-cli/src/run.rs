@@ -4,7 +4,7 @@
 //! The program is executed (this process is replaced) with a directory holding rocev2's `libibverbs.so.1`
 //! (crate `roce-ibverbs`, built as `libroce_ibverbs.so` next to the `rocev2` binary) first on `LD_LIBRARY_PATH`,
 //! and the device's address in the environment ([`roce_link::device::ENV_IP`], [`roce_link::device::ENV_RX`]).
-//! Debian's binaries have no RPATH, so the dynamic loader takes our library (`../shared/libibverbs/ABI.md` §1.1).
+//! Debian's binaries have no RPATH, so the dynamic loader takes our library (`docs/spec/LIBIBVERBS-ABI.md` §1.1).
 //! The program then sees one device, `rocev2_<interface>` (the interface owning the address, as `rocev2 devinfo`
 //! names it), whose port is the address's GID.
 
@@ -61,9 +61,30 @@ fn library() -> Result<PathBuf, String> {
         Ok(lib)
     } else {
         Err(format!(
-            "{} not found: build it with `cargo build --release -p roce-ibverbs` (or name it with {ENV_LIB})",
-            lib.display()
+            "{} not found: {} (or name the library with {ENV_LIB})",
+            lib.display(),
+            build_hint(dir)
         ))
+    }
+}
+
+/// The one command that puts `libroce_ibverbs.so` beside a `rocev2` in `dir`: cargo's `target/release` and
+/// `target/debug` are told apart by their name (a debug `rocev2` next to a release library would not find it);
+/// anywhere else the library has to be built and copied there.
+fn build_hint(dir: &Path) -> String {
+    let profile = dir.file_name().and_then(|n| n.to_str());
+    match profile {
+        Some("release") => "build it with `cargo build --release -p roce-ibverbs` (`cargo build --release` builds \
+                            rocev2 and the library together)"
+            .to_string(),
+        Some("debug") => "build it with `cargo build -p roce-ibverbs` (`cargo build` builds rocev2 and the library \
+                          together)"
+            .to_string(),
+        _ => format!(
+            "build it in the rocev2 checkout with `cargo build --release -p roce-ibverbs` and copy \
+             target/release/libroce_ibverbs.so to {}",
+            dir.display()
+        ),
     }
 }
 

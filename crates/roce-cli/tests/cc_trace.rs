@@ -1,7 +1,7 @@
 //! `rocev2 cc trace` (the product's DCQCN reaction point, `roce_proto::cc::Dcqcn`) against the oracle
-//! `../shared/dcqcn/rp_reference.py`, within the tolerances of `DCQCN.md` §5.2:
+//! `testdata/dcqcn/rp_reference.py`, within the tolerances of `DCQCN.md` §5.2:
 //!
-//! * the stored reference runs (`../shared/dcqcn/rp_*.json`), re-run with every parameter of the file;
+//! * the stored reference runs (`testdata/dcqcn/rp_*.json`), re-run with every parameter of the file;
 //! * new schedules (CNP storms, ties with timer instants, repeated and fractional CNP times, long quiet periods)
 //!   with parameter overrides given as `--set` with the oracle's names, for `paper` and `ns3_mlx`; the test runs
 //!   the oracle itself (python3), so nothing here is a frozen copy of its output.
@@ -17,7 +17,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{bin, scratch, shared_dir};
+use common::{bin, scratch, testdata_dir};
 use serde_json::Value;
 
 /// §5.2: byte-counter event times may differ by one packet time (MTU·8/RC); RoCE's largest MTU.
@@ -48,7 +48,7 @@ fn python3() -> bool {
 /// Runs the oracle with the same command-line arguments (its CLI and ours share them).
 fn oracle(args: &[String], dir: &Path, name: &str) -> Value {
     let out = dir.join(format!("{name}.oracle.json"));
-    let script = shared_dir().join("dcqcn/rp_reference.py");
+    let script = testdata_dir().join("dcqcn/rp_reference.py");
     let st = Command::new("python3")
         .arg(&script)
         .args(args)
@@ -251,9 +251,9 @@ fn every(from: f64, step: f64, n: usize) -> Vec<f64> {
 
 #[test]
 fn stored_reference_runs_match() {
-    let dir = shared_dir().join("dcqcn");
+    let dir = testdata_dir().join("dcqcn");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("../shared/dcqcn")
+        .expect("testdata/dcqcn")
         .flatten()
         .map(|e| e.path())
         .filter(|p| {

@@ -1,6 +1,6 @@
 //! DCQCN on the real wire: `rocev2 perf write-bw` between two network namespaces joined by a veth pair, the server
 //! marking CE on a share of the data frames it receives (`--ce-rx`, as a congested switch queue in front of it
-//! would, `../shared/dcqcn/DCQCN.md` §2.1) and the client running a DCQCN reaction point (`--dcqcn`) with a rate log.
+//! would, `docs/spec/DCQCN.md` §2.1) and the client running a DCQCN reaction point (`--dcqcn`) with a rate log.
 //! Asserts: CNPs flow (the server's notification point sends them, the client's reaction point handles every one
 //! that arrives), the client's rate drops and recovers (its `--rate-log`), and the data still verifies on both
 //! sides. Needs root and `ip netns` (otherwise it prints why it skips and passes); run it under the network lock.

@@ -17,8 +17,8 @@ use pcap_file::pcapng::blocks::interface_description::{
 };
 use serde_json::Value;
 
-fn shared() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+fn testdata() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -62,7 +62,7 @@ struct Vector {
 }
 
 fn vectors() -> Vec<Vector> {
-    let text = std::fs::read_to_string(shared().join("spec/vectors.json")).expect("vectors.json");
+    let text = std::fs::read_to_string(testdata().join("spec/vectors.json")).expect("vectors.json");
     let doc: Value = serde_json::from_str(&text).expect("vectors.json parses");
     doc["vectors"]
         .as_array()
@@ -259,7 +259,7 @@ fn check_vector(vec: &Vector, got: &Value) {
 #[test]
 fn vectors_pcap_matches_vectors_json() {
     let vecs = vectors();
-    let out = decode(&shared().join("spec/vectors.pcap"), true);
+    let out = decode(&testdata().join("spec/vectors.pcap"), true);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -276,7 +276,7 @@ fn vectors_pcap_matches_vectors_json() {
 #[test]
 fn text_lines_name_addresses_and_ports() {
     // The text lines omitted them; each now carries what --json reports, tcpdump style.
-    let file = shared().join("spec/vectors.pcap");
+    let file = testdata().join("spec/vectors.pcap");
     let text = stdout_lines(&decode(&file, false));
     let json = stdout_lines(&decode(&file, true));
     assert_eq!(text.len(), json.len());
@@ -298,7 +298,7 @@ fn text_lines_name_addresses_and_ports() {
 #[test]
 fn vectors_text_output_is_one_line_per_packet() {
     let vecs = vectors();
-    let out = decode(&shared().join("spec/vectors.pcap"), false);
+    let out = decode(&testdata().join("spec/vectors.pcap"), false);
     assert_eq!(out.status.code(), Some(0));
     let lines = stdout_lines(&out);
     assert_eq!(lines.len(), vecs.len());
@@ -310,7 +310,7 @@ fn vectors_text_output_is_one_line_per_packet() {
     for part in [
         "RC SEND_FIRST",
         "qp=0x000012",
-        "psn=100",
+        "psn=0x000064",
         "len=256",
         "icrc=ok",
     ] {
@@ -322,6 +322,32 @@ fn vectors_text_output_is_one_line_per_packet() {
     assert!(lines.iter().all(|l| l.contains("icrc=ok")), "{lines:#?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("24 RoCE"), "summary on stderr: {stderr}");
+}
+
+/// PSNs are printed in hex like QPNs (and like `rocev2 perf --stats` and `rocev2 stat`), and the BTH MigReq bit is
+/// spelled out, not a bare `M` (issue #18 item 9); `decode --help` explains the flags of a line.
+#[test]
+fn text_psn_is_hex_and_migreq_is_named() {
+    let mut frame = vector("rc_send_first");
+    // BTH byte 1 bit 6 = MigReq (docs/spec/ROCEV2.md §1.5); the ICRC covers it, so refill it.
+    frame[14 + 20 + 8 + 1] |= 0x40;
+    roce_wire::icrc::fill(&mut frame[14..]).expect("ICRC refill");
+    let path = tmp("migreq.pcap");
+    write_pcap(&path, &[frame]);
+    let out = decode(&path, false);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(out.status.code(), Some(0));
+    let lines = stdout_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let l = &lines[0];
+    assert!(l.contains(" psn=0x000064 "), "PSN 100 in hex: {l}");
+    assert!(l.contains(" MigReq "), "MigReq named: {l}");
+    assert!(!l.contains(" M "), "no bare M: {l}");
+    let help = rocev2(&["decode", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    for word in ["MigReq", "SE", "BECN", "psn=", "hex"] {
+        assert!(help.contains(word), "decode --help explains {word}: {help}");
+    }
 }
 
 #[test]
@@ -399,7 +425,7 @@ fn vector(id: &str) -> Vec<u8> {
 fn flipped_payload_bit_fails_icrc() {
     let mut f = vector("rc_send_first");
     f[42 + 12 + 100] ^= 0x10;
-    // Values confirmed by ../shared/tools/check_pcap.py ("wire f663b16e expected
+    // Values confirmed by testdata/tools/check_pcap.py ("wire f663b16e expected
     // f7811c60", printed byte-swapped).
     corrupt_case(
         "flip.pcap",
@@ -482,7 +508,7 @@ fn missing_and_garbage_files_exit_2() {
 /// The number of RoCE packets `check_pcap.py` accepted ("N passed, M failed").
 fn check_pcap_counts(path: &Path) -> (u64, u64) {
     let out = Command::new("python3")
-        .arg(shared().join("tools/check_pcap.py"))
+        .arg(testdata().join("tools/check_pcap.py"))
         .arg("--quiet")
         .arg(path)
         .output()
@@ -498,7 +524,7 @@ fn check_pcap_counts(path: &Path) -> (u64, u64) {
 
 #[test]
 fn softroce_capture_every_icrc_good() {
-    let cap = shared().join("interop/captures/rc_pingpong.pcap");
+    let cap = testdata().join("interop/captures/rc_pingpong.pcap");
     let out = decode(&cap, true);
     assert_eq!(
         out.status.code(),
@@ -643,7 +669,7 @@ fn linux_cooked_capture_decodes() {
 #[test]
 fn tcp_capture_has_no_roce_packets() {
     // perftest's TCP out-of-band exchange: 41 packets, none of them RoCE.
-    let cap = shared().join("interop/captures/perftest_tcp_exchange.pcap");
+    let cap = testdata().join("interop/captures/perftest_tcp_exchange.pcap");
     let out = decode(&cap, false);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");

@@ -1,11 +1,11 @@
 //! `examples/capture.pcap`, the README's demo capture, is produced by roce-wire's
-//! emitter (`RoceRepr::emit`) here, never copied from `shared/`.
+//! emitter (`RoceRepr::emit`) here, never copied from `testdata/`.
 //!
 //! * `ROCEV2_WRITE_EXAMPLE=1 cargo test -p roce-cli --test example_capture` rewrites it.
 //! * Without the variable the test fails if the committed file differs from what the
 //!   emitter produces now, then checks the file with `rocev2 decode --json` (exit 0,
 //!   every extension header, VLAN and IPv6 present) and with the independent checker
-//!   `../shared/tools/check_pcap.py`.
+//!   `testdata/tools/check_pcap.py`.
 //!
 //! The capture is one small RC conversation between QP 0x11 (192.0.2.1) and QP 0x12
 //! (192.0.2.2) at PMTU 256 — SEND FIRST/MIDDLE/LAST + ACK, RDMA WRITE ONLY with
@@ -364,7 +364,7 @@ fn example_capture_decodes_cleanly() {
 #[test]
 fn example_capture_passes_independent_checker() {
     let out = Command::new("python3")
-        .arg(workspace_root().join("../shared/tools/check_pcap.py"))
+        .arg(workspace_root().join("testdata/tools/check_pcap.py"))
         // Not `--strict`: it rejects UDP checksum 0 over IPv6, which rxe and our emitter
         // send (ROCEV2.md §1.4).
         .arg("--pmtu")

@@ -5,7 +5,7 @@
 //!
 //! Every run keeps data verification on (the default) and asserts: both exit codes are 0; the client's and the
 //! server's JSON report the test, connection type, size and iteration count asked for and `verified: true`; the
-//! client's `--pcap` capture passes the independent checker `shared/tools/check_pcap.py --strict --pmtu 1024`
+//! client's `--pcap` capture passes the independent checker `testdata/tools/check_pcap.py --strict --pmtu 1024`
 //! (ICRC of every frame, header and PMTU rules) and holds at least the packets the run must have produced.
 //!
 //! Loss (`--loss 0.05` on both sides, different seeds per run):

@@ -325,3 +325,83 @@ fn default_inline_sizes_are_perftests() {
         );
     }
 }
+
+/// perftest flags users type that clap used to reject as "unexpected argument" (issue #18 item 4): what maps to
+/// rocev2 is accepted (`-i 1`, `-S 0`, `--report-both` with `-b`), the rest is refused naming the flag, perftest's
+/// meaning and why.
+#[test]
+fn perftest_flags_are_mapped_or_refused_with_their_meaning() {
+    let refused: &[(&[&str], &[&str])] = &[
+        (
+            &["write-bw", "-i", "2"],
+            &["-i/--ib-port 2", "one port, 1", "--ip"],
+        ),
+        (&["write-bw", "--ib-port", "2"], &["-i/--ib-port 2"]),
+        (
+            &["send-lat", "-S", "3"],
+            &["-S/--sl 3", "802.1p", "-T/--tclass"],
+        ),
+        (&["write-bw", "--report-both"], &["--report-both", "add -b"]),
+        (
+            &["write-bw", "--cpu_util", "-D", "2"],
+            &["--cpu_util", "CPU utilisation", "time"],
+        ),
+        (
+            &["write-bw", "-z"],
+            &["-z/--com_rdma_cm", "connection manager", "TCP"],
+        ),
+        (
+            &["write-bw", "-w", "10"],
+            &["-w/--limit_bw 10", "pass/fail"],
+        ),
+    ];
+    for (args, wants) in refused {
+        let mut v = vec!["perf"];
+        v.extend_from_slice(args);
+        v.push("--loopback");
+        let out = rocev2(&v);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{v:?}: {err}");
+        assert!(!err.contains("unexpected argument"), "{v:?}: {err}");
+        for want in *wants {
+            assert!(err.contains(want), "{v:?}: `{want}` not in: {err}");
+        }
+    }
+    let _serial = common::serial();
+    let out = rocev2(&[
+        "perf",
+        "write-bw",
+        "--loopback",
+        "-i",
+        "1",
+        "-S",
+        "0",
+        "-b",
+        "--report-both",
+        "-n",
+        "20",
+        "-s",
+        "4096",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |label: &str| {
+        text.lines()
+            .find(|l| l.ends_with(label))
+            .unwrap_or_else(|| panic!("no line ending {label:?}: {text}"))
+            .split_whitespace()
+            .next()
+            .map(str::to_owned)
+    };
+    // Each direction's own line, in the table's layout (the size first).
+    assert_eq!(
+        row("(sent by this side)").as_deref(),
+        Some("4096"),
+        "{text}"
+    );
+    assert_eq!(row("(sent by the peer)").as_deref(), Some("4096"), "{text}");
+}

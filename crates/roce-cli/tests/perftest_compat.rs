@@ -1,6 +1,6 @@
 //! `rocev2 perf --perftest-compat`: the perftest out-of-band conversation, checked three ways.
 //!
-//! * A scripted fake perftest *client* replays the client half of `../shared/interop/captures/
+//! * A scripted fake perftest *client* replays the client half of `testdata/interop/captures/
 //!   perftest_tcp_exchange.pcap` (ib_write_bw) against a `rocev2` server: every answer must have perftest's size,
 //!   order and syntax, and the capture's report must come out in the server's result line. Unpatched, the capture's
 //!   GID (`::ffff:198.18.0.2`) is not the address the fake connects from, which must be refused.
@@ -639,7 +639,7 @@ impl Drop for RxeGuard {
     }
 }
 
-/// The six tests in both roles against perftest on Linux rxe in a QEMU guest (`../shared/interop/softroce-vm`;
+/// The six tests in both roles against perftest on Linux rxe in a QEMU guest (`testdata/interop/softroce-vm`;
 /// root, several minutes under TCG): `cargo test -p roce-cli --test perftest_compat -- --ignored`. rocev2 uses its
 /// own address 198.18.0.107 on the namespace's bridge (198.18.0.1 may be in use) and `--rx-mode packet`.
 #[test]
@@ -648,7 +648,7 @@ fn six_tests_against_perftest_on_rxe() {
     let _s = serial();
     // Declared before the guard, so released after the guest is down.
     let _lock = softroce_lock(Duration::from_secs(1800));
-    let vm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/interop/softroce-vm");
+    let vm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/interop/softroce-vm");
     let (guest, guest_ip, host_ip) = ("ptcompat", "198.18.0.7", "198.18.0.107");
     let up = Command::new(&vm)
         .args(["up", guest, guest_ip])

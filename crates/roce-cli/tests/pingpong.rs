@@ -3,8 +3,8 @@
 //! * rocev2 server ↔ rocev2 client over loopback addresses (RC and UD, no privileges; each test has its own
 //!   127.0.20N.x pair because the RoCE port 4791 is fixed, so tests can run in parallel);
 //! * in a pair of network namespaces joined by a veth (root only, skipped otherwise): rocev2 server ↔
-//!   `../shared/interop/host_pingpong_peer.py`, an independent Python implementation of the rdma-core pingpong
-//!   client (RC and UD), with the server's `--pcap` checked by `../shared/tools/check_pcap.py`;
+//!   `testdata/interop/host_pingpong_peer.py`, an independent Python implementation of the rdma-core pingpong
+//!   client (RC and UD), with the server's `--pcap` checked by `testdata/tools/check_pcap.py`;
 //! * the exchange: a peer that sends an all-zero GID (the rdma-core tools without `-g`) is refused at exchange time
 //!   with an error naming both GIDs, on either side; an absent or silent peer ends the run with exit 1 in bounded
 //!   time.
@@ -20,8 +20,8 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_rocev2")
 }
 
-fn shared() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+fn testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 fn workspace() -> PathBuf {
@@ -268,10 +268,10 @@ fn server_refuses_zero_gid_client() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("GID mismatch")
+        err.contains("GID refused")
             && err.contains("all-zero GID")
             && err.contains("::ffff:127.0.0.1")
-            && err.contains("-g 1"),
+            && err.contains("-g N"),
         "{}",
         text(&o)
     );
@@ -313,7 +313,7 @@ fn client_refuses_zero_gid_server() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("GID mismatch") && err.contains("::ffff:127.0.205.1") && err.contains("-g 1"),
+        err.contains("GID refused") && err.contains("::ffff:127.0.205.1") && err.contains("-g N"),
         "{}",
         text(&o)
     );
@@ -557,7 +557,7 @@ fn qp_timeout_sets_the_local_ack_timeout() {
 /// Runs `check_pcap.py --quiet`; returns `(passed, failed)` from its last line.
 fn check_pcap(file: &Path) -> Option<(u64, u64)> {
     let out = Command::new("python3")
-        .arg(shared().join("tools/check_pcap.py"))
+        .arg(testdata().join("tools/check_pcap.py"))
         .arg("--quiet")
         .arg(file)
         .output()
@@ -583,7 +583,7 @@ fn python_peer(transport: &str, tag: &str, size: u32, iters: u32, expect_packets
             return;
         }
     };
-    let peer = shared().join("interop/host_pingpong_peer.py");
+    let peer = testdata().join("interop/host_pingpong_peer.py");
     if !peer.exists() || Command::new("python3").arg("-V").output().is_err() {
         eprintln!("skipping: python3 or {} unavailable", peer.display());
         return;

@@ -1,6 +1,6 @@
 //! A whole connection life of two CMs, captured as RoCE v2 frames (UD SEND
 //! ONLY to QP1, DETH with the GSI Q_Key, the MAD, ICRC) and checked by the
-//! independent checker `../shared/tools/check_pcap.py` and by Wireshark's
+//! independent checker `testdata/tools/check_pcap.py` and by Wireshark's
 //! dissector (`tshark`): every frame valid, every CM message named, no
 //! malformed packet, no expert warning. Each tool is skipped with a printed
 //! reason when it is not installed.
@@ -80,8 +80,9 @@ fn write_pcap(path: &Path, frames: &[(Instant, Vec<u8>)]) {
     }
 }
 
-fn shared() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+/// The repository's test data (`testdata/`, provenance in its README).
+fn testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 #[test]
@@ -210,7 +211,7 @@ fn connection_life_capture_is_valid_roce_and_dissects_cleanly() {
     let pcap = dir.join("cm.pcap");
     write_pcap(&pcap, &frames);
 
-    let checker = shared().join("tools/check_pcap.py");
+    let checker = testdata().join("tools/check_pcap.py");
     match Command::new("python3").arg(&checker).arg(&pcap).output() {
         Ok(out) if checker.exists() => {
             let text = String::from_utf8_lossy(&out.stdout);

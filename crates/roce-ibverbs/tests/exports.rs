@@ -1,5 +1,5 @@
 //! The export table of the built `libibverbs.so.1` against what the Debian programs and the provider libraries
-//! they load import (`../shared/libibverbs/ABI.md` §1.2–§2.2): every `symbol@IBVERBS_*` that one of them needs
+//! they load import (`docs/spec/LIBIBVERBS-ABI.md` §1.2–§2.2): every `symbol@IBVERBS_*` that one of them needs
 //! from libibverbs must be defined by ours at that version (the loader binds them all before `main`), and the
 //! SONAME must be `libibverbs.so.1`. Read with `readelf` (binutils); the binaries come from Debian's
 //! `ibverbs-utils`, `perftest` and `ibverbs-providers` (installed by `.ci/run`).

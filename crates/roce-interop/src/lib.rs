@@ -1,7 +1,7 @@
 //! Harness for the Soft-RoCE interoperability suite (`tests/softroce.rs`) and nothing else: a thin Rust wrapper
-//! around `../shared/interop/softroce-vm` (QEMU guests running Linux `rdma_rxe`, see
-//! `../shared/interop/README.md`), tcpdump on the namespace bridge, the independent ICRC checker
-//! `../shared/tools/check_pcap.py`, and the guest's rxe counters.
+//! around `testdata/interop/softroce-vm` (QEMU guests running Linux `rdma_rxe`, see
+//! `docs/spec/INTEROP.md`), tcpdump on the namespace bridge, the independent ICRC checker
+//! `testdata/tools/check_pcap.py`, and the guest's rxe counters.
 //!
 //! Shapes:
 //! * [`SoftRoce::acquire`] takes an exclusive lock ([`LOCK_FILE`], shared with `scripts/interop-bench.sh`), checks
@@ -238,27 +238,31 @@ fn is_root() -> bool {
 /// Exclusive owner of the Soft-RoCE namespace and guests for the lifetime of the value.
 pub struct SoftRoce {
     vm: PathBuf,
-    shared: PathBuf,
+    testdata: PathBuf,
     scratch: PathBuf,
     _lock: File,
 }
 
 impl SoftRoce {
     /// Check prerequisites, take [`LOCK_FILE`] (waiting up to `lock_wait`), run `softroce-vm build` and
-    /// `teardown`. `shared` is the reference directory (`<checkout>/../shared`), `scratch` a directory for logs.
+    /// `teardown`. `testdata` is the reference data directory (`<checkout>/testdata`), `scratch` a directory for logs.
     /// `Err(reason)`: the environment cannot run the suite (not root, no `/dev/net/tun`, no `python3`, build failed,
     /// lock busy).
-    pub fn acquire(shared: &Path, scratch: &Path, lock_wait: Duration) -> Result<SoftRoce, String> {
+    pub fn acquire(
+        testdata: &Path,
+        scratch: &Path,
+        lock_wait: Duration,
+    ) -> Result<SoftRoce, String> {
         if !is_root() {
             return Err("not running as root (QEMU taps and network namespaces need root)".into());
         }
         if !Path::new("/dev/net/tun").exists() {
             return Err("/dev/net/tun does not exist (no tap devices for the guests)".into());
         }
-        let vm = shared.join("interop/softroce-vm");
+        let vm = testdata.join("interop/softroce-vm");
         if !vm.is_file() {
             return Err(format!(
-                "{} not found (the reference directory must sit beside the checkout)",
+                "{} not found (it is part of the repository: is the checkout complete?)",
                 vm.display()
             ));
         }
@@ -297,7 +301,7 @@ impl SoftRoce {
         }
         let me = SoftRoce {
             vm,
-            shared: shared.to_path_buf(),
+            testdata: testdata.to_path_buf(),
             scratch: scratch.to_path_buf(),
             _lock: lock,
         };
@@ -316,9 +320,9 @@ impl SoftRoce {
         Ok(me)
     }
 
-    /// The reference directory (`<checkout>/../shared`).
-    pub fn shared(&self) -> &Path {
-        &self.shared
+    /// The reference data directory (`<checkout>/testdata`).
+    pub fn testdata(&self) -> &Path {
+        &self.testdata
     }
 
     /// Path of the `softroce-vm` script.
@@ -781,11 +785,11 @@ pub struct PcapCheck {
     pub rc: Option<i32>,
 }
 
-/// Run the independent checker `shared/tools/check_pcap.py --quiet` on `pcap` (ICRC, IPv4/UDP/BTH sanity, and with
+/// Run the independent checker `testdata/tools/check_pcap.py --quiet` on `pcap` (ICRC, IPv4/UDP/BTH sanity, and with
 /// `pmtu` the FIRST/MIDDLE == PMTU rule).
-pub fn check_pcap(shared: &Path, pcap: &Path, pmtu: Option<u32>, scratch: &Path) -> PcapCheck {
+pub fn check_pcap(testdata: &Path, pcap: &Path, pmtu: Option<u32>, scratch: &Path) -> PcapCheck {
     let mut c = Command::new("python3");
-    c.arg(shared.join("tools/check_pcap.py")).arg("--quiet");
+    c.arg(testdata.join("tools/check_pcap.py")).arg("--quiet");
     if let Some(p) = pmtu {
         c.arg("--pmtu").arg(p.to_string());
     }

@@ -3,7 +3,7 @@
 //! server, sizes across the 1024-byte path MTU. One guest (g1, 198.18.0.2) is booted for the whole suite.
 //!
 //! Per case: both sides must exit 0; data checks where the tools make them (`ibv_*_pingpong -c`, rocev2's own
-//! verification lines); the tcpdump capture of the bridge must pass `../shared/tools/check_pcap.py --pmtu 1024`
+//! verification lines); the tcpdump capture of the bridge must pass `testdata/tools/check_pcap.py --pmtu 1024`
 //! (ICRC of every packet in both directions, header sanity, segmentation at the PMTU); the expected opcodes must
 //! appear in the right direction; rxe's counters must show no error caused by our packets, every packet we sent
 //! must have been accepted by rxe (`rcvd_pkts`) unless dropped before it, and the guest kernel must log nothing
@@ -25,7 +25,7 @@ use roce_interop::{Bg, Guest, HOST_IP, SoftRoce, Traffic, check_pcap, classify, 
 
 const GUEST: &str = "g1";
 const GUEST_IP: &str = "198.18.0.2";
-/// rxe0's active MTU with eth0 at 1500 (`../shared/interop/README.md`, "Guest rxe0 facts").
+/// rxe0's active MTU with eth0 at 1500 (`docs/spec/INTEROP.md` §4).
 const PMTU: u32 = 1024;
 const OOB_PORT: u16 = 18515;
 const MIB: u64 = 1 << 20;
@@ -65,7 +65,7 @@ enum Dir {
 /// What the host side runs.
 #[derive(Clone, Debug)]
 enum HostProg {
-    /// `../shared/interop/host_pingpong_peer.py` (client only): the smoke case that needs no rocev2 feature.
+    /// `testdata/interop/host_pingpong_peer.py` (client only): the smoke case that needs no rocev2 feature.
     PythonPeer(Vec<String>),
     /// The `rocev2` binary.
     Rocev2(Vec<String>),
@@ -428,7 +428,7 @@ fn spawn_side(ctx: &Ctx, case: &Case, side: Side, dir: &Path) -> Result<Bg, Stri
                 HostProg::PythonPeer(a) => {
                     let mut v = vec![
                         ctx.sr
-                            .shared()
+                            .testdata()
                             .join("interop/host_pingpong_peer.py")
                             .display()
                             .to_string(),
@@ -591,7 +591,12 @@ fn run_case_inner(
         }
     }
     // Independent ICRC/header check of everything on the bridge.
-    let chk = check_pcap(ctx.sr.shared(), &pcap, Some(PMTU), &dir.join("check_pcap"));
+    let chk = check_pcap(
+        ctx.sr.testdata(),
+        &pcap,
+        Some(PMTU),
+        &dir.join("check_pcap"),
+    );
     let python = matches!(case.host, HostProg::PythonPeer(_));
     let mut artifacts = 0;
     for l in &chk.bad {
@@ -728,7 +733,7 @@ fn selected(all: Vec<Case>) -> Vec<Case> {
 fn softroce_interop() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = crate_dir.join("../..");
-    let shared = root.join("../shared");
+    let testdata = root.join("testdata");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softroce-interop");
     let _ = fs::create_dir_all(&out);
     let (rocev2, stale) = locate_rocev2(&root).unwrap_or_else(|e| panic!("{e}"));
@@ -738,7 +743,7 @@ fn softroce_interop() {
         say(&format!("WARNING: {w}"));
     }
     let suite_t0 = Instant::now();
-    let sr = match SoftRoce::acquire(&shared, &out.join("scratch"), Duration::from_secs(1800)) {
+    let sr = match SoftRoce::acquire(&testdata, &out.join("scratch"), Duration::from_secs(1800)) {
         Ok(s) => s,
         Err(reason) => {
             say("");

@@ -18,7 +18,7 @@ pub const ENV_IP: &str = "ROCEV2_IBV_IP";
 pub const ENV_RX: &str = "ROCEV2_IBV_RX";
 
 /// `ibv_device_attr.vendor_id` of every rocev2 device: rxe's (0xFFFFFF), with `vendor_part_id` 0 — not a Mellanox,
-/// EFA, Chelsio or Intel id, so perftest takes the plain `post_send` path (`../shared/libibverbs/ABI.md §6.3`).
+/// EFA, Chelsio or Intel id, so perftest takes the plain `post_send` path (`docs/spec/LIBIBVERBS-ABI.md §6.3`).
 pub const VENDOR_ID: u32 = 0x00ff_ffff;
 /// `ibv_device_attr.vendor_part_id` (see [`VENDOR_ID`]).
 pub const VENDOR_PART_ID: u32 = 0;

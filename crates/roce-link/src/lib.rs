@@ -291,11 +291,11 @@ pub fn min_instant(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 
 #[cfg(test)]
 pub(crate) mod testutil {
-    //! Golden frames from `shared/spec/vectors.json` and the independent checker `check_pcap.py`.
+    //! Golden frames from `testdata/spec/vectors.json` and the independent checker `check_pcap.py`.
     use std::path::PathBuf;
 
-    pub(crate) fn shared() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+    pub(crate) fn testdata() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
     }
 
     fn unhex(s: &str) -> Vec<u8> {
@@ -308,7 +308,7 @@ pub(crate) mod testutil {
     /// `(id, frame)` for every golden vector.
     pub(crate) fn vectors() -> Vec<(String, Vec<u8>)> {
         let text =
-            std::fs::read_to_string(shared().join("spec/vectors.json")).expect("vectors.json");
+            std::fs::read_to_string(testdata().join("spec/vectors.json")).expect("vectors.json");
         let v: serde_json::Value = serde_json::from_str(&text).expect("json");
         v["vectors"]
             .as_array()
@@ -326,7 +326,7 @@ pub(crate) mod testutil {
     /// Runs `check_pcap.py` on `file`; `None` if python3 is unavailable, else `(exit ok, last line)`.
     pub(crate) fn check_pcap(file: &std::path::Path) -> Option<(bool, String)> {
         let out = std::process::Command::new("python3")
-            .arg(shared().join("tools/check_pcap.py"))
+            .arg(testdata().join("tools/check_pcap.py"))
             .arg("--quiet")
             .arg(file)
             .output()

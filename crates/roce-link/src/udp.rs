@@ -21,7 +21,7 @@
 //!
 //! * **IP ID and DF.** Every socket sets `IP_MTU_DISCOVER = IP_PMTUDISC_DO` and is never connected; Linux then
 //!   writes DF and IP ID 0 (`ip_select_ident`: a DF packet from a socket without a destination gets ID 0;
-//!   `../shared/interop/README.md`, "Gotcha"). A frame whose IPv4 ID is not 0 or whose DF bit is clear would
+//!   `docs/spec/INTEROP.md` §6). A frame whose IPv4 ID is not 0 or whose DF bit is clear would
 //!   leave with an ICRC that fails at the peer. Such frames are counted in [`UdpStats::tx_ip_hdr_mismatch`] and,
 //!   per [`IpIdPolicy`], dropped or repaired (ICRC recomputed for ID 0 + DF). The rocev2 engine itself always
 //!   writes ID 0 + DF (`roce_proto` `wire::IPV4_IDENT`), so its frames never take this path; it exists for
@@ -67,7 +67,7 @@
 //! the rebuilt frame, counts failures in [`UdpStats::rx_icrc_bad`], drops them, and reports
 //! [`IcrcCaps::rx_verified`]. The rebuilt IPv4 header assumes the sender used ID 0 + DF (true for this backend
 //! and for any unconnected-socket sender); a peer that numbers its IPv4 IDs (Linux rxe does: an incrementing ID,
-//! `../shared/interop/README.md`, "Guest rxe0 facts") cannot be verified through a UDP socket, whose API never
+//! `docs/spec/INTEROP.md` §4) cannot be verified through a UDP socket, whose API never
 //! shows the received ID. For such peers use [`RxMode::Packet`].
 //!
 //! ## [`RxMode::Packet`]: frames as they came off the wire

@@ -341,7 +341,7 @@ fn veth_wire_bytes_equal_engine_frames_and_pass_check_pcap() {
     all.extend(wire_ba);
     write_pcap(&pcap, &all);
     let out = Command::new("python3")
-        .arg(workspace().join("../shared/tools/check_pcap.py"))
+        .arg(workspace().join("testdata/tools/check_pcap.py"))
         .arg("--quiet")
         .arg(&pcap)
         .output();

@@ -1,7 +1,7 @@
 //! Rate-control seam (STYLE E5): a per-QP [`RateController`] receives CNPs, transmit events and its own timer, and
 //! *computes* the QP's rate; the QP's token-bucket shaper (`crate::sched`, `DCQCN.md §7`) *enforces* it.
 //! Implementations: [`FixedRate`] (line rate or a fixed rate; CNPs ignored, `rp_cnp_ignored`) and [`Dcqcn`], the DCQCN
-//! reaction point (`../shared/dcqcn/DCQCN.md` §2.3–§2.5), which the engine gives every new QP when
+//! reaction point (`docs/spec/DCQCN.md` §2.3–§2.5), which the engine gives every new QP when
 //! [`crate::EngineConfig::dcqcn`] is set.
 //!
 //! # Contract between a controller and the engine

@@ -114,7 +114,7 @@ pub struct EngineConfig {
     pub ecn_data: bool,
     /// Send scheduler and shapers (`crate::sched`, `DCQCN.md §7, §9`).
     pub sched: SchedConfig,
-    /// DCQCN reaction point for every new QP (`../shared/dcqcn/DCQCN.md` §2.3–§2.5); `None`: QPs send at line rate
+    /// DCQCN reaction point for every new QP (`docs/spec/DCQCN.md` §2.3–§2.5); `None`: QPs send at line rate
     /// and ignore CNPs (`rp_cnp_ignored`). [`crate::Engine::set_rate_controller`] overrides it per QP.
     pub dcqcn: Option<DcqcnConfig>,
 }

@@ -3,7 +3,7 @@
 //!
 //! # Architecture
 //!
-//! [`Engine`] is one port of a software RNIC, written in the quinn-proto manner (`../shared/STYLE.md` §2): it does
+//! [`Engine`] is one port of a software RNIC, written in the quinn-proto manner (`docs/STYLE.md` §2): it does
 //! no I/O, reads no clock and draws randomness only from [`EngineConfig::seed`]. A driver feeds it received frames
 //! ([`Engine::handle_frame`]) and timer expiries ([`Engine::handle_timeout`]), issues verbs (`post_send`, ...) and
 //! drains its outputs ([`Engine::poll_transmit`], [`Engine::poll_timeout`], [`Engine::poll_cq`],
@@ -15,7 +15,7 @@
 //! * `requester` / `responder`: the transport rules (`ROCEV2.md §4`, `§5`, `§6`).
 //! * `timer`: timers as data; `stats`: counters with operator names; `cc`: the rate-control seam (controllers
 //!   compute a QP's rate) and the DCQCN reaction point (`cc::Dcqcn`, profiles `paper`/`ns3_mlx`/`nvidia`,
-//!   `../shared/dcqcn/DCQCN.md` §2; the project's `docs/CONGESTION.md`); `sched`: the send scheduler that enforces
+//!   `docs/spec/DCQCN.md` §2; the project's `docs/CONGESTION.md`); `sched`: the send scheduler that enforces
 //!   the rate — control frames, then READ responses, then requests by ETS-weighted DWRR across traffic classes, with
 //!   token-bucket shapers per QP, class and port (`DCQCN.md §7, §9`).
 //!
@@ -86,7 +86,7 @@
 //!
 //! # For the detail-oriented
 //!
-//! Protocol rules cite `../shared/spec/ROCEV2.md` sections (IBTA Vol 1 ch. 9 transport, ch. 11 verbs, Annex A17
+//! Protocol rules cite `docs/spec/ROCEV2.md` sections (IBTA Vol 1 ch. 9 transport, ch. 11 verbs, Annex A17
 //! RoCE v2, and the Linux rxe driver files noted there). Where IBTA and rxe differ the engine follows IBTA and says so
 //! (e.g. `retry_cnt` 7 is a count, not infinite).
 #![forbid(unsafe_code)]

@@ -131,7 +131,7 @@ counters! {
     drop_uc_out_of_seq,
     /// Drop: UC request packets of a message that found no receive WQE (a SEND FIRST/ONLY, or the LAST/ONLY of an
     /// RDMA WRITE with immediate), and the MIDDLE/LAST packets that follow such a FIRST. UC has no RNR NAK (IBTA;
-    /// `../shared/spec/ROCEV2.md` §5 sends an RNR NAK only on RC): the message is silently dropped, ePSN moves past
+    /// `docs/spec/ROCEV2.md` §5 sends an RNR NAK only on RC): the message is silently dropped, ePSN moves past
     /// it and the QP stays in RTS (rxe `rxe_resp.c` `RESPST_ERR_RNR`: UD/UC class D, drop the message, no counter).
     /// The sender is not told: a receiver that replenishes its receives slower than the sender posts SENDs shows it
     /// here. Not a PSN gap: those are `drop_uc_out_of_seq` (mlx5 counts both kinds of lack of a WQE in its
@@ -142,13 +142,13 @@ counters! {
     /// are harmless duplicates, not drops: they count as `duplicate_response`.
     drop_stale_response,
     /// Responses (ACK, NAK, READ response, ATOMIC ACK) with a PSN below the requester's oldest unacknowledged PSN,
-    /// ignored as duplicates (`../shared/spec/ROCEV2.md` §4.4 "duplicate/old ACK: ignore"; rxe `rxe_comp.c`
+    /// ignored as duplicates (`docs/spec/ROCEV2.md` §4.4 "duplicate/old ACK: ignore"; rxe `rxe_comp.c`
     /// `check_psn`: an older PSN ends the completer's work on the packet, without a counter). The responder sends
     /// them for every duplicate request it re-ACKs (typically una−1), and for a re-requested READ whose responses
     /// had already arrived; a requester busy with many of them shows it here. Not a drop: nothing was lost.
     duplicate_response,
     /// Bytes of sending credit the QP's token bucket discarded at its depth while the QP had frames waiting
-    /// (`crate::sched::shaper`, "credit lost while backlogged"; the depth cap is `../shared/dcqcn/DCQCN.md §7 TB1`,
+    /// (`crate::sched::shaper`, "credit lost while backlogged"; the depth cap is `docs/spec/DCQCN.md §7 TB1`,
     /// the depth `TB3`). A QP limited to `r` sends `r·T + depth − this` at most over `T`: a non-zero value means the
     /// engine was not driven for longer than `depth / r` (a descheduled thread on a loaded host), the PSN window
     /// was closed (the peer's ACKs late) or a class/port bucket or other QPs held the QP back — not that the shaper

@@ -198,7 +198,7 @@ pub(crate) struct TxHdr {
 /// Per-QP (or per-AH) header images (`roce_wire::HeaderTemplate`, STYLE W8), built once at RTR/RTS or `create_ah`.
 ///
 /// IPv4 identification of every frame the engine sends: 0, with DF set. This is what Linux writes for an
-/// unconnected UDP socket with `IP_PMTUDISC_DO` (`../shared/interop/README.md`, "Gotchas"), so a UDP-socket link
+/// unconnected UDP socket with `IP_PMTUDISC_DO` (`docs/spec/INTEROP.md` §6), so a UDP-socket link
 /// sends exactly the bytes the ICRC was computed over; with DF the value is free (RFC 6864).
 pub(crate) const IPV4_IDENT: u16 = 0;
 

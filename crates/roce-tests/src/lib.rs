@@ -881,9 +881,9 @@ pub fn transport_of(f: &[u8]) -> &[u8] {
     &f[udp + 8..at]
 }
 
-/// Path of the shared reference directory (`<checkout>/../shared`).
-pub fn shared_dir() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+/// Path of the reference data directory (`<checkout>/testdata`, provenance in `testdata/README.md`).
+pub fn testdata_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 /// Writes `frames` (time, bytes) as a nanosecond pcap file through roce-link's [`Pcap`] decorator over a
@@ -906,7 +906,7 @@ pub fn write_pcap(path: &std::path::Path, frames: &[(Instant, &[u8])]) {
 /// Runs `check_pcap.py` on `path`: `None` if python3 is unavailable, else `(passed, final line)`.
 pub fn check_pcap(path: &std::path::Path) -> Option<(bool, String)> {
     let out = std::process::Command::new("python3")
-        .arg(shared_dir().join("tools/check_pcap.py"))
+        .arg(testdata_dir().join("tools/check_pcap.py"))
         .arg("--quiet")
         .arg(path)
         .output()

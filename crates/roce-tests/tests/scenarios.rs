@@ -1,4 +1,4 @@
-//! One test per failure scenario of `shared/spec/SCENARIOS.md` (S01..S20), each driving two real engines over
+//! One test per failure scenario of `docs/spec/SCENARIOS.md` (S01..S20), each driving two real engines over
 //! the simulated link and asserting the scenario's "right value" — and, where the issue asks, the whole kind of
 //! fault (several PSNs, timeouts, RNR codes, sizes).
 

@@ -1,4 +1,4 @@
-//! The send scheduler end to end (issue #12; `roce_proto::sched`, `../shared/dcqcn/DCQCN.md §7, §9`): real engines on
+//! The send scheduler end to end (issue #12; `roce_proto::sched`, `docs/spec/DCQCN.md §7, §9`): real engines on
 //! the simulated link, measured at the receiver.
 //!
 //! * `shaping_holds_the_rate_for_1_to_1000_qps`: N QPs (1, 10, 100, 1000) each limited to 80/N Gb/s on a 100 Gb/s

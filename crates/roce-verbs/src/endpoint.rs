@@ -15,8 +15,9 @@
 //! its own user and root (`SO_PEERCRED`), and a reader checks that the socket is served by the process its name
 //! says. A socket left by
 //! a process that died without dropping its devices is stale: [`endpoints`] removes a socket whose pid is gone, or
-//! whose pid now belongs to a process with another start time (the pid was reused). The pid and start time of a
-//! process name it uniquely, so the rule never removes a live endpoint.
+//! whose pid now belongs to a process with another start time (the pid was reused), and so does a runtime starting
+//! its own endpoint in that directory — so the sockets of runs killed by a signal do not pile up. The pid and start
+//! time of a process name it uniquely, so the rule never removes a live endpoint.
 //! The run directory is shared by every network namespace of the host, so [`endpoints`] lists only the processes in
 //! the reader's own network namespace (as `rdma statistic` shows the devices of its namespace).
 //!
@@ -196,23 +197,51 @@ pub fn endpoints() -> Vec<EndpointPath> {
             if !e.file_type().is_ok_and(|t| t.is_socket()) {
                 continue;
             }
-            // The pid now names a process started at another time: the pid was reused, the socket is stale.
-            let reused = start.is_some_and(|s| start_time(pid).is_some_and(|now| now != s));
-            if reused {
+            if is_stale(pid, start) {
                 let _ = std::fs::remove_file(&path);
-            } else if Path::new(&format!("/proc/{pid}")).exists() {
+            } else {
                 let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
                 if netns.is_some() && netns == own_netns {
                     out.push(EndpointPath { pid, path });
                 }
-            } else {
-                let _ = std::fs::remove_file(&path);
             }
         }
     }
     out.sort_by(|a, b| (a.pid, &a.path).cmp(&(b.pid, &b.path)));
     out.dedup();
     out
+}
+
+/// Whether the endpoint socket of `(pid, start)` (its name's fields) outlived its process: the pid is gone, or now
+/// names a process started at another time (the pid was reused). A live endpoint is never stale.
+fn is_stale(pid: u32, start: Option<u64>) -> bool {
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return true;
+    }
+    start.is_some_and(|s| start_time(pid).is_some_and(|now| now != s))
+}
+
+/// Removes the stale endpoint sockets of `dir` (best effort): those of processes killed by a signal, which never
+/// dropped their runtimes. Run when a runtime starts its own endpoint there, so they do not pile up between two
+/// `rocev2 stat` runs (which remove them too, [`endpoints`]).
+fn remove_stale(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let path = e.path();
+        let Some((pid, start)) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".sock"))
+            .and_then(parse_name)
+        else {
+            continue;
+        };
+        if e.file_type().is_ok_and(|t| t.is_socket()) && is_stale(pid, start) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// `(pid, start time)` of a socket name without `.sock`: `<pid>.<start>.<n>`, or `<pid>.<n>` as written before
@@ -404,6 +433,7 @@ pub(crate) fn start(cfg: &StatsEndpoint, devices: DeviceList) -> Option<Endpoint
             d.clone()
         }
     };
+    remove_stale(&dir);
     let n = RUNTIMES.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     let path = match start_time(pid) {

@@ -438,7 +438,7 @@ impl Context {
     }
 
     /// The rate state of every QP of this device, as of the runtime's current instant (returned with it):
-    /// the rate controller's view (DCQCN RC, RT, α, `../shared/dcqcn/DCQCN.md` §2) and the rate its shaper enforces
+    /// the rate controller's view (DCQCN RC, RT, α, `docs/spec/DCQCN.md` §2) and the rate its shaper enforces
     /// (the smaller of that and the QP's limit; `None` = unlimited). For rate logs (`rocev2 perf --rate-log`).
     pub fn qp_rates(&self) -> Result<(roce_proto::Instant, Vec<QpRate>), Error> {
         self.call(|d| {

@@ -31,7 +31,7 @@
 //! so their frames leave in one `flush` (one `sendmmsg`). A thread that posts in a loop would still pay one I/O call
 //! per post, so a post's pass holds its frames back when the post is part of a stream, and the pass that closes the
 //! batch sends them together (the engine's adaptive batching window, `roce_proto::sched::batch`,
-//! `docs/SCHEDULER.md`, `../shared/dcqcn/DCQCN.md §10`):
+//! `docs/SCHEDULER.md`, `docs/spec/DCQCN.md §10`):
 //!
 //! * **stream**: every doorbell the pass found is of a QP whose previous doorbell came less than the window `W`
 //!   before. `W` = [`Engine::batch_window`] (a quarter of the measured SRTT: the span the engine gives one batch on

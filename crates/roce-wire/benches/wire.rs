@@ -30,7 +30,7 @@ const ICRC_SIZES: [usize; 3] = [64, 1024, 4096];
 const FRAME_SIZES: [usize; 2] = [16, 1024];
 
 /// An RC SEND_ONLY from QP 0x11 to QP 0x12 over IPv4, as `rocev2` would send it
-/// (addresses and ports of `../shared/spec/vectors.json`).
+/// (addresses and ports of `testdata/spec/vectors.json`).
 fn send_only(payload_len: usize) -> RoceRepr {
     let ip = Ipv4Repr {
         src_addr: Ipv4Addr::new(192, 0, 2, 1),

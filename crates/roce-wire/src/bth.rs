@@ -287,10 +287,10 @@ impl fmt::Display for BthRepr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} qp={} psn={} A={} pad={}",
+            "{} qp={} psn=0x{:06x} A={} pad={}",
             self.opcode,
             self.dest_qp,
-            self.psn,
+            self.psn.value(),
             u8::from(self.ack_req),
             self.pad_count
         )?;
@@ -298,7 +298,7 @@ impl fmt::Display for BthRepr {
             f.write_str(" SE")?;
         }
         if self.mig_req {
-            f.write_str(" M")?;
+            f.write_str(" MigReq")?;
         }
         if self.fecn {
             f.write_str(" FECN")?;

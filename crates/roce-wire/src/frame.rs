@@ -489,7 +489,7 @@ mod tests {
     use crate::{AethSyndrome, CnpRepr, Msn, Opcode, Psn, Qpn};
 
     /// An ACK sent by Linux rxe, taken from
-    /// `../shared/interop/captures/rc_pingpong.pcap` (guest to guest):
+    /// `testdata/interop/captures/rc_pingpong.pcap` (guest to guest):
     /// Ethernet 52:54:c6:12:00:03 -> 52:54:c6:12:00:02, IPv4 198.18.0.3 ->
     /// 198.18.0.2 (TOS 0, ID 0x48e1, DF, TTL 64), UDP 0xc121 -> 4791 csum 0,
     /// BTH ACKNOWLEDGE QP 0x000011 PSN 0x7835f3, AETH 0x1f MSN 1,

@@ -43,7 +43,7 @@
 //!
 //! The crate is `no_std` (with `alloc` available but unused), has no
 //! `unsafe` code, and allocates nothing in parse or emit. Protocol facts cite
-//! `../shared/spec/ROCEV2.md` sections, IBTA Vol 1 or the Linux rxe source.
+//! `docs/spec/ROCEV2.md` sections, IBTA Vol 1 or the Linux rxe source.
 //!
 //! ## Cargo features
 //!
@@ -127,7 +127,7 @@
 //! assert!(parsed.icrc_ok);
 //! assert_eq!(parsed.repr, repr);
 //! assert_eq!(parsed.payload, &payload[..]);
-//! assert_eq!(parsed.to_string(), "RC SEND_ONLY qp=0x000012 psn=0 A=1 pad=0 len=16 icrc=ok");
+//! assert_eq!(parsed.to_string(), "RC SEND_ONLY qp=0x000012 psn=0x000000 A=1 pad=0 len=16 icrc=ok");
 //! ```
 #![no_std]
 #![forbid(unsafe_code)]

@@ -1,9 +1,9 @@
 //! One-line, tcpdump-like rendering of RoCE v2 frames (STYLE W7), e.g.
 //!
 //! ```text
-//! RC SEND_FIRST qp=0x000012 psn=100 A=0 pad=0 len=256 icrc=ok
-//! RC RDMA_WRITE_FIRST qp=0x000012 psn=200 A=0 pad=0 len=256 reth(va=0x7f0000001000 rkey=0x1234abcd len=600) icrc=ok
-//! RC ACKNOWLEDGE qp=0x000011 psn=103 A=0 pad=0 len=0 aeth(nak seq msn=5) icrc=ok
+//! RC SEND_FIRST qp=0x000012 psn=0x000064 A=0 pad=0 len=256 icrc=ok
+//! RC RDMA_WRITE_FIRST qp=0x000012 psn=0x0000c8 A=0 pad=0 len=256 reth(va=0x7f0000001000 rkey=0x1234abcd len=600) icrc=ok
+//! RC ACKNOWLEDGE qp=0x000011 psn=0x000067 A=0 pad=0 len=0 aeth(nak seq msn=5) icrc=ok
 //! malformed: IPv4 total length exceeds frame (truncated, len=40)
 //! not RoCE v2: UDP destination port is not 4791 (len=74)
 //! ```
@@ -81,9 +81,9 @@ impl fmt::Display for RoceRepr {
         }
         write!(
             f,
-            " qp={} psn={} A={} pad={} len={}",
+            " qp={} psn=0x{:06x} A={} pad={} len={}",
             b.dest_qp,
-            b.psn,
+            b.psn.value(),
             u8::from(b.ack_req),
             b.pad_count,
             self.payload_len
@@ -97,7 +97,7 @@ impl fmt::Display for RoceRepr {
             f.write_str(" SE")?;
         }
         if b.mig_req {
-            f.write_str(" M")?;
+            f.write_str(" MigReq")?;
         }
         if b.fecn {
             f.write_str(" FECN")?;
@@ -116,7 +116,7 @@ impl fmt::Display for RoceRepr {
 }
 
 impl fmt::Display for ParsedFrame<'_> {
-    /// `RC SEND_FIRST qp=0x000012 psn=100 A=0 pad=0 len=256 icrc=ok`.
+    /// `RC SEND_FIRST qp=0x000012 psn=0x000064 A=0 pad=0 len=256 icrc=ok`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,

@@ -1,15 +1,15 @@
-//! The real Soft-RoCE capture (`../shared/interop/captures/rc_pingpong.pcap`,
+//! The real Soft-RoCE capture (`testdata/interop/captures/rc_pingpong.pcap`,
 //! rxe on both ends): every RoCE frame parses with a good ICRC and re-emits
 //! byte for byte; everything else is reported as not RoCE.
 
 mod common;
 
-use common::{crosscheck_outer, read_pcap, reemit, shared_dir};
+use common::{crosscheck_outer, read_pcap, reemit, testdata_dir};
 use roce_wire::*;
 
 #[test]
 fn rc_pingpong_capture() {
-    let (linktype, frames) = read_pcap(&shared_dir().join("interop/captures/rc_pingpong.pcap"));
+    let (linktype, frames) = read_pcap(&testdata_dir().join("interop/captures/rc_pingpong.pcap"));
     assert_eq!(linktype, 1, "Ethernet");
     let mut roce = 0;
     let mut not_roce = 0;
@@ -62,7 +62,7 @@ fn rc_pingpong_capture() {
 
 #[test]
 fn golden_pcap_matches_vectors() {
-    let (linktype, frames) = read_pcap(&shared_dir().join("spec/vectors.pcap"));
+    let (linktype, frames) = read_pcap(&testdata_dir().join("spec/vectors.pcap"));
     assert_eq!(linktype, 1);
     let vs = common::vectors();
     assert_eq!(frames.len(), vs.len());

@@ -383,7 +383,7 @@ fn write_pcap(path: &std::path::Path, frames: &[Vec<u8>]) {
 }
 
 /// Random frames from both emit paths, checked by the independent Python
-/// checker (`../shared/tools/check_pcap.py`, bitwise CRC, its own parser).
+/// checker (`testdata/tools/check_pcap.py`, bitwise CRC, its own parser).
 #[test]
 fn independent_checker_accepts_emitted_frames() {
     use proptest::strategy::ValueTree;
@@ -433,7 +433,7 @@ fn independent_checker_accepts_emitted_frames() {
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("emitted.pcap");
     write_pcap(&pcap, &frames);
-    let checker = common::shared_dir().join("tools/check_pcap.py");
+    let checker = common::testdata_dir().join("tools/check_pcap.py");
     let out = std::process::Command::new("python3")
         .arg(&checker)
         .arg("--quiet")

@@ -1164,6 +1164,7 @@ fn client_bidir_done(
         report::bw_line_sum(&res, &peer, out.gbits),
         report::bw_json_sum(test, conn, &res, &peer, verified),
     );
+    report_both(out, &res, &peer);
     Ok(())
 }
 
@@ -1221,10 +1222,19 @@ fn server_bidir(s: &mut Session, o: &mut Oob, size: u64, out: &Output) -> Result
         );
         j["side"] = json!("server");
         emit(out, s.p.mtu, report::bw_line_sum(&res, &peer, out.gbits), j);
+        report_both(out, &res, &peer);
     }
     match answer.get("detail").and_then(Value::as_str) {
         Some(d) => Err(format!("verification failed: {d}")),
         None => Ok(()),
+    }
+}
+
+/// `--report-both` (perftest's): under a `-b` table's summed line, each direction's own line, labelled.
+fn report_both(out: &Output, own: &BwResult, peer: &BwResult) {
+    if out.report_both && out.print && !out.json && out.level.is_none() {
+        println!("{}   (sent by this side)", report::bw_line(own, out.gbits));
+        println!("{}   (sent by the peer)", report::bw_line(peer, out.gbits));
     }
 }
 

@@ -53,7 +53,7 @@
 //! # Against Linux rxe
 //!
 //! rxe numbers its IPv4 IDs, so the UDP socket's rebuilt header would fail the ICRC: use `--rx-mode packet`
-//! (AF_PACKET, root). Checked once by hand with `../shared/interop/softroce-vm` (perftest 4.5-0.17 in a TCG guest,
+//! (AF_PACKET, root). Checked once by hand with `testdata/interop/softroce-vm` (perftest 4.5-0.17 in a TCG guest,
 //! rxe MTU 1024, `-x 1 -F -n 200`, rocev2 in the `roce-net` namespace with `--rx-mode packet`): all six tests in
 //! both roles ended with exit 0 on both sides and the same numbers printed on both (e.g. ib_write_bw server /
 //! rocev2 client 9.45 MB/s average, ib_send_lat typical 4.8–5.2 ms: the guest is emulated). perftest `-x 0` (the

@@ -1,6 +1,6 @@
 //! The congestion-control flags of `rocev2 perf` (issue #12), all in one place:
 //!
-//! * `--dcqcn paper|ns3_mlx|nvidia|off`: the DCQCN reaction point of this side's QPs (`../shared/dcqcn/DCQCN.md`
+//! * `--dcqcn paper|ns3_mlx|nvidia|off`: the DCQCN reaction point of this side's QPs (`docs/spec/DCQCN.md`
 //!   §2.3–§2.5; `roce_proto::cc::Dcqcn`). Its line rate C — the rate before any CNP and the cap of RC/RT — is the
 //!   scheduler's port line rate (`SchedConfig::line_rate_bps`, 100 Gb/s) unless `--cc-set line_rate_bps=...`.
 //! * `--cc-set NAME=VALUE` (repeatable): a reaction-point parameter by the profile's own name (the oracle's names for
@@ -30,7 +30,7 @@ use roce_verbs::Context;
 /// The flags (see the module docs).
 #[derive(Clone, Debug, Default, Args)]
 pub struct DcqcnArgs {
-    /// DCQCN reaction point of this side's QPs: paper, ns3_mlx or nvidia (DCQCN.md §2.3-§2.5), or off.
+    /// DCQCN reaction point of this side's QPs: paper, ns3_mlx or nvidia (docs/spec/DCQCN.md §2.3-§2.5), or off.
     #[arg(long = "dcqcn", value_name = "PROFILE", default_value = "off", value_parser = parse_profile)]
     pub dcqcn: DcqcnChoice,
     /// Set a DCQCN parameter by the profile's name (list: `rocev2 cc trace --profile P --list-params`), or a CNP

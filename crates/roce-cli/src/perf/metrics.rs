@@ -1,6 +1,6 @@
 //! `--metrics ADDR`: serves the engine counters in the OpenMetrics text format for Prometheus while a perf run is
 //! going on. The engine's counters stay plain `u64`s; each scrape snapshots them on the engine thread and copies
-//! them into a fresh prometheus-client registry (zero hot-path cost, `../shared/DEPS.md`). The HTTP side is a tiny
+//! them into a fresh prometheus-client registry (zero hot-path cost, `docs/DEPENDENCIES.md`). The HTTP side is a tiny
 //! std `TcpListener` responder thread: every request gets the metrics.
 
 use std::io::{Read, Write};

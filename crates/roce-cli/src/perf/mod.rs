@@ -69,6 +69,24 @@ pub enum Test {
     AtomicLat,
 }
 
+/// What `rocev2 perf` without a test prints: every test with its one-line description and how to start one.
+fn test_list() -> String {
+    use clap::ValueEnum;
+    let mut s = String::from("rocev2 perf: which test? One of:\n");
+    for t in Test::value_variants() {
+        let help = t
+            .to_possible_value()
+            .and_then(|v| v.get_help().map(ToString::to_string))
+            .unwrap_or_default();
+        s.push_str(&format!("  {:<11} {help}\n", t.name()));
+    }
+    s.push_str(
+        "e.g. `rocev2 perf write-bw --loopback` (both ends in this process), `rocev2 perf write-bw` (server) and \
+         `rocev2 perf write-bw SERVER` (client); `rocev2 perf --help` lists the flags.\n",
+    );
+    s
+}
+
 impl Test {
     /// The kebab-case name.
     pub fn name(self) -> &'static str {
@@ -178,9 +196,9 @@ pub enum LinkKind {
 /// `rocev2 perf` arguments.
 #[derive(Clone, Debug, Args)]
 pub struct PerfArgs {
-    /// Test to run.
+    /// Test to run. Without one, `rocev2 perf` lists the tests and exits with status 2.
     #[arg(value_enum)]
-    pub test: Test,
+    pub test: Option<Test>,
     /// Server address (client mode). Without it (and without --loopback) this side is the server.
     pub address: Option<String>,
     /// Message size in bytes, optionally with K or M (2^10, 2^20) as in perftest (default 65536 for bandwidth, 2
@@ -212,6 +230,27 @@ pub struct PerfArgs {
     /// perf pair on a second address instead).
     #[arg(short = 'O', long)]
     pub dualport: bool,
+    /// perftest's -i/--ib-port: the port of the device; 1, the only port of a rocev2 device (another value is
+    /// refused: pick the device, i.e. the address, with --ip).
+    #[arg(short = 'i', long = "ib-port", visible_alias = "ib_port")]
+    pub ib_port: Option<u32>,
+    /// perftest's -S/--sl: the InfiniBand service level; 0 (another value is refused: on RoCE the SL is the 802.1p
+    /// priority of a VLAN tag, and rocev2 sends untagged UDP; -T/--tclass sets the IP traffic class instead).
+    #[arg(short = 'S', long = "sl")]
+    pub sl: Option<u8>,
+    /// perftest's --report-both: with -b, also print each direction's line (this side's sends, the peer's sends)
+    /// under the summed one.
+    #[arg(long = "report-both", visible_alias = "report_both")]
+    pub report_both: bool,
+    /// perftest's --cpu_util (CPU use in the report, -D runs): refused, rocev2 perf does not measure it.
+    #[arg(long = "cpu_util", visible_alias = "cpu-util")]
+    pub cpu_util: bool,
+    /// perftest's -z/--com_rdma_cm (exchange the connection data through rdma_cm): refused, rocev2 has no rdma_cm.
+    #[arg(short = 'z', long = "com_rdma_cm", visible_alias = "com-rdma-cm")]
+    pub com_rdma_cm: bool,
+    /// perftest's -w/--limit_bw (fail the run below a bandwidth): refused, rocev2 perf has no pass/fail limits.
+    #[arg(short = 'w', long = "limit_bw", visible_alias = "limit-bw")]
+    pub limit_bw: Option<f64>,
     /// perftest's -R/--rdma_cm (connect through the RDMA connection manager): refused (rocev2 has no rdma_cm; the two
     /// ends exchange QP numbers, PSNs and keys over TCP, perftest's default out-of-band exchange).
     #[arg(short = 'R', long = "rdma_cm", visible_alias = "rdma-cm")]
@@ -529,7 +568,7 @@ impl Params {
     /// The parameters of `a`, checked as perftest checks them (its ranges and refusals; an error names the flag),
     /// and the notes to print for what was adjusted (where perftest adjusts too).
     fn from_args(a: &PerfArgs) -> Result<(Params, Vec<String>), String> {
-        let t = a.test;
+        let t = a.test.ok_or_else(|| "no test given".to_string())?;
         // Without -m the largest; capped by the active MTU once the local address is known (`apply_port_mtu`).
         let mtu = a
             .mtu
@@ -711,6 +750,43 @@ impl Params {
                  second perf pair on a second address"
                     .into(),
             );
+        }
+        if let Some(port) = a.ib_port.filter(|&p| p != 1) {
+            return Err(format!(
+                "-i/--ib-port {port}: a rocev2 device has one port, 1 (its address and UDP link); to use another \
+                 device, give its address with --ip"
+            ));
+        }
+        if let Some(sl) = a.sl.filter(|&s| s != 0) {
+            return Err(format!(
+                "-S/--sl {sl}: the service level selects an InfiniBand virtual lane, on RoCE the 802.1p priority of a \
+                 VLAN tag; rocev2 sends untagged UDP, so only 0 applies (-T/--tclass sets the IP traffic class, DSCP)"
+            ));
+        }
+        if a.report_both && !a.bidirectional {
+            return Err(
+                "--report-both: reports the two directions of a bidirectional run separately; add -b".into(),
+            );
+        }
+        if a.cpu_util {
+            return Err(
+                "--cpu_util: perftest's CPU utilisation report (-D runs) is not measured by rocev2 perf; run it under \
+                 `time` (user + sys against the elapsed time) or watch it with `top`"
+                    .into(),
+            );
+        }
+        if a.com_rdma_cm {
+            return Err(
+                "-z/--com_rdma_cm: exchanges the connection data through the RDMA connection manager, which rocev2 \
+                 does not have; the ends exchange it over TCP (perftest's default): run without -z"
+                    .into(),
+            );
+        }
+        if let Some(w) = a.limit_bw {
+            return Err(format!(
+                "-w/--limit_bw {w}: perftest's pass/fail limit on the average bandwidth is not implemented; compare \
+                 the printed average (or the --json bw_avg fields) with your limit instead"
+            ));
         }
         if a.rdma_cm {
             return Err(
@@ -903,6 +979,8 @@ pub struct Output {
     pub level: Option<OutputLevel>,
     /// The progress line of a long run on a terminal (set by the client side, `bench::run_side`).
     pub progress: Option<progress::Progress>,
+    /// `--report-both`: a `-b` table also shows each direction's line.
+    pub report_both: bool,
 }
 
 /// The device name in banners: the device of the local RoCE address's interface, as `rocev2 devinfo` and `rocev2
@@ -1085,6 +1163,10 @@ fn accept_timeout(a: &PerfArgs) -> Option<Duration> {
 
 /// Entry point of `rocev2 perf`.
 pub fn run(a: &PerfArgs) -> ExitCode {
+    if a.test.is_none() {
+        eprint!("{}", test_list());
+        return ExitCode::from(2);
+    }
     // One seed for the whole run: the one given, or a random one.
     let a = &PerfArgs {
         seed: Some(a.seed.unwrap_or_else(rand::random)),
@@ -1119,6 +1201,7 @@ pub fn run(a: &PerfArgs) -> ExitCode {
         },
         json: a.json,
         gbits: a.report_gbits,
+        report_both: a.report_both,
         hugepages: a.use_hugepages,
         events: a.events.then(|| Moderation {
             count: params.cq_mod,
@@ -1544,11 +1627,13 @@ fn print_banner(p: &Params, ctx: &Context, o: &Oob, link: &str) {
     if p.tclass != 0 {
         println!(" Traffic class   : {} (DSCP {})", p.tclass, p.tclass >> 2);
     }
-    println!(
-        " Peer            : {} (out-of-band format {:?})",
-        o.peer_addr(),
-        o.format()
-    );
+    // Who is on the other end, in the user's terms (perftest's programs need --perftest-compat instead).
+    let peer = match o.format() {
+        crate::oob::OobFormat::Rocev2V1 => {
+            "rocev2 perf; perftest's ib_* programs pair with --perftest-compat"
+        }
+    };
+    println!(" Peer            : {} ({peer})", o.peer_addr());
     println!(
         " Data verification : {}",
         if p.verify { "ON" } else { "OFF" }

@@ -1,7 +1,7 @@
 //! The scheduler flags of `rocev2 perf` (issue #12): a per-QP rate limit and bucket depth, the QPs' traffic class
 //! and the classes' ETS weights, in our own units and in perftest's.
 //!
-//! They configure the engine's send scheduler (`roce_proto::sched`, `../shared/dcqcn/DCQCN.md §7, §9`) through
+//! They configure the engine's send scheduler (`roce_proto::sched`, `docs/spec/DCQCN.md §7, §9`) through
 //! [`SchedConfig`] when this side opens its device, so they act on this side's QPs only: on the client for
 //! `write-bw`/`send-bw`, on the server for `read-bw` (the READ responder sends the data). With `--loopback` both
 //! sides take them.

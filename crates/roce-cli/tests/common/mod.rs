@@ -17,9 +17,9 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_rocev2")
 }
 
-/// `<checkout>/../shared` (the reference material beside the checkout).
-pub fn shared_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+/// `<checkout>/testdata`: the reference data the tests read (provenance in `testdata/README.md`).
+pub fn testdata_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
 /// A per-test scratch directory under `CARGO_TARGET_TMPDIR`, emptied first.
@@ -240,10 +240,10 @@ pub fn stats_section(text: &str, header: &str) -> BTreeMap<String, u64> {
     m
 }
 
-/// Runs `shared/tools/check_pcap.py --strict` (with `--pmtu` if given) on `file`; asserts it passes and returns
+/// Runs `testdata/tools/check_pcap.py --strict` (with `--pmtu` if given) on `file`; asserts it passes and returns
 /// the number of RoCE packets it checked.
 pub fn check_pcap(file: &Path, pmtu: Option<u32>) -> u64 {
-    let script = shared_dir().join("tools/check_pcap.py");
+    let script = testdata_dir().join("tools/check_pcap.py");
     let mut cmd = Command::new("python3");
     cmd.arg(&script).arg("--quiet").arg("--strict");
     if let Some(m) = pmtu {
@@ -480,4 +480,41 @@ impl SweepCase {
             assert_eq!(v["iterations"], iters, "{} {}: {v}", self.test, self.conn);
         }
     }
+}
+
+/// Builds `roce-ibverbs` in this test's profile once per test binary, so `rocev2 run` finds a current
+/// `libroce_ibverbs.so` beside `rocev2` (`cargo build -p roce-ibverbs`, a no-op when fresh).
+pub fn ibverbs_library() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build -p roce-ibverbs");
+        assert!(
+            out.status.success(),
+            "cargo build -p roce-ibverbs failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lib = Path::new(bin())
+            .parent()
+            .expect("bin dir")
+            .join("libroce_ibverbs.so");
+        assert!(lib.is_file(), "{} missing after the build", lib.display());
+    });
+}
+
+/// Panics naming the Debian package when `program` is not on `PATH` (`.ci/run` installs them).
+pub fn need_program(program: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()));
+    assert!(
+        found,
+        "{program} not found: install Debian's {package} (.ci/run does)"
+    );
 }

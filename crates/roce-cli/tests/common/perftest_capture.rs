@@ -1,12 +1,12 @@
 // Included (`include!`) by tests/perftest_compat.rs and the unit tests in src/oob.rs, so both read the
 // perftest capture the same way.
 
-/// TCP payloads of `shared/interop/captures/perftest_tcp_exchange.pcap`, in order: (client → server?, bytes).
+/// TCP payloads of `testdata/interop/captures/perftest_tcp_exchange.pcap`, in order: (client → server?, bytes).
 #[allow(unused_qualifications)] // the includers differ in what they import
 pub fn perftest_capture() -> Vec<(bool, Vec<u8>)> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/interop/captures/perftest_tcp_exchange.pcap");
-    let f = std::fs::File::open(&path).expect("the perftest capture in shared/interop");
+        .join("../../testdata/interop/captures/perftest_tcp_exchange.pcap");
+    let f = std::fs::File::open(&path).expect("the perftest capture in testdata/interop/captures");
     let mut rd = pcap_file::pcap::PcapReader::new(f).expect("pcap");
     let mut out = Vec::new();
     while let Some(p) = rd.next_packet() {

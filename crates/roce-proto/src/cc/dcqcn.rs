@@ -1,4 +1,4 @@
-//! DCQCN reaction point (RP), one per QP: `../shared/dcqcn/DCQCN.md` §2.3 (`paper`), §2.4 (`ns3_mlx`), §2.5
+//! DCQCN reaction point (RP), one per QP: `docs/spec/DCQCN.md` §2.3 (`paper`), §2.4 (`ns3_mlx`), §2.5
 //! (`nvidia`). Sans-IO: every input carries `now`; the RP asks for one timer ([`Dcqcn::next_timer`]) and allocates
 //! nothing after construction.
 //!

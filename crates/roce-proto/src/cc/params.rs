@@ -1,4 +1,4 @@
-//! DCQCN parameters by name (`../shared/dcqcn/DCQCN.md` §3): one struct per profile, every field settable by the
+//! DCQCN parameters by name (`docs/spec/DCQCN.md` §3): one struct per profile, every field settable by the
 //! name the profile's source uses — the oracle's names (`rp_reference.py`) for `paper` and `ns3_mlx`, the firmware's
 //! (`/sys/class/net/<if>/ecn/roce_rp|roce_np/<name>`, mlxconfig) for `nvidia`.
 

@@ -1,4 +1,4 @@
-//! Adaptive batching — the seed's "dynamic batching window" (issue #12; `../shared/dcqcn/DCQCN.md §10`).
+//! Adaptive batching — the seed's "dynamic batching window" (issue #12; `docs/spec/DCQCN.md §10`).
 //!
 //! A driver's progress round moves WQEs from the application's rings into the engine and frames from the engine to
 //! the link. How much it takes per round is a trade-off the engine can judge from what it measures:

@@ -1,4 +1,4 @@
-//! The send scheduler: which QP transmits next and how fast (`../shared/dcqcn/DCQCN.md §7, §9, §10`).
+//! The send scheduler: which QP transmits next and how fast (`docs/spec/DCQCN.md §7, §9, §10`).
 //!
 //! # Tiers (strict priority between them)
 //!

@@ -1,4 +1,4 @@
-//! Token-bucket shaper (`../shared/dcqcn/DCQCN.md §7`; the "next eligible instant" form of STYLE E6).
+//! Token-bucket shaper (`docs/spec/DCQCN.md §7`; the "next eligible instant" form of STYLE E6).
 //!
 //! One bucket per QP (rate = the QP's rate controller output, e.g. DCQCN's RC, capped by the QP's own rate limit),
 //! one per traffic class and one for the port. The bucket never sleeps and never spins: [`TokenBucket::eligible_at`]

@@ -1,4 +1,4 @@
-//! DCQCN in the engine (`../shared/dcqcn/DCQCN.md` §2): a sender whose frames are CE-marked for a while receives
+//! DCQCN in the engine (`docs/spec/DCQCN.md` §2): a sender whose frames are CE-marked for a while receives
 //! CNPs from the receiver's notification point, its reaction point cuts the rate (and the pacing follows), and the
 //! rate recovers once the marking stops; the data arrives intact.
 

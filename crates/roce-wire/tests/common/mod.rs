@@ -1,4 +1,4 @@
-//! Helpers shared by the integration tests: locating `../shared`, hex, a tiny
+//! Helpers shared by the integration tests: locating `testdata/`, hex, a tiny
 //! pcap reader, and the etherparse cross-check of outer headers (STYLE T2).
 #![allow(dead_code)]
 
@@ -6,10 +6,10 @@ use std::path::PathBuf;
 
 use roce_wire::{IpRepr, ParsedFrame, RoceRepr};
 
-/// `<checkout>/../shared`, from the crate directory.
-pub fn shared_dir() -> PathBuf {
+/// `<checkout>/testdata` (provenance in `testdata/README.md`), from the crate directory.
+pub fn testdata_dir() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let p = here.join("../../../shared");
+    let p = here.join("../../testdata");
     assert!(
         p.join("spec/vectors.json").exists(),
         "reference material not found at {}",
@@ -33,7 +33,7 @@ pub fn hexnum(v: &serde_json::Value) -> u64 {
 }
 
 pub fn vectors() -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(shared_dir().join("spec/vectors.json")).unwrap();
+    let text = std::fs::read_to_string(testdata_dir().join("spec/vectors.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["vectors"].as_array().unwrap().clone()
 }

@@ -1,0 +1,161 @@
+//! What a new user meets in the first hour (issue #18 item 9), each case one thing that tripped a user up:
+//! * `rocev2 perf` without a test lists the tests (clap's "required argument" error named none);
+//! * the perf header names the peer in the user's terms, not an internal format name (`Rocev2V1`);
+//! * `rocev2 run` without `libroce_ibverbs.so` beside it names the one command that builds it — for the profile
+//!   the `rocev2` binary itself was built with (a debug `rocev2` was told to build a release library, which it
+//!   would not find).
+//!
+//! `decode`'s PSN format and flag names are checked in `decode.rs` (`text_psn_is_hex_and_migreq_is_named`).
+
+mod common;
+
+use std::process::Command;
+
+use common::{bin, scratch, serial};
+
+#[test]
+fn perf_without_a_test_lists_the_tests() {
+    let out = Command::new(bin())
+        .arg("perf")
+        .output()
+        .expect("run rocev2");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for t in [
+        "send-bw",
+        "write-bw",
+        "read-bw",
+        "atomic-bw",
+        "send-lat",
+        "write-lat",
+        "read-lat",
+        "atomic-lat",
+    ] {
+        assert!(err.contains(t), "{t} listed: {err}");
+    }
+    assert!(err.contains("--loopback"), "how to start one: {err}");
+    // A wrong test name is still clap's error, which lists the possible values.
+    let bad = Command::new(bin())
+        .args(["perf", "write-bandwidth"])
+        .output()
+        .expect("run rocev2");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("write-bw"));
+}
+
+#[test]
+fn perf_header_names_the_peer_plainly() {
+    let _s = serial();
+    let out = Command::new(bin())
+        .args(["perf", "write-bw", "--loopback", "-n", "10"])
+        .output()
+        .expect("run rocev2");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let peer = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Peer"))
+        .unwrap_or_else(|| panic!("a Peer line: {text}"));
+    assert!(peer.contains("rocev2 perf"), "{peer}");
+    assert!(peer.contains("--perftest-compat"), "{peer}");
+    for jargon in ["Rocev2V1", "out-of-band format"] {
+        assert!(!text.contains(jargon), "{jargon:?} in the header: {text}");
+    }
+}
+
+/// `rocev2 run` copied into `target/debug`-, `target/release`-named and other directories without the library.
+#[test]
+fn run_names_the_build_command_for_its_profile() {
+    let root = scratch("first-hour-run");
+    let cases = [
+        ("release", "`cargo build --release -p roce-ibverbs`"),
+        ("debug", "`cargo build -p roce-ibverbs`"),
+        ("bin", "target/release/libroce_ibverbs.so to "),
+    ];
+    for (dir, want) in cases {
+        let d = root.join(dir);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let exe = d.join("rocev2");
+        std::fs::copy(bin(), &exe).expect("copy rocev2");
+        let out = Command::new(&exe)
+            .args(["run", "--", "true"])
+            .env_remove("ROCEV2_IBVERBS_LIB")
+            .output()
+            .expect("run the copy");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{dir}: {err}");
+        assert!(err.contains("libroce_ibverbs.so not found"), "{dir}: {err}");
+        assert!(err.contains(want), "{dir}: wants {want:?}: {err}");
+        if dir == "debug" {
+            assert!(
+                !err.contains("--release"),
+                "a debug rocev2 needs a debug library: {err}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A run killed by a signal never removes its stats endpoint socket (`<run dir>/<pid>.<start>.<n>.sock`); the next
+/// rocev2 program that starts a runtime there removes it, so they do not pile up in `/run/rocev2` (before, only a
+/// `rocev2 stat` did).
+#[test]
+fn a_killed_runs_socket_is_removed_by_the_next_run() {
+    let _s = serial();
+    let run_dir = scratch("first-hour-stale").join("run");
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    let socks = |pid: Option<u32>| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&run_dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                    .filter(|p| {
+                        pid.is_none_or(|pid| {
+                            p.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with(&format!("{pid}.")))
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut victim = Command::new(bin())
+        .args(["perf", "write-bw", "--loopback", "-D", "30"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the run to kill");
+    let t0 = std::time::Instant::now();
+    while socks(Some(victim.id())).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no endpoint socket appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    victim.kill().expect("SIGKILL");
+    let _ = victim.wait();
+    let left = socks(Some(victim.id()));
+    assert!(!left.is_empty(), "the killed run's socket is left behind");
+    let out = Command::new(bin())
+        .args(["perf", "write-bw", "--loopback", "-n", "10"])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .output()
+        .expect("the next run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in &left {
+        assert!(!p.exists(), "{} is still there", p.display());
+    }
+    assert!(socks(None).is_empty(), "left over: {:?}", socks(None));
+}
