@@ -21,7 +21,7 @@ use crate::runner::{
     self, CqNotify, CqSlot, Device, PassKind, ProgressMode, QpSlot, RuntimeConfig, RuntimeStats,
     Shared,
 };
-use crate::wqe::{RecvWqe, SendWqe, WqeError};
+use crate::wqe::{RecvWqe, SendWqe, WqeError, WqeProducer, wqe_ring};
 
 /// Errors of control verbs.
 #[derive(Debug, thiserror::Error)]
@@ -650,8 +650,8 @@ impl Pd {
         let (scq, rcq) = (send_cq.inner.slot, recv_cq.inner.slot);
         let (qpn, granted, slot, sqp, rqp) = self.inner.ctx.call(move |d| {
             let (qpn, granted) = d.engine.create_qp(&init)?;
-            let (sqp, sqc) = rtrb::RingBuffer::<SendWqe>::new(granted.max_send_wr.max(1) as usize);
-            let (rqp, rqc) = rtrb::RingBuffer::<RecvWqe>::new(granted.max_recv_wr.max(1) as usize);
+            let (sqp, sqc) = wqe_ring::<SendWqe>(granted.max_send_wr, granted.max_send_sge);
+            let (rqp, rqc) = wqe_ring::<RecvWqe>(granted.max_recv_wr, granted.max_recv_sge);
             let slot = Device::insert(
                 &mut d.qps,
                 QpSlot::new(
@@ -951,8 +951,8 @@ struct QpInner {
     qp_type: QpType,
     cap: QpCap,
     slot: u32,
-    sq: Mutex<rtrb::Producer<SendWqe>>,
-    rq: Mutex<rtrb::Producer<RecvWqe>>,
+    sq: Mutex<WqeProducer<SendWqe>>,
+    rq: Mutex<WqeProducer<RecvWqe>>,
     pending: Arc<AtomicBool>,
 }
 
@@ -1114,8 +1114,8 @@ impl Qp {
         }
         for wr in wrs {
             let wqe = SendWqe::from_wr(wr)?;
-            // Cannot fail: room was checked under the lock.
-            let _ = ring.push(wqe);
+            // Room was checked under the lock; the SGE ring has room for every entry's SGEs.
+            ring.push(wqe, wr.sg_list)?;
         }
         drop(ring);
         self.ctx().shared().ring(
@@ -1146,7 +1146,7 @@ impl Qp {
             return Err(PostError::TooManySges);
         }
         for wr in wrs {
-            let _ = ring.push(RecvWqe::from_wr(wr)?);
+            ring.push(RecvWqe::from_wr(wr)?, wr.sg_list)?;
         }
         drop(ring);
         self.ctx().shared().ring(
