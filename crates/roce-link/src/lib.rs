@@ -34,6 +34,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod devfs;
 pub mod device;
 pub mod fault;
 pub mod null;
