@@ -40,6 +40,7 @@ pub mod fault;
 pub mod null;
 pub mod pcap;
 mod pool;
+pub mod reuseport;
 pub mod sim;
 pub mod udp;
 pub mod wait;
