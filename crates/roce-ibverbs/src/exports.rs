@@ -140,7 +140,9 @@ impl CtxBlock {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos() as u64)
                     ^ (u64::from(std::process::id()) << 32);
-                let ucfg = spec.udp_config();
+                // Every process on the address shares it when the kernel steers by QPN (docs/MULTIPROCESS.md).
+                let mut ucfg = spec.udp_config();
+                ucfg.share = true;
                 Context::open(
                     spec.engine_config(seed),
                     RuntimeConfig::default(),

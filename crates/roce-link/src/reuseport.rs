@@ -97,9 +97,11 @@ pub fn program(map_fd: RawFd) -> [Insn; 20] {
     ]
 }
 
-/// `rocev2_` + 8 hex digits of a hash of `local` (BPF object names hold at most 15 characters).
-pub fn map_name(local: SocketAddr) -> String {
+/// `rocev2_` + 8 hex digits of a hash of `local` and the network namespace `netns` (its inode number): BPF maps are
+/// host-wide, reuseport groups are per namespace. BPF object names hold at most 15 characters.
+pub fn map_name(local: SocketAddr, netns: u64) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write_u64(netns);
     match local {
         SocketAddr::V4(a) => h.write(&a.ip().octets()),
         SocketAddr::V6(a) => h.write(&a.ip().octets()),
@@ -289,7 +291,10 @@ impl Joined {
 /// Joins `socket` — a UDP socket bound to `local` with `SO_REUSEPORT` — to the steering of its group: finds or makes
 /// the address's map, claims the lowest free slot for the socket, and (re)attaches the program to the group.
 pub fn join(socket: BorrowedFd<'_>, local: SocketAddr) -> Result<Joined, ReuseportError> {
-    let name = map_name(local);
+    let netns = std::fs::metadata("/proc/self/ns/net")
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap_or(0);
+    let name = map_name(local, netns);
     let _lock = Lock::take(&name).map_err(fail("locking the map name"))?;
     let map = match find_map(&name).map_err(fail("looking for the address's BPF map"))? {
         Some(m) => m,
@@ -366,9 +371,10 @@ mod tests {
 
     #[test]
     fn map_names_fit_bpf_object_names() {
-        let n = map_name("127.0.0.1:4791".parse().expect("addr"));
+        let n = map_name("127.0.0.1:4791".parse().expect("addr"), 1);
         assert_eq!(n.len(), 15);
         assert!(n.starts_with("rocev2_"));
-        assert_ne!(n, map_name("127.0.0.2:4791".parse().expect("addr")));
+        assert_ne!(n, map_name("127.0.0.2:4791".parse().expect("addr"), 1));
+        assert_ne!(n, map_name("127.0.0.1:4791".parse().expect("addr"), 2));
     }
 }

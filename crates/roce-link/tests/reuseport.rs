@@ -87,3 +87,30 @@ fn datagrams_reach_the_socket_owning_their_destination_qp() {
     assert_eq!(drain(&fourth), [7]);
     assert!(drain(&first).is_empty() && drain(&third).is_empty());
 }
+
+/// `UdpConfig::share`: two links on one address both bind, in different slots, and tell their engines where their
+/// QPNs start (`LinkCaps::first_qpn`); a link without it cannot bind beside them.
+#[test]
+fn udp_links_share_an_address_in_different_slots() {
+    use roce_link::{Link, UdpConfig, UdpLink};
+    let ip = "127.0.92.1".parse().expect("ip");
+    let cfg = || UdpConfig {
+        share: true,
+        ..UdpConfig::new(ip)
+    };
+    let a = UdpLink::bind(cfg()).expect("first link");
+    let Some(ja) = a.shared() else {
+        eprintln!("skipped: {}", a.share_error().unwrap_or("not shared"));
+        return;
+    };
+    let b = UdpLink::bind(cfg()).expect("second link on the same address");
+    let jb = b.shared().expect("second link shared");
+    assert_ne!(ja.slot, jb.slot);
+    assert_eq!(a.caps().first_qpn, Some(ja.first_qpn()));
+    assert_eq!(b.caps().first_qpn, Some(jb.first_qpn()));
+    let alone = UdpLink::bind(UdpConfig::new(ip));
+    assert!(
+        alone.is_err(),
+        "a link that does not share binds beside them"
+    );
+}

@@ -211,7 +211,8 @@ impl Context {
     }
 
     /// Opens several devices behind **one** progress lock and progress thread (for links that share state, like
-    /// the ports of one [`SimNet`]: any pass drives them all). `links` must return one link per config, in order.
+    /// the ports of one [`SimNet`]: any pass drives them all). `links` must return one link per config, in order; a
+    /// link that receives one QPN range of a shared address (`LinkCaps::first_qpn`) sets its engine's `first_qpn`.
     pub fn open_group(
         cfgs: Vec<EngineConfig>,
         rt: RuntimeConfig,
@@ -224,6 +225,13 @@ impl Context {
         let links = links()?;
         if links.len() != cfgs.len() {
             return Err(Error::InvalidArgument("one link per device"));
+        }
+        // A link that receives one QPN range of a shared address (`LinkCaps::first_qpn`) numbers the QPs.
+        let mut cfgs = cfgs;
+        for (c, l) in cfgs.iter_mut().zip(&links) {
+            if let Some(q) = l.caps().first_qpn {
+                c.first_qpn = q;
+            }
         }
         let devs = cfgs
             .iter()
