@@ -59,7 +59,8 @@ pub fn mac_of(ip: IpAddr) -> [u8; 6] {
 }
 
 /// The hint for a device whose UDP 4791 on `local` is taken (bind: address in use): another RoCE stack or rocev2
-/// process has that address, and two rocev2 processes on one host need an address each (`--ip`). For a loopback
+/// process has that address and does not share it (`rocev2 run` programs share an address only with the kernel's
+/// steering, `crate::reuseport`), so this process needs an address of its own (`--ip`). For a loopback
 /// IPv4 address the hint names the next one (127.0.0.1 → `--ip 127.0.0.2`: any 127/8 address is on `lo`).
 /// `command`: the command line the remedy is written for (`rocev2 run --ip 127.0.0.2 -- PROGRAM` for a program
 /// under `rocev2 run`), else the bare option (`rocev2 perf`/`pingpong`).
@@ -77,8 +78,9 @@ pub fn in_use_hint(local: IpAddr, command: Option<&str>) -> String {
         None => format!("--ip {other}"),
     };
     format!(
-        "another RoCE stack or rocev2 process owns UDP 4791 on {local}; a second rocev2 process on this host needs an \
-         address of its own: start it with {remedy}"
+        "another RoCE stack or rocev2 process owns UDP 4791 on {local} and does not share it (rocev2 programs share an \
+         address when the kernel steers by QPN, which needs CAP_BPF and CAP_NET_ADMIN: docs/MULTIPROCESS.md); start \
+         it with {remedy}"
     )
 }
 
