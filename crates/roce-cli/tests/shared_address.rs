@@ -2,7 +2,7 @@
 //! servers under `rocev2 run` on one address and their two clients under `rocev2 run` on another — four processes,
 //! two per address, all on UDP 4791 — each pair completes its iterations. Each process of an address numbers its
 //! QPs from its own slot (QPN `0x000011`, `0x010000`, ...), and the kernel's SK_REUSEPORT program hands every packet
-//! to the process owning its destination QP. Needs root (CAP_BPF) and `ibverbs-utils`; when the kernel refuses the
+//! to the process owning its destination QP; `rocev2 devinfo` lists both programs under the one GID. Needs root (CAP_BPF) and `ibverbs-utils`; when the kernel refuses the
 //! steering, the test is skipped with the reason the second process prints.
 
 mod common;
@@ -90,6 +90,17 @@ fn two_pingpong_pairs_share_two_addresses() {
     let s1 = pingpong(a, 18711, None);
     let s2 = pingpong(a, 18712, None);
     std::thread::sleep(Duration::from_millis(1500));
+    // `rocev2 devinfo` lists both programs on the one GID (read while the servers wait for their clients).
+    let info = Command::new(common::bin())
+        .args(["devinfo", "-d", a])
+        .output()
+        .expect("rocev2 devinfo");
+    let users = String::from_utf8_lossy(&info.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains("in use by:") && l.contains("(ibv_rc_pingpong) on ::ffff:127.0.78.1")
+        })
+        .count();
     let c1 = pingpong(b, 18711, Some(a));
     let c2 = pingpong(b, 18712, Some(a));
     let limit = Duration::from_secs(60);
@@ -101,6 +112,7 @@ fn two_pingpong_pairs_share_two_addresses() {
         eprintln!("skipped: the kernel refuses the steering here:\n{err}");
         return;
     }
+    assert_eq!(users, 2, "rocev2 devinfo -d {a}: {info:?}");
     for (i, (ok, out, err)) in all.iter().enumerate() {
         assert!(
             *ok && out.contains("300 iters in"),
