@@ -7,6 +7,13 @@
 //! Debian's binaries have no RPATH, so the dynamic loader takes our library (`docs/spec/LIBIBVERBS-ABI.md` §1.1).
 //! The program then sees one device, `rocev2_<interface>` (the interface owning the address, as `rocev2 devinfo`
 //! names it), whose port is the address's GID.
+//!
+//! Programs that look for the device outside the verbs API (UCX requires `/dev/infiniband/uverbs0`; UCX and
+//! pyverbs read `/sys/class/infiniband/<dev>` for GID types, the port's netdev, the NUMA node) find it too: before
+//! the `exec`, this process enters a private mount namespace and makes those files there
+//! ([`roce_link::devfs`]), from the facts the library reports. As root that is a mount namespace; otherwise an
+//! unprivileged user namespace. When neither is allowed it says why and runs the program without them
+//! (`--no-device-files` skips them).
 
 use std::ffi::OsString;
 use std::net::IpAddr;
@@ -14,7 +21,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use roce_link::device::{DeviceSpec, ENV_IP, ENV_RX};
+use roce_link::devfs;
+use roce_link::device::{DeviceSpec, ENV_IP, ENV_RX, UVERBS_NAME};
 use roce_link::udp::interfaces;
 
 /// Environment variable naming the rocev2 libibverbs to use instead of `libroce_ibverbs.so` beside `rocev2`.
@@ -31,6 +39,10 @@ pub struct RunArgs {
     /// of peers that number their IPv4 IDs, such as Linux rxe; needs CAP_NET_RAW).
     #[arg(long, default_value = "socket", value_parser = ["socket", "packet"])]
     pub rx: String,
+    /// Do not make `/dev/infiniband/uverbs0` and `/sys/class/infiniband/<dev>` for the program (they are made in a
+    /// private mount namespace of the program, so nothing outside it changes).
+    #[arg(long)]
+    pub no_device_files: bool,
     /// The program and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub program: Vec<OsString>,
@@ -137,8 +149,18 @@ pub fn run(a: &RunArgs) -> ExitCode {
 fn exec(a: &RunArgs) -> Result<std::convert::Infallible, String> {
     let ip = a.ip.unwrap_or_else(default_ip);
     // Check the address now, so a typo is reported here and not as "no devices" by the program.
-    DeviceSpec::for_ip(ip, roce_link::RxMode::Socket)?;
+    let spec = DeviceSpec::for_ip(ip, roce_link::RxMode::Socket)?;
     let dir = library_dir(&library()?)?;
+    if !a.no_device_files {
+        let tree = devfs::device_tree(&spec, devfs::net_parent(&spec.interface).as_deref());
+        if let Err(e) = devfs::install(&tree) {
+            eprintln!(
+                "rocev2 run: the program gets no /dev/infiniband/{UVERBS_NAME} and no /sys/class/infiniband/{} (a \
+                 private mount namespace is needed for them: {e}); running it without them",
+                spec.name()
+            );
+        }
+    }
     let mut path = OsString::from(dir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
         path.push(":");

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use roce_link::UdpLink;
 use roce_link::device::{
-    DeviceSpec, PAGE_SIZE_CAP, VENDOR_ID, VENDOR_PART_ID, in_use_hint, mac_of,
+    ACTIVE_SPEED, ACTIVE_WIDTH, DeviceSpec, PAGE_SIZE_CAP, UVERBS_NAME, VENDOR_ID, VENDOR_PART_ID,
+    in_use_hint, mac_of,
 };
 use roce_verbs::{
     AccessFlags, AhAttr, CompChannel, Context, Gid, MAX_INLINE, MAX_SGE, Moderation, Mtu,
@@ -92,10 +93,10 @@ fn devices() -> &'static [DeviceBlock] {
             };
             let name = spec.name();
             copy_cstr(&mut dev.name, &name);
-            copy_cstr(&mut dev.dev_name, "uverbs-rocev2");
+            copy_cstr(&mut dev.dev_name, UVERBS_NAME);
             copy_cstr(
                 &mut dev.dev_path,
-                "/sys/class/infiniband_verbs/uverbs-rocev2",
+                &format!("/sys/class/infiniband_verbs/{UVERBS_NAME}"),
             );
             copy_cstr(
                 &mut dev.ibdev_path,
@@ -140,7 +141,9 @@ impl CtxBlock {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos() as u64)
                     ^ (u64::from(std::process::id()) << 32);
-                let ucfg = spec.udp_config();
+                // Every process on the address shares it when the kernel steers by QPN (docs/MULTIPROCESS.md).
+                let mut ucfg = spec.udp_config();
+                ucfg.share = true;
                 Context::open(
                     spec.engine_config(seed),
                     RuntimeConfig::default(),
@@ -821,11 +824,10 @@ pub unsafe extern "C" fn rocev2_ibv_query_port(
         sm_sl: 0,
         subnet_timeout: 0,
         init_type_reply: 0,
-        // 1X at 2.5 Gb/s: no claim about the speed of a software link.
-        active_width: 1,
-        active_speed: 1,
-        // LinkUp (5) / Disabled (3).
-        phys_state: if s.running { 5 } else { 3 },
+        // The facts `rocev2 run`'s sysfs tree shows too (roce_link::devfs).
+        active_width: ACTIVE_WIDTH,
+        active_speed: ACTIVE_SPEED,
+        phys_state: s.phys_state(),
         link_layer: IBV_LINK_LAYER_ETHERNET,
         flags: 0,
     };

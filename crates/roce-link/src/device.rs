@@ -26,6 +26,26 @@ pub const VENDOR_PART_ID: u32 = 0;
 /// byte-granular, so any page size works).
 pub const PAGE_SIZE_CAP: u64 = 0xffff_f000;
 
+/// `ibv_device.dev_name` of the device: the name the kernel gives the first uverbs character device. Programs look
+/// for `/dev/infiniband/<dev_name>` (UCX stats it and checks it is read-writable) and
+/// `/sys/class/infiniband_verbs/<dev_name>` (`ibv_device.dev_path`); `rocev2 run` makes both ([`crate::devfs`]).
+pub const UVERBS_NAME: &str = "uverbs0";
+/// `ibv_device_attr.fw_ver` (and sysfs `fw_ver`): the rocev2 version.
+pub const FW_VER: &str = env!("CARGO_PKG_VERSION");
+/// `ibv_port_attr.active_width`: `IB_WIDTH_1X` (1). With [`ACTIVE_SPEED`] (`IB_SPEED_SDR`, 1) the port claims
+/// 2.5 Gb/s, i.e. nothing about the speed of a software link (sysfs `rate`: `2.5 Gb/sec (1X)`).
+pub const ACTIVE_WIDTH: u8 = 1;
+/// `ibv_port_attr.active_speed`: `IB_SPEED_SDR` (1); see [`ACTIVE_WIDTH`].
+pub const ACTIVE_SPEED: u8 = 1;
+/// `ibv_port_attr.state` of an active port (`IBV_PORT_ACTIVE`).
+pub const PORT_ACTIVE: u8 = 4;
+/// `ibv_port_attr.state` of a port without carrier (`IBV_PORT_DOWN`).
+pub const PORT_DOWN: u8 = 1;
+/// `ibv_port_attr.phys_state` with carrier: LinkUp (5), IBTA Vol 1 §14.2.5.6 PortInfo `PortPhysicalState`.
+pub const PHYS_LINK_UP: u8 = 5;
+/// `ibv_port_attr.phys_state` without carrier: Disabled (3), as rxe reports a netdev without carrier.
+pub const PHYS_DISABLED: u8 = 3;
+
 /// The MAC address rocev2 uses for `ip` (`02:00:` + the last four address bytes), as `rocev2 perf`/`pingpong` do.
 pub fn mac_of(ip: IpAddr) -> [u8; 6] {
     let o = match ip {
@@ -39,7 +59,8 @@ pub fn mac_of(ip: IpAddr) -> [u8; 6] {
 }
 
 /// The hint for a device whose UDP 4791 on `local` is taken (bind: address in use): another RoCE stack or rocev2
-/// process has that address, and two rocev2 processes on one host need an address each (`--ip`). For a loopback
+/// process has that address and does not share it (`rocev2 run` programs share an address only with the kernel's
+/// steering, `crate::reuseport`), so this process needs an address of its own (`--ip`). For a loopback
 /// IPv4 address the hint names the next one (127.0.0.1 → `--ip 127.0.0.2`: any 127/8 address is on `lo`).
 /// `command`: the command line the remedy is written for (`rocev2 run --ip 127.0.0.2 -- PROGRAM` for a program
 /// under `rocev2 run`), else the bare option (`rocev2 perf`/`pingpong`).
@@ -57,8 +78,9 @@ pub fn in_use_hint(local: IpAddr, command: Option<&str>) -> String {
         None => format!("--ip {other}"),
     };
     format!(
-        "another RoCE stack or rocev2 process owns UDP 4791 on {local}; a second rocev2 process on this host needs an \
-         address of its own: start it with {remedy}"
+        "another RoCE stack or rocev2 process owns UDP 4791 on {local} and does not share it (rocev2 programs share an \
+         address when the kernel steers by QPN, which needs CAP_BPF and CAP_NET_ADMIN: docs/MULTIPROCESS.md); start \
+         it with {remedy}"
     )
 }
 
@@ -139,6 +161,20 @@ impl DeviceSpec {
     pub fn node_guid(&self) -> [u8; 8] {
         let m = mac_of(self.ip);
         [m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]
+    }
+
+    /// `ibv_port_attr.state`: [`PORT_ACTIVE`] with carrier, else [`PORT_DOWN`].
+    pub fn port_state(&self) -> u8 {
+        if self.running { PORT_ACTIVE } else { PORT_DOWN }
+    }
+
+    /// `ibv_port_attr.phys_state`: [`PHYS_LINK_UP`] with carrier, else [`PHYS_DISABLED`].
+    pub fn phys_state(&self) -> u8 {
+        if self.running {
+            PHYS_LINK_UP
+        } else {
+            PHYS_DISABLED
+        }
     }
 
     /// Active MTU: the largest IB MTU that fits the netdev MTU minus the RoCE headers (rxe's rule), capped at 4096.

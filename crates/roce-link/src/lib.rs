@@ -34,11 +34,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod devfs;
 pub mod device;
 pub mod fault;
 pub mod null;
 pub mod pcap;
 mod pool;
+pub mod reuseport;
 pub mod sim;
 pub mod udp;
 pub mod wait;
@@ -72,6 +74,11 @@ pub struct LinkCaps {
     pub max_burst: usize,
     /// ICRC offloads.
     pub icrc: IcrcCaps,
+    /// The first QPN of the range this link receives, when the kernel steers packets among several processes on
+    /// one address by destination QPN ([`reuseport`], `docs/MULTIPROCESS.md`): the engine behind the link must
+    /// number its QPs from it (`roce_proto::EngineConfig::first_qpn`; `roce_verbs::Context::open` applies it).
+    /// `None`: the link receives every QPN.
+    pub first_qpn: Option<u32>,
 }
 
 /// Errors of [`Link`] operations (`STYLE.md` X1, X2).

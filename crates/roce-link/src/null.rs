@@ -195,6 +195,7 @@ impl Link for NullLink {
             mtu: self.mtu,
             max_burst: self.lens.len(),
             icrc: IcrcCaps::default(),
+            first_qpn: None,
         }
     }
 

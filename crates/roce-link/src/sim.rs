@@ -324,6 +324,7 @@ impl Link for SimPort {
             mtu: self.staging.len(),
             max_burst: 64,
             icrc: IcrcCaps::default(),
+            first_qpn: None,
         }
     }
 

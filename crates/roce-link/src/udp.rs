@@ -111,7 +111,9 @@ use roce_wire::{
 };
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::{IcrcCaps, Instant, Link, LinkCaps, LinkError, TxGather, TxSeg, copy_pieces};
+use crate::{
+    IcrcCaps, Instant, Link, LinkCaps, LinkError, TxGather, TxSeg, copy_pieces, reuseport,
+};
 
 /// Length of an untagged Ethernet header.
 const ETH_LEN: usize = 14;
@@ -208,6 +210,11 @@ pub struct UdpConfig {
     /// [`RxMode::Packet`]: the interface to capture on; `None` (default) = the interface that owns
     /// [`UdpConfig::local`] in the namespace the link is bound in.
     pub rx_interface: Option<String>,
+    /// Share the address with other processes (`docs/MULTIPROCESS.md`): bind with `SO_REUSEPORT` and join the
+    /// kernel steering of [`crate::reuseport`], which gives this link a QPN slot ([`UdpLink::shared`],
+    /// [`LinkCaps::first_qpn`]). When the kernel refuses the steering (no `CAP_BPF`), the link binds alone as without
+    /// this option and keeps the reason ([`UdpLink::share_error`]). Only with [`RxMode::Socket`]. Default false.
+    pub share: bool,
 }
 
 impl UdpConfig {
@@ -227,6 +234,7 @@ impl UdpConfig {
             socket_buffer: Some(4 << 20),
             rx: RxMode::Socket,
             rx_interface: None,
+            share: false,
         }
     }
 }
@@ -418,6 +426,10 @@ pub struct UdpLink {
     netns: Option<u64>,
     /// [`RxMode::Packet`]: the filtered `AF_PACKET` socket frames are read from.
     pkt: Option<Socket>,
+    /// The QPN slot of a shared address ([`UdpConfig::share`]).
+    shared: Option<reuseport::Joined>,
+    /// Why sharing was asked for but the link binds alone.
+    share_error: Option<String>,
     stats: UdpStats,
 }
 
@@ -1022,7 +1034,9 @@ impl UdpLink {
                 ),
             ));
         }
-        let rx = Self::socket(&cfg, cfg.port, true)?;
+        let mut cfg = cfg;
+        cfg.share &= cfg.rx == RxMode::Socket;
+        let (rx, shared, share_error) = Self::rx_socket(&mut cfg)?;
         let pkt = match cfg.rx {
             RxMode::Socket => None,
             RxMode::Packet => Some(packet_socket(&cfg)?),
@@ -1068,6 +1082,8 @@ impl UdpLink {
             rx_drops_poll_ns: 0,
             netns: current_netns(),
             pkt,
+            shared,
+            share_error,
             stats: UdpStats {
                 tx_sockets: 1,
                 ..UdpStats::default()
@@ -1078,8 +1094,49 @@ impl UdpLink {
         Ok(link)
     }
 
+    /// The receive socket on `cfg.local:cfg.port`; with [`UdpConfig::share`], in the address's reuseport group with a
+    /// QPN slot, or — when the steering cannot be had — alone (then `cfg.share` is cleared and the reason returned,
+    /// and a taken port's error names it).
+    #[allow(clippy::type_complexity)]
+    fn rx_socket(
+        cfg: &mut UdpConfig,
+    ) -> Result<(Socket, Option<reuseport::Joined>, Option<String>), LinkError> {
+        if !cfg.share {
+            return Ok((Self::socket(cfg, cfg.port, true)?, None, None));
+        }
+        let s = Self::socket(cfg, cfg.port, true)?;
+        let local = SocketAddr::new(cfg.local, cfg.port);
+        let why = match reuseport::join(std::os::fd::AsFd::as_fd(&s), local) {
+            Ok(j) => return Ok((s, Some(j), None)),
+            Err(e) => e.to_string(),
+        };
+        // Never stay in the group unsteered: close it and bind alone, as without sharing.
+        drop(s);
+        cfg.share = false;
+        match Self::socket(cfg, cfg.port, true) {
+            Ok(s) => Ok((s, None, Some(why))),
+            Err(LinkError::Io(e)) => Err(io_ctx(
+                e,
+                format_args!(
+                    "sharing UDP {local} with other processes needs the kernel steering: {why}"
+                ),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The QPN slot of a link bound with [`UdpConfig::share`] (`None` when not shared).
+    pub fn shared(&self) -> Option<&reuseport::Joined> {
+        self.shared.as_ref()
+    }
+
+    /// Why a link asked to share its address binds alone ([`UdpConfig::share`]), if it does.
+    pub fn share_error(&self) -> Option<&str> {
+        self.share_error.as_deref()
+    }
+
     /// Creates a non-blocking socket bound to `cfg.local:port` with DF, no UDP checksum and (for the receive
-    /// socket) the ancillary data the receive path reads.
+    /// socket) the ancillary data the receive path reads; with [`UdpConfig::share`], `SO_REUSEPORT`.
     fn socket(cfg: &UdpConfig, port: u16, rx: bool) -> Result<Socket, LinkError> {
         let local = SocketAddr::new(cfg.local, port);
         let ctx = |what: &'static str| move |e| io_ctx(e, format_args!("{what} for UDP {local}"));
@@ -1141,6 +1198,9 @@ impl UdpLink {
             // not a single datagram is ever queued.
             attach_filter(&s, &[sock_filter(bpf::RET_K, 0, 0, 0)])
                 .map_err(ctx("SO_ATTACH_FILTER (drop all)"))?;
+        }
+        if cfg.share {
+            s.set_reuse_port(true).map_err(ctx("SO_REUSEPORT"))?;
         }
         s.bind(&SockAddr::from(local)).map_err(ctx("bind"))?;
         Ok(s)
@@ -1807,6 +1867,7 @@ impl Link for UdpLink {
                 rx_verified: self.cfg.verify_rx_icrc,
                 tx_computed: false,
             },
+            first_qpn: self.shared.as_ref().map(reuseport::Joined::first_qpn),
         }
     }
 

@@ -117,6 +117,11 @@ pub struct EngineConfig {
     /// DCQCN reaction point for every new QP (`docs/spec/DCQCN.md` §2.3–§2.5); `None`: QPs send at line rate
     /// and ignore CNPs (`rp_cnp_ignored`). [`crate::Engine::set_rate_controller`] overrides it per QP.
     pub dcqcn: Option<DcqcnConfig>,
+    /// First QPN handed out; QPs are numbered from it in creation order (default [`crate::FIRST_QPN`], 0x11, as
+    /// rxe). A process that shares its device address with others numbers its QPs from its slot's range so the
+    /// kernel can steer each packet to it by destination QPN (`roce_link::reuseport`, `docs/MULTIPROCESS.md`).
+    /// Clamped by [`crate::Engine::new`] to at least 2 (QP0/QP1 are special) and so that `max_qp` QPNs fit in 24 bits.
+    pub first_qpn: u32,
 }
 
 impl Default for EngineConfig {
@@ -136,6 +141,7 @@ impl Default for EngineConfig {
             ecn_data: true,
             sched: SchedConfig::default(),
             dcqcn: None,
+            first_qpn: crate::FIRST_QPN,
         }
     }
 }

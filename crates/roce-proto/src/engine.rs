@@ -222,7 +222,11 @@ fn splitmix(s: &mut u64) -> u64 {
 
 impl Engine {
     /// A new engine for one port.
-    pub fn new(cfg: EngineConfig) -> Engine {
+    pub fn new(mut cfg: EngineConfig) -> Engine {
+        // QP0/QP1 are special; QPNs are 24 bits and every QP of the device must have one.
+        cfg.first_qpn = cfg
+            .first_qpn
+            .clamp(2, (1 << 24) - cfg.device.max_qp.clamp(1, 1 << 23));
         let mut rng = cfg.seed;
         let ip_id = splitmix(&mut rng) as u16;
         // Largest frame: the netdev MTU (IP packet) plus the Ethernet header and an 802.1Q tag.
@@ -571,7 +575,7 @@ impl Engine {
     // ----------------------------------------------------------------------------------------------- QP
 
     pub(crate) fn qidx(&self, qpn: Qpn) -> Option<usize> {
-        let i = qpn.value().checked_sub(FIRST_QPN)? as usize;
+        let i = qpn.value().checked_sub(self.cfg.first_qpn)? as usize;
         match self.qps.get(i) {
             Some(Some(_)) => Some(i),
             _ => None,
@@ -662,7 +666,7 @@ impl Engine {
                 self.qps.len() - 1
             }
         };
-        let qpn = Qpn::new(FIRST_QPN + idx as u32);
+        let qpn = Qpn::new(self.cfg.first_qpn + idx as u32);
         let res_cap = d.max_qp_rd_atom as usize;
         let qp = Qp {
             qpn,
@@ -1456,15 +1460,15 @@ impl Engine {
             let Some((at, q, _, _)) = self.timers.peek() else {
                 return sched;
             };
-            let qt = Self::qp_timers(&mut self.qps, q);
+            let qt = Self::qp_timers(&mut self.qps, self.cfg.first_qpn, q);
             if self.timers.settle(qt, Instant::ZERO, false) == Settle::Pending {
                 return Some(sched.map_or(at, |s| s.min(at)));
             }
         }
     }
 
-    fn qp_timers(qps: &mut [Option<Box<Qp>>], qpn: u32) -> Option<&mut QpTimers> {
-        let i = qpn.checked_sub(FIRST_QPN)? as usize;
+    fn qp_timers(qps: &mut [Option<Box<Qp>>], first: u32, qpn: u32) -> Option<&mut QpTimers> {
+        let i = qpn.checked_sub(first)? as usize;
         qps.get_mut(i)?.as_deref_mut().map(|qp| &mut qp.timers)
     }
 
@@ -1493,11 +1497,11 @@ impl Engine {
             if at > now {
                 break;
             }
-            let qt = Self::qp_timers(&mut self.qps, q);
+            let qt = Self::qp_timers(&mut self.qps, self.cfg.first_qpn, q);
             let Settle::Fire(kind) = self.timers.settle(qt, now, true) else {
                 continue;
             };
-            let i = (q - FIRST_QPN) as usize;
+            let i = (q - self.cfg.first_qpn) as usize;
             match kind {
                 TimerKind::AckTimeout => self.on_ack_timeout(i, now),
                 TimerKind::RnrRetry => self.on_rnr_timer(i),

@@ -21,7 +21,7 @@ use crate::runner::{
     self, CqNotify, CqSlot, Device, PassKind, ProgressMode, QpSlot, RuntimeConfig, RuntimeStats,
     Shared,
 };
-use crate::wqe::{RecvWqe, SendWqe, WqeError};
+use crate::wqe::{RecvWqe, SendWqe, WqeError, WqeProducer, wqe_ring};
 
 /// Errors of control verbs.
 #[derive(Debug, thiserror::Error)]
@@ -217,7 +217,8 @@ impl Context {
     }
 
     /// Opens several devices behind **one** progress lock and progress thread (for links that share state, like
-    /// the ports of one [`SimNet`]: any pass drives them all). `links` must return one link per config, in order.
+    /// the ports of one [`SimNet`]: any pass drives them all). `links` must return one link per config, in order; a
+    /// link that receives one QPN range of a shared address (`LinkCaps::first_qpn`) sets its engine's `first_qpn`.
     pub fn open_group(
         cfgs: Vec<EngineConfig>,
         rt: RuntimeConfig,
@@ -230,6 +231,13 @@ impl Context {
         let links = links()?;
         if links.len() != cfgs.len() {
             return Err(Error::InvalidArgument("one link per device"));
+        }
+        // A link that receives one QPN range of a shared address (`LinkCaps::first_qpn`) numbers the QPs.
+        let mut cfgs = cfgs;
+        for (c, l) in cfgs.iter_mut().zip(&links) {
+            if let Some(q) = l.caps().first_qpn {
+                c.first_qpn = q;
+            }
         }
         let devs = cfgs
             .iter()
@@ -694,8 +702,8 @@ impl Pd {
         let (scq, rcq) = (send_cq.inner.slot, recv_cq.inner.slot);
         let (qpn, granted, slot, sqp, rqp) = self.inner.ctx.call(move |d| {
             let (qpn, granted) = d.engine.create_qp_srq(&init, srq_handle)?;
-            let (sqp, sqc) = rtrb::RingBuffer::<SendWqe>::new(granted.max_send_wr.max(1) as usize);
-            let (rqp, rqc) = rtrb::RingBuffer::<RecvWqe>::new(granted.max_recv_wr.max(1) as usize);
+            let (sqp, sqc) = wqe_ring::<SendWqe>(granted.max_send_wr, granted.max_send_sge);
+            let (rqp, rqc) = wqe_ring::<RecvWqe>(granted.max_recv_wr, granted.max_recv_sge);
             let slot = Device::insert(
                 &mut d.qps,
                 QpSlot::new(
@@ -996,8 +1004,8 @@ struct QpInner {
     qp_type: QpType,
     cap: QpCap,
     slot: u32,
-    sq: Mutex<rtrb::Producer<SendWqe>>,
-    rq: Mutex<rtrb::Producer<RecvWqe>>,
+    sq: Mutex<WqeProducer<SendWqe>>,
+    rq: Mutex<WqeProducer<RecvWqe>>,
     pending: Arc<AtomicBool>,
     /// The SRQ the QP receives from (kept alive by the QP, as the kernel's use count does).
     srq: Option<crate::Srq>,
@@ -1165,8 +1173,8 @@ impl Qp {
         }
         for wr in wrs {
             let wqe = SendWqe::from_wr(wr)?;
-            // Cannot fail: room was checked under the lock.
-            let _ = ring.push(wqe);
+            // Room was checked under the lock; the SGE ring has room for every entry's SGEs.
+            ring.push(wqe, wr.sg_list)?;
         }
         drop(ring);
         self.ctx().shared().ring(
@@ -1200,7 +1208,7 @@ impl Qp {
             return Err(PostError::TooManySges);
         }
         for wr in wrs {
-            let _ = ring.push(RecvWqe::from_wr(wr)?);
+            ring.push(RecvWqe::from_wr(wr)?, wr.sg_list)?;
         }
         drop(ring);
         self.ctx().shared().ring(

@@ -128,7 +128,7 @@ use crate::channel::{CompChannel, Moderation, ModerationState};
 use crate::clock::Clock;
 use crate::endpoint::StatsEndpoint;
 use crate::progress::{Outcome, ProgressLock, SleepFlag};
-use crate::wqe::{RecvWqe, SendWqe};
+use crate::wqe::{MAX_SGE, RecvWqe, SendWqe, WqeConsumer};
 
 /// Who drives the engines (module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -686,8 +686,8 @@ impl ReadyFds {
 /// Engine-side state of one QP.
 pub(crate) struct QpSlot {
     pub(crate) qpn: Qpn,
-    pub(crate) sq: rtrb::Consumer<SendWqe>,
-    pub(crate) rq: rtrb::Consumer<RecvWqe>,
+    pub(crate) sq: WqeConsumer<SendWqe>,
+    pub(crate) rq: WqeConsumer<RecvWqe>,
     pub(crate) pending: Arc<AtomicBool>,
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
@@ -704,8 +704,8 @@ impl QpSlot {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qpn: Qpn,
-        sq: rtrb::Consumer<SendWqe>,
-        rq: rtrb::Consumer<RecvWqe>,
+        sq: WqeConsumer<SendWqe>,
+        rq: WqeConsumer<RecvWqe>,
         pending: Arc<AtomicBool>,
         send_cq: u32,
         recv_cq: u32,
@@ -921,19 +921,23 @@ impl Device {
         let (mut sq_out, mut rq_out) =
             info.map_or((0, 0), |i| (i.sq_outstanding, i.rq_outstanding));
         let sq_before = sq_out;
-        while let Ok(wqe) = qp.rq.peek() {
+        // SGEs of a WR with more than the ring entry holds (`wqe` module docs); on the stack, no allocation.
+        let mut spill = [roce_proto::Sge::default(); MAX_SGE];
+        while !qp.rq.is_empty() {
             if rq_out >= qp.max_recv_wr {
                 stuck = true;
                 break;
             }
-            let sges = wqe.sges;
+            let Some(wqe) = qp.rq.front(&mut spill) else {
+                break;
+            };
             let wr = roce_proto::RecvWr {
                 wr_id: wqe.wr_id,
-                sg_list: sges.as_slice(),
+                sg_list: wqe.sges.resolve(&spill),
             };
             let r = self.engine.post_recv(qpn, &[wr]);
             let wr_id = wqe.wr_id;
-            let _ = qp.rq.pop();
+            qp.rq.pop();
             moved = true;
             rq_out += 1;
             if let Err(e) = r {
@@ -948,14 +952,19 @@ impl Device {
                 );
             }
         }
-        while let Ok(wqe) = qp.sq.peek() {
+        while !qp.sq.is_empty() {
             if sq_out >= qp.max_send_wr {
                 stuck = true;
                 break;
             }
-            let r = wqe.with_wr(|wr| self.engine.post_send(qpn, std::slice::from_ref(wr)));
+            let Some(wqe) = qp.sq.front(&mut spill) else {
+                break;
+            };
+            let r = wqe.with_wr(&spill, |wr| {
+                self.engine.post_send(qpn, std::slice::from_ref(wr))
+            });
             let (wr_id, opc) = (wqe.wr_id, wqe.op.wc_opcode());
-            let _ = qp.sq.pop();
+            qp.sq.pop();
             moved = true;
             sq_out += 1;
             self.batch_wqes = self.batch_wqes.saturating_add(1);

@@ -4,8 +4,8 @@
 //! rings (and, with a completion channel, fire moderated events), and the application polls. A counting
 //! `#[global_allocator]`, armed for every thread of the process during the measured phase, must see no allocation,
 //! reallocation or deallocation. Covers one QP, four QPs sharing one CQ with interleaved posts, and completion-event
-//! mode (`req_notify` + `get_event` per event), streams of posts on one QP (doorbell batching holds them back and
-//! sends them together), and a pair over UDP on loopback, whose idle drivers block on the sockets' readiness.
+//! mode (`req_notify` + `get_event` per event), WRs of 32 SGEs (their SGEs travel through the QP's ring of spilled
+//! SGEs), streams of posts on one QP (doorbell batching holds them back and sends them together), and a pair over UDP on loopback, whose idle drivers block on the sockets' readiness.
 //!
 //! One `#[test]` only, so no other test thread runs while the counter is armed.
 
@@ -75,17 +75,31 @@ struct Side {
     qps: Vec<Qp>,
     cq: Cq,
     mr: Mr,
+    /// SGEs per WRITE.
+    nsge: usize,
     _buf: MrBuf,
     _pd: Pd,
 }
 
 fn side(ctx: &Context, nqp: usize, chan: Option<&Arc<CompChannel>>, moder: Moderation) -> Side {
+    side_sges(ctx, nqp, chan, moder, 1)
+}
+
+/// [`side`] whose WRITEs gather their 64 bytes from `nsge` SGEs (at most 32; more than 4 travel through the QP's
+/// ring of spilled SGEs).
+fn side_sges(
+    ctx: &Context,
+    nqp: usize,
+    chan: Option<&Arc<CompChannel>>,
+    moder: Moderation,
+    nsge: usize,
+) -> Side {
     let pd = ctx.alloc_pd().expect("pd");
     let cq = ctx.create_cq(512, chan, moder).expect("cq");
     let cap = QpCap {
         max_send_wr: 64,
         max_recv_wr: 1,
-        max_send_sge: 1,
+        max_send_sge: nsge as u32,
         max_recv_sge: 1,
         max_inline_data: 0,
     };
@@ -99,6 +113,7 @@ fn side(ctx: &Context, nqp: usize, chan: Option<&Arc<CompChannel>>, moder: Moder
         qps,
         cq,
         mr,
+        nsge,
         _buf: buf,
         _pd: pd,
     }
@@ -116,14 +131,18 @@ fn run(a: &Side, b: &Side, rounds: usize, burst: usize, chan: Option<&CompChanne
         }
         for k in 0..burst {
             for qp in &a.qps {
-                let sge = [a.mr.sge(0, 64)];
+                let piece = (64 / a.nsge) as u32;
+                let mut sges = [a.mr.sge(0, piece); 32];
+                for (i, s) in sges.iter_mut().enumerate() {
+                    *s = a.mr.sge(i as u64 * u64::from(piece), piece);
+                }
                 let mut wr = SendWr::new(
                     r as u64,
                     SendOp::RdmaWrite {
                         remote_addr: b.mr.addr(),
                         rkey: b.mr.rkey(),
                     },
-                    &sge,
+                    &sges[..a.nsge],
                 );
                 if k + 1 == burst {
                     wr = wr.signaled();
@@ -210,6 +229,13 @@ fn both_paths(mode: ProgressMode) {
     );
     connect(&a4, &b4);
     measure("four QPs", &a4, &b4, 1, None);
+
+    let (a32, b32) = (
+        side_sges(&ca, 2, None, Moderation::default(), 32),
+        side_sges(&cb, 2, None, Moderation::default(), 32),
+    );
+    connect(&a32, &b32);
+    measure("two QPs, 32 SGEs per WR", &a32, &b32, 4, None);
 
     let chan = Arc::new(CompChannel::new());
     let moder = Moderation {

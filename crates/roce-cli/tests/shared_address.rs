@@ -1,0 +1,129 @@
+//! Many processes on one device address (issue #16, `docs/MULTIPROCESS.md`): two unmodified `ibv_rc_pingpong`
+//! servers under `rocev2 run` on one address and their two clients under `rocev2 run` on another — four processes,
+//! two per address, all on UDP 4791 — each pair completes its iterations. Each process of an address numbers its
+//! QPs from its own slot (QPN `0x000011`, `0x010000`, ...), and the kernel's SK_REUSEPORT program hands every packet
+//! to the process owning its destination QP; `rocev2 devinfo` lists both programs under the one GID. Needs root (CAP_BPF) and `ibverbs-utils`; when the kernel refuses the
+//! steering, the test is skipped with the reason the second process prints.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn library() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build -p roce-ibverbs");
+        assert!(out.status.success(), "{out:?}");
+    });
+}
+
+fn pingpong(ip: &str, port: u16, server: Option<&str>) -> Child {
+    let port = port.to_string();
+    let mut args = vec![
+        "run",
+        "--ip",
+        ip,
+        "--",
+        "ibv_rc_pingpong",
+        "-g",
+        "0",
+        "-n",
+        "300",
+        "-p",
+        &port,
+    ];
+    args.extend(server);
+    Command::new(common::bin())
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rocev2 run")
+}
+
+/// Waits for `c` at most `limit`; kills it past that. Returns (exit ok, stdout, stderr).
+fn finish(mut c: Child, limit: Duration) -> (bool, String, String) {
+    let t0 = Instant::now();
+    while c.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = c.wait_with_output().expect("output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The local QPN `ibv_rc_pingpong` printed.
+fn local_qpn(stdout: &str) -> Option<u32> {
+    let line = stdout.lines().find(|l| l.contains("local address"))?;
+    let q = line.split("QPN ").nth(1)?.split(',').next()?;
+    u32::from_str_radix(q.trim_start_matches("0x"), 16).ok()
+}
+
+#[test]
+fn two_pingpong_pairs_share_two_addresses() {
+    let _g = common::serial();
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("ibv_rc_pingpong").is_file()));
+    assert!(
+        found,
+        "ibv_rc_pingpong not found: install Debian's ibverbs-utils (.ci/run does)"
+    );
+    library();
+    let (a, b) = ("127.0.78.1", "127.0.78.2");
+    let s1 = pingpong(a, 18711, None);
+    let s2 = pingpong(a, 18712, None);
+    std::thread::sleep(Duration::from_millis(1500));
+    // `rocev2 devinfo` lists both programs on the one GID (read while the servers wait for their clients).
+    let info = Command::new(common::bin())
+        .args(["devinfo", "-d", a])
+        .output()
+        .expect("rocev2 devinfo");
+    let users = String::from_utf8_lossy(&info.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains("in use by:") && l.contains("(ibv_rc_pingpong) on ::ffff:127.0.78.1")
+        })
+        .count();
+    let c1 = pingpong(b, 18711, Some(a));
+    let c2 = pingpong(b, 18712, Some(a));
+    let limit = Duration::from_secs(60);
+    let all = [s1, s2, c1, c2].map(|c| finish(c, limit));
+    if let Some((_, _, err)) = all
+        .iter()
+        .find(|(_, _, e)| e.contains("needs the kernel steering"))
+    {
+        eprintln!("skipped: the kernel refuses the steering here:\n{err}");
+        return;
+    }
+    assert_eq!(users, 2, "rocev2 devinfo -d {a}: {info:?}");
+    for (i, (ok, out, err)) in all.iter().enumerate() {
+        assert!(
+            *ok && out.contains("300 iters in"),
+            "process {i}:\n--- stdout\n{out}--- stderr\n{err}"
+        );
+    }
+    // The two processes of each address hold different QPN slots.
+    let qpns: Vec<u32> = all
+        .iter()
+        .map(|(_, out, _)| local_qpn(out).expect("local QPN"))
+        .collect();
+    assert_ne!(qpns[0] >> 16, qpns[1] >> 16, "servers' QPNs {qpns:x?}");
+    assert_ne!(qpns[2] >> 16, qpns[3] >> 16, "clients' QPNs {qpns:x?}");
+}

@@ -1,0 +1,116 @@
+//! `roce_link::reuseport` in the kernel (`docs/MULTIPROCESS.md`): three UDP sockets bound to one address and port with
+//! `SO_REUSEPORT` each join the steering and get distinct slots; datagrams shaped like RoCE v2 packets (a BTH whose
+//! DestQP's top byte is a slot) arrive at exactly the socket of their slot; a datagram too short for a BTH, and one
+//! for a slot nobody holds, still arrive (at one socket: the kernel's hash choice); a closed socket's slot is free
+//! again for the next socket that joins. Skipped with the reason when the kernel refuses BPF (needs CAP_BPF +
+//! CAP_NET_ADMIN, or CAP_SYS_ADMIN).
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use roce_link::reuseport::{self, Joined};
+use socket2::{Domain, Socket, Type};
+
+fn bind(addr: SocketAddr) -> UdpSocket {
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, None).expect("socket");
+    s.set_reuse_port(true).expect("SO_REUSEPORT");
+    s.bind(&addr.into()).expect("bind");
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    s.into()
+}
+
+/// A 12-byte BTH (SEND_ONLY to `qpn`) followed by the marker `n`.
+fn packet(qpn: u32, n: u8) -> Vec<u8> {
+    let q = qpn.to_be_bytes();
+    vec![0x04, 0, 0xff, 0xff, 0, q[1], q[2], q[3], 0, 0, 0, 1, n]
+}
+
+/// Every datagram waiting on `s` (its last byte, the marker).
+fn drain(s: &UdpSocket) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while let Ok(n) = s.recv(&mut buf) {
+        got.push(buf[n - 1]);
+    }
+    got
+}
+
+#[test]
+fn datagrams_reach_the_socket_owning_their_destination_qp() {
+    let first = bind("127.0.91.1:0".parse().expect("addr"));
+    let local = first.local_addr().expect("local");
+    let j0 = match reuseport::join(first.as_fd(), local) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    let second = bind(local);
+    let third = bind(local);
+    let j1 = reuseport::join(second.as_fd(), local).expect("join 2");
+    let j2 = reuseport::join(third.as_fd(), local).expect("join 3");
+    let socks = [(&first, &j0), (&second, &j1), (&third, &j2)];
+    let slots: Vec<u8> = socks.iter().map(|(_, j)| j.slot).collect();
+    assert_eq!(slots, [0, 1, 2], "the lowest free slots, in join order");
+    assert_eq!(j0.first_qpn(), 0x11);
+    assert_eq!(j2.first_qpn(), 0x2_0000);
+
+    let tx = UdpSocket::bind("127.0.91.2:0").expect("sender");
+    for n in 0..30u8 {
+        let j: &Joined = socks[usize::from(n % 3)].1;
+        let qpn = (u32::from(j.slot) << reuseport::QPN_SHIFT) | 0x11 | u32::from(n);
+        tx.send_to(&packet(qpn, n), local).expect("send");
+    }
+    for (i, (s, _)) in socks.iter().enumerate() {
+        let got = drain(s);
+        let want: Vec<u8> = (0..30u8).filter(|n| usize::from(n % 3) == i).collect();
+        assert_eq!(got, want, "socket of slot {i}");
+    }
+
+    // No BTH, and a slot nobody holds: delivered once, somewhere.
+    tx.send_to(&[0x04, 0, 100], local).expect("short");
+    tx.send_to(&packet(0xc8_0011, 101), local)
+        .expect("unclaimed");
+    let mut all: Vec<u8> = socks.iter().flat_map(|(s, _)| drain(s)).collect();
+    all.sort_unstable();
+    assert_eq!(all, [100, 101]);
+
+    // Closing the socket of slot 1 frees the slot: the next joiner gets it, and its datagrams.
+    drop(second);
+    let fourth = bind(local);
+    let j3 = reuseport::join(fourth.as_fd(), local).expect("join 4");
+    assert_eq!(j3.slot, 1);
+    tx.send_to(&packet(0x1_0011, 7), local).expect("send");
+    assert_eq!(drain(&fourth), [7]);
+    assert!(drain(&first).is_empty() && drain(&third).is_empty());
+}
+
+/// `UdpConfig::share`: two links on one address both bind, in different slots, and tell their engines where their
+/// QPNs start (`LinkCaps::first_qpn`); a link without it cannot bind beside them.
+#[test]
+fn udp_links_share_an_address_in_different_slots() {
+    use roce_link::{Link, UdpConfig, UdpLink};
+    let ip = "127.0.92.1".parse().expect("ip");
+    let cfg = || UdpConfig {
+        share: true,
+        ..UdpConfig::new(ip)
+    };
+    let a = UdpLink::bind(cfg()).expect("first link");
+    let Some(ja) = a.shared() else {
+        eprintln!("skipped: {}", a.share_error().unwrap_or("not shared"));
+        return;
+    };
+    let b = UdpLink::bind(cfg()).expect("second link on the same address");
+    let jb = b.shared().expect("second link shared");
+    assert_ne!(ja.slot, jb.slot);
+    assert_eq!(a.caps().first_qpn, Some(ja.first_qpn()));
+    assert_eq!(b.caps().first_qpn, Some(jb.first_qpn()));
+    let alone = UdpLink::bind(UdpConfig::new(ip));
+    assert!(
+        alone.is_err(),
+        "a link that does not share binds beside them"
+    );
+}
