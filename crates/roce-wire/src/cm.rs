@@ -1168,7 +1168,7 @@ impl fmt::Display for CmMad {
 }
 
 /// rdma_cm port spaces (Linux `enum rdma_ucm_port_space`, rdma-core
-/// `enum rdma_port_space`; values in `../shared/librdmacm/ABI.md` §4).
+/// `enum rdma_port_space`; values in `docs/spec/LIBRDMACM-ABI.md` §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PortSpace {
     /// `RDMA_PS_IPOIB` (0x0002).

@@ -303,7 +303,7 @@ impl fmt::Display for MadHeaderRepr {
 /// CM). The payload is the [`MAD_LEN`]-byte MAD (a multiple of 4: no pad).
 ///
 /// Source: IBTA Vol 1 ch. 13 (QP1 uses Q_Key 0x8001_0000) and
-/// `../shared/librdmacm/ABI.md` §5.
+/// `docs/spec/LIBRDMACM-ABI.md` §5.
 pub fn gsi_ud_repr(dest_qp: Qpn, src_qp: Qpn, pkey: u16, psn: Psn) -> (BthRepr, ExtRepr) {
     let bth = BthRepr {
         opcode: Opcode::UD_SEND_ONLY,
