@@ -159,3 +159,42 @@ fn a_killed_runs_socket_is_removed_by_the_next_run() {
     }
     assert!(socks(None).is_empty(), "left over: {:?}", socks(None));
 }
+
+/// A UC sweep costs about what an RC one does (issue #18 item 8): the server used to wait a fixed 200 ms "settle"
+/// after every size of a UC/UD run (in case packets were still on their way), 23 sizes × 200 ms on top of the run
+/// (`write-lat --loopback -a -n 10 -c UC` took 5.5 s against 1.5 s for RC); now it stops as soon as every message
+/// the client completed has arrived, and waits only when some are missing.
+#[test]
+fn a_uc_sweep_takes_about_as_long_as_an_rc_sweep() {
+    let _s = serial();
+    let sweep = |conn: &str| {
+        let t0 = std::time::Instant::now();
+        let out = Command::new(bin())
+            .args([
+                "perf",
+                "write-lat",
+                "--loopback",
+                "-a",
+                "-n",
+                "10",
+                "-c",
+                conn,
+            ])
+            .output()
+            .expect("run rocev2 perf");
+        assert!(
+            out.status.success(),
+            "{conn}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        t0.elapsed()
+    };
+    let rc = sweep("RC");
+    let uc = sweep("UC");
+    // The old fixed cost was 23 × 200 ms = 4.6 s; half of it is the bound.
+    let limit = rc + std::time::Duration::from_millis(2300);
+    assert!(
+        uc < limit,
+        "UC sweep {uc:?}, RC sweep {rc:?}: more than RC + 2.3 s"
+    );
+}
