@@ -71,7 +71,8 @@ enum Command {
     /// client `rocev2 perf send-bw HOST`.
     Perf(Box<perf::PerfArgs>),
     /// ibv_rc_pingpong / ibv_ud_pingpong compatible test: server `rocev2 pingpong [rc|ud]`, client
-    /// `rocev2 pingpong [rc|ud] SERVER`; interoperates with the rdma-core tools (use -g 1 on their side).
+    /// `rocev2 pingpong [rc|ud] SERVER`; interoperates with the rdma-core tools (their -g is the index of the
+    /// IPv4-mapped GID: 1 on Linux rxe, 0 on rocev2 under `rocev2 run`).
     Pingpong(Box<pingpong::PingpongArgs>),
     /// Run an unmodified libibverbs program (ibv_devinfo, ibv_rc_pingpong, ib_write_bw ...) on the rocev2 RNIC:
     /// `rocev2 run [--ip ADDR] -- PROGRAM ARGS` puts rocev2's libibverbs.so.1 first on LD_LIBRARY_PATH (device

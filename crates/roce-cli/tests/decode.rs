@@ -1,6 +1,6 @@
 //! End-to-end tests of `rocev2 decode`, running the built binary.
 //!
-//! Reference material comes from `<workspace root>/../shared` (golden vectors, the
+//! Reference data comes from `<workspace root>/testdata` (golden vectors, the
 //! Soft-RoCE capture and the independent checker `check_pcap.py`).
 
 use std::borrow::Cow;

@@ -159,3 +159,27 @@ fn a_killed_runs_socket_is_removed_by_the_next_run() {
     }
     assert!(socks(None).is_empty(), "left over: {:?}", socks(None));
 }
+
+// The UC/UD sweep of issue #18 item 8 is tested in perf.rs (`unreliable_sweeps_do_not_wait_out_every_size`).
+
+/// `rocev2 pingpong --help` said "use -g 1" while the README runs rdma-core's tools under `rocev2 run` with `-g 0`
+/// (issue #18 item 5): both are right for their device, and the help now says which is which.
+#[test]
+fn pingpong_help_says_which_gid_index_where() {
+    let out = Command::new(bin())
+        .args(["pingpong", "--help"])
+        .output()
+        .expect("run rocev2");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    assert!(help.contains("ibv_rc_pingpong -g 1"), "{help}");
+    assert!(
+        help.contains("rocev2 run --ip 198.18.0.2 -- ibv_rc_pingpong -g 0"),
+        "{help}"
+    );
+    assert!(
+        help.contains("1 on\nLinux rxe") || help.contains("1 on Linux rxe"),
+        "{help}"
+    );
+    assert!(help.contains("0 under `rocev2 run`"), "{help}");
+}
