@@ -405,7 +405,7 @@ fn shadow(parent: &Path) -> Result<(), InstallError> {
 }
 
 /// Writes `entries` (parents first) into a private mount namespace of this process: a tmpfs is mounted over each
-/// of [`MOUNT_POINTS`]; where one does not exist, its parent is first covered by [`shadow`] and the directory made
+/// of [`MOUNT_POINTS`]; where one does not exist, its parent is first covered by `shadow` and the directory made
 /// in that. Call it in the process that then `exec`s the program, while it has one thread.
 pub fn install(entries: &[Entry]) -> Result<Namespace, InstallError> {
     let ns = enter_namespace()?;

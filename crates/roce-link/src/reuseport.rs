@@ -63,7 +63,7 @@ const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
 }
 
 /// The steering program for map `map_fd` (20 instruction slots; `docs/MULTIPROCESS.md` lists it as assembly):
-/// load BTH bytes 4..8 (UDP offset 12) to the stack, key = DestQP[23:16], `bpf_sk_select_reuseport(ctx, map, &key,
+/// load BTH bytes 4..8 (UDP offset 12) to the stack, key = `DestQP[23:16]`, `bpf_sk_select_reuseport(ctx, map, &key,
 /// 0)`, return `SK_PASS` (a failed load or selection leaves the choice to the kernel's hash).
 pub fn program(map_fd: RawFd) -> [Insn; 20] {
     const R0: u8 = 0;
