@@ -2,8 +2,10 @@
 //! servers under `rocev2 run` on one address and their two clients under `rocev2 run` on another — four processes,
 //! two per address, all on UDP 4791 — each pair completes its iterations. Each process of an address numbers its
 //! QPs from its own slot (QPN `0x000011`, `0x010000`, ...), and the kernel's SK_REUSEPORT program hands every packet
-//! to the process owning its destination QP; `rocev2 devinfo` lists both programs under the one GID. Needs root (CAP_BPF) and `ibverbs-utils`; when the kernel refuses the
-//! steering, the test is skipped with the reason the second process prints.
+//! to the process owning its destination QP; `rocev2 devinfo` lists both programs under the one GID. Needs root
+//! (CAP_BPF) and `ibverbs-utils`; when the kernel refuses the steering, the test is skipped with the reason the
+//! second process prints. Without CAP_BPF (setpriv drops it), a second program on a taken address is refused and
+//! told what sharing needs.
 
 mod common;
 
@@ -126,4 +128,62 @@ fn two_pingpong_pairs_share_two_addresses() {
         .collect();
     assert_ne!(qpns[0] >> 16, qpns[1] >> 16, "servers' QPNs {qpns:x?}");
     assert_ne!(qpns[2] >> 16, qpns[3] >> 16, "clients' QPNs {qpns:x?}");
+}
+
+/// Without CAP_BPF (and CAP_SYS_ADMIN, CAP_NET_ADMIN) the first program on an address binds alone and runs; a second
+/// one on the address is refused at its first verb and told what sharing needs and which address to use instead.
+#[test]
+fn without_bpf_a_second_program_is_told_what_sharing_needs() {
+    let _g = common::serial();
+    let found = std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p)
+            .any(|d| d.join("setpriv").is_file() && d.join("ibv_rc_pingpong").is_file())
+    });
+    if !found {
+        eprintln!("skipped: needs setpriv (util-linux) and ibv_rc_pingpong (ibverbs-utils)");
+        return;
+    }
+    library();
+    let drop_caps = |port: &str| {
+        Command::new("setpriv")
+            .args([
+                "--bounding-set",
+                "-sys_admin,-bpf,-net_admin,-perfmon",
+                "--inh-caps",
+                "-sys_admin,-bpf,-net_admin,-perfmon",
+                common::bin(),
+                "run",
+                "--ip",
+                "127.0.79.1",
+                "--",
+                "ibv_rc_pingpong",
+                "-g",
+                "0",
+                "-p",
+                port,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn setpriv")
+    };
+    let mut first = drop_caps("18741");
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = finish(drop_caps("18742"), Duration::from_secs(30));
+    let first_alive = first.try_wait().expect("wait").is_none();
+    let _ = first.kill();
+    let first = finish(first, Duration::from_secs(5));
+    let (ok, _, err) = &second;
+    assert!(
+        first_alive,
+        "the first program waits for its client: {first:?}"
+    );
+    assert!(!ok, "{second:?}");
+    for want in [
+        "Address already in use",
+        "needs CAP_BPF and CAP_NET_ADMIN",
+        "start it with `rocev2 run --ip 127.0.79.2 -- ibv_rc_pingpong",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
 }

@@ -1680,6 +1680,11 @@ pub(crate) fn post_errno(e: &PostError) -> c_int {
 
 /// WRs converted per runtime call (each chunk is one doorbell).
 pub(crate) const BATCH: usize = 16;
+/// SGEs of one chunk of [`BATCH`] WRs, in one pool on the stack: a chunk ends early when the next WR's SGEs do not
+/// fit (any one WR fits: at most [`MAX_SGE`]). Not `MAX_SGE` per WR: zeroing 16 x 32 SGEs and inline slices on every
+/// post cost ~0.7 µs per call (measured), 64 cost what 16 x 4 did.
+const SGE_POOL: usize = 64;
+const _: () = assert!(SGE_POOL >= MAX_SGE);
 
 /// One converted send WR (what [`SendWr`] needs besides its slices).
 #[derive(Clone, Copy)]
@@ -1692,7 +1697,8 @@ struct SendMeta {
     inline: bool,
 }
 
-/// Converts `w` into `sges` / `inl` and its meta; `None` for an opcode or argument we cannot carry (EINVAL).
+/// Converts `w` into `sges` / `inl` (its first `num_sge` entries; EINVAL if they are shorter) and its meta; `None`
+/// for an opcode or argument we cannot carry (EINVAL).
 ///
 /// # Safety
 /// `w` is a valid `ibv_send_wr` whose `sg_list` has `num_sge` entries; inline SGEs name readable memory, and when
@@ -1701,11 +1707,12 @@ struct SendMeta {
 unsafe fn convert_send(
     w: &IbvSendWr,
     ud: bool,
-    sges: &mut [Sge; MAX_SGE],
-    inl: &mut [&[u8]; MAX_SGE],
+    sges: &mut [Sge],
+    inl: &mut [&[u8]],
 ) -> Result<SendMeta, c_int> {
     let nsge = usize::try_from(w.num_sge).map_err(|_| libc::EINVAL)?;
-    if nsge > MAX_SGE || (nsge > 0 && w.sg_list.is_null()) {
+    if nsge > MAX_SGE || nsge > sges.len() || nsge > inl.len() || (nsge > 0 && w.sg_list.is_null())
+    {
         return Err(libc::EINVAL);
     }
     let inline = w.send_flags & IBV_SEND_INLINE != 0;
@@ -1806,8 +1813,10 @@ unsafe extern "C" fn post_send(
         return fail(wr, libc::EINVAL);
     }
     while !cur.is_null() {
-        let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
-        let mut inl: [[&[u8]; MAX_SGE]; BATCH] = [[&[]; MAX_SGE]; BATCH];
+        let mut sges = [Sge::default(); SGE_POOL];
+        let mut inl: [&[u8]; SGE_POOL] = [&[]; SGE_POOL];
+        let mut offs = [0usize; BATCH];
+        let mut used = 0;
         let mut metas = [None::<SendMeta>; BATCH];
         let mut ptrs = [null_mut::<IbvSendWr>(); BATCH];
         let mut n = 0;
@@ -1815,9 +1824,17 @@ unsafe extern "C" fn post_send(
         while n < BATCH && !cur.is_null() {
             // SAFETY: a WR of the caller's chain.
             let w = unsafe { &*cur };
+            let want = usize::try_from(w.num_sge).unwrap_or(usize::MAX);
+            if n > 0 && want <= MAX_SGE && used + want > SGE_POOL {
+                break; // the next chunk takes it
+            }
             // SAFETY: as `convert_send` requires (the caller's WR).
-            match unsafe { convert_send(w, ud, &mut sges[n], &mut inl[n]) } {
-                Ok(m) => metas[n] = Some(m),
+            match unsafe { convert_send(w, ud, &mut sges[used..], &mut inl[used..]) } {
+                Ok(m) => {
+                    offs[n] = used;
+                    used += m.nsge;
+                    metas[n] = Some(m);
+                }
                 Err(e) => {
                     err = Some((cur, e));
                     break;
@@ -1837,13 +1854,14 @@ unsafe extern "C" fn post_send(
                     nsge: 0,
                     inline: false,
                 });
+                let range = offs[i]..offs[i] + m.nsge;
                 let mut wr = if m.inline {
                     SendWr::new(m.wr_id, m.op, &[])
                 } else {
-                    SendWr::new(m.wr_id, m.op, &sges[i][..m.nsge])
+                    SendWr::new(m.wr_id, m.op, &sges[range.clone()])
                 };
                 if m.inline {
-                    wr.inline_data = &inl[i][..m.nsge];
+                    wr.inline_data = &inl[range];
                 }
                 wr.send_flags = m.flags;
                 wr.ud = m.ud;
@@ -1882,8 +1900,9 @@ unsafe extern "C" fn post_recv(
         return fail(wr, libc::EINVAL);
     }
     while !cur.is_null() {
-        let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
-        let mut meta = [(0u64, 0usize); BATCH];
+        let mut sges = [Sge::default(); SGE_POOL];
+        let mut used = 0;
+        let mut meta = [(0u64, 0usize, 0usize); BATCH];
         let mut ptrs = [null_mut::<IbvRecvWr>(); BATCH];
         let mut n = 0;
         let mut err = None;
@@ -1898,7 +1917,10 @@ unsafe extern "C" fn post_recv(
                 err = Some((cur, libc::EINVAL));
                 break;
             }
-            for (i, s) in sges[n].iter_mut().enumerate().take(nsge) {
+            if used + nsge > SGE_POOL {
+                break; // the next chunk takes it (n > 0: one WR always fits)
+            }
+            for (i, s) in sges[used..used + nsge].iter_mut().enumerate() {
                 // SAFETY: `sg_list` has `num_sge` entries.
                 let c = unsafe { *w.sg_list.add(i) };
                 *s = Sge {
@@ -1907,7 +1929,8 @@ unsafe extern "C" fn post_recv(
                     lkey: roce_proto::Lkey(c.lkey),
                 };
             }
-            meta[n] = (w.wr_id, nsge);
+            meta[n] = (w.wr_id, used, nsge);
+            used += nsge;
             ptrs[n] = cur;
             n += 1;
             cur = w.next;
@@ -1915,7 +1938,7 @@ unsafe extern "C" fn post_recv(
         if n > 0 {
             let wrs: [RecvWr<'_>; BATCH] = core::array::from_fn(|i| RecvWr {
                 wr_id: meta[i].0,
-                sg_list: &sges[i][..meta[i].1],
+                sg_list: &sges[meta[i].1..meta[i].1 + meta[i].2],
             });
             if let Err(e) = q.rust.post_recv(&wrs[..n]) {
                 return fail(ptrs[0], post_errno(&e));

@@ -143,8 +143,9 @@ fn phys_state_text(p: u8) -> String {
 }
 
 /// The entries for `spec` (parents before children). `net_parent`: the canonical sysfs path of the netdev's parent
-/// device (`/sys/class/net/<if>/device`), if it has one: `device` then links there, as for a hardware RNIC, so
-/// `device/net/<if>`, `device/numa_node` and `device/local_cpus` are the real ones; a virtual netdev (`lo`, veth)
+/// device (`/sys/class/net/<if>/device`), if it has one: `device` then links there, as rxe's does (its parent is
+/// the netdev's parent), so `device/net/<if>` and whatever that device has (`numa_node`, `local_cpus` for a PCI
+/// NIC; a virtio-net parent has neither) are the real ones; a virtual netdev (`lo`, veth)
 /// gets a `device` directory with `net/<if>` linking to `/sys/class/net/<if>` and `numa_node` -1 (no affinity,
 /// what PCI reports without NUMA).
 pub fn device_tree(spec: &DeviceSpec, net_parent: Option<&Path>) -> Vec<Entry> {
@@ -404,7 +405,7 @@ fn shadow(parent: &Path) -> Result<(), InstallError> {
 }
 
 /// Writes `entries` (parents first) into a private mount namespace of this process: a tmpfs is mounted over each
-/// of [`MOUNT_POINTS`]; where one does not exist, its parent is first covered by [`shadow`] and the directory made
+/// of [`MOUNT_POINTS`]; where one does not exist, its parent is first covered by `shadow` and the directory made
 /// in that. Call it in the process that then `exec`s the program, while it has one thread.
 pub fn install(entries: &[Entry]) -> Result<Namespace, InstallError> {
     let ns = enter_namespace()?;

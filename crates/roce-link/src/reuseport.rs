@@ -7,7 +7,8 @@
 //! socket when it is closed, so the slot frees itself), and numbers its QPs from `k << 16`. The program
 //! ([`program`]) reads the first byte of the BTH DestQP field and selects the socket at that index; datagrams too
 //! short for a BTH, or for a slot nobody holds, fall back to the kernel's hash selection. The map is found by its
-//! name ([`map_name`]) among the host's BPF maps, or made, under an `flock` so concurrent starts agree on one map.
+//! name ([`map_name`]) among the host's BPF maps, or made, under a lock (an abstract Unix socket name of the network
+//! namespace, no file) so concurrent starts agree on one map.
 //!
 //! The program is hand-assembled (`docs/MULTIPROCESS.md` §6: aya loads only ELF objects, and building one needs a
 //! BPF toolchain this project does not have) and loaded with the `bpf(2)` system call. Everything here needs
@@ -63,7 +64,7 @@ const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
 }
 
 /// The steering program for map `map_fd` (20 instruction slots; `docs/MULTIPROCESS.md` lists it as assembly):
-/// load BTH bytes 4..8 (UDP offset 12) to the stack, key = DestQP[23:16], `bpf_sk_select_reuseport(ctx, map, &key,
+/// load BTH bytes 4..8 (UDP offset 12) to the stack, key = `DestQP[23:16]`, `bpf_sk_select_reuseport(ctx, map, &key,
 /// 0)`, return `SK_PASS` (a failed load or selection leaves the choice to the kernel's hash).
 pub fn program(map_fd: RawFd) -> [Insn; 20] {
     const R0: u8 = 0;
@@ -242,32 +243,25 @@ fn load_program(map: &OwnedFd) -> io::Result<OwnedFd> {
     bpf(BPF_PROG_LOAD, &mut a).map(fd_of)
 }
 
-/// Holds `flock(LOCK_EX)` on a lock file until dropped.
-struct Lock(std::fs::File);
+/// A lock held while it lives: an abstract-namespace Unix socket bound to a name of the network namespace (one
+/// holder at a time; gone with the holder, crash included, and no file is left behind).
+struct Lock(#[allow(dead_code)] std::os::unix::net::UnixDatagram);
 
 impl Lock {
+    /// Takes the lock `name`, waiting for the holder (at most 10 s: a join takes milliseconds).
     fn take(name: &str) -> io::Result<Lock> {
-        let dir = std::env::var_os("XDG_RUNTIME_DIR")
-            .map(std::path::PathBuf::from)
-            .filter(|d| d.is_dir())
-            .unwrap_or_else(std::env::temp_dir);
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(format!("{name}.lock")))?;
-        // SAFETY: `f` is an open file descriptor for the duration of the call.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io::Error::last_os_error());
+        use std::os::linux::net::SocketAddrExt as _;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("{name}.lock"))?;
+        let t0 = std::time::Instant::now();
+        loop {
+            match std::os::unix::net::UnixDatagram::bind_addr(&addr) {
+                Ok(s) => return Ok(Lock(s)),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && t0.elapsed().as_secs() < 10 => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(Lock(f))
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        // SAFETY: as in `take`; closing the file would release the lock as well.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
 }
 
@@ -367,6 +361,22 @@ mod tests {
         let ld = p.iter().find(|i| i.code == 0x18).expect("ld_imm64");
         assert_eq!((ld.imm, ld.regs >> 4), (7, BPF_PSEUDO_MAP_FD));
         assert_eq!(size_of::<Insn>(), 8);
+    }
+
+    #[test]
+    fn the_lock_waits_for_its_holder_and_leaves_no_file() {
+        let name = format!("rocev2_t{}", std::process::id());
+        let held = Lock::take(&name).expect("lock");
+        let n2 = name.clone();
+        let t = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let _l = Lock::take(&n2).expect("lock 2");
+            t0.elapsed()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(held);
+        let waited = t.join().expect("thread");
+        assert!(waited >= std::time::Duration::from_millis(90), "{waited:?}");
     }
 
     #[test]

@@ -195,7 +195,7 @@ type LinkFactory = Box<dyn FnOnce() -> Result<Vec<SendLink>, LinkError>>;
 
 /// The limits a program gets from a device with engine configuration `cfg` (`ibv_query_device`): the engine's
 /// ([`Engine::query_device`]) lowered to what the runtime carries per work request ([`crate::MAX_SGE`] SGEs,
-/// [`crate::MAX_INLINE`] inline bytes; [`Context::create_qp`] refuses more). `rocev2 devinfo` and `roce-ibverbs`
+/// [`crate::MAX_INLINE`] inline bytes; [`Pd::create_qp`] refuses more). `rocev2 devinfo` and `roce-ibverbs`
 /// report these, so both show the limits a program really has.
 pub fn device_attr(cfg: &EngineConfig) -> DeviceAttr {
     let mut a = Engine::new(cfg.clone()).query_device();

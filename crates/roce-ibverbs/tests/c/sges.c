@@ -1,7 +1,8 @@
 /* 32 SGEs per WR through rocev2's libibverbs.so.1 (issue #16; rxe offers 32, UCX's UD QP asks for 6), run by
  * tests/c_sges.rs with the device on $ROCEV2_IBV_IP: ibv_query_device reports max_sge 32; a QP asking for 33 SGEs is
  * refused (NULL + EINVAL); two RC QPs of one context with 32 SGEs each: a SEND gathered from 32 SGEs into a receive
- * scattered over 32, an RDMA WRITE gathered from 32, an RDMA READ scattered into 32, each byte checked; a WR with 33
+ * scattered over 32, an RDMA WRITE gathered from 32, an RDMA READ scattered into 32, chains of three 32-SGE receives
+ * and SENDs (more SGEs than one post chunk of the library holds), each byte checked; a WR with 33
  * SGEs is refused (EINVAL, *bad_wr = it) and nothing completes for it. Prints "ok" and exits 0 when every check passes. */
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -181,6 +182,32 @@ int main(void)
 	poll_ok(cq, 1, (uint64_t[]){4}, (uint32_t)total);
 	flatten(as, N, got);
 	CHECK(memcmp(got, bbuf + 300, total) == 0);
+
+	/* Chains of three 32-SGE WRs (more SGEs than one post chunk holds): three receives, three SENDs, each
+	 * message landing whole. */
+	struct ibv_sge rs3[3][N], ss3[3][N];
+	struct ibv_recv_wr r3[3];
+	struct ibv_send_wr s3[3];
+	memset(bbuf, 0, LEN);
+	for (int k = 0; k < 3; k++) {
+		for (int i = 0; i < N; i++) {
+			rs3[k][i].addr = (uintptr_t)bbuf + (size_t)k * 2048 + (size_t)i * 64;
+			rs3[k][i].length = 60;
+			rs3[k][i].lkey = bmr->lkey;
+		}
+		gather(ss3[k], amr, (size_t)k * 64);
+		r3[k] = (struct ibv_recv_wr){.wr_id = 10 + k, .sg_list = rs3[k], .num_sge = N, .next = k < 2 ? &r3[k + 1] : NULL};
+		s3[k] = (struct ibv_send_wr){.wr_id = 20 + k, .sg_list = ss3[k], .num_sge = N, .opcode = IBV_WR_SEND,
+					     .send_flags = IBV_SEND_SIGNALED, .next = k < 2 ? &s3[k + 1] : NULL};
+	}
+	CHECK(ibv_post_recv(b, &r3[0], &bad_r) == 0);
+	CHECK(ibv_post_send(a, &s3[0], &bad_s) == 0);
+	poll_ok(cq, 6, (uint64_t[]){10, 11, 12, 20, 21, 22}, (uint32_t)total);
+	for (int k = 0; k < 3; k++) {
+		flatten(ss3[k], N, want);
+		flatten(rs3[k], N, got);
+		CHECK(memcmp(want, got, total) == 0);
+	}
 
 	/* 33 SGEs: refused at post, *bad_wr names the WR, nothing completes for it. */
 	as[N] = as[0];
