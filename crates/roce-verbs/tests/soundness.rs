@@ -80,13 +80,22 @@ fn receive_0x5a(tx: &End, rx: &End) {
     assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::Recv));
 }
 
-/// Item 1, exactly the scenario: a function that holds the application's view of the buffer across a
-/// receive into it reads byte 0, posts the receive, waits for its `Success` and reads byte 0 again.
+fn byte0(buf: &MrBuf) -> u8 {
+    let mut b = [0u8; 1];
+    buf.read(0, &mut b).expect("in range");
+    b[0]
+}
+
+/// Item 1, the scenario: a function that holds the application's view of the buffer across a receive into
+/// it reads byte 0, posts the receive, waits for its `Success` and reads byte 0 again. Before the fix the view was
+/// `&[u8]` (`MrBuf: Deref`), and in release builds the second read returned the stale 0x00 while memory held 0x5a
+/// (the compiler may assume bytes behind a live `&[u8]` do not change). Now a safe view is the `MrBuf` itself, whose
+/// reads are copies that read memory afresh; taking a `&[u8]` needs `unsafe` (compile_fail doctests on `MrBuf`).
 #[inline(never)]
-fn byte0_across_a_receive(view: &[u8], tx: &End, rx: &End) -> (u8, u8) {
-    let before = view[0];
+fn byte0_across_a_receive(view: &MrBuf, tx: &End, rx: &End) -> (u8, u8) {
+    let before = byte0(view);
     receive_0x5a(tx, rx);
-    (before, view[0])
+    (before, byte0(view))
 }
 
 #[test]
@@ -102,12 +111,13 @@ fn item1_the_view_reads_what_the_receive_wrote() {
     }
 }
 
-/// Item 1 with an exclusive view: the same scenario through `&mut [u8]`.
+/// Item 1 with an exclusive view: the same scenario through `&mut MrBuf` (before the fix `&mut [u8]` from the
+/// then-safe `as_mut_slice`, which read the stale 0x00 in release builds as well).
 #[inline(never)]
-fn byte0_across_a_receive_mut(view: &mut [u8], tx: &End, rx: &End) -> (u8, u8) {
-    let before = view[0];
+fn byte0_across_a_receive_mut(view: &mut MrBuf, tx: &End, rx: &End) -> (u8, u8) {
+    let before = byte0(view);
     receive_0x5a(tx, rx);
-    (before, view[0])
+    (before, byte0(view))
 }
 
 #[test]
@@ -116,7 +126,7 @@ fn item1_the_exclusive_view_reads_what_the_receive_wrote() {
         let (a, mut b) = pair(mode);
         // The buffer leaves `b` so that `b` can be shared while the view is exclusive (the MR keeps the memory).
         let mut buf = std::mem::replace(&mut b.buf, MrBuf::new(0).expect("empty"));
-        let (before, after) = byte0_across_a_receive_mut(buf.as_mut_slice(), &a, &b);
+        let (before, after) = byte0_across_a_receive_mut(&mut buf, &a, &b);
         assert_eq!(before, 0);
         assert_eq!(
             after, 0x5a,
