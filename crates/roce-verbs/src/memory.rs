@@ -47,8 +47,8 @@
 //! [`MrBuf::read_volatile`] gives that read. The 64-bit remote atomics use real atomic instructions on
 //! 8-byte-aligned words.
 //!
-//! Miri: the unit tests below use only heap-backed regions so that `cargo +nightly miri test -p roce-verbs memory`
-//! can check them; no Miri toolchain is installed on the development machine (see `docs/TESTING.md`).
+//! Miri: the unit tests below use only heap-backed regions so that
+//! `cargo +nightly miri test -p roce-verbs --lib memory` can check them (it does: `docs/TESTING.md`).
 
 use std::alloc::Layout;
 use std::io;
@@ -91,10 +91,11 @@ pub(crate) struct Region {
 // copy or an atomic operation, never a reference that outlives the call, so it may happen on any thread.
 unsafe impl Send for Region {}
 // SAFETY: `&Region` allows only the same raw copies/atomics as above. Application copies exclude one another
-// through `app`; the engine's copies are serialised by the progress lock and touch only the ranges a WR or a
-// remote access names. An application copy of bytes the engine is writing at that moment is the protocol's race
-// described in the module docs (the application's side of the RNIC contract), not one `Sync` introduces: no
-// reference into the bytes is ever handed out by a safe call.
+// through `app`; one device group's engine copies are serialised by its progress lock and touch only the ranges a
+// WR or a remote access names. What remains concurrent is the protocol's race described in the module docs: an
+// application copy of bytes the engine is writing at that moment, or (a region registered on devices of two
+// groups) two engines copying the same bytes because two WRs or peers name them at once — both break the RNIC
+// contract. No safe call hands out a reference into the bytes.
 unsafe impl Sync for Region {}
 
 impl Drop for Region {
