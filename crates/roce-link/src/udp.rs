@@ -2291,6 +2291,45 @@ mod tests {
         assert_eq!((st.tx_invalid, st.tx_frames), (1, 0));
     }
 
+    /// Issue #22 item 9: a control message's payload is read only when `cmsg_len` covers the whole type and the
+    /// payload lies inside the control length (a message the kernel cut short under `MSG_CTRUNC` has a shorter
+    /// `cmsg_len`).
+    #[test]
+    fn control_message_payloads_are_length_checked() {
+        let mut ctrl = [0u64; CMSG_WORDS];
+        let put = |ctrl: &mut [u64; CMSG_WORDS], cmsg_len: usize| {
+            let hdr = libc::cmsghdr {
+                cmsg_len: cmsg_len as _,
+                cmsg_level: libc::SOL_SOCKET,
+                cmsg_type: libc::SO_RXQ_OVFL,
+            };
+            // SAFETY: the buffer is 8-byte aligned and larger than a header plus an int; plain data.
+            unsafe {
+                let p = ctrl.as_mut_ptr().cast::<u8>();
+                core::ptr::write_unaligned(p.cast::<libc::cmsghdr>(), hdr);
+                core::ptr::write_unaligned(p.add(libc::CMSG_LEN(0) as usize).cast::<u32>(), 77);
+            }
+        };
+        let read = |ctrl: &[u64; CMSG_WORDS], controllen: usize| {
+            let mut hdr: libc::msghdr = zeroed();
+            hdr.msg_control = ctrl.as_ptr() as *mut libc::c_void;
+            hdr.msg_controllen = controllen as _;
+            // SAFETY: `hdr` describes `ctrl` (at most its size); the macro checks the header fits.
+            let c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
+            assert!(!c.is_null());
+            // SAFETY: `c` came from CMSG_FIRSTHDR over `hdr`; `u32` accepts any bytes.
+            unsafe { cmsg_payload::<u32>(&hdr, c) }
+        };
+        // SAFETY: pure arithmetic.
+        let (len0, len4) = unsafe { (libc::CMSG_LEN(0) as usize, libc::CMSG_LEN(4) as usize) };
+        put(&mut ctrl, len4);
+        assert_eq!(read(&ctrl, size_of_val(&ctrl)), Some(77), "whole message");
+        put(&mut ctrl, len0 + 2);
+        assert_eq!(read(&ctrl, size_of_val(&ctrl)), None, "cmsg_len cut short");
+        put(&mut ctrl, len4);
+        assert_eq!(read(&ctrl, len0 + 2), None, "payload past msg_controllen");
+    }
+
     /// IPv4 header checksum and non-zero UDP checksums (IPv4 and IPv6) are checked; zero UDP checksums pass.
 
     #[test]
