@@ -806,12 +806,12 @@ fn run_traffic(s: &Session, p: &Params, remote: &Dest, client: bool) -> Result<D
                     }
                     if p.chk {
                         let off = expected_len - p.size;
-                        // The message landed in the application's receive buffer: compare it in place.
-                        let got = s
-                            .recv_buf
-                            .get(off..off + p.size)
-                            .ok_or("the receive buffer is smaller than the message")?;
-                        if got != &want[..] {
+                        // The message landed in the application's receive buffer: compare a copy of it.
+                        let mut got = vec![0u8; p.size];
+                        s.recv_buf
+                            .read(off, &mut got)
+                            .map_err(|_| "the receive buffer is smaller than the message")?;
+                        if got != want[..] {
                             let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
                             return Err(format!(
                                 "message {} differs from the pattern at byte {at} (got 0x{:02x}, expected \

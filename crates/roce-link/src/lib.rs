@@ -255,14 +255,18 @@ pub unsafe fn linearize(buf: &mut [u8], g: TxGather, segs: &[TxSeg]) -> Result<u
         len: usize::MAX,
         mtu: buf.len(),
     })?;
-    let plen: usize = pieces.iter().map(|s| s.len).sum();
-    let len = g.head + plen + g.tail;
-    if len > buf.len() || g.head + g.tail > buf.len() {
+    // Checked: the lengths are the caller's (a wrapped sum would pass the length check).
+    let len = pieces
+        .iter()
+        .try_fold(0usize, |a, s| a.checked_add(s.len))
+        .and_then(|plen| g.head.checked_add(plen)?.checked_add(g.tail));
+    let Some(len) = len.filter(|&l| l <= buf.len()) else {
         return Err(LinkError::TooLong {
-            len,
+            len: len.unwrap_or(usize::MAX),
             mtu: buf.len(),
         });
-    }
+    };
+    let plen = len - g.head - g.tail;
     buf.copy_within(g.head..g.head + g.tail, g.head + plen);
     // SAFETY: the caller guarantees every piece is readable and disjoint from `buf`.
     unsafe { copy_pieces(&mut buf[g.head..g.head + plen], pieces) };
@@ -277,7 +281,7 @@ pub unsafe fn linearize(buf: &mut [u8], g: TxGather, segs: &[TxSeg]) -> Result<u
 pub(crate) unsafe fn copy_pieces(dst: &mut [u8], pieces: &[TxSeg]) {
     let mut at = 0usize;
     for p in pieces {
-        let Some(d) = dst.get_mut(at..at + p.len) else {
+        let Some(d) = at.checked_add(p.len).and_then(|end| dst.get_mut(at..end)) else {
             return;
         };
         // SAFETY: `p.ptr` is readable for `p.len` bytes (caller), `d` is exactly `p.len` writable bytes of `dst`,

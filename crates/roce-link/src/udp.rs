@@ -848,28 +848,53 @@ fn packet_socket(cfg: &UdpConfig) -> Result<Socket, LinkError> {
     Ok(s)
 }
 
+/// The payload of control message `c` as a `T`, or `None` if `cmsg_len` does not cover a whole `T` or the payload
+/// would end past the control buffer `hdr` describes (a message the kernel cut short sets `MSG_CTRUNC` and gives
+/// it the shorter `cmsg_len`, `put_cmsg` in Linux `net/core/scm.c`). An unaligned copy.
+///
+/// # Safety
+///
+/// `hdr.msg_control` is valid for reads of `hdr.msg_controllen` bytes, `c` is a non-null header that
+/// `CMSG_FIRSTHDR`/`CMSG_NXTHDR` returned for `hdr`, and `T` is plain data (integers only: every bit pattern valid).
+// `cmsg_len` and `msg_controllen` are `size_t` on glibc but `socklen_t` on musl: the casts are for the latter.
+#[allow(clippy::unnecessary_cast)]
+unsafe fn cmsg_payload<T: Copy>(hdr: &libc::msghdr, c: *const libc::cmsghdr) -> Option<T> {
+    // SAFETY: CMSG_LEN is pure arithmetic.
+    let need = unsafe { libc::CMSG_LEN(size_of::<T>() as u32) } as usize;
+    // SAFETY: `c` points at a whole header inside the buffer (the macros check that much).
+    let have = unsafe { (*c).cmsg_len } as usize;
+    // SAFETY: CMSG_DATA is pointer arithmetic within the header's own message.
+    let data = unsafe { libc::CMSG_DATA(c) };
+    let end = (hdr.msg_control as usize).checked_add(hdr.msg_controllen as usize)?;
+    if have < need || (data as usize).checked_add(size_of::<T>())? > end {
+        return None;
+    }
+    // SAFETY: `data .. data + size_of::<T>()` lies inside the control buffer (checked) and `T` accepts any bytes.
+    Some(unsafe { core::ptr::read_unaligned(data.cast::<T>()) })
+}
+
 /// `tp_status` of the `PACKET_AUXDATA` control message of one received frame (0 if absent), and the kernel's drop
 /// count from its `SO_RXQ_OVFL` control message (`None` if absent: the kernel sends it only once non-zero).
 fn aux_status(ctrl: &[u64; CMSG_WORDS], msg: &libc::msghdr) -> (u32, Option<u32>) {
     let mut hdr: libc::msghdr = zeroed();
     hdr.msg_control = ctrl.as_ptr() as *mut libc::c_void;
-    hdr.msg_controllen = msg.msg_controllen;
-    // SAFETY: `hdr` describes `ctrl`, of which the kernel filled `msg_controllen` bytes (≤ its size); the macros stay
-    // within that length and return null at the end.
+    hdr.msg_controllen = msg.msg_controllen.min(size_of::<[u64; CMSG_WORDS]>() as _);
+    // SAFETY: `hdr` describes `ctrl`, of which the kernel filled `msg_controllen` bytes (clamped to its size); the
+    // macros stay within that length and return null at the end.
     let mut c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
     let (mut status, mut drops) = (0, None);
     while !c.is_null() {
         // SAFETY: `c` is non-null and points at a complete cmsghdr inside `ctrl`.
         let (level, ty) = unsafe { ((*c).cmsg_level, (*c).cmsg_type) };
         if level == libc::SOL_PACKET && ty == libc::PACKET_AUXDATA {
-            // SAFETY: PACKET_AUXDATA carries a `struct tpacket_auxdata` (packet(7)); unaligned read of plain data.
-            let aux = unsafe {
-                core::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::tpacket_auxdata>())
-            };
-            status = aux.tp_status;
+            // SAFETY: `hdr` describes `ctrl` and `c` came from the macros; PACKET_AUXDATA carries a
+            // `struct tpacket_auxdata` (packet(7)) of integers. A cut message (`MSG_CTRUNC`) yields `None`.
+            if let Some(aux) = unsafe { cmsg_payload::<libc::tpacket_auxdata>(&hdr, c) } {
+                status = aux.tp_status;
+            }
         } else if level == libc::SOL_SOCKET && ty == libc::SO_RXQ_OVFL {
-            // SAFETY: SO_RXQ_OVFL carries a `__u32` (socket(7)); unaligned read.
-            drops = Some(unsafe { core::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>()) });
+            // SAFETY: as above; SO_RXQ_OVFL carries a `__u32` (socket(7)).
+            drops = unsafe { cmsg_payload::<u32>(&hdr, c) };
         }
         // SAFETY: `c` is a valid header within `hdr`'s control buffer.
         c = unsafe { libc::CMSG_NXTHDR(&hdr, c) };
@@ -1370,6 +1395,14 @@ impl UdpLink {
             self.stats.tx_invalid += 1;
             return Ok(());
         };
+        // A gathered frame's layout comes from the caller: its headers must cover the UDP header and its UDP length
+        // must be exactly what the iovecs will carry (`send_group` and `flush` subtract on these terms).
+        if let Some(g) = gather
+            && (g.head < p.off || p.off + p.len != len)
+        {
+            self.stats.tx_invalid += 1;
+            return Ok(());
+        }
         if p.hdr_mismatch {
             self.stats.tx_ip_hdr_mismatch += 1;
             match self.cfg.ip_id {
@@ -1500,71 +1533,89 @@ impl UdpLink {
             size_of::<libc::sockaddr_in>()
         } as libc::socklen_t;
         let count = self.tx_sel.len() - from;
-        let mut j = 0usize;
+        // At most `burst` slots are queued, each with at most MAX_GATHER pieces (checked at commit): the arrays below
+        // hold them all. An invariant of this link; the raw writes below rely on it.
+        assert!(
+            count <= self.tx_msgs.len() && count * (MAX_GATHER + 2) <= self.tx_iov.len(),
+            "send_group: {count} datagrams exceed the scratch arrays"
+        );
+        // Control messages first: `tx_cmsgs` borrows the link mutably, so it runs before any pointer handed to the
+        // kernel is taken.
         for k in 0..count {
             let i = usize::from(self.tx_sel[from + k]);
             let clen = self.tx_cmsgs(i);
-            let m = &mut self.tx_meta[i];
+            self.tx_msgs[k].msg_hdr.msg_controllen = clen as _;
+        }
+        // Every pointer the kernel follows derives from one `as_mut_ptr` per array, taken here, and the arrays are
+        // written only through those pointers until `sendmmsg` returns (no element reference is formed in between,
+        // which would invalidate pointers taken from an earlier one).
+        let data = self.tx_data.as_mut_ptr();
+        let iov = self.tx_iov.as_mut_ptr();
+        let msgs = self.tx_msgs.as_mut_ptr();
+        let meta = self.tx_meta.as_mut_ptr();
+        let ctrl = self.tx_ctrl.as_mut_ptr();
+        let mut j = 0usize;
+        for k in 0..count {
+            let i = usize::from(self.tx_sel[from + k]);
+            // SAFETY: `i` is a slot index (< burst = `tx_meta.len()`); a plain copy of three fields.
+            let (gather, off, len) = unsafe {
+                let m = meta.add(i);
+                ((*m).gather, (*m).off, (*m).len)
+            };
             let start = j;
-            // SAFETY: `off + len <= mtu` was checked at commit (for a gathered frame `head + tail <= mtu` too), so
-            // every pointer below stays inside slot `i` of `tx_data`.
-            let slot = unsafe { self.tx_data.as_mut_ptr().add(i * mtu) };
-            match m.gather {
-                None => {
-                    self.tx_iov[j] = libc::iovec {
-                        // SAFETY: as above.
-                        iov_base: unsafe { slot.add(m.off) }.cast(),
-                        iov_len: m.len,
-                    };
-                    j += 1;
-                }
-                Some(g) => {
-                    let head = g.head - m.off;
-                    let plen = m.len - head - g.tail;
-                    self.tx_iov[j] = libc::iovec {
-                        // SAFETY: as above.
-                        iov_base: unsafe { slot.add(m.off) }.cast(),
-                        iov_len: head,
-                    };
-                    j += 1;
-                    for p in &self.tx_segs[i * MAX_GATHER..i * MAX_GATHER + g.segs] {
-                        self.tx_iov[j] = libc::iovec {
-                            iov_base: p.ptr.cast_mut().cast(),
-                            iov_len: p.len,
-                        };
+            // SAFETY: `off + len <= mtu` was checked at commit (for a gathered frame also `off <= head` and
+            // `off + len == head + pieces + tail`), so every pointer below stays inside slot `i` of `tx_data`; `j`
+            // stays below `count * (MAX_GATHER + 2)` (asserted above), inside `tx_iov`.
+            unsafe {
+                let slot = data.add(i * mtu);
+                match gather {
+                    None => {
+                        iov.add(j).write(libc::iovec {
+                            iov_base: slot.add(off).cast(),
+                            iov_len: len,
+                        });
                         j += 1;
                     }
-                    self.tx_iov[j] = libc::iovec {
-                        // SAFETY: as above (the trailer was moved to `head + plen` at commit).
-                        iov_base: unsafe { slot.add(g.head + plen) }.cast(),
-                        iov_len: g.tail,
-                    };
-                    j += 1;
+                    Some(g) => {
+                        let head = g.head - off;
+                        let plen = len - head - g.tail;
+                        iov.add(j).write(libc::iovec {
+                            iov_base: slot.add(off).cast(),
+                            iov_len: head,
+                        });
+                        j += 1;
+                        for p in &self.tx_segs[i * MAX_GATHER..i * MAX_GATHER + g.segs] {
+                            iov.add(j).write(libc::iovec {
+                                iov_base: p.ptr.cast_mut().cast(),
+                                iov_len: p.len,
+                            });
+                            j += 1;
+                        }
+                        // The trailer was moved to `head + plen` at commit.
+                        iov.add(j).write(libc::iovec {
+                            iov_base: slot.add(g.head + plen).cast(),
+                            iov_len: g.tail,
+                        });
+                        j += 1;
+                    }
                 }
+                // `k < count <= tx_msgs.len()` (asserted above); `msg_controllen` was set in the first loop.
+                let h = &raw mut (*msgs.add(k)).msg_hdr;
+                (*h).msg_name = (&raw mut (*meta.add(i)).dst).cast();
+                (*h).msg_namelen = addr_len;
+                (*h).msg_iov = iov.add(start);
+                (*h).msg_iovlen = (j - start) as _;
+                (*h).msg_control = ctrl.add(i).cast();
+                (*h).msg_flags = 0;
+                (*msgs.add(k)).msg_len = 0;
             }
-            let h = &mut self.tx_msgs[k].msg_hdr;
-            h.msg_name = (&mut m.dst as *mut libc::sockaddr_in6).cast();
-            h.msg_namelen = addr_len;
-            h.msg_iov = &mut self.tx_iov[start];
-            h.msg_iovlen = (j - start) as _;
-            h.msg_control = self.tx_ctrl[i].as_mut_ptr().cast();
-            h.msg_controllen = clen as _;
-            h.msg_flags = 0;
-            self.tx_msgs[k].msg_len = 0;
         }
         let fd = self.socks[usize::from(sock)].as_raw_fd();
         self.stats.tx_sendmmsg += 1;
         // SAFETY: `tx_msgs[..count]` were just filled with pointers into `tx_meta`, `tx_iov`, `tx_ctrl` and
         // `tx_data`, which are neither moved nor resized until this call returns, and with the pieces of gathered
         // frames, readable until this `flush` returns (`tx_commit_gather`'s contract); `count` is at most `burst`.
-        let r = unsafe {
-            libc::sendmmsg(
-                fd,
-                self.tx_msgs.as_mut_ptr(),
-                count as libc::c_uint,
-                libc::MSG_DONTWAIT,
-            )
-        };
+        let r = unsafe { libc::sendmmsg(fd, msgs, count as libc::c_uint, libc::MSG_DONTWAIT) };
         if r < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -1667,20 +1718,32 @@ impl UdpLink {
             return Ok(0);
         };
         let cap = self.rx_slot;
+        assert!(n <= self.rx_msgs.len(), "rx_packet: {n} exceeds the burst");
+        // Every pointer the kernel follows derives from one `as_mut_ptr` per array, and the arrays are written only
+        // through those until `recvmmsg` returns (`recv_batch` takes the headers' array with `as_mut_ptr` too).
+        let (data, iov, msgs, ctrl) = (
+            self.rx_data.as_mut_ptr(),
+            self.rx_iov.as_mut_ptr(),
+            self.rx_msgs.as_mut_ptr(),
+            self.rx_ctrl.as_mut_ptr(),
+        );
         for i in 0..n {
-            self.rx_iov[i] = libc::iovec {
-                // SAFETY: slot `i` spans `rx_slot` bytes of `rx_data`.
-                iov_base: unsafe { self.rx_data.as_mut_ptr().add(i * self.rx_slot) }.cast(),
-                iov_len: cap,
-            };
-            let h = &mut self.rx_msgs[i].msg_hdr;
-            h.msg_name = core::ptr::null_mut();
-            h.msg_namelen = 0;
-            h.msg_iov = &mut self.rx_iov[i];
-            h.msg_iovlen = 1;
-            h.msg_control = self.rx_ctrl[i].as_mut_ptr().cast();
-            h.msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
-            h.msg_flags = 0;
+            // SAFETY: `i < n <= burst`, the length of `rx_iov`, `rx_msgs` and `rx_ctrl` (asserted above); slot `i`
+            // spans `rx_slot` bytes of `rx_data` (`burst` slots).
+            unsafe {
+                iov.add(i).write(libc::iovec {
+                    iov_base: data.add(i * cap).cast(),
+                    iov_len: cap,
+                });
+                let h = &raw mut (*msgs.add(i)).msg_hdr;
+                (*h).msg_name = core::ptr::null_mut();
+                (*h).msg_namelen = 0;
+                (*h).msg_iov = iov.add(i);
+                (*h).msg_iovlen = 1;
+                (*h).msg_control = ctrl.add(i).cast();
+                (*h).msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
+                (*h).msg_flags = 0;
+            }
         }
         let fd = pkt.as_raw_fd();
         let Some(r) = self.recv_batch(fd, n, "AF_PACKET")? else {
@@ -1738,66 +1801,81 @@ impl UdpLink {
     fn rebuild(&mut self, i: usize, len: usize) -> Option<usize> {
         let (src, sport) = sockaddr_to(&self.rx_names[i])?;
         let ctrl = &self.rx_ctrl[i];
-        let clen = self.rx_msgs[i].msg_hdr.msg_controllen;
+        let msg = &self.rx_msgs[i].msg_hdr;
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            // Control data was cut (`recvmsg(2)`): the destination address or the ECN bits may be missing, so the
+            // header cannot be rebuilt faithfully. Never with the buffer sized for every message requested.
+            return None;
+        }
+        let clen = msg.msg_controllen.min(size_of::<[u64; CMSG_WORDS]>() as _);
         let mut tos = 0u8;
         let mut ttl = 64u8;
         let mut dst = self.cfg.local;
+        let (mut drops, mut stamp) = (None, None);
         // Walk the control messages with the libc macros over this slot's header.
         let mut hdr: libc::msghdr = zeroed();
         hdr.msg_control = ctrl.as_ptr() as *mut libc::c_void;
         hdr.msg_controllen = clen;
-        // SAFETY: `hdr` describes `ctrl` (CMSG_WORDS * 8 bytes, of which the kernel filled `clen` ≤ its size);
-        // CMSG_FIRSTHDR/CMSG_NXTHDR stay within `msg_controllen` and return null at the end.
+        // SAFETY: `hdr` describes `ctrl` (CMSG_WORDS * 8 bytes, of which the kernel filled `clen`, clamped to its
+        // size); CMSG_FIRSTHDR/CMSG_NXTHDR stay within `msg_controllen` and return null at the end.
         let mut c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
         while !c.is_null() {
             // SAFETY: `c` is non-null and points at a complete cmsghdr inside `ctrl` (checked by the macros).
             let (level, ty) = unsafe { ((*c).cmsg_level, (*c).cmsg_type) };
-            // SAFETY: CMSG_DATA of a valid header; the reads below match the sizes the kernel writes for each
-            // (level, type) pair (ip(7), ipv6(7)) and use unaligned reads.
-            let data = unsafe { libc::CMSG_DATA(c) };
+            // Every `cmsg_payload` below: `hdr` describes `ctrl` and `c` came from the macros; each type is the one
+            // the kernel writes for that (level, type) pair (ip(7), ipv6(7), socket(7)), made of integers; a
+            // payload shorter than its type (a cut message) reads as `None` and is ignored.
             match (level, ty) {
                 (libc::IPPROTO_IP, libc::IP_TOS) => {
-                    // SAFETY: IP_TOS carries one byte.
-                    tos = unsafe { *data };
+                    // IP_TOS carries one byte.
+                    // SAFETY: as said above the match.
+                    tos = unsafe { cmsg_payload::<u8>(&hdr, c) }.unwrap_or(tos);
                 }
-                (libc::IPPROTO_IP, libc::IP_TTL) => {
-                    // SAFETY: IP_TTL carries an int.
-                    ttl = unsafe { core::ptr::read_unaligned(data.cast::<libc::c_int>()) } as u8;
+                (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                    // SAFETY: as said above the match.
+                    if let Some(v) = unsafe { cmsg_payload::<libc::c_int>(&hdr, c) } {
+                        ttl = v as u8;
+                    }
                 }
                 (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
-                    // SAFETY: IP_PKTINFO carries a struct in_pktinfo.
-                    let pi = unsafe { core::ptr::read_unaligned(data.cast::<libc::in_pktinfo>()) };
-                    dst = IpAddr::V4(Ipv4Addr::from(pi.ipi_addr.s_addr.to_ne_bytes()));
+                    // SAFETY: as said above the match.
+                    if let Some(pi) = unsafe { cmsg_payload::<libc::in_pktinfo>(&hdr, c) } {
+                        dst = IpAddr::V4(Ipv4Addr::from(pi.ipi_addr.s_addr.to_ne_bytes()));
+                    }
                 }
                 (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
-                    // SAFETY: IPV6_TCLASS carries an int.
-                    tos = unsafe { core::ptr::read_unaligned(data.cast::<libc::c_int>()) } as u8;
-                }
-                (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
-                    // SAFETY: IPV6_HOPLIMIT carries an int.
-                    ttl = unsafe { core::ptr::read_unaligned(data.cast::<libc::c_int>()) } as u8;
+                    // SAFETY: as said above the match.
+                    if let Some(v) = unsafe { cmsg_payload::<libc::c_int>(&hdr, c) } {
+                        tos = v as u8;
+                    }
                 }
                 (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
-                    // SAFETY: IPV6_PKTINFO carries a struct in6_pktinfo.
-                    let pi = unsafe { core::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>()) };
-                    dst = IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr));
+                    // SAFETY: as said above the match.
+                    if let Some(pi) = unsafe { cmsg_payload::<libc::in6_pktinfo>(&hdr, c) } {
+                        dst = IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr));
+                    }
                 }
                 (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
-                    // SAFETY: SO_RXQ_OVFL carries a __u32, the socket's drop count (socket(7)).
-                    let d = unsafe { core::ptr::read_unaligned(data.cast::<u32>()) };
-                    self.note_kernel_drops(d);
+                    // The socket's drop count.
+                    // SAFETY: as said above the match.
+                    drops = unsafe { cmsg_payload::<u32>(&hdr, c) };
                 }
                 (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
-                    // SAFETY: SCM_TIMESTAMPNS carries a struct timespec (socket(7)).
-                    let ts = unsafe { core::ptr::read_unaligned(data.cast::<libc::timespec>()) };
-                    self.rx_stamp_ns = (ts.tv_sec as u64)
-                        .saturating_mul(1_000_000_000)
-                        .saturating_add(ts.tv_nsec as u64);
+                    // SAFETY: as said above the match.
+                    stamp = unsafe { cmsg_payload::<libc::timespec>(&hdr, c) };
                 }
                 _ => {}
             }
             // SAFETY: `c` is a valid header within `hdr`'s control buffer.
             c = unsafe { libc::CMSG_NXTHDR(&hdr, c) };
+        }
+        if let Some(d) = drops {
+            self.note_kernel_drops(d);
+        }
+        if let Some(ts) = stamp {
+            self.rx_stamp_ns = (ts.tv_sec as u64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(ts.tv_nsec as u64);
         }
         let frame_len = self.hdr + len;
         let slot = &mut self.rx_data[i * self.rx_slot..i * self.rx_slot + frame_len];
@@ -1885,22 +1963,35 @@ impl Link for UdpLink {
             return self.rx_packet(now, n, sink);
         }
         let cap = self.rx_slot - self.hdr;
+        // `n <= burst`: the length of every receive array.
+        assert!(n <= self.rx_msgs.len(), "rx_burst: {n} exceeds the burst");
+        // Every pointer the kernel follows derives from one `as_mut_ptr` per array, and the arrays are written only
+        // through those until `recvmmsg` returns (`recv_batch` takes the headers' array with `as_mut_ptr` too).
+        let (data, iov, msgs, ctrl, names) = (
+            self.rx_data.as_mut_ptr(),
+            self.rx_iov.as_mut_ptr(),
+            self.rx_msgs.as_mut_ptr(),
+            self.rx_ctrl.as_mut_ptr(),
+            self.rx_names.as_mut_ptr(),
+        );
         for i in 0..n {
-            self.rx_iov[i] = libc::iovec {
-                // SAFETY: slot `i` spans `rx_slot` bytes of `rx_data`; the datagram goes `hdr` bytes in, `cap`
-                // bytes long, ending exactly at the slot end.
-                iov_base: unsafe { self.rx_data.as_mut_ptr().add(i * self.rx_slot + self.hdr) }
-                    .cast(),
-                iov_len: cap,
-            };
-            let h = &mut self.rx_msgs[i].msg_hdr;
-            h.msg_name = (&mut self.rx_names[i] as *mut libc::sockaddr_in6).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-            h.msg_iov = &mut self.rx_iov[i];
-            h.msg_iovlen = 1;
-            h.msg_control = self.rx_ctrl[i].as_mut_ptr().cast();
-            h.msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
-            h.msg_flags = 0;
+            // SAFETY: `i < n <= burst`, the length of `rx_iov`, `rx_msgs`, `rx_ctrl` and `rx_names` (asserted
+            // above); slot `i` spans `rx_slot` bytes of `rx_data`, and the datagram goes `hdr` bytes in, `cap` bytes
+            // long, ending exactly at the slot end.
+            unsafe {
+                iov.add(i).write(libc::iovec {
+                    iov_base: data.add(i * self.rx_slot + self.hdr).cast(),
+                    iov_len: cap,
+                });
+                let h = &raw mut (*msgs.add(i)).msg_hdr;
+                (*h).msg_name = names.add(i).cast();
+                (*h).msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+                (*h).msg_iov = iov.add(i);
+                (*h).msg_iovlen = 1;
+                (*h).msg_control = ctrl.add(i).cast();
+                (*h).msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
+                (*h).msg_flags = 0;
+            }
         }
         let fd = self.socks[0].as_raw_fd();
         let Some(r) = self.recv_batch(fd, n, "UDP")? else {
@@ -1969,11 +2060,18 @@ impl Link for UdpLink {
                 mtu,
             });
         };
-        let plen: usize = pieces.iter().map(|p| p.len).sum();
-        let len = g.head + plen + g.tail;
-        if len > mtu {
-            return Err(LinkError::TooLong { len, mtu });
-        }
+        // Checked: the lengths are the caller's (a wrapped sum would pass the MTU check with pieces far larger).
+        let len = pieces
+            .iter()
+            .try_fold(0usize, |a, p| a.checked_add(p.len))
+            .and_then(|plen| g.head.checked_add(plen)?.checked_add(g.tail));
+        let Some(len) = len.filter(|&l| l <= mtu) else {
+            return Err(LinkError::TooLong {
+                len: len.unwrap_or(usize::MAX),
+                mtu,
+            });
+        };
+        let plen = len - g.head - g.tail;
         let base = usize::from(slot) * mtu;
         // The trailer goes behind the payload's place, so the slot reads as the frame's headers and lengths.
         self.tx_data
@@ -2091,7 +2189,7 @@ mod tests {
     };
 
     fn frame(v6: bool) -> Vec<u8> {
-        let ip = if v6 {
+        frame_from(if v6 {
             IpRepr::Ipv6(Ipv6Repr {
                 src_addr: Ipv6Addr::LOCALHOST,
                 dst_addr: Ipv6Addr::LOCALHOST,
@@ -2112,7 +2210,12 @@ mod tests {
                 ttl: 64,
                 protocol: 17,
             })
-        };
+        })
+    }
+
+    /// A 64-byte UD SEND frame with the IP header `ip`.
+    fn frame_from(ip: IpRepr) -> Vec<u8> {
+        let v6 = matches!(ip, IpRepr::Ipv6(_));
         let repr = RoceRepr {
             eth: EthernetRepr {
                 src_addr: EthernetAddress([2, 0, 0, 0, 0, 1]),
@@ -2172,6 +2275,120 @@ mod tests {
         let seg = &mut f[ETH_LEN + ip_len..];
         let c = c.unwrap_or_else(|| udp::checksum(src, dst, seg));
         UdpPacket::new_unchecked(seg).set_checksum(c);
+    }
+
+    /// A link on 127.0.91.1 (this test module's own loopback address) and a frame it may send to 127.0.91.2.
+    fn loopback_link_and_frame() -> (UdpLink, Vec<u8>) {
+        let local = Ipv4Addr::new(127, 0, 91, 1);
+        let mut cfg = UdpConfig::new(IpAddr::V4(local));
+        cfg.port = 0;
+        let link = UdpLink::bind(cfg).expect("bind 127.0.91.1");
+        let f = frame_from(IpRepr::Ipv4(Ipv4Repr {
+            src_addr: local,
+            dst_addr: Ipv4Addr::new(127, 0, 91, 2),
+            dscp: 0,
+            ecn: Ecn::NotEct,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+        }));
+        (link, f)
+    }
+
+    /// Issue #22 item 9: piece lengths whose sum overflows are refused (`TooLong`), not summed with wrap-around
+    /// (before the fix: "attempt to add with overflow" in a debug build; in release a wrapped length passed the
+    /// MTU check and the pieces went to `sendmmsg` with their full lengths).
+    #[test]
+    fn gathered_piece_lengths_that_overflow_are_refused() {
+        let (mut link, f) = loopback_link_and_frame();
+        let payload = [0u8; 8];
+        let head = f.len() - 64 - 4;
+        link.tx_buf(Instant::ZERO).expect("buf")[..f.len()].copy_from_slice(&f);
+        let segs = [
+            TxSeg {
+                ptr: payload.as_ptr(),
+                len: usize::MAX,
+            },
+            TxSeg {
+                ptr: payload.as_ptr(),
+                len: 2,
+            },
+        ];
+        let g = TxGather {
+            head,
+            segs: 2,
+            tail: 4,
+        };
+        // SAFETY: the call is refused before any piece is read (and none is kept).
+        let r = unsafe { link.tx_commit_gather(Instant::ZERO, g, &segs) };
+        assert!(matches!(r, Err(LinkError::TooLong { .. })), "{r:?}");
+        link.flush(Instant::ZERO).expect("flush");
+        assert_eq!(link.stats().tx_frames, 0);
+    }
+
+    /// Issue #22 item 9: a gathered frame whose headers (`head`) end before its UDP payload starts is dropped and
+    /// counted as `tx_invalid`; before the fix it was queued and `flush` computed `head - payload offset` below
+    /// zero ("attempt to subtract with overflow" in a debug build, a huge iovec in release).
+    #[test]
+    fn a_gathered_frame_whose_headers_end_early_is_invalid() {
+        let (mut link, f) = loopback_link_and_frame();
+        link.tx_buf(Instant::ZERO).expect("buf")[..f.len()].copy_from_slice(&f);
+        // The whole frame as one piece after zero header bytes: the slot still parses as this frame.
+        let segs = [TxSeg {
+            ptr: f.as_ptr(),
+            len: f.len(),
+        }];
+        let g = TxGather {
+            head: 0,
+            segs: 1,
+            tail: 0,
+        };
+        // SAFETY: `f` is readable and outlives the `flush` below; it is not the link's memory.
+        let r = unsafe { link.tx_commit_gather(Instant::ZERO, g, &segs) };
+        assert!(r.is_ok(), "{r:?}");
+        link.flush(Instant::ZERO).expect("flush");
+        let st = link.stats();
+        assert_eq!((st.tx_invalid, st.tx_frames), (1, 0));
+    }
+
+    /// Issue #22 item 9: a control message's payload is read only when `cmsg_len` covers the whole type and the
+    /// payload lies inside the control length (a message the kernel cut short under `MSG_CTRUNC` has a shorter
+    /// `cmsg_len`).
+    #[test]
+    fn control_message_payloads_are_length_checked() {
+        let mut ctrl = [0u64; CMSG_WORDS];
+        let put = |ctrl: &mut [u64; CMSG_WORDS], cmsg_len: usize| {
+            let hdr = libc::cmsghdr {
+                cmsg_len: cmsg_len as _,
+                cmsg_level: libc::SOL_SOCKET,
+                cmsg_type: libc::SO_RXQ_OVFL,
+            };
+            // SAFETY: the buffer is 8-byte aligned and larger than a header plus an int; plain data.
+            unsafe {
+                let p = ctrl.as_mut_ptr().cast::<u8>();
+                core::ptr::write_unaligned(p.cast::<libc::cmsghdr>(), hdr);
+                core::ptr::write_unaligned(p.add(libc::CMSG_LEN(0) as usize).cast::<u32>(), 77);
+            }
+        };
+        let read = |ctrl: &[u64; CMSG_WORDS], controllen: usize| {
+            let mut hdr: libc::msghdr = zeroed();
+            hdr.msg_control = ctrl.as_ptr() as *mut libc::c_void;
+            hdr.msg_controllen = controllen as _;
+            // SAFETY: `hdr` describes `ctrl` (at most its size); the macro checks the header fits.
+            let c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
+            assert!(!c.is_null());
+            // SAFETY: `c` came from CMSG_FIRSTHDR over `hdr`; `u32` accepts any bytes.
+            unsafe { cmsg_payload::<u32>(&hdr, c) }
+        };
+        // SAFETY: pure arithmetic.
+        let (len0, len4) = unsafe { (libc::CMSG_LEN(0) as usize, libc::CMSG_LEN(4) as usize) };
+        put(&mut ctrl, len4);
+        assert_eq!(read(&ctrl, size_of_val(&ctrl)), Some(77), "whole message");
+        put(&mut ctrl, len0 + 2);
+        assert_eq!(read(&ctrl, size_of_val(&ctrl)), None, "cmsg_len cut short");
+        put(&mut ctrl, len4);
+        assert_eq!(read(&ctrl, len0 + 2), None, "payload past msg_controllen");
     }
 
     /// IPv4 header checksum and non-zero UDP checksums (IPv4 and IPv6) are checked; zero UDP checksums pass.

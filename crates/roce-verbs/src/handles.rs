@@ -623,6 +623,7 @@ impl Pd {
                 pd: self.clone(),
                 info,
                 huge,
+                access,
                 region,
                 registered: AtomicBool::new(true),
             }),
@@ -741,8 +742,12 @@ struct MrInner {
     pd: Pd,
     info: MrInfo,
     huge: bool,
+    /// The access flags it was registered with (`Mr::write` needs LOCAL_WRITE).
+    access: AccessFlags,
     region: Arc<crate::memory::Region>,
-    /// Cleared by a successful [`Mr::dereg`], so `Drop` does not deregister again.
+    /// Cleared by a successful [`Mr::dereg`] (under the region's application lock, which `Mr::read`/`Mr::write`
+    /// hold while they check it and copy), so no copy reaches deregistered memory and `Drop` does not deregister
+    /// again.
     registered: AtomicBool,
 }
 
@@ -805,19 +810,30 @@ impl Mr {
         }
     }
 
-    /// Copies `len` bytes from byte `offset` of the registered memory: a plain memory copy in the calling thread,
-    /// under the RNIC contract like any access to the memory. Errors: `InvalidArgument` (range outside the MR).
+    /// Copies `len` bytes from byte `offset` of the registered memory: one bulk copy in the calling thread that
+    /// forms no reference to the memory (as [`MrBuf::read`](crate::MrBuf::read); bytes a WR or a peer is writing
+    /// meanwhile may be old or new). Errors: `InvalidArgument` (range outside the MR, or the MR was deregistered —
+    /// a raw registration's memory may be gone then).
     pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>, Error> {
         self.range_ok(offset, len)?;
         let mut v = vec![0u8; len];
+        let _g = self.inner.region.app_read();
+        self.registered_ok()?;
         self.inner.region.read(offset, &mut v);
         Ok(v)
     }
 
-    /// Copies `data` into the registered memory at byte `offset` (a plain memory copy, as [`read`](Self::read)).
-    /// Errors: `InvalidArgument` (range outside the MR).
+    /// Copies `data` into the registered memory at byte `offset` (as [`read`](Self::read); `data` may even lie
+    /// inside this MR). Copies through the MRs and the [`MrBuf`](crate::MrBuf) of one memory never interleave.
+    /// Errors: `InvalidArgument` (range outside the MR, the MR was deregistered, or it was registered without
+    /// LOCAL_WRITE — a raw registration's memory may be read-only then).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), Error> {
         self.range_ok(offset, data.len())?;
+        if !self.inner.access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument("MR registered without LOCAL_WRITE"));
+        }
+        let _g = self.inner.region.app_write();
+        self.registered_ok()?;
         self.inner.region.write(offset, data);
         Ok(())
     }
@@ -829,6 +845,15 @@ impl Mr {
         }
     }
 
+    /// Call with the region's application lock held (`dereg` clears the flag under it).
+    fn registered_ok(&self) -> Result<(), Error> {
+        if self.inner.registered.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument("MR deregistered"))
+        }
+    }
+
     /// `ibv_dereg_mr`. Refused while work requests that name the MR are in flight (posted and not yet completed, or
     /// a READ/atomic the responder still replays): the MR comes back with [`Error::Busy`] (`EBUSY`, see
     /// [`Error::errno`]), and the caller tries again after polling their completions. Work posted before this call
@@ -836,15 +861,19 @@ impl Mr {
     /// dead keys (a later WR naming them completes with a protection error).
     pub fn dereg(self) -> Result<(), (Mr, Error)> {
         let lkey = self.lkey();
+        // Held until `registered` is cleared: a clone's `read`/`write` either finishes before the engine lets go of
+        // the memory or sees the flag cleared (issue #22 item 3). The engine never takes this lock.
+        let guard = self.inner.region.app_write();
         let r = self.inner.pd.inner.ctx.call(move |d| {
             d.drain_all_posted();
             d.engine.dereg_mr(lkey).map(drop)
         });
+        if matches!(r, Ok(Ok(()))) {
+            self.inner.registered.store(false, Ordering::Release);
+        }
+        drop(guard);
         match r {
-            Ok(Ok(())) => {
-                self.inner.registered.store(false, Ordering::Release);
-                Ok(())
-            }
+            Ok(Ok(())) => Ok(()),
             Ok(Err(ResourceError::Busy(what))) => Err((self, Error::Busy(what))),
             Ok(Err(e)) => Err((self, Error::Resource(e))),
             Err(e) => Err((self, e)),

@@ -25,9 +25,10 @@
 //!
 //! An MR covers memory the application owns and keeps using, as `ibv_reg_mr` does: an [`MrBuf`] (page-aligned,
 //! zeroed, optionally on 2 MiB huge pages with [`MrBuf::hugepages`]) registered with [`Pd::reg_mr`], or any memory
-//! through `unsafe` [`Pd::reg_mr_raw`] (the C ABI's path). The application fills and reads the buffer as a slice;
-//! the engine reads and writes the same bytes as an RNIC's DMA would — raw copies of exactly the range a WR or a
-//! remote access names, never a reference to the whole buffer. The MR's address is the memory's own address.
+//! through `unsafe` [`Pd::reg_mr_raw`] (the C ABI's path). The application fills and reads the buffer by copies
+//! through `&self` ([`MrBuf::read`], [`MrBuf::write`]; a slice view only behind `unsafe`, issue #22); the engine
+//! reads and writes the same bytes as an RNIC's DMA would — raw copies of exactly the range a WR or a remote access
+//! names, never a reference to the whole buffer. The MR's address is the memory's own address.
 //!
 //! **The RNIC contract** (IBTA Vol 1 §10.7.2.1, §11.4.1.1; libibverbs `ibv_post_send(3)`): the application does not
 //! change a buffer between posting a WR that names it and that WR's completion — the engine may read a send source
@@ -46,8 +47,8 @@
 //! let (a, b) = Context::sim_pair(RuntimeConfig::default()).unwrap();
 //! let pd = a.alloc_pd().unwrap();
 //! let cq = a.create_cq(16, None, Moderation::default()).unwrap();
-//! let mut buf = MrBuf::new(64).unwrap();
-//! buf[..5].copy_from_slice(b"hello"); // ordinary stores: what a SEND of these bytes carries
+//! let buf = MrBuf::new(64).unwrap();
+//! buf.write(0, b"hello").unwrap(); // a copy in: what a SEND of these bytes carries
 //! let mr = pd.reg_mr(&buf, AccessFlags::LOCAL_WRITE).unwrap();
 //! assert_eq!((mr.length(), mr.addr()), (64, buf.as_ptr() as u64));
 //! let mut wcs = [Wc::default(); 4];

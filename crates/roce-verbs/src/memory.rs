@@ -18,31 +18,43 @@
 //! * For [`Pd::reg_mr_raw`]: the memory stays valid (mapped, not freed, not reused for something else) until the MR
 //!   is deregistered *and* every WR naming it has completed.
 //!
-//! An access that breaks the contract is a data race between the application and the engine: as with a hardware
-//! RNIC, Rust cannot rule it out at compile time for memory the application uses as a plain slice. What the runtime
-//! does guarantee: the memory cannot be freed while the engine may touch it (the engine co-owns the allocation;
-//! `dereg` is refused while WRs use the MR), and the engine never touches a byte outside the registered range
-//! (every range is checked against the MR, and again here).
+//! # The application's view: copies, not references (issue #22 item 1)
+//!
+//! The contract above is the application's part of the protocol; it cannot be the precondition of a *safe*
+//! function. So the safe way into the bytes is a copy through `&self` ([`MrBuf::read`], [`MrBuf::write`],
+//! `Mr::read`, `Mr::write`): a bulk `memmove` through the region's raw pointer that forms no reference, so the
+//! compiler assumes nothing about the bytes between two copies and each copy reads memory afresh (a `&[u8]` held
+//! across a receive read the stale byte in a release build). Application copies on one region are serialised by
+//! the region's lock (the engine never takes it), so two application threads never race, and `Mr::dereg` takes it
+//! too, so no copy reaches memory whose registration ended. Slices over the bytes exist only behind `unsafe`
+//! ([`MrBuf::as_slice`] / [`MrBuf::as_mut_slice`]) with the contract as their `# Safety`.
+//!
+//! What remains is the protocol itself: an application that copies bytes *while* a WR or a peer's WRITE lands in
+//! them gets a mix of old and new bytes; under Rust's abstract machine that is a race between two non-atomic
+//! copies (as with vm-memory's `VolatileSlice` over guest memory a device writes). The runtime cannot order it: a
+//! peer holding an rkey decides when it writes. What the runtime does guarantee: the memory cannot be freed while
+//! the engine may touch it (the engine co-owns the allocation; `dereg` is refused while WRs use the MR), the engine
+//! never touches a byte outside the registered range (every range is checked against the MR, and again here), and
+//! no safe call holds a reference the engine's writes would invalidate.
 //!
 //! # Why plain copies (not volatile, not atomic-memcpy)
 //!
-//! The engine copies with `ptr::copy_nonoverlapping`. Volatile accesses would not make a racing access defined
-//! (Rust's memory model treats a racing volatile access like any non-atomic one) and would block vectorised copies;
-//! a byte-wise atomic memcpy (P1478, `atomic-memcpy`) is defined only if *both* sides use atomics, and the
-//! application uses ordinary slices; both would cost a multiple of `memcpy` on the data path. What matters for an
-//! application that waits for a byte the peer writes (perftest's WRITE latency test) is that its own reads are not
-//! hoisted out of its wait loop: [`MrBuf::read_volatile`] gives that read. The 64-bit remote atomics use real atomic
-//! instructions on 8-byte-aligned words, so an application may use `AtomicU64` views of such words concurrently.
+//! Both sides copy with `ptr::copy` (`memmove`). Volatile accesses would not make a racing access defined (Rust's
+//! memory model treats a racing volatile access like any non-atomic one) and would block vectorised copies; a
+//! byte-wise atomic memcpy (P1478, `atomic-memcpy`) would cost a multiple of `memcpy` on the data path and mixes
+//! access sizes with the remote atomics. What matters for an application that waits for a byte the peer writes
+//! (perftest's WRITE latency test) is that its own reads are not hoisted out of its wait loop:
+//! [`MrBuf::read_volatile`] gives that read. The 64-bit remote atomics use real atomic instructions on
+//! 8-byte-aligned words.
 //!
-//! Miri: the unit tests below use only heap-backed regions so that `cargo +nightly miri test -p roce-verbs memory`
-//! can check them; no Miri toolchain is installed on the development machine (see `docs/TESTING.md`).
+//! Miri: the unit tests below use only heap-backed regions so that
+//! `cargo +nightly miri test -p roce-verbs --lib memory` can check them (it does: `docs/TESTING.md`).
 
 use std::alloc::Layout;
 use std::io;
-use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use roce_proto::{AccessFlags, MrMemory};
 
@@ -67,14 +79,23 @@ pub(crate) struct Region {
     len: usize,
     owner: Owner,
     huge: bool,
+    /// Taken by every application copy ([`MrBuf::read`]/[`MrBuf::write`], `Mr::read`/`Mr::write`: shared for a
+    /// read, exclusive for a write) and, exclusively, by `Mr::dereg`, so application copies never race one another
+    /// and never reach memory whose registration has just ended. The engine never takes it (no lock on the
+    /// per-packet path).
+    app: RwLock<()>,
 }
 
 // SAFETY: a `Region` is a pointer to plain bytes that are not tied to a thread (heap memory, an anonymous mapping,
-// or memory whose validity the raw registration's caller promised); every access through it is a copy or an atomic
-// operation, which is valid from any thread under the RNIC contract in the module docs.
+// or memory whose validity the raw registration's caller promised) plus a lock; every access through it is a raw
+// copy or an atomic operation, never a reference that outlives the call, so it may happen on any thread.
 unsafe impl Send for Region {}
-// SAFETY: `&Region` only allows the same copies/atomics as above; concurrent calls on disjoint ranges do not
-// conflict, and callers on overlapping ranges are excluded by the RNIC contract (module docs).
+// SAFETY: `&Region` allows only the same raw copies/atomics as above. Application copies exclude one another
+// through `app`; one device group's engine copies are serialised by its progress lock and touch only the ranges a
+// WR or a remote access names. What remains concurrent is the protocol's race described in the module docs: an
+// application copy of bytes the engine is writing at that moment, or (a region registered on devices of two
+// groups) two engines copying the same bytes because two WRs or peers name them at once — both break the RNIC
+// contract. No safe call hands out a reference into the bytes.
 unsafe impl Sync for Region {}
 
 impl Drop for Region {
@@ -109,6 +130,7 @@ impl Region {
             len,
             owner: Owner::Heap(layout),
             huge: false,
+            app: RwLock::new(()),
         })
     }
 
@@ -124,6 +146,7 @@ impl Region {
             len,
             owner: Owner::Map(map),
             huge,
+            app: RwLock::new(()),
         }
     }
 
@@ -138,27 +161,36 @@ impl Region {
         );
     }
 
-    /// Copies `dst.len()` bytes at `off` into `dst`.
+    /// Copies `dst.len()` bytes at `off` into `dst` (a `memmove`: `dst` may even lie inside the region).
     #[inline]
     pub(crate) fn read(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len());
-        // SAFETY: the range is inside the region (checked), the region's memory is valid while `self` lives, and
-        // `dst` is a distinct Rust buffer, so the ranges do not overlap. No reference to region memory is formed.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
-        };
+        // SAFETY: the range is inside the region (checked) and the region's memory is valid while `self` lives;
+        // `ptr::copy` allows the two ranges to overlap. No reference to region memory is formed, so none is
+        // asserted across the copy.
+        unsafe { std::ptr::copy(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
     }
 
-    /// Copies `src` into the region at `off`.
+    /// Copies `src` into the region at `off` (a `memmove`). A `src` inside the region could only come from
+    /// `MrBuf::as_slice`, whose contract forbids writing the buffer while that slice lives (issue #22 item 2: before,
+    /// this was `copy_nonoverlapping` on such ranges); `memmove` keeps the copy itself defined all the same.
     #[inline]
     pub(crate) fn write(&self, off: usize, src: &[u8]) {
         self.check(off, src.len());
         // SAFETY: as in `read`; the region is writable memory (heap, a private anonymous mapping, or memory the
-        // raw registration's caller declared writable), and `src` cannot overlap it unless the caller passed region
-        // memory itself, which no caller in this crate does (sources are packets and application slices).
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len())
-        };
+        // raw registration's caller declared writable; `Mr::write` refuses an MR without LOCAL_WRITE), and
+        // `ptr::copy` is defined for overlapping ranges.
+        unsafe { std::ptr::copy(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) };
+    }
+
+    /// Shared guard for an application read (see the `app` field).
+    pub(crate) fn app_read(&self) -> RwLockReadGuard<'_, ()> {
+        self.app.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Exclusive guard for an application write or a deregistration (see the `app` field).
+    pub(crate) fn app_write(&self) -> RwLockWriteGuard<'_, ()> {
+        self.app.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Hashes `len` bytes at `off` in place.
@@ -267,10 +299,31 @@ impl MrMemory for SharedMemory {
     }
 }
 
-/// A page-aligned, zeroed byte buffer the application owns and registers with [`Pd::reg_mr`](crate::Pd::reg_mr):
-/// it reads and writes its data through the buffer as a slice (`Deref<Target = [u8]>`,
-/// [`as_mut_slice`](Self::as_mut_slice)) while the engine reads and writes the same bytes as an RNIC's DMA would —
-/// under the RNIC contract (a buffer is not changed between post and completion; see the crate docs).
+/// A page-aligned, zeroed byte buffer the application owns and registers with [`Pd::reg_mr`](crate::Pd::reg_mr),
+/// whose bytes the engine reads and writes as an RNIC's DMA would.
+///
+/// The application reaches the bytes by **copies** through `&self` — [`read`](Self::read), [`write`](Self::write),
+/// [`to_vec`](Self::to_vec), [`fill`](Self::fill), [`read_volatile`](Self::read_volatile) — in the manner of
+/// vm-memory's `VolatileSlice`: no Rust reference to the memory is ever held, so nothing asserts that the bytes stay
+/// unchanged while a receive, a READ response or a peer's WRITE lands in them, and every copy reads memory afresh
+/// (issue #22 item 1: a `&[u8]` held across a receive read the stale byte in release builds). Copies are bulk
+/// `memmove`s; application copies on one buffer are serialised with each other (and with `Mr::read`/`Mr::write`
+/// on its MRs) by a lock the engine never takes.
+///
+/// Zero-copy users may borrow the bytes as a slice with the `unsafe` [`as_slice`](Self::as_slice) /
+/// [`as_mut_slice`](Self::as_mut_slice), whose `# Safety` is the RNIC contract (module docs). `MrBuf` deliberately
+/// does not implement `Deref<Target = [u8]>`, `AsRef<[u8]>` or their `mut` forms (safe functions cannot make that
+/// promise):
+///
+/// ```compile_fail,E0308
+/// let buf = roce_verbs::MrBuf::new(64).unwrap();
+/// let view: &[u8] = &buf; // no Deref: the engine may write these bytes while `view` lives
+/// ```
+///
+/// ```compile_fail,E0133
+/// let buf = roce_verbs::MrBuf::new(64).unwrap();
+/// let view = buf.as_slice(); // `unsafe`: its contract is the caller's
+/// ```
 ///
 /// The engine co-owns the memory while an MR covers it, so dropping the `MrBuf` early never frees bytes the engine
 /// may still touch: the memory goes when the last of the buffer and its MRs goes. Optionally on 2 MiB huge pages
@@ -288,6 +341,12 @@ impl std::fmt::Debug for MrBuf {
     }
 }
 
+/// The error of an [`MrBuf`] copy whose range is not inside the buffer.
+fn outside(offset: usize, n: usize, len: usize) -> crate::Error {
+    tracing::debug!(offset, n, len, "MrBuf copy outside the buffer");
+    crate::Error::InvalidArgument("range outside the buffer")
+}
+
 impl MrBuf {
     /// `len` zeroed bytes aligned to [`PAGE_SIZE`]. Errors: `InvalidInput` (too large for a layout), `OutOfMemory`.
     pub fn new(len: usize) -> io::Result<MrBuf> {
@@ -298,8 +357,8 @@ impl MrBuf {
 
     /// A page-aligned copy of `bytes`.
     pub fn from_slice(bytes: &[u8]) -> io::Result<MrBuf> {
-        let mut b = MrBuf::new(bytes.len())?;
-        b.as_mut_slice().copy_from_slice(bytes);
+        let b = MrBuf::new(bytes.len())?;
+        b.region.write(0, bytes);
         Ok(b)
     }
 
@@ -332,61 +391,95 @@ impl MrBuf {
         self.region.ptr.as_ptr()
     }
 
-    /// The bytes. Bytes that a WR in flight or a peer writes may change under the application only if it breaks
-    /// the RNIC contract (crate docs); read them after the completion that says they are there.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the region is valid for `len` bytes while `self` holds its `Arc`. The engine never holds a
-        // reference into it; it copies ranges named by WRs or by remote accesses the application granted, which the
-        // application does not access meanwhile (RNIC contract, module docs), so no engine write overlaps a read
-        // through this slice.
+    /// Copies `dst.len()` bytes at byte `offset` into `dst` (one bulk copy, memory read afresh). Bytes a WR in
+    /// flight or a peer is writing at that moment may be old or new, byte by byte: read them after the completion
+    /// (or the protocol message) that says they are there. Errors: `InvalidArgument` (range outside the buffer).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), crate::Error> {
+        self.range_ok(offset, dst.len())?;
+        let _g = self.region.app_read();
+        self.region.read(offset, dst);
+        Ok(())
+    }
+
+    /// Copies `src` into the buffer at byte `offset` (one bulk copy; `&self`, as a store into memory an RNIC also
+    /// writes asserts no exclusivity). Bytes named by a posted WR should not be changed before its completion (the
+    /// RNIC contract: the wire then carries either version). Errors: `InvalidArgument` (range outside the buffer).
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), crate::Error> {
+        self.range_ok(offset, src.len())?;
+        let _g = self.region.app_write();
+        self.region.write(offset, src);
+        Ok(())
+    }
+
+    /// A copy of the whole buffer (as [`read`](Self::read)).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.region.len];
+        let _g = self.region.app_read();
+        self.region.read(0, &mut v);
+        v
+    }
+
+    /// Sets every byte to `byte` (one `memset`, as [`write`](Self::write)).
+    pub fn fill(&self, byte: u8) {
+        let _g = self.region.app_write();
+        // SAFETY: the whole region is valid, writable memory while `self` holds its `Arc`; a raw `write_bytes`
+        // forms no reference, and the guard excludes other application copies.
+        unsafe { std::ptr::write_bytes(self.region.ptr.as_ptr(), byte, self.region.len) };
+    }
+
+    fn range_ok(&self, offset: usize, n: usize) -> Result<(), crate::Error> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.region.len => Ok(()),
+            _ => Err(outside(offset, n, self.region.len)),
+        }
+    }
+
+    /// The bytes as a shared slice, for zero-copy users (a send source filled elsewhere, a checksum over a
+    /// received message).
+    ///
+    /// # Safety
+    ///
+    /// For as long as the returned slice lives, no byte of the buffer is written by anyone: no receive, RDMA READ
+    /// or atomic WR posted on an MR of this buffer is outstanding, no peer can write it (no REMOTE_WRITE /
+    /// REMOTE_ATOMIC rkey of it is in a peer's hands, or the application's protocol guarantees the peer is not
+    /// writing meanwhile), no other registration of it on another device is the target of any of these, and no
+    /// [`write`](Self::write)/[`fill`](Self::fill)/`Mr::write` runs on it — not even with (part of) this slice as
+    /// its source (Miri reports that as a write under a protected shared reference). A write under a live `&[u8]`
+    /// is undefined behaviour: the compiler may keep returning the bytes it read first.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the region is valid for `len` bytes while `self` holds its `Arc`; that nobody writes them while
+        // the slice lives is the caller's promise (`# Safety`).
         unsafe { std::slice::from_raw_parts(self.region.ptr.as_ptr(), self.region.len) }
     }
 
-    /// The bytes, writable (the application's own stores, e.g. filling a send buffer before posting it).
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`; `&mut self` makes this the only application reference (an `MrBuf` is not
-        // `Clone`), and the engine's accesses are excluded from overlapping ones by the RNIC contract.
+    /// The bytes as an exclusive slice, for zero-copy users (filling a send buffer in place).
+    ///
+    /// # Safety
+    ///
+    /// As [`as_slice`](Self::as_slice), and in addition nobody *reads* the buffer while the returned slice lives:
+    /// no send, RDMA WRITE source or peer's RDMA READ of it is outstanding, and no other thread copies out of it
+    /// through an `Mr` of it.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` excludes the `MrBuf`'s own accessors (an `MrBuf` is not `Clone`),
+        // and the engine, peers and `Mr` copies are excluded by the caller's promise (`# Safety`).
         unsafe { std::slice::from_raw_parts_mut(self.region.ptr.as_ptr(), self.region.len) }
     }
 
-    /// Reads `dst.len()` bytes at `offset` with volatile loads, for a loop that waits for bytes a peer writes
-    /// (perftest's WRITE latency test polls the last byte): each call really reads memory. Panics if the range is
-    /// outside the buffer.
-    pub fn read_volatile(&self, offset: usize, dst: &mut [u8]) {
-        self.region.check(offset, dst.len());
+    /// Reads `dst.len()` bytes at `offset` with volatile byte loads, for a loop that waits for bytes a peer writes
+    /// (perftest's WRITE latency test polls the last byte): each call really reads memory. Errors:
+    /// `InvalidArgument` (range outside the buffer).
+    pub fn read_volatile(&self, offset: usize, dst: &mut [u8]) -> Result<(), crate::Error> {
+        self.range_ok(offset, dst.len())?;
+        let _g = self.region.app_read();
         for (i, d) in dst.iter_mut().enumerate() {
             // SAFETY: inside the region (checked above); a byte load has no alignment requirement.
             *d = unsafe { std::ptr::read_volatile(self.region.ptr.as_ptr().add(offset + i)) };
         }
+        Ok(())
     }
 
     pub(crate) fn region(&self) -> &Arc<Region> {
         &self.region
-    }
-}
-
-impl Deref for MrBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
-impl DerefMut for MrBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        self.as_mut_slice()
-    }
-}
-
-impl AsRef<[u8]> for MrBuf {
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
-impl AsMut<[u8]> for MrBuf {
-    fn as_mut(&mut self) -> &mut [u8] {
-        self.as_mut_slice()
     }
 }
 
@@ -420,6 +513,7 @@ impl crate::Pd {
             len,
             owner: Owner::Foreign,
             huge: false,
+            app: RwLock::new(()),
         });
         self.reg_region(region, access)
     }
@@ -431,21 +525,22 @@ mod tests {
 
     #[test]
     fn heap_buffer_is_zeroed_aligned_and_shared_with_the_engine_view() {
-        let mut b = MrBuf::new(10_000).expect("alloc");
+        let b = MrBuf::new(10_000).expect("alloc");
         assert_eq!(b.len(), 10_000);
         assert!(!b.is_huge() && !b.is_empty());
         assert_eq!(b.as_ptr() as usize % PAGE_SIZE, 0, "page aligned");
-        assert!(b.iter().all(|&x| x == 0), "zeroed");
-        b[100..105].copy_from_slice(b"hello");
+        assert!(b.to_vec().iter().all(|&x| x == 0), "zeroed");
+        b.write(100, b"hello").expect("in range");
         // The engine's view sees the application's stores, and the application sees the engine's writes.
         let mut eng = SharedMemory(Arc::clone(b.region()));
         let mut out = [0u8; 5];
         eng.read_at(100, &mut out);
         assert_eq!(&out, b"hello");
         eng.write_at(9_995, b"world");
-        assert_eq!(&b[9_995..], b"world");
+        b.read(9_995, &mut out).expect("in range");
+        assert_eq!(&out, b"world");
         let mut v = [0u8; 5];
-        b.read_volatile(9_995, &mut v);
+        b.read_volatile(9_995, &mut v).expect("in range");
         assert_eq!(&v, b"world");
         let mut h = crc32fast::Hasher::new();
         eng.crc32_update(100, 5, &mut h);
@@ -456,10 +551,23 @@ mod tests {
         eng.read_at(9_995, &mut out);
         assert_eq!(&out, b"world");
         let e = MrBuf::new(0).expect("empty");
-        assert!(e.is_empty() && e.as_slice().is_empty());
+        assert!(e.is_empty() && e.to_vec().is_empty());
         let c = MrBuf::from_slice(&[1, 2, 3]).expect("copy");
-        assert_eq!(&c[..], &[1, 2, 3]);
+        assert_eq!(c.to_vec(), [1, 2, 3]);
+        c.fill(9);
+        assert_eq!(c.to_vec(), [9, 9, 9]);
         assert!(format!("{c:?}").contains("len: 3"));
+    }
+
+    #[test]
+    fn application_copies_outside_the_buffer_are_errors() {
+        let b = MrBuf::new(16).expect("alloc");
+        let mut x = [0u8; 5];
+        assert!(b.read(12, &mut x).is_err());
+        assert!(b.read(usize::MAX, &mut x).is_err());
+        assert!(b.write(12, &x).is_err());
+        assert!(b.read_volatile(12, &mut x).is_err());
+        assert_eq!(b.to_vec(), [0u8; 16], "nothing written");
     }
 
     #[test]
@@ -470,12 +578,12 @@ mod tests {
         assert_eq!(eng.compare_swap_u64(8, 6, 1), 7, "mismatch: no swap");
         assert_eq!(eng.compare_swap_u64(8, 7, 1), 7);
         assert_eq!(eng.fetch_add_u64(8, u64::MAX), 1, "wrapping");
-        assert_eq!(&b[8..16], &0u64.to_le_bytes());
+        assert_eq!(b.to_vec()[8..16], 0u64.to_le_bytes());
         // Unaligned word (only a raw registration can have one): same results without atomics.
         eng.write_at(3, &41u64.to_le_bytes());
         assert_eq!(eng.fetch_add_u64(3, 1), 41);
         assert_eq!(eng.compare_swap_u64(3, 42, 5), 42);
-        assert_eq!(&b[3..11], &5u64.to_le_bytes());
+        assert_eq!(b.to_vec()[3..11], 5u64.to_le_bytes());
     }
 
     #[test]

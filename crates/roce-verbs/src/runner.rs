@@ -1309,41 +1309,25 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         }
         dev.tx_deferred = None;
         dev.batch_wqes = 0;
-        let mut sent = 0;
-        while sent < cfg.tx_budget {
-            let buf = match dev.link.tx_buf(now) {
-                Ok(b) => b,
-                Err(roce_link::LinkError::Busy) => {
-                    dev.left_work = true;
-                    break;
+        // The transmit loop hands the link pointers into MRs (gathered pieces) that are valid only until this
+        // pass releases the progress lock. If anything in it panics, the link is flushed before the panic goes on
+        // (issue #22 item 7): otherwise the pieces would stay queued while the poisoned lock is taken again, and
+        // another thread could destroy the QP and free the MR before the next `flush` hands them to `sendmmsg`.
+        // No allocation and no cost on the normal path (an unwind landing pad).
+        let tx = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            transmit(cfg, stats, dev, now)
+        }));
+        let sent = match tx {
+            Ok(sent) => sent,
+            Err(panic) => {
+                // The memory behind the pieces is still pinned: this thread holds the progress lock until the
+                // unwind leaves `pass`.
+                if let Err(e) = dev.link.flush(now) {
+                    tracing::warn!(error = %e, "flush after a panic in the transmit loop failed");
                 }
-                Err(e) => {
-                    stats.link_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "tx_buf failed");
-                    break;
-                }
-            };
-            // Zero copy where the link gathers: payload pieces stay in the registered memory.
-            let mut segs = [roce_proto::TxSeg::EMPTY; 8];
-            let Some(meta) = dev.engine.poll_transmit_gather(now, buf, &mut segs) else {
-                break;
-            };
-            let committed = match meta.gather {
-                None => dev.link.tx_commit(now, meta.len),
-                // SAFETY: the pieces point into MRs of this engine, and this pass holds the group's progress lock
-                // until after the `flush` below: no engine call (the only way to write an MR's bytes on the
-                // engine's behalf or to deregister it) runs before then, the application leaves bytes of in-flight
-                // WRs alone (RNIC contract, crate docs), and the link keeps no piece past that flush
-                // (`Link::tx_commit_gather`).
-                #[allow(unsafe_code)]
-                Some(g) => unsafe { dev.link.tx_commit_gather(now, g, &segs) },
-            };
-            if let Err(e) = committed {
-                stats.link_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "tx_commit failed");
+                std::panic::resume_unwind(panic);
             }
-            sent += 1;
-        }
+        };
         dev.left_work |= sent >= cfg.tx_budget;
         if sent > 0 {
             stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);
@@ -1378,6 +1362,47 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
     );
     shared.ready.publish(devs);
     work
+}
+
+/// The transmit loop of a pass: at most `cfg.tx_budget` frames from `dev`'s engine into its link, gathered where
+/// the link gathers. Returns the frames committed. The caller flushes the link before it releases the progress
+/// lock, also when this panics: the gathered pieces are valid only until then.
+fn transmit(cfg: &RuntimeConfig, stats: &RuntimeStats, dev: &mut Device, now: Instant) -> usize {
+    let mut sent = 0;
+    while sent < cfg.tx_budget {
+        let buf = match dev.link.tx_buf(now) {
+            Ok(b) => b,
+            Err(roce_link::LinkError::Busy) => {
+                dev.left_work = true;
+                break;
+            }
+            Err(e) => {
+                stats.link_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "tx_buf failed");
+                break;
+            }
+        };
+        // Zero copy where the link gathers: payload pieces stay in the registered memory.
+        let mut segs = [roce_proto::TxSeg::EMPTY; 8];
+        let Some(meta) = dev.engine.poll_transmit_gather(now, buf, &mut segs) else {
+            break;
+        };
+        let committed = match meta.gather {
+            None => dev.link.tx_commit(now, meta.len),
+            // SAFETY: the pieces point into MRs of this engine, and the pass holds the group's progress lock
+            // until after its `flush` of this link, which it runs even when this loop panics (`pass`): no engine
+            // call (the only way to write an MR's bytes on the engine's behalf or to deregister it) runs before
+            // then, and the link keeps no piece past that flush (`Link::tx_commit_gather`).
+            #[allow(unsafe_code)]
+            Some(g) => unsafe { dev.link.tx_commit_gather(now, g, &segs) },
+        };
+        if let Err(e) = committed {
+            stats.link_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "tx_commit failed");
+        }
+        sent += 1;
+    }
+    sent
 }
 
 /// Idle back-off of a thread that drives passes in a loop (module docs, "Idle"): busy-poll for `spin`; then, if
@@ -1489,5 +1514,167 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use roce_link::{LinkCaps, LinkError, SimConfig};
+    use roce_proto::{TxGather, TxSeg};
+
+    use super::*;
+    use crate::*;
+
+    /// What [`HoldsPieces`] saw: gathered frames queued and not yet flushed, and whether it has panicked.
+    #[derive(Default)]
+    struct Seen {
+        queued: usize,
+        panicked: bool,
+    }
+
+    /// A link that keeps gathered frames until `flush`, as `UdpLink` keeps their pieces for `sendmmsg` (here it
+    /// only counts them and drops the frames), and panics in the first `tx_buf` after it has queued one: a fault
+    /// inside the pass's transmit loop while pointers into an MR are queued. After the fault it passes everything
+    /// on to the simulated link.
+    struct HoldsPieces {
+        inner: SendLink,
+        seen: Arc<Mutex<Seen>>,
+    }
+
+    impl Link for HoldsPieces {
+        fn caps(&self) -> LinkCaps {
+            self.inner.caps()
+        }
+        fn rx_burst(
+            &mut self,
+            now: Instant,
+            max: usize,
+            sink: &mut dyn FnMut(&mut [u8]),
+        ) -> Result<usize, LinkError> {
+            self.inner.rx_burst(now, max, sink)
+        }
+        fn tx_buf(&mut self, now: Instant) -> Result<&mut [u8], LinkError> {
+            {
+                let mut s = self.seen.lock().expect("seen");
+                if s.queued > 0 && !s.panicked {
+                    s.panicked = true;
+                    drop(s);
+                    panic!("injected fault in the transmit loop");
+                }
+            }
+            self.inner.tx_buf(now)
+        }
+        fn tx_commit(&mut self, now: Instant, len: usize) -> Result<(), LinkError> {
+            self.inner.tx_commit(now, len)
+        }
+        #[allow(unsafe_code)]
+        unsafe fn tx_commit_gather(
+            &mut self,
+            now: Instant,
+            g: TxGather,
+            segs: &[TxSeg],
+        ) -> Result<(), LinkError> {
+            let mut s = self.seen.lock().expect("seen");
+            if !s.panicked {
+                // Before the fault: counted and dropped (a lost frame; go-back-N sends it again).
+                s.queued += 1;
+                return Ok(());
+            }
+            drop(s);
+            // SAFETY: the caller's guarantee (pieces readable until the next flush) is passed on unchanged.
+            unsafe { self.inner.tx_commit_gather(now, g, segs) }
+        }
+        fn flush(&mut self, now: Instant) -> Result<(), LinkError> {
+            self.seen.lock().expect("seen").queued = 0;
+            self.inner.flush(now)
+        }
+        fn poll_at(&self) -> Option<Instant> {
+            self.inner.poll_at()
+        }
+    }
+
+    /// Issue #22 item 7: a panic inside a pass's transmit loop, after a gathered frame (pointers into an MR) went
+    /// to the link, reaches the application only after the link has been flushed, so no piece is still queued
+    /// when the poisoned progress lock is taken again (by a `dereg` or a QP destroy that frees the memory).
+    /// Before the fix the panic left the frame queued (`queued == 1` here).
+    #[test]
+    fn a_panic_in_the_transmit_loop_leaves_no_gathered_piece_queued() {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let mut port = 0;
+        let s2 = Arc::clone(&seen);
+        let (ca, cb) = Context::sim_pair_with(
+            RuntimeConfig::with_mode(ProgressMode::Caller),
+            SimConfig::default(),
+            move |l| {
+                port += 1;
+                Ok(if port == 1 {
+                    Box::new(HoldsPieces {
+                        inner: l,
+                        seen: Arc::clone(&s2),
+                    }) as SendLink
+                } else {
+                    l
+                })
+            },
+        )
+        .expect("pair");
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let side = |c: &Context| {
+            let pd = c.alloc_pd().expect("pd");
+            let cq = c.create_cq(8, None, Moderation::default()).expect("cq");
+            let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap, false).expect("qp");
+            let buf = MrBuf::new(8192).expect("buf");
+            let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+            let mr = pd.reg_mr(&buf, access).expect("mr");
+            (pd, cq, qp, mr, buf)
+        };
+        let (_pda, cqa, qa, mra, _bufa) = side(&ca);
+        let (_pdb, _cqb, qb, mrb, _bufb) = side(&cb);
+        let o = ConnectOpts::default();
+        qa.connect(&qb.endpoint(Psn::new(9)), Psn::new(3), &o)
+            .expect("connect a");
+        qb.connect(&qa.endpoint(Psn::new(3)), Psn::new(9), &o)
+            .expect("connect b");
+        // A 4 KiB WRITE: several packets whose payload the engine gathers from the MR.
+        let sge = [mra.sge(0, 4096)];
+        let op = SendOp::RdmaWrite {
+            remote_addr: mrb.addr(),
+            rkey: mrb.rkey(),
+        };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            qa.post_send(&[SendWr::new(1, op, &sge).signaled()])
+                .expect("post");
+            for _ in 0..100 {
+                ca.progress();
+            }
+        }));
+        let (queued, panicked) = {
+            let s = seen.lock().expect("seen");
+            (s.queued, s.panicked)
+        };
+        assert!(
+            r.is_err() && panicked,
+            "the injected panic reached the caller"
+        );
+        assert_eq!(queued, 0, "gathered frames still queued in the link");
+        // The device keeps working after the panic (the poisoned lock is taken again): the WR completes.
+        let mut wc = [Wc::default(); 1];
+        let t0 = std::time::Instant::now();
+        while cqa.poll(&mut wc) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "no completion after the panic"
+            );
+            ca.progress();
+        }
+        assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::Success));
     }
 }

@@ -60,6 +60,18 @@ fn end(ctx: &Context, chan: Option<&Arc<CompChannel>>, moder: Moderation, mr_len
     }
 }
 
+/// A copy of `r` of the registered memory (the application reads it by copies, issue #22).
+fn span(buf: &MrBuf, r: std::ops::Range<usize>) -> Vec<u8> {
+    let mut v = vec![0u8; r.len()];
+    buf.read(r.start, &mut v).expect("in range");
+    v
+}
+
+/// Sets `len` bytes at `off` of the registered memory to `byte`.
+fn fill(buf: &MrBuf, off: usize, len: usize, byte: u8) {
+    buf.write(off, &vec![byte; len]).expect("in range");
+}
+
 fn connect(a: &End, b: &End) {
     let (pa, pb) = (Psn::new(100), Psn::new(5000));
     let o = ConnectOpts::default();
@@ -87,7 +99,7 @@ fn poll_n(cq: &Cq, n: usize, limit: Duration) -> Vec<Wc> {
 }
 
 /// Sender and receiver threads post and poll concurrently; every message arrives in order with its bytes.
-fn concurrent_send_recv(mut a: End, b: End) {
+fn concurrent_send_recv(a: End, b: End) {
     connect(&a, &b);
     const N: usize = 2000;
     const SZ: usize = 256;
@@ -120,7 +132,7 @@ fn concurrent_send_recv(mut a: End, b: End) {
                 assert_eq!(wc.byte_len, SZ as u32);
                 // The receive landed in the application's own buffer: read it in place.
                 let slot = got % 32;
-                let data = &b.buf[slot * SZ..slot * SZ + SZ];
+                let data = span(&b.buf, slot * SZ..slot * SZ + SZ);
                 assert!(
                     data.iter().all(|&x| x == (got % 251) as u8),
                     "payload of message {got}"
@@ -142,7 +154,7 @@ fn concurrent_send_recv(mut a: End, b: End) {
         while sent < N && sent - done < 16 {
             let slot = (sent % 16) as u64;
             // Ordinary stores into the registered buffer; no copy command.
-            a.buf[slot as usize * SZ..][..SZ].fill((sent % 251) as u8);
+            fill(&a.buf, slot as usize * SZ, SZ, (sent % 251) as u8);
             let sge = [a.mr.sge(slot * SZ as u64, SZ as u32)];
             let wr = SendWr::new(sent as u64, SendOp::Send, &sge).signaled();
             match a.qp.post_send(&[wr]) {
@@ -352,10 +364,13 @@ fn post_errors_are_synchronous_and_bad_lkey_is_a_completion(mode: ProgressMode) 
     a.qp.post_send(&[wr]).expect("post");
     let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
     assert_eq!((wc[0].wr_id, wc[0].status), (9, WcStatus::LocProtErr));
-    assert!(b.buf.iter().all(|&x| x == 0), "nothing written remotely");
+    assert!(
+        b.buf.to_vec().iter().all(|&x| x == 0),
+        "nothing written remotely"
+    );
     // Plain-copy convenience methods; out of range is an error.
     a.mr.write(10, b"hello").expect("write");
-    assert_eq!(&a.buf[10..15], b"hello");
+    assert_eq!(span(&a.buf, 10..15), b"hello");
     assert_eq!(a.mr.read(10, 5).expect("read"), b"hello");
     assert!(a.mr.read(4090, 10).is_err());
     assert!(a.mr.write(usize::MAX, b"x").is_err());
@@ -365,7 +380,7 @@ fn post_errors_are_synchronous_and_bad_lkey_is_a_completion(mode: ProgressMode) 
 /// §9.7.5.2.8) and writes nothing, neither inside nor outside the registered buffer.
 fn out_of_range_remote_write_is_rem_access_err_and_writes_nothing(mode: ProgressMode) {
     let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
-    let mut a = end(&ca, None, Moderation::default(), 4096);
+    let a = end(&ca, None, Moderation::default(), 4096);
     let b = end(&cb, None, Moderation::default(), 4096);
     connect(&a, &b);
     a.buf.fill(0xab);
@@ -382,7 +397,7 @@ fn out_of_range_remote_write_is_rem_access_err_and_writes_nothing(mode: Progress
     a.qp.post_send(&[wr]).expect("post");
     let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
     assert_eq!((wc[0].wr_id, wc[0].status), (3, WcStatus::RemAccessErr));
-    assert!(b.buf.iter().all(|&x| x == 0), "nothing written");
+    assert!(b.buf.to_vec().iter().all(|&x| x == 0), "nothing written");
 }
 
 /// The application's own memory, end to end: ordinary stores into a registered buffer are what the peer receives
@@ -391,11 +406,11 @@ fn out_of_range_remote_write_is_rem_access_err_and_writes_nothing(mode: Progress
 /// the same way.
 fn application_memory_is_what_the_wire_carries(mode: ProgressMode) {
     let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
-    let mut a = end(&ca, None, Moderation::default(), 8192);
-    let mut b = end(&cb, None, Moderation::default(), 8192);
+    let a = end(&ca, None, Moderation::default(), 8192);
+    let b = end(&cb, None, Moderation::default(), 8192);
     connect(&a, &b);
     // SEND: a's stores → b's receive buffer.
-    a.buf[..5].copy_from_slice(b"hello");
+    a.buf.write(0, b"hello").expect("in range");
     let rsge = [b.mr.sge(100, 64)];
     b.qp.post_recv(&[RecvWr {
         wr_id: 1,
@@ -411,11 +426,10 @@ fn application_memory_is_what_the_wire_carries(mode: ProgressMode) {
     );
     let wc = poll_n(&b.cq, 1, Duration::from_secs(5));
     assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 5));
-    assert_eq!(&b.buf[100..105], b"hello");
+    assert_eq!(span(&b.buf, 100..105), b"hello");
     // WRITE: 3000 bytes of a pattern stored by a, read in place at b.
-    for (i, x) in a.buf[1000..4000].iter_mut().enumerate() {
-        *x = (i * 7) as u8;
-    }
+    let pattern: Vec<u8> = (0..3000).map(|i| (i * 7) as u8).collect();
+    a.buf.write(1000, &pattern).expect("in range");
     let sge = [a.mr.sge(1000, 3000)];
     let op = SendOp::RdmaWrite {
         remote_addr: b.mr.addr() + 5000,
@@ -427,9 +441,9 @@ fn application_memory_is_what_the_wire_carries(mode: ProgressMode) {
         poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
         WcStatus::Success
     );
-    assert_eq!(&b.buf[5000..8000], &a.buf[1000..4000]);
+    assert_eq!(span(&b.buf, 5000..8000), span(&a.buf, 1000..4000));
     // READ: b's stores → a's buffer.
-    b.buf[200..300].fill(0x5c);
+    fill(&b.buf, 200, 100, 0x5c);
     let sge = [a.mr.sge(6000, 100)];
     let op = SendOp::RdmaRead {
         remote_addr: b.mr.addr() + 200,
@@ -441,9 +455,9 @@ fn application_memory_is_what_the_wire_carries(mode: ProgressMode) {
         poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
         WcStatus::Success
     );
-    assert!(a.buf[6000..6100].iter().all(|&x| x == 0x5c));
+    assert!(span(&a.buf, 6000..6100).iter().all(|&x| x == 0x5c));
     // FETCH_ADD on an aligned word of b's buffer: b sees the sum, a gets the old value (little-endian memory).
-    b.buf[64..72].copy_from_slice(&40u64.to_le_bytes());
+    b.buf.write(64, &40u64.to_le_bytes()).expect("in range");
     let sge = [a.mr.sge(7000, 8)];
     let op = SendOp::AtomicFetchAndAdd {
         remote_addr: b.mr.addr() + 64,
@@ -456,8 +470,8 @@ fn application_memory_is_what_the_wire_carries(mode: ProgressMode) {
         poll_n(&a.cq, 1, Duration::from_secs(5))[0].status,
         WcStatus::Success
     );
-    assert_eq!(&b.buf[64..72], &42u64.to_le_bytes());
-    assert_eq!(&a.buf[7000..7008], &40u64.to_le_bytes());
+    assert_eq!(span(&b.buf, 64..72), 42u64.to_le_bytes());
+    assert_eq!(span(&a.buf, 7000..7008), 40u64.to_le_bytes());
     // A raw registration over memory the test owns (the C ABI's path): the MR's address is the memory's own.
     let mut mine = vec![0u8; 256];
     // SAFETY: `mine` outlives the MR (deregistered below before it is dropped) and is not touched while the READ
@@ -489,7 +503,7 @@ fn application_memory_is_what_the_wire_carries(mode: ProgressMode) {
 fn dereg_with_work_in_flight_is_refused(mode: ProgressMode) {
     let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
     const LEN: usize = 4 << 20;
-    let mut a = end(&ca, None, Moderation::default(), LEN);
+    let a = end(&ca, None, Moderation::default(), LEN);
     let b = end(&cb, None, Moderation::default(), LEN);
     connect(&a, &b);
     a.buf.fill(0x3c);
@@ -531,9 +545,9 @@ fn dereg_with_work_in_flight_is_refused(mode: ProgressMode) {
         poll_n(&b.cq, 1, Duration::from_secs(20))[0].byte_len,
         LEN as u32
     );
-    assert!(b.buf.iter().all(|&x| x == 0x3c));
+    assert!(b.buf.to_vec().iter().all(|&x| x == 0x3c));
     // A fresh MR: drop every application handle of it while a WR reads it; the data still arrives intact.
-    let mut buf = MrBuf::new(LEN).expect("buf");
+    let buf = MrBuf::new(LEN).expect("buf");
     buf.fill(0x77);
     let mr = a.pd.reg_mr(&buf, AccessFlags::LOCAL_WRITE).expect("mr");
     let sge = [mr.sge(0, LEN as u32)];
@@ -546,7 +560,7 @@ fn dereg_with_work_in_flight_is_refused(mode: ProgressMode) {
     drop((mr, buf));
     let wc = poll_n(&a.cq, 1, Duration::from_secs(20));
     assert_eq!((wc[0].wr_id, wc[0].status), (3, WcStatus::Success));
-    assert!(b.buf.iter().all(|&x| x == 0x77));
+    assert!(b.buf.to_vec().iter().all(|&x| x == 0x77));
     // The test still holds `a.mr`; a second handle's dereg succeeds now, and the dead key fails a later WR.
     a.mr.clone().dereg().map_err(|(_, e)| e).expect("dereg");
     write(&a, 2);
@@ -565,8 +579,8 @@ fn many_threads_many_qps_one_engine(mode: ProgressMode) {
             let a = end(&ca, None, Moderation::default(), 4096);
             let b = end(&cb, None, Moderation::default(), 4096);
             connect(&a, &b);
-            let mut a = a;
-            a.buf[..512].fill(t + 1);
+            let a = a;
+            fill(&a.buf, 0, 512, t + 1);
             const N: u64 = 500;
             let (mut sent, mut done) = (0u64, 0u64);
             let mut buf = [Wc::default(); 16];
@@ -604,7 +618,7 @@ fn many_threads_many_qps_one_engine(mode: ProgressMode) {
                 );
             }
             assert!(
-                b.buf.iter().all(|&x| x == t + 1),
+                b.buf.to_vec().iter().all(|&x| x == t + 1),
                 "thread {t}: remote buffer"
             );
             // Returned, so the QPs outlive every worker: a QP dropped early could hand its QPN to a later one.
@@ -728,7 +742,7 @@ fn passive_write_target_keeps_acking(mode: ProgressMode) {
     let rt = RuntimeConfig::with_mode(mode);
     let ca = udp_ctx(rt.clone(), 1, ia, [2, 0, 0, 0, 0x10, 2]);
     let cb = udp_ctx(rt, 2, ib, [2, 0, 0, 0, 0x10, 1]);
-    let mut a = end(&ca, None, Moderation::default(), 16 * 4096);
+    let a = end(&ca, None, Moderation::default(), 16 * 4096);
     let b = end(&cb, None, Moderation::default(), 16 * 4096);
     connect(&a, &b);
     let ld = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
@@ -736,7 +750,7 @@ fn passive_write_target_keeps_acking(mode: ProgressMode) {
     let t0 = Instant::now();
     for i in 0..300u64 {
         let slot = i % 16;
-        a.buf[(slot * 4096) as usize..][..4096].fill(i as u8);
+        fill(&a.buf, (slot * 4096) as usize, 4096, i as u8);
         let sge = [a.mr.sge(slot * 4096, 4096)];
         let op = SendOp::RdmaWrite {
             remote_addr: b.mr.addr() + slot * 4096,
@@ -754,7 +768,11 @@ fn passive_write_target_keeps_acking(mode: ProgressMode) {
     // The last 16 WRITEs are in place in the target's memory.
     for i in 284..300u64 {
         let slot = (i % 16) as usize;
-        assert!(b.buf[slot * 4096..][..4096].iter().all(|&x| x == i as u8));
+        assert!(
+            span(&b.buf, slot * 4096..slot * 4096 + 4096)
+                .iter()
+                .all(|&x| x == i as u8)
+        );
     }
     assert_eq!(
         ld(&cb.runtime_stats().caller_passes),
@@ -850,16 +868,16 @@ fn caller_mode_without_threads_runs_in_the_callers() {
         ..RuntimeConfig::with_mode(ProgressMode::Caller)
     };
     let (ca, cb) = Context::sim_pair(rt).expect("pair");
-    let mut a = end(&ca, None, Moderation::default(), 8192);
+    let a = end(&ca, None, Moderation::default(), 8192);
     let b = end(&cb, None, Moderation::default(), 8192);
     connect(&a, &b);
-    a.buf[..8192].fill(9);
+    fill(&a.buf, 0, 8192, 9);
     for i in 0..100 {
         write_one(&a, &b, i);
         let wc = poll_n(&a.cq, 1, Duration::from_secs(5));
         assert_eq!(wc[0].status, WcStatus::Success);
     }
-    assert!(b.buf[..64].iter().all(|&x| x == 9));
+    assert!(span(&b.buf, 0..64).iter().all(|&x| x == 9));
     let st = ca.runtime_stats();
     let ld = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(ld(&st.thread_passes), 0, "no progress thread");

@@ -59,14 +59,8 @@ fn stress(mode: ProgressMode) {
     let qb = pdb
         .create_qp(QpType::Rc, &cqb, &cqb, cap, false)
         .expect("qp");
-    let mut bufa = MrBuf::new(LEN).expect("buf");
-    let mut bufb = MrBuf::new(LEN).expect("buf");
-    for (i, x) in bufa.iter_mut().enumerate() {
-        *x = i as u8;
-    }
-    for (i, x) in bufb.iter_mut().enumerate() {
-        *x = !(i as u8);
-    }
+    let bufa = MrBuf::from_slice(&(0..LEN).map(|i| i as u8).collect::<Vec<_>>()).expect("buf");
+    let bufb = MrBuf::from_slice(&(0..LEN).map(|i| !(i as u8)).collect::<Vec<_>>()).expect("buf");
     let mra = pda.reg_mr(&bufa, access).expect("mr");
     let mrb = pdb.reg_mr(&bufb, access).expect("mr");
     // A short ACK timeout (≈17 ms) so tail losses cost little time; infinite RNR retries are not needed (no SENDs).
@@ -216,7 +210,7 @@ fn stress(mode: ProgressMode) {
     // READ targets were A's second half only: the first half (WRITE sources) is untouched.
     drop((qa, qb, mra, mrb, bufb));
     assert!(
-        bufa[..LEN / 2]
+        bufa.to_vec()[..LEN / 2]
             .iter()
             .enumerate()
             .all(|(i, &x)| x == i as u8)

@@ -203,12 +203,12 @@ impl Session {
     /// Zeroes the receive slots and fills the transmit region with `side`'s pattern.
     fn prepare(&mut self, side: u8, size: u64) -> Result<(), String> {
         let (r, used) = (self.r as usize, (self.k * self.r) as usize);
-        let tx = self
-            .buf
-            .get_mut(..size as usize)
-            .ok_or("preparing buffers: size exceeds the buffer")?;
-        tx.copy_from_slice(&pattern_buf(side, size));
-        self.buf[r..r + used].fill(0);
+        self.buf
+            .write(0, &pattern_buf(side, size))
+            .map_err(|_| "preparing buffers: size exceeds the buffer")?;
+        self.buf
+            .write(r, &vec![0; used])
+            .map_err(|_| "preparing buffers: receive slots exceed the buffer")?;
         self.rx = RxTally {
             used: vec![false; self.k as usize],
             ..RxTally::default()
@@ -248,24 +248,27 @@ impl Session {
             0
         };
         let atomic = self.p.test.is_atomic();
-        let cell = self
-            .buf
-            .get_mut(off + skip..off + skip + 8)
-            .ok_or("sabotage: slot outside the buffer")?;
+        let mut cell = [0u8; 8];
+        self.buf
+            .read(off + skip, &mut cell)
+            .map_err(|_| "sabotage: slot outside the buffer")?;
         if atomic {
-            let v = u64::from_le_bytes(cell.try_into().unwrap_or_default());
-            cell.copy_from_slice(&v.wrapping_add(1).to_le_bytes());
+            cell = u64::from_le_bytes(cell).wrapping_add(1).to_le_bytes();
         } else {
             cell[0] ^= 0xff;
         }
-        Ok(())
+        self.buf
+            .write(off + skip, &cell)
+            .map_err(|_| "sabotage: slot outside the buffer".into())
     }
 
-    /// `len` bytes of the registered memory at `off`, read in place.
-    fn bytes(&self, off: u64, len: u64) -> Result<&[u8], String> {
+    /// A copy of `len` bytes of the registered memory at `off`.
+    fn bytes(&self, off: u64, len: u64) -> Result<Vec<u8>, String> {
+        let mut v = vec![0u8; len as usize];
         self.buf
-            .get(off as usize..(off + len) as usize)
-            .ok_or_else(|| format!("{len} bytes at {off} are outside the buffer"))
+            .read(off as usize, &mut v)
+            .map_err(|_| format!("{len} bytes at {off} are outside the buffer"))?;
+        Ok(v)
     }
 
     /// Checks that slot `s` holds `side`'s pattern for `size` bytes (UD: after the GRH area).
@@ -1356,7 +1359,7 @@ fn check_incoming(
         }
         Test::AtomicBw | Test::AtomicLat => match s.bytes(s.slot_off(0), 8) {
             Ok(b) => {
-                let v = u64::from_le_bytes(b.try_into().unwrap_or_default());
+                let v = u64::from_le_bytes(b.as_slice().try_into().unwrap_or_default());
                 answer["atomic_value"] = json!(v);
                 Ok(())
             }

@@ -940,7 +940,9 @@ fn write_lat(s: &mut Sess<'_>, is_client: bool) -> Result<LatStats, String> {
             loop {
                 // A volatile read of the byte the peer's WRITE lands on: each pass really reads memory.
                 let mut b = [0u8; 1];
-                s.buf.read_volatile(poll_off, &mut b);
+                s.buf
+                    .read_volatile(poll_off, &mut b)
+                    .map_err(|e| format!("polling the WRITE target: {e}"))?;
                 if b[0] == want {
                     break;
                 }
@@ -979,7 +981,9 @@ fn write_lat(s: &mut Sess<'_>, is_client: bool) -> Result<LatStats, String> {
                     .inline(&data)
                     .flags(SendFlags::INLINE | SendFlags::SIGNALED)
             } else {
-                s.buf[post_off] = mark;
+                s.buf
+                    .write(post_off, &[mark])
+                    .map_err(|e| format!("marking the WRITE source: {e}"))?;
                 SendWr::new(scnt, op, &sge).signaled()
             };
             t_post = Some(Instant::now());
