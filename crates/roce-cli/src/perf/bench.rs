@@ -1461,6 +1461,7 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
         });
         let mut loop_err: Option<String> = None;
         let mut reply_id = 0u64;
+        let mut replies_done = 0u64;
         let mut quiet_since = Instant::now();
         let mut done_at: Option<Instant> = None;
         loop {
@@ -1475,6 +1476,8 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
                     continue;
                 }
                 if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                    // A reply of ours completed (RC: acknowledged by the client).
+                    replies_done += 1;
                     continue;
                 }
                 received += 1;
@@ -1521,7 +1524,10 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
                 // completions mean "sent", so equality means nothing is in flight): stop. Otherwise (a loss on an
                 // unreliable transport, or a test whose receives the client does not count): stop once the CQ has
                 // been quiet for `settle`.
-                let all_in = received >= client_completed.load(Ordering::Relaxed);
+                // And every reply of ours has completed, so the client's last packet (RC: its ACK of our last reply)
+                // is in before this side stops and its counters are read.
+                let all_in =
+                    received >= client_completed.load(Ordering::Relaxed) && replies_done >= reply_id;
                 if all_in
                     || (quiet_since.elapsed() >= settle
                         && (test != Test::SendBw || s.p.conn != Conn::Rc))
