@@ -6,6 +6,7 @@
 //! by the Rust state; a program's pointer to the C struct is therefore also a pointer to the block.
 #![allow(non_camel_case_types, clippy::missing_safety_doc)]
 
+use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_void};
 use core::ptr::{self, null_mut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -24,6 +25,9 @@ use roce_verbs::{
 };
 
 use crate::abi::*;
+
+mod async_events;
+mod misc_verbs;
 
 // ---------------------------------------------------------------------------------------------------------------
 // errno helpers
@@ -191,8 +195,17 @@ struct PdBlock {
 
 #[repr(C)]
 struct MrBlock {
-    mr: IbvMr,
+    /// Written by `ibv_rereg_mr` (under `state`'s lock) while the program may hold a pointer to it.
+    mr: UnsafeCell<IbvMr>,
+    state: Mutex<MrState>,
+}
+
+/// What `ibv_rereg_mr` replaces: the registration, the PD it counts as a user of (its `ibv_pd *`, from the
+/// library's own record, not the program-writable `ibv_mr.pd`) and the access it was made with.
+struct MrState {
     rust: roce_verbs::Mr,
+    pd: usize,
+    access: u32,
 }
 
 #[repr(C)]
@@ -205,8 +218,12 @@ struct ChannelBlock {
 
 #[repr(C)]
 struct CqBlock {
-    cq: IbvCq,
+    /// The program writes `cq_context`, and `ibv_ack_cq_events` the mutex, condition and event count, behind any
+    /// reference the library holds.
+    cq: UnsafeCell<IbvCq>,
     rust: roce_verbs::Cq,
+    /// The depth the CQ was created with (`ibv_create_cq`'s `cqe`).
+    depth: u32,
     /// QPs whose send or receive CQ this is (counted once per role): `ibv_destroy_cq` refuses with `EBUSY` while
     /// any remain.
     users: AtomicU32,
@@ -338,19 +355,11 @@ unsafe fn free<T, C>(p: *mut C) {
 // ---------------------------------------------------------------------------------------------------------------
 // Export table: `.symver rocev2_<name>, <name>@@<node>` for every symbol of ABI.md §2.1–§2.2.
 
-macro_rules! versioned {
-    ($($node:literal: [$($name:ident),* $(,)?])*) => {
-        std::arch::global_asm!(concat!(
-            $($(".symver rocev2_", stringify!($name), ", ", stringify!($name), "@@", $node, "\n",)*)*
-        ));
-    };
-}
-
 versioned! {
     "IBVERBS_1.0": [ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_read_sysfs_file, ibv_get_sysfs_path,
         ibv_copy_path_rec_from_kern, ibv_copy_qp_attr_from_kern]
     "IBVERBS_1.1": [ibv_ack_cq_events, ibv_alloc_pd, ibv_attach_mcast, ibv_close_device, ibv_create_ah,
-        ibv_create_ah_from_wc, ibv_create_cq, ibv_create_qp, ibv_create_srq, ibv_dealloc_pd, ibv_dereg_mr,
+        ibv_create_cq, ibv_create_qp, ibv_create_srq, ibv_dealloc_pd, ibv_dereg_mr,
         ibv_destroy_ah, ibv_destroy_cq, ibv_destroy_qp, ibv_destroy_srq, ibv_detach_mcast, ibv_free_device_list,
         ibv_get_cq_event, ibv_get_device_guid, ibv_get_device_list, ibv_get_device_name, ibv_modify_qp,
         ibv_open_device, ibv_query_device, ibv_query_gid, ibv_query_pkey, ibv_query_port, ibv_query_qp, ibv_reg_mr,
@@ -474,7 +483,6 @@ unsupported_ptr!(
     rocev2__verbs_init_and_alloc_context,
     rocev2_verbs_open_device,
     rocev2_ibv_create_srq,
-    rocev2_ibv_create_ah_from_wc,
     rocev2_ibv_qp_to_qp_ex,
 );
 
@@ -1024,27 +1032,12 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
     let Some(p) = (unsafe { block::<PdBlock, _>(pd) }) else {
         return null_errno(libc::EINVAL);
     };
-    // The optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB
-    // (0x80) is a hint. ZERO_BASED / ON_DEMAND and an iova other than the address are not supported.
-    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
-    if access & !IBV_ACCESS_SUPPORTED != 0 || iova != addr as u64 {
-        return null_errno(libc::EOPNOTSUPP);
-    }
-    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
-    if !pinnable(addr as usize, length, access & 0xb != 0) {
-        return null_errno(libc::EFAULT);
-    }
-    // SAFETY: `ibv_reg_mr`'s contract is `reg_mr_raw`'s: the program's memory stays valid until `ibv_dereg_mr`
-    // and it does not race in-flight work (ibv_reg_mr(3), ibv_post_send(3)).
-    let r = unsafe {
-        p.rust
-            .reg_mr_raw(addr.cast::<u8>(), length, AccessFlags(access))
-    };
-    match r {
+    // SAFETY: `ibv_reg_mr`'s contract (the memory stays valid until `ibv_dereg_mr`).
+    match unsafe { reg_checked(p, addr, length, iova, access) } {
         Ok(mr) => {
             p.users.fetch_add(1, Ordering::AcqRel);
             into_raw(MrBlock {
-                mr: IbvMr {
+                mr: UnsafeCell::new(IbvMr {
                     context: p.pd.context,
                     pd,
                     addr,
@@ -1052,13 +1045,47 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
                     handle: 0,
                     lkey: mr.lkey().0,
                     rkey: mr.rkey().0,
-                },
-                rust: mr,
+                }),
+                state: Mutex::new(MrState {
+                    rust: mr,
+                    pd: pd as usize,
+                    access,
+                }),
             })
             .cast()
         }
-        Err(e) => null_errno(e.errno()),
+        Err(e) => null_errno(e),
     }
+}
+
+/// Registers `[addr, addr + length)` on `p` with the checks of `ibv_reg_mr` (an errno on failure).
+///
+/// # Safety
+/// `ibv_reg_mr`'s contract is `reg_mr_raw`'s: the program's memory stays valid until `ibv_dereg_mr` and it does
+/// not race in-flight work (ibv_reg_mr(3), ibv_post_send(3)).
+unsafe fn reg_checked(
+    p: &PdBlock,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> Result<roce_verbs::Mr, c_int> {
+    // The optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB
+    // (0x80) is a hint. ZERO_BASED / ON_DEMAND and an iova other than the address are not supported.
+    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
+    if access & !IBV_ACCESS_SUPPORTED != 0 || iova != addr as u64 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
+    if !pinnable(addr as usize, length, access & 0xb != 0) {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: per the contract.
+    unsafe {
+        p.rust
+            .reg_mr_raw(addr.cast::<u8>(), length, AccessFlags(access))
+    }
+    .map_err(|e| e.errno())
 }
 
 #[unsafe(no_mangle)]
@@ -1067,11 +1094,15 @@ pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     let Some(m) = (unsafe { block::<MrBlock, _>(mr) }) else {
         return libc::EINVAL;
     };
-    match m.rust.clone().dereg() {
+    let (r, pd) = {
+        let st = m.state.lock().unwrap_or_else(|p| p.into_inner());
+        (st.rust.clone().dereg(), st.pd)
+    };
+    match r {
         Ok(()) => {
             // SAFETY: deregistered; the caller does not use `mr` again. Its PD is live (it has this user).
             unsafe {
-                count_user::<PdBlock, _>(m.mr.pd, false);
+                count_user::<PdBlock, _>(pd as *mut IbvPd, false);
                 free::<MrBlock, _>(mr);
             }
             0
@@ -1150,7 +1181,8 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
     };
     let id = cq.id();
     let b = into_raw(CqBlock {
-        cq: IbvCq {
+        depth,
+        cq: UnsafeCell::new(IbvCq {
             context: ctx,
             channel,
             cq_context,
@@ -1160,7 +1192,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
             cond: [0; 6],
             comp_events_completed: 0,
             async_events_completed: 0,
-        },
+        }),
         rust: cq,
         users: AtomicU32::new(0),
     });
@@ -1182,7 +1214,7 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
         return libc::EBUSY;
     }
     // SAFETY: NULL or the channel the CQ was created on (outlives its CQs: destroy_comp_channel refuses).
-    if let Some(ch) = unsafe { block::<ChannelBlock, _>(c.cq.channel) }
+    if let Some(ch) = unsafe { block::<ChannelBlock, _>((*c.cq.get()).channel) }
         && let Ok(mut v) = ch.cqs.lock()
     {
         v.retain(|&(_, p)| p != cq as usize);

@@ -16,7 +16,12 @@
 //!   first (one runtime, one UDP port, shared by the contexts); a program waiting in `poll` on a completion
 //!   channel's `fd` wakes when the event comes and the fd is quiet again once the event is taken.
 //!
-//! Binds UDP 4791 on 127.0.201.1 and 127.0.201.2 (run under the network lock with the other loopback tests).
+//! * `tests/c/extra.c` with the device on 127.0.201.3: the rest of Debian's export table — the string and rate
+//!   helpers against Debian's own libibverbs (loaded beside ours), fork support, the GID table,
+//!   `ibv_query_qp_data_in_order`, `ibv_reg_mr_iova`, `ibv_rereg_mr`, `ibv_resize_cq`, address vectors from a UD
+//!   completion, a non-blocking `ibv_get_async_event`, and the refusals (the IBVERBS_1.0 ABI, imports, dma-buf).
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.3 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -81,5 +86,12 @@ fn c_program_sees_no_device_without_configuration_and_a_working_device_with_it()
 fn c_program_misusing_the_api_gets_the_errors_of_libibverbs() {
     let (prog, dir) = build("misuse");
     run(&prog, &dir, "loop", Some("127.0.201.2"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_using_the_rest_of_the_export_table_gets_libibverbs_answers() {
+    let (prog, dir) = build("extra");
+    run(&prog, &dir, "loop", Some("127.0.201.3"));
     let _ = std::fs::remove_dir_all(&dir);
 }
