@@ -1071,9 +1071,10 @@ unsafe fn reg_checked(
     access: u32,
 ) -> Result<roce_verbs::Mr, c_int> {
     // The optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB
-    // (0x80) is a hint. ZERO_BASED / ON_DEMAND and an iova other than the address are not supported.
+    // (0x80) is a hint. ZERO_BASED / ON_DEMAND are not supported. Any `iova` is: SGEs and peers then name the
+    // memory by `iova + offset` (ibv_reg_mr(3)).
     let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
-    if access & !IBV_ACCESS_SUPPORTED != 0 || iova != addr as u64 {
+    if access & !IBV_ACCESS_SUPPORTED != 0 {
         return Err(libc::EOPNOTSUPP);
     }
     // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
@@ -1083,7 +1084,7 @@ unsafe fn reg_checked(
     // SAFETY: per the contract.
     unsafe {
         p.rust
-            .reg_mr_raw(addr.cast::<u8>(), length, AccessFlags(access))
+            .reg_mr_raw_iova(addr.cast::<u8>(), length, AccessFlags(access), iova)
     }
     .map_err(|e| e.errno())
 }

@@ -24,7 +24,7 @@
 //!
 //! Device discovery (one device, from [`roce_link::device::ENV_IP`]; none without it), `ibv_open_device` /
 //! `close_device`, `query_device`, `query_port`, `query_gid`, `_ibv_query_gid_ex`, `ibv_query_gid_type`,
-//! `query_pkey`, `get_pkey_index`, PD, MR (`ibv_reg_mr`, `ibv_reg_mr_iova2` with iova = address; the optional
+//! `query_pkey`, `get_pkey_index`, PD, MR (`ibv_reg_mr`, `ibv_reg_mr_iova2` with any iova; the optional
 //! access bits are ignored, as the real library does when unsupported), CQ with completion channels
 //! (`ibv_create_comp_channel`, `ibv_get_cq_event` — blocking, or `EAGAIN` when the channel fd is `O_NONBLOCK` —,
 //! `ibv_ack_cq_events`, `req_notify_cq`; the channel's `fd` is readable while an event waits, for programs that
@@ -54,7 +54,7 @@
 //! SRQ (`ibv_create_srq`; `post_srq_recv` returns `EOPNOTSUPP`), multicast attach/detach, the `IBVERBS_1.0` ABI
 //! (module `compat`: its device list is NULL + `EOPNOTSUPP`), `ibv_import_*`, `ibv_reg_dmabuf_mr`,
 //! `ibv_qp_to_qp_ex` (the new post-send API; perftest then uses the old one because the `vendor_part_id` is not a
-//! Mellanox/EFA one, ABI.md §6.3), ECE, `ibv_reg_mr_iova2` with an iova other than the address, on-demand paging,
+//! Mellanox/EFA one, ABI.md §6.3), ECE, on-demand paging,
 //! `ibv_resolve_eth_l2_from_gid`, every private `ibv_cmd_*` / `verbs_*` provider entry point (providers are never
 //! used: `verbs_register_driver_34` accepts and ignores their registration, ABI.md §1.4), async events (none are
 //! raised yet; the async fd is never readable). `ibv_req_notify_cq` with `solicited_only` arms for every completion

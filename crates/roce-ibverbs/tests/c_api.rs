@@ -3,11 +3,12 @@
 //! `LD_LIBRARY_PATH`:
 //!
 //! * without a configured device: `ibv_get_device_list` is an empty NULL-terminated list;
-//! * with the device on 127.0.201.1: queries, the unsupported verbs' clean errors (SRQ, iova ≠ address, on-demand
+//! * with the device on 127.0.201.1: queries, the unsupported verbs' clean errors (SRQ, on-demand
 //!   paging, a QP on an SRQ: NULL + `EOPNOTSUPP`; an address vector without GRH: `EINVAL`; a channel still in
 //!   use: `EBUSY`; a non-blocking channel without events: `EAGAIN`), and two RC QPs of one context connected over
 //!   UDP: an inline SEND with immediate data woken through the completion channel, an RDMA WRITE, a chain whose
-//!   second WR is bad (`*bad_wr` names it, the first is posted), then teardown.
+//!   second WR is bad (`*bad_wr` names it, the first is posted), RDMA WRITEs into and out of an MR registered at an
+//!   iova other than its address (`ibv_reg_mr_iova2`), then teardown.
 //!
 //! * `tests/c/misuse.c` with the device on 127.0.201.2: the mistakes programs make get libibverbs' errors, not
 //!   success: posting to a QP in RESET / INIT / RTR (`EINVAL`, `*bad_wr` = the first WR, nothing completes later),

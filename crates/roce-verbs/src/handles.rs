@@ -583,8 +583,18 @@ impl Pd {
         region: Arc<crate::memory::Region>,
         access: AccessFlags,
     ) -> Result<Mr, Error> {
-        let huge = region.is_huge();
         let iova = region.base() as u64;
+        self.reg_region_at(region, access, iova)
+    }
+
+    /// Registers `region` with byte 0 at virtual address `iova` (`ibv_reg_mr_iova2`).
+    pub(crate) fn reg_region_at(
+        &self,
+        region: Arc<crate::memory::Region>,
+        access: AccessFlags,
+        iova: u64,
+    ) -> Result<Mr, Error> {
+        let huge = region.is_huge();
         let mem = MrBuffer::new(crate::memory::SharedMemory(Arc::clone(&region)));
         let pd = self.inner.handle;
         let info = self
@@ -729,7 +739,8 @@ impl Mr {
     pub fn rkey(&self) -> Rkey {
         self.inner.info.rkey
     }
-    /// Virtual address of byte 0 (the registered memory's own address).
+    /// Virtual address of byte 0 (the registered memory's own address, or the `iova` of
+    /// [`reg_mr_raw_iova`](crate::Pd::reg_mr_raw_iova)).
     pub fn addr(&self) -> u64 {
         self.inner.info.addr
     }
