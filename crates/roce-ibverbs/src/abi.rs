@@ -1,6 +1,15 @@
 //! The C structures of libibverbs that cross the boundary, `#[repr(C)]` with the sizes and offsets measured on
 //! Debian 12 (`../shared/libibverbs/ABI.md` §4, rdma-core 44 `verbs.h`). Every size and the offsets programs read
-//! are checked at compile time below, and `tests/abi_layout.rs` compares them with the system header.
+//! are checked at compile time below.
+//!
+//! The layouts are those of x86_64 Linux with glibc (LP64, glibc's 40-byte `pthread_mutex_t` and 48-byte
+//! `pthread_cond_t`, the SysV calling convention `compat` relies on): any other target refuses to build rather than
+//! hand C programs structures of the wrong shape.
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+compile_error!(
+    "roce-ibverbs implements the libibverbs ABI of x86_64 Linux glibc only (src/abi.rs, ABI.md §4)"
+);
 
 use core::ffi::{c_char, c_int, c_void};
 use core::mem::{offset_of, size_of};

@@ -27,7 +27,11 @@ use roce_verbs::{
 use crate::abi::*;
 
 mod async_events;
+mod live;
 mod misc_verbs;
+mod signals;
+
+use live::Kind;
 
 // ---------------------------------------------------------------------------------------------------------------
 // errno helpers
@@ -224,6 +228,9 @@ struct CqBlock {
     rust: roce_verbs::Cq,
     /// The depth the CQ was created with (`ibv_create_cq`'s `cqe`).
     depth: u32,
+    /// Completion events `ibv_get_cq_event` handed out for this CQ (counted under the channel's `cqs` lock):
+    /// `ibv_destroy_cq` waits until `comp_events_completed` has caught up (ibv_get_cq_event(3)).
+    events_handed: AtomicU32,
     /// QPs whose send or receive CQ this is (counted once per role): `ibv_destroy_cq` refuses with `EBUSY` while
     /// any remain.
     users: AtomicU32,
@@ -231,9 +238,15 @@ struct CqBlock {
 
 #[repr(C)]
 struct QpBlock {
-    qp: IbvQp,
+    /// `ibv_modify_qp` writes `state`, the program `qp_context`, behind any reference the library holds.
+    qp: UnsafeCell<IbvQp>,
     rust: roce_verbs::Qp,
     sq_sig_all: bool,
+    /// The PD and CQs (`ibv_pd *` / `ibv_cq *`) this QP counts as a user of: the library's own record, not the
+    /// program-writable `ibv_qp` fields, so `ibv_destroy_qp` releases exactly what `ibv_create_qp` took.
+    pd: usize,
+    send_cq: usize,
+    recv_cq: usize,
     /// The state of the last successful `ibv_modify_qp` (RESET at creation), as libibverbs keeps `ibv_qp.state`:
     /// posting needs RTS or later for the send queue and INIT or later for the receive queue (rxe_post_send /
     /// rxe_post_recv); a QP the engine moved to ERR meanwhile still accepts WRs, which are flushed.
@@ -323,6 +336,8 @@ fn pinnable(addr: usize, len: usize, write: bool) -> bool {
 struct AhBlock {
     ah: IbvAh,
     rust: roce_verbs::Ah,
+    /// The `ibv_pd *` this AH counts as a user of (the library's record, not `ibv_ah.pd`).
+    pd: usize,
 }
 
 /// The block behind a context pointer this library returned.
@@ -330,8 +345,24 @@ struct AhBlock {
 /// # Safety
 /// `ctx` is NULL or was returned by `ibv_open_device` and not yet closed.
 unsafe fn ctx_block<'a>(ctx: *mut IbvContext) -> Option<&'a CtxBlock> {
-    // SAFETY: per the contract, a non-NULL `ctx` is the first member of a live `CtxBlock`.
+    if !live::is(ctx, Kind::Ctx) {
+        return None;
+    }
+    // SAFETY: a live context of ours: the first member of a live `CtxBlock`.
     unsafe { ctx.cast::<CtxBlock>().as_ref() }
+}
+
+/// The block of type `T` behind `obj` if it is a live object of `kind` in the library's table ([`live`]); `None`
+/// for NULL, a destroyed object or a foreign pointer.
+///
+/// # Safety
+/// `kind` is the kind of the blocks of type `T`.
+unsafe fn live_block<'a, T, C>(obj: *mut C, kind: Kind) -> Option<&'a T> {
+    if !live::is(obj, kind) {
+        return None;
+    }
+    // SAFETY: a live object of `kind`, whose blocks are `T`.
+    unsafe { block::<T, C>(obj) }
 }
 
 /// # Safety
@@ -606,12 +637,15 @@ pub unsafe extern "C" fn rocev2_ibv_get_device_list(num: *mut c_int) -> *mut *mu
         unsafe { *num = v.len() as c_int };
     }
     v.push(null_mut());
-    Box::into_raw(v.into_boxed_slice()).cast::<*mut IbvDevice>()
+    let list = Box::into_raw(v.into_boxed_slice()).cast::<*mut IbvDevice>();
+    live::insert(list, Kind::DeviceList, 0);
+    list
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_free_device_list(list: *mut *mut IbvDevice) {
-    if list.is_null() {
+    // A list this library did not hand out, or already freed: nothing to free (the function returns nothing).
+    if live::take(list, Kind::DeviceList, || Ok(())).is_err() {
         return;
     }
     let mut n = 0;
@@ -692,15 +726,23 @@ pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut Ibv
         dev: d,
         rt: OnceLock::new(),
     });
+    live::insert(b, Kind::Ctx, b as usize);
     b.cast::<IbvContext>()
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int {
-    // SAFETY: the caller passes an open context.
-    let Some(c) = (unsafe { ctx_block(ctx) }) else {
-        return -1;
-    };
+    if live::take(ctx, Kind::Ctx, || Ok(())).is_err() {
+        return libc::EINVAL;
+    }
+    // SAFETY: it was a live context of ours, and no other call takes it now.
+    let c = unsafe { &*ctx.cast::<CtxBlock>() };
+    // What the program left behind goes first (the kernel's destroy-on-close of the uverbs fd): their runtime
+    // references go with them, so the last context below really lets the runtime and its UDP port go.
+    for (p, kind) in live::drain_context(ctx as usize) {
+        // SAFETY: each was a live object of this context and is no longer in the table.
+        unsafe { release(p, kind) };
+    }
     // SAFETY: our descriptors.
     unsafe {
         libc::close(c.ctx.cmd_fd);
@@ -724,6 +766,28 @@ pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int 
     // SAFETY: the context is not used after close (caller's contract).
     unsafe { free::<CtxBlock, _>(ctx) };
     0
+}
+
+/// Frees an object `ibv_close_device` found still alive (no use counts to check: everything of the context goes).
+///
+/// # Safety
+/// `p` is an object of `kind` just removed from the live table, not used afterwards.
+unsafe fn release(p: usize, kind: Kind) {
+    // SAFETY: per the contract.
+    unsafe {
+        match kind {
+            Kind::Qp => free::<QpBlock, _>(p as *mut IbvQp),
+            Kind::Ah => free::<AhBlock, _>(p as *mut IbvAh),
+            Kind::Mr => free::<MrBlock, _>(p as *mut IbvMr),
+            Kind::Cq => {
+                detach_cq(p as *mut IbvCq);
+                free::<CqBlock, _>(p as *mut IbvCq);
+            }
+            Kind::Channel => free::<ChannelBlock, _>(p as *mut IbvCompChannel),
+            Kind::Pd => free::<PdBlock, _>(p as *mut IbvPd),
+            Kind::Ctx | Kind::DeviceList => {}
+        }
+    }
 }
 
 fn be64(b: [u8; 8]) -> u64 {
@@ -982,27 +1046,34 @@ pub unsafe extern "C" fn rocev2_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd
         Err(e) => return null_errno(e),
     };
     match rt.alloc_pd() {
-        Ok(pd) => into_raw(PdBlock {
-            pd: IbvPd {
-                context: ctx,
-                handle: 0,
-            },
-            rust: pd,
-            users: AtomicU32::new(0),
-        })
-        .cast(),
+        Ok(pd) => {
+            let b = into_raw(PdBlock {
+                pd: IbvPd {
+                    context: ctx,
+                    handle: 0,
+                },
+                rust: pd,
+                users: AtomicU32::new(0),
+            });
+            live::insert(b, Kind::Pd, ctx as usize);
+            b.cast()
+        }
         Err(e) => null_errno(e.errno()),
     }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
-    // SAFETY: the caller passes a PD of ours.
-    let Some(p) = (unsafe { block::<PdBlock, _>(pd) }) else {
-        return libc::EINVAL;
-    };
-    if p.users.load(Ordering::Acquire) != 0 {
-        return libc::EBUSY;
+    let r = live::take(pd, Kind::Pd, || {
+        // SAFETY: a live PD of ours (checked by `take` under its lock).
+        let p = unsafe { &*pd.cast::<PdBlock>() };
+        if p.users.load(Ordering::Acquire) != 0 {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
     }
     // SAFETY: a PD of ours without users, not used after this call.
     unsafe { free::<PdBlock, _>(pd) };
@@ -1028,15 +1099,15 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut IbvMr {
-    // SAFETY: the caller passes a PD of ours.
-    let Some(p) = (unsafe { block::<PdBlock, _>(pd) }) else {
+    // SAFETY: PD blocks are `PdBlock`s.
+    let Some(p) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }) else {
         return null_errno(libc::EINVAL);
     };
     // SAFETY: `ibv_reg_mr`'s contract (the memory stays valid until `ibv_dereg_mr`).
     match unsafe { reg_checked(p, addr, length, iova, access) } {
         Ok(mr) => {
             p.users.fetch_add(1, Ordering::AcqRel);
-            into_raw(MrBlock {
+            let b = into_raw(MrBlock {
                 mr: UnsafeCell::new(IbvMr {
                     context: p.pd.context,
                     pd,
@@ -1051,8 +1122,9 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
                     pd: pd as usize,
                     access,
                 }),
-            })
-            .cast()
+            });
+            live::insert(b, Kind::Mr, p.pd.context as usize);
+            b.cast()
         }
         Err(e) => null_errno(e),
     }
@@ -1091,25 +1163,24 @@ unsafe fn reg_checked(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
-    // SAFETY: the caller passes an MR of ours.
-    let Some(m) = (unsafe { block::<MrBlock, _>(mr) }) else {
-        return libc::EINVAL;
-    };
-    let (r, pd) = {
+    let mut pd = 0;
+    let r = live::take(mr, Kind::Mr, || {
+        // SAFETY: a live MR of ours (checked by `take` under its lock).
+        let m = unsafe { &*mr.cast::<MrBlock>() };
         let st = m.state.lock().unwrap_or_else(|p| p.into_inner());
-        (st.rust.clone().dereg(), st.pd)
-    };
-    match r {
-        Ok(()) => {
-            // SAFETY: deregistered; the caller does not use `mr` again. Its PD is live (it has this user).
-            unsafe {
-                count_user::<PdBlock, _>(pd as *mut IbvPd, false);
-                free::<MrBlock, _>(mr);
-            }
-            0
-        }
-        Err((_, e)) => e.errno(),
+        pd = st.pd;
+        st.rust.clone().dereg().map_err(|(_, e)| e.errno())
+    });
+    if let Err(e) = r {
+        return e;
     }
+    // SAFETY: deregistered and out of the table; the caller does not use `mr` again. Its PD is live (it has this
+    // user).
+    unsafe {
+        count_user::<PdBlock, _>(pd as *mut IbvPd, false);
+        free::<MrBlock, _>(mr);
+    }
+    0
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1129,7 +1200,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_comp_channel(
     let Some(fd) = rust.fd() else {
         return null_errno(libc::EMFILE);
     };
-    into_raw(ChannelBlock {
+    let b = into_raw(ChannelBlock {
         ch: IbvCompChannel {
             context: ctx,
             fd,
@@ -1137,18 +1208,23 @@ pub unsafe extern "C" fn rocev2_ibv_create_comp_channel(
         },
         rust,
         cqs: Mutex::new(Vec::new()),
-    })
-    .cast()
+    });
+    live::insert(b, Kind::Channel, ctx as usize);
+    b.cast()
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
-    // SAFETY: the caller passes a channel of ours.
-    let Some(c) = (unsafe { block::<ChannelBlock, _>(ch) }) else {
-        return libc::EINVAL;
-    };
-    if c.cqs.lock().map_or(true, |v| !v.is_empty()) {
-        return libc::EBUSY;
+    let r = live::take(ch, Kind::Channel, || {
+        // SAFETY: a live channel of ours (checked by `take` under its lock).
+        let c = unsafe { &*ch.cast::<ChannelBlock>() };
+        if c.cqs.lock().map_or(true, |v| !v.is_empty()) {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
     }
     // SAFETY: the channel is not used after this call (its descriptor goes with the Rust channel).
     unsafe { free::<ChannelBlock, _>(ch) };
@@ -1167,8 +1243,11 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
     let Some(c) = (unsafe { ctx_block(ctx) }) else {
         return null_errno(libc::EINVAL);
     };
-    // SAFETY: the caller passes NULL or a channel of ours.
-    let ch = unsafe { block::<ChannelBlock, _>(channel) };
+    // SAFETY: channel blocks are `ChannelBlock`s.
+    let ch = unsafe { live_block::<ChannelBlock, _>(channel, Kind::Channel) };
+    if ch.is_none() && !channel.is_null() {
+        return null_errno(libc::EINVAL);
+    }
     let Ok(depth) = u32::try_from(cqe) else {
         return null_errno(libc::EINVAL);
     };
@@ -1196,7 +1275,9 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
         }),
         rust: cq,
         users: AtomicU32::new(0),
+        events_handed: AtomicU32::new(0),
     });
+    live::insert(b, Kind::Cq, ctx as usize);
     if let Some(ch) = ch
         && let Ok(mut v) = ch.cqs.lock()
     {
@@ -1207,22 +1288,71 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
-    // SAFETY: the caller passes a CQ of ours.
-    let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
-        return libc::EINVAL;
-    };
-    if c.users.load(Ordering::Acquire) != 0 {
-        return libc::EBUSY;
+    let r = live::take(cq, Kind::Cq, || {
+        // SAFETY: a live CQ of ours (checked by `take` under its lock).
+        let c = unsafe { &*cq.cast::<CqBlock>() };
+        if c.users.load(Ordering::Acquire) != 0 {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
     }
-    // SAFETY: NULL or the channel the CQ was created on (outlives its CQs: destroy_comp_channel refuses).
-    if let Some(ch) = unsafe { block::<ChannelBlock, _>((*c.cq.get()).channel) }
-        && let Ok(mut v) = ch.cqs.lock()
-    {
-        v.retain(|&(_, p)| p != cq as usize);
+    // SAFETY: out of the table: no other destroy reaches it; `ibv_get_cq_event` stops handing out its events once
+    // it is detached.
+    unsafe {
+        detach_cq(cq);
+        wait_acked(cq);
+        free::<CqBlock, _>(cq);
     }
-    // SAFETY: the caller does not use `cq` again.
-    unsafe { free::<CqBlock, _>(cq) };
     0
+}
+
+/// Takes the CQ off its channel's list (under the list's lock, which `ibv_get_cq_event` holds while it hands out an
+/// event and reads the CQ): no event of it is handed out afterwards.
+///
+/// # Safety
+/// `cq` is a CQ block of ours, not yet freed; its channel outlives it (`ibv_destroy_comp_channel` refuses while
+/// CQs are attached; `ibv_close_device` releases CQs before channels).
+unsafe fn detach_cq(cq: *mut IbvCq) {
+    // SAFETY: per the contract; `channel` is written only at creation.
+    let ch = unsafe { (*cq.cast::<CqBlock>()).cq.get().read().channel };
+    // SAFETY: NULL or the CQ's channel (live per the contract).
+    if let Some(ch) = unsafe { block::<ChannelBlock, _>(ch) } {
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|&(_, p)| p != cq as usize);
+    }
+}
+
+/// Waits until every completion event handed out for `cq` has been acknowledged with `ibv_ack_cq_events`
+/// (ibv_get_cq_event(3): "ibv_destroy_cq() will wait for all completion events to be acknowledged"), on the CQ's
+/// own mutex and condition variable, which `ibv_ack_cq_events` signals.
+///
+/// # Safety
+/// `cq` is a CQ block of ours, detached ([`detach_cq`]), not yet freed.
+unsafe fn wait_acked(cq: *mut IbvCq) {
+    // SAFETY: per the contract; the C part is reached through raw pointers only (the program and
+    // `ibv_ack_cq_events` write it).
+    unsafe {
+        let handed = (*cq.cast::<CqBlock>())
+            .events_handed
+            .load(Ordering::Acquire);
+        let m = ptr::addr_of_mut!((*cq).mutex).cast::<libc::pthread_mutex_t>();
+        let cv = ptr::addr_of_mut!((*cq).cond).cast::<libc::pthread_cond_t>();
+        libc::pthread_mutex_lock(m);
+        // Wrapping comparison: acknowledged - handed < 0 means events are outstanding.
+        while (ptr::addr_of!((*cq).comp_events_completed)
+            .read_volatile()
+            .wrapping_sub(handed) as i32)
+            < 0
+        {
+            libc::pthread_cond_wait(cv, m);
+        }
+        libc::pthread_mutex_unlock(m);
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -1231,8 +1361,8 @@ pub unsafe extern "C" fn rocev2_ibv_get_cq_event(
     cq_out: *mut *mut IbvCq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    // SAFETY: the caller passes a channel of ours.
-    let Some(c) = (unsafe { block::<ChannelBlock, _>(ch) }) else {
+    // SAFETY: channel blocks are `ChannelBlock`s.
+    let Some(c) = (unsafe { live_block::<ChannelBlock, _>(ch, Kind::Channel) }) else {
         set_errno(libc::EINVAL);
         return -1;
     };
@@ -1244,28 +1374,47 @@ pub unsafe extern "C" fn rocev2_ibv_get_cq_event(
         } else {
             Duration::from_secs(3600)
         };
-        let Some(id) = c.rust.get_event(wait) else {
-            if nonblock {
+        // A signal handler interrupting the wait ends it with EINTR unless the handler asked for restarts
+        // (module `signals`), as rdma-core's blocking read() of the channel fd.
+        let id = match c.rust.get_event_interruptible(wait) {
+            Ok(Some(id)) => id,
+            Ok(None) if nonblock => {
                 set_errno(libc::EAGAIN);
                 return -1;
             }
-            continue;
+            Ok(None) => continue,
+            Err(_) if signals::all_handlers_restart() => continue,
+            Err(_) => {
+                set_errno(libc::EINTR);
+                return -1;
+            }
         };
-        let found = c
-            .cqs
-            .lock()
-            .ok()
-            .and_then(|v| v.iter().find(|&&(i, _)| i == id).map(|&(_, p)| p));
+        // Found, counted and read under the list's lock: `ibv_destroy_cq` detaches the CQ under the same lock
+        // before it waits for the acknowledgements and frees it.
+        let found = {
+            let v = c.cqs.lock().unwrap_or_else(|p| p.into_inner());
+            v.iter().find(|&&(i, _)| i == id).map(|&(_, p)| {
+                // SAFETY: an attached CQ is live (detached before it is freed); its C part is read through a
+                // raw pointer (the program may write `cq_context`).
+                unsafe {
+                    let b = &*(p as *const CqBlock);
+                    b.events_handed.fetch_add(1, Ordering::AcqRel);
+                    (
+                        p as *mut IbvCq,
+                        ptr::addr_of!((*b.cq.get()).cq_context).read_volatile(),
+                    )
+                }
+            })
+        };
         // An event of a CQ destroyed meanwhile is dropped.
-        let Some(p) = found else { continue };
-        let cq = p as *mut IbvCq;
-        // SAFETY: a live CQ of ours (still attached); the out-parameters are the caller's.
+        let Some((cq, ctx_ptr)) = found else { continue };
+        // SAFETY: the caller's out-parameters.
         unsafe {
             if !cq_out.is_null() {
                 *cq_out = cq;
             }
             if !cq_context.is_null() {
-                *cq_context = (*cq).cq_context;
+                *cq_context = ctx_ptr;
             }
         }
         return 0;
@@ -1396,8 +1545,10 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     pd: *mut IbvPd,
     attr: *mut IbvQpInitAttr,
 ) -> *mut IbvQp {
-    // SAFETY: the caller passes a PD of ours and its init attributes.
-    let (Some(p), Some(a)) = (unsafe { block::<PdBlock, _>(pd) }, unsafe { attr.as_mut() }) else {
+    // SAFETY: PD blocks are `PdBlock`s; the caller passes its init attributes.
+    let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
+        attr.as_mut()
+    }) else {
         return null_errno(libc::EINVAL);
     };
     if !a.srq.is_null() {
@@ -1406,10 +1557,11 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     let Some(ty) = qp_type_from_c(a.qp_type) else {
         return null_errno(libc::EOPNOTSUPP);
     };
-    // SAFETY: the caller passes CQs of ours.
-    let (Some(scq), Some(rcq)) = (unsafe { block::<CqBlock, _>(a.send_cq) }, unsafe {
-        block::<CqBlock, _>(a.recv_cq)
-    }) else {
+    // SAFETY: CQ blocks are `CqBlock`s.
+    let (Some(scq), Some(rcq)) = (
+        unsafe { live_block::<CqBlock, _>(a.send_cq, Kind::Cq) },
+        unsafe { live_block::<CqBlock, _>(a.recv_cq, Kind::Cq) },
+    ) else {
         return null_errno(libc::EINVAL);
     };
     let mut cap = cap_from_c(&a.cap);
@@ -1426,7 +1578,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     granted.max_inline_data = granted.max_inline_data.min(MAX_INLINE as u32);
     a.cap = cap_to_c(&granted);
     let b = into_raw(QpBlock {
-        qp: IbvQp {
+        qp: UnsafeCell::new(IbvQp {
             context: p.pd.context,
             qp_context: a.qp_context,
             pd,
@@ -1440,11 +1592,15 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
             mutex: [0; 5],
             cond: [0; 6],
             events_completed: 0,
-        },
+        }),
         rust: qp,
         sq_sig_all: a.sq_sig_all != 0,
+        pd: pd as usize,
+        send_cq: a.send_cq as usize,
+        recv_cq: a.recv_cq as usize,
         state: AtomicI32::new(QpState::Reset as c_int),
     });
+    live::insert(b, Kind::Qp, p.pd.context as usize);
     p.users.fetch_add(1, Ordering::AcqRel);
     scq.users.fetch_add(1, Ordering::AcqRel);
     rcq.users.fetch_add(1, Ordering::AcqRel);
@@ -1453,14 +1609,16 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
-    if qp.is_null() {
-        return libc::EINVAL;
+    if let Err(e) = live::take(qp, Kind::Qp, || Ok(())) {
+        return e;
     }
-    // SAFETY: a QP of ours, not used after this call; its PD and CQs are live (it is one of their users).
+    // SAFETY: a QP of ours, out of the table and not used after this call; the PD and CQs of its own record are
+    // live (it is one of their users).
     unsafe {
-        count_user::<PdBlock, _>((*qp).pd, false);
-        count_user::<CqBlock, _>((*qp).send_cq, false);
-        count_user::<CqBlock, _>((*qp).recv_cq, false);
+        let q = &*qp.cast::<QpBlock>();
+        count_user::<PdBlock, _>(q.pd as *mut IbvPd, false);
+        count_user::<CqBlock, _>(q.send_cq as *mut IbvCq, false);
+        count_user::<CqBlock, _>(q.recv_cq as *mut IbvCq, false);
         free::<QpBlock, _>(qp);
     }
     0
@@ -1587,8 +1745,8 @@ pub unsafe extern "C" fn rocev2_ibv_modify_qp(
         Ok(()) => {
             if m.contains(QpAttrMask::STATE) {
                 q.state.store(a.qp_state, Ordering::Release);
-                // SAFETY: our QP; `state` is informational for the program.
-                unsafe { (*qp).state = a.qp_state };
+                // SAFETY: our QP's C part (UnsafeCell); `state` is informational for the program.
+                unsafe { (*q.qp.get()).state = a.qp_state };
             }
             0
         }
@@ -1647,9 +1805,9 @@ pub unsafe extern "C" fn rocev2_ibv_query_qp(
         }
         if !init.is_null() {
             init.write(IbvQpInitAttr {
-                qp_context: q.qp.qp_context,
-                send_cq: q.qp.send_cq,
-                recv_cq: q.qp.recv_cq,
+                qp_context: ptr::addr_of!((*q.qp.get()).qp_context).read_volatile(),
+                send_cq: q.send_cq as *mut IbvCq,
+                recv_cq: q.recv_cq as *mut IbvCq,
                 srq: null_mut(),
                 cap,
                 qp_type: qp_type_to_c(q.rust.qp_type()),
@@ -1662,8 +1820,10 @@ pub unsafe extern "C" fn rocev2_ibv_query_qp(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
-    // SAFETY: the caller passes a PD of ours and the attributes.
-    let (Some(p), Some(a)) = (unsafe { block::<PdBlock, _>(pd) }, unsafe { attr.as_ref() }) else {
+    // SAFETY: PD blocks are `PdBlock`s; the caller passes the attributes.
+    let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
+        attr.as_ref()
+    }) else {
         return null_errno(libc::EINVAL);
     };
     let Some(ah) = ah_from_c(a) else {
@@ -1672,15 +1832,17 @@ pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAt
     match p.rust.create_ah(&ah) {
         Ok(h) => {
             p.users.fetch_add(1, Ordering::AcqRel);
-            into_raw(AhBlock {
+            let b = into_raw(AhBlock {
                 ah: IbvAh {
                     context: p.pd.context,
                     pd,
                     handle: h.handle().0,
                 },
                 rust: h,
-            })
-            .cast()
+                pd: pd as usize,
+            });
+            live::insert(b, Kind::Ah, p.pd.context as usize);
+            b.cast()
         }
         Err(e) => null_errno(e.errno()),
     }
@@ -1688,12 +1850,13 @@ pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAt
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
-    if ah.is_null() {
-        return libc::EINVAL;
+    if let Err(e) = live::take(ah, Kind::Ah, || Ok(())) {
+        return e;
     }
-    // SAFETY: an AH of ours, not used after this call; its PD is live (it is one of its users).
+    // SAFETY: an AH of ours, out of the table and not used after this call; the PD of its own record is live (it
+    // is one of its users).
     unsafe {
-        count_user::<PdBlock, _>((*ah).pd, false);
+        count_user::<PdBlock, _>((*ah.cast::<AhBlock>()).pd as *mut IbvPd, false);
         free::<AhBlock, _>(ah);
     }
     0
@@ -1744,10 +1907,17 @@ unsafe fn convert_send(
         // SAFETY: `sg_list` has `num_sge` entries.
         let s = unsafe { *w.sg_list.add(i) };
         if inline {
-            // SAFETY: inline SGEs name memory the program lets us read during the call (the bytes are copied into
-            // the WQE before post returns).
-            inl[i] = unsafe {
-                std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+            inl[i] = if s.length == 0 {
+                // No bytes: the address is not looked at (it may be 0, which no slice may start at).
+                &[]
+            } else if s.addr == 0 {
+                return Err(libc::EINVAL);
+            } else {
+                // SAFETY: inline SGEs name memory the program lets us read during the call (the bytes are copied
+                // into the WQE before post returns); non-NULL, checked above.
+                unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                }
             };
         } else {
             sges[i] = Sge {

@@ -49,6 +49,16 @@
 //! (the kernel's use counts); `ibv_reg_mr` of memory that is not mapped, or not writable for a writable MR, is NULL
 //! with `EFAULT` (the kernel cannot pin it; here the engine would fault when it copies).
 //!
+//! Object lifetimes follow the kernel's handles (module `exports::live`): the library keeps its own table of live
+//! objects; every destroy, dealloc, dereg and close looks its pointer up there, so a second destroy or a foreign
+//! pointer is `EINVAL`, never a double free; `ibv_destroy_qp` / `ibv_destroy_ah` release the PD and CQs of the
+//! library's own record, not the program-writable struct fields; `ibv_close_device` releases everything the
+//! context still owns (QPs, AHs, MRs, CQs, channels, PDs — the runtime and its UDP port go with the last context),
+//! and a second close is `EINVAL`; `ibv_destroy_cq` waits until every event `ibv_get_cq_event` handed out has been
+//! acknowledged (ibv_get_cq_event(3)); a blocking `ibv_get_cq_event` / `ibv_get_async_event` fails with `EINTR`
+//! when a signal handler without `SA_RESTART` runs (module `exports::signals`). The C structs the program or
+//! other entry points write (`ibv_cq`, `ibv_qp`, `ibv_mr`) are `UnsafeCell`s in the library's blocks.
+//!
 //! # Not implemented (clean errors: `NULL` + `errno = EOPNOTSUPP`, or the `EOPNOTSUPP` return each man page gives)
 //!
 //! SRQ (`ibv_create_srq`; `post_srq_recv` returns `EOPNOTSUPP`), multicast attach/detach, the `IBVERBS_1.0` ABI

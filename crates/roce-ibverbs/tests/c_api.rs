@@ -22,7 +22,13 @@
 //!   `ibv_query_qp_data_in_order`, `ibv_reg_mr_iova`, `ibv_rereg_mr`, `ibv_resize_cq`, address vectors from a UD
 //!   completion, a non-blocking `ibv_get_async_event`, and the refusals (the IBVERBS_1.0 ABI, imports, dma-buf).
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.3 (run under the network lock with the other loopback tests).
+//! * `tests/c/lifetimes.c` with the device on 127.0.201.4: second destroys and foreign pointers are `EINVAL`,
+//!   `ibv_destroy_qp` releases what it took even when the program overwrote `qp->pd` / `qp->send_cq`,
+//!   `ibv_destroy_cq` waits for a late acknowledgement from another thread, a zero-length inline SGE at address 0
+//!   posts, a blocking `ibv_get_cq_event` fails with `EINTR` for a handler without `SA_RESTART` (and keeps waiting
+//!   for one with it), and `ibv_close_device` releases everything the context still owns, its UDP port included.
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.4 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -94,5 +100,12 @@ fn c_program_misusing_the_api_gets_the_errors_of_libibverbs() {
 fn c_program_using_the_rest_of_the_export_table_gets_libibverbs_answers() {
     let (prog, dir) = build("extra");
     run(&prog, &dir, "loop", Some("127.0.201.3"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_destroying_twice_racing_acks_and_closing_early_gets_kernel_handle_semantics() {
+    let (prog, dir) = build("lifetimes");
+    run(&prog, &dir, "loop", Some("127.0.201.4"));
     let _ = std::fs::remove_dir_all(&dir);
 }

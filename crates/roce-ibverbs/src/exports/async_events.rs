@@ -1,7 +1,8 @@
 //! Asynchronous events (`ibv_get_async_event` / `ibv_ack_async_event`, ibv_get_async_event(3)) on the context's
 //! `async_fd`. The library raises none yet (the engine's `poll_async_event` is not plumbed through the runtime), so
 //! the descriptor is never readable: a blocking call waits as it does on an RNIC where nothing happens, and returns
-//! -1 with `errno = EINTR` when a signal arrives (rdma-core's `read()` of the uverbs async fd does); an `async_fd`
+//! -1 with `errno = EINTR` when a signal handler without `SA_RESTART` runs (rdma-core's `read()` of the uverbs
+//! async fd does, module `signals`); an `async_fd`
 //! the program made `O_NONBLOCK` answers -1 with `errno = EAGAIN` at once.
 
 use super::*;
@@ -38,8 +39,13 @@ pub unsafe extern "C" fn rocev2_ibv_get_async_event(
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one pollfd of ours; an interrupted wait sets errno (EINTR) and is the caller's answer.
+        // SAFETY: one pollfd of ours.
         if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted && signals::all_handlers_restart() {
+                continue;
+            }
+            set_errno(e.raw_os_error().unwrap_or(libc::EINTR));
             return -1;
         }
     }

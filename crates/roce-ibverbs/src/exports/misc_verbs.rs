@@ -130,17 +130,34 @@ pub unsafe extern "C" fn rocev2_ibv_rereg_mr(
     if flags == 0 || flags & !all != 0 {
         return input(libc::EINVAL);
     }
-    // SAFETY: the caller passes an MR of ours.
-    let Some(m) = (unsafe { block::<MrBlock, _>(mr) }) else {
+    // SAFETY: MR blocks are `MrBlock`s.
+    let Some(m) = (unsafe { live_block::<MrBlock, _>(mr, Kind::Mr) }) else {
         return input(libc::EINVAL);
+    };
+    // The new PD is looked up before the MR's lock is taken (`ibv_dereg_mr` takes the live table's lock, then the
+    // MR's: never the other way round).
+    let asked_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+        // SAFETY: PD blocks are `PdBlock`s.
+        match unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) } {
+            Some(p) => Some((p, pd)),
+            None => return input(libc::EINVAL),
+        }
+    } else {
+        None
     };
     let mut state = m.state.lock().unwrap_or_else(|p| p.into_inner());
     // SAFETY: our MR's C part; read under the MR's lock, which every writer of it holds.
     let cur = unsafe { &*m.mr.get() };
-    let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
-        pd
-    } else {
-        state.pd as *mut IbvPd
+    let (p, new_pd) = match asked_pd {
+        Some(x) => x,
+        None => {
+            let own = state.pd as *mut IbvPd;
+            // SAFETY: the MR's own PD is live: the MR counts as one of its users.
+            match unsafe { block::<PdBlock, _>(own) } {
+                Some(p) => (p, own),
+                None => return input(libc::EINVAL),
+            }
+        }
     };
     let (new_addr, new_len) = if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
         (addr, length)
@@ -152,11 +169,7 @@ pub unsafe extern "C" fn rocev2_ibv_rereg_mr(
     } else {
         state.access
     };
-    // SAFETY: `new_pd` is the MR's own PD or the caller's (validated by the registration).
-    let Some(p) = (unsafe { block::<PdBlock, _>(new_pd) }) else {
-        return input(libc::EINVAL);
-    };
-    // SAFETY: `reg_region_checked` checks the memory as `ibv_reg_mr` does; the registration's contract is the
+    // SAFETY: `reg_checked` checks the memory as `ibv_reg_mr` does; the registration's contract is the
     // caller's (ibv_rereg_mr(3): the new range stays valid until deregistration).
     let fresh = match unsafe { reg_checked(p, new_addr, new_len, new_addr as u64, new_access) } {
         Ok(r) => r,
@@ -198,8 +211,8 @@ pub unsafe extern "C" fn rocev2_ibv_rereg_mr(
 /// `cqe` < 1 is `EINVAL`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
-    // SAFETY: the caller passes a CQ of ours.
-    let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
+    // SAFETY: CQ blocks are `CqBlock`s.
+    let Some(c) = (unsafe { live_block::<CqBlock, _>(cq, Kind::Cq) }) else {
         return libc::EINVAL;
     };
     if cqe < 1 {
@@ -293,8 +306,8 @@ pub unsafe extern "C" fn rocev2_ibv_create_ah_from_wc(
     grh: *const Grh,
     port: u8,
 ) -> *mut IbvAh {
-    // SAFETY: the caller passes a PD of ours.
-    let Some(p) = (unsafe { block::<PdBlock, _>(pd) }) else {
+    // SAFETY: PD blocks are `PdBlock`s.
+    let Some(p) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }) else {
         return null_errno(libc::EINVAL);
     };
     let mut attr = IbvAhAttr::default();
