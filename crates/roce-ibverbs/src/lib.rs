@@ -57,7 +57,9 @@
 //! and a second close is `EINVAL`; `ibv_destroy_cq` waits until every event `ibv_get_cq_event` handed out has been
 //! acknowledged (ibv_get_cq_event(3)); a blocking `ibv_get_cq_event` / `ibv_get_async_event` fails with `EINTR`
 //! when a signal handler without `SA_RESTART` runs (module `exports::signals`). The C structs the program or
-//! other entry points write (`ibv_cq`, `ibv_qp`, `ibv_mr`) are `UnsafeCell`s in the library's blocks.
+//! other entry points write (`ibv_cq`, `ibv_qp`, `ibv_mr`) are `UnsafeCell`s in the library's blocks. The runtime's
+//! threads run with every signal blocked, so the program's handlers run on the program's threads. No panic
+//! crosses the C boundary (module `guard`): a verb whose body panics answers with its error return and `EIO`.
 //!
 //! # Not implemented (clean errors: `NULL` + `errno = EOPNOTSUPP`, or the `EOPNOTSUPP` return each man page gives)
 //!
@@ -94,4 +96,5 @@ macro_rules! versioned_compat {
 mod abi;
 mod compat;
 mod exports;
+mod guard;
 mod strings;

@@ -28,7 +28,11 @@
 //!   posts, a blocking `ibv_get_cq_event` fails with `EINTR` for a handler without `SA_RESTART` (and keeps waiting
 //!   for one with it), and `ibv_close_device` releases everything the context still owns, its UDP port included.
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.4 (run under the network lock with the other loopback tests).
+//! * `tests/c/panic.c` with the device on 127.0.201.5 and a panic injected into `ibv_alloc_pd`, `ibv_poll_cq` or
+//!   `ibv_destroy_cq` (`ROCEV2_IBVERBS_INJECT_PANIC`): the verb answers with its error return (EIO), the program
+//!   goes on and the other verbs work.
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.5 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -64,7 +68,12 @@ fn build(name: &str) -> (PathBuf, PathBuf) {
 }
 
 fn run(prog: &Path, dir: &Path, mode: &str, ip: Option<&str>) {
+    run_with(prog, dir, mode, ip, &[]);
+}
+
+fn run_with(prog: &Path, dir: &Path, mode: &str, ip: Option<&str>, env: &[(&str, &str)]) {
     let mut cmd = Command::new(prog);
+    cmd.envs(env.iter().copied());
     cmd.arg(mode)
         .env("LD_LIBRARY_PATH", dir)
         .env_remove("ROCEV2_IBV_IP");
@@ -107,5 +116,20 @@ fn c_program_using_the_rest_of_the_export_table_gets_libibverbs_answers() {
 fn c_program_destroying_twice_racing_acks_and_closing_early_gets_kernel_handle_semantics() {
     let (prog, dir) = build("lifetimes");
     run(&prog, &dir, "loop", Some("127.0.201.4"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_panic_inside_the_library_is_an_error_return_not_an_abort() {
+    let (prog, dir) = build("panic");
+    for verb in ["ibv_alloc_pd", "ibv_poll_cq", "ibv_destroy_cq"] {
+        run_with(
+            &prog,
+            &dir,
+            verb,
+            Some("127.0.201.5"),
+            &[("ROCEV2_IBVERBS_INJECT_PANIC", verb)],
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,37 +18,48 @@ pub unsafe extern "C" fn rocev2_ibv_get_async_event(
     ctx: *mut IbvContext,
     event: *mut c_void,
 ) -> c_int {
-    // SAFETY: the caller passes an open context.
-    let Some(c) = (unsafe { ctx_block(ctx) }) else {
-        set_errno(libc::EINVAL);
-        return -1;
-    };
-    if event.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    let fd = c.ctx.async_fd;
-    loop {
-        // SAFETY: fcntl on the context's descriptor.
-        if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-            set_errno(libc::EAGAIN);
-            return -1;
-        }
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd of ours.
-        if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted && signals::all_handlers_restart() {
-                continue;
+    crate::guard::guard(
+        "ibv_get_async_event",
+        || {
+            set_errno(libc::EIO);
+            -1
+        },
+        || {
+            // SAFETY: the caller passes an open context.
+            let Some(c) = (unsafe { ctx_block(ctx) }) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            if event.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
             }
-            set_errno(e.raw_os_error().unwrap_or(libc::EINTR));
-            return -1;
-        }
-    }
+            let fd = c.ctx.async_fd;
+            loop {
+                // SAFETY: fcntl on the context's descriptor.
+                if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+                    set_errno(libc::EAGAIN);
+                    return -1;
+                }
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd of ours.
+                if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted
+                        && signals::all_handlers_restart()
+                    {
+                        continue;
+                    }
+                    set_errno(e.raw_os_error().unwrap_or(libc::EINTR));
+                    return -1;
+                }
+            }
+        },
+    )
 }
 
 /// `ibv_ack_async_event(event)`: nothing to release (no event is ever handed out, module docs).

@@ -18,3 +18,25 @@ pub(super) fn all_handlers_restart() -> bool {
             || old.sa_flags & libc::SA_RESTART != 0
     })
 }
+
+/// Runs `f` (which starts the runtime's threads: progress, auto-progress, stats endpoint) with every signal
+/// blocked, so the threads it spawns inherit a full mask: the program's signals are delivered to the program's own
+/// threads, as they are when the RNIC is hardware and the library starts no thread. Without this a process-wide
+/// signal (`SIGALRM`, `SIGINT`) may run its handler on a runtime thread, and the program's thread blocked in
+/// `ibv_get_cq_event` never sees `EINTR`. The calling thread's mask is restored before returning.
+pub(super) fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: plain calls on local, initialised signal sets (`sigfillset` initialises `all`; `old` is written by
+    // `pthread_sigmask` before it is read).
+    let mut old: libc::sigset_t = unsafe { core::mem::zeroed() };
+    let blocked = unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0
+    };
+    let r = f();
+    if blocked {
+        // SAFETY: restores the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut()) };
+    }
+    r
+}
