@@ -1679,7 +1679,8 @@ fn wc_to_c(w: &Wc) -> IbvWc {
         wc_flags: w.wc_flags.bits(),
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        // On RoCE, mlx5 reports a UD receive's network header type here (2 IPv4, 1 IPv6), and UCX relies on it.
+        sl: w.network_hdr_type,
         dlid_path_bits: 0,
     }
 }

@@ -2,6 +2,7 @@
  * tests/c_api.rs with the device on $ROCEV2_IBV_IP:
  *  - the string and rate helpers answer exactly as Debian's own libibverbs (loaded beside ours with dlopen by its
  *    file path) for every input around their ranges;
+ *  - a UD receive over IPv4 reports wc.sl = 2 (the network header type, where mlx5 puts it);
  *  - fork support, the GID table, ibv_query_qp_data_in_order, ibv_reg_mr_iova, ibv_rereg_mr, ibv_resize_cq,
  *    ibv_init_ah_from_wc / ibv_create_ah_from_wc, a non-blocking ibv_get_async_event, and the refusals of what this
  *    RNIC has no equivalent of (the IBVERBS_1.0 ABI, import of another process's objects, dma-buf MRs), each as its
@@ -199,6 +200,52 @@ int main(void)
 	grh[39] ^= 1; /* sent to an address that is not ours */
 	CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, (struct ibv_grh *)grh, &ah) == EINVAL);
 
+	/* A UD receive over IPv4 reports the network header type where mlx5 does: wc.sl = 2 (UCX relies on it). */
+	struct ibv_qp *qp2 = ibv_create_qp(pd, &ia);
+	CHECK(qp && qp2);
+	char *ubuf = calloc(1, 4096);
+	struct ibv_mr *umr = ibv_reg_mr(pd, ubuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(umr != NULL);
+	for (int i = 0; qp && qp2 && umr && i < 2; i++) {
+		struct ibv_qp *q = i ? qp2 : qp;
+		struct ibv_qp_attr qa = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11111111};
+		CHECK(ibv_modify_qp(q, &qa, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+		qa.qp_state = IBV_QPS_RTR;
+		CHECK(ibv_modify_qp(q, &qa, IBV_QP_STATE) == 0);
+		qa.qp_state = IBV_QPS_RTS;
+		CHECK(ibv_modify_qp(q, &qa, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+	}
+	if (qp && qp2 && umr) {
+		struct ibv_sge rs = {.addr = (uintptr_t)ubuf + 1024, .length = 40 + 64, .lkey = umr->lkey};
+		struct ibv_recv_wr rw = {.wr_id = 3, .sg_list = &rs, .num_sge = 1}, *bad_r;
+		CHECK(ibv_post_recv(qp2, &rw, &bad_r) == 0);
+		struct ibv_ah_attr aa = {.is_global = 1, .grh = {.dgid = gid, .hop_limit = 64}, .port_num = 1};
+		struct ibv_ah *uah = ibv_create_ah(pd, &aa);
+		CHECK(uah != NULL);
+		struct ibv_sge ss = {.addr = (uintptr_t)ubuf, .length = 64, .lkey = umr->lkey};
+		struct ibv_send_wr sw = {.wr_id = 4, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+					 .send_flags = IBV_SEND_SIGNALED,
+					 .wr.ud = {.ah = uah, .remote_qpn = qp2->qp_num, .remote_qkey = 0x11111111}},
+				   *bad_s;
+		CHECK(ibv_post_send(qp, &sw, &bad_s) == 0);
+		int got = 0;
+		for (long i = 0; i < 50000000 && got < 2; i++) {
+			struct ibv_wc w;
+			if (ibv_poll_cq(cq, 1, &w) != 1)
+				continue;
+			got++;
+			CHECK(w.status == IBV_WC_SUCCESS);
+			if (w.opcode == IBV_WC_RECV)
+				CHECK(w.wr_id == 3 && (w.wc_flags & IBV_WC_GRH) && w.sl == 2 && w.byte_len == 40 + 64);
+		}
+		CHECK(got == 2);
+		CHECK(ibv_destroy_ah(uah) == 0);
+	}
+	if (qp2)
+		CHECK(ibv_destroy_qp(qp2) == 0);
+	if (umr)
+		CHECK(ibv_dereg_mr(umr) == 0);
+	free(ubuf);
 	if (qp)
 		CHECK(ibv_destroy_qp(qp) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
