@@ -1415,7 +1415,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut IbvCompChannel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut IbvCq {
     crate::guard::guard(
         "ibv_create_cq",
@@ -1433,6 +1433,11 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
             let Ok(depth) = u32::try_from(cqe) else {
                 return null_errno(libc::EINVAL);
             };
+            // The kernel's check (ib_uverbs create_cq): the vector, taken as unsigned, below
+            // `num_comp_vectors`.
+            if comp_vector as u32 >= c.ctx.num_comp_vectors as u32 {
+                return null_errno(libc::EINVAL);
+            }
             let rt = match c.runtime() {
                 Ok(rt) => rt,
                 Err(e) => return null_errno(e),

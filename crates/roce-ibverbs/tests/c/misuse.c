@@ -83,6 +83,13 @@ int main(void)
 	}
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_comp_channel *chan = ibv_create_comp_channel(ctx);
+	/* comp_vector must be below num_comp_vectors (the kernel's check): EINVAL, as negative ones. */
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors) == NULL && errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 16, NULL, NULL, -1) == NULL && errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 0, NULL, NULL, 0) == NULL && errno == EINVAL);
 	struct ibv_cq *cq = chan ? ibv_create_cq(ctx, 16, NULL, chan, 0) : NULL;
 	char *buf = calloc(1, 4096);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
