@@ -1333,7 +1333,10 @@ pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
                 let m = unsafe { &*mr.cast::<MrBlock>() };
                 let st = m.state.lock().unwrap_or_else(|p| p.into_inner());
                 pd = st.pd;
-                st.rust.clone().dereg().map_err(|(_, e)| e.errno())
+                st.rust
+                    .clone()
+                    .dereg_invalidate()
+                    .map_err(|(_, e)| e.errno())
             });
             if let Err(e) = r {
                 return e;

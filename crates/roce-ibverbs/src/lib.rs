@@ -49,6 +49,11 @@
 //! (the kernel's use counts); `ibv_reg_mr` of memory that is not mapped, or not writable for a writable MR, is NULL
 //! with `EFAULT` (the kernel cannot pin it; here the engine would fault when it copies).
 //!
+//! `ibv_dereg_mr` succeeds while posted WRs name the MR, as the kernel's does: the key is dead at once, the QPs
+//! with such WRs go to the error state (the first of those WRs completes with `IBV_WC_LOC_PROT_ERR`, the rest are
+//! flushed) and the engine never touches the memory after the call returns (`roce_verbs::Mr::dereg_invalidate`).
+//! `ibv_create_cq` refuses a `comp_vector` ≥ `num_comp_vectors` (`EINVAL`, the kernel's check).
+//!
 //! Object lifetimes follow the kernel's handles (module `exports::live`): the library keeps its own table of live
 //! objects; every destroy, dealloc, dereg and close looks its pointer up there, so a second destroy or a foreign
 //! pointer is `EINVAL`, never a double free; `ibv_destroy_qp` / `ibv_destroy_ah` release the PD and CQs of the

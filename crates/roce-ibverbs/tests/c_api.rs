@@ -24,6 +24,7 @@
 //!
 //! * `tests/c/lifetimes.c` with the device on 127.0.201.4: second destroys and foreign pointers are `EINVAL`,
 //!   `ibv_destroy_qp` releases what it took even when the program overwrote `qp->pd` / `qp->send_cq`,
+//!   `ibv_dereg_mr` succeeds while a posted receive names the MR (which completes with `LOC_PROT_ERR`),
 //!   `ibv_destroy_cq` waits for a late acknowledgement from another thread, a zero-length inline SGE at address 0
 //!   posts, a blocking `ibv_get_cq_event` fails with `EINTR` for a handler without `SA_RESTART` (and keeps waiting
 //!   for one with it), and `ibv_close_device` releases everything the context still owns, its UDP port included.

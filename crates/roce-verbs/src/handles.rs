@@ -808,6 +808,27 @@ impl Mr {
             Err(e) => Err((self, e)),
         }
     }
+
+    /// `ibv_dereg_mr` with the kernel's semantics (the C library's): succeeds while WRs name the MR. Their QPs go
+    /// to ERR, the first WR naming the MR completing with `LocProtErr` ([`Engine::dereg_mr_invalidate`]
+    /// (roce_proto::Engine::dereg_mr_invalidate)); the key is dead at once, and the engine never touches the
+    /// memory after this returns. Work posted before this call counts. Errors: the MR comes back with the
+    /// runtime's error (a dead context) or the engine's (`InvalidHandle`: already deregistered).
+    pub fn dereg_invalidate(self) -> Result<(), (Mr, Error)> {
+        let lkey = self.lkey();
+        let r = self.inner.pd.inner.ctx.call(move |d| {
+            d.drain_all_posted();
+            d.engine.dereg_mr_invalidate(lkey).map(drop)
+        });
+        match r {
+            Ok(Ok(())) => {
+                self.inner.registered.store(false, Ordering::Release);
+                Ok(())
+            }
+            Ok(Err(e)) => Err((self, Error::Resource(e))),
+            Err(e) => Err((self, e)),
+        }
+    }
 }
 
 #[derive(Debug)]

@@ -4,6 +4,7 @@
  *    EINVAL (not a double free);
  *  - ibv_destroy_qp releases the PD and CQs it was created with even when the program overwrote qp->pd and
  *    qp->send_cq;
+ *  - ibv_dereg_mr succeeds while a posted receive names the MR; the receive completes with LOC_PROT_ERR;
  *  - ibv_destroy_cq waits until every event ibv_get_cq_event handed out is acknowledged (another thread acks late);
  *  - a zero-length inline SGE with address 0 posts and completes;
  *  - a blocking ibv_get_cq_event returns -1/EINTR when a signal handler without SA_RESTART runs, and keeps
@@ -204,6 +205,25 @@ int main(void)
 	pthread_join(sender, NULL);
 	signal(SIGALRM, SIG_DFL);
 	CHECK(drain(cq, 2) == 0);
+
+	/* ibv_dereg_mr succeeds while a posted receive names the MR (the kernel's semantics, issue #16): the
+	 * receive completes with a protection error and its QP goes to the error state. */
+	struct ibv_mr *mr2 = ibv_reg_mr(pd, buf + 2048, 1024, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr2 != NULL);
+	if (mr2) {
+		struct ibv_sge rs = {.addr = (uintptr_t)mr2->addr, .length = 64, .lkey = mr2->lkey};
+		struct ibv_recv_wr rw = {.wr_id = 77, .sg_list = &rs, .num_sge = 1}, *bad_r;
+		CHECK(ibv_post_recv(b, &rw, &bad_r) == 0);
+		CHECK(ibv_dereg_mr(mr2) == 0);
+		struct ibv_wc wc;
+		int n = 0;
+		for (long i = 0; i < 50000000 && n == 0; i++)
+			n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n == 1 && wc.wr_id == 77 && wc.status == IBV_WC_LOC_PROT_ERR);
+		struct ibv_qp_attr qa;
+		struct ibv_qp_init_attr qi;
+		CHECK(ibv_query_qp(b, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_ERR);
+	}
 
 	/* The event just taken is acknowledged by another thread, late: destroy_cq waits for it. */
 	late_cq = cq;
