@@ -182,6 +182,8 @@ impl CtxBlock {
                     e.errno()
                 })
                 .inspect(|rt| {
+                    // Engine events reach `ibv_get_async_event` (module `async_events`).
+                    let _ = rt.set_async_handler(Box::new(async_events::deliver));
                     shared.rt = Some(rt.clone());
                     shared.contexts = 1;
                 })
@@ -234,6 +236,8 @@ struct CqBlock {
     /// Completion events `ibv_get_cq_event` handed out for this CQ (counted under the channel's `cqs` lock):
     /// `ibv_destroy_cq` waits until `comp_events_completed` has caught up (ibv_get_cq_event(3)).
     events_handed: AtomicU32,
+    /// Async events (CQ error) handed out for this CQ: `ibv_destroy_cq` waits for `async_events_completed`.
+    async_handed: AtomicU32,
     /// QPs whose send or receive CQ this is (counted once per role): `ibv_destroy_cq` refuses with `EBUSY` while
     /// any remain.
     users: AtomicU32,
@@ -250,6 +254,8 @@ struct QpBlock {
     pd: usize,
     send_cq: usize,
     recv_cq: usize,
+    /// Async events handed out for this QP: `ibv_destroy_qp` waits until `events_completed` catches up.
+    async_handed: AtomicU32,
     /// The state of the last successful `ibv_modify_qp` (RESET at creation), as libibverbs keeps `ibv_qp.state`:
     /// posting needs RTS or later for the send queue and INIT or later for the receive queue (rxe_post_send /
     /// rxe_post_recv); a QP the engine moved to ERR meanwhile still accepts WRs, which are flushed.
@@ -774,7 +780,7 @@ pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut Ibv
             let (cmd_fd, async_fd) = unsafe {
                 (
                     libc::eventfd(0, libc::EFD_CLOEXEC),
-                    libc::eventfd(0, libc::EFD_CLOEXEC),
+                    libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE),
                 )
             };
             let b = into_raw(CtxBlock {
@@ -801,6 +807,7 @@ pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut Ibv
                 rt: OnceLock::new(),
             });
             live::insert(b, Kind::Ctx, b as usize);
+            async_events::register_ctx(b as usize, async_fd);
             b.cast::<IbvContext>()
         },
     )
@@ -815,6 +822,8 @@ pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int 
             if live::take(ctx, Kind::Ctx, || Ok(())).is_err() {
                 return libc::EINVAL;
             }
+            // Its queued async events and routes go first: nothing is delivered to it any more.
+            async_events::unregister_ctx(ctx as usize);
             // SAFETY: it was a live context of ours, and no other call takes it now.
             let c = unsafe { &*ctx.cast::<CtxBlock>() };
             // What the program left behind goes first (the kernel's destroy-on-close of the uverbs fd): their runtime
@@ -1466,8 +1475,10 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
                 rust: cq,
                 users: AtomicU32::new(0),
                 events_handed: AtomicU32::new(0),
+                async_handed: AtomicU32::new(0),
             });
             live::insert(b, Kind::Cq, ctx as usize);
+            async_events::register_cq(id, ctx as usize, b as usize);
             if let Some(ch) = ch
                 && let Ok(mut v) = ch.cqs.lock()
             {
@@ -1500,6 +1511,14 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
             unsafe {
                 detach_cq(cq);
                 wait_acked(cq);
+                let b = &*cq.cast::<CqBlock>();
+                async_events::unregister_cq(b.rust.id(), cq as usize);
+                async_events::wait_count(
+                    ptr::addr_of_mut!((*cq).mutex),
+                    ptr::addr_of_mut!((*cq).cond),
+                    ptr::addr_of!((*cq).async_events_completed),
+                    b.async_handed.load(Ordering::Acquire),
+                );
                 free::<CqBlock, _>(cq);
             }
             0
@@ -1809,6 +1828,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
             let mut granted = qp.cap();
             granted.max_inline_data = granted.max_inline_data.min(MAX_INLINE as u32);
             a.cap = cap_to_c(&granted);
+            let qpn = qp.qpn().value();
             let b = into_raw(QpBlock {
                 qp: UnsafeCell::new(IbvQp {
                     context: p.pd.context,
@@ -1831,8 +1851,10 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
                 send_cq: a.send_cq as usize,
                 recv_cq: a.recv_cq as usize,
                 state: AtomicI32::new(QpState::Reset as c_int),
+                async_handed: AtomicU32::new(0),
             });
             live::insert(b, Kind::Qp, p.pd.context as usize);
+            async_events::register_qp(qpn, p.pd.context as usize, b as usize);
             p.users.fetch_add(1, Ordering::AcqRel);
             scq.users.fetch_add(1, Ordering::AcqRel);
             rcq.users.fetch_add(1, Ordering::AcqRel);
@@ -1854,6 +1876,15 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
             // live (it is one of their users).
             unsafe {
                 let q = &*qp.cast::<QpBlock>();
+                // No event names it from now on; those handed out must be acknowledged first
+                // (ibv_get_async_event(3)).
+                async_events::unregister_qp((*q.qp.get()).qp_num, qp as usize);
+                async_events::wait_count(
+                    ptr::addr_of_mut!((*qp).mutex),
+                    ptr::addr_of_mut!((*qp).cond),
+                    ptr::addr_of!((*qp).events_completed),
+                    q.async_handed.load(Ordering::Acquire),
+                );
                 count_user::<PdBlock, _>(q.pd as *mut IbvPd, false);
                 count_user::<CqBlock, _>(q.send_cq as *mut IbvCq, false);
                 count_user::<CqBlock, _>(q.recv_cq as *mut IbvCq, false);

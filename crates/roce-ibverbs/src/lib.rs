@@ -40,8 +40,11 @@
 //! `ibv_query_qp_data_in_order` (0: byte order within a packet's copy is not guaranteed), `ibv_reg_mr_iova`,
 //! `ibv_rereg_mr` (translation, PD and access), `ibv_resize_cq` (within the created depth; growing is
 //! `EOPNOTSUPP`), `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc` (IPv4 and IPv6 GRH areas),
-//! `ibv_get_async_event` (blocking until a signal, `EINTR`, or `EAGAIN` on an `O_NONBLOCK` `async_fd`) and
-//! `ibv_ack_async_event`.
+//! and asynchronous events: the engine's QP fatal / request / access errors, COMM_EST, SQ_DRAINED, CQ error and
+//! port events reach `ibv_get_async_event` of the context that owns the object (port events: every context), the
+//! context's `async_fd` is readable while one waits (`O_NONBLOCK`: `EAGAIN`; a handler without `SA_RESTART`:
+//! `EINTR`), `ibv_ack_async_event` counts the acknowledgement, and `ibv_destroy_qp` / `ibv_destroy_cq` wait for the
+//! acknowledgement of every event handed out for them.
 //!
 //! The checks a real provider and the kernel make on the program's mistakes are made here too: posting to a QP
 //! before RTS (send queue) or INIT (receive queue) is `EINVAL` with `*bad_wr` = the first WR (rxe_post_send /
@@ -73,8 +76,7 @@
 //! `ibv_qp_to_qp_ex` (the new post-send API; perftest then uses the old one because the `vendor_part_id` is not a
 //! Mellanox/EFA one, ABI.md §6.3), ECE, on-demand paging,
 //! `ibv_resolve_eth_l2_from_gid`, every private `ibv_cmd_*` / `verbs_*` provider entry point (providers are never
-//! used: `verbs_register_driver_34` accepts and ignores their registration, ABI.md §1.4), async events (none are
-//! raised yet; the async fd is never readable). `ibv_req_notify_cq` with `solicited_only` arms for every completion
+//! used: `verbs_register_driver_34` accepts and ignores their registration, ABI.md §1.4). `ibv_req_notify_cq` with `solicited_only` arms for every completion
 //! (more events than asked, never fewer). One device per process; the kernel's rdma_cm (perftest `-R`) cannot
 //! work without the kernel.
 

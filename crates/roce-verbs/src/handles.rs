@@ -379,6 +379,13 @@ impl Context {
             .ok_or(Error::EngineGone)
     }
 
+    /// Sends this device's asynchronous events to `handler` from now on (`ibv_get_async_event`'s source; see
+    /// [`AsyncHandler`](crate::AsyncHandler) for what it may do). Replaces an earlier handler. Errors:
+    /// `EngineGone`.
+    pub fn set_async_handler(&self, handler: crate::AsyncHandler) -> Result<(), Error> {
+        self.call(move |d| d.async_handler = Some(handler))
+    }
+
     /// Like [`call`](Self::call), ignoring the result (used by `Drop`).
     fn cast<F>(&self, f: F)
     where

@@ -86,5 +86,5 @@ pub use roce_proto::{
     QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics, RecvWr, Rkey, SendFlags, SendOp,
     SendWr, Sge, UdDest, Wc, WcOpcode, WcStatus,
 };
-pub use runner::{ProgressMode, RuntimeConfig, RuntimeStats};
+pub use runner::{AsyncHandler, ProgressMode, RuntimeConfig, RuntimeStats};
 pub use wqe::{MAX_INLINE, MAX_SGE};

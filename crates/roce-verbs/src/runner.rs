@@ -789,6 +789,13 @@ impl CqSlot {
     }
 }
 
+/// Receives a device's asynchronous events ([`roce_proto::AsyncEvent`]: QP fatal, CQ error, SQ drained,
+/// communication established, port state) in the pass that took them from the engine, under the progress lock:
+/// it must not call back into the runtime, and should only queue the event (events are rare, never per packet).
+/// Installed with [`Context::set_async_handler`](crate::Context::set_async_handler); without one the runtime logs
+/// and drops them.
+pub type AsyncHandler = Box<dyn FnMut(roce_proto::AsyncEvent) + Send>;
+
 /// One device (port) of a group.
 pub struct Device {
     pub(crate) engine: Engine,
@@ -817,6 +824,8 @@ pub struct Device {
     busy_pass: Option<Instant>,
     /// This pass left frames for a later one (full receive burst, transmit budget used up, transmit deferred).
     left_work: bool,
+    /// Where the engine's asynchronous events go ([`AsyncHandler`]).
+    pub(crate) async_handler: Option<AsyncHandler>,
 }
 
 impl std::fmt::Debug for Device {
@@ -846,6 +855,7 @@ impl Device {
             now: Instant::ZERO,
             busy_pass: None,
             left_work: false,
+            async_handler: None,
         }
     }
 
@@ -1334,6 +1344,9 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         dev.retry_deferred_dereg();
         while let Some(ev) = dev.engine.poll_async_event() {
             tracing::debug!(?ev, "async event");
+            if let Some(h) = dev.async_handler.as_mut() {
+                h(ev);
+            }
         }
         deadline = min_instant(deadline, dev.engine.poll_timeout());
         deadline = min_instant(deadline, dev.link.poll_at());

@@ -4,7 +4,9 @@
  *    EINVAL (not a double free);
  *  - ibv_destroy_qp releases the PD and CQs it was created with even when the program overwrote qp->pd and
  *    qp->send_cq;
- *  - ibv_dereg_mr succeeds while a posted receive names the MR; the receive completes with LOC_PROT_ERR;
+ *  - ibv_dereg_mr succeeds while a posted receive names the MR; the receive completes with LOC_PROT_ERR, the QP
+ *    raises IBV_EVENT_QP_FATAL through ibv_get_async_event (async_fd readable), and ibv_destroy_qp waits until
+ *    another thread acknowledges it;
  *  - ibv_destroy_cq waits until every event ibv_get_cq_event handed out is acknowledged (another thread acks late);
  *  - a zero-length inline SGE with address 0 posts and completes;
  *  - a blocking ibv_get_cq_event returns -1/EINTR when a signal handler without SA_RESTART runs, and keeps
@@ -16,6 +18,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -114,6 +117,18 @@ static void *ack_late(void *arg)
 	usleep(300 * 1000);
 	atomic_store(&acked, 1);
 	ibv_ack_cq_events(late_cq, 1);
+	return NULL;
+}
+
+static atomic_int async_acked;
+static struct ibv_async_event fatal;
+
+static void *ack_async_late(void *arg)
+{
+	(void)arg;
+	usleep(300 * 1000);
+	atomic_store(&async_acked, 1);
+	ibv_ack_async_event(&fatal);
 	return NULL;
 }
 
@@ -223,7 +238,16 @@ int main(void)
 		struct ibv_qp_attr qa;
 		struct ibv_qp_init_attr qi;
 		CHECK(ibv_query_qp(b, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_ERR);
+		/* ... and raises IBV_EVENT_QP_FATAL on b, which async_fd announces. */
+		struct pollfd pf = {.fd = ctx->async_fd, .events = POLLIN};
+		CHECK(poll(&pf, 1, 5000) == 1);
+		CHECK(ibv_get_async_event(ctx, &fatal) == 0 && fatal.event_type == IBV_EVENT_QP_FATAL &&
+		      fatal.element.qp == b);
+		CHECK(poll(&pf, 1, 0) == 0); /* nothing else pending */
 	}
+	/* Acknowledged late by another thread: ibv_destroy_qp(b) waits for it. */
+	pthread_t async_acker;
+	pthread_create(&async_acker, NULL, ack_async_late, NULL);
 
 	/* The event just taken is acknowledged by another thread, late: destroy_cq waits for it. */
 	late_cq = cq;
@@ -237,6 +261,8 @@ int main(void)
 	CHECK(ibv_destroy_qp(a) == 0);
 	CHECK(ibv_destroy_qp(a) == EINVAL);
 	CHECK(ibv_destroy_qp(b) == 0);
+	CHECK(atomic_load(&async_acked) == 1); /* not before the acknowledgement */
+	pthread_join(async_acker, NULL);
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(atomic_load(&acked) == 1); /* not before the acknowledgement */
 	pthread_join(acker, NULL);
