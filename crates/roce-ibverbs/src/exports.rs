@@ -27,6 +27,7 @@ use roce_verbs::{
 use crate::abi::*;
 
 mod async_events;
+mod extended;
 mod live;
 mod misc_verbs;
 mod signals;
@@ -125,8 +126,12 @@ fn devices() -> &'static [DeviceBlock] {
 
 /// An opened device. The runtime (engine + UDP link) starts with the first PD or CQ of the device's first context;
 /// later contexts of the device share it ([`DeviceBlock::shared`]).
+///
+/// The context is extended (`ABI.md` §3): `head` is the `verbs_context` part before the `ibv_context` the program
+/// holds (module `extended`), so a context pointer is `head`'s address + 320, not the block's.
 #[repr(C)]
 struct CtxBlock {
+    head: VerbsContextHead,
     ctx: IbvContext,
     dev: &'static DeviceBlock,
     rt: OnceLock<Result<Context, c_int>>,
@@ -357,9 +362,17 @@ unsafe fn ctx_block<'a>(ctx: *mut IbvContext) -> Option<&'a CtxBlock> {
     if !live::is(ctx, Kind::Ctx) {
         return None;
     }
-    // SAFETY: a live context of ours: the first member of a live `CtxBlock`.
-    unsafe { ctx.cast::<CtxBlock>().as_ref() }
+    // SAFETY: a live context of ours: the `ctx` member of a live `CtxBlock`.
+    unsafe { block_of_ctx(ctx).as_ref() }
 }
+
+/// The `CtxBlock` whose `ctx` member is at `ctx` (pointer arithmetic only).
+fn block_of_ctx(ctx: *mut IbvContext) -> *mut CtxBlock {
+    ctx.wrapping_byte_sub(core::mem::offset_of!(CtxBlock, ctx))
+        .cast::<CtxBlock>()
+}
+
+const _: () = assert!(core::mem::offset_of!(CtxBlock, ctx) == 320);
 
 /// The block of type `T` behind `obj` if it is a live object of `kind` in the library's table ([`live`]); `None`
 /// for NULL, a destroyed object or a foreign pointer.
@@ -784,6 +797,7 @@ pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut Ibv
                 )
             };
             let b = into_raw(CtxBlock {
+                head: extended::head(),
                 ctx: IbvContext {
                     device: dev,
                     ops: IbvContextOps {
@@ -801,14 +815,16 @@ pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut Ibv
                     async_fd,
                     num_comp_vectors: 1,
                     mutex: [0; 5],
-                    abi_compat: null_mut(),
+                    abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
                 },
                 dev: d,
                 rt: OnceLock::new(),
             });
-            live::insert(b, Kind::Ctx, b as usize);
-            async_events::register_ctx(b as usize, async_fd);
-            b.cast::<IbvContext>()
+            // SAFETY: `b` is the block just made; the program gets its `ctx` member.
+            let c = unsafe { ptr::addr_of_mut!((*b).ctx) };
+            live::insert(c, Kind::Ctx, c as usize);
+            async_events::register_ctx(c as usize, async_fd);
+            c
         },
     )
 }
@@ -825,7 +841,7 @@ pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int 
             // Its queued async events and routes go first: nothing is delivered to it any more.
             async_events::unregister_ctx(ctx as usize);
             // SAFETY: it was a live context of ours, and no other call takes it now.
-            let c = unsafe { &*ctx.cast::<CtxBlock>() };
+            let c = unsafe { &*block_of_ctx(ctx) };
             // What the program left behind goes first (the kernel's destroy-on-close of the uverbs fd): their runtime
             // references go with them, so the last context below really lets the runtime and its UDP port go.
             for (p, kind) in live::drain_context(ctx as usize) {
@@ -853,7 +869,7 @@ pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int 
             };
             drop(last);
             // SAFETY: the context is not used after close (caller's contract).
-            unsafe { free::<CtxBlock, _>(ctx) };
+            unsafe { free::<CtxBlock, _>(block_of_ctx(ctx)) };
             0
         },
     )

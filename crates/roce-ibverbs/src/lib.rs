@@ -16,9 +16,11 @@
 //!   time against ABI.md §4). `tests/exports.rs` checks the built library's export table against Debian's own and
 //!   against the imports of the Debian binaries and provider libraries (`readelf`); `tests/c_api.rs` builds a C program against the system
 //!   `<infiniband/verbs.h>` and runs it on this library (queries, the data path, and the error contracts below).
-//! * Contexts are **not extended** (`abi_compat` = NULL, ABI.md §3.2): the inline `ibv_query_port` and
-//!   `ibv_query_device_ex` fall back to the exported verbs; the five data-path slots of `ibv_context.ops`
-//!   (`poll_cq`, `req_notify_cq`, `post_send`, `post_recv`, `post_srq_recv`) are always set.
+//! * Contexts are **extended** (`struct verbs_context`: `abi_compat` = `UINTPTR_MAX`, `sz` = 648, ABI.md §3;
+//!   module `exports::extended`): the `query_port` and `query_device_ex` slots are set (`phys_port_cnt_ex` 1),
+//!   every other slot is NULL, so the inline functions that need one answer `EOPNOTSUPP` or use their exported
+//!   fallback; the five data-path slots of `ibv_context.ops` (`poll_cq`, `req_notify_cq`, `post_send`,
+//!   `post_recv`, `post_srq_recv`) are always set.
 //!
 //! # Implemented
 //!

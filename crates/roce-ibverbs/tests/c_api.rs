@@ -33,7 +33,11 @@
 //!   `ibv_destroy_cq` (`ROCEV2_IBVERBS_INJECT_PANIC`): the verb answers with its error return (EIO), the program
 //!   goes on and the other verbs work.
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.5 (run under the network lock with the other loopback tests).
+//! * `tests/c/extended.c` with the device on 127.0.201.6: the extended context (`ibv_query_device_ex` with
+//!   `phys_port_cnt_ex` 1, the inline `ibv_query_port` through its slot, the `ibv_create_qp_ex` / `ibv_create_cq_ex`
+//!   fallbacks and refusals).
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.6 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -132,5 +136,12 @@ fn a_panic_inside_the_library_is_an_error_return_not_an_abort() {
             &[("ROCEV2_IBVERBS_INJECT_PANIC", verb)],
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_sees_an_extended_context() {
+    let (prog, dir) = build("extended");
+    run(&prog, &dir, "loop", Some("127.0.201.6"));
     let _ = std::fs::remove_dir_all(&dir);
 }
