@@ -2012,6 +2012,10 @@ pub unsafe extern "C" fn rocev2_ibv_modify_qp(
                 };
                 r.path_mtu = mtu;
             }
+            // The kernel checks the port (uverbs modify_qp: rdma_is_port_valid); this device has port 1 only.
+            if m.contains(QpAttrMask::PORT) && a.port_num != 1 {
+                return libc::EINVAL;
+            }
             if m.contains(QpAttrMask::AV) {
                 let Some(ah) = ah_from_c(&a.ah_attr) else {
                     return libc::EINVAL;
@@ -2130,6 +2134,10 @@ pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAt
             }) else {
                 return null_errno(libc::EINVAL);
             };
+            // The kernel checks the port (uverbs create_ah: rdma_is_port_valid); this device has port 1 only.
+            if a.port_num != 1 {
+                return null_errno(libc::EINVAL);
+            }
             let Some(ah) = ah_from_c(a) else {
                 return null_errno(libc::EINVAL);
             };
