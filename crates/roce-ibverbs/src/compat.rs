@@ -104,12 +104,14 @@ pub extern "C" fn rocev2_ibv_copy_path_rec_to_kern(_dst: *mut c_void, _src: *con
     crate::guard::guard(
         "ibv_copy_path_rec_to_kern",
         || (),
-        || {
-            eprintln!(
-                "rocev2 libibverbs: ibv_copy_path_rec_to_kern is not supported (it needs the kernel rdma_cm)"
-            );
-        },
+        || rocev2_ibv_copy_path_rec_to_kern_inner(_dst, _src),
     )
+}
+
+fn rocev2_ibv_copy_path_rec_to_kern_inner(_dst: *mut c_void, _src: *const c_void) {
+    eprintln!(
+        "rocev2 libibverbs: ibv_copy_path_rec_to_kern is not supported (it needs the kernel rdma_cm)"
+    );
 }
 
 /// `__ioctl_final_num_attrs(num_attrs, link)`: the attribute count of a provider's ioctl command buffer chain.
@@ -151,52 +153,60 @@ pub unsafe extern "C" fn rocev2_ibv_read_ibdev_sysfs_file(
     a1: usize,
     a2: usize,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_read_ibdev_sysfs_file",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            if buf.is_null() || ibdev.is_null() || fmt.is_null() || size == 0 {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            // SAFETY: NUL-terminated strings (the caller's contract).
-            let (dev, f) = unsafe {
-                (
-                    std::ffi::CStr::from_ptr(ibdev),
-                    std::ffi::CStr::from_ptr(fmt),
-                )
-            };
-            if conversions(f.to_bytes()) > 2 {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            let mut rel = [0 as c_char; 256];
-            // SAFETY: `rel` has `rel.len()` bytes; `fmt` consumes at most the two arguments passed (checked above).
-            let n = unsafe { libc::snprintf(rel.as_mut_ptr(), rel.len(), fmt, a1, a2) };
-            if n < 0 || n as usize >= rel.len() {
-                set_errno(libc::ENAMETOOLONG);
-                return -1;
-            }
-            // SAFETY: snprintf NUL-terminated `rel`.
-            let rel = unsafe { std::ffi::CStr::from_ptr(rel.as_ptr()) };
-            let dir = format!(
-                "{}/class/infiniband/{}",
-                // SAFETY: a static NUL-terminated string.
-                unsafe { std::ffi::CStr::from_ptr(crate::exports::rocev2_ibv_get_sysfs_path()) }
-                    .to_string_lossy(),
-                dev.to_string_lossy()
-            );
-            let Ok(dir) = std::ffi::CString::new(dir) else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            // SAFETY: NUL-terminated strings and the caller's `buf` of `size` bytes.
-            unsafe {
-                crate::exports::rocev2_ibv_read_sysfs_file(dir.as_ptr(), rel.as_ptr(), buf, size)
-            }
-        },
+        || unsafe { rocev2_ibv_read_ibdev_sysfs_file_inner(buf, size, ibdev, fmt, a1, a2) },
     )
+}
+
+unsafe fn rocev2_ibv_read_ibdev_sysfs_file_inner(
+    buf: *mut c_char,
+    size: usize,
+    ibdev: *const c_char,
+    fmt: *const c_char,
+    a1: usize,
+    a2: usize,
+) -> c_int {
+    if buf.is_null() || ibdev.is_null() || fmt.is_null() || size == 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: NUL-terminated strings (the caller's contract).
+    let (dev, f) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(ibdev),
+            std::ffi::CStr::from_ptr(fmt),
+        )
+    };
+    if conversions(f.to_bytes()) > 2 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let mut rel = [0 as c_char; 256];
+    // SAFETY: `rel` has `rel.len()` bytes; `fmt` consumes at most the two arguments passed (checked above).
+    let n = unsafe { libc::snprintf(rel.as_mut_ptr(), rel.len(), fmt, a1, a2) };
+    if n < 0 || n as usize >= rel.len() {
+        set_errno(libc::ENAMETOOLONG);
+        return -1;
+    }
+    // SAFETY: snprintf NUL-terminated `rel`.
+    let rel = unsafe { std::ffi::CStr::from_ptr(rel.as_ptr()) };
+    let dir = format!(
+        "{}/class/infiniband/{}",
+        // SAFETY: a static NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(crate::exports::rocev2_ibv_get_sysfs_path()) }
+            .to_string_lossy(),
+        dev.to_string_lossy()
+    );
+    let Ok(dir) = std::ffi::CString::new(dir) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: NUL-terminated strings and the caller's `buf` of `size` bytes.
+    unsafe { crate::exports::rocev2_ibv_read_sysfs_file(dir.as_ptr(), rel.as_ptr(), buf, size) }
 }

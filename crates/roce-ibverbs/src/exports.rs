@@ -572,10 +572,12 @@ pub extern "C" fn rocev2_ibv_copy_path_rec_from_kern(_dst: *mut c_void, _src: *c
     crate::guard::guard(
         "ibv_copy_path_rec_from_kern",
         || (),
-        || {
-            from_kern_unsupported("ibv_copy_path_rec_from_kern");
-        },
+        || rocev2_ibv_copy_path_rec_from_kern_inner(_dst, _src),
     )
+}
+
+fn rocev2_ibv_copy_path_rec_from_kern_inner(_dst: *mut c_void, _src: *const c_void) {
+    from_kern_unsupported("ibv_copy_path_rec_from_kern");
 }
 
 #[unsafe(no_mangle)]
@@ -583,10 +585,12 @@ pub extern "C" fn rocev2_ibv_copy_qp_attr_from_kern(_dst: *mut c_void, _src: *co
     crate::guard::guard(
         "ibv_copy_qp_attr_from_kern",
         || (),
-        || {
-            from_kern_unsupported("ibv_copy_qp_attr_from_kern");
-        },
+        || rocev2_ibv_copy_qp_attr_from_kern_inner(_dst, _src),
     )
+}
+
+fn rocev2_ibv_copy_qp_attr_from_kern_inner(_dst: *mut c_void, _src: *const c_void) {
+    from_kern_unsupported("ibv_copy_qp_attr_from_kern");
 }
 
 #[unsafe(no_mangle)]
@@ -594,10 +598,12 @@ pub extern "C" fn rocev2_ibv_copy_ah_attr_from_kern(_dst: *mut c_void, _src: *co
     crate::guard::guard(
         "ibv_copy_ah_attr_from_kern",
         || (),
-        || {
-            from_kern_unsupported("ibv_copy_ah_attr_from_kern");
-        },
+        || rocev2_ibv_copy_ah_attr_from_kern_inner(_dst, _src),
     )
+}
+
+fn rocev2_ibv_copy_ah_attr_from_kern_inner(_dst: *mut c_void, _src: *const c_void) {
+    from_kern_unsupported("ibv_copy_ah_attr_from_kern");
 }
 
 /// `ibv_dontfork_range` / `ibv_dofork_range`: the engine copies through the process's own mappings (no DMA, no
@@ -621,16 +627,17 @@ pub extern "C" fn rocev2_ibv_get_sysfs_path() -> *const c_char {
     crate::guard::guard(
         "ibv_get_sysfs_path",
         || null_errno::<c_char>(libc::EIO).cast_const(),
-        || {
-            static PATH: OnceLock<std::ffi::CString> = OnceLock::new();
-            PATH.get_or_init(|| {
-                let p = std::env::var("SYSFS_PATH").unwrap_or_else(|_| "/sys".into());
-                std::ffi::CString::new(p.trim_end_matches('/'))
-                    .unwrap_or_else(|_| c"/sys".to_owned())
-            })
-            .as_ptr()
-        },
+        rocev2_ibv_get_sysfs_path_inner,
     )
+}
+
+fn rocev2_ibv_get_sysfs_path_inner() -> *const c_char {
+    static PATH: OnceLock<std::ffi::CString> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = std::env::var("SYSFS_PATH").unwrap_or_else(|_| "/sys".into());
+        std::ffi::CString::new(p.trim_end_matches('/')).unwrap_or_else(|_| c"/sys".to_owned())
+    })
+    .as_ptr()
 }
 
 /// `ibv_read_sysfs_file(dir, file, buf, size)`: the file's first `size - 1` bytes without the trailing newline,
@@ -643,39 +650,47 @@ pub unsafe extern "C" fn rocev2_ibv_read_sysfs_file(
     buf: *mut c_char,
     size: usize,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_read_sysfs_file",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
-                return -1;
-            }
-            // SAFETY: the caller passes NUL-terminated strings.
-            let (d, f) = unsafe {
-                (
-                    std::ffi::CStr::from_ptr(dir),
-                    std::ffi::CStr::from_ptr(file),
-                )
-            };
-            let path = format!("{}/{}", d.to_string_lossy(), f.to_string_lossy());
-            let Ok(mut bytes) = std::fs::read(path) else {
-                return -1;
-            };
-            bytes.truncate(size - 1);
-            if bytes.last() == Some(&b'\n') {
-                bytes.pop();
-            }
-            // SAFETY: `buf` has room for `size` bytes (the caller's contract); we write at most `size - 1` + NUL.
-            unsafe {
-                ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), bytes.len());
-                *buf.add(bytes.len()) = 0;
-            }
-            bytes.len() as c_int
-        },
+        || unsafe { rocev2_ibv_read_sysfs_file_inner(dir, file, buf, size) },
     )
+}
+
+unsafe fn rocev2_ibv_read_sysfs_file_inner(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
+    if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+        return -1;
+    }
+    // SAFETY: the caller passes NUL-terminated strings.
+    let (d, f) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(dir),
+            std::ffi::CStr::from_ptr(file),
+        )
+    };
+    let path = format!("{}/{}", d.to_string_lossy(), f.to_string_lossy());
+    let Ok(mut bytes) = std::fs::read(path) else {
+        return -1;
+    };
+    bytes.truncate(size - 1);
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+    }
+    // SAFETY: `buf` has room for `size` bytes (the caller's contract); we write at most `size - 1` + NUL.
+    unsafe {
+        ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), bytes.len());
+        *buf.add(bytes.len()) = 0;
+    }
+    bytes.len() as c_int
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -683,46 +698,52 @@ pub unsafe extern "C" fn rocev2_ibv_read_sysfs_file(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_get_device_list(num: *mut c_int) -> *mut *mut IbvDevice {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_get_device_list",
         || null_errno(libc::EIO),
-        || {
-            let devs = devices();
-            let mut v: Vec<*mut IbvDevice> = devs
-                .iter()
-                .map(|d| ptr::from_ref(&d.dev).cast_mut())
-                .collect();
-            if !num.is_null() {
-                // SAFETY: the caller's out-parameter.
-                unsafe { *num = v.len() as c_int };
-            }
-            v.push(null_mut());
-            let list = Box::into_raw(v.into_boxed_slice()).cast::<*mut IbvDevice>();
-            live::insert(list, Kind::DeviceList, 0);
-            list
-        },
+        || unsafe { rocev2_ibv_get_device_list_inner(num) },
     )
+}
+
+unsafe fn rocev2_ibv_get_device_list_inner(num: *mut c_int) -> *mut *mut IbvDevice {
+    let devs = devices();
+    let mut v: Vec<*mut IbvDevice> = devs
+        .iter()
+        .map(|d| ptr::from_ref(&d.dev).cast_mut())
+        .collect();
+    if !num.is_null() {
+        // SAFETY: the caller's out-parameter.
+        unsafe { *num = v.len() as c_int };
+    }
+    v.push(null_mut());
+    let list = Box::into_raw(v.into_boxed_slice()).cast::<*mut IbvDevice>();
+    live::insert(list, Kind::DeviceList, 0);
+    list
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_free_device_list(list: *mut *mut IbvDevice) {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_free_device_list",
         || (),
-        || {
-            // A list this library did not hand out, or already freed: nothing to free (the function returns nothing).
-            if live::take(list, Kind::DeviceList, || Ok(())).is_err() {
-                return;
-            }
-            let mut n = 0;
-            // SAFETY: `list` came from `ibv_get_device_list`: NULL-terminated.
-            while unsafe { !(*list.add(n)).is_null() } {
-                n += 1;
-            }
-            // SAFETY: it was a boxed slice of `n + 1` pointers.
-            drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, n + 1)) });
-        },
+        || unsafe { rocev2_ibv_free_device_list_inner(list) },
     )
+}
+
+unsafe fn rocev2_ibv_free_device_list_inner(list: *mut *mut IbvDevice) {
+    // A list this library did not hand out, or already freed: nothing to free (the function returns nothing).
+    if live::take(list, Kind::DeviceList, || Ok(())).is_err() {
+        return;
+    }
+    let mut n = 0;
+    // SAFETY: `list` came from `ibv_get_device_list`: NULL-terminated.
+    while unsafe { !(*list.add(n)).is_null() } {
+        n += 1;
+    }
+    // SAFETY: it was a boxed slice of `n + 1` pointers.
+    drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, n + 1)) });
 }
 
 /// # Safety
@@ -734,145 +755,160 @@ unsafe fn dev_block<'a>(dev: *mut IbvDevice) -> Option<&'a DeviceBlock> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_get_device_name(dev: *mut IbvDevice) -> *const c_char {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_get_device_name",
         || null_errno::<c_char>(libc::EIO).cast_const(),
-        || {
-            // SAFETY: the caller passes a listed device.
-            match unsafe { dev_block(dev) } {
-                Some(d) => d.dev.name.as_ptr(),
-                None => null_errno(libc::EINVAL),
-            }
-        },
+        || unsafe { rocev2_ibv_get_device_name_inner(dev) },
     )
+}
+
+unsafe fn rocev2_ibv_get_device_name_inner(dev: *mut IbvDevice) -> *const c_char {
+    // SAFETY: the caller passes a listed device.
+    match unsafe { dev_block(dev) } {
+        Some(d) => d.dev.name.as_ptr(),
+        None => null_errno(libc::EINVAL),
+    }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_get_device_guid(dev: *mut IbvDevice) -> u64 {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_get_device_guid",
         || 0,
-        || {
-            // SAFETY: the caller passes a listed device.
-            match unsafe { dev_block(dev) } {
-                // `__be64`: the GUID's bytes in memory order.
-                Some(d) => u64::from_ne_bytes(d.spec.node_guid()),
-                None => 0,
-            }
-        },
+        || unsafe { rocev2_ibv_get_device_guid_inner(dev) },
     )
+}
+
+unsafe fn rocev2_ibv_get_device_guid_inner(dev: *mut IbvDevice) -> u64 {
+    // SAFETY: the caller passes a listed device.
+    match unsafe { dev_block(dev) } {
+        // `__be64`: the GUID's bytes in memory order.
+        Some(d) => u64::from_ne_bytes(d.spec.node_guid()),
+        None => 0,
+    }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_get_device_index(dev: *mut IbvDevice) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_get_device_index",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            // SAFETY: the caller passes a listed device.
-            unsafe { dev_block(dev) }.map_or(-1, |d| d.index)
-        },
+        || unsafe { rocev2_ibv_get_device_index_inner(dev) },
     )
+}
+
+unsafe fn rocev2_ibv_get_device_index_inner(dev: *mut IbvDevice) -> c_int {
+    // SAFETY: the caller passes a listed device.
+    unsafe { dev_block(dev) }.map_or(-1, |d| d.index)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut IbvContext {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_open_device",
         || null_errno(libc::EIO),
-        || {
-            // SAFETY: the caller passes a listed device.
-            let Some(d) = (unsafe { dev_block(dev) }) else {
-                return null_errno(libc::EINVAL);
-            };
-            // `cmd_fd` / `async_fd`: real descriptors (closed with the context), never readable (no async events).
-            // SAFETY: plain system calls.
-            let (cmd_fd, async_fd) = unsafe {
-                (
-                    libc::eventfd(0, libc::EFD_CLOEXEC),
-                    libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE),
-                )
-            };
-            let b = into_raw(CtxBlock {
-                head: extended::head(),
-                ctx: IbvContext {
-                    device: dev,
-                    ops: IbvContextOps {
-                        compat_before_poll: [None; 11],
-                        poll_cq,
-                        req_notify_cq,
-                        compat_cq_to_srq: [None; 7],
-                        post_srq_recv,
-                        compat_qp: [None; 4],
-                        post_send,
-                        post_recv,
-                        compat_tail: [None; 5],
-                    },
-                    cmd_fd,
-                    async_fd,
-                    num_comp_vectors: 1,
-                    mutex: [0; 5],
-                    abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
-                },
-                dev: d,
-                rt: OnceLock::new(),
-            });
-            // SAFETY: `b` is the block just made; the program gets its `ctx` member.
-            let c = unsafe { ptr::addr_of_mut!((*b).ctx) };
-            live::insert(c, Kind::Ctx, c as usize);
-            async_events::register_ctx(c as usize, async_fd);
-            c
-        },
+        || unsafe { rocev2_ibv_open_device_inner(dev) },
     )
+}
+
+unsafe fn rocev2_ibv_open_device_inner(dev: *mut IbvDevice) -> *mut IbvContext {
+    // SAFETY: the caller passes a listed device.
+    let Some(d) = (unsafe { dev_block(dev) }) else {
+        return null_errno(libc::EINVAL);
+    };
+    // `cmd_fd` / `async_fd`: real descriptors (closed with the context), never readable (no async events).
+    // SAFETY: plain system calls.
+    let (cmd_fd, async_fd) = unsafe {
+        (
+            libc::eventfd(0, libc::EFD_CLOEXEC),
+            libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE),
+        )
+    };
+    let b = into_raw(CtxBlock {
+        head: extended::head(),
+        ctx: IbvContext {
+            device: dev,
+            ops: IbvContextOps {
+                compat_before_poll: [None; 11],
+                poll_cq,
+                req_notify_cq,
+                compat_cq_to_srq: [None; 7],
+                post_srq_recv,
+                compat_qp: [None; 4],
+                post_send,
+                post_recv,
+                compat_tail: [None; 5],
+            },
+            cmd_fd,
+            async_fd,
+            num_comp_vectors: 1,
+            mutex: [0; 5],
+            abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
+        },
+        dev: d,
+        rt: OnceLock::new(),
+    });
+    // SAFETY: `b` is the block just made; the program gets its `ctx` member.
+    let c = unsafe { ptr::addr_of_mut!((*b).ctx) };
+    live::insert(c, Kind::Ctx, c as usize);
+    async_events::register_ctx(c as usize, async_fd);
+    c
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_close_device",
         || libc::EIO,
-        || {
-            if live::take(ctx, Kind::Ctx, || Ok(())).is_err() {
-                return libc::EINVAL;
-            }
-            // Its queued async events and routes go first: nothing is delivered to it any more.
-            async_events::unregister_ctx(ctx as usize);
-            // SAFETY: it was a live context of ours, and no other call takes it now.
-            let c = unsafe { &*block_of_ctx(ctx) };
-            // What the program left behind goes first (the kernel's destroy-on-close of the uverbs fd): their runtime
-            // references go with them, so the last context below really lets the runtime and its UDP port go.
-            for (p, kind) in live::drain_context(ctx as usize) {
-                // SAFETY: each was a live object of this context and is no longer in the table.
-                unsafe { release(p, kind) };
-            }
-            // SAFETY: our descriptors.
-            unsafe {
-                libc::close(c.ctx.cmd_fd);
-                libc::close(c.ctx.async_fd);
-            }
-            // The last open context of the device lets the runtime go (once its objects are gone too); dropped outside the
-            // lock, since the last reference joins the runtime's threads.
-            let last = match c.rt.get() {
-                Some(Ok(_)) => {
-                    let mut shared = c.dev.shared.lock().unwrap_or_else(|p| p.into_inner());
-                    shared.contexts = shared.contexts.saturating_sub(1);
-                    if shared.contexts == 0 {
-                        shared.rt.take()
-                    } else {
-                        None
-                    }
-                }
-                _ => None,
-            };
-            drop(last);
-            // SAFETY: the context is not used after close (caller's contract).
-            unsafe { free::<CtxBlock, _>(block_of_ctx(ctx)) };
-            0
-        },
+        || unsafe { rocev2_ibv_close_device_inner(ctx) },
     )
+}
+
+unsafe fn rocev2_ibv_close_device_inner(ctx: *mut IbvContext) -> c_int {
+    if live::take(ctx, Kind::Ctx, || Ok(())).is_err() {
+        return libc::EINVAL;
+    }
+    // Its queued async events and routes go first: nothing is delivered to it any more.
+    async_events::unregister_ctx(ctx as usize);
+    // SAFETY: it was a live context of ours, and no other call takes it now.
+    let c = unsafe { &*block_of_ctx(ctx) };
+    // What the program left behind goes first (the kernel's destroy-on-close of the uverbs fd): their runtime
+    // references go with them, so the last context below really lets the runtime and its UDP port go.
+    for (p, kind) in live::drain_context(ctx as usize) {
+        // SAFETY: each was a live object of this context and is no longer in the table.
+        unsafe { release(p, kind) };
+    }
+    // SAFETY: our descriptors.
+    unsafe {
+        libc::close(c.ctx.cmd_fd);
+        libc::close(c.ctx.async_fd);
+    }
+    // The last open context of the device lets the runtime go (once its objects are gone too); dropped outside the
+    // lock, since the last reference joins the runtime's threads.
+    let last = match c.rt.get() {
+        Some(Ok(_)) => {
+            let mut shared = c.dev.shared.lock().unwrap_or_else(|p| p.into_inner());
+            shared.contexts = shared.contexts.saturating_sub(1);
+            if shared.contexts == 0 {
+                shared.rt.take()
+            } else {
+                None
+            }
+        }
+        _ => None,
+    };
+    drop(last);
+    // SAFETY: the context is not used after close (caller's contract).
+    unsafe { free::<CtxBlock, _>(block_of_ctx(ctx)) };
+    0
 }
 
 /// Frees an object `ibv_close_device` found still alive (no use counts to check: everything of the context goes).
@@ -906,69 +942,72 @@ pub unsafe extern "C" fn rocev2_ibv_query_device(
     ctx: *mut IbvContext,
     attr: *mut IbvDeviceAttr,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_query_device",
         || libc::EIO,
-        || {
-            // SAFETY: the caller passes an open context.
-            let Some(c) = (unsafe { ctx_block(ctx) }) else {
-                return libc::EINVAL;
-            };
-            if attr.is_null() {
-                return libc::EINVAL;
-            }
-            let a = roce_verbs::device_attr(&c.dev.spec.engine_config(0));
-            let i = |v: u32| v.min(i32::MAX as u32) as c_int;
-            let mut fw = [0 as c_char; 64];
-            copy_cstr(&mut fw, env!("CARGO_PKG_VERSION"));
-            let guid = be64(c.dev.spec.node_guid());
-            let out = IbvDeviceAttr {
-                fw_ver: fw,
-                node_guid: guid,
-                sys_image_guid: guid,
-                max_mr_size: a.max_mr_size,
-                page_size_cap: PAGE_SIZE_CAP,
-                vendor_id: VENDOR_ID,
-                vendor_part_id: VENDOR_PART_ID,
-                hw_ver: 0,
-                max_qp: i(a.max_qp),
-                max_qp_wr: i(a.max_qp_wr),
-                device_cap_flags: 0,
-                max_sge: i(a.max_sge),
-                max_sge_rd: i(a.max_sge),
-                max_cq: i(a.max_cq),
-                max_cqe: i(a.max_cqe),
-                max_mr: i(a.max_mr),
-                max_pd: i(a.max_pd),
-                max_qp_rd_atom: i(a.max_qp_rd_atom),
-                max_ee_rd_atom: 0,
-                max_res_rd_atom: i(a.max_qp_rd_atom.saturating_mul(a.max_qp)),
-                max_qp_init_rd_atom: i(a.max_qp_init_rd_atom),
-                max_ee_init_rd_atom: 0,
-                atomic_cap: IBV_ATOMIC_HCA,
-                max_ee: 0,
-                max_rdd: 0,
-                max_mw: 0,
-                max_raw_ipv6_qp: 0,
-                max_raw_ethy_qp: 0,
-                max_mcast_grp: 0,
-                max_mcast_qp_attach: 0,
-                max_total_mcast_qp_attach: 0,
-                max_ah: i(a.max_ah),
-                max_fmr: 0,
-                max_map_per_fmr: 0,
-                max_srq: 0,
-                max_srq_wr: 0,
-                max_srq_sge: 0,
-                max_pkeys: 1,
-                local_ca_ack_delay: 15,
-                phys_port_cnt: 1,
-            };
-            // SAFETY: the caller's out-parameter of this type.
-            unsafe { attr.write(out) };
-            0
-        },
+        || unsafe { rocev2_ibv_query_device_inner(ctx, attr) },
     )
+}
+
+unsafe fn rocev2_ibv_query_device_inner(ctx: *mut IbvContext, attr: *mut IbvDeviceAttr) -> c_int {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    let a = roce_verbs::device_attr(&c.dev.spec.engine_config(0));
+    let i = |v: u32| v.min(i32::MAX as u32) as c_int;
+    let mut fw = [0 as c_char; 64];
+    copy_cstr(&mut fw, env!("CARGO_PKG_VERSION"));
+    let guid = be64(c.dev.spec.node_guid());
+    let out = IbvDeviceAttr {
+        fw_ver: fw,
+        node_guid: guid,
+        sys_image_guid: guid,
+        max_mr_size: a.max_mr_size,
+        page_size_cap: PAGE_SIZE_CAP,
+        vendor_id: VENDOR_ID,
+        vendor_part_id: VENDOR_PART_ID,
+        hw_ver: 0,
+        max_qp: i(a.max_qp),
+        max_qp_wr: i(a.max_qp_wr),
+        device_cap_flags: 0,
+        max_sge: i(a.max_sge),
+        max_sge_rd: i(a.max_sge),
+        max_cq: i(a.max_cq),
+        max_cqe: i(a.max_cqe),
+        max_mr: i(a.max_mr),
+        max_pd: i(a.max_pd),
+        max_qp_rd_atom: i(a.max_qp_rd_atom),
+        max_ee_rd_atom: 0,
+        max_res_rd_atom: i(a.max_qp_rd_atom.saturating_mul(a.max_qp)),
+        max_qp_init_rd_atom: i(a.max_qp_init_rd_atom),
+        max_ee_init_rd_atom: 0,
+        atomic_cap: IBV_ATOMIC_HCA,
+        max_ee: 0,
+        max_rdd: 0,
+        max_mw: 0,
+        max_raw_ipv6_qp: 0,
+        max_raw_ethy_qp: 0,
+        max_mcast_grp: 0,
+        max_mcast_qp_attach: 0,
+        max_total_mcast_qp_attach: 0,
+        max_ah: i(a.max_ah),
+        max_fmr: 0,
+        max_map_per_fmr: 0,
+        max_srq: 0,
+        max_srq_wr: 0,
+        max_srq_sge: 0,
+        max_pkeys: 1,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: 1,
+    };
+    // SAFETY: the caller's out-parameter of this type.
+    unsafe { attr.write(out) };
+    0
 }
 
 /// `ibv_query_port` (exported path: writes the 48-byte compat layout, ABI.md §3.2, §7 item 5).
@@ -978,53 +1017,60 @@ pub unsafe extern "C" fn rocev2_ibv_query_port(
     port: u8,
     attr: *mut IbvPortAttr,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_query_port",
         || libc::EIO,
-        || {
-            // SAFETY: the caller passes an open context.
-            let Some(c) = (unsafe { ctx_block(ctx) }) else {
-                return libc::EINVAL;
-            };
-            if port != 1 || attr.is_null() {
-                return libc::EINVAL;
-            }
-            let s = &c.dev.spec;
-            let a = roce_verbs::device_attr(&s.engine_config(0));
-            let out = IbvPortAttr {
-                state: if s.running {
-                    IBV_PORT_ACTIVE
-                } else {
-                    IBV_PORT_DOWN
-                },
-                max_mtu: a.max_mtu as c_int,
-                active_mtu: s.active_mtu() as c_int,
-                gid_tbl_len: s.gids().len() as c_int,
-                port_cap_flags: 0,
-                max_msg_sz: a.max_msg_sz,
-                bad_pkey_cntr: 0,
-                qkey_viol_cntr: 0,
-                pkey_tbl_len: 1,
-                lid: 0,
-                sm_lid: 0,
-                lmc: 0,
-                max_vl_num: 1,
-                sm_sl: 0,
-                subnet_timeout: 0,
-                init_type_reply: 0,
-                // 1X at 2.5 Gb/s: no claim about the speed of a software link.
-                active_width: 1,
-                active_speed: 1,
-                // LinkUp (5) / Disabled (3).
-                phys_state: if s.running { 5 } else { 3 },
-                link_layer: IBV_LINK_LAYER_ETHERNET,
-                flags: 0,
-            };
-            // SAFETY: the caller's struct is at least 48 bytes (the compat layout or the current 52-byte one).
-            unsafe { attr.write(out) };
-            0
-        },
+        || unsafe { rocev2_ibv_query_port_inner(ctx, port, attr) },
     )
+}
+
+unsafe fn rocev2_ibv_query_port_inner(
+    ctx: *mut IbvContext,
+    port: u8,
+    attr: *mut IbvPortAttr,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return libc::EINVAL;
+    };
+    if port != 1 || attr.is_null() {
+        return libc::EINVAL;
+    }
+    let s = &c.dev.spec;
+    let a = roce_verbs::device_attr(&s.engine_config(0));
+    let out = IbvPortAttr {
+        state: if s.running {
+            IBV_PORT_ACTIVE
+        } else {
+            IBV_PORT_DOWN
+        },
+        max_mtu: a.max_mtu as c_int,
+        active_mtu: s.active_mtu() as c_int,
+        gid_tbl_len: s.gids().len() as c_int,
+        port_cap_flags: 0,
+        max_msg_sz: a.max_msg_sz,
+        bad_pkey_cntr: 0,
+        qkey_viol_cntr: 0,
+        pkey_tbl_len: 1,
+        lid: 0,
+        sm_lid: 0,
+        lmc: 0,
+        max_vl_num: 1,
+        sm_sl: 0,
+        subnet_timeout: 0,
+        init_type_reply: 0,
+        // 1X at 2.5 Gb/s: no claim about the speed of a software link.
+        active_width: 1,
+        active_speed: 1,
+        // LinkUp (5) / Disabled (3).
+        phys_state: if s.running { 5 } else { 3 },
+        link_layer: IBV_LINK_LAYER_ETHERNET,
+        flags: 0,
+    };
+    // SAFETY: the caller's struct is at least 48 bytes (the compat layout or the current 52-byte one).
+    unsafe { attr.write(out) };
+    0
 }
 
 /// The GID at `index` of port 1 of `ctx`, or None.
@@ -1051,24 +1097,32 @@ pub unsafe extern "C" fn rocev2_ibv_query_gid(
     index: c_int,
     gid: *mut [u8; 16],
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_query_gid",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            // SAFETY: the caller passes an open context.
-            match unsafe { gid_at(ctx, u32::from(port), index) } {
-                Some((g, _)) if !gid.is_null() => {
-                    // SAFETY: the caller's `union ibv_gid`.
-                    unsafe { gid.write(g.0) };
-                    0
-                }
-                _ => -1,
-            }
-        },
+        || unsafe { rocev2_ibv_query_gid_inner(ctx, port, index, gid) },
     )
+}
+
+unsafe fn rocev2_ibv_query_gid_inner(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: c_int,
+    gid: *mut [u8; 16],
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    match unsafe { gid_at(ctx, u32::from(port), index) } {
+        Some((g, _)) if !gid.is_null() => {
+            // SAFETY: the caller's `union ibv_gid`.
+            unsafe { gid.write(g.0) };
+            0
+        }
+        _ => -1,
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -1080,35 +1134,45 @@ pub unsafe extern "C" fn rocev2__ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "_ibv_query_gid_ex",
         || libc::EIO,
-        || {
-            if flags != 0 || entry.is_null() || entry_size < size_of::<IbvGidEntry>() {
-                return libc::EINVAL;
-            }
-            let Ok(idx) = c_int::try_from(index) else {
-                return libc::EINVAL;
-            };
-            // SAFETY: the caller passes an open context.
-            match unsafe { gid_at(ctx, port, idx) } {
-                Some((g, d)) => {
-                    // SAFETY: the caller's entry of at least `entry_size` ≥ 32 bytes.
-                    unsafe {
-                        entry.write(IbvGidEntry {
-                            gid: g.0,
-                            gid_index: index,
-                            port_num: port,
-                            gid_type: IBV_GID_TYPE_ROCE_V2,
-                            ndev_ifindex: d.spec.ifindex,
-                        })
-                    };
-                    0
-                }
-                None => libc::ENODATA,
-            }
-        },
+        || unsafe { rocev2_ibv_query_gid_ex_inner(ctx, port, index, entry, flags, entry_size) },
     )
+}
+
+unsafe fn rocev2_ibv_query_gid_ex_inner(
+    ctx: *mut IbvContext,
+    port: u32,
+    index: u32,
+    entry: *mut IbvGidEntry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if flags != 0 || entry.is_null() || entry_size < size_of::<IbvGidEntry>() {
+        return libc::EINVAL;
+    }
+    let Ok(idx) = c_int::try_from(index) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: the caller passes an open context.
+    match unsafe { gid_at(ctx, port, idx) } {
+        Some((g, d)) => {
+            // SAFETY: the caller's entry of at least `entry_size` ≥ 32 bytes.
+            unsafe {
+                entry.write(IbvGidEntry {
+                    gid: g.0,
+                    gid_index: index,
+                    port_num: port,
+                    gid_type: IBV_GID_TYPE_ROCE_V2,
+                    ndev_ifindex: d.spec.ifindex,
+                })
+            };
+            0
+        }
+        None => libc::ENODATA,
+    }
 }
 
 /// Private `ibv_query_gid_type` (ibv_devinfo -v): `*type = 1` (RoCE v2 in `ibv_gid_type_sysfs`).
@@ -1119,27 +1183,35 @@ pub unsafe extern "C" fn rocev2_ibv_query_gid_type(
     index: u32,
     ty: *mut c_int,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_query_gid_type",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            let Ok(idx) = c_int::try_from(index) else {
-                return -1;
-            };
-            // SAFETY: the caller passes an open context.
-            match unsafe { gid_at(ctx, u32::from(port), idx) } {
-                Some(_) if !ty.is_null() => {
-                    // SAFETY: the caller's out-parameter.
-                    unsafe { *ty = IBV_GID_TYPE_SYSFS_ROCE_V2 };
-                    0
-                }
-                _ => -1,
-            }
-        },
+        || unsafe { rocev2_ibv_query_gid_type_inner(ctx, port, index, ty) },
     )
+}
+
+unsafe fn rocev2_ibv_query_gid_type_inner(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: u32,
+    ty: *mut c_int,
+) -> c_int {
+    let Ok(idx) = c_int::try_from(index) else {
+        return -1;
+    };
+    // SAFETY: the caller passes an open context.
+    match unsafe { gid_at(ctx, u32::from(port), idx) } {
+        Some(_) if !ty.is_null() => {
+            // SAFETY: the caller's out-parameter.
+            unsafe { *ty = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+            0
+        }
+        _ => -1,
+    }
 }
 
 /// The one P_Key, the default 0xFFFF.
@@ -1152,22 +1224,30 @@ pub unsafe extern "C" fn rocev2_ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_query_pkey",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            // SAFETY: the caller passes an open context.
-            if unsafe { ctx_block(ctx) }.is_none() || port != 1 || index != 0 || pkey.is_null() {
-                return -1;
-            }
-            // SAFETY: the caller's out-parameter.
-            unsafe { *pkey = DEFAULT_PKEY_BE };
-            0
-        },
+        || unsafe { rocev2_ibv_query_pkey_inner(ctx, port, index, pkey) },
     )
+}
+
+unsafe fn rocev2_ibv_query_pkey_inner(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    if unsafe { ctx_block(ctx) }.is_none() || port != 1 || index != 0 || pkey.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller's out-parameter.
+    unsafe { *pkey = DEFAULT_PKEY_BE };
+    0
 }
 
 #[unsafe(no_mangle)]
@@ -1176,21 +1256,24 @@ pub unsafe extern "C" fn rocev2_ibv_get_pkey_index(
     port: u8,
     pkey: u16,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_get_pkey_index",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            // SAFETY: the caller passes an open context.
-            if unsafe { ctx_block(ctx) }.is_some() && port == 1 && pkey == DEFAULT_PKEY_BE {
-                0
-            } else {
-                -1
-            }
-        },
+        || unsafe { rocev2_ibv_get_pkey_index_inner(ctx, port, pkey) },
     )
+}
+
+unsafe fn rocev2_ibv_get_pkey_index_inner(ctx: *mut IbvContext, port: u8, pkey: u16) -> c_int {
+    // SAFETY: the caller passes an open context.
+    if unsafe { ctx_block(ctx) }.is_some() && port == 1 && pkey == DEFAULT_PKEY_BE {
+        0
+    } else {
+        -1
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1198,59 +1281,65 @@ pub unsafe extern "C" fn rocev2_ibv_get_pkey_index(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_alloc_pd",
         || null_errno(libc::EIO),
-        || {
-            // SAFETY: the caller passes an open context.
-            let Some(c) = (unsafe { ctx_block(ctx) }) else {
-                return null_errno(libc::EINVAL);
-            };
-            let rt = match c.runtime() {
-                Ok(rt) => rt,
-                Err(e) => return null_errno(e),
-            };
-            match rt.alloc_pd() {
-                Ok(pd) => {
-                    let b = into_raw(PdBlock {
-                        pd: IbvPd {
-                            context: ctx,
-                            handle: 0,
-                        },
-                        rust: pd,
-                        users: AtomicU32::new(0),
-                    });
-                    live::insert(b, Kind::Pd, ctx as usize);
-                    b.cast()
-                }
-                Err(e) => null_errno(e.errno()),
-            }
-        },
+        || unsafe { rocev2_ibv_alloc_pd_inner(ctx) },
     )
+}
+
+unsafe fn rocev2_ibv_alloc_pd_inner(ctx: *mut IbvContext) -> *mut IbvPd {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return null_errno(libc::EINVAL);
+    };
+    let rt = match c.runtime() {
+        Ok(rt) => rt,
+        Err(e) => return null_errno(e),
+    };
+    match rt.alloc_pd() {
+        Ok(pd) => {
+            let b = into_raw(PdBlock {
+                pd: IbvPd {
+                    context: ctx,
+                    handle: 0,
+                },
+                rust: pd,
+                users: AtomicU32::new(0),
+            });
+            live::insert(b, Kind::Pd, ctx as usize);
+            b.cast()
+        }
+        Err(e) => null_errno(e.errno()),
+    }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_dealloc_pd",
         || libc::EIO,
-        || {
-            let r = live::take(pd, Kind::Pd, || {
-                // SAFETY: a live PD of ours (checked by `take` under its lock).
-                let p = unsafe { &*pd.cast::<PdBlock>() };
-                if p.users.load(Ordering::Acquire) != 0 {
-                    return Err(libc::EBUSY);
-                }
-                Ok(())
-            });
-            if let Err(e) = r {
-                return e;
-            }
-            // SAFETY: a PD of ours without users, not used after this call.
-            unsafe { free::<PdBlock, _>(pd) };
-            0
-        },
+        || unsafe { rocev2_ibv_dealloc_pd_inner(pd) },
     )
+}
+
+unsafe fn rocev2_ibv_dealloc_pd_inner(pd: *mut IbvPd) -> c_int {
+    let r = live::take(pd, Kind::Pd, || {
+        // SAFETY: a live PD of ours (checked by `take` under its lock).
+        let p = unsafe { &*pd.cast::<PdBlock>() };
+        if p.users.load(Ordering::Acquire) != 0 {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
+    }
+    // SAFETY: a PD of ours without users, not used after this call.
+    unsafe { free::<PdBlock, _>(pd) };
+    0
 }
 
 #[unsafe(no_mangle)]
@@ -1260,14 +1349,22 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr(
     length: usize,
     access: c_int,
 ) -> *mut IbvMr {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_reg_mr",
         || null_errno(libc::EIO),
-        || {
-            // SAFETY: forwarded under the same contract.
-            unsafe { rocev2_ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as u32) }
-        },
+        || unsafe { rocev2_ibv_reg_mr_inner(pd, addr, length, access) },
     )
+}
+
+unsafe fn rocev2_ibv_reg_mr_inner(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut IbvMr {
+    // SAFETY: forwarded under the same contract.
+    unsafe { rocev2_ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as u32) }
 }
 
 #[unsafe(no_mangle)]
@@ -1278,41 +1375,50 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut IbvMr {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_reg_mr_iova2",
         || null_errno(libc::EIO),
-        || {
-            // SAFETY: PD blocks are `PdBlock`s.
-            let Some(p) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }) else {
-                return null_errno(libc::EINVAL);
-            };
-            // SAFETY: `ibv_reg_mr`'s contract (the memory stays valid until `ibv_dereg_mr`).
-            match unsafe { reg_checked(p, addr, length, iova, access) } {
-                Ok(mr) => {
-                    p.users.fetch_add(1, Ordering::AcqRel);
-                    let b = into_raw(MrBlock {
-                        mr: UnsafeCell::new(IbvMr {
-                            context: p.pd.context,
-                            pd,
-                            addr,
-                            length,
-                            handle: 0,
-                            lkey: mr.lkey().0,
-                            rkey: mr.rkey().0,
-                        }),
-                        state: Mutex::new(MrState {
-                            rust: mr,
-                            pd: pd as usize,
-                            access,
-                        }),
-                    });
-                    live::insert(b, Kind::Mr, p.pd.context as usize);
-                    b.cast()
-                }
-                Err(e) => null_errno(e),
-            }
-        },
+        || unsafe { rocev2_ibv_reg_mr_iova2_inner(pd, addr, length, iova, access) },
     )
+}
+
+unsafe fn rocev2_ibv_reg_mr_iova2_inner(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    // SAFETY: PD blocks are `PdBlock`s.
+    let Some(p) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }) else {
+        return null_errno(libc::EINVAL);
+    };
+    // SAFETY: `ibv_reg_mr`'s contract (the memory stays valid until `ibv_dereg_mr`).
+    match unsafe { reg_checked(p, addr, length, iova, access) } {
+        Ok(mr) => {
+            p.users.fetch_add(1, Ordering::AcqRel);
+            let b = into_raw(MrBlock {
+                mr: UnsafeCell::new(IbvMr {
+                    context: p.pd.context,
+                    pd,
+                    addr,
+                    length,
+                    handle: 0,
+                    lkey: mr.lkey().0,
+                    rkey: mr.rkey().0,
+                }),
+                state: Mutex::new(MrState {
+                    rust: mr,
+                    pd: pd as usize,
+                    access,
+                }),
+            });
+            live::insert(b, Kind::Mr, p.pd.context as usize);
+            b.cast()
+        }
+        Err(e) => null_errno(e),
+    }
 }
 
 /// Registers `[addr, addr + length)` on `p` with the checks of `ibv_reg_mr` (an errno on failure).
@@ -1348,33 +1454,36 @@ unsafe fn reg_checked(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_dereg_mr",
         || libc::EIO,
-        || {
-            let mut pd = 0;
-            let r = live::take(mr, Kind::Mr, || {
-                // SAFETY: a live MR of ours (checked by `take` under its lock).
-                let m = unsafe { &*mr.cast::<MrBlock>() };
-                let st = m.state.lock().unwrap_or_else(|p| p.into_inner());
-                pd = st.pd;
-                st.rust
-                    .clone()
-                    .dereg_invalidate()
-                    .map_err(|(_, e)| e.errno())
-            });
-            if let Err(e) = r {
-                return e;
-            }
-            // SAFETY: deregistered and out of the table; the caller does not use `mr` again. Its PD is live (it has this
-            // user).
-            unsafe {
-                count_user::<PdBlock, _>(pd as *mut IbvPd, false);
-                free::<MrBlock, _>(mr);
-            }
-            0
-        },
+        || unsafe { rocev2_ibv_dereg_mr_inner(mr) },
     )
+}
+
+unsafe fn rocev2_ibv_dereg_mr_inner(mr: *mut IbvMr) -> c_int {
+    let mut pd = 0;
+    let r = live::take(mr, Kind::Mr, || {
+        // SAFETY: a live MR of ours (checked by `take` under its lock).
+        let m = unsafe { &*mr.cast::<MrBlock>() };
+        let st = m.state.lock().unwrap_or_else(|p| p.into_inner());
+        pd = st.pd;
+        st.rust
+            .clone()
+            .dereg_invalidate()
+            .map_err(|(_, e)| e.errno())
+    });
+    if let Err(e) = r {
+        return e;
+    }
+    // SAFETY: deregistered and out of the table; the caller does not use `mr` again. Its PD is live (it has this
+    // user).
+    unsafe {
+        count_user::<PdBlock, _>(pd as *mut IbvPd, false);
+        free::<MrBlock, _>(mr);
+    }
+    0
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1384,57 +1493,63 @@ pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
 pub unsafe extern "C" fn rocev2_ibv_create_comp_channel(
     ctx: *mut IbvContext,
 ) -> *mut IbvCompChannel {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_create_comp_channel",
         || null_errno(libc::EIO),
-        || {
-            // SAFETY: the caller passes an open context.
-            if unsafe { ctx_block(ctx) }.is_none() {
-                return null_errno(libc::EINVAL);
-            }
-            // `fd`: the channel's, readable while an event waits (a program may poll it, then call ibv_get_cq_event), and
-            // blocking unless the program sets O_NONBLOCK on it (then ibv_get_cq_event does not wait).
-            let rust = Arc::new(CompChannel::new());
-            let Some(fd) = rust.fd() else {
-                return null_errno(libc::EMFILE);
-            };
-            let b = into_raw(ChannelBlock {
-                ch: IbvCompChannel {
-                    context: ctx,
-                    fd,
-                    refcnt: 0,
-                },
-                rust,
-                cqs: Mutex::new(Vec::new()),
-            });
-            live::insert(b, Kind::Channel, ctx as usize);
-            b.cast()
-        },
+        || unsafe { rocev2_ibv_create_comp_channel_inner(ctx) },
     )
+}
+
+unsafe fn rocev2_ibv_create_comp_channel_inner(ctx: *mut IbvContext) -> *mut IbvCompChannel {
+    // SAFETY: the caller passes an open context.
+    if unsafe { ctx_block(ctx) }.is_none() {
+        return null_errno(libc::EINVAL);
+    }
+    // `fd`: the channel's, readable while an event waits (a program may poll it, then call ibv_get_cq_event), and
+    // blocking unless the program sets O_NONBLOCK on it (then ibv_get_cq_event does not wait).
+    let rust = Arc::new(CompChannel::new());
+    let Some(fd) = rust.fd() else {
+        return null_errno(libc::EMFILE);
+    };
+    let b = into_raw(ChannelBlock {
+        ch: IbvCompChannel {
+            context: ctx,
+            fd,
+            refcnt: 0,
+        },
+        rust,
+        cqs: Mutex::new(Vec::new()),
+    });
+    live::insert(b, Kind::Channel, ctx as usize);
+    b.cast()
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_destroy_comp_channel",
         || libc::EIO,
-        || {
-            let r = live::take(ch, Kind::Channel, || {
-                // SAFETY: a live channel of ours (checked by `take` under its lock).
-                let c = unsafe { &*ch.cast::<ChannelBlock>() };
-                if c.cqs.lock().map_or(true, |v| !v.is_empty()) {
-                    return Err(libc::EBUSY);
-                }
-                Ok(())
-            });
-            if let Err(e) = r {
-                return e;
-            }
-            // SAFETY: the channel is not used after this call (its descriptor goes with the Rust channel).
-            unsafe { free::<ChannelBlock, _>(ch) };
-            0
-        },
+        || unsafe { rocev2_ibv_destroy_comp_channel_inner(ch) },
     )
+}
+
+unsafe fn rocev2_ibv_destroy_comp_channel_inner(ch: *mut IbvCompChannel) -> c_int {
+    let r = live::take(ch, Kind::Channel, || {
+        // SAFETY: a live channel of ours (checked by `take` under its lock).
+        let c = unsafe { &*ch.cast::<ChannelBlock>() };
+        if c.cqs.lock().map_or(true, |v| !v.is_empty()) {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
+    }
+    // SAFETY: the channel is not used after this call (its descriptor goes with the Rust channel).
+    unsafe { free::<ChannelBlock, _>(ch) };
+    0
 }
 
 #[unsafe(no_mangle)]
@@ -1445,101 +1560,113 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
     channel: *mut IbvCompChannel,
     comp_vector: c_int,
 ) -> *mut IbvCq {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_create_cq",
         || null_errno(libc::EIO),
-        || {
-            // SAFETY: the caller passes an open context.
-            let Some(c) = (unsafe { ctx_block(ctx) }) else {
-                return null_errno(libc::EINVAL);
-            };
-            // SAFETY: channel blocks are `ChannelBlock`s.
-            let ch = unsafe { live_block::<ChannelBlock, _>(channel, Kind::Channel) };
-            if ch.is_none() && !channel.is_null() {
-                return null_errno(libc::EINVAL);
-            }
-            let Ok(depth) = u32::try_from(cqe) else {
-                return null_errno(libc::EINVAL);
-            };
-            // The kernel's check (ib_uverbs create_cq): the vector, taken as unsigned, below
-            // `num_comp_vectors`.
-            if comp_vector as u32 >= c.ctx.num_comp_vectors as u32 {
-                return null_errno(libc::EINVAL);
-            }
-            let rt = match c.runtime() {
-                Ok(rt) => rt,
-                Err(e) => return null_errno(e),
-            };
-            let cq = match rt.create_cq(depth, ch.map(|c| &c.rust), Moderation::default()) {
-                Ok(cq) => cq,
-                Err(e) => return null_errno(e.errno()),
-            };
-            let id = cq.id();
-            let b = into_raw(CqBlock {
-                depth,
-                cq: UnsafeCell::new(IbvCq {
-                    context: ctx,
-                    channel,
-                    cq_context,
-                    handle: id,
-                    cqe,
-                    mutex: [0; 5],
-                    cond: [0; 6],
-                    comp_events_completed: 0,
-                    async_events_completed: 0,
-                }),
-                rust: cq,
-                users: AtomicU32::new(0),
-                events_handed: AtomicU32::new(0),
-                async_handed: AtomicU32::new(0),
-            });
-            live::insert(b, Kind::Cq, ctx as usize);
-            async_events::register_cq(id, ctx as usize, b as usize);
-            if let Some(ch) = ch
-                && let Ok(mut v) = ch.cqs.lock()
-            {
-                v.push((id, b as usize));
-            }
-            b.cast()
-        },
+        || unsafe { rocev2_ibv_create_cq_inner(ctx, cqe, cq_context, channel, comp_vector) },
     )
+}
+
+unsafe fn rocev2_ibv_create_cq_inner(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
+) -> *mut IbvCq {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        return null_errno(libc::EINVAL);
+    };
+    // SAFETY: channel blocks are `ChannelBlock`s.
+    let ch = unsafe { live_block::<ChannelBlock, _>(channel, Kind::Channel) };
+    if ch.is_none() && !channel.is_null() {
+        return null_errno(libc::EINVAL);
+    }
+    let Ok(depth) = u32::try_from(cqe) else {
+        return null_errno(libc::EINVAL);
+    };
+    // The kernel's check (ib_uverbs create_cq): the vector, taken as unsigned, below
+    // `num_comp_vectors`.
+    if comp_vector as u32 >= c.ctx.num_comp_vectors as u32 {
+        return null_errno(libc::EINVAL);
+    }
+    let rt = match c.runtime() {
+        Ok(rt) => rt,
+        Err(e) => return null_errno(e),
+    };
+    let cq = match rt.create_cq(depth, ch.map(|c| &c.rust), Moderation::default()) {
+        Ok(cq) => cq,
+        Err(e) => return null_errno(e.errno()),
+    };
+    let id = cq.id();
+    let b = into_raw(CqBlock {
+        depth,
+        cq: UnsafeCell::new(IbvCq {
+            context: ctx,
+            channel,
+            cq_context,
+            handle: id,
+            cqe,
+            mutex: [0; 5],
+            cond: [0; 6],
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        }),
+        rust: cq,
+        users: AtomicU32::new(0),
+        events_handed: AtomicU32::new(0),
+        async_handed: AtomicU32::new(0),
+    });
+    live::insert(b, Kind::Cq, ctx as usize);
+    async_events::register_cq(id, ctx as usize, b as usize);
+    if let Some(ch) = ch
+        && let Ok(mut v) = ch.cqs.lock()
+    {
+        v.push((id, b as usize));
+    }
+    b.cast()
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_destroy_cq",
         || libc::EIO,
-        || {
-            let r = live::take(cq, Kind::Cq, || {
-                // SAFETY: a live CQ of ours (checked by `take` under its lock).
-                let c = unsafe { &*cq.cast::<CqBlock>() };
-                if c.users.load(Ordering::Acquire) != 0 {
-                    return Err(libc::EBUSY);
-                }
-                Ok(())
-            });
-            if let Err(e) = r {
-                return e;
-            }
-            // SAFETY: out of the table: no other destroy reaches it; `ibv_get_cq_event` stops handing out its events once
-            // it is detached.
-            unsafe {
-                detach_cq(cq);
-                wait_acked(cq);
-                let b = &*cq.cast::<CqBlock>();
-                async_events::unregister_cq(b.rust.id(), cq as usize);
-                async_events::wait_count(
-                    ptr::addr_of_mut!((*cq).mutex),
-                    ptr::addr_of_mut!((*cq).cond),
-                    ptr::addr_of!((*cq).async_events_completed),
-                    b.async_handed.load(Ordering::Acquire),
-                );
-                free::<CqBlock, _>(cq);
-            }
-            0
-        },
+        || unsafe { rocev2_ibv_destroy_cq_inner(cq) },
     )
+}
+
+unsafe fn rocev2_ibv_destroy_cq_inner(cq: *mut IbvCq) -> c_int {
+    let r = live::take(cq, Kind::Cq, || {
+        // SAFETY: a live CQ of ours (checked by `take` under its lock).
+        let c = unsafe { &*cq.cast::<CqBlock>() };
+        if c.users.load(Ordering::Acquire) != 0 {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
+    }
+    // SAFETY: out of the table: no other destroy reaches it; `ibv_get_cq_event` stops handing out its events once
+    // it is detached.
+    unsafe {
+        detach_cq(cq);
+        wait_acked(cq);
+        let b = &*cq.cast::<CqBlock>();
+        async_events::unregister_cq(b.rust.id(), cq as usize);
+        async_events::wait_count(
+            ptr::addr_of_mut!((*cq).mutex),
+            ptr::addr_of_mut!((*cq).cond),
+            ptr::addr_of!((*cq).async_events_completed),
+            b.async_handed.load(Ordering::Acquire),
+        );
+        free::<CqBlock, _>(cq);
+    }
+    0
 }
 
 /// Takes the CQ off its channel's list (under the list's lock, which `ibv_get_cq_event` holds while it hands out an
@@ -1594,114 +1721,125 @@ pub unsafe extern "C" fn rocev2_ibv_get_cq_event(
     cq_out: *mut *mut IbvCq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_get_cq_event",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            // SAFETY: channel blocks are `ChannelBlock`s.
-            let Some(c) = (unsafe { live_block::<ChannelBlock, _>(ch, Kind::Channel) }) else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            // SAFETY: fcntl on our descriptor.
-            let nonblock = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-            loop {
-                let wait = if nonblock {
-                    Duration::ZERO
-                } else {
-                    Duration::from_secs(3600)
-                };
-                // A signal handler interrupting the wait ends it with EINTR unless the handler asked for restarts
-                // (module `signals`), as rdma-core's blocking read() of the channel fd.
-                let id = match c.rust.get_event_interruptible(wait) {
-                    Ok(Some(id)) => id,
-                    Ok(None) if nonblock => {
-                        set_errno(libc::EAGAIN);
-                        return -1;
-                    }
-                    Ok(None) => continue,
-                    Err(_) if signals::all_handlers_restart() => continue,
-                    Err(_) => {
-                        set_errno(libc::EINTR);
-                        return -1;
-                    }
-                };
-                // Found, counted and read under the list's lock: `ibv_destroy_cq` detaches the CQ under the same lock
-                // before it waits for the acknowledgements and frees it.
-                let found = {
-                    let v = c.cqs.lock().unwrap_or_else(|p| p.into_inner());
-                    v.iter().find(|&&(i, _)| i == id).map(|&(_, p)| {
-                        // SAFETY: an attached CQ is live (detached before it is freed); its C part is read through a
-                        // raw pointer (the program may write `cq_context`).
-                        unsafe {
-                            let b = &*(p as *const CqBlock);
-                            b.events_handed.fetch_add(1, Ordering::AcqRel);
-                            (
-                                p as *mut IbvCq,
-                                ptr::addr_of!((*b.cq.get()).cq_context).read_volatile(),
-                            )
-                        }
-                    })
-                };
-                // An event of a CQ destroyed meanwhile is dropped.
-                let Some((cq, ctx_ptr)) = found else { continue };
-                // SAFETY: the caller's out-parameters.
-                unsafe {
-                    if !cq_out.is_null() {
-                        *cq_out = cq;
-                    }
-                    if !cq_context.is_null() {
-                        *cq_context = ctx_ptr;
-                    }
-                }
-                return 0;
-            }
-        },
+        || unsafe { rocev2_ibv_get_cq_event_inner(ch, cq_out, cq_context) },
     )
+}
+
+unsafe fn rocev2_ibv_get_cq_event_inner(
+    ch: *mut IbvCompChannel,
+    cq_out: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: channel blocks are `ChannelBlock`s.
+    let Some(c) = (unsafe { live_block::<ChannelBlock, _>(ch, Kind::Channel) }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: fcntl on our descriptor.
+    let nonblock = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    loop {
+        let wait = if nonblock {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(3600)
+        };
+        // A signal handler interrupting the wait ends it with EINTR unless the handler asked for restarts
+        // (module `signals`), as rdma-core's blocking read() of the channel fd.
+        let id = match c.rust.get_event_interruptible(wait) {
+            Ok(Some(id)) => id,
+            Ok(None) if nonblock => {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            Ok(None) => continue,
+            Err(_) if signals::all_handlers_restart() => continue,
+            Err(_) => {
+                set_errno(libc::EINTR);
+                return -1;
+            }
+        };
+        // Found, counted and read under the list's lock: `ibv_destroy_cq` detaches the CQ under the same lock
+        // before it waits for the acknowledgements and frees it.
+        let found = {
+            let v = c.cqs.lock().unwrap_or_else(|p| p.into_inner());
+            v.iter().find(|&&(i, _)| i == id).map(|&(_, p)| {
+                // SAFETY: an attached CQ is live (detached before it is freed); its C part is read through a
+                // raw pointer (the program may write `cq_context`).
+                unsafe {
+                    let b = &*(p as *const CqBlock);
+                    b.events_handed.fetch_add(1, Ordering::AcqRel);
+                    (
+                        p as *mut IbvCq,
+                        ptr::addr_of!((*b.cq.get()).cq_context).read_volatile(),
+                    )
+                }
+            })
+        };
+        // An event of a CQ destroyed meanwhile is dropped.
+        let Some((cq, ctx_ptr)) = found else { continue };
+        // SAFETY: the caller's out-parameters.
+        unsafe {
+            if !cq_out.is_null() {
+                *cq_out = cq;
+            }
+            if !cq_context.is_null() {
+                *cq_context = ctx_ptr;
+            }
+        }
+        return 0;
+    }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_ack_cq_events(cq: *mut IbvCq, nevents: u32) {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_ack_cq_events",
         || (),
-        || {
-            if cq.is_null() {
-                return;
-            }
-            // SAFETY: a CQ of ours; its mutex was zero-initialised (PTHREAD_MUTEX_INITIALIZER) and lives in the block.
-            unsafe {
-                let m = ptr::addr_of_mut!((*cq).mutex).cast::<libc::pthread_mutex_t>();
-                libc::pthread_mutex_lock(m);
-                (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents);
-                libc::pthread_cond_broadcast(
-                    ptr::addr_of_mut!((*cq).cond).cast::<libc::pthread_cond_t>(),
-                );
-                libc::pthread_mutex_unlock(m);
-            }
-        },
+        || unsafe { rocev2_ibv_ack_cq_events_inner(cq, nevents) },
     )
+}
+
+unsafe fn rocev2_ibv_ack_cq_events_inner(cq: *mut IbvCq, nevents: u32) {
+    if cq.is_null() {
+        return;
+    }
+    // SAFETY: a CQ of ours; its mutex was zero-initialised (PTHREAD_MUTEX_INITIALIZER) and lives in the block.
+    unsafe {
+        let m = ptr::addr_of_mut!((*cq).mutex).cast::<libc::pthread_mutex_t>();
+        libc::pthread_mutex_lock(m);
+        (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents);
+        libc::pthread_cond_broadcast(ptr::addr_of_mut!((*cq).cond).cast::<libc::pthread_cond_t>());
+        libc::pthread_mutex_unlock(m);
+    }
 }
 
 /// `ops.req_notify_cq`.
 unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_req_notify_cq",
         || libc::EIO,
-        || {
-            // SAFETY: the inline `ibv_req_notify_cq` passes one of our CQs.
-            match unsafe { block::<CqBlock, _>(cq) } {
-                Some(c) => {
-                    c.rust.req_notify();
-                    0
-                }
-                None => libc::EINVAL,
-            }
-        },
+        || unsafe { req_notify_cq_inner(cq, _solicited_only) },
     )
+}
+
+unsafe fn req_notify_cq_inner(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+    // SAFETY: the inline `ibv_req_notify_cq` passes one of our CQs.
+    match unsafe { block::<CqBlock, _>(cq) } {
+        Some(c) => {
+            c.rust.req_notify();
+            0
+        }
+        None => libc::EINVAL,
+    }
 }
 
 fn wc_to_c(w: &Wc) -> IbvWc {
@@ -1730,37 +1868,36 @@ fn wc_to_c(w: &Wc) -> IbvWc {
 
 /// `ops.poll_cq`: up to `n` completions into `wc`, in batches of 32 through the runtime's CQ ring.
 unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
-    crate::guard::guard(
-        "ibv_poll_cq",
-        || -1,
-        || {
-            // SAFETY: the inline `ibv_poll_cq` passes one of our CQs.
-            let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
-                return -libc::EINVAL;
-            };
-            if n <= 0 {
-                return 0;
-            }
-            if wc.is_null() {
-                return -libc::EINVAL;
-            }
-            let mut buf = [Wc::default(); 32];
-            let mut got = 0usize;
-            let want = n as usize;
-            while got < want {
-                let k = c.rust.poll(&mut buf[..(want - got).min(32)]);
-                for w in &buf[..k] {
-                    // SAFETY: the caller's array has room for `n` entries.
-                    unsafe { wc.add(got).write(wc_to_c(w)) };
-                    got += 1;
-                }
-                if k < 32 {
-                    break;
-                }
-            }
-            got as c_int
-        },
-    )
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard("ibv_poll_cq", || -1, || unsafe { poll_cq_inner(cq, n, wc) })
+}
+
+unsafe fn poll_cq_inner(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
+    // SAFETY: the inline `ibv_poll_cq` passes one of our CQs.
+    let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
+        return -libc::EINVAL;
+    };
+    if n <= 0 {
+        return 0;
+    }
+    if wc.is_null() {
+        return -libc::EINVAL;
+    }
+    let mut buf = [Wc::default(); 32];
+    let mut got = 0usize;
+    let want = n as usize;
+    while got < want {
+        let k = c.rust.poll(&mut buf[..(want - got).min(32)]);
+        for w in &buf[..k] {
+            // SAFETY: the caller's array has room for `n` entries.
+            unsafe { wc.add(got).write(wc_to_c(w)) };
+            got += 1;
+        }
+        if k < 32 {
+            break;
+        }
+    }
+    got as c_int
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1808,107 +1945,113 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     pd: *mut IbvPd,
     attr: *mut IbvQpInitAttr,
 ) -> *mut IbvQp {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_create_qp",
         || null_errno(libc::EIO),
-        || {
-            // SAFETY: PD blocks are `PdBlock`s; the caller passes its init attributes.
-            let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
-                attr.as_mut()
-            }) else {
-                return null_errno(libc::EINVAL);
-            };
-            if !a.srq.is_null() {
-                return null_errno(libc::EOPNOTSUPP);
-            }
-            let Some(ty) = qp_type_from_c(a.qp_type) else {
-                return null_errno(libc::EOPNOTSUPP);
-            };
-            // SAFETY: CQ blocks are `CqBlock`s.
-            let (Some(scq), Some(rcq)) = (
-                unsafe { live_block::<CqBlock, _>(a.send_cq, Kind::Cq) },
-                unsafe { live_block::<CqBlock, _>(a.recv_cq, Kind::Cq) },
-            ) else {
-                return null_errno(libc::EINVAL);
-            };
-            let mut cap = cap_from_c(&a.cap);
-            cap.max_send_sge = cap.max_send_sge.max(1);
-            cap.max_recv_sge = cap.max_recv_sge.max(1);
-            let qp = match p
-                .rust
-                .create_qp(ty, &scq.rust, &rcq.rust, cap, a.sq_sig_all != 0)
-            {
-                Ok(q) => q,
-                Err(e) => return null_errno(e.errno()),
-            };
-            let mut granted = qp.cap();
-            granted.max_inline_data = granted.max_inline_data.min(MAX_INLINE as u32);
-            a.cap = cap_to_c(&granted);
-            let qpn = qp.qpn().value();
-            let b = into_raw(QpBlock {
-                qp: UnsafeCell::new(IbvQp {
-                    context: p.pd.context,
-                    qp_context: a.qp_context,
-                    pd,
-                    send_cq: a.send_cq,
-                    recv_cq: a.recv_cq,
-                    srq: null_mut(),
-                    handle: qp.qpn().value(),
-                    qp_num: qp.qpn().value(),
-                    state: QpState::Reset as c_int,
-                    qp_type: a.qp_type,
-                    mutex: [0; 5],
-                    cond: [0; 6],
-                    events_completed: 0,
-                }),
-                rust: qp,
-                sq_sig_all: a.sq_sig_all != 0,
-                pd: pd as usize,
-                send_cq: a.send_cq as usize,
-                recv_cq: a.recv_cq as usize,
-                state: AtomicI32::new(QpState::Reset as c_int),
-                async_handed: AtomicU32::new(0),
-            });
-            live::insert(b, Kind::Qp, p.pd.context as usize);
-            async_events::register_qp(qpn, p.pd.context as usize, b as usize);
-            p.users.fetch_add(1, Ordering::AcqRel);
-            scq.users.fetch_add(1, Ordering::AcqRel);
-            rcq.users.fetch_add(1, Ordering::AcqRel);
-            b.cast()
-        },
+        || unsafe { rocev2_ibv_create_qp_inner(pd, attr) },
     )
+}
+
+unsafe fn rocev2_ibv_create_qp_inner(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
+    // SAFETY: PD blocks are `PdBlock`s; the caller passes its init attributes.
+    let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
+        attr.as_mut()
+    }) else {
+        return null_errno(libc::EINVAL);
+    };
+    if !a.srq.is_null() {
+        return null_errno(libc::EOPNOTSUPP);
+    }
+    let Some(ty) = qp_type_from_c(a.qp_type) else {
+        return null_errno(libc::EOPNOTSUPP);
+    };
+    // SAFETY: CQ blocks are `CqBlock`s.
+    let (Some(scq), Some(rcq)) = (
+        unsafe { live_block::<CqBlock, _>(a.send_cq, Kind::Cq) },
+        unsafe { live_block::<CqBlock, _>(a.recv_cq, Kind::Cq) },
+    ) else {
+        return null_errno(libc::EINVAL);
+    };
+    let mut cap = cap_from_c(&a.cap);
+    cap.max_send_sge = cap.max_send_sge.max(1);
+    cap.max_recv_sge = cap.max_recv_sge.max(1);
+    let qp = match p
+        .rust
+        .create_qp(ty, &scq.rust, &rcq.rust, cap, a.sq_sig_all != 0)
+    {
+        Ok(q) => q,
+        Err(e) => return null_errno(e.errno()),
+    };
+    let mut granted = qp.cap();
+    granted.max_inline_data = granted.max_inline_data.min(MAX_INLINE as u32);
+    a.cap = cap_to_c(&granted);
+    let qpn = qp.qpn().value();
+    let b = into_raw(QpBlock {
+        qp: UnsafeCell::new(IbvQp {
+            context: p.pd.context,
+            qp_context: a.qp_context,
+            pd,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: null_mut(),
+            handle: qp.qpn().value(),
+            qp_num: qp.qpn().value(),
+            state: QpState::Reset as c_int,
+            qp_type: a.qp_type,
+            mutex: [0; 5],
+            cond: [0; 6],
+            events_completed: 0,
+        }),
+        rust: qp,
+        sq_sig_all: a.sq_sig_all != 0,
+        pd: pd as usize,
+        send_cq: a.send_cq as usize,
+        recv_cq: a.recv_cq as usize,
+        state: AtomicI32::new(QpState::Reset as c_int),
+        async_handed: AtomicU32::new(0),
+    });
+    live::insert(b, Kind::Qp, p.pd.context as usize);
+    async_events::register_qp(qpn, p.pd.context as usize, b as usize);
+    p.users.fetch_add(1, Ordering::AcqRel);
+    scq.users.fetch_add(1, Ordering::AcqRel);
+    rcq.users.fetch_add(1, Ordering::AcqRel);
+    b.cast()
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_destroy_qp",
         || libc::EIO,
-        || {
-            if let Err(e) = live::take(qp, Kind::Qp, || Ok(())) {
-                return e;
-            }
-            // SAFETY: a QP of ours, out of the table and not used after this call; the PD and CQs of its own record are
-            // live (it is one of their users).
-            unsafe {
-                let q = &*qp.cast::<QpBlock>();
-                // No event names it from now on; those handed out must be acknowledged first
-                // (ibv_get_async_event(3)).
-                async_events::unregister_qp((*q.qp.get()).qp_num, qp as usize);
-                async_events::wait_count(
-                    ptr::addr_of_mut!((*qp).mutex),
-                    ptr::addr_of_mut!((*qp).cond),
-                    ptr::addr_of!((*qp).events_completed),
-                    q.async_handed.load(Ordering::Acquire),
-                );
-                count_user::<PdBlock, _>(q.pd as *mut IbvPd, false);
-                count_user::<CqBlock, _>(q.send_cq as *mut IbvCq, false);
-                count_user::<CqBlock, _>(q.recv_cq as *mut IbvCq, false);
-                free::<QpBlock, _>(qp);
-            }
-            0
-        },
+        || unsafe { rocev2_ibv_destroy_qp_inner(qp) },
     )
+}
+
+unsafe fn rocev2_ibv_destroy_qp_inner(qp: *mut IbvQp) -> c_int {
+    if let Err(e) = live::take(qp, Kind::Qp, || Ok(())) {
+        return e;
+    }
+    // SAFETY: a QP of ours, out of the table and not used after this call; the PD and CQs of its own record are
+    // live (it is one of their users).
+    unsafe {
+        let q = &*qp.cast::<QpBlock>();
+        // No event names it from now on; those handed out must be acknowledged first
+        // (ibv_get_async_event(3)).
+        async_events::unregister_qp((*q.qp.get()).qp_num, qp as usize);
+        async_events::wait_count(
+            ptr::addr_of_mut!((*qp).mutex),
+            ptr::addr_of_mut!((*qp).cond),
+            ptr::addr_of!((*qp).events_completed),
+            q.async_handed.load(Ordering::Acquire),
+        );
+        count_user::<PdBlock, _>(q.pd as *mut IbvPd, false);
+        count_user::<CqBlock, _>(q.send_cq as *mut IbvCq, false);
+        count_user::<CqBlock, _>(q.recv_cq as *mut IbvCq, false);
+        free::<QpBlock, _>(qp);
+    }
+    0
 }
 
 fn state_from_c(s: c_int) -> Option<QpState> {
@@ -1983,73 +2126,75 @@ pub unsafe extern "C" fn rocev2_ibv_modify_qp(
     attr: *mut IbvQpAttr,
     mask: c_int,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_modify_qp",
         || libc::EIO,
-        || {
-            // SAFETY: the caller passes a QP of ours and its attributes.
-            let (Some(q), Some(a)) = (unsafe { block::<QpBlock, _>(qp) }, unsafe { attr.as_ref() })
-            else {
-                return libc::EINVAL;
-            };
-            let m = QpAttrMask(mask as u32);
-            let mut r = QpAttr::default();
-            if m.contains(QpAttrMask::STATE) {
-                let Some(s) = state_from_c(a.qp_state) else {
-                    return libc::EINVAL;
-                };
-                r.qp_state = s;
-            }
-            if m.contains(QpAttrMask::CUR_STATE) {
-                let Some(s) = state_from_c(a.cur_qp_state) else {
-                    return libc::EINVAL;
-                };
-                r.cur_qp_state = s;
-            }
-            if m.contains(QpAttrMask::PATH_MTU) {
-                let Some(mtu) = mtu_from_c(a.path_mtu) else {
-                    return libc::EINVAL;
-                };
-                r.path_mtu = mtu;
-            }
-            // The kernel checks the port (uverbs modify_qp: rdma_is_port_valid); this device has port 1 only.
-            if m.contains(QpAttrMask::PORT) && a.port_num != 1 {
-                return libc::EINVAL;
-            }
-            if m.contains(QpAttrMask::AV) {
-                let Some(ah) = ah_from_c(&a.ah_attr) else {
-                    return libc::EINVAL;
-                };
-                r.ah_attr = ah;
-            }
-            r.qp_access_flags = AccessFlags(a.qp_access_flags as u32 & IBV_ACCESS_SUPPORTED);
-            r.pkey_index = a.pkey_index;
-            r.port_num = a.port_num;
-            r.qkey = a.qkey;
-            r.timeout = a.timeout;
-            r.retry_cnt = a.retry_cnt;
-            r.rnr_retry = a.rnr_retry;
-            r.rq_psn = roce_proto::Psn::new(a.rq_psn & 0xff_ffff);
-            r.sq_psn = roce_proto::Psn::new(a.sq_psn & 0xff_ffff);
-            r.max_rd_atomic = a.max_rd_atomic;
-            r.max_dest_rd_atomic = a.max_dest_rd_atomic;
-            r.min_rnr_timer = a.min_rnr_timer;
-            r.dest_qp_num = roce_proto::Qpn::new(a.dest_qp_num & 0xff_ffff);
-            r.en_sqd_async_notify = a.en_sqd_async_notify != 0;
-            r.cap = cap_from_c(&a.cap);
-            match q.rust.modify(&r, m) {
-                Ok(()) => {
-                    if m.contains(QpAttrMask::STATE) {
-                        q.state.store(a.qp_state, Ordering::Release);
-                        // SAFETY: our QP's C part (UnsafeCell); `state` is informational for the program.
-                        unsafe { (*q.qp.get()).state = a.qp_state };
-                    }
-                    0
-                }
-                Err(e) => e.errno(),
-            }
-        },
+        || unsafe { rocev2_ibv_modify_qp_inner(qp, attr, mask) },
     )
+}
+
+unsafe fn rocev2_ibv_modify_qp_inner(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
+    // SAFETY: the caller passes a QP of ours and its attributes.
+    let (Some(q), Some(a)) = (unsafe { block::<QpBlock, _>(qp) }, unsafe { attr.as_ref() }) else {
+        return libc::EINVAL;
+    };
+    let m = QpAttrMask(mask as u32);
+    let mut r = QpAttr::default();
+    if m.contains(QpAttrMask::STATE) {
+        let Some(s) = state_from_c(a.qp_state) else {
+            return libc::EINVAL;
+        };
+        r.qp_state = s;
+    }
+    if m.contains(QpAttrMask::CUR_STATE) {
+        let Some(s) = state_from_c(a.cur_qp_state) else {
+            return libc::EINVAL;
+        };
+        r.cur_qp_state = s;
+    }
+    if m.contains(QpAttrMask::PATH_MTU) {
+        let Some(mtu) = mtu_from_c(a.path_mtu) else {
+            return libc::EINVAL;
+        };
+        r.path_mtu = mtu;
+    }
+    // The kernel checks the port (uverbs modify_qp: rdma_is_port_valid); this device has port 1 only.
+    if m.contains(QpAttrMask::PORT) && a.port_num != 1 {
+        return libc::EINVAL;
+    }
+    if m.contains(QpAttrMask::AV) {
+        let Some(ah) = ah_from_c(&a.ah_attr) else {
+            return libc::EINVAL;
+        };
+        r.ah_attr = ah;
+    }
+    r.qp_access_flags = AccessFlags(a.qp_access_flags as u32 & IBV_ACCESS_SUPPORTED);
+    r.pkey_index = a.pkey_index;
+    r.port_num = a.port_num;
+    r.qkey = a.qkey;
+    r.timeout = a.timeout;
+    r.retry_cnt = a.retry_cnt;
+    r.rnr_retry = a.rnr_retry;
+    r.rq_psn = roce_proto::Psn::new(a.rq_psn & 0xff_ffff);
+    r.sq_psn = roce_proto::Psn::new(a.sq_psn & 0xff_ffff);
+    r.max_rd_atomic = a.max_rd_atomic;
+    r.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    r.min_rnr_timer = a.min_rnr_timer;
+    r.dest_qp_num = roce_proto::Qpn::new(a.dest_qp_num & 0xff_ffff);
+    r.en_sqd_async_notify = a.en_sqd_async_notify != 0;
+    r.cap = cap_from_c(&a.cap);
+    match q.rust.modify(&r, m) {
+        Ok(()) => {
+            if m.contains(QpAttrMask::STATE) {
+                q.state.store(a.qp_state, Ordering::Release);
+                // SAFETY: our QP's C part (UnsafeCell); `state` is informational for the program.
+                unsafe { (*q.qp.get()).state = a.qp_state };
+            }
+            0
+        }
+        Err(e) => e.errno(),
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -2059,127 +2204,141 @@ pub unsafe extern "C" fn rocev2_ibv_query_qp(
     _mask: c_int,
     init: *mut IbvQpInitAttr,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_query_qp",
         || libc::EIO,
-        || {
-            // SAFETY: the caller passes a QP of ours.
-            let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
-                return libc::EINVAL;
-            };
-            let r = match q.rust.query() {
-                Ok(r) => r,
-                Err(e) => return e.errno(),
-            };
-            let cap = cap_to_c(&q.rust.cap());
-            let out = IbvQpAttr {
-                qp_state: r.qp_state as c_int,
-                cur_qp_state: r.qp_state as c_int,
-                path_mtu: r.path_mtu as c_int,
-                path_mig_state: 0,
-                qkey: r.qkey,
-                rq_psn: r.rq_psn.value(),
-                sq_psn: r.sq_psn.value(),
-                dest_qp_num: r.dest_qp_num.value(),
-                qp_access_flags: r.qp_access_flags.bits() as c_int,
-                cap,
-                ah_attr: ah_to_c(&r.ah_attr),
-                alt_ah_attr: IbvAhAttr::default(),
-                pkey_index: r.pkey_index,
-                alt_pkey_index: 0,
-                en_sqd_async_notify: u8::from(r.en_sqd_async_notify),
-                sq_draining: 0,
-                max_rd_atomic: r.max_rd_atomic,
-                max_dest_rd_atomic: r.max_dest_rd_atomic,
-                min_rnr_timer: r.min_rnr_timer,
-                port_num: 1,
-                timeout: r.timeout,
-                retry_cnt: r.retry_cnt,
-                rnr_retry: r.rnr_retry,
-                alt_port_num: 0,
-                alt_timeout: 0,
-                rate_limit: 0,
-            };
-            // SAFETY: the caller's out-parameters (either may be NULL).
-            unsafe {
-                if !attr.is_null() {
-                    attr.write(out);
-                }
-                if !init.is_null() {
-                    init.write(IbvQpInitAttr {
-                        qp_context: ptr::addr_of!((*q.qp.get()).qp_context).read_volatile(),
-                        send_cq: q.send_cq as *mut IbvCq,
-                        recv_cq: q.recv_cq as *mut IbvCq,
-                        srq: null_mut(),
-                        cap,
-                        qp_type: qp_type_to_c(q.rust.qp_type()),
-                        sq_sig_all: c_int::from(q.sq_sig_all),
-                    });
-                }
-            }
-            0
-        },
+        || unsafe { rocev2_ibv_query_qp_inner(qp, attr, _mask, init) },
     )
+}
+
+unsafe fn rocev2_ibv_query_qp_inner(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    _mask: c_int,
+    init: *mut IbvQpInitAttr,
+) -> c_int {
+    // SAFETY: the caller passes a QP of ours.
+    let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    let r = match q.rust.query() {
+        Ok(r) => r,
+        Err(e) => return e.errno(),
+    };
+    let cap = cap_to_c(&q.rust.cap());
+    let out = IbvQpAttr {
+        qp_state: r.qp_state as c_int,
+        cur_qp_state: r.qp_state as c_int,
+        path_mtu: r.path_mtu as c_int,
+        path_mig_state: 0,
+        qkey: r.qkey,
+        rq_psn: r.rq_psn.value(),
+        sq_psn: r.sq_psn.value(),
+        dest_qp_num: r.dest_qp_num.value(),
+        qp_access_flags: r.qp_access_flags.bits() as c_int,
+        cap,
+        ah_attr: ah_to_c(&r.ah_attr),
+        alt_ah_attr: IbvAhAttr::default(),
+        pkey_index: r.pkey_index,
+        alt_pkey_index: 0,
+        en_sqd_async_notify: u8::from(r.en_sqd_async_notify),
+        sq_draining: 0,
+        max_rd_atomic: r.max_rd_atomic,
+        max_dest_rd_atomic: r.max_dest_rd_atomic,
+        min_rnr_timer: r.min_rnr_timer,
+        port_num: 1,
+        timeout: r.timeout,
+        retry_cnt: r.retry_cnt,
+        rnr_retry: r.rnr_retry,
+        alt_port_num: 0,
+        alt_timeout: 0,
+        rate_limit: 0,
+    };
+    // SAFETY: the caller's out-parameters (either may be NULL).
+    unsafe {
+        if !attr.is_null() {
+            attr.write(out);
+        }
+        if !init.is_null() {
+            init.write(IbvQpInitAttr {
+                qp_context: ptr::addr_of!((*q.qp.get()).qp_context).read_volatile(),
+                send_cq: q.send_cq as *mut IbvCq,
+                recv_cq: q.recv_cq as *mut IbvCq,
+                srq: null_mut(),
+                cap,
+                qp_type: qp_type_to_c(q.rust.qp_type()),
+                sq_sig_all: c_int::from(q.sq_sig_all),
+            });
+        }
+    }
+    0
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_create_ah",
         || null_errno(libc::EIO),
-        || {
-            // SAFETY: PD blocks are `PdBlock`s; the caller passes the attributes.
-            let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
-                attr.as_ref()
-            }) else {
-                return null_errno(libc::EINVAL);
-            };
-            // The kernel checks the port (uverbs create_ah: rdma_is_port_valid); this device has port 1 only.
-            if a.port_num != 1 {
-                return null_errno(libc::EINVAL);
-            }
-            let Some(ah) = ah_from_c(a) else {
-                return null_errno(libc::EINVAL);
-            };
-            match p.rust.create_ah(&ah) {
-                Ok(h) => {
-                    p.users.fetch_add(1, Ordering::AcqRel);
-                    let b = into_raw(AhBlock {
-                        ah: IbvAh {
-                            context: p.pd.context,
-                            pd,
-                            handle: h.handle().0,
-                        },
-                        rust: h,
-                        pd: pd as usize,
-                    });
-                    live::insert(b, Kind::Ah, p.pd.context as usize);
-                    b.cast()
-                }
-                Err(e) => null_errno(e.errno()),
-            }
-        },
+        || unsafe { rocev2_ibv_create_ah_inner(pd, attr) },
     )
+}
+
+unsafe fn rocev2_ibv_create_ah_inner(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
+    // SAFETY: PD blocks are `PdBlock`s; the caller passes the attributes.
+    let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
+        attr.as_ref()
+    }) else {
+        return null_errno(libc::EINVAL);
+    };
+    // The kernel checks the port (uverbs create_ah: rdma_is_port_valid); this device has port 1 only.
+    if a.port_num != 1 {
+        return null_errno(libc::EINVAL);
+    }
+    let Some(ah) = ah_from_c(a) else {
+        return null_errno(libc::EINVAL);
+    };
+    match p.rust.create_ah(&ah) {
+        Ok(h) => {
+            p.users.fetch_add(1, Ordering::AcqRel);
+            let b = into_raw(AhBlock {
+                ah: IbvAh {
+                    context: p.pd.context,
+                    pd,
+                    handle: h.handle().0,
+                },
+                rust: h,
+                pd: pd as usize,
+            });
+            live::insert(b, Kind::Ah, p.pd.context as usize);
+            b.cast()
+        }
+        Err(e) => null_errno(e.errno()),
+    }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_destroy_ah",
         || libc::EIO,
-        || {
-            if let Err(e) = live::take(ah, Kind::Ah, || Ok(())) {
-                return e;
-            }
-            // SAFETY: an AH of ours, out of the table and not used after this call; the PD of its own record is live (it
-            // is one of its users).
-            unsafe {
-                count_user::<PdBlock, _>((*ah.cast::<AhBlock>()).pd as *mut IbvPd, false);
-                free::<AhBlock, _>(ah);
-            }
-            0
-        },
+        || unsafe { rocev2_ibv_destroy_ah_inner(ah) },
     )
+}
+
+unsafe fn rocev2_ibv_destroy_ah_inner(ah: *mut IbvAh) -> c_int {
+    if let Err(e) = live::take(ah, Kind::Ah, || Ok(())) {
+        return e;
+    }
+    // SAFETY: an AH of ours, out of the table and not used after this call; the PD of its own record is live (it
+    // is one of its users).
+    unsafe {
+        count_user::<PdBlock, _>((*ah.cast::<AhBlock>()).pd as *mut IbvPd, false);
+        free::<AhBlock, _>(ah);
+    }
+    0
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -2310,81 +2469,84 @@ unsafe extern "C" fn post_send(
     wr: *mut IbvSendWr,
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_post_send",
         || libc::EIO,
-        || {
-            // SAFETY: the inline `ibv_post_send` passes one of our QPs.
-            let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
-                return libc::EINVAL;
-            };
-            let ud = q.rust.qp_type() == QpType::Ud;
-            let mut cur = wr;
-            let fail = |at: *mut IbvSendWr, e: c_int| {
-                if !bad.is_null() {
-                    // SAFETY: the caller's out-parameter.
-                    unsafe { *bad = at };
-                }
-                e
-            };
-            if !wr.is_null() && q.state.load(Ordering::Acquire) < IBV_QPS_RTS {
-                return fail(wr, libc::EINVAL);
-            }
-            while !cur.is_null() {
-                let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
-                let mut inl: [[&[u8]; MAX_SGE]; BATCH] = [[&[]; MAX_SGE]; BATCH];
-                let mut metas = [None::<SendMeta>; BATCH];
-                let mut ptrs = [null_mut::<IbvSendWr>(); BATCH];
-                let mut n = 0;
-                let mut err = None;
-                while n < BATCH && !cur.is_null() {
-                    // SAFETY: a WR of the caller's chain.
-                    let w = unsafe { &*cur };
-                    // SAFETY: as `convert_send` requires (the caller's WR).
-                    match unsafe { convert_send(w, ud, &mut sges[n], &mut inl[n]) } {
-                        Ok(m) => metas[n] = Some(m),
-                        Err(e) => {
-                            err = Some((cur, e));
-                            break;
-                        }
-                    }
-                    ptrs[n] = cur;
-                    n += 1;
-                    cur = w.next;
-                }
-                if n > 0 {
-                    let wrs: [SendWr<'_>; BATCH] = core::array::from_fn(|i| {
-                        let m = metas[i].unwrap_or(SendMeta {
-                            wr_id: 0,
-                            op: SendOp::Send,
-                            flags: SendFlags::EMPTY,
-                            ud: None,
-                            nsge: 0,
-                            inline: false,
-                        });
-                        let mut wr = if m.inline {
-                            SendWr::new(m.wr_id, m.op, &[])
-                        } else {
-                            SendWr::new(m.wr_id, m.op, &sges[i][..m.nsge])
-                        };
-                        if m.inline {
-                            wr.inline_data = &inl[i][..m.nsge];
-                        }
-                        wr.send_flags = m.flags;
-                        wr.ud = m.ud;
-                        wr
-                    });
-                    if let Err(e) = q.rust.post_send(&wrs[..n]) {
-                        return fail(ptrs[0], post_errno(&e));
-                    }
-                }
-                if let Some((at, e)) = err {
-                    return fail(at, e);
-                }
-            }
-            0
-        },
+        || unsafe { post_send_inner(qp, wr, bad) },
     )
+}
+
+unsafe fn post_send_inner(qp: *mut IbvQp, wr: *mut IbvSendWr, bad: *mut *mut IbvSendWr) -> c_int {
+    // SAFETY: the inline `ibv_post_send` passes one of our QPs.
+    let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    let ud = q.rust.qp_type() == QpType::Ud;
+    let mut cur = wr;
+    let fail = |at: *mut IbvSendWr, e: c_int| {
+        if !bad.is_null() {
+            // SAFETY: the caller's out-parameter.
+            unsafe { *bad = at };
+        }
+        e
+    };
+    if !wr.is_null() && q.state.load(Ordering::Acquire) < IBV_QPS_RTS {
+        return fail(wr, libc::EINVAL);
+    }
+    while !cur.is_null() {
+        let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
+        let mut inl: [[&[u8]; MAX_SGE]; BATCH] = [[&[]; MAX_SGE]; BATCH];
+        let mut metas = [None::<SendMeta>; BATCH];
+        let mut ptrs = [null_mut::<IbvSendWr>(); BATCH];
+        let mut n = 0;
+        let mut err = None;
+        while n < BATCH && !cur.is_null() {
+            // SAFETY: a WR of the caller's chain.
+            let w = unsafe { &*cur };
+            // SAFETY: as `convert_send` requires (the caller's WR).
+            match unsafe { convert_send(w, ud, &mut sges[n], &mut inl[n]) } {
+                Ok(m) => metas[n] = Some(m),
+                Err(e) => {
+                    err = Some((cur, e));
+                    break;
+                }
+            }
+            ptrs[n] = cur;
+            n += 1;
+            cur = w.next;
+        }
+        if n > 0 {
+            let wrs: [SendWr<'_>; BATCH] = core::array::from_fn(|i| {
+                let m = metas[i].unwrap_or(SendMeta {
+                    wr_id: 0,
+                    op: SendOp::Send,
+                    flags: SendFlags::EMPTY,
+                    ud: None,
+                    nsge: 0,
+                    inline: false,
+                });
+                let mut wr = if m.inline {
+                    SendWr::new(m.wr_id, m.op, &[])
+                } else {
+                    SendWr::new(m.wr_id, m.op, &sges[i][..m.nsge])
+                };
+                if m.inline {
+                    wr.inline_data = &inl[i][..m.nsge];
+                }
+                wr.send_flags = m.flags;
+                wr.ud = m.ud;
+                wr
+            });
+            if let Err(e) = q.rust.post_send(&wrs[..n]) {
+                return fail(ptrs[0], post_errno(&e));
+            }
+        }
+        if let Some((at, e)) = err {
+            return fail(at, e);
+        }
+    }
+    0
 }
 
 /// `ops.post_recv`, chunked like [`post_send`].
@@ -2393,72 +2555,75 @@ unsafe extern "C" fn post_recv(
     wr: *mut IbvRecvWr,
     bad: *mut *mut IbvRecvWr,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_post_recv",
         || libc::EIO,
-        || {
-            // SAFETY: the inline `ibv_post_recv` passes one of our QPs.
-            let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
-                return libc::EINVAL;
-            };
-            let mut cur = wr;
-            let fail = |at: *mut IbvRecvWr, e: c_int| {
-                if !bad.is_null() {
-                    // SAFETY: the caller's out-parameter.
-                    unsafe { *bad = at };
-                }
-                e
-            };
-            if !wr.is_null() && q.state.load(Ordering::Acquire) < IBV_QPS_INIT {
-                return fail(wr, libc::EINVAL);
-            }
-            while !cur.is_null() {
-                let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
-                let mut meta = [(0u64, 0usize); BATCH];
-                let mut ptrs = [null_mut::<IbvRecvWr>(); BATCH];
-                let mut n = 0;
-                let mut err = None;
-                while n < BATCH && !cur.is_null() {
-                    // SAFETY: a WR of the caller's chain.
-                    let w = unsafe { &*cur };
-                    let Ok(nsge) = usize::try_from(w.num_sge) else {
-                        err = Some((cur, libc::EINVAL));
-                        break;
-                    };
-                    if nsge > MAX_SGE || (nsge > 0 && w.sg_list.is_null()) {
-                        err = Some((cur, libc::EINVAL));
-                        break;
-                    }
-                    for (i, s) in sges[n].iter_mut().enumerate().take(nsge) {
-                        // SAFETY: `sg_list` has `num_sge` entries.
-                        let c = unsafe { *w.sg_list.add(i) };
-                        *s = Sge {
-                            addr: c.addr,
-                            length: c.length,
-                            lkey: roce_proto::Lkey(c.lkey),
-                        };
-                    }
-                    meta[n] = (w.wr_id, nsge);
-                    ptrs[n] = cur;
-                    n += 1;
-                    cur = w.next;
-                }
-                if n > 0 {
-                    let wrs: [RecvWr<'_>; BATCH] = core::array::from_fn(|i| RecvWr {
-                        wr_id: meta[i].0,
-                        sg_list: &sges[i][..meta[i].1],
-                    });
-                    if let Err(e) = q.rust.post_recv(&wrs[..n]) {
-                        return fail(ptrs[0], post_errno(&e));
-                    }
-                }
-                if let Some((at, e)) = err {
-                    return fail(at, e);
-                }
-            }
-            0
-        },
+        || unsafe { post_recv_inner(qp, wr, bad) },
     )
+}
+
+unsafe fn post_recv_inner(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int {
+    // SAFETY: the inline `ibv_post_recv` passes one of our QPs.
+    let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    let mut cur = wr;
+    let fail = |at: *mut IbvRecvWr, e: c_int| {
+        if !bad.is_null() {
+            // SAFETY: the caller's out-parameter.
+            unsafe { *bad = at };
+        }
+        e
+    };
+    if !wr.is_null() && q.state.load(Ordering::Acquire) < IBV_QPS_INIT {
+        return fail(wr, libc::EINVAL);
+    }
+    while !cur.is_null() {
+        let mut sges = [[Sge::default(); MAX_SGE]; BATCH];
+        let mut meta = [(0u64, 0usize); BATCH];
+        let mut ptrs = [null_mut::<IbvRecvWr>(); BATCH];
+        let mut n = 0;
+        let mut err = None;
+        while n < BATCH && !cur.is_null() {
+            // SAFETY: a WR of the caller's chain.
+            let w = unsafe { &*cur };
+            let Ok(nsge) = usize::try_from(w.num_sge) else {
+                err = Some((cur, libc::EINVAL));
+                break;
+            };
+            if nsge > MAX_SGE || (nsge > 0 && w.sg_list.is_null()) {
+                err = Some((cur, libc::EINVAL));
+                break;
+            }
+            for (i, s) in sges[n].iter_mut().enumerate().take(nsge) {
+                // SAFETY: `sg_list` has `num_sge` entries.
+                let c = unsafe { *w.sg_list.add(i) };
+                *s = Sge {
+                    addr: c.addr,
+                    length: c.length,
+                    lkey: roce_proto::Lkey(c.lkey),
+                };
+            }
+            meta[n] = (w.wr_id, nsge);
+            ptrs[n] = cur;
+            n += 1;
+            cur = w.next;
+        }
+        if n > 0 {
+            let wrs: [RecvWr<'_>; BATCH] = core::array::from_fn(|i| RecvWr {
+                wr_id: meta[i].0,
+                sg_list: &sges[i][..meta[i].1],
+            });
+            if let Err(e) = q.rust.post_recv(&wrs[..n]) {
+                return fail(ptrs[0], post_errno(&e));
+            }
+        }
+        if let Some((at, e)) = err {
+            return fail(at, e);
+        }
+    }
+    0
 }
 
 /// `ops.post_srq_recv`: there are no SRQs.

@@ -217,58 +217,62 @@ pub unsafe extern "C" fn rocev2_ibv_get_async_event(
     ctx: *mut IbvContext,
     event: *mut IbvAsyncEvent,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_get_async_event",
         || {
             set_errno(libc::EIO);
             -1
         },
-        || {
-            // SAFETY: the caller passes an open context.
-            let Some(c) = (unsafe { ctx_block(ctx) }) else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            if event.is_null() {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            let fd = c.ctx.async_fd;
-            loop {
-                if let Some((element, event_type)) = take(ctx as usize) {
-                    // SAFETY: the caller's out-parameter.
-                    unsafe {
-                        event.write(IbvAsyncEvent {
-                            element,
-                            event_type,
-                        })
-                    };
-                    return 0;
-                }
-                // SAFETY: fcntl on the context's descriptor.
-                if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-                    set_errno(libc::EAGAIN);
-                    return -1;
-                }
-                let mut p = libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one pollfd of ours.
-                if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() == std::io::ErrorKind::Interrupted
-                        && signals::all_handlers_restart()
-                    {
-                        continue;
-                    }
-                    set_errno(e.raw_os_error().unwrap_or(libc::EINTR));
-                    return -1;
-                }
-            }
-        },
+        || unsafe { rocev2_ibv_get_async_event_inner(ctx, event) },
     )
+}
+
+unsafe fn rocev2_ibv_get_async_event_inner(
+    ctx: *mut IbvContext,
+    event: *mut IbvAsyncEvent,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    let Some(c) = (unsafe { ctx_block(ctx) }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if event.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let fd = c.ctx.async_fd;
+    loop {
+        if let Some((element, event_type)) = take(ctx as usize) {
+            // SAFETY: the caller's out-parameter.
+            unsafe {
+                event.write(IbvAsyncEvent {
+                    element,
+                    event_type,
+                })
+            };
+            return 0;
+        }
+        // SAFETY: fcntl on the context's descriptor.
+        if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of ours.
+        if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted && signals::all_handlers_restart() {
+                continue;
+            }
+            set_errno(e.raw_os_error().unwrap_or(libc::EINTR));
+            return -1;
+        }
+    }
 }
 
 /// Adds one to the counter at `count` under the pthread mutex `m` and wakes the waiters of `cv` (what
@@ -290,36 +294,39 @@ unsafe fn ack_one(m: *mut PthreadMutex, cv: *mut PthreadCond, count: *mut u32) {
 /// `ibv_ack_async_event(event)`: acknowledges an event `ibv_get_async_event` returned (port events need none).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_ack_async_event(event: *mut IbvAsyncEvent) {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "ibv_ack_async_event",
         || (),
-        || {
-            // SAFETY: the caller's event, as `ibv_get_async_event` filled it.
-            let Some(ev) = (unsafe { event.as_ref() }) else {
-                return;
-            };
-            let e = ev.element;
-            // SAFETY: the event's object is live: its destroy waits for this acknowledgement (the table of live
-            // objects cannot say: a destroy takes the object out of it before it waits).
-            unsafe {
-                if is_qp_event(ev.event_type) {
-                    let q = e as *mut IbvQp;
-                    ack_one(
-                        ptr::addr_of_mut!((*q).mutex),
-                        ptr::addr_of_mut!((*q).cond),
-                        ptr::addr_of_mut!((*q).events_completed),
-                    );
-                } else if ev.event_type == IBV_EVENT_CQ_ERR {
-                    let c = e as *mut IbvCq;
-                    ack_one(
-                        ptr::addr_of_mut!((*c).mutex),
-                        ptr::addr_of_mut!((*c).cond),
-                        ptr::addr_of_mut!((*c).async_events_completed),
-                    );
-                }
-            }
-        },
+        || unsafe { rocev2_ibv_ack_async_event_inner(event) },
     )
+}
+
+unsafe fn rocev2_ibv_ack_async_event_inner(event: *mut IbvAsyncEvent) {
+    // SAFETY: the caller's event, as `ibv_get_async_event` filled it.
+    let Some(ev) = (unsafe { event.as_ref() }) else {
+        return;
+    };
+    let e = ev.element;
+    // SAFETY: the event's object is live: its destroy waits for this acknowledgement (the table of live
+    // objects cannot say: a destroy takes the object out of it before it waits).
+    unsafe {
+        if is_qp_event(ev.event_type) {
+            let q = e as *mut IbvQp;
+            ack_one(
+                ptr::addr_of_mut!((*q).mutex),
+                ptr::addr_of_mut!((*q).cond),
+                ptr::addr_of_mut!((*q).events_completed),
+            );
+        } else if ev.event_type == IBV_EVENT_CQ_ERR {
+            let c = e as *mut IbvCq;
+            ack_one(
+                ptr::addr_of_mut!((*c).mutex),
+                ptr::addr_of_mut!((*c).cond),
+                ptr::addr_of_mut!((*c).async_events_completed),
+            );
+        }
+    }
 }
 
 /// Waits until the counter at `count` has caught up with `handed` (wrapping), on the object's mutex and condition

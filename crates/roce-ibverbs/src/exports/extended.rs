@@ -44,25 +44,27 @@ unsafe extern "C" fn query_port(
     attr: *mut u8,
     len: usize,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "verbs_context.query_port",
         || libc::EIO,
-        || {
-            if attr.is_null() {
-                return libc::EINVAL;
-            }
-            let mut out = [0u8; PORT_ATTR_SIZE];
-            // SAFETY: `out` has room for the 48-byte layout the exported verb writes (port_cap_flags2 stays 0).
-            let r =
-                unsafe { rocev2_ibv_query_port(ctx, port, out.as_mut_ptr().cast::<IbvPortAttr>()) };
-            if r != 0 {
-                return r;
-            }
-            // SAFETY: the caller's struct of `len` bytes.
-            unsafe { copy_out(attr, len, &out) };
-            0
-        },
+        || unsafe { query_port_inner(ctx, port, attr, len) },
     )
+}
+
+unsafe fn query_port_inner(ctx: *mut IbvContext, port: u8, attr: *mut u8, len: usize) -> c_int {
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    let mut out = [0u8; PORT_ATTR_SIZE];
+    // SAFETY: `out` has room for the 48-byte layout the exported verb writes (port_cap_flags2 stays 0).
+    let r = unsafe { rocev2_ibv_query_port(ctx, port, out.as_mut_ptr().cast::<IbvPortAttr>()) };
+    if r != 0 {
+        return r;
+    }
+    // SAFETY: the caller's struct of `len` bytes.
+    unsafe { copy_out(attr, len, &out) };
+    0
 }
 
 /// `verbs_context.query_device_ex(ctx, input, attr, attr_size)` (`input`'s `comp_mask` was checked by the inline).
@@ -72,31 +74,38 @@ unsafe extern "C" fn query_device_ex(
     attr: *mut u8,
     size: usize,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
     crate::guard::guard(
         "verbs_context.query_device_ex",
         || libc::EIO,
-        || {
-            if attr.is_null() || size < size_of::<IbvDeviceAttr>() {
-                return libc::EINVAL;
-            }
-            let mut out = [0u8; DEVICE_ATTR_EX_SIZE];
-            // Queried into an aligned local (`out` is a byte array), then copied in as `orig_attr`, the first member.
-            let mut orig = core::mem::MaybeUninit::<IbvDeviceAttr>::uninit();
-            // SAFETY: `orig` has room for the struct.
-            let r = unsafe { rocev2_ibv_query_device(ctx, orig.as_mut_ptr()) };
-            if r != 0 {
-                return r;
-            }
-            // SAFETY: written by the successful query; viewed as its bytes (a plain `repr(C)` struct of integers).
-            let bytes = unsafe {
-                std::slice::from_raw_parts(orig.as_ptr().cast::<u8>(), size_of::<IbvDeviceAttr>())
-            };
-            out[..bytes.len()].copy_from_slice(bytes);
-            out[PHYS_PORT_CNT_EX_OFFSET..PHYS_PORT_CNT_EX_OFFSET + 4]
-                .copy_from_slice(&1u32.to_ne_bytes());
-            // SAFETY: the caller's struct of `size` bytes.
-            unsafe { copy_out(attr, size, &out) };
-            0
-        },
+        || unsafe { query_device_ex_inner(ctx, _input, attr, size) },
     )
+}
+
+unsafe fn query_device_ex_inner(
+    ctx: *mut IbvContext,
+    _input: *const c_void,
+    attr: *mut u8,
+    size: usize,
+) -> c_int {
+    if attr.is_null() || size < size_of::<IbvDeviceAttr>() {
+        return libc::EINVAL;
+    }
+    let mut out = [0u8; DEVICE_ATTR_EX_SIZE];
+    // Queried into an aligned local (`out` is a byte array), then copied in as `orig_attr`, the first member.
+    let mut orig = core::mem::MaybeUninit::<IbvDeviceAttr>::uninit();
+    // SAFETY: `orig` has room for the struct.
+    let r = unsafe { rocev2_ibv_query_device(ctx, orig.as_mut_ptr()) };
+    if r != 0 {
+        return r;
+    }
+    // SAFETY: written by the successful query; viewed as its bytes (a plain `repr(C)` struct of integers).
+    let bytes = unsafe {
+        std::slice::from_raw_parts(orig.as_ptr().cast::<u8>(), size_of::<IbvDeviceAttr>())
+    };
+    out[..bytes.len()].copy_from_slice(bytes);
+    out[PHYS_PORT_CNT_EX_OFFSET..PHYS_PORT_CNT_EX_OFFSET + 4].copy_from_slice(&1u32.to_ne_bytes());
+    // SAFETY: the caller's struct of `size` bytes.
+    unsafe { copy_out(attr, size, &out) };
+    0
 }
