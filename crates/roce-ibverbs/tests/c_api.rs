@@ -17,7 +17,7 @@
 //!   first (one runtime, one UDP port, shared by the contexts); a program waiting in `poll` on a completion
 //!   channel's `fd` wakes when the event comes and the fd is quiet again once the event is taken.
 //!
-//! * `tests/c/extra.c` with the device on 127.0.201.3: the rest of Debian's export table — the string and rate
+//! * `tests/c/extra.c` with the device on 127.0.201.3, then on ::1: the rest of Debian's export table — the string and rate
 //!   helpers against Debian's own libibverbs (loaded beside ours), fork support, the GID table,
 //!   `ibv_query_qp_data_in_order`, `ibv_reg_mr_iova`, `ibv_rereg_mr`, `ibv_resize_cq`, address vectors from a UD
 //!   completion, a non-blocking `ibv_get_async_event`, and the refusals (the IBVERBS_1.0 ABI, imports, dma-buf).
@@ -37,7 +37,7 @@
 //!   `phys_port_cnt_ex` 1, the inline `ibv_query_port` through its slot, the `ibv_create_qp_ex` / `ibv_create_cq_ex`
 //!   fallbacks and refusals).
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.6 (run under the network lock with the other loopback tests).
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.6 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -114,6 +114,8 @@ fn c_program_misusing_the_api_gets_the_errors_of_libibverbs() {
 fn c_program_using_the_rest_of_the_export_table_gets_libibverbs_answers() {
     let (prog, dir) = build("extra");
     run(&prog, &dir, "loop", Some("127.0.201.3"));
+    // Over IPv6 too (the GRH area, `init_ah_from_wc`, `wc.sl` = 1).
+    run(&prog, &dir, "loop", Some("::1"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -2,7 +2,7 @@
  * tests/c_api.rs with the device on $ROCEV2_IBV_IP:
  *  - the string and rate helpers answer exactly as Debian's own libibverbs (loaded beside ours with dlopen by its
  *    file path) for every input around their ranges;
- *  - a UD receive over IPv4 reports wc.sl = 2 (the network header type, where mlx5 puts it);
+ *  - a UD receive reports wc.sl = 2 over IPv4, 1 over IPv6 (the network header type, where mlx5 puts it);
  *  - fork support, the GID table, ibv_query_qp_data_in_order, ibv_reg_mr_iova, ibv_rereg_mr, ibv_resize_cq,
  *    ibv_init_ah_from_wc / ibv_create_ah_from_wc, a non-blocking ibv_get_async_event, and the refusals of what this
  *    RNIC has no equivalent of (the IBVERBS_1.0 ABI, import of another process's objects, dma-buf MRs), each as its
@@ -173,23 +173,38 @@ int main(void)
 	CHECK(qp != NULL);
 	CHECK(ibv_query_qp_data_in_order(qp, IBV_WR_RDMA_WRITE, 0) == 0);
 
-	/* An address vector back to the sender of a UD receive over IPv4 (the GRH area holds the IPv4 header in its
-	 * last 20 bytes): destination = the packet's source, source GID = the GID it was sent to. */
+	/* An address vector back to the sender of a UD receive (over IPv4 the GRH area holds the IPv4 header in its
+	 * last 20 bytes, over IPv6 the IPv6 header): destination = the packet's source, source GID = the GID it was
+	 * sent to, traffic class from the header. */
+	static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	int v4 = memcmp(gid.raw, v4mapped, 12) == 0;
 	struct ibv_wc wc = {.wc_flags = IBV_WC_GRH, .qp_num = qp ? qp->qp_num : 0};
 	unsigned char grh[40] = {0};
-	grh[20] = 0x45;
-	grh[21] = 0x68; /* TOS */
-	grh[28] = 64;
-	grh[29] = 17;
-	inet_pton(AF_INET, "127.0.0.9", grh + 32);
-	memcpy(grh + 36, gid.raw + 12, 4);
+	unsigned char peer[16] = {0};
+	if (v4) {
+		grh[20] = 0x45;
+		grh[21] = 0x68; /* TOS */
+		grh[28] = 64;
+		grh[29] = 17;
+		inet_pton(AF_INET, "127.0.0.9", grh + 32);
+		memcpy(grh + 36, gid.raw + 12, 4);
+		memcpy(peer, v4mapped, 12);
+		memcpy(peer + 12, grh + 32, 4);
+	} else {
+		grh[0] = 0x66; /* version 6, traffic class 0x68 */
+		grh[1] = 0x80;
+		grh[6] = 17;
+		grh[7] = 64;
+		inet_pton(AF_INET6, "fd00::9", grh + 8);
+		memcpy(grh + 24, gid.raw, 16);
+		memcpy(peer, grh + 8, 16);
+	}
 	struct ibv_ah_attr ah;
 	memset(&ah, 0xee, sizeof ah);
 	CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, (struct ibv_grh *)grh, &ah) == 0);
 	CHECK(ah.is_global == 1 && ah.port_num == 1 && ah.grh.sgid_index == 0 && ah.grh.hop_limit == 0xff &&
 	      ah.grh.traffic_class == 0x68);
-	CHECK(ah.grh.dgid.raw[10] == 0xff && ah.grh.dgid.raw[11] == 0xff && ah.grh.dgid.raw[12] == 127 &&
-	      ah.grh.dgid.raw[15] == 9);
+	CHECK(memcmp(ah.grh.dgid.raw, peer, 16) == 0);
 	struct ibv_ah *h = ibv_create_ah_from_wc(pd, &wc, (struct ibv_grh *)grh, 1);
 	CHECK(h != NULL);
 	if (h)
@@ -200,7 +215,7 @@ int main(void)
 	grh[39] ^= 1; /* sent to an address that is not ours */
 	CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, (struct ibv_grh *)grh, &ah) == EINVAL);
 
-	/* A UD receive over IPv4 reports the network header type where mlx5 does: wc.sl = 2 (UCX relies on it). */
+	/* A UD receive reports the network header type where mlx5 does: wc.sl = 2 for IPv4, 1 for IPv6 (UCX relies on it). */
 	struct ibv_qp *qp2 = ibv_create_qp(pd, &ia);
 	CHECK(qp && qp2);
 	char *ubuf = calloc(1, 4096);
@@ -236,7 +251,8 @@ int main(void)
 			got++;
 			CHECK(w.status == IBV_WC_SUCCESS);
 			if (w.opcode == IBV_WC_RECV)
-				CHECK(w.wr_id == 3 && (w.wc_flags & IBV_WC_GRH) && w.sl == 2 && w.byte_len == 40 + 64);
+				CHECK(w.wr_id == 3 && (w.wc_flags & IBV_WC_GRH) && w.sl == (v4 ? 2 : 1) &&
+				      w.byte_len == 40 + 64);
 		}
 		CHECK(got == 2);
 		CHECK(ibv_destroy_ah(uah) == 0);
