@@ -1,6 +1,15 @@
 //! The C structures of libibverbs that cross the boundary, `#[repr(C)]` with the sizes and offsets measured on
 //! Debian 12 (`../shared/libibverbs/ABI.md` §4, rdma-core 44 `verbs.h`). Every size and the offsets programs read
-//! are checked at compile time below, and `tests/abi_layout.rs` compares them with the system header.
+//! are checked at compile time below.
+//!
+//! The layouts are those of x86_64 Linux with glibc (LP64, glibc's 40-byte `pthread_mutex_t` and 48-byte
+//! `pthread_cond_t`, the SysV calling convention `compat` relies on): any other target refuses to build rather than
+//! hand C programs structures of the wrong shape.
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+compile_error!(
+    "roce-ibverbs implements the libibverbs ABI of x86_64 Linux glibc only (src/abi.rs, ABI.md §4)"
+);
 
 use core::ffi::{c_char, c_int, c_void};
 use core::mem::{offset_of, size_of};
@@ -64,6 +73,29 @@ pub struct IbvContext {
     pub mutex: PthreadMutex,
     pub abi_compat: *mut c_void,
 }
+
+/// The members of `struct verbs_context` before its `struct ibv_context` (`ABI.md` §4.2): 39 operation slots
+/// (offsets 0..312, NULL = not supported; the inline functions of `verbs.h` test each for NULL) and `sz` at 312.
+/// An extended context is this head followed by the `ibv_context` the program sees, whose `abi_compat` is
+/// `UINTPTR_MAX` (`ABI.md` §3).
+#[repr(C)]
+pub struct VerbsContextHead {
+    pub slots: [usize; 39],
+    pub sz: usize,
+}
+
+/// Slot index of `verbs_context.query_port` (offset 0) and `.query_device_ex` (offset 216).
+pub const VCTX_QUERY_PORT: usize = 0;
+pub const VCTX_QUERY_DEVICE_EX: usize = 216 / 8;
+/// `sizeof(struct verbs_context)`, the `sz` of a context that offers every slot it sets.
+pub const VERBS_CONTEXT_SIZE: usize = 648;
+/// `__VERBS_ABI_IS_EXTENDED`, the `abi_compat` value of an extended context.
+pub const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
+/// `sizeof(struct ibv_port_attr)` (52) and `sizeof(struct ibv_device_attr_ex)` (400); offset of
+/// `ibv_device_attr_ex.phys_port_cnt_ex` (396).
+pub const PORT_ATTR_SIZE: usize = 52;
+pub const DEVICE_ATTR_EX_SIZE: usize = 400;
+pub const PHYS_PORT_CNT_EX_OFFSET: usize = 396;
 
 /// `struct ibv_pd`.
 #[repr(C)]
@@ -433,6 +465,8 @@ macro_rules! layout {
     };
 }
 
+// ABI.md §4.2.
+layout!(VerbsContextHead, 320, sz @ 312);
 // ABI.md §4.1.
 layout!(IbvContextOps, 256, poll_cq @ 88, req_notify_cq @ 96, post_srq_recv @ 160, post_send @ 200,
     post_recv @ 208);

@@ -7,6 +7,7 @@
 //! by the Rust state; a program's pointer to the C struct is therefore also a pointer to the block.
 #![allow(non_camel_case_types, clippy::missing_safety_doc)]
 
+use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_void};
 use core::ptr::{self, null_mut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -26,6 +27,14 @@ use roce_verbs::{
 };
 
 use crate::abi::*;
+
+mod async_events;
+mod extended;
+mod live;
+mod misc_verbs;
+mod signals;
+
+use live::Kind;
 
 // ---------------------------------------------------------------------------------------------------------------
 // errno helpers
@@ -119,8 +128,12 @@ fn devices() -> &'static [DeviceBlock] {
 
 /// An opened device. The runtime (engine + UDP link) starts with the first PD or CQ of the device's first context;
 /// later contexts of the device share it ([`DeviceBlock::shared`]).
+///
+/// The context is extended (`ABI.md` §3): `head` is the `verbs_context` part before the `ibv_context` the program
+/// holds (module `extended`), so a context pointer is `head`'s address + 320, not the block's.
 #[repr(C)]
 struct CtxBlock {
+    head: VerbsContextHead,
     ctx: IbvContext,
     dev: &'static DeviceBlock,
     rt: OnceLock<Result<Context, c_int>>,
@@ -144,11 +157,14 @@ impl CtxBlock {
                 // Every process on the address shares it when the kernel steers by QPN (docs/MULTIPROCESS.md).
                 let mut ucfg = spec.udp_config();
                 ucfg.share = true;
-                Context::open(
-                    spec.engine_config(seed),
-                    RuntimeConfig::default(),
-                    move || UdpLink::bind(ucfg).map(|l| Box::new(l) as SendLink),
-                )
+                // The runtime's threads start with every signal blocked (module `signals`).
+                signals::with_signals_blocked(|| {
+                    Context::open(
+                        spec.engine_config(seed),
+                        RuntimeConfig::default(),
+                        move || UdpLink::bind(ucfg).map(|l| Box::new(l) as SendLink),
+                    )
+                })
                 .map_err(|e| {
                     let mut msg = e.to_string();
                     let mut src = std::error::Error::source(&e);
@@ -175,6 +191,8 @@ impl CtxBlock {
                     e.errno()
                 })
                 .inspect(|rt| {
+                    // Engine events reach `ibv_get_async_event` (module `async_events`).
+                    let _ = rt.set_async_handler(Box::new(async_events::deliver));
                     shared.rt = Some(rt.clone());
                     shared.contexts = 1;
                 })
@@ -195,8 +213,17 @@ pub(crate) struct PdBlock {
 
 #[repr(C)]
 struct MrBlock {
-    mr: IbvMr,
+    /// Written by `ibv_rereg_mr` (under `state`'s lock) while the program may hold a pointer to it.
+    mr: UnsafeCell<IbvMr>,
+    state: Mutex<MrState>,
+}
+
+/// What `ibv_rereg_mr` replaces: the registration, the PD it counts as a user of (its `ibv_pd *`, from the
+/// library's own record, not the program-writable `ibv_mr.pd`) and the access it was made with.
+struct MrState {
     rust: roce_verbs::Mr,
+    pd: usize,
+    access: u32,
 }
 
 #[repr(C)]
@@ -209,8 +236,17 @@ struct ChannelBlock {
 
 #[repr(C)]
 struct CqBlock {
-    cq: IbvCq,
+    /// The program writes `cq_context`, and `ibv_ack_cq_events` the mutex, condition and event count, behind any
+    /// reference the library holds.
+    cq: UnsafeCell<IbvCq>,
     rust: roce_verbs::Cq,
+    /// The depth the CQ was created with (`ibv_create_cq`'s `cqe`).
+    depth: u32,
+    /// Completion events `ibv_get_cq_event` handed out for this CQ (counted under the channel's `cqs` lock):
+    /// `ibv_destroy_cq` waits until `comp_events_completed` has caught up (ibv_get_cq_event(3)).
+    events_handed: AtomicU32,
+    /// Async events (CQ error) handed out for this CQ: `ibv_destroy_cq` waits for `async_events_completed`.
+    async_handed: AtomicU32,
     /// QPs whose send or receive CQ this is (counted once per role): `ibv_destroy_cq` refuses with `EBUSY` while
     /// any remain.
     users: AtomicU32,
@@ -218,9 +254,17 @@ struct CqBlock {
 
 #[repr(C)]
 struct QpBlock {
-    qp: IbvQp,
+    /// `ibv_modify_qp` writes `state`, the program `qp_context`, behind any reference the library holds.
+    qp: UnsafeCell<IbvQp>,
     rust: roce_verbs::Qp,
     sq_sig_all: bool,
+    /// The PD and CQs (`ibv_pd *` / `ibv_cq *`) this QP counts as a user of: the library's own record, not the
+    /// program-writable `ibv_qp` fields, so `ibv_destroy_qp` releases exactly what `ibv_create_qp` took.
+    pd: usize,
+    send_cq: usize,
+    recv_cq: usize,
+    /// Async events handed out for this QP: `ibv_destroy_qp` waits until `events_completed` catches up.
+    async_handed: AtomicU32,
     /// The state of the last successful `ibv_modify_qp` (RESET at creation), as libibverbs keeps `ibv_qp.state`:
     /// posting needs RTS or later for the send queue and INIT or later for the receive queue (rxe_post_send /
     /// rxe_post_recv); a QP the engine moved to ERR meanwhile still accepts WRs, which are flushed.
@@ -310,6 +354,8 @@ fn pinnable(addr: usize, len: usize, write: bool) -> bool {
 struct AhBlock {
     ah: IbvAh,
     rust: roce_verbs::Ah,
+    /// The `ibv_pd *` this AH counts as a user of (the library's record, not `ibv_ah.pd`).
+    pd: usize,
 }
 
 /// The block behind a context pointer this library returned.
@@ -317,8 +363,32 @@ struct AhBlock {
 /// # Safety
 /// `ctx` is NULL or was returned by `ibv_open_device` and not yet closed.
 unsafe fn ctx_block<'a>(ctx: *mut IbvContext) -> Option<&'a CtxBlock> {
-    // SAFETY: per the contract, a non-NULL `ctx` is the first member of a live `CtxBlock`.
-    unsafe { ctx.cast::<CtxBlock>().as_ref() }
+    if !live::is(ctx, Kind::Ctx) {
+        return None;
+    }
+    // SAFETY: a live context of ours: the `ctx` member of a live `CtxBlock`.
+    unsafe { block_of_ctx(ctx).as_ref() }
+}
+
+/// The `CtxBlock` whose `ctx` member is at `ctx` (pointer arithmetic only).
+fn block_of_ctx(ctx: *mut IbvContext) -> *mut CtxBlock {
+    ctx.wrapping_byte_sub(core::mem::offset_of!(CtxBlock, ctx))
+        .cast::<CtxBlock>()
+}
+
+const _: () = assert!(core::mem::offset_of!(CtxBlock, ctx) == 320);
+
+/// The block of type `T` behind `obj` if it is a live object of `kind` in the library's table ([`live`]); `None`
+/// for NULL, a destroyed object or a foreign pointer.
+///
+/// # Safety
+/// `kind` is the kind of the blocks of type `T`.
+unsafe fn live_block<'a, T, C>(obj: *mut C, kind: Kind) -> Option<&'a T> {
+    if !live::is(obj, kind) {
+        return None;
+    }
+    // SAFETY: a live object of `kind`, whose blocks are `T`.
+    unsafe { block::<T, C>(obj) }
 }
 
 /// # Safety
@@ -342,19 +412,11 @@ pub(crate) unsafe fn free<T, C>(p: *mut C) {
 // ---------------------------------------------------------------------------------------------------------------
 // Export table: `.symver rocev2_<name>, <name>@@<node>` for every symbol of ABI.md §2.1–§2.2.
 
-macro_rules! versioned {
-    ($($node:literal: [$($name:ident),* $(,)?])*) => {
-        std::arch::global_asm!(concat!(
-            $($(".symver rocev2_", stringify!($name), ", ", stringify!($name), "@@", $node, "\n",)*)*
-        ));
-    };
-}
-
 versioned! {
     "IBVERBS_1.0": [ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_read_sysfs_file, ibv_get_sysfs_path,
         ibv_copy_path_rec_from_kern, ibv_copy_qp_attr_from_kern]
     "IBVERBS_1.1": [ibv_ack_cq_events, ibv_alloc_pd, ibv_attach_mcast, ibv_close_device, ibv_create_ah,
-        ibv_create_ah_from_wc, ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr,
+        ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr,
         ibv_destroy_ah, ibv_destroy_cq, ibv_destroy_qp, ibv_detach_mcast, ibv_free_device_list,
         ibv_get_cq_event, ibv_get_device_guid, ibv_get_device_list, ibv_get_device_name, ibv_modify_qp,
         ibv_open_device, ibv_query_device, ibv_query_gid, ibv_query_pkey, ibv_query_port, ibv_query_qp, ibv_reg_mr,
@@ -475,7 +537,7 @@ macro_rules! unsupported_ptr {
 unsupported_ptr!(
     rocev2__verbs_init_and_alloc_context,
     rocev2_verbs_open_device,
-    rocev2_ibv_create_ah_from_wc,
+
     rocev2_ibv_qp_to_qp_ex,
 );
 
@@ -509,16 +571,40 @@ fn from_kern_unsupported(what: &str) {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_ibv_copy_path_rec_from_kern(_dst: *mut c_void, _src: *const c_void) {
+    crate::guard::guard(
+        "ibv_copy_path_rec_from_kern",
+        || (),
+        || rocev2_ibv_copy_path_rec_from_kern_inner(_dst, _src),
+    )
+}
+
+fn rocev2_ibv_copy_path_rec_from_kern_inner(_dst: *mut c_void, _src: *const c_void) {
     from_kern_unsupported("ibv_copy_path_rec_from_kern");
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_ibv_copy_qp_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {
+    crate::guard::guard(
+        "ibv_copy_qp_attr_from_kern",
+        || (),
+        || rocev2_ibv_copy_qp_attr_from_kern_inner(_dst, _src),
+    )
+}
+
+fn rocev2_ibv_copy_qp_attr_from_kern_inner(_dst: *mut c_void, _src: *const c_void) {
     from_kern_unsupported("ibv_copy_qp_attr_from_kern");
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_ibv_copy_ah_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {
+    crate::guard::guard(
+        "ibv_copy_ah_attr_from_kern",
+        || (),
+        || rocev2_ibv_copy_ah_attr_from_kern_inner(_dst, _src),
+    )
+}
+
+fn rocev2_ibv_copy_ah_attr_from_kern_inner(_dst: *mut c_void, _src: *const c_void) {
     from_kern_unsupported("ibv_copy_ah_attr_from_kern");
 }
 
@@ -540,6 +626,14 @@ pub extern "C" fn rocev2_ibv_dofork_range(_base: *mut c_void, _size: usize) -> c
 /// `ibv_get_sysfs_path`: `$SYSFS_PATH` or `/sys`.
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_ibv_get_sysfs_path() -> *const c_char {
+    crate::guard::guard(
+        "ibv_get_sysfs_path",
+        || null_errno::<c_char>(libc::EIO).cast_const(),
+        rocev2_ibv_get_sysfs_path_inner,
+    )
+}
+
+fn rocev2_ibv_get_sysfs_path_inner() -> *const c_char {
     static PATH: OnceLock<std::ffi::CString> = OnceLock::new();
     PATH.get_or_init(|| {
         let p = std::env::var("SYSFS_PATH").unwrap_or_else(|_| "/sys".into());
@@ -553,6 +647,23 @@ pub extern "C" fn rocev2_ibv_get_sysfs_path() -> *const c_char {
 /// `ibv_devinfo`'s `board_id` line is skipped).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_read_sysfs_file",
+        || {
+            set_errno(libc::EIO);
+            -1
+        },
+        || unsafe { rocev2_ibv_read_sysfs_file_inner(dir, file, buf, size) },
+    )
+}
+
+unsafe fn rocev2_ibv_read_sysfs_file_inner(
     dir: *const c_char,
     file: *const c_char,
     buf: *mut c_char,
@@ -589,6 +700,15 @@ pub unsafe extern "C" fn rocev2_ibv_read_sysfs_file(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_get_device_list(num: *mut c_int) -> *mut *mut IbvDevice {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_get_device_list",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_get_device_list_inner(num) },
+    )
+}
+
+unsafe fn rocev2_ibv_get_device_list_inner(num: *mut c_int) -> *mut *mut IbvDevice {
     let devs = devices();
     let mut v: Vec<*mut IbvDevice> = devs
         .iter()
@@ -599,12 +719,24 @@ pub unsafe extern "C" fn rocev2_ibv_get_device_list(num: *mut c_int) -> *mut *mu
         unsafe { *num = v.len() as c_int };
     }
     v.push(null_mut());
-    Box::into_raw(v.into_boxed_slice()).cast::<*mut IbvDevice>()
+    let list = Box::into_raw(v.into_boxed_slice()).cast::<*mut IbvDevice>();
+    live::insert(list, Kind::DeviceList, 0);
+    list
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_free_device_list(list: *mut *mut IbvDevice) {
-    if list.is_null() {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_free_device_list",
+        || (),
+        || unsafe { rocev2_ibv_free_device_list_inner(list) },
+    )
+}
+
+unsafe fn rocev2_ibv_free_device_list_inner(list: *mut *mut IbvDevice) {
+    // A list this library did not hand out, or already freed: nothing to free (the function returns nothing).
+    if live::take(list, Kind::DeviceList, || Ok(())).is_err() {
         return;
     }
     let mut n = 0;
@@ -625,6 +757,15 @@ unsafe fn dev_block<'a>(dev: *mut IbvDevice) -> Option<&'a DeviceBlock> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_get_device_name(dev: *mut IbvDevice) -> *const c_char {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_get_device_name",
+        || null_errno::<c_char>(libc::EIO).cast_const(),
+        || unsafe { rocev2_ibv_get_device_name_inner(dev) },
+    )
+}
+
+unsafe fn rocev2_ibv_get_device_name_inner(dev: *mut IbvDevice) -> *const c_char {
     // SAFETY: the caller passes a listed device.
     match unsafe { dev_block(dev) } {
         Some(d) => d.dev.name.as_ptr(),
@@ -634,6 +775,15 @@ pub unsafe extern "C" fn rocev2_ibv_get_device_name(dev: *mut IbvDevice) -> *con
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_get_device_guid(dev: *mut IbvDevice) -> u64 {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_get_device_guid",
+        || 0,
+        || unsafe { rocev2_ibv_get_device_guid_inner(dev) },
+    )
+}
+
+unsafe fn rocev2_ibv_get_device_guid_inner(dev: *mut IbvDevice) -> u64 {
     // SAFETY: the caller passes a listed device.
     match unsafe { dev_block(dev) } {
         // `__be64`: the GUID's bytes in memory order.
@@ -644,12 +794,33 @@ pub unsafe extern "C" fn rocev2_ibv_get_device_guid(dev: *mut IbvDevice) -> u64 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_get_device_index(dev: *mut IbvDevice) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_get_device_index",
+        || {
+            set_errno(libc::EIO);
+            -1
+        },
+        || unsafe { rocev2_ibv_get_device_index_inner(dev) },
+    )
+}
+
+unsafe fn rocev2_ibv_get_device_index_inner(dev: *mut IbvDevice) -> c_int {
     // SAFETY: the caller passes a listed device.
     unsafe { dev_block(dev) }.map_or(-1, |d| d.index)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut IbvContext {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_open_device",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_open_device_inner(dev) },
+    )
+}
+
+unsafe fn rocev2_ibv_open_device_inner(dev: *mut IbvDevice) -> *mut IbvContext {
     // SAFETY: the caller passes a listed device.
     let Some(d) = (unsafe { dev_block(dev) }) else {
         return null_errno(libc::EINVAL);
@@ -659,10 +830,11 @@ pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut Ibv
     let (cmd_fd, async_fd) = unsafe {
         (
             libc::eventfd(0, libc::EFD_CLOEXEC),
-            libc::eventfd(0, libc::EFD_CLOEXEC),
+            libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE),
         )
     };
     let b = into_raw(CtxBlock {
+        head: extended::head(),
         ctx: IbvContext {
             device: dev,
             ops: IbvContextOps {
@@ -680,20 +852,42 @@ pub unsafe extern "C" fn rocev2_ibv_open_device(dev: *mut IbvDevice) -> *mut Ibv
             async_fd,
             num_comp_vectors: 1,
             mutex: [0; 5],
-            abi_compat: null_mut(),
+            abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
         },
         dev: d,
         rt: OnceLock::new(),
     });
-    b.cast::<IbvContext>()
+    // SAFETY: `b` is the block just made; the program gets its `ctx` member.
+    let c = unsafe { ptr::addr_of_mut!((*b).ctx) };
+    live::insert(c, Kind::Ctx, c as usize);
+    async_events::register_ctx(c as usize, async_fd);
+    c
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int {
-    // SAFETY: the caller passes an open context.
-    let Some(c) = (unsafe { ctx_block(ctx) }) else {
-        return -1;
-    };
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_close_device",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_close_device_inner(ctx) },
+    )
+}
+
+unsafe fn rocev2_ibv_close_device_inner(ctx: *mut IbvContext) -> c_int {
+    if live::take(ctx, Kind::Ctx, || Ok(())).is_err() {
+        return libc::EINVAL;
+    }
+    // Its queued async events and routes go first: nothing is delivered to it any more.
+    async_events::unregister_ctx(ctx as usize);
+    // SAFETY: it was a live context of ours, and no other call takes it now.
+    let c = unsafe { &*block_of_ctx(ctx) };
+    // What the program left behind goes first (the kernel's destroy-on-close of the uverbs fd): their runtime
+    // references go with them, so the last context below really lets the runtime and its UDP port go.
+    for (p, kind) in live::drain_context(ctx as usize) {
+        // SAFETY: each was a live object of this context and is no longer in the table.
+        unsafe { release(p, kind) };
+    }
     // SAFETY: our descriptors.
     unsafe {
         libc::close(c.ctx.cmd_fd);
@@ -715,8 +909,30 @@ pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int 
     };
     drop(last);
     // SAFETY: the context is not used after close (caller's contract).
-    unsafe { free::<CtxBlock, _>(ctx) };
+    unsafe { free::<CtxBlock, _>(block_of_ctx(ctx)) };
     0
+}
+
+/// Frees an object `ibv_close_device` found still alive (no use counts to check: everything of the context goes).
+///
+/// # Safety
+/// `p` is an object of `kind` just removed from the live table, not used afterwards.
+unsafe fn release(p: usize, kind: Kind) {
+    // SAFETY: per the contract.
+    unsafe {
+        match kind {
+            Kind::Qp => free::<QpBlock, _>(p as *mut IbvQp),
+            Kind::Ah => free::<AhBlock, _>(p as *mut IbvAh),
+            Kind::Mr => free::<MrBlock, _>(p as *mut IbvMr),
+            Kind::Cq => {
+                detach_cq(p as *mut IbvCq);
+                free::<CqBlock, _>(p as *mut IbvCq);
+            }
+            Kind::Channel => free::<ChannelBlock, _>(p as *mut IbvCompChannel),
+            Kind::Pd => free::<PdBlock, _>(p as *mut IbvPd),
+            Kind::Ctx | Kind::DeviceList => {}
+        }
+    }
 }
 
 fn be64(b: [u8; 8]) -> u64 {
@@ -728,6 +944,15 @@ pub unsafe extern "C" fn rocev2_ibv_query_device(
     ctx: *mut IbvContext,
     attr: *mut IbvDeviceAttr,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_query_device",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_query_device_inner(ctx, attr) },
+    )
+}
+
+unsafe fn rocev2_ibv_query_device_inner(ctx: *mut IbvContext, attr: *mut IbvDeviceAttr) -> c_int {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { ctx_block(ctx) }) else {
         return libc::EINVAL;
@@ -790,6 +1015,19 @@ pub unsafe extern "C" fn rocev2_ibv_query_device(
 /// `ibv_query_port` (exported path: writes the 48-byte compat layout, ABI.md §3.2, §7 item 5).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_query_port(
+    ctx: *mut IbvContext,
+    port: u8,
+    attr: *mut IbvPortAttr,
+) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_query_port",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_query_port_inner(ctx, port, attr) },
+    )
+}
+
+unsafe fn rocev2_ibv_query_port_inner(
     ctx: *mut IbvContext,
     port: u8,
     attr: *mut IbvPortAttr,
@@ -860,6 +1098,23 @@ pub unsafe extern "C" fn rocev2_ibv_query_gid(
     index: c_int,
     gid: *mut [u8; 16],
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_query_gid",
+        || {
+            set_errno(libc::EIO);
+            -1
+        },
+        || unsafe { rocev2_ibv_query_gid_inner(ctx, port, index, gid) },
+    )
+}
+
+unsafe fn rocev2_ibv_query_gid_inner(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: c_int,
+    gid: *mut [u8; 16],
+) -> c_int {
     // SAFETY: the caller passes an open context.
     match unsafe { gid_at(ctx, u32::from(port), index) } {
         Some((g, _)) if !gid.is_null() => {
@@ -873,6 +1128,22 @@ pub unsafe extern "C" fn rocev2_ibv_query_gid(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2__ibv_query_gid_ex(
+    ctx: *mut IbvContext,
+    port: u32,
+    index: u32,
+    entry: *mut IbvGidEntry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "_ibv_query_gid_ex",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_query_gid_ex_inner(ctx, port, index, entry, flags, entry_size) },
+    )
+}
+
+unsafe fn rocev2_ibv_query_gid_ex_inner(
     ctx: *mut IbvContext,
     port: u32,
     index: u32,
@@ -913,6 +1184,23 @@ pub unsafe extern "C" fn rocev2_ibv_query_gid_type(
     index: u32,
     ty: *mut c_int,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_query_gid_type",
+        || {
+            set_errno(libc::EIO);
+            -1
+        },
+        || unsafe { rocev2_ibv_query_gid_type_inner(ctx, port, index, ty) },
+    )
+}
+
+unsafe fn rocev2_ibv_query_gid_type_inner(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: u32,
+    ty: *mut c_int,
+) -> c_int {
     let Ok(idx) = c_int::try_from(index) else {
         return -1;
     };
@@ -937,6 +1225,23 @@ pub unsafe extern "C" fn rocev2_ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_query_pkey",
+        || {
+            set_errno(libc::EIO);
+            -1
+        },
+        || unsafe { rocev2_ibv_query_pkey_inner(ctx, port, index, pkey) },
+    )
+}
+
+unsafe fn rocev2_ibv_query_pkey_inner(
+    ctx: *mut IbvContext,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
     // SAFETY: the caller passes an open context.
     if unsafe { ctx_block(ctx) }.is_none() || port != 1 || index != 0 || pkey.is_null() {
         return -1;
@@ -952,6 +1257,18 @@ pub unsafe extern "C" fn rocev2_ibv_get_pkey_index(
     port: u8,
     pkey: u16,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_get_pkey_index",
+        || {
+            set_errno(libc::EIO);
+            -1
+        },
+        || unsafe { rocev2_ibv_get_pkey_index_inner(ctx, port, pkey) },
+    )
+}
+
+unsafe fn rocev2_ibv_get_pkey_index_inner(ctx: *mut IbvContext, port: u8, pkey: u16) -> c_int {
     // SAFETY: the caller passes an open context.
     if unsafe { ctx_block(ctx) }.is_some() && port == 1 && pkey == DEFAULT_PKEY_BE {
         0
@@ -965,6 +1282,15 @@ pub unsafe extern "C" fn rocev2_ibv_get_pkey_index(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_alloc_pd",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_alloc_pd_inner(ctx) },
+    )
+}
+
+unsafe fn rocev2_ibv_alloc_pd_inner(ctx: *mut IbvContext) -> *mut IbvPd {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { ctx_block(ctx) }) else {
         return null_errno(libc::EINVAL);
@@ -974,27 +1300,43 @@ pub unsafe extern "C" fn rocev2_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd
         Err(e) => return null_errno(e),
     };
     match rt.alloc_pd() {
-        Ok(pd) => into_raw(PdBlock {
-            pd: IbvPd {
-                context: ctx,
-                handle: 0,
-            },
-            rust: pd,
-            users: AtomicU32::new(0),
-        })
-        .cast(),
+        Ok(pd) => {
+            let b = into_raw(PdBlock {
+                pd: IbvPd {
+                    context: ctx,
+                    handle: 0,
+                },
+                rust: pd,
+                users: AtomicU32::new(0),
+            });
+            live::insert(b, Kind::Pd, ctx as usize);
+            b.cast()
+        }
         Err(e) => null_errno(e.errno()),
     }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
-    // SAFETY: the caller passes a PD of ours.
-    let Some(p) = (unsafe { block::<PdBlock, _>(pd) }) else {
-        return libc::EINVAL;
-    };
-    if p.users.load(Ordering::Acquire) != 0 {
-        return libc::EBUSY;
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_dealloc_pd",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_dealloc_pd_inner(pd) },
+    )
+}
+
+unsafe fn rocev2_ibv_dealloc_pd_inner(pd: *mut IbvPd) -> c_int {
+    let r = live::take(pd, Kind::Pd, || {
+        // SAFETY: a live PD of ours (checked by `take` under its lock).
+        let p = unsafe { &*pd.cast::<PdBlock>() };
+        if p.users.load(Ordering::Acquire) != 0 {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
     }
     // SAFETY: a PD of ours without users, not used after this call.
     unsafe { free::<PdBlock, _>(pd) };
@@ -1003,6 +1345,20 @@ pub unsafe extern "C" fn rocev2_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_reg_mr(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut IbvMr {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_reg_mr",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_reg_mr_inner(pd, addr, length, access) },
+    )
+}
+
+unsafe fn rocev2_ibv_reg_mr_inner(
     pd: *mut IbvPd,
     addr: *mut c_void,
     length: usize,
@@ -1020,31 +1376,31 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut IbvMr {
-    // SAFETY: the caller passes a PD of ours.
-    let Some(p) = (unsafe { block::<PdBlock, _>(pd) }) else {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_reg_mr_iova2",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_reg_mr_iova2_inner(pd, addr, length, iova, access) },
+    )
+}
+
+unsafe fn rocev2_ibv_reg_mr_iova2_inner(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    // SAFETY: PD blocks are `PdBlock`s.
+    let Some(p) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }) else {
         return null_errno(libc::EINVAL);
     };
-    // The optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB
-    // (0x80) is a hint. ZERO_BASED / ON_DEMAND and an iova other than the address are not supported.
-    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
-    if access & !IBV_ACCESS_SUPPORTED != 0 || iova != addr as u64 {
-        return null_errno(libc::EOPNOTSUPP);
-    }
-    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
-    if !pinnable(addr as usize, length, access & 0xb != 0) {
-        return null_errno(libc::EFAULT);
-    }
-    // SAFETY: `ibv_reg_mr`'s contract is `reg_mr_raw`'s: the program's memory stays valid until `ibv_dereg_mr`
-    // and it does not race in-flight work (ibv_reg_mr(3), ibv_post_send(3)).
-    let r = unsafe {
-        p.rust
-            .reg_mr_raw(addr.cast::<u8>(), length, AccessFlags(access))
-    };
-    match r {
+    // SAFETY: `ibv_reg_mr`'s contract (the memory stays valid until `ibv_dereg_mr`).
+    match unsafe { reg_checked(p, addr, length, iova, access) } {
         Ok(mr) => {
             p.users.fetch_add(1, Ordering::AcqRel);
-            into_raw(MrBlock {
-                mr: IbvMr {
+            let b = into_raw(MrBlock {
+                mr: UnsafeCell::new(IbvMr {
                     context: p.pd.context,
                     pd,
                     addr,
@@ -1052,32 +1408,83 @@ pub unsafe extern "C" fn rocev2_ibv_reg_mr_iova2(
                     handle: 0,
                     lkey: mr.lkey().0,
                     rkey: mr.rkey().0,
-                },
-                rust: mr,
-            })
-            .cast()
+                }),
+                state: Mutex::new(MrState {
+                    rust: mr,
+                    pd: pd as usize,
+                    access,
+                }),
+            });
+            live::insert(b, Kind::Mr, p.pd.context as usize);
+            b.cast()
         }
-        Err(e) => null_errno(e.errno()),
+        Err(e) => null_errno(e),
     }
+}
+
+/// Registers `[addr, addr + length)` on `p` with the checks of `ibv_reg_mr` (an errno on failure).
+///
+/// # Safety
+/// `ibv_reg_mr`'s contract is `reg_mr_raw`'s: the program's memory stays valid until `ibv_dereg_mr` and it does
+/// not race in-flight work (ibv_reg_mr(3), ibv_post_send(3)).
+unsafe fn reg_checked(
+    p: &PdBlock,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> Result<roce_verbs::Mr, c_int> {
+    // The optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB
+    // (0x80) is a hint. ZERO_BASED / ON_DEMAND are not supported. Any `iova` is: SGEs and peers then name the
+    // memory by `iova + offset` (ibv_reg_mr(3)).
+    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
+    if access & !IBV_ACCESS_SUPPORTED != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
+    if !pinnable(addr as usize, length, access & 0xb != 0) {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: per the contract.
+    unsafe {
+        p.rust
+            .reg_mr_raw_iova(addr.cast::<u8>(), length, AccessFlags(access), iova)
+    }
+    .map_err(|e| e.errno())
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
-    // SAFETY: the caller passes an MR of ours.
-    let Some(m) = (unsafe { block::<MrBlock, _>(mr) }) else {
-        return libc::EINVAL;
-    };
-    match m.rust.clone().dereg() {
-        Ok(()) => {
-            // SAFETY: deregistered; the caller does not use `mr` again. Its PD is live (it has this user).
-            unsafe {
-                count_user::<PdBlock, _>(m.mr.pd, false);
-                free::<MrBlock, _>(mr);
-            }
-            0
-        }
-        Err((_, e)) => e.errno(),
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_dereg_mr",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_dereg_mr_inner(mr) },
+    )
+}
+
+unsafe fn rocev2_ibv_dereg_mr_inner(mr: *mut IbvMr) -> c_int {
+    let mut pd = 0;
+    let r = live::take(mr, Kind::Mr, || {
+        // SAFETY: a live MR of ours (checked by `take` under its lock).
+        let m = unsafe { &*mr.cast::<MrBlock>() };
+        let st = m.state.lock().unwrap_or_else(|p| p.into_inner());
+        pd = st.pd;
+        st.rust
+            .clone()
+            .dereg_invalidate()
+            .map_err(|(_, e)| e.errno())
+    });
+    if let Err(e) = r {
+        return e;
     }
+    // SAFETY: deregistered and out of the table; the caller does not use `mr` again. Its PD is live (it has this
+    // user).
+    unsafe {
+        count_user::<PdBlock, _>(pd as *mut IbvPd, false);
+        free::<MrBlock, _>(mr);
+    }
+    0
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1087,6 +1494,15 @@ pub unsafe extern "C" fn rocev2_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
 pub unsafe extern "C" fn rocev2_ibv_create_comp_channel(
     ctx: *mut IbvContext,
 ) -> *mut IbvCompChannel {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_create_comp_channel",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_create_comp_channel_inner(ctx) },
+    )
+}
+
+unsafe fn rocev2_ibv_create_comp_channel_inner(ctx: *mut IbvContext) -> *mut IbvCompChannel {
     // SAFETY: the caller passes an open context.
     if unsafe { ctx_block(ctx) }.is_none() {
         return null_errno(libc::EINVAL);
@@ -1097,7 +1513,7 @@ pub unsafe extern "C" fn rocev2_ibv_create_comp_channel(
     let Some(fd) = rust.fd() else {
         return null_errno(libc::EMFILE);
     };
-    into_raw(ChannelBlock {
+    let b = into_raw(ChannelBlock {
         ch: IbvCompChannel {
             context: ctx,
             fd,
@@ -1105,18 +1521,32 @@ pub unsafe extern "C" fn rocev2_ibv_create_comp_channel(
         },
         rust,
         cqs: Mutex::new(Vec::new()),
-    })
-    .cast()
+    });
+    live::insert(b, Kind::Channel, ctx as usize);
+    b.cast()
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
-    // SAFETY: the caller passes a channel of ours.
-    let Some(c) = (unsafe { block::<ChannelBlock, _>(ch) }) else {
-        return libc::EINVAL;
-    };
-    if c.cqs.lock().map_or(true, |v| !v.is_empty()) {
-        return libc::EBUSY;
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_destroy_comp_channel",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_destroy_comp_channel_inner(ch) },
+    )
+}
+
+unsafe fn rocev2_ibv_destroy_comp_channel_inner(ch: *mut IbvCompChannel) -> c_int {
+    let r = live::take(ch, Kind::Channel, || {
+        // SAFETY: a live channel of ours (checked by `take` under its lock).
+        let c = unsafe { &*ch.cast::<ChannelBlock>() };
+        if c.cqs.lock().map_or(true, |v| !v.is_empty()) {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
     }
     // SAFETY: the channel is not used after this call (its descriptor goes with the Rust channel).
     unsafe { free::<ChannelBlock, _>(ch) };
@@ -1129,17 +1559,40 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut IbvCompChannel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
+) -> *mut IbvCq {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_create_cq",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_create_cq_inner(ctx, cqe, cq_context, channel, comp_vector) },
+    )
+}
+
+unsafe fn rocev2_ibv_create_cq_inner(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
 ) -> *mut IbvCq {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { ctx_block(ctx) }) else {
         return null_errno(libc::EINVAL);
     };
-    // SAFETY: the caller passes NULL or a channel of ours.
-    let ch = unsafe { block::<ChannelBlock, _>(channel) };
+    // SAFETY: channel blocks are `ChannelBlock`s.
+    let ch = unsafe { live_block::<ChannelBlock, _>(channel, Kind::Channel) };
+    if ch.is_none() && !channel.is_null() {
+        return null_errno(libc::EINVAL);
+    }
     let Ok(depth) = u32::try_from(cqe) else {
         return null_errno(libc::EINVAL);
     };
+    // The kernel's check (ib_uverbs create_cq): the vector, taken as unsigned, below
+    // `num_comp_vectors`.
+    if comp_vector as u32 >= c.ctx.num_comp_vectors as u32 {
+        return null_errno(libc::EINVAL);
+    }
     let rt = match c.runtime() {
         Ok(rt) => rt,
         Err(e) => return null_errno(e),
@@ -1150,7 +1603,8 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
     };
     let id = cq.id();
     let b = into_raw(CqBlock {
-        cq: IbvCq {
+        depth,
+        cq: UnsafeCell::new(IbvCq {
             context: ctx,
             channel,
             cq_context,
@@ -1160,10 +1614,14 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
             cond: [0; 6],
             comp_events_completed: 0,
             async_events_completed: 0,
-        },
+        }),
         rust: cq,
         users: AtomicU32::new(0),
+        events_handed: AtomicU32::new(0),
+        async_handed: AtomicU32::new(0),
     });
+    live::insert(b, Kind::Cq, ctx as usize);
+    async_events::register_cq(id, ctx as usize, b as usize);
     if let Some(ch) = ch
         && let Ok(mut v) = ch.cqs.lock()
     {
@@ -1174,22 +1632,88 @@ pub unsafe extern "C" fn rocev2_ibv_create_cq(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
-    // SAFETY: the caller passes a CQ of ours.
-    let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
-        return libc::EINVAL;
-    };
-    if c.users.load(Ordering::Acquire) != 0 {
-        return libc::EBUSY;
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_destroy_cq",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_destroy_cq_inner(cq) },
+    )
+}
+
+unsafe fn rocev2_ibv_destroy_cq_inner(cq: *mut IbvCq) -> c_int {
+    let r = live::take(cq, Kind::Cq, || {
+        // SAFETY: a live CQ of ours (checked by `take` under its lock).
+        let c = unsafe { &*cq.cast::<CqBlock>() };
+        if c.users.load(Ordering::Acquire) != 0 {
+            return Err(libc::EBUSY);
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        return e;
     }
-    // SAFETY: NULL or the channel the CQ was created on (outlives its CQs: destroy_comp_channel refuses).
-    if let Some(ch) = unsafe { block::<ChannelBlock, _>(c.cq.channel) }
-        && let Ok(mut v) = ch.cqs.lock()
-    {
-        v.retain(|&(_, p)| p != cq as usize);
+    // SAFETY: out of the table: no other destroy reaches it; `ibv_get_cq_event` stops handing out its events once
+    // it is detached.
+    unsafe {
+        detach_cq(cq);
+        wait_acked(cq);
+        let b = &*cq.cast::<CqBlock>();
+        async_events::unregister_cq(b.rust.id(), cq as usize);
+        async_events::wait_count(
+            ptr::addr_of_mut!((*cq).mutex),
+            ptr::addr_of_mut!((*cq).cond),
+            ptr::addr_of!((*cq).async_events_completed),
+            b.async_handed.load(Ordering::Acquire),
+        );
+        free::<CqBlock, _>(cq);
     }
-    // SAFETY: the caller does not use `cq` again.
-    unsafe { free::<CqBlock, _>(cq) };
     0
+}
+
+/// Takes the CQ off its channel's list (under the list's lock, which `ibv_get_cq_event` holds while it hands out an
+/// event and reads the CQ): no event of it is handed out afterwards.
+///
+/// # Safety
+/// `cq` is a CQ block of ours, not yet freed; its channel outlives it (`ibv_destroy_comp_channel` refuses while
+/// CQs are attached; `ibv_close_device` releases CQs before channels).
+unsafe fn detach_cq(cq: *mut IbvCq) {
+    // SAFETY: per the contract; `channel` is written only at creation.
+    let ch = unsafe { (*cq.cast::<CqBlock>()).cq.get().read().channel };
+    // SAFETY: NULL or the CQ's channel (live per the contract).
+    if let Some(ch) = unsafe { block::<ChannelBlock, _>(ch) } {
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|&(_, p)| p != cq as usize);
+    }
+}
+
+/// Waits until every completion event handed out for `cq` has been acknowledged with `ibv_ack_cq_events`
+/// (ibv_get_cq_event(3): "ibv_destroy_cq() will wait for all completion events to be acknowledged"), on the CQ's
+/// own mutex and condition variable, which `ibv_ack_cq_events` signals.
+///
+/// # Safety
+/// `cq` is a CQ block of ours, detached ([`detach_cq`]), not yet freed.
+unsafe fn wait_acked(cq: *mut IbvCq) {
+    // SAFETY: per the contract; the C part is reached through raw pointers only (the program and
+    // `ibv_ack_cq_events` write it).
+    unsafe {
+        let handed = (*cq.cast::<CqBlock>())
+            .events_handed
+            .load(Ordering::Acquire);
+        let m = ptr::addr_of_mut!((*cq).mutex).cast::<libc::pthread_mutex_t>();
+        let cv = ptr::addr_of_mut!((*cq).cond).cast::<libc::pthread_cond_t>();
+        libc::pthread_mutex_lock(m);
+        // Wrapping comparison: acknowledged - handed < 0 means events are outstanding.
+        while (ptr::addr_of!((*cq).comp_events_completed)
+            .read_volatile()
+            .wrapping_sub(handed) as i32)
+            < 0
+        {
+            libc::pthread_cond_wait(cv, m);
+        }
+        libc::pthread_mutex_unlock(m);
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -1198,8 +1722,24 @@ pub unsafe extern "C" fn rocev2_ibv_get_cq_event(
     cq_out: *mut *mut IbvCq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    // SAFETY: the caller passes a channel of ours.
-    let Some(c) = (unsafe { block::<ChannelBlock, _>(ch) }) else {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_get_cq_event",
+        || {
+            set_errno(libc::EIO);
+            -1
+        },
+        || unsafe { rocev2_ibv_get_cq_event_inner(ch, cq_out, cq_context) },
+    )
+}
+
+unsafe fn rocev2_ibv_get_cq_event_inner(
+    ch: *mut IbvCompChannel,
+    cq_out: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: channel blocks are `ChannelBlock`s.
+    let Some(c) = (unsafe { live_block::<ChannelBlock, _>(ch, Kind::Channel) }) else {
         set_errno(libc::EINVAL);
         return -1;
     };
@@ -1211,28 +1751,47 @@ pub unsafe extern "C" fn rocev2_ibv_get_cq_event(
         } else {
             Duration::from_secs(3600)
         };
-        let Some(id) = c.rust.get_event(wait) else {
-            if nonblock {
+        // A signal handler interrupting the wait ends it with EINTR unless the handler asked for restarts
+        // (module `signals`), as rdma-core's blocking read() of the channel fd.
+        let id = match c.rust.get_event_interruptible(wait) {
+            Ok(Some(id)) => id,
+            Ok(None) if nonblock => {
                 set_errno(libc::EAGAIN);
                 return -1;
             }
-            continue;
+            Ok(None) => continue,
+            Err(_) if signals::all_handlers_restart() => continue,
+            Err(_) => {
+                set_errno(libc::EINTR);
+                return -1;
+            }
         };
-        let found = c
-            .cqs
-            .lock()
-            .ok()
-            .and_then(|v| v.iter().find(|&&(i, _)| i == id).map(|&(_, p)| p));
+        // Found, counted and read under the list's lock: `ibv_destroy_cq` detaches the CQ under the same lock
+        // before it waits for the acknowledgements and frees it.
+        let found = {
+            let v = c.cqs.lock().unwrap_or_else(|p| p.into_inner());
+            v.iter().find(|&&(i, _)| i == id).map(|&(_, p)| {
+                // SAFETY: an attached CQ is live (detached before it is freed); its C part is read through a
+                // raw pointer (the program may write `cq_context`).
+                unsafe {
+                    let b = &*(p as *const CqBlock);
+                    b.events_handed.fetch_add(1, Ordering::AcqRel);
+                    (
+                        p as *mut IbvCq,
+                        ptr::addr_of!((*b.cq.get()).cq_context).read_volatile(),
+                    )
+                }
+            })
+        };
         // An event of a CQ destroyed meanwhile is dropped.
-        let Some(p) = found else { continue };
-        let cq = p as *mut IbvCq;
-        // SAFETY: a live CQ of ours (still attached); the out-parameters are the caller's.
+        let Some((cq, ctx_ptr)) = found else { continue };
+        // SAFETY: the caller's out-parameters.
         unsafe {
             if !cq_out.is_null() {
                 *cq_out = cq;
             }
             if !cq_context.is_null() {
-                *cq_context = (*cq).cq_context;
+                *cq_context = ctx_ptr;
             }
         }
         return 0;
@@ -1241,6 +1800,15 @@ pub unsafe extern "C" fn rocev2_ibv_get_cq_event(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_ack_cq_events(cq: *mut IbvCq, nevents: u32) {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_ack_cq_events",
+        || (),
+        || unsafe { rocev2_ibv_ack_cq_events_inner(cq, nevents) },
+    )
+}
+
+unsafe fn rocev2_ibv_ack_cq_events_inner(cq: *mut IbvCq, nevents: u32) {
     if cq.is_null() {
         return;
     }
@@ -1256,6 +1824,15 @@ pub unsafe extern "C" fn rocev2_ibv_ack_cq_events(cq: *mut IbvCq, nevents: u32) 
 
 /// `ops.req_notify_cq`.
 unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_req_notify_cq",
+        || libc::EIO,
+        || unsafe { req_notify_cq_inner(cq, _solicited_only) },
+    )
+}
+
+unsafe fn req_notify_cq_inner(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
     // SAFETY: the inline `ibv_req_notify_cq` passes one of our CQs.
     match unsafe { block::<CqBlock, _>(cq) } {
         Some(c) => {
@@ -1284,13 +1861,19 @@ fn wc_to_c(w: &Wc) -> IbvWc {
         wc_flags: w.wc_flags.bits(),
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        // On RoCE, mlx5 reports a UD receive's network header type here (2 IPv4, 1 IPv6), and UCX relies on it.
+        sl: w.network_hdr_type,
         dlid_path_bits: 0,
     }
 }
 
 /// `ops.poll_cq`: up to `n` completions into `wc`, in batches of 32 through the runtime's CQ ring.
 unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard("ibv_poll_cq", || -1, || unsafe { poll_cq_inner(cq, n, wc) })
+}
+
+unsafe fn poll_cq_inner(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
     // SAFETY: the inline `ibv_poll_cq` passes one of our CQs.
     let Some(c) = (unsafe { block::<CqBlock, _>(cq) }) else {
         return -libc::EINVAL;
@@ -1363,8 +1946,19 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     pd: *mut IbvPd,
     attr: *mut IbvQpInitAttr,
 ) -> *mut IbvQp {
-    // SAFETY: the caller passes a PD of ours and its init attributes.
-    let (Some(p), Some(a)) = (unsafe { block::<PdBlock, _>(pd) }, unsafe { attr.as_mut() }) else {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_create_qp",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_create_qp_inner(pd, attr) },
+    )
+}
+
+unsafe fn rocev2_ibv_create_qp_inner(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
+    // SAFETY: PD blocks are `PdBlock`s; the caller passes its init attributes.
+    let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
+        attr.as_mut()
+    }) else {
         return null_errno(libc::EINVAL);
     };
     // SAFETY: the caller passes NULL or an SRQ of ours.
@@ -1375,10 +1969,11 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     let Some(ty) = qp_type_from_c(a.qp_type) else {
         return null_errno(libc::EOPNOTSUPP);
     };
-    // SAFETY: the caller passes CQs of ours.
-    let (Some(scq), Some(rcq)) = (unsafe { block::<CqBlock, _>(a.send_cq) }, unsafe {
-        block::<CqBlock, _>(a.recv_cq)
-    }) else {
+    // SAFETY: CQ blocks are `CqBlock`s.
+    let (Some(scq), Some(rcq)) = (
+        unsafe { live_block::<CqBlock, _>(a.send_cq, Kind::Cq) },
+        unsafe { live_block::<CqBlock, _>(a.recv_cq, Kind::Cq) },
+    ) else {
         return null_errno(libc::EINVAL);
     };
     let mut cap = cap_from_c(&a.cap);
@@ -1394,8 +1989,9 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
     let mut granted = qp.cap();
     granted.max_inline_data = granted.max_inline_data.min(MAX_INLINE as u32);
     a.cap = cap_to_c(&granted);
+    let qpn = qp.qpn().value();
     let b = into_raw(QpBlock {
-        qp: IbvQp {
+        qp: UnsafeCell::new(IbvQp {
             context: p.pd.context,
             qp_context: a.qp_context,
             pd,
@@ -1409,11 +2005,17 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
             mutex: [0; 5],
             cond: [0; 6],
             events_completed: 0,
-        },
+        }),
         rust: qp,
         sq_sig_all: a.sq_sig_all != 0,
+        pd: pd as usize,
+        send_cq: a.send_cq as usize,
+        recv_cq: a.recv_cq as usize,
         state: AtomicI32::new(QpState::Reset as c_int),
+        async_handed: AtomicU32::new(0),
     });
+    live::insert(b, Kind::Qp, p.pd.context as usize);
+    async_events::register_qp(qpn, p.pd.context as usize, b as usize);
     p.users.fetch_add(1, Ordering::AcqRel);
     scq.users.fetch_add(1, Ordering::AcqRel);
     rcq.users.fetch_add(1, Ordering::AcqRel);
@@ -1422,14 +2024,34 @@ pub unsafe extern "C" fn rocev2_ibv_create_qp(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
-    if qp.is_null() {
-        return libc::EINVAL;
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_destroy_qp",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_destroy_qp_inner(qp) },
+    )
+}
+
+unsafe fn rocev2_ibv_destroy_qp_inner(qp: *mut IbvQp) -> c_int {
+    if let Err(e) = live::take(qp, Kind::Qp, || Ok(())) {
+        return e;
     }
-    // SAFETY: a QP of ours, not used after this call; its PD and CQs are live (it is one of their users).
+    // SAFETY: a QP of ours, out of the table and not used after this call; the PD and CQs of its own record are
+    // live (it is one of their users).
     unsafe {
-        count_user::<PdBlock, _>((*qp).pd, false);
-        count_user::<CqBlock, _>((*qp).send_cq, false);
-        count_user::<CqBlock, _>((*qp).recv_cq, false);
+        let q = &*qp.cast::<QpBlock>();
+        // No event names it from now on; those handed out must be acknowledged first
+        // (ibv_get_async_event(3)).
+        async_events::unregister_qp((*q.qp.get()).qp_num, qp as usize);
+        async_events::wait_count(
+            ptr::addr_of_mut!((*qp).mutex),
+            ptr::addr_of_mut!((*qp).cond),
+            ptr::addr_of!((*qp).events_completed),
+            q.async_handed.load(Ordering::Acquire),
+        );
+        count_user::<PdBlock, _>(q.pd as *mut IbvPd, false);
+        count_user::<CqBlock, _>(q.send_cq as *mut IbvCq, false);
+        count_user::<CqBlock, _>(q.recv_cq as *mut IbvCq, false);
         free::<QpBlock, _>(qp);
     }
     0
@@ -1507,6 +2129,15 @@ pub unsafe extern "C" fn rocev2_ibv_modify_qp(
     attr: *mut IbvQpAttr,
     mask: c_int,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_modify_qp",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_modify_qp_inner(qp, attr, mask) },
+    )
+}
+
+unsafe fn rocev2_ibv_modify_qp_inner(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
     // SAFETY: the caller passes a QP of ours and its attributes.
     let (Some(q), Some(a)) = (unsafe { block::<QpBlock, _>(qp) }, unsafe { attr.as_ref() }) else {
         return libc::EINVAL;
@@ -1530,6 +2161,10 @@ pub unsafe extern "C" fn rocev2_ibv_modify_qp(
             return libc::EINVAL;
         };
         r.path_mtu = mtu;
+    }
+    // The kernel checks the port (uverbs modify_qp: rdma_is_port_valid); this device has port 1 only.
+    if m.contains(QpAttrMask::PORT) && a.port_num != 1 {
+        return libc::EINVAL;
     }
     if m.contains(QpAttrMask::AV) {
         let Some(ah) = ah_from_c(&a.ah_attr) else {
@@ -1556,8 +2191,8 @@ pub unsafe extern "C" fn rocev2_ibv_modify_qp(
         Ok(()) => {
             if m.contains(QpAttrMask::STATE) {
                 q.state.store(a.qp_state, Ordering::Release);
-                // SAFETY: our QP; `state` is informational for the program.
-                unsafe { (*qp).state = a.qp_state };
+                // SAFETY: our QP's C part (UnsafeCell); `state` is informational for the program.
+                unsafe { (*q.qp.get()).state = a.qp_state };
             }
             0
         }
@@ -1567,6 +2202,20 @@ pub unsafe extern "C" fn rocev2_ibv_modify_qp(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_query_qp(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    _mask: c_int,
+    init: *mut IbvQpInitAttr,
+) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_query_qp",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_query_qp_inner(qp, attr, _mask, init) },
+    )
+}
+
+unsafe fn rocev2_ibv_query_qp_inner(
     qp: *mut IbvQp,
     attr: *mut IbvQpAttr,
     _mask: c_int,
@@ -1616,9 +2265,9 @@ pub unsafe extern "C" fn rocev2_ibv_query_qp(
         }
         if !init.is_null() {
             init.write(IbvQpInitAttr {
-                qp_context: q.qp.qp_context,
-                send_cq: q.qp.send_cq,
-                recv_cq: q.qp.recv_cq,
+                qp_context: ptr::addr_of!((*q.qp.get()).qp_context).read_volatile(),
+                send_cq: q.send_cq as *mut IbvCq,
+                recv_cq: q.recv_cq as *mut IbvCq,
                 srq: null_mut(),
                 cap,
                 qp_type: qp_type_to_c(q.rust.qp_type()),
@@ -1631,25 +2280,42 @@ pub unsafe extern "C" fn rocev2_ibv_query_qp(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
-    // SAFETY: the caller passes a PD of ours and the attributes.
-    let (Some(p), Some(a)) = (unsafe { block::<PdBlock, _>(pd) }, unsafe { attr.as_ref() }) else {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_create_ah",
+        || null_errno(libc::EIO),
+        || unsafe { rocev2_ibv_create_ah_inner(pd, attr) },
+    )
+}
+
+unsafe fn rocev2_ibv_create_ah_inner(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
+    // SAFETY: PD blocks are `PdBlock`s; the caller passes the attributes.
+    let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
+        attr.as_ref()
+    }) else {
         return null_errno(libc::EINVAL);
     };
+    // The kernel checks the port (uverbs create_ah: rdma_is_port_valid); this device has port 1 only.
+    if a.port_num != 1 {
+        return null_errno(libc::EINVAL);
+    }
     let Some(ah) = ah_from_c(a) else {
         return null_errno(libc::EINVAL);
     };
     match p.rust.create_ah(&ah) {
         Ok(h) => {
             p.users.fetch_add(1, Ordering::AcqRel);
-            into_raw(AhBlock {
+            let b = into_raw(AhBlock {
                 ah: IbvAh {
                     context: p.pd.context,
                     pd,
                     handle: h.handle().0,
                 },
                 rust: h,
-            })
-            .cast()
+                pd: pd as usize,
+            });
+            live::insert(b, Kind::Ah, p.pd.context as usize);
+            b.cast()
         }
         Err(e) => null_errno(e.errno()),
     }
@@ -1657,12 +2323,22 @@ pub unsafe extern "C" fn rocev2_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAt
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
-    if ah.is_null() {
-        return libc::EINVAL;
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_destroy_ah",
+        || libc::EIO,
+        || unsafe { rocev2_ibv_destroy_ah_inner(ah) },
+    )
+}
+
+unsafe fn rocev2_ibv_destroy_ah_inner(ah: *mut IbvAh) -> c_int {
+    if let Err(e) = live::take(ah, Kind::Ah, || Ok(())) {
+        return e;
     }
-    // SAFETY: an AH of ours, not used after this call; its PD is live (it is one of its users).
+    // SAFETY: an AH of ours, out of the table and not used after this call; the PD of its own record is live (it
+    // is one of its users).
     unsafe {
-        count_user::<PdBlock, _>((*ah).pd, false);
+        count_user::<PdBlock, _>((*ah.cast::<AhBlock>()).pd as *mut IbvPd, false);
         free::<AhBlock, _>(ah);
     }
     0
@@ -1720,10 +2396,17 @@ unsafe fn convert_send(
         // SAFETY: `sg_list` has `num_sge` entries.
         let s = unsafe { *w.sg_list.add(i) };
         if inline {
-            // SAFETY: inline SGEs name memory the program lets us read during the call (the bytes are copied into
-            // the WQE before post returns).
-            inl[i] = unsafe {
-                std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+            inl[i] = if s.length == 0 {
+                // No bytes: the address is not looked at (it may be 0, which no slice may start at).
+                &[]
+            } else if s.addr == 0 {
+                return Err(libc::EINVAL);
+            } else {
+                // SAFETY: inline SGEs name memory the program lets us read during the call (the bytes are copied
+                // into the WQE before post returns); non-NULL, checked above.
+                unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                }
             };
         } else {
             sges[i] = Sge {
@@ -1796,6 +2479,15 @@ unsafe extern "C" fn post_send(
     wr: *mut IbvSendWr,
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_post_send",
+        || libc::EIO,
+        || unsafe { post_send_inner(qp, wr, bad) },
+    )
+}
+
+unsafe fn post_send_inner(qp: *mut IbvQp, wr: *mut IbvSendWr, bad: *mut *mut IbvSendWr) -> c_int {
     // SAFETY: the inline `ibv_post_send` passes one of our QPs.
     let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
         return libc::EINVAL;
@@ -1884,6 +2576,15 @@ unsafe extern "C" fn post_recv(
     wr: *mut IbvRecvWr,
     bad: *mut *mut IbvRecvWr,
 ) -> c_int {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_post_recv",
+        || libc::EIO,
+        || unsafe { post_recv_inner(qp, wr, bad) },
+    )
+}
+
+unsafe fn post_recv_inner(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int {
     // SAFETY: the inline `ibv_post_recv` passes one of our QPs.
     let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
         return libc::EINVAL;

@@ -3,11 +3,12 @@
 //! `LD_LIBRARY_PATH`:
 //!
 //! * without a configured device: `ibv_get_device_list` is an empty NULL-terminated list;
-//! * with the device on 127.0.201.1: queries, the unsupported verbs' clean errors (iova ≠ address, on-demand
+//! * with the device on 127.0.201.1: queries, the unsupported verbs' clean errors (on-demand
 //!   paging: NULL + `EOPNOTSUPP`; an address vector without GRH: `EINVAL`; a channel still in
 //!   use: `EBUSY`; a non-blocking channel without events: `EAGAIN`), and two RC QPs of one context connected over
 //!   UDP: an inline SEND with immediate data woken through the completion channel, an RDMA WRITE, a chain whose
-//!   second WR is bad (`*bad_wr` names it, the first is posted), then teardown.
+//!   second WR is bad (`*bad_wr` names it, the first is posted), RDMA WRITEs into and out of an MR registered at an
+//!   iova other than its address (`ibv_reg_mr_iova2`), then teardown.
 //!
 //! * `tests/c/misuse.c` with the device on 127.0.201.2: the mistakes programs make get libibverbs' errors, not
 //!   success: posting to a QP in RESET / INIT / RTR (`EINVAL`, `*bad_wr` = the first WR, nothing completes later),
@@ -20,8 +21,27 @@
 //!   errors, `ibv_create_srq_ex`, RC and UD QPs on one SRQ with verified data, RNR on an empty SRQ, the limit's
 //!   one-shot disarm, `EBUSY` while QPs use it; the file's header lists every check).
 //!
-//! Binds UDP 4791 on 127.0.201.1, 127.0.201.2 and 127.0.201.16 (run under the network lock with the other loopback
-//! tests).
+//! * `tests/c/extra.c` with the device on 127.0.201.3, then on ::1: the rest of Debian's export table — the string and rate
+//!   helpers against Debian's own libibverbs (loaded beside ours), fork support, the GID table,
+//!   `ibv_query_qp_data_in_order`, `ibv_reg_mr_iova`, `ibv_rereg_mr`, `ibv_resize_cq`, address vectors from a UD
+//!   completion, a non-blocking `ibv_get_async_event`, and the refusals (the IBVERBS_1.0 ABI, imports, dma-buf).
+//!
+//! * `tests/c/lifetimes.c` with the device on 127.0.201.4: second destroys and foreign pointers are `EINVAL`,
+//!   `ibv_destroy_qp` releases what it took even when the program overwrote `qp->pd` / `qp->send_cq`,
+//!   `ibv_dereg_mr` succeeds while a posted receive names the MR (which completes with `LOC_PROT_ERR`),
+//!   `ibv_destroy_cq` waits for a late acknowledgement from another thread, a zero-length inline SGE at address 0
+//!   posts, a blocking `ibv_get_cq_event` fails with `EINTR` for a handler without `SA_RESTART` (and keeps waiting
+//!   for one with it), and `ibv_close_device` releases everything the context still owns, its UDP port included.
+//!
+//! * `tests/c/panic.c` with the device on 127.0.201.5 and a panic injected into `ibv_alloc_pd`, `ibv_poll_cq` or
+//!   `ibv_destroy_cq` (`ROCEV2_IBVERBS_INJECT_PANIC`): the verb answers with its error return (EIO), the program
+//!   goes on and the other verbs work.
+//!
+//! * `tests/c/extended.c` with the device on 127.0.201.6: the extended context (`ibv_query_device_ex` with
+//!   `phys_port_cnt_ex` 1, the inline `ibv_query_port` through its slot, the `ibv_create_qp_ex` / `ibv_create_cq_ex`
+//!   fallbacks and refusals).
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.6, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -57,7 +77,12 @@ fn build(name: &str) -> (PathBuf, PathBuf) {
 }
 
 fn run(prog: &Path, dir: &Path, mode: &str, ip: Option<&str>) {
+    run_with(prog, dir, mode, ip, &[]);
+}
+
+fn run_with(prog: &Path, dir: &Path, mode: &str, ip: Option<&str>, env: &[(&str, &str)]) {
     let mut cmd = Command::new(prog);
+    cmd.envs(env.iter().copied());
     cmd.arg(mode)
         .env("LD_LIBRARY_PATH", dir)
         .env_remove("ROCEV2_IBV_IP");
@@ -93,5 +118,43 @@ fn c_program_misusing_the_api_gets_the_errors_of_libibverbs() {
 fn c_program_on_shared_receive_queues() {
     let (prog, dir) = build("srq");
     run(&prog, &dir, "loop", Some("127.0.201.16"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_using_the_rest_of_the_export_table_gets_libibverbs_answers() {
+    let (prog, dir) = build("extra");
+    run(&prog, &dir, "loop", Some("127.0.201.3"));
+    // Over IPv6 too (the GRH area, `init_ah_from_wc`, `wc.sl` = 1).
+    run(&prog, &dir, "loop", Some("::1"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_destroying_twice_racing_acks_and_closing_early_gets_kernel_handle_semantics() {
+    let (prog, dir) = build("lifetimes");
+    run(&prog, &dir, "loop", Some("127.0.201.4"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_panic_inside_the_library_is_an_error_return_not_an_abort() {
+    let (prog, dir) = build("panic");
+    for verb in ["ibv_alloc_pd", "ibv_poll_cq", "ibv_destroy_cq"] {
+        run_with(
+            &prog,
+            &dir,
+            verb,
+            Some("127.0.201.5"),
+            &[("ROCEV2_IBVERBS_INJECT_PANIC", verb)],
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_sees_an_extended_context() {
+    let (prog, dir) = build("extended");
+    run(&prog, &dir, "loop", Some("127.0.201.6"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 /// the stack, so a wait allocates nothing.
 pub const MAX_WAIT_FDS: usize = 8;
 
-/// Why [`Waiter::wait`] returned. Both false: the timeout passed (or a signal interrupted the wait).
+/// Why [`Waiter::wait`] returned. All false: the timeout passed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Woken {
     /// Another thread rang [`Waiter::wake`] (now or before the wait).
@@ -31,6 +31,8 @@ pub struct Woken {
     /// At least one of the link descriptors is readable (a frame is waiting; also set for an error or hang-up
     /// condition on it, which the next receive burst reports).
     pub readable: bool,
+    /// A signal handler ran during the wait (`ppoll` failed with `EINTR`).
+    pub interrupted: bool,
 }
 
 /// An eventfd other threads ring, and the `ppoll` a driver blocks in (module docs). `Send + Sync`: any thread may
@@ -63,7 +65,7 @@ impl Waiter {
     ///
     /// # Errors
     /// `InvalidInput` for more than [`MAX_WAIT_FDS`] descriptors; a `ppoll` failure other than `EINTR` (which
-    /// returns `Ok` with nothing set).
+    /// returns `Ok` with only [`Woken::interrupted`] set).
     pub fn wait(&self, fds: &[RawFd], timeout: Duration) -> io::Result<Woken> {
         if fds.len() > MAX_WAIT_FDS {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -96,7 +98,10 @@ impl Waiter {
         if r < 0 {
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(Woken::default())
+                Ok(Woken {
+                    interrupted: true,
+                    ..Woken::default()
+                })
             } else {
                 Err(e)
             };
@@ -106,7 +111,11 @@ impl Waiter {
             eventfd_read(&self.fd);
         }
         let readable = set[1..n].iter().any(|p| p.revents != 0);
-        Ok(Woken { rung, readable })
+        Ok(Woken {
+            rung,
+            readable,
+            interrupted: false,
+        })
     }
 }
 

@@ -379,6 +379,106 @@ impl Engine {
         self.mrs.deregister(lkey)
     }
 
+    /// `ibv_dereg_mr` with the kernel's semantics (issue #16; Linux `rdma_core.c` destroys the MR object whatever
+    /// work names it, rxe `rxe_mr.c`: an invalidated key fails the next access with a protection error): succeeds
+    /// while posted WRs name the MR. Each QP with a send or receive WQE that names it goes to ERR at once, as an
+    /// RNIC's QP does when its DMA finds the memory key gone: that queue's WQEs ahead of the first one naming the
+    /// MR complete with WR_FLUSH_ERR, that one with LOC_PROT_ERR, and then every remaining WQE of both queues is
+    /// flushed (`enter_error`, with its `QpFatal` event). So no WQE holds a lease when the MR goes, the key is
+    /// unknown from now on (posts naming it fail their SGE check, remote accesses are NAKed: the responder resolves
+    /// the R_Key per packet), and the engine never touches the memory again. Control path: scans the QPs. Errors:
+    /// `InvalidHandle` for an unknown key.
+    pub fn dereg_mr_invalidate(&mut self, lkey: Lkey) -> Result<MrBuffer, ResourceError> {
+        let slot = self
+            .mrs
+            .slot(lkey)
+            .ok_or(ResourceError::InvalidHandle("lkey"))?;
+        if self.mr_busy(lkey) {
+            for i in 0..self.qps.len() {
+                self.fail_wrs_naming(i, slot);
+            }
+        }
+        self.mrs.deregister(lkey)
+    }
+
+    /// [`dereg_mr_invalidate`](Self::dereg_mr_invalidate)'s work on QP `i`.
+    fn fail_wrs_naming(&mut self, i: usize, slot: u32) {
+        let Some(qp) = self.qps[i].as_deref() else {
+            return;
+        };
+        let names = |segs: &[Seg]| segs.iter().any(|s| s.mr.slot == slot);
+        let mut sq_hit = None;
+        let mut w = qp.sq.head;
+        while w != qp.sq.tail {
+            if names(qp.sq.segs(w)) {
+                sq_hit = Some(w);
+                break;
+            }
+            w = w.wrapping_add(1);
+        }
+        let mut rq_hit = None;
+        let mut r = qp.rq.head;
+        while r != qp.rq.tail {
+            if names(qp.rq.segs(r)) {
+                rq_hit = Some(r);
+                break;
+            }
+            r = r.wrapping_add(1);
+        }
+        if sq_hit.is_none() && rq_hit.is_none() {
+            return;
+        }
+        if let Some(hit) = sq_hit {
+            loop {
+                let Some(qp) = self.qps[i].as_deref() else {
+                    return;
+                };
+                let h = qp.sq.head;
+                if h == qp.sq.tail {
+                    break;
+                }
+                let status = if h == hit {
+                    WcStatus::LocProtErr
+                } else {
+                    WcStatus::WrFlushErr
+                };
+                self.retire_send(i, h, status);
+                if h == hit {
+                    break;
+                }
+            }
+        }
+        if let Some(hit) = rq_hit {
+            loop {
+                let Some(qp) = self.qps[i].as_deref() else {
+                    return;
+                };
+                let h = qp.rq.head;
+                if h == qp.rq.tail {
+                    break;
+                }
+                let wc = Wc {
+                    wr_id: qp.rq.wqe(h).wr_id,
+                    status: if h == hit {
+                        WcStatus::LocProtErr
+                    } else {
+                        WcStatus::WrFlushErr
+                    },
+                    opcode: WcOpcode::Recv,
+                    qp_num: qp.qpn,
+                    ..Wc::default()
+                };
+                let cq = qp.recv_cq;
+                self.retire_recv(i);
+                self.push_wc(cq, wc);
+                if h == hit {
+                    break;
+                }
+            }
+        }
+        self.enter_error(i);
+    }
+
     /// True while an in-flight WR or a saved READ/atomic responder resource holds a lease on the MR (so
     /// [`dereg_mr`](Self::dereg_mr) would fail with `Busy`); false for an unknown key.
     pub fn mr_busy(&self, lkey: Lkey) -> bool {

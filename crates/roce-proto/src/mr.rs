@@ -365,6 +365,11 @@ impl MrTable {
         }
     }
 
+    /// The slot of a live key (what the leases of WQEs that name it refer to).
+    pub(crate) fn slot(&self, lkey: Lkey) -> Option<u32> {
+        self.slot_of(lkey.0)
+    }
+
     pub(crate) fn get(&self, lkey: Lkey) -> Option<&Mr> {
         let s = self.slot_of(lkey.0)?;
         self.slots[s as usize].as_ref()

@@ -937,6 +937,11 @@ impl Engine {
             qp_num: qp.qpn,
             src_qp,
             wc_flags: WcFlags::GRH,
+            network_hdr_type: match ih.len() {
+                20 => 2,
+                40 => 1,
+                _ => 0,
+            },
             ..Wc::default()
         };
         if let Some(imm) = pkt.ext.imm {

@@ -765,6 +765,9 @@ pub struct Wc {
     pub src_qp: Qpn,
     /// Flags.
     pub wc_flags: WcFlags,
+    /// UD receives: the network header the packet came with, as mlx5 reports it on RoCE in `ibv_wc.sl` (the CQE's
+    /// L3 header type: 2 = IPv4, 1 = IPv6; UCX reads it to parse the 40-byte GRH area, issue #16); 0 otherwise.
+    pub network_hdr_type: u8,
 }
 
 impl Default for Wc {
@@ -779,6 +782,7 @@ impl Default for Wc {
             qp_num: Qpn::new(0),
             src_qp: Qpn::new(0),
             wc_flags: WcFlags::EMPTY,
+            network_hdr_type: 0,
         }
     }
 }

@@ -1104,6 +1104,7 @@ fn s17_ud_grh_area() {
         let w = wb[0];
         assert_eq!((w.status, w.byte_len), (WcStatus::Success, payload + 40));
         assert!(w.wc_flags.contains(WcFlags::GRH));
+        assert_eq!(w.network_hdr_type, 2, "IPv4, as mlx5 reports it in wc.sl");
         let got = mr_vec(&mut p, 1, &mb);
         let mut area = got[..30].to_vec();
         area.extend_from_slice(&got[4096..4096 + payload as usize + 10]);

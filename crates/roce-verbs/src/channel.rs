@@ -231,6 +231,22 @@ impl CompChannel {
     /// next deadline, at most `park_max`; on links without a descriptor, yielding until `yield_for`, then sleeping on
     /// the channel at most `park_max` between passes), so an event-driven program needs no other thread.
     pub fn get_event(&self, timeout: Duration) -> Option<u32> {
+        self.wait_event(timeout, false).unwrap_or(None)
+    }
+
+    /// As [`get_event`](Self::get_event), but a signal handler that runs while the thread blocks in `ppoll` ends
+    /// the wait with an `Interrupted` error (as a blocking `read(2)` of rdma-core's completion channel fd fails
+    /// with `EINTR`). A signal that lands while the thread spins or drives a pass is not seen: it ends the next
+    /// blocking wait only if it is still arriving then, so callers that must not miss one block signals around
+    /// their own checks. Waits on links without a descriptor (simulated links) are not interrupted.
+    ///
+    /// # Errors
+    /// `ErrorKind::Interrupted` as above.
+    pub fn get_event_interruptible(&self, timeout: Duration) -> std::io::Result<Option<u32>> {
+        self.wait_event(timeout, true)
+    }
+
+    fn wait_event(&self, timeout: Duration, stop_on_signal: bool) -> std::io::Result<Option<u32>> {
         let deadline = std::time::Instant::now() + timeout;
         // The groups to drive, without allocating for the usual few (the event path is allocation-free).
         let mut few: [Option<Arc<Shared>>; 4] = Default::default();
@@ -250,19 +266,19 @@ impl CompChannel {
             let mut fds = [0 as RawFd; MAX_WAIT_FDS];
             loop {
                 if let Some(cq) = self.try_event() {
-                    return Some(cq);
+                    return Ok(Some(cq));
                 }
                 let mut work = false;
                 for d in drivers() {
                     work |= d.progress();
                 }
                 if let Some(cq) = self.try_event() {
-                    return Some(cq);
+                    return Ok(Some(cq));
                 }
                 let now = clock.now();
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
-                    return None;
+                    return Ok(None);
                 }
                 if work {
                     last_work = now;
@@ -281,9 +297,11 @@ impl CompChannel {
                     Idle::Spin => std::hint::spin_loop(),
                     Idle::Yield => std::thread::yield_now(),
                     Idle::Sleep(d) => {
-                        let q = self.events.lock().ok()?;
+                        let Ok(q) = self.events.lock() else {
+                            return Ok(None);
+                        };
                         if q.is_empty() {
-                            let _ = self.cv.wait_timeout(q, d.min(left)).ok()?;
+                            let _ = self.cv.wait_timeout(q, d.min(left));
                         }
                     }
                     Idle::Wait(d) => {
@@ -297,6 +315,10 @@ impl CompChannel {
                                 Ok(r) if r.readable => {
                                     sh.stats.readiness_wakeups.fetch_add(1, Ordering::Relaxed);
                                 }
+                                Ok(r) if r.interrupted && stop_on_signal => {
+                                    self.sleep.unparked();
+                                    return Err(std::io::ErrorKind::Interrupted.into());
+                                }
                                 Ok(_) => {}
                                 Err(e) => {
                                     tracing::warn!(error = %e, "readiness wait failed");
@@ -309,17 +331,22 @@ impl CompChannel {
                 }
             }
         }
-        let mut q = self.events.lock().ok()?;
+        let Ok(mut q) = self.events.lock() else {
+            return Ok(None);
+        };
         loop {
             if let Some(cq) = q.pop_front() {
                 drop(q);
-                return Some(self.taken(cq));
+                return Ok(Some(self.taken(cq)));
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return None;
+                return Ok(None);
             }
-            q = self.cv.wait_timeout(q, left).ok()?.0;
+            q = match self.cv.wait_timeout(q, left) {
+                Ok((q, _)) => q,
+                Err(_) => return Ok(None),
+            };
         }
     }
 

@@ -393,6 +393,13 @@ impl Context {
             .ok_or(Error::EngineGone)
     }
 
+    /// Sends this device's asynchronous events to `handler` from now on (`ibv_get_async_event`'s source; see
+    /// [`AsyncHandler`](crate::AsyncHandler) for what it may do). Replaces an earlier handler. Errors:
+    /// `EngineGone`.
+    pub fn set_async_handler(&self, handler: crate::AsyncHandler) -> Result<(), Error> {
+        self.call(move |d| d.async_handler = Some(handler))
+    }
+
     /// Like [`call`](Self::call), ignoring the result (used by `Drop`).
     pub(crate) fn cast<F>(&self, f: F)
     where
@@ -475,6 +482,7 @@ impl Context {
     /// QP fatal / request / access errors, COMM_EST, SQ_DRAINED, CQ overrun, port up/down, an SRQ's limit
     /// ([`roce_proto::AsyncEventType::SrqLimitReached`], naming it by [`crate::Srq::handle`]) and LAST_WQE_REACHED.
     /// The device keeps the last 1024 events; older ones are dropped. Takes the progress lock and runs a pass.
+    /// Nothing is kept while an [`AsyncHandler`](crate::AsyncHandler) is installed (it takes every event).
     pub fn poll_async_event(&self) -> Result<Option<roce_proto::AsyncEvent>, Error> {
         self.call(|d| d.events.pop_front())
     }
@@ -610,8 +618,18 @@ impl Pd {
         region: Arc<crate::memory::Region>,
         access: AccessFlags,
     ) -> Result<Mr, Error> {
-        let huge = region.is_huge();
         let iova = region.base() as u64;
+        self.reg_region_at(region, access, iova)
+    }
+
+    /// Registers `region` with byte 0 at virtual address `iova` (`ibv_reg_mr_iova2`).
+    pub(crate) fn reg_region_at(
+        &self,
+        region: Arc<crate::memory::Region>,
+        access: AccessFlags,
+        iova: u64,
+    ) -> Result<Mr, Error> {
+        let huge = region.is_huge();
         let mem = MrBuffer::new(crate::memory::SharedMemory(Arc::clone(&region)));
         let pd = self.inner.handle;
         let info = self
@@ -787,7 +805,8 @@ impl Mr {
     pub fn rkey(&self) -> Rkey {
         self.inner.info.rkey
     }
-    /// Virtual address of byte 0 (the registered memory's own address).
+    /// Virtual address of byte 0 (the registered memory's own address, or the `iova` of
+    /// [`reg_mr_raw_iova`](crate::Pd::reg_mr_raw_iova)).
     pub fn addr(&self) -> u64 {
         self.inner.info.addr
     }
@@ -875,6 +894,27 @@ impl Mr {
         match r {
             Ok(Ok(())) => Ok(()),
             Ok(Err(ResourceError::Busy(what))) => Err((self, Error::Busy(what))),
+            Ok(Err(e)) => Err((self, Error::Resource(e))),
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// `ibv_dereg_mr` with the kernel's semantics (the C library's): succeeds while WRs name the MR. Their QPs go
+    /// to ERR, the first WR naming the MR completing with `LocProtErr` ([`Engine::dereg_mr_invalidate`]
+    /// (roce_proto::Engine::dereg_mr_invalidate)); the key is dead at once, and the engine never touches the
+    /// memory after this returns. Work posted before this call counts. Errors: the MR comes back with the
+    /// runtime's error (a dead context) or the engine's (`InvalidHandle`: already deregistered).
+    pub fn dereg_invalidate(self) -> Result<(), (Mr, Error)> {
+        let lkey = self.lkey();
+        let r = self.inner.pd.inner.ctx.call(move |d| {
+            d.drain_all_posted();
+            d.engine.dereg_mr_invalidate(lkey).map(drop)
+        });
+        match r {
+            Ok(Ok(())) => {
+                self.inner.registered.store(false, Ordering::Release);
+                Ok(())
+            }
             Ok(Err(e)) => Err((self, Error::Resource(e))),
             Err(e) => Err((self, e)),
         }

@@ -89,6 +89,6 @@ pub use roce_proto::{
     Rkey, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqHandle, UdDest, Wc, WcOpcode,
     WcStatus,
 };
-pub use runner::{ProgressMode, RuntimeConfig, RuntimeStats};
+pub use runner::{AsyncHandler, ProgressMode, RuntimeConfig, RuntimeStats};
 pub use srq::Srq;
 pub use wqe::{MAX_INLINE, MAX_SGE};

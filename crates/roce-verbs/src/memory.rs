@@ -517,6 +517,35 @@ impl crate::Pd {
         });
         self.reg_region(region, access)
     }
+
+    /// `ibv_reg_mr_iova2`: as [`reg_mr_raw`](Self::reg_mr_raw), but the MR's byte 0 has the virtual address `iova`
+    /// (SGEs and peers name the memory by `iova + offset`; `addr` is only where the bytes are). Errors as
+    /// `reg_mr_raw`, plus `InvalidArgument` if `iova + len` overflows 64 bits.
+    ///
+    /// # Safety
+    ///
+    /// As [`reg_mr_raw`](Self::reg_mr_raw).
+    pub unsafe fn reg_mr_raw_iova(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+        iova: u64,
+    ) -> Result<crate::Mr, crate::Error> {
+        let ptr = NonNull::new(addr).ok_or(crate::Error::InvalidArgument("null MR address"))?;
+        if (addr as usize).checked_add(len).is_none() {
+            return Err(crate::Error::InvalidArgument(
+                "MR address + length overflows",
+            ));
+        }
+        let region = Arc::new(Region {
+            ptr,
+            len,
+            owner: Owner::Foreign,
+            huge: false,
+        });
+        self.reg_region_at(region, access, iova)
+    }
 }
 
 #[cfg(test)]

@@ -789,6 +789,13 @@ impl CqSlot {
     }
 }
 
+/// Receives a device's asynchronous events ([`roce_proto::AsyncEvent`]: QP fatal, CQ error, SQ drained,
+/// communication established, port state) in the pass that took them from the engine, under the progress lock:
+/// it must not call back into the runtime, and should only queue the event (events are rare, never per packet).
+/// Installed with [`Context::set_async_handler`](crate::Context::set_async_handler); without one the device keeps
+/// them for [`Context::poll_async_event`](crate::Context::poll_async_event) (the last 1024).
+pub type AsyncHandler = Box<dyn FnMut(roce_proto::AsyncEvent) + Send>;
+
 /// One device (port) of a group.
 pub struct Device {
     pub(crate) engine: Engine,
@@ -822,6 +829,8 @@ pub struct Device {
     pub(crate) events: VecDeque<roce_proto::AsyncEvent>,
     /// Events dropped because [`ASYNC_EVENTS_KEPT`] were waiting.
     pub(crate) events_dropped: u64,
+    /// Where the engine's asynchronous events go ([`AsyncHandler`]).
+    pub(crate) async_handler: Option<AsyncHandler>,
 }
 
 /// Asynchronous events a device keeps for [`crate::Context::poll_async_event`].
@@ -856,6 +865,7 @@ impl Device {
             left_work: false,
             events: VecDeque::with_capacity(ASYNC_EVENTS_KEPT),
             events_dropped: 0,
+            async_handler: None,
         }
     }
 
@@ -1346,7 +1356,11 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
         dev.retry_deferred_dereg();
         while let Some(ev) = dev.engine.poll_async_event() {
             tracing::debug!(?ev, "async event");
-            dev.keep_event(ev);
+            if let Some(h) = dev.async_handler.as_mut() {
+                h(ev);
+            } else {
+                dev.keep_event(ev);
+            }
         }
         deadline = min_instant(deadline, dev.engine.poll_timeout());
         deadline = min_instant(deadline, dev.link.poll_at());

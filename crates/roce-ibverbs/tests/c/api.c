@@ -100,8 +100,10 @@ int main(int argc, char **argv)
 	CHECK(pd != NULL);
 	/* Not supported: clean errors, never fake objects. (SRQs are checked by tests/c/srq.c.) */
 	char *buf = calloc(1, 8192);
-	errno = 0;
-	CHECK(ibv_reg_mr_iova2(pd, buf, 4096, 0x1000, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP);
+	/* Any iova: the MR over buf2 is named by 0x10000 + offset (used by the RDMA WRITEs below). */
+	char *buf2 = calloc(1, 4096);
+	struct ibv_mr *imr = ibv_reg_mr_iova2(pd, buf2, 4096, 0x10000, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	CHECK(imr != NULL && imr->addr == buf2 && imr->length == 4096);
 	errno = 0;
 	CHECK(ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_ON_DEMAND) == NULL && errno == EOPNOTSUPP);
 
@@ -190,12 +192,27 @@ int main(int argc, char **argv)
 	CHECK(poll_one(cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 11 &&
 	      wc.opcode == IBV_WC_RDMA_WRITE);
 	CHECK(memcmp(buf + 6000, "write", 5) == 0);
+	/* Into the iova MR by its iova, then out of it by its iova (local SGE) into buf[7000..]. */
+	wwr.next = NULL;
+	wwr.wr.rdma.remote_addr = 0x10000 + 100;
+	wwr.wr.rdma.rkey = imr->rkey;
+	CHECK(ibv_post_send(a, &wwr, &bad_s) == 0);
+	CHECK(poll_one(cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 11);
+	CHECK(memcmp(buf2 + 100, "write", 5) == 0);
+	struct ibv_sge is = {.addr = 0x10000 + 100, .length = 5, .lkey = imr->lkey};
+	wwr.sg_list = &is;
+	wwr.wr.rdma.remote_addr = (uintptr_t)buf + 7000;
+	wwr.wr.rdma.rkey = mr->rkey;
+	CHECK(ibv_post_send(a, &wwr, &bad_s) == 0);
+	CHECK(poll_one(cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 11);
+	CHECK(memcmp(buf + 7000, "write", 5) == 0);
 	CHECK(strcmp(ibv_wc_status_str(IBV_WC_SUCCESS), "IBV_WC_SUCCESS") == 0);
 
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_destroy_comp_channel(ch) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(ibv_dereg_mr(imr) == 0);
 	CHECK(ibv_dealloc_pd(pd) == 0);
 	CHECK(ibv_close_device(ctx) == 0);
 	ibv_free_device_list(list);

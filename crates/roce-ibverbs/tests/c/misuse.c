@@ -83,6 +83,13 @@ int main(void)
 	}
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_comp_channel *chan = ibv_create_comp_channel(ctx);
+	/* comp_vector must be below num_comp_vectors (the kernel's check): EINVAL, as negative ones. */
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors) == NULL && errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 16, NULL, NULL, -1) == NULL && errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 0, NULL, NULL, 0) == NULL && errno == EINVAL);
 	struct ibv_cq *cq = chan ? ibv_create_cq(ctx, 16, NULL, chan, 0) : NULL;
 	char *buf = calloc(1, 4096);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -179,6 +186,21 @@ int main(void)
 	CHECK(modify(a, IBV_QPS_RESET, 0, gid) == 0);
 	bad_s = NULL;
 	CHECK(ibv_post_send(a, &s1, &bad_s) == EINVAL && bad_s == &s1);
+
+	/* Port 2 does not exist: an address vector or a QP naming it is EINVAL (the kernel's port check). */
+	struct ibv_ah_attr bad_port = {.is_global = 1, .grh = {.dgid = gid}, .port_num = 2};
+	errno = 0;
+	CHECK(ibv_create_ah(pd, &bad_port) == NULL && errno == EINVAL);
+	struct ibv_qp *c = ibv_create_qp(pd, &ia);
+	CHECK(c != NULL);
+	if (c) {
+		struct ibv_qp_attr pattr = {.qp_state = IBV_QPS_INIT, .port_num = 2};
+		int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+		CHECK(ibv_modify_qp(c, &pattr, mask) == EINVAL);
+		pattr.port_num = 1; /* the same transition on port 1 is fine */
+		CHECK(ibv_modify_qp(c, &pattr, mask) == 0);
+		CHECK(ibv_destroy_qp(c) == 0);
+	}
 
 	/* Teardown in the wrong order: refused while in use, then allowed. */
 	struct ibv_ah_attr aa = {.is_global = 1, .grh = {.dgid = gid}, .port_num = 1};

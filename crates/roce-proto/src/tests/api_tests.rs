@@ -1151,4 +1151,61 @@ fn cq_overrun_is_a_cq_error_and_its_qps_go_to_error() {
     // The two completions that fit are still there to poll.
     let mut wc = [Wc::default(); 8];
     assert_eq!(p.a.poll_cq(small, &mut wc), 2);
+/// `dereg_mr_invalidate` (the C library's `ibv_dereg_mr`, issue #16): succeeds while a posted receive and a posted
+/// send name the MRs; the receive completes with LOC_PROT_ERR and its QP goes to ERR (the WR behind it flushed), the
+/// send likewise; the keys are dead at once (a new WR naming the old lkey fails its SGE check), and a SEND that
+/// arrives for the deregistered receive buffer writes nothing into it.
+#[test]
+fn dereg_mr_invalidate_while_leased_fails_the_wrs_and_never_touches_the_memory() {
+    let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
+    p.b.post_recv(
+        b.qpn,
+        &[
+            RecvWr {
+                wr_id: 1,
+                sg_list: &[sge(&mb, 0, 100)],
+            },
+            RecvWr {
+                wr_id: 2,
+                sg_list: &[sge(&mb, 100, 100)],
+            },
+        ],
+    )
+    .unwrap();
+    let before = p.b.mr_bytes(mb.lkey).unwrap();
+    assert!(p.b.mr_busy(mb.lkey));
+    let back =
+        p.b.dereg_mr_invalidate(mb.lkey)
+            .expect("succeeds while leased");
+    assert!(p.b.mr_bytes(mb.lkey).is_none(), "key dead at once");
+    let wb = poll_all(&mut p.b, b.cq);
+    let got: Vec<_> = wb.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)],
+        "{wb:?}"
+    );
+    assert_eq!(p.b.query_qp(b.qpn).unwrap().qp_state, QpState::Err);
+    // The peer's SEND finds the QP in ERR: nothing lands anywhere (the memory was handed back untouched).
+    p.a.post_send(
+        a.qpn,
+        &[SendWr::new(5, SendOp::Send, &[sge(&ma, 0, 10)]).signaled()],
+    )
+    .unwrap();
+    p.a.dereg_mr_invalidate(ma.lkey)
+        .expect("succeeds while the send is posted");
+    let wa = poll_all(&mut p.a, a.cq);
+    assert_eq!(wa.len(), 1, "{wa:?}");
+    assert_eq!((wa[0].wr_id, wa[0].status), (5, WcStatus::LocProtErr));
+    assert_eq!(p.a.query_qp(a.qpn).unwrap().qp_state, QpState::Err);
+    p.drive();
+    assert_eq!(
+        back.to_vec(),
+        before,
+        "nothing written after the deregistration"
+    );
+    assert!(
+        p.b.dereg_mr_invalidate(mb.lkey).is_err(),
+        "a second dereg names an unknown key"
+    );
 }

@@ -1,0 +1,91 @@
+//! The library's own table of live objects, as the kernel's uverbs handles are for rdma-core
+//! (`drivers/infiniband/core/rdma_core.c`: every command looks its object up by handle and fails with `EINVAL`
+//! when it is gone). Every destroy, dealloc, dereg and close finds its pointer here, of the right kind, and removes
+//! it under the table's lock before the block is freed: a second destroy of the same pointer, or a pointer this
+//! library never made, is `EINVAL` instead of a double free. Each entry remembers the context that made it, so
+//! `ibv_close_device` can release what the program left behind (the kernel's "destroy on close" of the uverbs fd).
+//!
+//! Control path only: the data-path slots (`post_send`, `poll_cq` …) trust their pointers as every provider does
+//! (one lock per call there would be a lock per WR).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// What a live pointer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Ctx,
+    Pd,
+    Mr,
+    Channel,
+    Cq,
+    Qp,
+    Ah,
+    DeviceList,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    kind: Kind,
+    /// The `ibv_context *` the object belongs to (0 for device lists).
+    ctx: usize,
+}
+
+static LIVE: Mutex<BTreeMap<usize, Entry>> = Mutex::new(BTreeMap::new());
+
+fn table() -> std::sync::MutexGuard<'static, BTreeMap<usize, Entry>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records a new object at `ptr` (its C struct's address) made on context `ctx`.
+pub(super) fn insert<T>(ptr: *mut T, kind: Kind, ctx: usize) {
+    table().insert(ptr as usize, Entry { kind, ctx });
+}
+
+/// Whether `ptr` is a live object of `kind`.
+pub(super) fn is<T>(ptr: *mut T, kind: Kind) -> bool {
+    table().get(&(ptr as usize)).is_some_and(|e| e.kind == kind)
+}
+
+/// Removes the live object `ptr` of `kind` if `ready` (run under the table's lock, so two destroys of one pointer
+/// cannot both pass it) says it may go: `Err(EINVAL)` when `ptr` is not a live `kind`, `ready`'s error otherwise.
+pub(super) fn take<T>(
+    ptr: *mut T,
+    kind: Kind,
+    ready: impl FnOnce() -> Result<(), libc::c_int>,
+) -> Result<(), libc::c_int> {
+    let mut t = table();
+    match t.get(&(ptr as usize)) {
+        Some(e) if e.kind == kind => {
+            ready()?;
+            t.remove(&(ptr as usize));
+            Ok(())
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// Removes and returns every object of context `ctx` (the context itself is not among them), in the order they
+/// must be released: QPs, AHs, MRs, CQs, channels, PDs.
+pub(super) fn drain_context(ctx: usize) -> Vec<(usize, Kind)> {
+    let mut t = table();
+    let mut v: Vec<(usize, Kind)> = t
+        .iter()
+        .filter(|(_, e)| e.ctx == ctx && e.kind != Kind::Ctx)
+        .map(|(&p, e)| (p, e.kind))
+        .collect();
+    for (p, _) in &v {
+        t.remove(p);
+    }
+    let rank = |k: Kind| match k {
+        Kind::Qp => 0,
+        Kind::Ah => 1,
+        Kind::Mr => 2,
+        Kind::Cq => 3,
+        Kind::Channel => 4,
+        Kind::Pd => 5,
+        Kind::Ctx | Kind::DeviceList => 6,
+    };
+    v.sort_by_key(|&(_, k)| rank(k));
+    v
+}

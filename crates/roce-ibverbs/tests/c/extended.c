@@ -1,0 +1,79 @@
+/* The extended context (struct verbs_context), compiled against the system <infiniband/verbs.h> and run by
+ * tests/c_api.rs with the device on $ROCEV2_IBV_IP: ibv_query_device_ex answers with phys_port_cnt_ex 1 and the
+ * same orig_attr as ibv_query_device (pyverbs reads phys_port_cnt_ex: 0 before); the inline ibv_query_port goes
+ * through the context's query_port slot; ibv_create_qp_ex with only a PD falls back to ibv_create_qp, with more
+ * it is EOPNOTSUPP, as ibv_create_cq_ex (slots not offered). Prints every failed check, "ok" and exits 0 when all
+ * pass. */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <string.h>
+
+static int fails;
+#define CHECK(cond)                                                                                    \
+	do {                                                                                           \
+		if (!(cond)) {                                                                         \
+			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, #cond, errno);    \
+			fails++;                                                                       \
+		}                                                                                      \
+	} while (0)
+
+int main(void)
+{
+	int num;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	struct ibv_context *ctx = list && num == 1 ? ibv_open_device(list[0]) : NULL;
+	if (!ctx) {
+		fprintf(stderr, "no device\n");
+		return 1;
+	}
+	CHECK(ctx->abi_compat == (void *)UINTPTR_MAX);
+	struct ibv_device_attr da;
+	struct ibv_device_attr_ex dx;
+	memset(&dx, 0xee, sizeof dx);
+	CHECK(ibv_query_device(ctx, &da) == 0);
+	CHECK(ibv_query_device_ex(ctx, NULL, &dx) == 0);
+	CHECK(dx.phys_port_cnt_ex == 1 && dx.comp_mask == 0 && dx.odp_caps.general_caps == 0);
+	CHECK(memcmp(&dx.orig_attr, &da, sizeof da) == 0);
+	struct ibv_query_device_ex_input in = {.comp_mask = 1};
+	CHECK(ibv_query_device_ex(ctx, &in, &dx) == EINVAL);
+
+	struct ibv_port_attr pa;
+	memset(&pa, 0xee, sizeof pa);
+	CHECK(ibv_query_port(ctx, 1, &pa) == 0);
+	CHECK(pa.state == IBV_PORT_ACTIVE && pa.link_layer == IBV_LINK_LAYER_ETHERNET && pa.port_cap_flags2 == 0 &&
+	      pa.gid_tbl_len >= 1);
+	CHECK(ibv_query_port(ctx, 2, &pa) == EINVAL);
+
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	CHECK(pd && cq);
+	struct ibv_qp_init_attr_ex ia = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD,
+		.pd = pd,
+	};
+	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &ia);
+	CHECK(qp != NULL && qp->pd == pd);
+	ia.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	ia.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	errno = 0;
+	CHECK(ibv_create_qp_ex(ctx, &ia) == NULL && errno == EOPNOTSUPP);
+	struct ibv_cq_init_attr_ex ca = {.cqe = 8};
+	errno = 0;
+	CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EOPNOTSUPP);
+
+	if (qp)
+		CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+	CHECK(ibv_close_device(ctx) == 0);
+	ibv_free_device_list(list);
+	if (fails)
+		return 1;
+	printf("ok\n");
+	return 0;
+}
