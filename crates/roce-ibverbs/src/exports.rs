@@ -33,6 +33,7 @@ mod extended;
 mod live;
 mod misc_verbs;
 mod signals;
+mod srq;
 
 use live::Kind;
 
@@ -537,7 +538,6 @@ macro_rules! unsupported_ptr {
 unsupported_ptr!(
     rocev2__verbs_init_and_alloc_context,
     rocev2_verbs_open_device,
-
     rocev2_ibv_qp_to_qp_ex,
 );
 
@@ -842,7 +842,7 @@ unsafe fn rocev2_ibv_open_device_inner(dev: *mut IbvDevice) -> *mut IbvContext {
                 poll_cq,
                 req_notify_cq,
                 compat_cq_to_srq: [None; 7],
-                post_srq_recv: crate::srq::post_srq_recv,
+                post_srq_recv: srq::post_srq_recv,
                 compat_qp: [None; 4],
                 post_send,
                 post_recv,
@@ -922,6 +922,7 @@ unsafe fn release(p: usize, kind: Kind) {
     unsafe {
         match kind {
             Kind::Qp => free::<QpBlock, _>(p as *mut IbvQp),
+            Kind::Srq => srq::release(p as *mut IbvSrq),
             Kind::Ah => free::<AhBlock, _>(p as *mut IbvAh),
             Kind::Mr => free::<MrBlock, _>(p as *mut IbvMr),
             Kind::Cq => {
@@ -1962,7 +1963,7 @@ unsafe fn rocev2_ibv_create_qp_inner(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -
         return null_errno(libc::EINVAL);
     };
     // SAFETY: the caller passes NULL or an SRQ of ours.
-    let srq = match unsafe { crate::srq::srq_of(a.srq) } {
+    let srq = match unsafe { srq::srq_of(a.srq) } {
         Ok(s) => s,
         Err(e) => return null_errno(e),
     };

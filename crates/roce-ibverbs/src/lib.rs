@@ -33,7 +33,7 @@
 //! `poll`/`epoll` it), QP (RC, UC, UD: create, modify with the IPv4-mapped or IPv6 GID of
 //! `ah_attr.grh.dgid`, query, destroy), AH, and `post_send` / `post_recv` / `poll_cq` mapped onto [`roce_verbs`]'s
 //! `Qp` / `Cq` in the calling thread (no extra thread hop; an auto-progress thread serves a process that stops
-//! calling). Shared receive queues (module `srq`): `ibv_create_srq` / `modify_srq` (resize, limit) / `query_srq` /
+//! calling). Shared receive queues (module `exports::srq`): `ibv_create_srq` / `modify_srq` (resize, limit) / `query_srq` /
 //! `destroy_srq`, `ibv_post_srq_recv`, RC/UC/UD QPs created with `ibv_qp_init_attr.srq`, `ibv_create_srq_ex` for
 //! basic SRQs (its inline wrapper calls `ibv_create_srq`). The runtime opens the UDP link (port 4791 on the address) when the first PD or CQ is created, so
 //! `ibv_devinfo` works while another program uses the address.
@@ -109,5 +109,4 @@ mod abi;
 mod compat;
 mod exports;
 mod guard;
-mod srq;
 mod strings;

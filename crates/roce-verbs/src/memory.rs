@@ -543,6 +543,7 @@ impl crate::Pd {
             len,
             owner: Owner::Foreign,
             huge: false,
+            app: RwLock::new(()),
         });
         self.reg_region_at(region, access, iova)
     }

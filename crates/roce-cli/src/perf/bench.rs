@@ -1526,8 +1526,8 @@ fn serve_active(s: &mut Session, o: &mut Oob, size: u64) -> Result<Served, Strin
                 // been quiet for `settle`.
                 // And every reply of ours has completed, so the client's last packet (RC: its ACK of our last reply)
                 // is in before this side stops and its counters are read.
-                let all_in =
-                    received >= client_completed.load(Ordering::Relaxed) && replies_done >= reply_id;
+                let all_in = received >= client_completed.load(Ordering::Relaxed)
+                    && replies_done >= reply_id;
                 if all_in
                     || (quiet_since.elapsed() >= settle
                         && (test != Test::SendBw || s.p.conn != Conn::Rc))

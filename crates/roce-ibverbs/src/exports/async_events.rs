@@ -2,13 +2,13 @@
 //! pollable `async_fd`.
 //!
 //! The engine's events (`roce_proto::AsyncEvent`: QP fatal / request / access errors, communication established,
-//! SQ drained, CQ error, port active / error) reach [`deliver`] through the runtime's async handler, in a pass. It
-//! routes each to the context that owns the QP or CQ (port events to every context of the device), queues it and
+//! SQ drained, LAST_WQE_REACHED, CQ error, an SRQ's limit, port active / error) reach [`deliver`] through the runtime's async handler, in a pass. It
+//! routes each to the context that owns the QP, CQ or SRQ (port events to every context of the device), queues it and
 //! counts it on that context's `async_fd` (an `EFD_SEMAPHORE` eventfd: readable while events wait, as the uverbs
 //! async fd is). `ibv_get_async_event` takes the oldest event of its context — blocking, or -1 with `EAGAIN` when
 //! the program made `async_fd` `O_NONBLOCK`, or -1 with `EINTR` when a signal handler without `SA_RESTART` runs
 //! (module `signals`). `ibv_ack_async_event` counts the acknowledgement in the object's `events_completed` /
-//! `async_events_completed` under its mutex, and `ibv_destroy_qp` / `ibv_destroy_cq` wait until every event handed
+//! `async_events_completed` under its mutex, and `ibv_destroy_qp` / `ibv_destroy_cq` / `ibv_destroy_srq` wait until every event handed
 //! out for the object has been acknowledged (the man page's rule); events still queued for an object being
 //! destroyed are dropped with it.
 //!
@@ -31,6 +31,8 @@ const IBV_EVENT_COMM_EST: c_int = 4;
 const IBV_EVENT_SQ_DRAINED: c_int = 5;
 const IBV_EVENT_PORT_ACTIVE: c_int = 9;
 const IBV_EVENT_PORT_ERR: c_int = 10;
+const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
+const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;
 
 /// `struct ibv_async_event` (16 bytes): the element union (`ibv_cq *`, `ibv_qp *`, … or `int port_num`) and the
 /// event type.
@@ -48,11 +50,13 @@ struct Queue {
     events: VecDeque<(usize, c_int)>,
 }
 
-/// Where events go: QPN → (context, `ibv_qp *`), CQ id → (context, `ibv_cq *`), context → its queue.
+/// Where events go: QPN → (context, `ibv_qp *`), CQ id → (context, `ibv_cq *`), SRQ handle → (context,
+/// `ibv_srq *`), context → its queue.
 #[derive(Default)]
 struct Routes {
     qps: BTreeMap<u32, (usize, usize)>,
     cqs: BTreeMap<u32, (usize, usize)>,
+    srqs: BTreeMap<u32, (usize, usize)>,
     queues: BTreeMap<usize, Queue>,
 }
 
@@ -89,6 +93,7 @@ pub(super) fn unregister_ctx(ctx: usize) {
         r.queues.remove(&ctx);
         r.qps.retain(|_, v| v.0 != ctx);
         r.cqs.retain(|_, v| v.0 != ctx);
+        r.srqs.retain(|_, v| v.0 != ctx);
     });
 }
 
@@ -98,6 +103,18 @@ pub(super) fn register_qp(qpn: u32, ctx: usize, qp: usize) {
 
 pub(super) fn register_cq(id: u32, ctx: usize, cq: usize) {
     routes(|r| r.cqs.insert(id, (ctx, cq)));
+}
+
+pub(super) fn register_srq(handle: u32, ctx: usize, srq: usize) {
+    routes(|r| r.srqs.insert(handle, (ctx, srq)));
+}
+
+pub(super) fn unregister_srq(handle: u32, srq: usize) {
+    routes(|r| {
+        if let Some((ctx, _)) = r.srqs.remove(&handle) {
+            forget(r, ctx, srq);
+        }
+    });
 }
 
 /// The object at `elem` is being destroyed: no event names it from now on (queued ones are dropped).
@@ -143,11 +160,17 @@ pub(super) fn deliver(ev: roce_proto::AsyncEvent) {
         T::SqDrained => IBV_EVENT_SQ_DRAINED,
         T::PortActive => IBV_EVENT_PORT_ACTIVE,
         T::PortErr => IBV_EVENT_PORT_ERR,
+        T::SrqLimitReached => IBV_EVENT_SRQ_LIMIT_REACHED,
+        T::QpLastWqeReached => IBV_EVENT_QP_LAST_WQE_REACHED,
     };
     routes(|r| {
         let target = match ev.event_type {
             T::PortActive | T::PortErr => None,
             T::CqErr => match ev.cq.and_then(|c| r.cqs.get(&c.0)) {
+                Some(&t) => Some(t),
+                None => return,
+            },
+            T::SrqLimitReached => match ev.srq.and_then(|s| r.srqs.get(&s.0)) {
                 Some(&t) => Some(t),
                 None => return,
             },
@@ -182,6 +205,7 @@ fn is_qp_event(t: c_int) -> bool {
             | IBV_EVENT_QP_ACCESS_ERR
             | IBV_EVENT_COMM_EST
             | IBV_EVENT_SQ_DRAINED
+            | IBV_EVENT_QP_LAST_WQE_REACHED
     )
 }
 
@@ -202,6 +226,10 @@ fn take(ctx: usize) -> Option<(usize, c_int)> {
                     .fetch_add(1, Ordering::AcqRel);
             } else if ty == IBV_EVENT_CQ_ERR {
                 (*(elem as *const CqBlock))
+                    .async_handed
+                    .fetch_add(1, Ordering::AcqRel);
+            } else if ty == IBV_EVENT_SRQ_LIMIT_REACHED {
+                (*(elem as *const srq::SrqBlock))
                     .async_handed
                     .fetch_add(1, Ordering::AcqRel);
             }
@@ -324,6 +352,13 @@ unsafe fn rocev2_ibv_ack_async_event_inner(event: *mut IbvAsyncEvent) {
                 ptr::addr_of_mut!((*c).mutex),
                 ptr::addr_of_mut!((*c).cond),
                 ptr::addr_of_mut!((*c).async_events_completed),
+            );
+        } else if ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED {
+            let q = e as *mut IbvSrq;
+            ack_one(
+                ptr::addr_of_mut!((*q).mutex),
+                ptr::addr_of_mut!((*q).cond),
+                ptr::addr_of_mut!((*q).events_completed),
             );
         }
     }

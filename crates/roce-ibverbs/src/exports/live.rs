@@ -20,6 +20,7 @@ pub(super) enum Kind {
     Channel,
     Cq,
     Qp,
+    Srq,
     Ah,
     DeviceList,
 }
@@ -66,7 +67,7 @@ pub(super) fn take<T>(
 }
 
 /// Removes and returns every object of context `ctx` (the context itself is not among them), in the order they
-/// must be released: QPs, AHs, MRs, CQs, channels, PDs.
+/// must be released: QPs, SRQs (once no QP uses them), AHs, MRs, CQs, channels, PDs.
 pub(super) fn drain_context(ctx: usize) -> Vec<(usize, Kind)> {
     let mut t = table();
     let mut v: Vec<(usize, Kind)> = t
@@ -79,12 +80,13 @@ pub(super) fn drain_context(ctx: usize) -> Vec<(usize, Kind)> {
     }
     let rank = |k: Kind| match k {
         Kind::Qp => 0,
-        Kind::Ah => 1,
-        Kind::Mr => 2,
-        Kind::Cq => 3,
-        Kind::Channel => 4,
-        Kind::Pd => 5,
-        Kind::Ctx | Kind::DeviceList => 6,
+        Kind::Srq => 1,
+        Kind::Ah => 2,
+        Kind::Mr => 3,
+        Kind::Cq => 4,
+        Kind::Channel => 5,
+        Kind::Pd => 6,
+        Kind::Ctx | Kind::DeviceList => 7,
     };
     v.sort_by_key(|&(_, k)| rank(k));
     v

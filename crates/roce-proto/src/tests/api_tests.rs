@@ -1102,9 +1102,8 @@ fn cq_overrun_is_a_cq_error_and_its_qps_go_to_error() {
     let o = ConnOpts::default();
     let pd = p.a.alloc_pd().unwrap();
     let small = p.a.create_cq(2).unwrap();
-    let (qpn, _) = p
-        .a
-        .create_qp(&QpInitAttr {
+    let (qpn, _) =
+        p.a.create_qp(&QpInitAttr {
             qp_type: QpType::Rc,
             pd,
             send_cq: small,
@@ -1151,6 +1150,8 @@ fn cq_overrun_is_a_cq_error_and_its_qps_go_to_error() {
     // The two completions that fit are still there to poll.
     let mut wc = [Wc::default(); 8];
     assert_eq!(p.a.poll_cq(small, &mut wc), 2);
+}
+
 /// `dereg_mr_invalidate` (the C library's `ibv_dereg_mr`, issue #16): succeeds while a posted receive and a posted
 /// send name the MRs; the receive completes with LOC_PROT_ERR and its QP goes to ERR (the WR behind it flushed), the
 /// send likewise; the keys are dead at once (a new WR naming the old lkey fails its SGE check), and a SEND that

@@ -1,29 +1,30 @@
 //! Shared receive queues for C programs: `ibv_create_srq`, `ibv_modify_srq`, `ibv_query_srq`, `ibv_destroy_srq`
 //! (each `@@IBVERBS_1.1`, attached with `.symver` below as `exports` does) and the `post_srq_recv` slot of
-//! `ibv_context.ops` (what the inline `ibv_post_srq_recv` calls, `../shared/libibverbs/ABI.md` §3.1), over
+//! `ibv_context.ops` (what the inline `ibv_post_srq_recv` calls, `docs/spec/LIBIBVERBS-ABI.md` §3.1), over
 //! [`roce_verbs::Srq`]. A QP created with `ibv_qp_init_attr.srq` ([`srq_of`], used by `ibv_create_qp`) takes its
 //! receive WRs from the SRQ.
 //!
 //! `ibv_create_srq_ex` is an inline function of `<infiniband/verbs.h>`: for a basic SRQ with a PD (comp_mask
 //! `IBV_SRQ_INIT_ATTR_PD`, type `IBV_SRQT_BASIC` or unset) it calls the exported `ibv_create_srq`, so it works; XRC
-//! and tag-matching SRQs need `verbs_context.create_srq_ex`, and the context is not extended, so the inline
-//! function answers NULL + `EOPNOTSUPP` itself (rdma-core 44 `verbs.h`). The `IBVERBS_1.0` compatibility versions
-//! of the four symbols (for binaries linked against libibverbs 1.0 structures) are not provided.
+//! and tag-matching SRQs need `verbs_context.create_srq_ex`, which is not set, so the inline function answers NULL
+//! + `EOPNOTSUPP` itself (rdma-core 44 `verbs.h`). The `IBVERBS_1.0` twins are refused in module `compat`.
+//!
+//! As every object of the library: an SRQ is in the table of live objects (module `live`: a second destroy or a
+//! foreign pointer is `EINVAL`, `ibv_close_device` releases one the program left), its limit event
+//! (`IBV_EVENT_SRQ_LIMIT_REACHED`) reaches `ibv_get_async_event` (module `async_events`) and `ibv_destroy_srq`
+//! waits until every such event handed out was acknowledged, and no panic crosses the C boundary (`guard`).
 //!
 //! Errors as the kernel and rxe give them (`rxe_srq.c`): `max_wr` 0 or above `max_srq_wr`, `max_sge` above
 //! `max_srq_sge`, a limit above `max_wr`, a resize below the WRs posted, an unknown `srq_attr_mask` bit: `EINVAL`;
 //! `ibv_destroy_srq` while QPs use the SRQ: `EBUSY`.
 #![allow(clippy::missing_safety_doc)]
 
-use core::ffi::{c_int, c_void};
 use core::ptr::null_mut;
-use std::sync::atomic::Ordering;
 
 use roce_proto::{Lkey, SrqAttr, SrqAttrMask};
 use roce_verbs::{Error, MAX_SGE, RecvWr, Sge};
 
-use crate::abi::*;
-use crate::exports::{BATCH, PdBlock, block, free, into_raw, null_errno, post_errno};
+use super::*;
 
 std::arch::global_asm!(
     ".symver rocev2_ibv_create_srq, ibv_create_srq@@IBVERBS_1.1\n",
@@ -34,21 +35,23 @@ std::arch::global_asm!(
 
 /// An SRQ: the `ibv_srq` the program sees, then the runtime handle.
 #[repr(C)]
-struct SrqBlock {
+pub(super) struct SrqBlock {
     srq: IbvSrq,
     rust: roce_verbs::Srq,
+    /// Async events handed out for it (`ibv_destroy_srq` waits until as many were acknowledged).
+    pub(super) async_handed: AtomicU32,
 }
 
 /// The runtime SRQ behind `ibv_qp_init_attr.srq`: `Ok(None)` for NULL.
 ///
 /// # Safety
 /// `srq` is NULL or an SRQ this library returned and not yet destroyed.
-pub(crate) unsafe fn srq_of<'a>(srq: *mut c_void) -> Result<Option<&'a roce_verbs::Srq>, c_int> {
+pub(super) unsafe fn srq_of<'a>(srq: *mut c_void) -> Result<Option<&'a roce_verbs::Srq>, c_int> {
     if srq.is_null() {
         return Ok(None);
     }
-    // SAFETY: per the contract.
-    match unsafe { block::<SrqBlock, _>(srq) } {
+    // SAFETY: checked against the table of live objects.
+    match unsafe { live_block::<SrqBlock, _>(srq, Kind::Srq) } {
         Some(b) => Ok(Some(&b.rust)),
         None => Err(libc::EINVAL),
     }
@@ -69,8 +72,19 @@ pub unsafe extern "C" fn rocev2_ibv_create_srq(
     pd: *mut IbvPd,
     init: *mut IbvSrqInitAttr,
 ) -> *mut IbvSrq {
-    // SAFETY: the caller passes a PD of ours and its init attributes.
-    let (Some(p), Some(a)) = (unsafe { block::<PdBlock, _>(pd) }, unsafe { init.as_mut() }) else {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_create_srq",
+        || null_errno(libc::EIO),
+        || unsafe { create_srq_inner(pd, init) },
+    )
+}
+
+unsafe fn create_srq_inner(pd: *mut IbvPd, init: *mut IbvSrqInitAttr) -> *mut IbvSrq {
+    // SAFETY: a live PD of ours (checked) and the caller's init attributes.
+    let (Some(p), Some(a)) = (unsafe { live_block::<PdBlock, _>(pd, Kind::Pd) }, unsafe {
+        init.as_mut()
+    }) else {
         return null_errno(libc::EINVAL);
     };
     let srq = match p.rust.create_srq(a.attr.max_wr, a.attr.max_sge) {
@@ -94,8 +108,14 @@ pub unsafe extern "C" fn rocev2_ibv_create_srq(
             events_completed: 0,
         },
         rust: srq,
+        async_handed: AtomicU32::new(0),
     });
     p.users.fetch_add(1, Ordering::AcqRel);
+    let ctx = p.pd.context as usize;
+    // SAFETY: the block was just made; its handle is the engine's.
+    let handle = unsafe { (*b).srq.handle };
+    async_events::register_srq(handle, ctx, b as usize);
+    live::insert(b, Kind::Srq, ctx);
     b.cast()
 }
 
@@ -107,10 +127,20 @@ pub unsafe extern "C" fn rocev2_ibv_modify_srq(
     attr: *mut IbvSrqAttr,
     mask: c_int,
 ) -> c_int {
-    // SAFETY: the caller passes an SRQ of ours and its attributes.
-    let (Some(s), Some(a)) = (unsafe { block::<SrqBlock, _>(srq) }, unsafe {
-        attr.as_ref()
-    }) else {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_modify_srq",
+        || libc::EIO,
+        || unsafe { modify_srq_inner(srq, attr, mask) },
+    )
+}
+
+unsafe fn modify_srq_inner(srq: *mut IbvSrq, attr: *mut IbvSrqAttr, mask: c_int) -> c_int {
+    // SAFETY: a live SRQ of ours (checked) and the caller's attributes.
+    let (Some(s), Some(a)) = (
+        unsafe { live_block::<SrqBlock, _>(srq, Kind::Srq) },
+        unsafe { attr.as_ref() },
+    ) else {
         return libc::EINVAL;
     };
     if mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
@@ -130,8 +160,17 @@ pub unsafe extern "C" fn rocev2_ibv_modify_srq(
 /// `ibv_query_srq`: `max_wr`, `max_sge`, and the armed limit (0 once the limit event fired).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
-    // SAFETY: the caller passes an SRQ of ours.
-    let Some(s) = (unsafe { block::<SrqBlock, _>(srq) }) else {
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_query_srq",
+        || libc::EIO,
+        || unsafe { query_srq_inner(srq, attr) },
+    )
+}
+
+unsafe fn query_srq_inner(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
+    // SAFETY: a live SRQ of ours (checked).
+    let Some(s) = (unsafe { live_block::<SrqBlock, _>(srq, Kind::Srq) }) else {
         return libc::EINVAL;
     };
     if attr.is_null() {
@@ -151,24 +190,60 @@ pub unsafe extern "C" fn rocev2_ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSr
 /// discarded and the SRQ is freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
-    // SAFETY: the caller passes an SRQ of ours.
-    let Some(s) = (unsafe { block::<SrqBlock, _>(srq) }) else {
-        return libc::EINVAL;
-    };
-    match s.rust.clone().destroy() {
-        Ok(()) => {}
-        Err((_, Error::Busy(_))) => return libc::EBUSY,
-        Err((_, e)) => return e.errno(),
+    // SAFETY: forwarded under the caller's contract.
+    crate::guard::guard(
+        "ibv_destroy_srq",
+        || libc::EIO,
+        || unsafe { destroy_srq_inner(srq) },
+    )
+}
+
+unsafe fn destroy_srq_inner(srq: *mut IbvSrq) -> c_int {
+    // Out of the table only once the engine let it go (under the table's lock: two destroys cannot both pass).
+    let r = live::take(srq, Kind::Srq, || {
+        // SAFETY: a live SRQ of ours (the table says so, under its lock).
+        let s = unsafe { &*srq.cast::<SrqBlock>() };
+        match s.rust.clone().destroy() {
+            Ok(()) => Ok(()),
+            Err((_, Error::Busy(_))) => Err(libc::EBUSY),
+            Err((_, e)) => Err(e.errno()),
+        }
+    });
+    if let Err(e) = r {
+        return e;
     }
-    // SAFETY: an SRQ of ours that the engine has destroyed; its PD is live (the SRQ is one of its users), and the
-    // SRQ is not used after this call.
+    // SAFETY: an SRQ of ours, out of the table, that the engine has destroyed; its PD is live (the SRQ is one of
+    // its users), and the SRQ is not used after this call.
     unsafe {
+        let b = &*srq.cast::<SrqBlock>();
+        async_events::unregister_srq(b.srq.handle, srq as usize);
+        async_events::wait_count(
+            ptr::addr_of_mut!((*srq).mutex),
+            ptr::addr_of_mut!((*srq).cond),
+            ptr::addr_of!((*srq).events_completed),
+            b.async_handed.load(Ordering::Acquire),
+        );
         if let Some(p) = block::<PdBlock, _>((*srq).pd) {
             p.users.fetch_sub(1, Ordering::AcqRel);
         }
         free::<SrqBlock, _>(srq);
     }
     0
+}
+
+/// Frees an SRQ `ibv_close_device` found still alive, after the context's QPs (no use counts to check: everything
+/// of the context goes; the runtime SRQ goes with its last QP).
+///
+/// # Safety
+/// `srq` is an SRQ block just removed from the live table, not used afterwards.
+pub(super) unsafe fn release(srq: *mut IbvSrq) {
+    // SAFETY: per the contract.
+    unsafe {
+        let b = &*srq.cast::<SrqBlock>();
+        async_events::unregister_srq(b.srq.handle, srq as usize);
+        let _ = b.rust.clone().destroy();
+        free::<SrqBlock, _>(srq);
+    }
 }
 
 /// `ops.post_srq_recv` (the inline `ibv_post_srq_recv`): the chain in chunks of [`BATCH`] WRs, each posted all or
