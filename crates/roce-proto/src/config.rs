@@ -108,6 +108,9 @@ pub struct EngineConfig {
     /// DCQCN reaction point for every new QP (`../shared/dcqcn/DCQCN.md` §2.3–§2.5); `None`: QPs send at line rate
     /// and ignore CNPs (`rp_cnp_ignored`). [`crate::Engine::set_rate_controller`] overrides it per QP.
     pub dcqcn: Option<DcqcnConfig>,
+    /// QP 1, the GSI (`crate::gsi`, IBTA Vol 1 §13.4): created with the engine unless `None`. It takes one PD, CQ,
+    /// MR and QP slot of its own (not counted against `device.max_qp`).
+    pub gsi: Option<crate::gsi::GsiConfig>,
 }
 
 impl Default for EngineConfig {
@@ -127,6 +130,7 @@ impl Default for EngineConfig {
             ecn_data: true,
             sched: SchedConfig::default(),
             dcqcn: None,
+            gsi: Some(crate::gsi::GsiConfig::default()),
         }
     }
 }
