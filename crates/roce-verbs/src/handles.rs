@@ -54,6 +54,9 @@ pub enum Error {
     /// The object is in use (`EBUSY`): e.g. [`Mr::dereg`] while work requests that name the MR are in flight.
     #[error("busy: {0}")]
     Busy(&'static str),
+    /// The connection manager refused a command ([`crate::cm`]).
+    #[error("connection manager: {0}")]
+    Cm(#[from] roce_cm::CmError),
 }
 
 impl Error {
@@ -73,6 +76,9 @@ impl Error {
             Error::InvalidArgument(_) => EINVAL,
             Error::Spawn(_) => EAGAIN,
             Error::Link(_) | Error::EngineGone => EIO,
+            Error::Cm(roce_cm::CmError::NoResources) => ENOMEM,
+            Error::Cm(roce_cm::CmError::ServiceIdInUse) => 98, // EADDRINUSE
+            Error::Cm(_) => EINVAL,
         }
     }
 }
@@ -370,7 +376,7 @@ impl Context {
     }
 
     /// Runs `f` with this device under the progress lock (blocking), then one pass; in the calling thread.
-    fn call<R, F>(&self, f: F) -> Result<R, Error>
+    pub(crate) fn call<R, F>(&self, f: F) -> Result<R, Error>
     where
         F: FnOnce(&mut Device) -> R,
     {

@@ -62,6 +62,7 @@
 
 mod channel;
 mod clock;
+pub mod cm;
 pub mod endpoint;
 mod handles;
 mod hugepage;

@@ -817,6 +817,8 @@ pub struct Device {
     busy_pass: Option<Instant>,
     /// This pass left frames for a later one (full receive burst, transmit budget used up, transmit deferred).
     left_work: bool,
+    /// The connection manager on this port's QP 1 (`crate::cm`), once a program asked for one.
+    pub(crate) cm: Option<Box<crate::cm::DevCm>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -846,6 +848,7 @@ impl Device {
             now: Instant::ZERO,
             busy_pass: None,
             left_work: false,
+            cm: None,
         }
     }
 
@@ -1241,6 +1244,10 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
             dev.engine.handle_timeout(now);
             work = true;
         }
+        // MADs received on QP 1 into the CM, its due timers, its MADs out through QP 1 (sent below).
+        if let Some(cm) = dev.cm.as_deref_mut() {
+            work |= cm.drive(&mut dev.engine, now);
+        }
     }
     let mut deadline: Option<Instant> = None;
     for dev in devs.iter_mut() {
@@ -1336,6 +1343,10 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
             tracing::debug!(?ev, "async event");
         }
         deadline = min_instant(deadline, dev.engine.poll_timeout());
+        deadline = min_instant(
+            deadline,
+            dev.cm.as_deref_mut().and_then(|c| c.poll_timeout()),
+        );
         deadline = min_instant(deadline, dev.link.poll_at());
         deadline = min_instant(deadline, dev.moderation_deadline());
     }
