@@ -87,7 +87,7 @@ pub enum CmEvent {
     Rejected {
         /// The connection.
         id: ConnId,
-        /// IBTA REJ reason (Vol 1 §12.6.7, Table 112): 8 invalid service ID, 28 consumer reject, 1 timeout...
+        /// IBTA REJ reason (Vol 1 §12.6.7, Table 112): 8 invalid service ID, 28 consumer reject, 4 timeout, ...
         reason: u16,
         /// The REJ's private data (148 bytes).
         private_data: Vec<u8>,

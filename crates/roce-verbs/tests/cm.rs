@@ -80,7 +80,8 @@ fn mr_blob(e: &End) -> Vec<u8> {
 /// Connects `a` to `b` through the CM and checks the QPs, then a SEND and an RDMA WRITE with verified bytes, then
 /// a disconnect seen by both ends.
 fn connect_send_write_disconnect(a: &End, b: &End) {
-    let service = 0x0106_0000_0000_4e21; // rdma_cm TCP port space, port 20001
+    // rdma_cm's service ID for TCP port space, port 20001 (0x0106_4e21).
+    let service = roce_wire::cm::service_id(roce_wire::cm::PortSpace::Tcp, 20001);
     b.cm.listen(service).unwrap();
     let b_gid = b.ctx.gid(0).unwrap();
     let a_gid = a.ctx.gid(0).unwrap();
