@@ -98,7 +98,7 @@ fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
         assert!(rt[name].is_u64(), "{name} missing: {rt}");
     }
     // QP 1 (the GSI) is listed too: look the test's QP up by number.
-    let qp_of = |d: &serde_json::Value, qpn: u32| {
+    let qp_of = |d: &Value, qpn: u32| {
         d["qps"]
             .as_array()
             .and_then(|v| v.iter().find(|q| q["qpn"] == qpn).cloned())
