@@ -34,9 +34,8 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use roce_cm::{
-    AcceptParams, Cm, CmConfig, ConnId, ConnectParams, Disconnect, Event, ListenId, Peer,
-};
+use roce_cm::{AcceptParams, Cm, ConnectParams, Disconnect, Event, Peer};
+pub use roce_cm::{CmConfig, CmStats, ConnId, ListenId};
 use roce_link::wait::{Semaphore, Waiter};
 use roce_proto::{Engine, GsiError, Instant, MadDest, Qpn};
 use roce_wire::cm::{PathRepr, rej_reason, transport_type};
@@ -227,6 +226,13 @@ impl ConnectionManager {
     ///
     /// Errors: [`Error::Spawn`] if the eventfds cannot be created; [`Error::EngineGone`].
     pub fn open(ctx: &Context) -> Result<ConnectionManager, Error> {
+        Self::open_with(ctx, CmConfig::default())
+    }
+
+    /// Like [`open`](Self::open) with the CM's configuration (timeouts, retries, caps), used if this call starts
+    /// the device's CM (otherwise the running CM is shared and `cfg` is ignored). A zero `local_ca_guid` is
+    /// replaced by the EUI-64 of the port MAC, a zero `seed` by one drawn from the engine.
+    pub fn open_with(ctx: &Context, cfg: CmConfig) -> Result<ConnectionManager, Error> {
         let fresh = Arc::new(CmShared {
             queue: Mutex::new(VecDeque::new()),
             sem: Semaphore::new().map_err(Error::Spawn)?,
@@ -252,9 +258,13 @@ impl ConnectionManager {
             ]);
             let seed = u64::from(d.engine.random_psn().value()) << 32 ^ d.now.as_nanos();
             let cfg = CmConfig {
-                local_ca_guid: guid,
-                seed,
-                ..CmConfig::default()
+                local_ca_guid: if cfg.local_ca_guid == 0 {
+                    guid
+                } else {
+                    cfg.local_ca_guid
+                },
+                seed: if cfg.seed == 0 { seed } else { cfg.seed },
+                ..cfg
             };
             d.cm = Some(Box::new(DevCm {
                 cm: Cm::new(cfg),
@@ -280,6 +290,11 @@ impl ConnectionManager {
             cm.flush_events();
             Ok(r)
         })?
+    }
+
+    /// The CM's counters (MADs in and out, retransmissions, duplicates, drops by cause).
+    pub fn stats(&self) -> Result<CmStats, Error> {
+        self.with_cm(|cm, _| *cm.stats())
     }
 
     /// The device.

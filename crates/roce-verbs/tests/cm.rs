@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use roce_link::{UdpConfig, UdpLink};
-use roce_verbs::cm::{CmEvent, ConnectionManager};
+use roce_verbs::cm::{CmConfig, CmEvent, ConnectionManager};
 use roce_verbs::*;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -23,7 +23,11 @@ struct End {
 }
 
 fn end(ctx: &Context) -> End {
-    let cm = ConnectionManager::open(ctx).unwrap();
+    end_with(ctx, CmConfig::default())
+}
+
+fn end_with(ctx: &Context, cfg: CmConfig) -> End {
+    let cm = ConnectionManager::open_with(ctx, cfg).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None, Moderation::default()).unwrap();
     let cap = QpCap {
@@ -230,6 +234,46 @@ fn sim_pair_connect_send_write_disconnect() {
     let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
     let (a, b) = (end(&ca), end(&cb));
     connect_send_write_disconnect(&a, &b);
+}
+
+#[test]
+fn sim_pair_connect_with_a_progress_thread() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(ProgressMode::Thread)).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    connect_send_write_disconnect(&a, &b);
+}
+
+/// 20 % loss, duplicates and reordering on both ports: the CM's retries (short timeouts here) and duplicate
+/// handling still connect, and the data verifies.
+#[test]
+fn lossy_sim_pair_connects_through_retries() {
+    use roce_link::{FaultConfig, Faulty};
+    let mut seed = 0;
+    let wrap = move |l: SendLink| -> Result<SendLink, roce_link::LinkError> {
+        seed += 1;
+        let f = FaultConfig {
+            loss: 0.2,
+            duplicate: 0.1,
+            reorder: 0.1,
+            ..FaultConfig::default()
+        };
+        Ok(Box::new(Faulty::new(l, f, FaultConfig::default(), seed)))
+    };
+    let (ca, cb) = Context::sim_pair_with(
+        RuntimeConfig::default(),
+        roce_link::sim::SimConfig::default(),
+        wrap,
+    )
+    .unwrap();
+    let cfg = CmConfig {
+        packet_life_time: 6,
+        cm_response_timeout: 8,
+        ..CmConfig::default()
+    };
+    let (a, b) = (end_with(&ca, cfg), end_with(&cb, cfg));
+    connect_send_write_disconnect(&a, &b);
+    let retried = a.cm.stats().unwrap().retransmits + b.cm.stats().unwrap().retransmits;
+    assert!(retried > 0, "the loss made the CMs retry");
 }
 
 #[test]
