@@ -147,7 +147,12 @@ fn stat_reads_a_running_perf() {
         server["counters"]["rx_write_requests"].as_u64() > Some(0),
         "{server}"
     );
-    let q = &client["qps"][0];
+    // The perf QP (QP 1, the GSI, is listed too).
+    let q = client["qps"]
+        .as_array()
+        .and_then(|v| v.iter().find(|q| q["type"] == "RC").cloned())
+        .unwrap_or_default();
+    let q = &q;
     assert_eq!(
         (&q["type"], &q["state"]),
         (&"RC".into(), &"RTS".into()),

@@ -122,6 +122,9 @@ pub struct EngineConfig {
     /// kernel can steer each packet to it by destination QPN (`roce_link::reuseport`, `docs/MULTIPROCESS.md`).
     /// Clamped by [`crate::Engine::new`] to at least 2 (QP0/QP1 are special) and so that `max_qp` QPNs fit in 24 bits.
     pub first_qpn: u32,
+    /// QP 1, the GSI (`crate::gsi`, IBTA Vol 1 §13.4): created with the engine unless `None`. It takes one PD, CQ,
+    /// MR and QP slot of its own (not counted against `device.max_qp`).
+    pub gsi: Option<crate::gsi::GsiConfig>,
 }
 
 impl Default for EngineConfig {
@@ -142,6 +145,7 @@ impl Default for EngineConfig {
             sched: SchedConfig::default(),
             dcqcn: None,
             first_qpn: crate::FIRST_QPN,
+            gsi: Some(crate::gsi::GsiConfig::default()),
         }
     }
 }

@@ -200,6 +200,8 @@ pub struct Engine {
     pub(crate) timer_epoch: u32,
     /// Payload bytes handed to links as [`TxSeg`]s.
     pub(crate) tx_gathered: u64,
+    /// QP 1, the GSI (`crate::gsi`), when [`EngineConfig::gsi`] is set.
+    pub(crate) gsi: Option<Box<crate::gsi::Gsi>>,
 }
 
 impl core::fmt::Debug for Engine {
@@ -209,6 +211,21 @@ impl core::fmt::Debug for Engine {
             .field("mrs", &self.mrs.len())
             .field("timer_entries", &self.timers.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// The QPN of QP table slot `idx`: slot 0 is QP 1 (the GSI, `crate::gsi`), slot k ≥ 1 is `first + k - 1`
+/// (`first` = [`EngineConfig::first_qpn`], 0x11 unless the process shares its address: `docs/MULTIPROCESS.md`).
+pub(crate) const fn slot_qpn(first: u32, idx: usize) -> u32 {
+    if idx == 0 { 1 } else { first + idx as u32 - 1 }
+}
+
+/// The QP table slot of `qpn` (inverse of [`slot_qpn`]); `None` for QPNs no slot can hold.
+pub(crate) fn qpn_slot(first: u32, qpn: u32) -> Option<usize> {
+    if qpn == 1 {
+        Some(0)
+    } else {
+        Some(qpn.checked_sub(first)? as usize + 1)
     }
 }
 
@@ -231,15 +248,17 @@ impl Engine {
         let ip_id = splitmix(&mut rng) as u16;
         // Largest frame: the netdev MTU (IP packet) plus the Ethernet header and an 802.1Q tag.
         let sched = Scheduler::new(cfg.sched.clone(), cfg.netdev_mtu + 18);
-        Engine {
+        let gsi = cfg.gsi;
+        let mut e = Engine {
             cfg,
             pds: Vec::new(),
             mrs: MrTable::new(),
             cqs: Vec::new(),
             ahs: Vec::new(),
-            qps: Vec::new(),
+            // Slot 0 is QPN 1 (the GSI), never given to `create_qp` otherwise (see `slot_qpn`).
+            qps: vec![None],
             srqs: Vec::new(),
-            qp_free: Vec::new(),
+            qp_free: if gsi.is_some() { vec![0] } else { Vec::new() },
             live_qps: 0,
             timers: Timers::default(),
             events: VecDeque::new(),
@@ -250,7 +269,14 @@ impl Engine {
             ip_id,
             timer_epoch: 0,
             tx_gathered: 0,
+            gsi: None,
+        };
+        if let Some(g) = gsi {
+            // Only fails for device limits of 0 PDs/CQs/MRs/QPs: the engine then runs without a GSI.
+            let _ = e.open_gsi(g);
+            e.qp_free.retain(|&i| i != 0);
         }
+        e
     }
 
     /// The configuration the engine was built with.
@@ -594,6 +620,9 @@ impl Engine {
                 && c.ready
             {
                 c.ready = false;
+                if self.gsi.as_ref().is_some_and(|g| g.cq.0 == i + 1) {
+                    continue; // the GSI's own CQ: drained by `poll_mad`
+                }
                 return Some(CqHandle(i + 1));
             }
         }
@@ -675,7 +704,7 @@ impl Engine {
     // ----------------------------------------------------------------------------------------------- QP
 
     pub(crate) fn qidx(&self, qpn: Qpn) -> Option<usize> {
-        let i = qpn.value().checked_sub(self.cfg.first_qpn)? as usize;
+        let i = qpn_slot(self.cfg.first_qpn, qpn.value())?;
         match self.qps.get(i) {
             Some(Some(_)) => Some(i),
             _ => None,
@@ -715,7 +744,7 @@ impl Engine {
         if self.cq_mut(init.send_cq).is_none() || self.cq_mut(init.recv_cq).is_none() {
             return Err(ResourceError::InvalidHandle("cq").into());
         }
-        if self.live_qps >= self.cfg.device.max_qp {
+        if self.live_qps >= self.cfg.device.max_qp + u32::from(self.gsi.is_some()) {
             return Err(ResourceError::Exhausted("max_qp").into());
         }
         let d = self.cfg.device;
@@ -766,7 +795,7 @@ impl Engine {
                 self.qps.len() - 1
             }
         };
-        let qpn = Qpn::new(self.cfg.first_qpn + idx as u32);
+        let qpn = Qpn::new(slot_qpn(self.cfg.first_qpn, idx));
         let res_cap = d.max_qp_rd_atom as usize;
         let qp = Qp {
             qpn,
@@ -940,7 +969,10 @@ impl Engine {
     /// `ibv_destroy_qp`. Outstanding WRs are discarded without completions (like libibverbs), their MR leases
     /// released.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), ResourceError> {
-        let i = self.qidx(qpn).ok_or(ResourceError::InvalidHandle("qpn"))?;
+        let i = self
+            .qidx(qpn)
+            .filter(|_| !self.is_gsi(qpn))
+            .ok_or(ResourceError::InvalidHandle("qpn"))?;
         self.release_all(i);
         let Some(qp) = self.qps[i].take() else {
             return Err(ResourceError::InvalidHandle("qpn"));
@@ -1054,7 +1086,13 @@ impl Engine {
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<(), ModifyQpError> {
-        let i = self.qidx(qpn).ok_or(ModifyQpError::UnknownQp(qpn))?;
+        let i = self
+            .qidx(qpn)
+            .filter(|_| !self.is_gsi(qpn))
+            .ok_or(ModifyQpError::UnknownQp(qpn))?;
+        if crate::gsi::controlled_qkey_refused(qpn, attr, mask) {
+            return Err(crate::gsi::CONTROLLED_QKEY);
+        }
         let dev = self.query_device();
         let Some(qp) = self.qps[i].as_deref() else {
             return Err(ModifyQpError::UnknownQp(qpn));
@@ -1284,7 +1322,7 @@ impl Engine {
     /// with LOC_PROT_ERR / LOC_LEN_ERR when the requester reaches it and the QP moves to ERR (STYLE V3, S10).
     /// Inline payload is copied now (S08). In ERR state WRs are accepted and flushed (WR_FLUSH_ERR).
     pub fn post_send(&mut self, qpn: Qpn, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        let Some(i) = self.qidx(qpn) else {
+        let Some(i) = self.qidx(qpn).filter(|_| !self.is_gsi(qpn)) else {
             return Err(PostError {
                 index: 0,
                 kind: PostErrorKind::UnknownQp,
@@ -1455,7 +1493,7 @@ impl Engine {
     /// `ibv_post_recv`: posts receive WRs. SGEs are checked (lkey, bounds, LOCAL_WRITE) and leased now; a bad SGE
     /// is reported as LOC_PROT_ERR when a message lands in the WR. Allowed from INIT on; in ERR the WRs are flushed.
     pub fn post_recv(&mut self, qpn: Qpn, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        let Some(i) = self.qidx(qpn) else {
+        let Some(i) = self.qidx(qpn).filter(|_| !self.is_gsi(qpn)) else {
             return Err(PostError {
                 index: 0,
                 kind: PostErrorKind::UnknownQp,
@@ -1568,7 +1606,7 @@ impl Engine {
     }
 
     fn qp_timers(qps: &mut [Option<Box<Qp>>], first: u32, qpn: u32) -> Option<&mut QpTimers> {
-        let i = qpn.checked_sub(first)? as usize;
+        let i = qpn_slot(first, qpn)?;
         qps.get_mut(i)?.as_deref_mut().map(|qp| &mut qp.timers)
     }
 
@@ -1601,7 +1639,9 @@ impl Engine {
             let Settle::Fire(kind) = self.timers.settle(qt, now, true) else {
                 continue;
             };
-            let i = (q - self.cfg.first_qpn) as usize;
+            let Some(i) = qpn_slot(self.cfg.first_qpn, q) else {
+                continue;
+            };
             match kind {
                 TimerKind::AckTimeout => self.on_ack_timeout(i, now),
                 TimerKind::RnrRetry => self.on_rnr_timer(i),

@@ -13,6 +13,8 @@
 //! * `verbs`: libibverbs-named data types ([`SendWr`], [`RecvWr`], [`Wc`], [`WcStatus`], [`QpAttr`], ...).
 //! * `state`: the QP state machine table (`ROCEV2.md §4.6`).
 //! * `requester` / `responder`: the transport rules (`ROCEV2.md §4`, `§5`, `§6`).
+//! * `gsi`: QP 1, the GSI — a UD QP the engine owns, with [`Engine::poll_mad`] / [`Engine::send_mad`] for 256-byte
+//!   MADs (IBTA Vol 1 §13.4; the connection manager `roce-cm` runs on it).
 //! * `timer`: timers as data; `stats`: counters with operator names; `cc`: the rate-control seam (controllers
 //!   compute a QP's rate) and the DCQCN reaction point (`cc::Dcqcn`, profiles `paper`/`ns3_mlx`/`nvidia`,
 //!   `docs/spec/DCQCN.md` §2; the project's `docs/CONGESTION.md`); `sched`: the send scheduler that enforces
@@ -97,6 +99,7 @@ pub mod config;
 mod cq;
 mod engine;
 pub mod error;
+pub mod gsi;
 mod mr;
 mod qp;
 mod requester;
@@ -119,6 +122,7 @@ pub use engine::{
     Engine, FIRST_QPN, GATHER_MIN, PayloadCopies, QpDump, QpInfo, TxGather, TxKind, TxMeta, TxSeg,
 };
 pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
+pub use gsi::{GsiConfig, GsiError, GsiStats, MadDest, MadRecv};
 pub use mr::{MrBuffer, MrMemory};
 pub use requester::{local_ack_timeout, packets_for};
 pub use roce_wire::{Msn, Psn, Qpn};

@@ -3,6 +3,7 @@ mod api_tests;
 mod cc_tests;
 mod completer_tests;
 mod fuzz_tests;
+mod gsi_tests;
 mod hostile_tests;
 mod loss_tests;
 mod pair_tests;

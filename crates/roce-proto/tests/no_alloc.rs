@@ -25,6 +25,7 @@
 //! so the SRQ receive path runs in the measured loop too: WQEs moved from the SRQ to the QP, multi-packet SENDs and
 //! WRITE_WITH_IMM on them, RNR NAKs when the SRQ is empty (the late receives), and the SRQ limit event, re-armed
 //! (`modify_srq`) after each time it fires. A's RC and B's UC QPs keep their own receive queues.
+//! Both engines' GSIs (QP 1) exchange one MAD each way per iteration (`send_mad` → `poll_mad`, the UD path).
 //!
 //! On failure the message names the counts and the engine frames of the first few allocations in the armed region.
 
@@ -180,6 +181,8 @@ struct Net {
     qpns: (Qpn, Qpn, Qpn),
     /// SRQ limit events seen (and re-armed) at B.
     srq_limit_events: u64,
+    /// MADs received on the GSIs (QP 1) of both engines.
+    mads: u64,
 }
 
 impl Net {
@@ -228,6 +231,7 @@ impl Net {
             gathered: 0,
             qpns: (Qpn::new(0), Qpn::new(0), Qpn::new(0)),
             srq_limit_events: 0,
+            mads: 0,
         }
     }
 
@@ -928,8 +932,33 @@ fn reap(net: &mut Net, a: &Side, b: &Side, t: &mut Tally) {
 
 /// One iteration: post receives and sends, move frames until every RC WR (and UD send) completed and the wire is
 /// quiet. With `late_recv` B's receives are posted only after A's SENDs had time to hit RNR.
+/// One MAD each way between the engines' GSIs (QP 1): `send_mad` with a cached address handle.
+fn send_mads(net: &mut Net, iter: u64) {
+    let mad = [iter as u8; 256];
+    for (e, ip, mac) in [(&mut net.a, IP_B, MAC_B), (&mut net.b, IP_A, MAC_A)] {
+        let dest = MadDest {
+            dgid: Gid::from_ipv4(ip),
+            dmac: mac,
+            qpn: Qpn::new(1),
+            sgid_index: 0,
+        };
+        e.send_mad(&dest, &mad).unwrap();
+    }
+}
+
+/// Drains both GSIs with `poll_mad` (which re-posts each receive slot).
+fn reap_mads(net: &mut Net) {
+    let mut out = [0u8; 256];
+    for e in [&mut net.a, &mut net.b] {
+        while e.poll_mad(&mut out).is_some() {
+            net.mads += 1;
+        }
+    }
+}
+
 fn iteration(net: &mut Net, a: &Side, b: &Side, iter: u64, late_recv: bool) {
     let mut t = Tally::default();
+    send_mads(net, iter);
     post_a_recv(net, a, iter);
     if !late_recv {
         post_b_recvs(net, b, iter);
@@ -944,6 +973,7 @@ fn iteration(net: &mut Net, a: &Side, b: &Side, iter: u64, late_recv: bool) {
     loop {
         let more = net.step();
         reap(net, a, b, &mut t);
+        reap_mads(net);
         let done = t.a_rc == t.a_rc_expected
             && t.b_rc == t.b_rc_expected
             && t.a_ud_send == t.a_ud_expected
@@ -1032,6 +1062,8 @@ fn run(loss_permille: u32, ce_every: u32, rnr_every: u64, warmup: u64, iters: u6
     for (q, tc) in [(a.rc, 0), (a.uc, 1), (a.ud, 2)] {
         net.a.set_qp_tc(q, tc).unwrap();
     }
+    // The GSIs' address handles are created by the first MADs (control path), before the measured region.
+    send_mads(&mut net, u64::MAX);
     let late = |i: u64| rnr_every > 0 && i % rnr_every == rnr_every - 1;
     for i in 0..warmup {
         iteration(&mut net, &a, &b, i, late(i));
@@ -1072,6 +1104,7 @@ fn steady_state_allocates_nothing() {
     // B's SRQs served its RC and UD receives, and the limit event fired (and was re-armed) in the measured loop.
     assert!(net.srq_limit_events > 100, "{}", net.srq_limit_events);
     assert!(net.b.counters().rdma_recvs > 1000);
+    assert!(net.mads >= 2 * 1000, "MADs through QP 1: {}", net.mads);
     assert!(
         net.gathered > 1000,
         "A's gathering transmit path ran: {}",

@@ -54,6 +54,9 @@ pub enum Error {
     /// The object is in use (`EBUSY`): e.g. [`Mr::dereg`] while work requests that name the MR are in flight.
     #[error("busy: {0}")]
     Busy(&'static str),
+    /// The connection manager refused a command ([`crate::cm`]).
+    #[error("connection manager: {0}")]
+    Cm(#[from] roce_cm::CmError),
 }
 
 impl Error {
@@ -73,6 +76,9 @@ impl Error {
             Error::InvalidArgument(_) => EINVAL,
             Error::Spawn(_) => EAGAIN,
             Error::Link(_) | Error::EngineGone => EIO,
+            Error::Cm(roce_cm::CmError::NoResources) => ENOMEM,
+            Error::Cm(roce_cm::CmError::ServiceIdInUse) => 98, // EADDRINUSE
+            Error::Cm(_) => EINVAL,
         }
     }
 }
@@ -452,15 +458,17 @@ impl Context {
         self.call(move |d| d.engine.qp_dump(qpn))
     }
 
-    /// The rate state of every QP of this device, as of the runtime's current instant (returned with it):
-    /// the rate controller's view (DCQCN RC, RT, α, `docs/spec/DCQCN.md` §2) and the rate its shaper enforces
+    /// The rate state of every QP of this device but QP 1 (the GSI), as of the runtime's current instant (returned
+    /// with it): the rate controller's view (DCQCN RC, RT, α, `docs/spec/DCQCN.md` §2) and the rate its shaper enforces
     /// (the smaller of that and the QP's limit; `None` = unlimited). For rate logs (`rocev2 perf --rate-log`).
     pub fn qp_rates(&self) -> Result<(roce_proto::Instant, Vec<QpRate>), Error> {
         self.call(|d| {
             let now = d.now;
             let e = &d.engine;
+            // QP 1 (the GSI, the device's own) carries only MADs: rate logs are about the program's QPs.
             let v = e
                 .qpns()
+                .filter(|q| q.value() != 1)
                 .filter_map(|qpn| {
                     Some(QpRate {
                         qpn,

@@ -63,6 +63,7 @@
 
 mod channel;
 mod clock;
+pub mod cm;
 pub mod endpoint;
 mod handles;
 mod hugepage;

@@ -831,6 +831,8 @@ pub struct Device {
     pub(crate) events_dropped: u64,
     /// Where the engine's asynchronous events go ([`AsyncHandler`]).
     pub(crate) async_handler: Option<AsyncHandler>,
+    /// The connection manager on this port's QP 1 (`crate::cm`), once a program asked for one.
+    pub(crate) cm: Option<Box<crate::cm::DevCm>>,
 }
 
 /// Asynchronous events a device keeps for [`crate::Context::poll_async_event`].
@@ -866,6 +868,7 @@ impl Device {
             events: VecDeque::with_capacity(ASYNC_EVENTS_KEPT),
             events_dropped: 0,
             async_handler: None,
+            cm: None,
         }
     }
 
@@ -1279,6 +1282,10 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
             dev.engine.handle_timeout(now);
             work = true;
         }
+        // MADs received on QP 1 into the CM, its due timers, its MADs out through QP 1 (sent below).
+        if let Some(cm) = dev.cm.as_deref_mut() {
+            work |= cm.drive(&mut dev.engine, now);
+        }
     }
     let mut deadline: Option<Instant> = None;
     for dev in devs.iter_mut() {
@@ -1363,6 +1370,10 @@ pub(crate) fn pass(shared: &Shared, g: &mut Group, kind: PassKind) -> bool {
             }
         }
         deadline = min_instant(deadline, dev.engine.poll_timeout());
+        deadline = min_instant(
+            deadline,
+            dev.cm.as_deref_mut().and_then(|c| c.poll_timeout()),
+        );
         deadline = min_instant(deadline, dev.link.poll_at());
         deadline = min_instant(deadline, dev.moderation_deadline());
     }

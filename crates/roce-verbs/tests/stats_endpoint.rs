@@ -97,7 +97,15 @@ fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
     for (name, _) in RuntimeStats::default().counters() {
         assert!(rt[name].is_u64(), "{name} missing: {rt}");
     }
-    let qa = &da["qps"][0];
+    // QP 1 (the GSI) is listed too: look the test's QP up by number.
+    let qp_of = |d: &Value, qpn: u32| {
+        d["qps"]
+            .as_array()
+            .and_then(|v| v.iter().find(|q| q["qpn"] == qpn).cloned())
+            .unwrap_or_default()
+    };
+    assert_eq!(da["qps"][0]["qpn"], 1, "{da}");
+    let qa = &qp_of(da, a.2.qpn().value());
     assert_eq!(qa["qpn"], a.2.qpn().value());
     assert_eq!(qa["type"], "RC");
     assert_eq!(qa["state"], "RTS");
@@ -106,7 +114,7 @@ fn endpoint_serves_live_counters_and_qp_dumps_then_goes() {
         qa["counters"]["sent_pkts"], da["counters"]["sent_pkts"],
         "{qa}"
     );
-    assert_eq!(db["qps"][0]["epsn"], 1 + 20, "{db}");
+    assert_eq!(qp_of(db, b.2.qpn().value())["epsn"], 1 + 20, "{db}");
 
     // Each device numbers its QPs from 0x11: both answer, each with its own QP's state.
     assert_eq!(a.2.qpn(), b.2.qpn());

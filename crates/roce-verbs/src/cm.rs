@@ -1,0 +1,609 @@
+//! The IB connection manager of a device, over its QP 1: connect, listen, accept, reject and disconnect RC/UC QPs
+//! by service ID instead of exchanging QP numbers out of band (IBTA Vol 1 ch. 12; the layer under rdma_cm).
+//!
+//! Each device runs at most one sans-IO [`roce_cm::Cm`] beside its engine, created by the first
+//! [`ConnectionManager::open`] and driven by the device's ordinary passes: MADs from the engine's GSI
+//! ([`roce_proto::Engine::poll_mad`]) into [`roce_cm::Cm::handle_mad`], [`roce_cm::Cm::poll_transmit`] into
+//! [`roce_proto::Engine::send_mad`], the CM's timeout joined with the device's next deadline (so its retries and
+//! timewait run whoever drives). [`ConnectionManager`] handles are `Send + Sync` clones of one per-device state.
+//!
+//! # Events
+//!
+//! The CM's events wait in a queue: [`ConnectionManager::poll_event`] takes one, [`ConnectionManager::get_event`]
+//! waits for one (driving progress meanwhile), and [`ConnectionManager::fd`] is an eventfd that is readable while
+//! the queue is not empty (`poll`/`epoll`; one count per queued event, as an rdma_cm event channel). Like
+//! librdmacm's `rdma_get_cm_event`, taking an event also does the work it implies (librdmacm `cma.c`
+//! `ucma_process_conn_resp`): a REP for our REQ moves our QP to RTR/RTS towards the peer's QPN and starting PSN
+//! and sends the RTU (the program then sees [`CmEvent::Established`] with the REP's private data); a DREQ moves
+//! the QP to ERR and is answered with a DREP (as Linux `cma.c` does for `IB_CM_DREQ_RECEIVED`).
+//!
+//! # Addresses
+//!
+//! Peers are named by GID. The destination MAC of the active side comes with [`ConnectionManager::connect`]; the
+//! passive side uses the MAC it was told for that GID ([`ConnectionManager::add_neighbor`], or an earlier connect)
+//! and otherwise the Ethernet broadcast address (links that route by IP — UDP — ignore MACs; neighbour resolution
+//! from the host's tables belongs to the rdma_cm layer, `docs/RDMACM.md`).
+//!
+//! # Not here (yet)
+//!
+//! SIDR (UD service resolution), MRA from the application, alternate paths, the rdma_cm address header and port
+//! spaces (carried opaquely in private data and service IDs).
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use roce_cm::{AcceptParams, Cm, ConnectParams, Disconnect, Event, Peer};
+pub use roce_cm::{CmConfig, CmStats, ConnId, ListenId};
+use roce_link::wait::{Semaphore, Waiter};
+use roce_proto::{Engine, GsiError, Instant, MadDest, Qpn};
+use roce_wire::cm::{PathRepr, rej_reason, transport_type};
+use roce_wire::mad::MAD_LEN;
+
+use crate::handles::{ConnectOpts, Context, Error, Qp, QpEndpoint};
+use crate::{Gid, Psn, QpState, QpType};
+
+const BROADCAST: [u8; 6] = [0xff; 6];
+
+fn wire_gid(g: Gid) -> roce_wire::Gid {
+    roce_wire::Gid::from_bytes(g.0)
+}
+
+fn proto_gid(g: roce_wire::Gid) -> Gid {
+    Gid(g.to_bytes())
+}
+
+/// A connection event (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmEvent {
+    /// A REQ for a service ID this device listens on: answer with [`ConnectionManager::accept`] or
+    /// [`ConnectionManager::reject`].
+    ConnectRequest {
+        /// The new connection.
+        id: ConnId,
+        /// The listen it matched.
+        listen: ListenId,
+        /// The service ID.
+        service_id: u64,
+        /// The requester's GID.
+        peer: Gid,
+        /// The requester's QPN and starting PSN (our QP is connected to them on accept).
+        remote_qpn: Qpn,
+        /// The requester's first send PSN.
+        remote_psn: Psn,
+        /// The REQ's private data (92 bytes, zero-padded as on the wire).
+        private_data: Vec<u8>,
+    },
+    /// The connection is established: our QP is in RTS towards the peer's QP.
+    Established {
+        /// The connection.
+        id: ConnId,
+        /// Active side: the REP's private data (196 bytes); passive side: empty.
+        private_data: Vec<u8>,
+    },
+    /// The peer rejected our REQ (or gave up on its REP); the connection is gone.
+    Rejected {
+        /// The connection.
+        id: ConnId,
+        /// IBTA REJ reason (Vol 1 §12.6.7, Table 112): 8 invalid service ID, 28 consumer reject, 4 timeout, ...
+        reason: u16,
+        /// The REJ's private data (148 bytes).
+        private_data: Vec<u8>,
+    },
+    /// The connection is disconnected (a DREQ from the peer — our QP went to ERR and a DREP was sent — or the
+    /// answer to ours, or our DREQ went unanswered). Timewait follows.
+    Disconnected {
+        /// The connection.
+        id: ConnId,
+    },
+    /// Timewait is over: the QP may be reused.
+    TimewaitExit {
+        /// The connection.
+        id: ConnId,
+    },
+    /// Our REQ or REP went unanswered after all retries (the CM sent a REJ with reason timeout).
+    Unreachable {
+        /// The connection.
+        id: ConnId,
+    },
+}
+
+/// What the runtime remembers of a connection until it is gone.
+#[derive(Clone, Debug)]
+struct ConnInfo {
+    qp: Option<Qp>,
+    psn: Psn,
+    opts: ConnectOpts,
+    peer: Gid,
+    /// Passive side: the REQ's QPN and PSN.
+    remote: Option<(Qpn, Psn)>,
+    rep_private: Vec<u8>,
+}
+
+/// The state a device's CM shares with its handles.
+#[derive(Debug)]
+pub(crate) struct CmShared {
+    /// Events from the pass, not yet taken (one semaphore count each).
+    queue: Mutex<VecDeque<Event>>,
+    sem: Semaphore,
+    neighbors: Mutex<HashMap<Gid, [u8; 6]>>,
+    conns: Mutex<HashMap<ConnId, ConnInfo>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CmShared {
+    fn mac_of(&self, gid: Gid) -> [u8; 6] {
+        lock(&self.neighbors)
+            .get(&gid)
+            .copied()
+            .unwrap_or(BROADCAST)
+    }
+}
+
+/// The device-side half: the CM state machine and the MAD pump (lives in the device, under the progress lock).
+#[derive(Debug)]
+pub(crate) struct DevCm {
+    cm: Cm,
+    shared: Arc<CmShared>,
+    buf: [u8; MAD_LEN],
+    /// A MAD the GSI's send queue had no room for (retried first in the next pass).
+    held: Option<(MadDest, [u8; MAD_LEN])>,
+}
+
+impl DevCm {
+    /// One round (called by every pass): received MADs in, due timers, events out to the queue, MADs to QP 1.
+    pub(crate) fn drive(&mut self, engine: &mut Engine, now: Instant) -> bool {
+        let mut work = false;
+        while let Some(r) = engine.poll_mad(&mut self.buf) {
+            let src = Peer {
+                gid: wire_gid(r.src_gid),
+                qpn: r.src_qp,
+            };
+            self.cm.handle_mad(now, src, &self.buf);
+            work = true;
+        }
+        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
+            self.cm.handle_timeout(now);
+            work = true;
+        }
+        self.flush_events();
+        work | self.transmit(engine)
+    }
+
+    /// Moves the CM's events to the shared queue (one semaphore count each).
+    fn flush_events(&mut self) {
+        while let Some(ev) = self.cm.poll_event() {
+            lock(&self.shared.queue).push_back(ev);
+            self.shared.sem.post();
+        }
+    }
+
+    fn transmit(&mut self, engine: &mut Engine) -> bool {
+        let mut work = false;
+        loop {
+            if let Some((dest, mad)) = &self.held {
+                match engine.send_mad(dest, mad) {
+                    Ok(()) => work = true,
+                    Err(GsiError::Busy) => return work,
+                    Err(e) => tracing::warn!(error = %e, "CM MAD not sent"),
+                }
+                self.held = None;
+            }
+            let Some(t) = self.cm.poll_transmit(&mut self.buf) else {
+                return work;
+            };
+            let dgid = proto_gid(t.dst.gid);
+            let dest = MadDest {
+                dgid,
+                dmac: self.shared.mac_of(dgid),
+                qpn: t.dst.qpn,
+                sgid_index: 0,
+            };
+            self.held = Some((dest, self.buf));
+        }
+    }
+
+    /// The CM's next timer.
+    pub(crate) fn poll_timeout(&mut self) -> Option<Instant> {
+        self.cm.poll_timeout()
+    }
+}
+
+/// A handle on a device's connection manager (see the module docs). Cheap to clone, `Send + Sync`.
+#[derive(Clone, Debug)]
+pub struct ConnectionManager {
+    ctx: Context,
+    shared: Arc<CmShared>,
+    waiter: Arc<Waiter>,
+}
+
+impl ConnectionManager {
+    /// The connection manager of `ctx`'s device, started on first use (one per device: later calls share it).
+    ///
+    /// Errors: [`Error::Spawn`] if the eventfds cannot be created; [`Error::EngineGone`].
+    pub fn open(ctx: &Context) -> Result<ConnectionManager, Error> {
+        Self::open_with(ctx, CmConfig::default())
+    }
+
+    /// Like [`open`](Self::open) with the CM's configuration (timeouts, retries, caps), used if this call starts
+    /// the device's CM (otherwise the running CM is shared and `cfg` is ignored). A zero `local_ca_guid` is
+    /// replaced by the EUI-64 of the port MAC, a zero `seed` by one drawn from the engine.
+    pub fn open_with(ctx: &Context, cfg: CmConfig) -> Result<ConnectionManager, Error> {
+        let fresh = Arc::new(CmShared {
+            queue: Mutex::new(VecDeque::new()),
+            sem: Semaphore::new().map_err(Error::Spawn)?,
+            neighbors: Mutex::new(HashMap::new()),
+            conns: Mutex::new(HashMap::new()),
+        });
+        let waiter = Arc::new(Waiter::new().map_err(Error::Spawn)?);
+        let shared = ctx.call(move |d| {
+            if let Some(cm) = &d.cm {
+                return cm.shared.clone();
+            }
+            let mac = d.engine.config().mac;
+            // The CA GUID as an EUI-64 of the port MAC (IBTA Annex A17 / RoCE practice: FF:FE in the middle).
+            let guid = u64::from_be_bytes([
+                mac[0] ^ 2,
+                mac[1],
+                mac[2],
+                0xff,
+                0xfe,
+                mac[3],
+                mac[4],
+                mac[5],
+            ]);
+            let seed = u64::from(d.engine.random_psn().value()) << 32 ^ d.now.as_nanos();
+            let cfg = CmConfig {
+                local_ca_guid: if cfg.local_ca_guid == 0 {
+                    guid
+                } else {
+                    cfg.local_ca_guid
+                },
+                seed: if cfg.seed == 0 { seed } else { cfg.seed },
+                ..cfg
+            };
+            d.cm = Some(Box::new(DevCm {
+                cm: Cm::new(cfg),
+                shared: fresh.clone(),
+                buf: [0; MAD_LEN],
+                held: None,
+            }));
+            fresh
+        })?;
+        Ok(ConnectionManager {
+            ctx: ctx.clone(),
+            shared,
+            waiter,
+        })
+    }
+
+    /// Runs `f` on the device's CM (under the progress lock; a pass follows, which sends what `f` queued).
+    fn with_cm<R>(&self, f: impl FnOnce(&mut Cm, Instant) -> R) -> Result<R, Error> {
+        self.ctx.call(move |d| {
+            let now = d.now;
+            let cm = d.cm.as_deref_mut().ok_or(Error::EngineGone)?;
+            let r = f(&mut cm.cm, now);
+            cm.flush_events();
+            Ok(r)
+        })?
+    }
+
+    /// The CM's counters (MADs in and out, retransmissions, duplicates, drops by cause).
+    pub fn stats(&self) -> Result<CmStats, Error> {
+        self.with_cm(|cm, _| *cm.stats())
+    }
+
+    /// The device.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Tells the CM the MAC address of the port with `gid` (used for MADs to it and for QPs connected to it).
+    pub fn add_neighbor(&self, gid: Gid, mac: [u8; 6]) {
+        lock(&self.shared.neighbors).insert(gid, mac);
+    }
+
+    /// Listens on `service_id` (exact match; rdma_cm builds it as `port space << 16 | port`).
+    ///
+    /// Errors: [`Error::Cm`] with `ServiceIdInUse` or `NoResources`.
+    pub fn listen(&self, service_id: u64) -> Result<ListenId, Error> {
+        Ok(self.with_cm(|cm, _| cm.listen(service_id))??)
+    }
+
+    /// Stops listening (connections already requested are not affected).
+    pub fn stop_listen(&self, id: ListenId) -> Result<(), Error> {
+        self.with_cm(|cm, _| cm.stop_listen(id))
+    }
+
+    /// Sends a REQ for `service_id` to the port `dest_gid` (MAC `dest_mac`) offering `qp` (RC or UC, in RESET)
+    /// with a random starting PSN and `private_data` (at most 92 bytes). The QP is connected when the REP arrives
+    /// (the event that reports it is [`CmEvent::Established`]) with `opts` (MTU, access, timeouts, retries).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a UD QP or a QP not in RESET; [`Error::Cm`] (private data too long,
+    /// no resources).
+    pub fn connect(
+        &self,
+        qp: &Qp,
+        dest_gid: Gid,
+        dest_mac: [u8; 6],
+        service_id: u64,
+        private_data: &[u8],
+        opts: &ConnectOpts,
+    ) -> Result<ConnId, Error> {
+        let transport = match qp.qp_type() {
+            QpType::Rc => transport_type::RC,
+            QpType::Uc => transport_type::UC,
+            QpType::Ud => return Err(Error::InvalidArgument("the CM connects RC/UC QPs")),
+        };
+        if qp.query()?.qp_state != QpState::Reset {
+            return Err(Error::InvalidArgument("the QP to connect must be in RESET"));
+        }
+        self.add_neighbor(dest_gid, dest_mac);
+        let psn = self.ctx.random_psn()?;
+        let local_gid = self
+            .ctx
+            .gid(usize::from(opts.sgid_index))
+            .ok_or(Error::InvalidArgument("sgid_index"))?;
+        let (qpn, o) = (qp.qpn(), *opts);
+        let id = self.with_cm(move |cm, now| {
+            let path = PathRepr {
+                local_gid: wire_gid(local_gid),
+                remote_gid: wire_gid(dest_gid),
+                traffic_class: o.traffic_class,
+                hop_limit: 64,
+                local_ack_timeout: o.timeout,
+                ..PathRepr::default()
+            };
+            let p = ConnectParams {
+                service_id,
+                transport,
+                local_qpn: qpn,
+                starting_psn: psn,
+                responder_resources: o.rd_atomic,
+                initiator_depth: o.rd_atomic,
+                retry_count: o.retry_cnt,
+                rnr_retry_count: o.rnr_retry,
+                path_mtu: o.mtu as u8,
+                srq: false,
+                path,
+                private_data,
+            };
+            cm.connect(now, Peer::gsi(wire_gid(dest_gid)), &p)
+        })??;
+        lock(&self.shared.conns).insert(
+            id,
+            ConnInfo {
+                qp: Some(qp.clone()),
+                psn,
+                opts: *opts,
+                peer: dest_gid,
+                remote: None,
+                rep_private: Vec::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Accepts a [`CmEvent::ConnectRequest`]: connects `qp` (RC/UC, in RESET) to the requester's QP with `opts`
+    /// (RTR/RTS, a random starting PSN) and sends the REP with `private_data` (at most 196 bytes).
+    /// [`CmEvent::Established`] follows when the RTU arrives.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an id that is not a pending request; [`Error::ModifyQp`] if the QP
+    /// cannot be connected; [`Error::Cm`].
+    pub fn accept(
+        &self,
+        id: ConnId,
+        qp: &Qp,
+        private_data: &[u8],
+        opts: &ConnectOpts,
+    ) -> Result<(), Error> {
+        let info = lock(&self.shared.conns)
+            .get(&id)
+            .cloned()
+            .ok_or(Error::InvalidArgument("not a pending connect request"))?;
+        let (rqpn, rpsn) = info
+            .remote
+            .ok_or(Error::InvalidArgument("not a pending connect request"))?;
+        let psn = self.ctx.random_psn()?;
+        let remote = QpEndpoint {
+            qpn: rqpn,
+            psn: rpsn,
+            gid: info.peer,
+            mac: self.shared.mac_of(info.peer),
+        };
+        qp.connect(&remote, psn, opts)?;
+        let (qpn, o) = (qp.qpn(), *opts);
+        self.with_cm(move |cm, now| {
+            let p = AcceptParams {
+                local_qpn: qpn,
+                starting_psn: psn,
+                responder_resources: o.rd_atomic,
+                initiator_depth: o.rd_atomic,
+                rnr_retry_count: o.rnr_retry,
+                srq: false,
+                private_data,
+            };
+            cm.accept(now, id, &p)
+        })??;
+        if let Some(c) = lock(&self.shared.conns).get_mut(&id) {
+            c.qp = Some(qp.clone());
+            c.psn = psn;
+            c.opts = *opts;
+        }
+        Ok(())
+    }
+
+    /// Rejects a [`CmEvent::ConnectRequest`] with reason "consumer reject" (28) and `private_data` (at most 148
+    /// bytes, IBTA Vol 1 §12.6.7).
+    pub fn reject(&self, id: ConnId, private_data: &[u8]) -> Result<(), Error> {
+        self.with_cm(|cm, now| cm.reject(now, id, rej_reason::CONSUMER_DEFINED, private_data))??;
+        lock(&self.shared.conns).remove(&id);
+        Ok(())
+    }
+
+    /// Disconnects an established connection: our QP goes to ERR (its outstanding WRs complete with
+    /// WR_FLUSH_ERR) and a DREQ is sent; [`CmEvent::Disconnected`] follows with the DREP (or after all retries).
+    pub fn disconnect(&self, id: ConnId) -> Result<(), Error> {
+        self.qp_to_err(id);
+        self.with_cm(|cm, now| cm.disconnect(now, id, &[]))??;
+        Ok(())
+    }
+
+    fn qp_to_err(&self, id: ConnId) {
+        let qp = lock(&self.shared.conns).get(&id).and_then(|c| c.qp.clone());
+        if let Some(qp) = qp {
+            let at = crate::QpAttr {
+                qp_state: QpState::Err,
+                ..crate::QpAttr::default()
+            };
+            if let Err(e) = qp.modify(&at, crate::QpAttrMask::STATE) {
+                tracing::debug!(error = %e, "QP to ERR on disconnect");
+            }
+        }
+    }
+
+    /// The event queue's eventfd: readable while events wait (one count per event). The descriptor belongs to the
+    /// connection manager (poll it, do not close it).
+    pub fn fd(&self) -> RawFd {
+        self.shared.sem.fd()
+    }
+
+    /// The next event, if one is waiting (does the work it implies first, see the module docs).
+    pub fn poll_event(&self) -> Result<Option<CmEvent>, Error> {
+        loop {
+            let Some(ev) = lock(&self.shared.queue).pop_front() else {
+                return Ok(None);
+            };
+            self.shared.sem.take();
+            if let Some(e) = self.process(ev)? {
+                return Ok(Some(e));
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the next event, driving the device meanwhile.
+    pub fn get_event(&self, timeout: Duration) -> Result<Option<CmEvent>, Error> {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.poll_event()? {
+                return Ok(Some(e));
+            }
+            self.ctx.progress();
+            if let Some(e) = self.poll_event()? {
+                return Ok(Some(e));
+            }
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            // Readable semaphore or a short nap: passes run in this thread (Caller mode) or the progress thread.
+            let _ = self
+                .waiter
+                .wait(&[self.fd()], left.min(Duration::from_micros(200)));
+        }
+    }
+
+    /// Turns a CM event into what the program sees, doing what it implies.
+    fn process(&self, ev: Event) -> Result<Option<CmEvent>, Error> {
+        let conns = &self.shared.conns;
+        Ok(match ev {
+            Event::ConnectRequest {
+                id,
+                listen,
+                peer,
+                req,
+            } => {
+                let gid = proto_gid(peer.gid);
+                lock(conns).insert(
+                    id,
+                    ConnInfo {
+                        qp: None,
+                        psn: Psn::new(0),
+                        opts: ConnectOpts::default(),
+                        peer: gid,
+                        remote: Some((req.local_qpn, req.starting_psn)),
+                        rep_private: Vec::new(),
+                    },
+                );
+                Some(CmEvent::ConnectRequest {
+                    id,
+                    listen,
+                    service_id: req.service_id,
+                    peer: gid,
+                    remote_qpn: req.local_qpn,
+                    remote_psn: req.starting_psn,
+                    private_data: req.private_data.to_vec(),
+                })
+            }
+            Event::Reply { id, rep } => {
+                let info = lock(conns).get(&id).cloned();
+                let Some(info) = info else {
+                    return Ok(None);
+                };
+                let remote = QpEndpoint {
+                    qpn: rep.local_qpn,
+                    psn: rep.starting_psn,
+                    gid: info.peer,
+                    mac: self.shared.mac_of(info.peer),
+                };
+                let connected = match &info.qp {
+                    Some(qp) => qp.connect(&remote, info.psn, &info.opts),
+                    None => Err(Error::InvalidArgument("no QP")),
+                };
+                if let Err(e) = connected {
+                    tracing::warn!(error = %e, "connecting the QP to the REP failed; rejecting");
+                    self.with_cm(|cm, now| cm.reject(now, id, rej_reason::CONSUMER_DEFINED, &[]))??;
+                    lock(conns).remove(&id);
+                    return Ok(Some(CmEvent::Rejected {
+                        id,
+                        reason: rej_reason::CONSUMER_DEFINED,
+                        private_data: Vec::new(),
+                    }));
+                }
+                if let Some(c) = lock(conns).get_mut(&id) {
+                    c.rep_private = rep.private_data.to_vec();
+                }
+                // The RTU; the CM then reports Established (taken below, with the REP's private data).
+                self.with_cm(|cm, now| cm.rtu(now, id, &[]))??;
+                None
+            }
+            Event::Established { id } => {
+                let private_data = lock(conns)
+                    .get_mut(&id)
+                    .map(|c| std::mem::take(&mut c.rep_private))
+                    .unwrap_or_default();
+                Some(CmEvent::Established { id, private_data })
+            }
+            Event::Rejected { id, rej } => {
+                lock(conns).remove(&id);
+                Some(CmEvent::Rejected {
+                    id,
+                    reason: rej.reason,
+                    private_data: rej.private_data.to_vec(),
+                })
+            }
+            Event::Disconnected { id, cause } => {
+                if let Disconnect::Request(_) = cause {
+                    self.qp_to_err(id);
+                    self.with_cm(|cm, now| cm.disconnect(now, id, &[]))??;
+                }
+                Some(CmEvent::Disconnected { id })
+            }
+            Event::TimewaitExit { id } => {
+                lock(conns).remove(&id);
+                Some(CmEvent::TimewaitExit { id })
+            }
+            Event::Unreachable { id, .. } => {
+                lock(conns).remove(&id);
+                Some(CmEvent::Unreachable { id })
+            }
+            // SIDR is not offered by this API (module docs); a SIDR_REQ can only match a listen made here, so it
+            // is answered as unsupported by the CM's own no-listener path only. Drop what cannot arrive.
+            Event::SidrRequest { .. } | Event::SidrReply { .. } => None,
+        })
+    }
+}

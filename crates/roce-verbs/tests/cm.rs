@@ -1,0 +1,348 @@
+//! The connection manager over QP 1 (`roce_verbs::cm`), end to end: two devices on the simulated pair and two over
+//! real UDP on 127.0.0.x connect RC QPs through REQ/REP/RTU, then move verified data with SEND and RDMA WRITE;
+//! a rejected connect carries its private data back; a connect to a service nobody listens on is rejected with
+//! reason 8 (invalid service ID); a disconnect reaches both ends.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use roce_link::{UdpConfig, UdpLink};
+use roce_verbs::cm::{CmConfig, CmEvent, ConnectionManager};
+use roce_verbs::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct End {
+    ctx: Context,
+    cm: ConnectionManager,
+    _pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    buf: MrBuf,
+    mr: Mr,
+}
+
+fn end(ctx: &Context) -> End {
+    end_with(ctx, CmConfig::default())
+}
+
+fn end_with(ctx: &Context, cfg: CmConfig) -> End {
+    let cm = ConnectionManager::open_with(ctx, cfg).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None, Moderation::default()).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap, true).unwrap();
+    let buf = MrBuf::new(8192).unwrap();
+    let mr = pd
+        .reg_mr(
+            &buf,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    End {
+        ctx: ctx.clone(),
+        cm,
+        _pd: pd,
+        cq,
+        qp,
+        buf,
+        mr,
+    }
+}
+
+fn event(e: &End) -> CmEvent {
+    e.cm.get_event(WAIT)
+        .unwrap()
+        .expect("a CM event within the wait")
+}
+
+fn poll_one(cq: &Cq) -> Wc {
+    let mut wc = [Wc::default(); 1];
+    let end = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < end {
+        if cq.poll(&mut wc) == 1 {
+            return wc[0];
+        }
+        std::thread::yield_now();
+    }
+    panic!("no completion");
+}
+
+/// The active side's MR address and rkey in the REQ's private data (what rdma_cm programs such as rping do).
+fn mr_blob(e: &End) -> Vec<u8> {
+    let mut v = e.mr.addr().to_be_bytes().to_vec();
+    v.extend_from_slice(&e.mr.rkey().0.to_be_bytes());
+    v
+}
+
+/// Connects `a` to `b` through the CM and checks the QPs, then a SEND and an RDMA WRITE with verified bytes, then
+/// a disconnect seen by both ends.
+fn connect_send_write_disconnect(a: &End, b: &End) {
+    // rdma_cm's service ID for TCP port space, port 20001 (0x0106_4e21).
+    let service = roce_wire::cm::service_id(roce_wire::cm::PortSpace::Tcp, 20001);
+    b.cm.listen(service).unwrap();
+    let b_gid = b.ctx.gid(0).unwrap();
+    let a_gid = a.ctx.gid(0).unwrap();
+    let opts = ConnectOpts::default();
+    let mut hello = b"hello from A ".to_vec();
+    hello.extend_from_slice(&mr_blob(a));
+    let id_a =
+        a.cm.connect(&a.qp, b_gid, b.ctx.config().mac, service, &hello, &opts)
+            .unwrap();
+    let (id_b, req_qpn) = match event(b) {
+        CmEvent::ConnectRequest {
+            id,
+            service_id,
+            peer,
+            remote_qpn,
+            private_data,
+            ..
+        } => {
+            assert_eq!(service_id, service);
+            assert_eq!(peer, a_gid);
+            assert_eq!(&private_data[..hello.len()], &hello[..]);
+            assert_eq!(private_data.len(), 92);
+            (id, remote_qpn)
+        }
+        e => panic!("expected a connect request, got {e:?}"),
+    };
+    assert_eq!(req_qpn, a.qp.qpn());
+    b.cm.accept(id_b, &b.qp, &mr_blob(b), &opts).unwrap();
+    let rep_private = match event(a) {
+        CmEvent::Established { id, private_data } => {
+            assert_eq!(id, id_a);
+            private_data
+        }
+        e => panic!("expected established on A, got {e:?}"),
+    };
+    assert_eq!(&rep_private[..12], &mr_blob(b)[..]);
+    match event(b) {
+        CmEvent::Established { id, .. } => assert_eq!(id, id_b),
+        e => panic!("expected established on B, got {e:?}"),
+    }
+    // Both QPs in RTS, each towards the other's QPN.
+    let (qa, qb) = (a.qp.query().unwrap(), b.qp.query().unwrap());
+    assert_eq!((qa.qp_state, qb.qp_state), (QpState::Rts, QpState::Rts));
+    assert_eq!(qa.dest_qp_num, b.qp.qpn());
+    assert_eq!(qb.dest_qp_num, a.qp.qpn());
+    // SEND A → B, verified.
+    let msg = b"a SEND over a CM connection";
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &[b.mr.sge(0, 256)],
+    }])
+    .unwrap();
+    let data = [&msg[..]];
+    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[]).inline(&data).signaled()])
+        .unwrap();
+    let wc = poll_one(&b.cq);
+    assert_eq!(
+        (wc.status, wc.wr_id, wc.byte_len),
+        (WcStatus::Success, 7, msg.len() as u32)
+    );
+    assert_eq!(&b.buf.to_vec()[..msg.len()], msg);
+    assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+    // RDMA WRITE B → A with the address and rkey A put in the REQ's private data.
+    let off = hello.len() - 12;
+    let raddr = u64::from_be_bytes(hello[off..off + 8].try_into().unwrap());
+    let rkey = u32::from_be_bytes(hello[off + 8..off + 12].try_into().unwrap());
+    let pattern: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 3) as u8).collect();
+    b.mr.write(4096, &pattern).unwrap();
+    b.qp.post_send(&[SendWr::new(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: raddr + 1000,
+            rkey: Rkey(rkey),
+        },
+        &[b.mr.sge(4096, 1000)],
+    )
+    .signaled()])
+        .unwrap();
+    assert_eq!(poll_one(&b.cq).status, WcStatus::Success);
+    assert_eq!(&a.buf.to_vec()[1000..2000], &pattern[..]);
+    // Disconnect from A: both ends hear of it, A's QP is in ERR.
+    a.cm.disconnect(id_a).unwrap();
+    match event(b) {
+        CmEvent::Disconnected { id } => assert_eq!(id, id_b),
+        e => panic!("expected disconnected on B, got {e:?}"),
+    }
+    match event(a) {
+        CmEvent::Disconnected { id } => assert_eq!(id, id_a),
+        e => panic!("expected disconnected on A, got {e:?}"),
+    }
+    assert_eq!(a.qp.query().unwrap().qp_state, QpState::Err);
+    assert_eq!(b.qp.query().unwrap().qp_state, QpState::Err);
+}
+
+/// A rejected connect (private data back) and a connect nobody listens for (REJ reason 8).
+fn rejects(a: &End, b: &End) {
+    let b_gid = b.ctx.gid(0).unwrap();
+    let mac = b.ctx.config().mac;
+    let opts = ConnectOpts::default();
+    b.cm.listen(0x99).unwrap();
+    let id =
+        a.cm.connect(&a.qp, b_gid, mac, 0x99, b"let me in", &opts)
+            .unwrap();
+    let id_b = match event(b) {
+        CmEvent::ConnectRequest { id, .. } => id,
+        e => panic!("expected a connect request, got {e:?}"),
+    };
+    b.cm.reject(id_b, b"not today").unwrap();
+    match event(a) {
+        CmEvent::Rejected {
+            id: rid,
+            reason,
+            private_data,
+        } => {
+            assert_eq!(rid, id);
+            assert_eq!(reason, 28, "consumer reject");
+            assert_eq!(&private_data[..9], b"not today");
+        }
+        e => panic!("expected rejected, got {e:?}"),
+    }
+    // Nobody listens on 0x777.
+    let qp2 = a
+        ._pd
+        .create_qp(QpType::Rc, &a.cq, &a.cq, a.qp.cap(), true)
+        .unwrap();
+    let id =
+        a.cm.connect(&qp2, b_gid, mac, 0x777, b"anyone?", &opts)
+            .unwrap();
+    match event(a) {
+        CmEvent::Rejected {
+            id: rid, reason, ..
+        } => {
+            assert_eq!(rid, id);
+            assert_eq!(reason, 8, "invalid service ID");
+        }
+        e => panic!("expected rejected, got {e:?}"),
+    }
+    assert!(
+        b.cm.poll_event().unwrap().is_none(),
+        "B's application saw nothing"
+    );
+}
+
+#[test]
+fn sim_pair_connect_send_write_disconnect() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    connect_send_write_disconnect(&a, &b);
+}
+
+#[test]
+fn sim_pair_connect_with_a_progress_thread() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(ProgressMode::Thread)).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    connect_send_write_disconnect(&a, &b);
+}
+
+/// 20 % loss, duplicates and reordering on both ports: the CM's retries (short timeouts here) and duplicate
+/// handling still connect, and the data verifies.
+#[test]
+fn lossy_sim_pair_connects_through_retries() {
+    use roce_link::{FaultConfig, Faulty};
+    let mut seed = 0;
+    let wrap = move |l: SendLink| -> Result<SendLink, roce_link::LinkError> {
+        seed += 1;
+        let f = FaultConfig {
+            loss: 0.2,
+            duplicate: 0.1,
+            reorder: 0.1,
+            ..FaultConfig::default()
+        };
+        Ok(Box::new(Faulty::new(l, f, FaultConfig::default(), seed)))
+    };
+    let (ca, cb) = Context::sim_pair_with(
+        RuntimeConfig::default(),
+        roce_link::sim::SimConfig::default(),
+        wrap,
+    )
+    .unwrap();
+    let cfg = CmConfig {
+        packet_life_time: 6,
+        cm_response_timeout: 8,
+        ..CmConfig::default()
+    };
+    let (a, b) = (end_with(&ca, cfg), end_with(&cb, cfg));
+    connect_send_write_disconnect(&a, &b);
+    let retried = a.cm.stats().unwrap().retransmits + b.cm.stats().unwrap().retransmits;
+    assert!(retried > 0, "the loss made the CMs retry");
+}
+
+#[test]
+fn sim_pair_rejects() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    rejects(&a, &b);
+}
+
+#[test]
+fn cm_fd_is_readable_while_events_wait() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    let id =
+        a.cm.connect(
+            &a.qp,
+            cb.gid(0).unwrap(),
+            cb.config().mac,
+            5,
+            b"",
+            &ConnectOpts::default(),
+        )
+        .unwrap();
+    // Drive until A's CM queued the REJ (nobody listens on 5), without taking it: the fd becomes readable.
+    let w = roce_link::wait::Waiter::new().unwrap();
+    let end = std::time::Instant::now() + WAIT;
+    let mut readable = false;
+    while !readable && std::time::Instant::now() < end {
+        ca.progress();
+        cb.progress();
+        readable = w
+            .wait(&[a.cm.fd()], Duration::from_millis(1))
+            .unwrap()
+            .readable;
+    }
+    assert!(readable, "fd readable while an event waits");
+    match a.cm.poll_event().unwrap() {
+        Some(CmEvent::Rejected {
+            id: rid, reason: 8, ..
+        }) => assert_eq!(rid, id),
+        e => panic!("{e:?}"),
+    }
+    let w2 = w.wait(&[a.cm.fd()], Duration::ZERO).unwrap();
+    assert!(!w2.readable, "not readable once the event was taken");
+    drop(b);
+}
+
+fn udp_ctx(last: u8, ip: Ipv4Addr) -> Context {
+    let mac = [2, 0, 0, 0, 0x20, last];
+    let cfg = EngineConfig {
+        mac,
+        gids: vec![Gid::from_ipv4(ip.octets())],
+        seed: u64::from(last),
+        ..EngineConfig::default()
+    };
+    Context::open(cfg, RuntimeConfig::default(), move || {
+        let mut u = UdpConfig::new(IpAddr::V4(ip));
+        u.local_mac = mac;
+        Ok(Box::new(UdpLink::bind(u)?) as SendLink)
+    })
+    .expect("open udp device")
+}
+
+#[test]
+fn udp_loopback_connect_send_write_disconnect_and_rejects() {
+    let ca = udp_ctx(1, Ipv4Addr::new(127, 0, 77, 1));
+    let cb = udp_ctx(2, Ipv4Addr::new(127, 0, 77, 2));
+    let (a, b) = (end(&ca), end(&cb));
+    connect_send_write_disconnect(&a, &b);
+    let (a2, b2) = (end(&ca), end(&cb));
+    rejects(&a2, &b2);
+}
