@@ -611,6 +611,9 @@ impl Sim {
             return;
         };
         self.lens[b as usize] = meta.len as u32;
+        if h == self.receiver {
+            self.observe_cnp_sent(b);
+        }
         let bits = (meta.len as u64 + self.overhead) * 8;
         let (done, arrive) = self.hosts[h]
             .wire
@@ -749,6 +752,29 @@ impl Sim {
         } else if op == OP_CNP {
             self.recorder.on_cnp(self.now, fi as usize);
         }
+    }
+
+    /// A CNP leaving the receiver (the NP): its spacing per flow, at the NP (`DCQCN.md` §2.2 N3).
+    fn observe_cnp_sent(&mut self, b: u32) {
+        let len = self.lens[b as usize] as usize;
+        let f = &self.bufs[b as usize][..len];
+        if len < BTH_OFF + 12
+            || f[12..14] != [0x08, 0x00]
+            || f[BTH_OFF] != OP_CNP
+            || f[0..4] != [2, 0, 0, 0]
+        {
+            return;
+        }
+        let dst = (usize::from(f[4]) << 8) | usize::from(f[5]);
+        let qpn = u32::from_be_bytes([0, f[BTH_OFF + 5], f[BTH_OFF + 6], f[BTH_OFF + 7]]);
+        let Some(&fi) = self
+            .hosts
+            .get(dst)
+            .and_then(|h| h.flow_of.get(qpn.wrapping_sub(FIRST_QPN) as usize))
+        else {
+            return;
+        };
+        self.recorder.on_cnp_sent(self.now, fi as usize);
     }
 
     /// Per-flow summary inputs the recorder cannot see: completed bytes, completion time, errors.

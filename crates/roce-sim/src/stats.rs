@@ -67,6 +67,9 @@ pub struct Recorder {
     win_cnps: Vec<u64>,
     all_cnps: Vec<u64>,
     last_cnp: Vec<Option<u64>>,
+    last_cnp_sent: Vec<Option<u64>>,
+    /// Smallest gap between two CNPs the NP sent for one flow, ns (whole run).
+    pub min_cnp_sent_gap_ns: Option<u64>,
     /// Smallest gap between two CNPs of one flow, ns (whole run).
     pub min_cnp_gap_ns: Option<u64>,
     win_marks: u64,
@@ -115,6 +118,8 @@ impl Recorder {
             win_cnps: vec![0; n],
             all_cnps: vec![0; n],
             last_cnp: vec![None; n],
+            last_cnp_sent: vec![None; n],
+            min_cnp_sent_gap_ns: None,
             min_cnp_gap_ns: None,
             win_marks: 0,
             win_ect: 0,
@@ -184,6 +189,15 @@ impl Recorder {
             self.min_cnp_gap_ns = Some(self.min_cnp_gap_ns.map_or(gap, |m| m.min(gap)));
         }
         self.last_cnp[f] = Some(now);
+    }
+
+    /// The NP (receiver) put a CNP for flow `f` on its link.
+    pub fn on_cnp_sent(&mut self, now: u64, f: usize) {
+        if let Some(l) = self.last_cnp_sent[f] {
+            let gap = now - l;
+            self.min_cnp_sent_gap_ns = Some(self.min_cnp_sent_gap_ns.map_or(gap, |m| m.min(gap)));
+        }
+        self.last_cnp_sent[f] = Some(now);
     }
 
     /// The switch marked CE.
@@ -327,6 +341,7 @@ impl Recorder {
                     / self.win_cnps.len() as f64
             },
             min_cnp_gap_us: self.min_cnp_gap_ns.map(|g| g as f64 / 1e3),
+            min_cnp_sent_gap_us: self.min_cnp_sent_gap_ns.map(|g| g as f64 / 1e3),
             np_interval_us: self.np_ns as f64 / 1e3,
             marks: self.win_marks,
             ect_frames: self.win_ect,
@@ -452,8 +467,10 @@ pub struct Summary {
     pub cnps: u64,
     /// CNPs per ms per flow in the window.
     pub cnps_per_ms_per_flow: f64,
-    /// Smallest gap between two CNPs of one flow, µs.
+    /// Smallest gap between two CNPs of one flow at the sender (after the switch), µs.
     pub min_cnp_gap_us: Option<f64>,
+    /// Smallest gap between two CNPs of one flow as the NP sent them, µs.
+    pub min_cnp_sent_gap_us: Option<f64>,
     /// The NP window N, µs.
     pub np_interval_us: f64,
     /// CE marks in the window.
@@ -504,11 +521,13 @@ impl Summary {
         );
         let _ = writeln!(
             s,
-            "CNPs {} ({:.2}/ms/flow, min gap {})  marks {} of {} ECT ({:.3} %)  drops {}  converge {}",
+            "CNPs {} ({:.2}/ms/flow, min gap sent {} / received {})  marks {} of {} ECT ({:.3} %)  drops {}  converge {}",
             self.cnps,
             self.cnps_per_ms_per_flow,
+            self.min_cnp_sent_gap_us
+                .map_or("-".into(), |g| format!("{g:.3} µs")),
             self.min_cnp_gap_us
-                .map_or("-".into(), |g| format!("{g:.1} µs")),
+                .map_or("-".into(), |g| format!("{g:.3} µs")),
             self.marks,
             self.ect_frames,
             self.mark_fraction * 100.0,
