@@ -77,6 +77,112 @@ fn e3_two_flows_marked_fraction() {
     band("E3 marked fraction", s.mark_fraction, 0.001, 0.005);
 }
 
+/// Per-bin throughput of flow `f`, Gb/s, with each bin's end in ms.
+fn series(sim: &Sim, f: usize) -> Vec<(f64, f64)> {
+    let r = &sim.recorder;
+    let mut prev = 0u64;
+    r.bin_ends
+        .iter()
+        .zip(&r.bins[f])
+        .map(|(&t, b)| {
+            let dt = (t - prev) as f64;
+            prev = t;
+            (t as f64 / 1e6, b.bytes as f64 * 8.0 / dt)
+        })
+        .collect()
+}
+
+/// Least-squares slope of the points, Gb/s per ms.
+fn slope(pts: &[(f64, f64)]) -> f64 {
+    let n = pts.len() as f64;
+    let mx = pts.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = pts.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let sxx: f64 = pts.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+    sxy / sxx
+}
+
+#[test]
+fn e4_late_joiner_convergence() {
+    let (sc, sim, s) = run("e4_late_joiner.toml");
+    let join = sc.flows[2].start_ms;
+    assert_eq!(sc.bin_ms, 1.0, "E4 is measured in 1-ms bins");
+    let new = series(&sim, 2);
+    let after = |a: f64, b: f64| -> Vec<(f64, f64)> {
+        new.iter()
+            .copied()
+            .filter(|&(t, _)| t > join + a && t <= join + b)
+            .collect()
+    };
+    let first3 = after(0.0, 3.0);
+    assert_eq!(first3.len(), 3);
+    let lowest = first3.iter().map(|p| p.1).fold(f64::MAX, f64::min);
+    band(
+        "E4 newcomer's lowest per-ms Gb/s in the 3 ms after joining",
+        lowest,
+        0.0,
+        4.0,
+    );
+    band(
+        "E4 newcomer's ramp slope over the next 7 ms, Gb/s per ms",
+        slope(&after(3.0, 10.0)),
+        f64::MIN,
+        0.8,
+    );
+    let conv = s
+        .converge_ms
+        .expect("E4: per-ms Jain ≥ 0.95 for 5 ms is reached");
+    band("E4 convergence after the join, ms", conv, 10.0, 40.0);
+    for f in &s.flows {
+        band(
+            "E4 long-run per-flow Gb/s",
+            f.throughput_gbps,
+            13.33 - 2.5,
+            13.33 + 2.5,
+        );
+    }
+    band("E4 Jain of means", s.jain, 0.98, 1.0);
+    band("E4 mean queue KB", s.queue_mean_bytes / 1e3, 20.0, 40.0);
+}
+
+#[test]
+fn e6_recovery_after_congestion_ends() {
+    let (sc, sim, _) = run("e6_recovery.toml");
+    let dep = sc.flows[1].stop_ms.expect("flow 2 stops");
+    let c = sc.link.rate_gbps;
+    let f1: Vec<(f64, f64)> = series(&sim, 0)
+        .into_iter()
+        .filter(|&(t, _)| t > dep)
+        .collect();
+    let reach = |frac: f64| f1.iter().find(|p| p.1 >= frac * c).map(|p| p.0 - dep);
+    let t90 = reach(0.9).expect("E6: flow 1 reaches 0.9C");
+    let t99 = reach(0.99).expect("E6: flow 1 reaches 0.99C");
+    band("E6 time to 0.9C after the departure, ms", t90, 14.0, 22.0);
+    band("E6 time to 0.99C after the departure, ms", t99, 15.0, 23.0);
+    // Non-decreasing per-ms throughput except ≤ 1 ms of residual-queue effects; a drop of at most two full
+    // packets (2 · 1106 B per ms = 0.018 Gb/s) is bin quantisation, not a decrease.
+    let quantum = 2.0 * 1106.0 * 8.0 / 1e6;
+    let decreases = f1.windows(2).filter(|w| w[1].1 < w[0].1 - quantum).count();
+    band(
+        "E6 bins with decreasing throughput after the departure",
+        decreases as f64,
+        0.0,
+        1.0,
+    );
+    // Linear phase: from the end of fast recovery (+1 ms) to well before 0.9C.
+    let lin: Vec<(f64, f64)> = f1
+        .iter()
+        .copied()
+        .filter(|&(t, _)| t > dep + 2.0 && t <= dep + 14.0)
+        .collect();
+    band(
+        "E6 linear-phase slope, Gb/s per ms",
+        slope(&lin),
+        0.73 - 0.08,
+        0.73 + 0.08,
+    );
+}
+
 #[test]
 fn e5_incast_8() {
     let (sc, sim, s) = run("e5_incast_8.toml");
