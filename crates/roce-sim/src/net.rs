@@ -70,6 +70,10 @@ enum Ev {
     FlowStop(u32),
     /// End of a time-series bin.
     Bin,
+    /// An RC sample instant.
+    RcSample,
+    /// Flow `.0` gets its next data packet CE-marked.
+    ForceCe(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +195,10 @@ pub struct Sim {
     end: u64,
     bin_ns: u64,
     wr_depth: u32,
+    rc_sample_ns: u64,
+    /// Per flow: forced CE marks pending (`FlowSpec::ce_at_us`); `forced` = their sum.
+    force_ce: Vec<u32>,
+    forced: u32,
     /// Per-flow, per-bin and queue statistics.
     pub recorder: Recorder,
     /// Switch counters.
@@ -349,6 +357,11 @@ impl Sim {
             end,
             bin_ns,
             wr_depth: sc.host.wr_depth,
+            rc_sample_ns: sc
+                .rc_sample_us
+                .map_or(0, |u| ((u * 1e3).round() as u64).max(1)),
+            force_ce: vec![0; sc.flows.len()],
+            forced: 0,
             recorder: Recorder::new(sc, ms_to_ns(sc.measure_from_ms), end, bin_ns),
             switch: SwitchCounters::default(),
             events: 0,
@@ -359,7 +372,15 @@ impl Sim {
                 sim.push(ms_to_ns(s), Ev::FlowStop(fi as u32));
             }
         }
+        for (fi, f) in sc.flows.iter().enumerate() {
+            for &t in &f.ce_at_us {
+                sim.push((t * 1e3).round() as u64, Ev::ForceCe(fi as u32));
+            }
+        }
         sim.push(bin_ns.min(end), Ev::Bin);
+        if sim.rc_sample_ns > 0 {
+            sim.push(0, Ev::RcSample);
+        }
         Ok(sim)
     }
 
@@ -469,6 +490,17 @@ impl Sim {
                 self.host_after(h);
             }
             Ev::FlowStop(f) => self.flows[f as usize].active = false,
+            Ev::ForceCe(f) => {
+                self.force_ce[f as usize] += 1;
+                self.forced += 1;
+            }
+            Ev::RcSample => {
+                let rc = self.rates();
+                self.recorder.rc_samples.push((self.now, rc));
+                if self.now + self.rc_sample_ns <= self.end {
+                    self.push(self.now + self.rc_sample_ns, Ev::RcSample);
+                }
+            }
             Ev::Bin => {
                 let rc = self.rates();
                 let q = self.ports_q();
@@ -677,12 +709,37 @@ impl Sim {
         }
     }
 
+    /// The flow a data frame to the receiver belongs to, if one has a forced CE mark pending: takes it.
+    fn take_forced(&mut self, b: u32) -> bool {
+        let f = &self.bufs[b as usize];
+        if f[BTH_OFF] > 0x1f {
+            return false;
+        }
+        let qpn = u32::from_be_bytes([0, f[BTH_OFF + 5], f[BTH_OFF + 6], f[BTH_OFF + 7]]);
+        let dst = (usize::from(f[4]) << 8) | usize::from(f[5]);
+        let Some(&fi) = self
+            .hosts
+            .get(dst)
+            .and_then(|h| h.flow_of.get(qpn.wrapping_sub(FIRST_QPN) as usize))
+        else {
+            return false;
+        };
+        let pending = &mut self.force_ce[fi as usize];
+        if *pending == 0 {
+            return false;
+        }
+        *pending -= 1;
+        self.forced -= 1;
+        true
+    }
+
     fn maybe_mark(&mut self, b: u32, q: u64) {
         let ecn = self.bufs[b as usize][IP_OFF + 1] & 3;
         if ecn == 1 || ecn == 2 {
             self.switch.ect_frames += 1;
             self.recorder.on_ect(self.now);
-            if self.mark_decision(q) {
+            let forced = self.forced > 0 && self.take_forced(b);
+            if forced || self.mark_decision(q) {
                 let f = &mut self.bufs[b as usize];
                 f[IP_OFF + 1] |= 3;
                 fix_ipv4_checksum(&mut f[IP_OFF..IP_OFF + 20]);

@@ -65,6 +65,10 @@ pub struct Scenario {
     /// The switch.
     #[serde(default)]
     pub switch: SwitchSpec,
+    /// Sample every flow's RC (the sender QP's DCQCN rate) every this many µs into `Recorder::rc_samples`
+    /// (for comparisons with the oracle's `samples_us_rc_bps`); `None` = only at bin ends.
+    #[serde(default)]
+    pub rc_sample_us: Option<f64>,
     /// Host (NIC and verbs) settings.
     #[serde(default)]
     pub host: HostSpec,
@@ -215,6 +219,10 @@ pub struct FlowSpec {
     /// Bytes to send; `None` = backlogged until `stop_ms` or the end.
     #[serde(default)]
     pub bytes: Option<u64>,
+    /// Impulses: at each instant (µs) the switch CE-marks the flow's next ECN-capable data packet whatever the
+    /// queue, so the receiver's NP answers with one real CNP (`DCQCN.md` §6 E2, the impulse response of the RP).
+    #[serde(default)]
+    pub ce_at_us: Vec<f64>,
 }
 
 /// A scenario that cannot run, with the reason.
@@ -290,6 +298,9 @@ impl Scenario {
                 self.measure_from_ms
             ));
         }
+        if self.rc_sample_us.is_some_and(|v| !pos(v)) {
+            return bad("rc_sample_us: expected > 0".into());
+        }
         if !pos(self.bin_ms) {
             return bad(format!("bin_ms {}: expected > 0", self.bin_ms));
         }
@@ -345,6 +356,9 @@ impl Scenario {
                 && !(s.is_finite() && s > f.start_ms)
             {
                 return bad(format!("flow {i}: stop_ms {s}: expected > start_ms"));
+            }
+            if f.ce_at_us.iter().any(|t| !(t.is_finite() && *t >= 0.0)) {
+                return bad(format!("flow {i}: ce_at_us: expected times ≥ 0"));
             }
             if f.bytes == Some(0) {
                 return bad(format!("flow {i}: bytes 0"));

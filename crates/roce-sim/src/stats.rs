@@ -51,6 +51,10 @@ pub struct Recorder {
     pub qbins: Vec<QueueBin>,
     /// End instant (ns) of each closed bin.
     pub bin_ends: Vec<u64>,
+    /// RC of every flow at each `Scenario::rc_sample_us` instant: (ns, bit/s per flow).
+    pub rc_samples: Vec<(u64, Vec<f64>)>,
+    /// Arrival instants (ns) at the sender of every CNP, per flow.
+    pub cnp_times: Vec<Vec<u64>>,
     last_bin_end: u64,
     // queue
     q: u64,
@@ -105,6 +109,8 @@ impl Recorder {
             bins: vec![Vec::new(); n],
             qbins: Vec::new(),
             bin_ends: Vec::new(),
+            rc_samples: Vec::new(),
+            cnp_times: vec![Vec::new(); n],
             last_bin_end: 0,
             q: 0,
             q_since: 0,
@@ -181,6 +187,7 @@ impl Recorder {
     pub fn on_cnp(&mut self, now: u64, f: usize) {
         self.cur[f].cnps += 1;
         self.all_cnps[f] += 1;
+        self.cnp_times[f].push(now);
         if self.in_win(now) {
             self.win_cnps[f] += 1;
         }
