@@ -496,7 +496,17 @@ impl Sim {
             }
             Ev::RcSample => {
                 let rc = self.rates();
+                let now = Instant::from_nanos(self.now);
+                let state = self
+                    .flows
+                    .iter()
+                    .map(|f| {
+                        let m = self.hosts[f.sender].engine.qp_rate(f.send_qpn, now);
+                        m.map_or((None, None), |m| (m.target_bps, m.alpha))
+                    })
+                    .collect();
                 self.recorder.rc_samples.push((self.now, rc));
+                self.recorder.rp_samples.push(state);
                 if self.now + self.rc_sample_ns <= self.end {
                     self.push(self.now + self.rc_sample_ns, Ev::RcSample);
                 }

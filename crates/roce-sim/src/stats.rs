@@ -53,8 +53,14 @@ pub struct Recorder {
     pub bin_ends: Vec<u64>,
     /// RC of every flow at each `Scenario::rc_sample_us` instant: (ns, bit/s per flow).
     pub rc_samples: Vec<(u64, Vec<f64>)>,
+    /// At the same instants: every flow's RT (bit/s) and α, when its controller has them.
+    pub rp_samples: Vec<Vec<(Option<u64>, Option<f64>)>>,
     /// Arrival instants (ns) at the sender of every CNP, per flow.
     pub cnp_times: Vec<Vec<u64>>,
+    /// Instants (ns) the receiver's NIC put each CNP on its link, per flow.
+    pub cnp_sent_times: Vec<Vec<u64>>,
+    /// Arrival instants (ns) at the receiver of every CE-marked data packet, per flow.
+    pub ce_times: Vec<Vec<u64>>,
     last_bin_end: u64,
     // queue
     q: u64,
@@ -110,7 +116,10 @@ impl Recorder {
             qbins: Vec::new(),
             bin_ends: Vec::new(),
             rc_samples: Vec::new(),
+            rp_samples: Vec::new(),
             cnp_times: vec![Vec::new(); n],
+            cnp_sent_times: vec![Vec::new(); n],
+            ce_times: vec![Vec::new(); n],
             last_bin_end: 0,
             q: 0,
             q_since: 0,
@@ -178,6 +187,9 @@ impl Recorder {
     pub fn on_data(&mut self, now: u64, f: usize, wire: u64, ce: bool) {
         self.cur[f].bytes += wire;
         self.cur[f].marks += u32::from(ce);
+        if ce {
+            self.ce_times[f].push(now);
+        }
         if self.in_win(now) {
             self.win_bytes[f] += wire;
         }
@@ -200,6 +212,7 @@ impl Recorder {
 
     /// The NP (receiver) put a CNP for flow `f` on its link.
     pub fn on_cnp_sent(&mut self, now: u64, f: usize) {
+        self.cnp_sent_times[f].push(now);
         if let Some(l) = self.last_cnp_sent[f] {
             let gap = now - l;
             self.min_cnp_sent_gap_ns = Some(self.min_cnp_sent_gap_ns.map_or(gap, |m| m.min(gap)));

@@ -327,6 +327,99 @@ fn e8_incast_16_beyond_the_ramp() {
     band("E8 Jain of means", s.jain, 0.98, 1.0);
 }
 
+/// E7 invariants 1, 2 (at the NP, within one frame time of link waiting), 3 and 4–5 (RC, RT, α sampled every 5 µs)
+/// on a scenario: returns the violations of invariant 1 (pairs of CNP send instants of one flow closer than N
+/// minus one frame time).
+fn e7_check(name: &str) -> Vec<(usize, u64, u64)> {
+    let mut sc = load(name);
+    sc.rc_sample_us = Some(5.0);
+    let mut sim = Sim::new(&sc).unwrap();
+    sim.run();
+    let r = &sim.recorder;
+    let n_ns = (sc.cc.np_interval_us * 1e3) as u64;
+    // A CNP may wait for the frame in service on the receiver's link (ACKs and CNPs only: ≤ 100 B, 20 ns).
+    let jitter = 1106 * 8 * 1000 / (sc.link.rate_gbps as u64 * 1000);
+    let mut close = vec![];
+    for (f, sent) in r.cnp_sent_times.iter().enumerate() {
+        let ce = &r.ce_times[f];
+        // 3. No CE, no CNP.
+        if ce.is_empty() {
+            assert!(sent.is_empty(), "{name} flow {f}: CNPs without CE marks");
+        }
+        for w in sent.windows(2) {
+            if w[1] - w[0] + jitter < n_ns {
+                close.push((f, w[0], w[1]));
+            }
+        }
+        // 2. Each CE arrival is answered at once after ≥ N of silence, else at the window end.
+        for &t in ce {
+            let last = sent.iter().rev().find(|&&s| s < t).copied();
+            let due = match last {
+                Some(l) if t < l + n_ns => l + n_ns,
+                _ => t,
+            };
+            assert!(
+                sent.iter().any(|&s| s + jitter >= due && s <= due + jitter),
+                "{name} flow {f}: CE at {t} ns: no CNP at {due} ns (+{jitter} ns); sent {:?} CE {:?}",
+                sent.iter()
+                    .filter(|&&s| s + 200_000 > t && s < t + 200_000)
+                    .collect::<Vec<_>>(),
+                ce.iter()
+                    .filter(|&&s| s + 200_000 > t && s < t + 200_000)
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+    // 4, 5. RC within [R_min, C]; RT ≥ RC (paper); α in [0, 1], ≥ g after a CNP.
+    let c = sc.link.rate_gbps * 1e9;
+    let (r_min, g) = (100e6, 1.0 / 256.0);
+    for ((t, rcs), rp) in r.rc_samples.iter().zip(&r.rp_samples) {
+        for (f, (&rc, &(rt, alpha))) in rcs.iter().zip(rp).enumerate() {
+            assert!(rc <= c && rc >= r_min, "{name} flow {f} at {t} ns: RC {rc}");
+            let rt = rt.expect("paper RP has RT") as f64;
+            assert!(rt >= rc, "{name} flow {f} at {t} ns: RT {rt} < RC {rc}");
+            let a = alpha.expect("paper RP has α");
+            assert!((0.0..=1.0).contains(&a), "{name} flow {f} at {t} ns: α {a}");
+            if !r.cnp_times[f].is_empty() && r.cnp_times[f][0] <= *t {
+                assert!(
+                    a >= g * 0.999_999,
+                    "{name} flow {f} at {t} ns: α {a} < g after a CNP"
+                );
+            }
+        }
+    }
+    close
+}
+
+#[test]
+fn e7_np_rp_invariants() {
+    for name in [
+        "e3_two_flows.toml",
+        "e5_incast_8.toml",
+        "e4_late_joiner.toml",
+    ] {
+        let close = e7_check(name);
+        assert!(
+            close.is_empty(),
+            "{name}: CNPs of one flow closer than N: {close:?}"
+        );
+    }
+}
+
+/// E7 invariant 1 fails in E8 (16:1): the NP sends two CNPs for one flow at the same instant when a CE-marked packet
+/// arrives exactly when the flow's CNP window ends while a mark from inside that window is pending — once for the
+/// pending mark (N2, `CnpPacing` timer) and once for the new mark (N1). Measured: flow 8 at 58 834 618 and
+/// 58 834 638 ns (back to back on the link). The NP is the engine's (roce-proto), outside this crate.
+#[test]
+#[ignore = "fails: the engine's NP sends two CNPs at a window-end tie (see doc comment)"]
+fn e7_np_spacing_in_e8() {
+    let close = e7_check("e8_incast_16.toml");
+    assert!(
+        close.is_empty(),
+        "CNPs of one flow closer than N: {close:?}"
+    );
+}
+
 #[test]
 fn same_scenario_and_seed_give_identical_csv() {
     let csv = || {
@@ -348,6 +441,21 @@ fn same_scenario_and_seed_give_identical_csv() {
 #[ignore]
 fn explore() {
     for n in std::env::var("SC").unwrap().split(',') {
-        run(n);
+        let (_, sim, _) = run(n);
+        let r = &sim.recorder;
+        for (f, ts) in r.cnp_sent_times.iter().enumerate() {
+            for w in ts.windows(2) {
+                if w[1] - w[0] < 49_000 {
+                    let ce: Vec<_> = r.ce_times[f]
+                        .iter()
+                        .filter(|&&t| t + 120_000 > w[0] && t < w[1] + 1000)
+                        .collect();
+                    eprintln!(
+                        "flow {f}: CNPs sent at {} and {} ns; CE arrivals near: {ce:?}",
+                        w[0], w[1]
+                    );
+                }
+            }
+        }
     }
 }
