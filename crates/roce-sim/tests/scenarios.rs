@@ -459,3 +459,38 @@ fn explore() {
         }
     }
 }
+
+/// A sized flow (`bytes`) completes all of its bytes and stops; its completion time is at least the serialisation
+/// time of its data at line rate and, alone on the fabric, within 5 % + a few RTTs of it.
+#[test]
+fn sized_flow_completes() {
+    let sc = Scenario::from_toml(
+        r#"
+name = "sized"
+duration_ms = 2.0
+[[flow]]
+sender = 0
+bytes = 1000000
+[[flow]]
+sender = 1
+start_ms = 0.5
+bytes = 100000
+"#,
+    )
+    .unwrap();
+    let mut sim = Sim::new(&sc).unwrap();
+    sim.run();
+    for (f, want) in [(0usize, 1_000_000u64), (1, 100_000)] {
+        let (done, at, errors) = sim.flow_done(f);
+        assert_eq!((done, errors), (want, 0), "flow {f}");
+        let start = (sc.flows[f].start_ms * 1e6) as u64;
+        let fct = at.expect("finished") - start;
+        // 1 KiB of payload per 1106 wire bytes at 40 Gb/s.
+        let ideal = (want as f64 / 1024.0 * 1106.0 * 8.0 / 40.0) as u64;
+        assert!(
+            fct >= ideal && fct <= ideal * 105 / 100 + 20_000,
+            "flow {f}: FCT {fct} ns, ideal {ideal} ns"
+        );
+    }
+    assert_eq!(sim.switch.drops, 0);
+}
