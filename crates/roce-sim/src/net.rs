@@ -30,7 +30,7 @@ use roce_proto::{
 };
 
 use crate::scenario::{MarkAt, Scenario, ScenarioError};
-use crate::stats::{FlowBin, Recorder};
+use crate::stats::Recorder;
 
 /// Largest frame a pool buffer holds (MTU 4096 + headers, with room to spare).
 const FRAME_MAX: usize = 4352;
@@ -404,7 +404,8 @@ impl Sim {
         &self.hosts[i].engine
     }
 
-    /// Bytes completed (acknowledged WRs) of flow `f` and the instant, ns, it completed all of its `bytes`.
+    /// Flow `f`'s bytes completed (acknowledged WRs), the instant (ns) it completed all of its `bytes`, and its
+    /// failed WRs (completions in error or a refused `post_send`).
     pub fn flow_done(&self, f: usize) -> (u64, Option<u64>, u64) {
         let fl = &self.flows[f];
         (fl.completed_bytes, fl.finished_at, fl.errors)
@@ -438,7 +439,7 @@ impl Sim {
         }
         self.now = self.now.max(t);
         if t >= self.end {
-            self.recorder.finish(self.end, &self.ports_q());
+            self.recorder.finish(self.end);
         }
         t >= self.end
     }
@@ -842,11 +843,6 @@ impl Sim {
             return;
         };
         self.recorder.on_cnp_sent(self.now, fi as usize);
-    }
-
-    /// Per-flow summary inputs the recorder cannot see: completed bytes, completion time, errors.
-    pub fn flow_bins(&self) -> &[Vec<FlowBin>] {
-        &self.recorder.bins
     }
 }
 

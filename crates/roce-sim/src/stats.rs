@@ -266,7 +266,7 @@ impl Recorder {
     }
 
     /// Final integration at the end of the run.
-    pub fn finish(&mut self, end: u64, _q: &u64) {
+    pub fn finish(&mut self, end: u64) {
         if !self.finished {
             self.advance_q(end);
             self.finished = true;
