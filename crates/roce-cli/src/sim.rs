@@ -60,6 +60,7 @@ fn sim_cmd(a: &SimArgs) -> Result<(), String> {
         .with_message(format!("{} (simulated µs)", sc.name))
     });
     // Steps of 100 µs of simulated time between progress updates.
+    let wall = std::time::Instant::now();
     let mut t = 0;
     loop {
         t += 100_000;
@@ -72,11 +73,17 @@ fn sim_cmd(a: &SimArgs) -> Result<(), String> {
         }
     }
     drop(bar);
+    let secs = wall.elapsed().as_secs_f64();
     let s = sim.recorder.summary(&sc);
     if a.json {
         println!("{}", serde_json::to_string(&s).map_err(|e| e.to_string())?);
     } else {
         print!("{}", s.table());
+        println!(
+            "{} events in {secs:.2} s of wall-clock time ({:.2} M events/s)",
+            sim.events,
+            sim.events as f64 / secs.max(1e-9) / 1e6
+        );
     }
     if let Some(dir) = &a.csv {
         std::fs::create_dir_all(dir).map_err(|e| format!("--csv {}: {e}", dir.display()))?;

@@ -510,3 +510,24 @@ bytes = 100000
     }
     assert_eq!(sim.switch.drops, 0);
 }
+
+/// Every shipped scenario parses, and a scenario survives a JSON round trip (the loader takes either format).
+#[test]
+fn scenario_files_parse_and_json_round_trips() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names.len(),
+        7,
+        "E1-E6 and E8 ship as files (E7 checks invariants on them): {names:?}"
+    );
+    for n in &names {
+        let sc = load(n);
+        let json = serde_json::to_string(&sc).unwrap();
+        assert_eq!(Scenario::from_json(&json).unwrap(), sc, "{n}");
+    }
+}
