@@ -7,7 +7,8 @@
 //!   buffer and ECN ramp, CC profile and parameters, flows, seed, duration. `scenarios/` ships E1–E8 of
 //!   `DCQCN.md` §6.
 //! * [`net`]: the event loop (virtual time in ns, a binary heap, seeded randomness only, no wall clock), hosts,
-//!   links that serialise frames, the switch (strict-priority CNP queue, ECN ramp at enqueue or dequeue, tail drop).
+//!   links that serialise frames, the switch (strict-priority CNP queue, ECN ramp at enqueue or dequeue, tail drop,
+//!   optional PFC pause).
 //! * [`stats`]: per-flow throughput, Jain fairness, queue statistics, CNPs, marks, convergence; CSV series.
 //!
 //! ```no_run
@@ -23,7 +24,8 @@
 //! `cargo test --release -p roce-sim --test scenarios` asserts the §6 bands (`tests/scenarios.rs` says which fail
 //! and why).
 //!
-//! Not modelled (yet): PFC pause, several switches, READ flows, the ns-3 export.
+//! PFC is simplified (`scenario::PfcSpec`: one lossless class, per-ingress XOFF/XON, the pause acts one propagation
+//! delay later). Not modelled (yet): several switches, READ flows, the ns-3 export.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -12,7 +12,8 @@
 //!   (DSCP = the NP's `cnp_dscp`, never marked) and a data FIFO that marks CE on ECN-capable frames with the
 //!   RED-like ramp of `DCQCN.md` §2.1 (at enqueue or dequeue) and tail-drops a frame the buffer cannot hold.
 //!   Marking rewrites the IPv4 ECN bits and the header checksum; the ICRC does not cover the ECN bits (it masks the
-//!   TOS byte, `ROCEV2.md §3`), so the frame stays valid.
+//!   TOS byte, `ROCEV2.md §3`), so the frame stays valid. With `switch.pfc` it pauses a sender whose ingress port
+//!   holds more than XOFF bytes and resumes it below XON ([`crate::scenario::PfcSpec`]).
 //!
 //! Frames live in a pool of fixed buffers recycled through a free list: the steady state allocates nothing per frame.
 
@@ -72,6 +73,8 @@ enum Ev {
     Bin,
     /// An RC sample instant.
     RcSample,
+    /// A PFC pause (true) or resume (false) reaches host `.0`.
+    Pfc(u32, bool),
     /// Flow `.0` gets its next data packet CE-marked.
     ForceCe(u32),
 }
@@ -130,6 +133,8 @@ struct Host {
     cq: CqHandle,
     /// Flow index by local QPN − FIRST_QPN.
     flow_of: Vec<u32>,
+    /// PFC: the switch has paused this host's link.
+    paused: bool,
 }
 
 /// One flow's live state.
@@ -165,6 +170,8 @@ pub struct SwitchCounters {
     pub unroutable: u64,
     /// CE marks applied.
     pub marks: u64,
+    /// PFC pauses sent (XOFF transitions).
+    pub pauses: u64,
     /// ECN-capable data frames that went through a marking decision.
     pub ect_frames: u64,
 }
@@ -182,6 +189,12 @@ pub struct Sim {
     lens: Vec<u32>,
     free: Vec<u32>,
     buffer_used: u64,
+    /// Per buffer: the ingress port (sending host) of the frame it holds, for PFC accounting.
+    ingress: Vec<u32>,
+    /// PFC: bytes held per ingress port; whether that port is paused (as the switch last signalled).
+    ingress_bytes: Vec<u64>,
+    ingress_paused: Vec<bool>,
+    pfc: Option<crate::scenario::PfcSpec>,
     rng: ChaCha8Rng,
     rate_bps: f64,
     delay_ps: u64,
@@ -276,6 +289,7 @@ impl Sim {
                 last_timeout_at: None,
                 cq,
                 flow_of: Vec::new(),
+                paused: false,
             });
         }
         let mut flows = Vec::with_capacity(sc.flows.len());
@@ -344,6 +358,10 @@ impl Sim {
             lens: Vec::new(),
             free: Vec::new(),
             buffer_used: 0,
+            ingress: Vec::new(),
+            ingress_bytes: vec![0; senders + 1],
+            ingress_paused: vec![false; senders + 1],
+            pfc: sc.switch.pfc,
             rng: ChaCha8Rng::seed_from_u64(sc.seed),
             rate_bps,
             delay_ps: (sc.link.delay_us * 1e6).round() as u64,
@@ -491,6 +509,13 @@ impl Sim {
                 self.host_after(h);
             }
             Ev::FlowStop(f) => self.flows[f as usize].active = false,
+            Ev::Pfc(h, pause) => {
+                let h = h as usize;
+                self.hosts[h].paused = pause;
+                if !pause {
+                    self.host_after(h);
+                }
+            }
             Ev::ForceCe(f) => {
                 self.force_ce[f as usize] += 1;
                 self.forced += 1;
@@ -543,7 +568,7 @@ impl Sim {
         if h != self.receiver && self.hosts[h].engine.cq_len(self.hosts[h].cq) > 0 {
             self.reap(h);
         }
-        if !self.hosts[h].wire.busy {
+        if !self.hosts[h].wire.busy && !self.hosts[h].paused {
             self.host_tx(h);
         }
         let host = &mut self.hosts[h];
@@ -640,6 +665,7 @@ impl Sim {
         }
         self.bufs.push(vec![0u8; FRAME_MAX].into_boxed_slice());
         self.lens.push(0);
+        self.ingress.push(0);
         (self.bufs.len() - 1) as u32
     }
 
@@ -690,6 +716,13 @@ impl Sim {
             self.free.push(b);
             return;
         }
+        // The sending host (ingress port), for PFC; frames from elsewhere count on port 0.
+        let src = (usize::from(f[10]) << 8) | usize::from(f[11]);
+        let src = if f[6..10] == [2, 0, 0, 0] && src < self.ingress_bytes.len() {
+            src
+        } else {
+            0
+        };
         let ipv4 = len > BTH_OFF + 12 && f[12..14] == [0x08, 0x00];
         let dscp = if ipv4 { f[IP_OFF + 1] >> 2 } else { 0 };
         let hi = dscp == CNP_DSCP;
@@ -704,6 +737,18 @@ impl Sim {
             self.maybe_mark(b, q);
         }
         self.buffer_used += len as u64;
+        if let Some(pfc) = self.pfc {
+            self.ingress[b as usize] = src as u32;
+            self.ingress_bytes[src] += len as u64;
+            if !self.ingress_paused[src] && self.ingress_bytes[src] > pfc.xoff_bytes {
+                self.ingress_paused[src] = true;
+                self.switch.pauses += 1;
+                self.push(
+                    self.now + self.delay_ps.div_ceil(1000),
+                    Ev::Pfc(src as u32, true),
+                );
+            }
+        }
         let port = &mut self.ports[dst];
         if hi {
             port.hi.push_back(b);
@@ -777,6 +822,17 @@ impl Sim {
         }
         let left = port.lo_bytes;
         self.buffer_used -= len;
+        if let Some(pfc) = self.pfc {
+            let src = self.ingress[b as usize] as usize;
+            self.ingress_bytes[src] -= len;
+            if self.ingress_paused[src] && self.ingress_bytes[src] < pfc.xon_bytes {
+                self.ingress_paused[src] = false;
+                self.push(
+                    self.now + self.delay_ps.div_ceil(1000),
+                    Ev::Pfc(src as u32, false),
+                );
+            }
+        }
         if !hi {
             if p == self.receiver {
                 self.recorder.on_queue(self.now, left);

@@ -142,6 +142,23 @@ pub struct SwitchSpec {
     /// Enqueue or dequeue marking.
     #[serde(default)]
     pub mark: MarkAt,
+    /// PFC pause towards the senders (optional; `None` = lossless only as far as the buffer goes).
+    #[serde(default)]
+    pub pfc: Option<PfcSpec>,
+}
+
+/// Priority flow control, simplified (IEEE 802.1Qbb with one lossless class; every frame a sender sends is data):
+/// when the bytes the switch holds from one ingress port exceed `xoff_bytes` it pauses that port's sender, and
+/// resumes it once they fall below `xon_bytes`. A pause or resume takes effect at the sender one propagation delay
+/// later (the 64-byte PAUSE frame's own serialisation is not modelled); a paused sender finishes the frame it is
+/// serialising and then sends nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PfcSpec {
+    /// Pause above this many bytes buffered from one ingress port.
+    pub xoff_bytes: u64,
+    /// Resume below this many.
+    pub xon_bytes: u64,
 }
 
 impl Default for SwitchSpec {
@@ -152,6 +169,7 @@ impl Default for SwitchSpec {
             kmax_bytes: 200_000,
             pmax: 0.01,
             mark: MarkAt::Enqueue,
+            pfc: None,
         }
     }
 }
@@ -321,6 +339,14 @@ impl Scenario {
             return bad(format!(
                 "switch.kmin_bytes {} > kmax_bytes {}",
                 sw.kmin_bytes, sw.kmax_bytes
+            ));
+        }
+        if let Some(p) = sw.pfc
+            && (p.xon_bytes > p.xoff_bytes || p.xoff_bytes >= sw.buffer_bytes)
+        {
+            return bad(format!(
+                "switch.pfc: expected xon_bytes {} ≤ xoff_bytes {} < buffer_bytes {}",
+                p.xon_bytes, p.xoff_bytes, sw.buffer_bytes
             ));
         }
         if !(0.0..=1.0).contains(&sw.pmax) {
