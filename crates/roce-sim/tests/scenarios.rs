@@ -453,29 +453,6 @@ fn same_scenario_and_seed_give_identical_csv() {
     assert_ne!(sim.recorder.csv(), a);
 }
 
-#[test]
-#[ignore]
-fn explore() {
-    for n in std::env::var("SC").unwrap().split(',') {
-        let (_, sim, _) = run(n);
-        let r = &sim.recorder;
-        for (f, ts) in r.cnp_sent_times.iter().enumerate() {
-            for w in ts.windows(2) {
-                if w[1] - w[0] < 49_000 {
-                    let ce: Vec<_> = r.ce_times[f]
-                        .iter()
-                        .filter(|&&t| t + 120_000 > w[0] && t < w[1] + 1000)
-                        .collect();
-                    eprintln!(
-                        "flow {f}: CNPs sent at {} and {} ns; CE arrivals near: {ce:?}",
-                        w[0], w[1]
-                    );
-                }
-            }
-        }
-    }
-}
-
 /// A sized flow (`bytes`) completes all of its bytes and stops; its completion time is at least the serialisation
 /// time of its data at line rate and, alone on the fabric, within 5 % + a few RTTs of it.
 #[test]
