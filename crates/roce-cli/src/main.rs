@@ -34,6 +34,7 @@ mod pingpong;
 mod plotfont;
 mod run;
 mod rxmode;
+mod sim;
 mod stat;
 
 use std::io::Write as _;
@@ -91,6 +92,9 @@ enum Command {
     /// Congestion control: `rocev2 cc trace` drives the DCQCN reaction point through a CNP schedule (JSON in the
     /// schema of testdata/dcqcn/rp_reference.py, optional SVG plot).
     Cc(cc::CcArgs),
+    /// Congestion-control simulator: `rocev2 sim SCENARIO.toml [--json] [--csv DIR] [--plot DIR]` runs the
+    /// product's engines behind an ECN-marking switch (crates/roce-sim; scenarios E1-E8 in its scenarios/).
+    Sim(sim::SimArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,6 +126,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Cc(args) => cc::run(&args),
+        Command::Sim(args) => sim::run(&args),
     }
 }
 
