@@ -272,7 +272,7 @@ struct QpBlock {
     state: AtomicI32,
 }
 
-/// `ibv_qp_state` values the post checks compare with (`../shared/spec/ROCEV2.md` §4.6).
+/// `ibv_qp_state` values the post checks compare with (`docs/spec/ROCEV2.md` §4.6).
 const IBV_QPS_INIT: c_int = 1;
 const IBV_QPS_RTS: c_int = 3;
 

@@ -4,7 +4,7 @@
 //! `rocev2 run [--ip ADDR] -- PROGRAM ARGS` puts this library first on `LD_LIBRARY_PATH` and names the device's
 //! address in the environment ([`roce_link::device`]).
 //!
-//! # The ABI honoured (source: `../shared/libibverbs/ABI.md`, measured on Debian 12)
+//! # The ABI honoured (source: `docs/spec/LIBIBVERBS-ABI.md`, measured on Debian 12)
 //!
 //! * SONAME `libibverbs.so.1`; the 13 version nodes of the real library (`ibverbs.map`) and every symbol Debian
 //!   12's `libibverbs.so.1` exports, each at its version, the 33 `IBVERBS_1.0` twins and

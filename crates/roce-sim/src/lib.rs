@@ -1,7 +1,7 @@
 //! roce-sim: a packet-level discrete-event simulator whose hosts are the product's own sans-IO engines
 //! ([`roce_proto::Engine`]: real RC QPs posting real RDMA WRITE WRs, real frames with ICRC, the engine's own DCQCN
 //! reaction and notification points) behind one ECN-marking shared-buffer switch — the congestion point and the
-//! fabric of `../shared/dcqcn/DCQCN.md` (issue #20).
+//! fabric of `docs/spec/DCQCN.md` (issue #20).
 //!
 //! * [`scenario`]: scenarios as data (TOML or JSON): N senders → switch → 1 receiver, link rate and delay, switch
 //!   buffer and ECN ramp, CC profile and parameters, flows, seed, duration. `scenarios/` ships E1–E8 of

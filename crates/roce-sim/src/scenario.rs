@@ -1,6 +1,6 @@
 //! Scenarios as data: one TOML (or JSON) document describes a whole run — the N senders → switch → 1 receiver
 //! topology, link rates and delays, the switch's buffer and ECN ramp, the DCQCN profile and its parameters, the
-//! flows, the seed and the duration (`../shared/dcqcn/DCQCN.md` §6 "common setup"; issue #20).
+//! flows, the seed and the duration (`docs/spec/DCQCN.md` §6 "common setup"; issue #20).
 //!
 //! ```toml
 //! name = "e3_two_flows"

@@ -1,4 +1,4 @@
-//! E1–E8 of `../shared/dcqcn/DCQCN.md` §6, each asserting that section's pass/fail bands on the shipped scenario
+//! E1–E8 of `docs/spec/DCQCN.md` §6, each asserting that section's pass/fail bands on the shipped scenario
 //! file, and determinism (same scenario and seed → byte-identical CSV). Run in release:
 //! `cargo test --release -p roce-sim --test scenarios`.
 
@@ -84,7 +84,7 @@ fn e2_impulse_response_matches_the_oracle() {
         return;
     }
     let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/dcqcn/rp_reference.py");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/dcqcn/rp_reference.py");
     let out = std::env::temp_dir().join(format!("roce-sim-e2-{}.json", std::process::id()));
     let sample = sc.rc_sample_us.expect("E2 samples RC");
     let st = std::process::Command::new("python3")
