@@ -136,7 +136,12 @@ impl Engine {
             match window_end {
                 // N1: no CNP during the last N µs: send one now; a new window starts.
                 None => Self::open_cnp_window(qp, now),
-                Some(end) if now >= end => Self::open_cnp_window(qp, now),
+                Some(end) if now >= end => {
+                    // A mark inside the window that just ended still owes its CNP (its window-end timer has not run
+                    // yet at this instant): this CNP is that one too — one per window, never two at once.
+                    qp.resp.cnp_owed = false;
+                    Self::open_cnp_window(qp, now)
+                }
                 // N2: inside the open window: one CNP when it ends, however many marks arrive.
                 Some(end) => {
                     if !qp.resp.cnp_owed {

@@ -422,12 +422,11 @@ fn e7_np_rp_invariants() {
     }
 }
 
-/// E7 invariant 1 fails in E8 (16:1): the NP sends two CNPs for one flow at the same instant when a CE-marked packet
-/// arrives exactly when the flow's CNP window ends while a mark from inside that window is pending — once for the
-/// pending mark (N2, `CnpPacing` timer) and once for the new mark (N1). Measured: flow 8 at 58 834 618 and
-/// 58 834 638 ns (back to back on the link). The NP is the engine's (roce-proto), outside this crate.
+/// E7 invariant 1 on E8 (16:1): at most one CNP per flow per N. It failed here before the engine's NP was fixed: a
+/// CE-marked packet arriving exactly when the flow's CNP window ended, while a mark from inside that window was
+/// pending, made two CNPs at one instant (flow 8 at 58 834 618 and 58 834 638 ns); roce-proto's
+/// `np_sends_one_cnp_when_a_mark_arrives_exactly_at_the_window_end` pins the rule.
 #[test]
-#[ignore = "fails: the engine's NP sends two CNPs at a window-end tie (see doc comment)"]
 fn e7_np_spacing_in_e8() {
     let close = e7_check("e8_incast_16.toml");
     assert!(

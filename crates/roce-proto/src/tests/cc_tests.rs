@@ -158,6 +158,66 @@ fn qp_reset_forgets_congestion_state() {
     assert!(!r.limited && r.rate_bps == Some(LINE as u64), "{r:?}");
 }
 
+/// Notification point, found by the simulator (issue #20, E7 on the E8 scenario): a CE mark that arrives exactly
+/// when the open window ends, while a mark from inside the window still owes its end-of-window CNP, made two CNPs at
+/// the same instant (the arrival opened a new window and sent one; the window-end timer, run after it, sent the
+/// owed one as well). One CNP answers both: at most one per `cnp_interval` (`DCQCN.md` §2.2 N1–N2, §6 E7.2).
+#[test]
+fn np_sends_one_cnp_when_a_mark_arrives_exactly_at_the_window_end() {
+    let n = Duration::from_micros(50);
+    let b_cfg = EngineConfig {
+        cnp_interval: n,
+        ..cfg(MAC_B, IP_B, 2)
+    };
+    let mut p = Pair::with_configs(cfg(MAC_A, IP_A, 1), b_cfg);
+    let (a, b) = connect(&mut p, &ConnOpts::default());
+    let ma = mr(&mut p.a, a.pd, 4096, |i| i as u8);
+    let mb = mr(&mut p.b, b.pd, 4096, |_| 0);
+    let marks = std::rc::Rc::new(std::cell::Cell::new(false));
+    let m = marks.clone();
+    p.filter = Box::new(move |d, f| {
+        if d == Dir::AtoB && m.get() {
+            f[15] |= 3;
+        }
+        true
+    });
+    let sg = [sge(&ma, 0, 64)];
+    let w = SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: mb.addr,
+            rkey: mb.rkey,
+        },
+        &sg,
+    );
+    let write_at = |p: &mut Pair, at: Instant, ce: bool| {
+        p.drive_for(at - p.now);
+        p.now = at;
+        marks.set(ce);
+        p.a.post_send(a.qpn, &[w]).unwrap();
+        p.transmit();
+        marks.set(false);
+    };
+    let t0 = p.now + Duration::from_micros(100);
+    let us = |x: u64| t0 + Duration::from_micros(x);
+    // A mark at 10 µs (CNP at once, window to 60), one at 20 (owes a CNP at 60), one that reaches B at 60 exactly.
+    write_at(&mut p, us(10), true);
+    p.drive_for(Duration::from_micros(1));
+    write_at(&mut p, us(20), true);
+    p.drive_for(Duration::from_micros(1));
+    write_at(&mut p, us(60), true);
+    p.drive_for(Duration::from_micros(200));
+    let lat = p.latency;
+    let cnps: Vec<_> = p
+        .captured
+        .iter()
+        .filter(|c| c.1 == Dir::BtoA && c.2[42] == 0x81)
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(cnps, vec![us(10) + lat, us(60) + lat], "one CNP per window");
+    assert_eq!(p.b.counters().np_cnp_sent, 2);
+}
+
 /// Notification point (`DCQCN.md` §2.2 N1–N3, §6 E7.1–E7.3): the first CE mark after a quiet window is answered at
 /// the same instant; marks inside the open window by exactly one CNP at its end; unmarked traffic by none; CNPs
 /// carry DSCP `cnp_dscp` and priority `cnp_prio`.
