@@ -1305,7 +1305,9 @@ impl Engine {
                     qp.comm_est = false;
                 }
             }
-            QpState::Err if cur != QpState::Err => self.enter_error(i),
+            // The consumer's own transition: no QP Fatal event (IBTA Vol 1 §11.6.3: affiliated asynchronous errors
+            // report errors the QP met, not a modify the consumer asked for; mlx5/rxe raise none here).
+            QpState::Err if cur != QpState::Err => self.move_to_error(i, false),
             QpState::Rts | QpState::Sqd => self.kick(i),
             _ => {}
         }
@@ -1947,6 +1949,12 @@ impl Engine {
 
     /// Moves a QP to ERR: flushes SQ and RQ with WR_FLUSH_ERR, cancels timers, raises `QpFatal`.
     pub(crate) fn enter_error(&mut self, i: usize) {
+        self.move_to_error(i, true);
+    }
+
+    /// Moves QP slot `i` to ERR (flushes, timers cancelled; `QpLastWqeReached` for a QP on an SRQ); `fatal` also
+    /// raises `QpFatal` (an error the QP met, as opposed to the consumer's `modify_qp` to ERR).
+    fn move_to_error(&mut self, i: usize, fatal: bool) {
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
         };
@@ -1959,12 +1967,14 @@ impl Engine {
         self.sched.unpark(i);
         let qpn = qp.qpn;
         let on_srq = qp.srq.is_some();
-        self.events.push_back(AsyncEvent {
-            event_type: AsyncEventType::QpFatal,
-            qpn: Some(qpn),
-            cq: None,
-            srq: None,
-        });
+        if fatal {
+            self.events.push_back(AsyncEvent {
+                event_type: AsyncEventType::QpFatal,
+                qpn: Some(qpn),
+                cq: None,
+                srq: None,
+            });
+        }
         if on_srq {
             // The QP takes no more WQEs from its SRQ (`ibv_get_async_event(3)`; rxe `flush_recv_queue`).
             self.events.push_back(AsyncEvent {

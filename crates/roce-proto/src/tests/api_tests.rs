@@ -1210,3 +1210,45 @@ fn dereg_mr_invalidate_while_leased_fails_the_wrs_and_never_touches_the_memory()
         "a second dereg names an unknown key"
     );
 }
+
+/// A QP the consumer moves to ERR with `modify_qp` raises no `QpFatal` (UCX printed "local work queue catastrophic
+/// error" for every QP it tore down that way); a QP that meets an error (retries exhausted here) does.
+#[test]
+fn modify_to_err_raises_no_qp_fatal_but_an_error_does() {
+    let mut p = Pair::new();
+    let o = ConnOpts {
+        retry_cnt: 0,
+        timeout: 1,
+        ..ConnOpts::default()
+    };
+    let (a, _b) = connect(&mut p, &o);
+    p.a.modify_qp(
+        a.qpn,
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
+    p.drive();
+    let evs: Vec<_> = std::iter::from_fn(|| p.a.poll_async_event()).collect();
+    assert!(
+        !evs.iter().any(|e| e.event_type == AsyncEventType::QpFatal),
+        "{evs:?}"
+    );
+    // An error the QP meets: its peer never answers (every frame A→B dropped), retries exhausted.
+    let (c, _d) = connect(&mut p, &o);
+    let m = mr(&mut p.a, c.pd, 64, |_| 0);
+    p.filter = Box::new(|d, _| d != Dir::AtoB);
+    let sg = [sge(&m, 0, 8)];
+    p.a.post_send(c.qpn, &[SendWr::new(1, SendOp::Send, &sg).signaled()])
+        .unwrap();
+    p.drive_for(Duration::from_secs(1));
+    let evs: Vec<_> = std::iter::from_fn(|| p.a.poll_async_event()).collect();
+    assert!(
+        evs.iter()
+            .any(|e| e.event_type == AsyncEventType::QpFatal && e.qpn == Some(c.qpn)),
+        "{evs:?}"
+    );
+}
