@@ -207,12 +207,20 @@ impl Forge {
         let mut b = send.clone();
         b[1] |= 0x01;
         v.push(("TVer 1", self.seal(b), Counter::Malformed));
-        // Unknown destination QPs (QP 1 is not implemented; the second slot is unused).
-        for q in [0u32, 1, qpn + 1, 0xABCDEF, 0xFFFFFF] {
+        // Unknown destination QPs (QP 0 is not implemented; the second slot is unused).
+        for q in [0u32, qpn + 1, 0xABCDEF, 0xFFFFFF] {
             let mut b = Self::bth(RC_SEND_ONLY, q, 0xFFFF);
             b.extend_from_slice(&[0x5a; 8]);
             v.push(("unknown QP", self.seal(b), Counter::UnknownQp));
         }
+        // QP 1 is the GSI (a UD QP for CM MADs): an RC SEND to it is an opcode its transport refuses.
+        let mut b = Self::bth(RC_SEND_ONLY, 1, 0xFFFF);
+        b.extend_from_slice(&[0x5a; 8]);
+        v.push((
+            "RC opcode to QP 1 (the GSI)",
+            self.seal(b),
+            Counter::BadOpcode,
+        ));
         // Opcodes the QP must refuse: SENDs of the other transports, a reserved RC opcode, a reserved class.
         let mut b = Self::bth(UC_SEND_ONLY, qpn, 0xFFFF);
         b.extend_from_slice(&[0x5a; 8]);
