@@ -192,7 +192,9 @@ fn device(i: &Interface, at: Option<IpAddr>, verbose: bool) -> Option<Value> {
             "max_qp_rd_atom": attr.max_qp_rd_atom,
             "max_qp_init_rd_atom": attr.max_qp_init_rd_atom,
             "atomic_cap": "ATOMIC_HCA (1)",
-            "max_srq": 0,
+            "max_srq": attr.max_srq,
+            "max_srq_wr": attr.max_srq_wr,
+            "max_srq_sge": attr.max_srq_sge,
         });
         d["port"]["phys_state"] = json!(if i.running {
             "LINK_UP (5)"
@@ -243,6 +245,8 @@ fn text(d: &Value) -> String {
             "atomic_cap",
             "max_ah",
             "max_srq",
+            "max_srq_wr",
+            "max_srq_sge",
         ] {
             let _ = writeln!(o, "\t{:<24}{}", format!("{k}:"), s(&d["limits"][k]));
         }

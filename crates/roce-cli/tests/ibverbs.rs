@@ -19,52 +19,14 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::{Finished, NetnsPair, Proc, netns_unavailable, scratch, serial, strings, wait_socket};
 
-/// Builds `roce-ibverbs` in this test's profile once, so `rocev2 run` finds a current `libroce_ibverbs.so`.
-fn library() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "roce-ibverbs"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo build -p roce-ibverbs");
-        assert!(
-            out.status.success(),
-            "cargo build -p roce-ibverbs failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = Path::new(common::bin())
-            .parent()
-            .expect("bin dir")
-            .join("libroce_ibverbs.so");
-        assert!(lib.is_file(), "{} missing after the build", lib.display());
-    });
-}
-
-/// Panics naming the Debian package when `program` is not installed.
-fn need(program: &str, package: &str) {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()));
-    assert!(
-        found,
-        "{program} not found: install Debian's {package} (.ci/run does)"
-    );
-}
-
 /// `rocev2 run --ip IP -- ARGS` in this namespace, waited for.
 fn run_here(ip: &str, args: &[&str]) -> std::process::Output {
-    library();
+    common::ibverbs_library();
     Command::new(common::bin())
         .args(["run", "--ip", ip, "--"])
         .args(args)
@@ -74,7 +36,7 @@ fn run_here(ip: &str, args: &[&str]) -> std::process::Output {
 
 #[test]
 fn devices_and_devinfo_list_the_device_of_the_address() {
-    need("ibv_devices", "ibverbs-utils");
+    common::need_program("ibv_devices", "ibverbs-utils");
     let out = run_here("127.0.0.1", &["ibv_devices"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
@@ -130,6 +92,9 @@ fn devices_and_devinfo_list_the_device_of_the_address() {
         "max_qp_rd_atom",
         "max_qp_init_rd_atom",
         "max_ah",
+        "max_srq",
+        "max_srq_wr",
+        "max_srq_sge",
         "state",
         "max_mtu",
         "active_mtu",
@@ -154,7 +119,7 @@ fn devices_and_devinfo_list_the_device_of_the_address() {
 
 #[test]
 fn a_second_program_on_a_taken_address_is_told_to_use_another() {
-    need("ibv_rc_pingpong", "ibverbs-utils");
+    common::need_program("ibv_rc_pingpong", "ibverbs-utils");
     // Another process owns UDP 4791 on the address (here: this test); the program's first verb that needs the
     // device fails, and the library says once on stderr how to start it instead.
     let taken = std::net::UdpSocket::bind("127.0.77.1:4791").expect("bind 127.0.77.1:4791");
@@ -195,7 +160,7 @@ fn pair_run(tag: &str, program: &str, args: &[&str], port: u16) -> Option<(Finis
         eprintln!("skipped: {why}");
         return None;
     }
-    library();
+    common::ibverbs_library();
     let _turn = serial();
     let ns = NetnsPair::up(&format!("ibverbs{tag}"), IP_A, IP_B, 1500);
     // The port is ACTIVE only with carrier (as rxe's); perftest refuses a port that is Down.
@@ -242,7 +207,7 @@ fn check_pingpong(s: &Finished, c: &Finished, iters: u64) {
 
 #[test]
 fn rc_pingpong_between_namespaces_polling_and_with_events() {
-    need("ibv_rc_pingpong", "ibverbs-utils");
+    common::need_program("ibv_rc_pingpong", "ibverbs-utils");
     let Some((s, c)) = pair_run("rc", "ibv_rc_pingpong", &["-g", "0", "-n", "200"], 18515) else {
         return;
     };
@@ -259,7 +224,7 @@ fn rc_pingpong_between_namespaces_polling_and_with_events() {
 
 #[test]
 fn ud_pingpong_between_namespaces() {
-    need("ibv_ud_pingpong", "ibverbs-utils");
+    common::need_program("ibv_ud_pingpong", "ibverbs-utils");
     // UD messages fit the port MTU (1024 on a 1500-byte link).
     let Some((s, c)) = pair_run(
         "ud",
@@ -274,7 +239,7 @@ fn ud_pingpong_between_namespaces() {
 
 #[test]
 fn srq_pingpong_between_namespaces_polling_and_with_events() {
-    need("ibv_srq_pingpong", "ibverbs-utils");
+    common::need_program("ibv_srq_pingpong", "ibverbs-utils");
     let Some((s, c)) = pair_run("srq", "ibv_srq_pingpong", &["-g", "0", "-n", "200"], 18515) else {
         return;
     };
@@ -309,7 +274,7 @@ struct Perftest {
 
 #[test]
 fn perftest_bandwidth_and_latency_between_namespaces() {
-    need("ib_send_bw", "perftest");
+    common::need_program("ib_send_bw", "perftest");
     // Bandwidth rows: size, iterations, peak and average bandwidth, message rate. Latency rows: size, iterations,
     // t_min, t_max, t_typical, t_avg, t_stdev, 99 % and 99.9 % percentiles.
     let bw = |program, args, size, server_row| Perftest {

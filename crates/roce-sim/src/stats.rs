@@ -273,6 +273,9 @@ impl Recorder {
         }
     }
 
+    /// The queue depth (bytes) below which fraction `p` of the time was spent: the upper edge of the histogram
+    /// bucket that reaches `p`, but never above the largest depth seen (a bucket's edge can exceed it: `rocev2 sim`
+    /// printed a p99 above the max).
     fn percentile(&self, p: f64) -> f64 {
         let total: u64 = self.q_hist.iter().sum();
         if total == 0 {
@@ -280,13 +283,15 @@ impl Recorder {
         }
         let want = (p * total as f64).ceil() as u64;
         let mut acc = 0;
+        let mut edge = (self.q_hist.len() as u64 * Q_STEP) as f64;
         for (k, &t) in self.q_hist.iter().enumerate() {
             acc += t;
             if acc >= want {
-                return ((k as u64 + 1) * Q_STEP) as f64;
+                edge = ((k as u64 + 1) * Q_STEP) as f64;
+                break;
             }
         }
-        (self.q_hist.len() as u64 * Q_STEP) as f64
+        edge.min(self.q_win_max as f64)
     }
 
     /// Flows active (started, not stopped) for the whole of bin `k`.
@@ -531,7 +536,7 @@ impl Summary {
         );
         let _ = writeln!(
             s,
-            "queue mean {:.1} KB  p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1} KB  above Kmax {:.2} %",
+            "queue mean {:.1} KB  p50 {:.1} KB  p95 {:.1} KB  p99 {:.1} KB  max {:.1} KB  above Kmax {:.2} %",
             self.queue_mean_bytes / 1e3,
             self.queue_p50_bytes / 1e3,
             self.queue_p95_bytes / 1e3,

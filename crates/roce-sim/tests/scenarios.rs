@@ -58,6 +58,14 @@ fn e1_single_flow_no_congestion() {
         "E1: max queue {} B > 2 packets",
         s.queue_max_bytes
     );
+    // Percentiles never exceed the largest depth seen (a histogram bucket's upper edge did: p99 1.5 KB, max 1.1 KB).
+    for p in [s.queue_p50_bytes, s.queue_p95_bytes, s.queue_p99_bytes] {
+        assert!(
+            p <= s.queue_max_bytes as f64,
+            "E1: percentile {p} B above the max {} B",
+            s.queue_max_bytes
+        );
+    }
 }
 
 /// Asserts `lo ≤ v ≤ hi` with the quantity's name in the message.
