@@ -939,6 +939,40 @@ fn top_level_help_lists_what_is_there() {
     }
 }
 
+/// Three `--loopback` runs started at the same instant without `--loopback-ips` each get a pair of their own (they
+/// used to probe the same free pair and all but one failed with "Address already in use": fresh-user report).
+#[test]
+fn simultaneous_loopback_runs_each_get_a_pair() {
+    let _serial = serial();
+    let runs: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_rocev2"))
+                .args([
+                    "perf",
+                    "write-bw",
+                    "--loopback",
+                    "-n",
+                    "200",
+                    "-s",
+                    "1024",
+                    "--json",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn rocev2 perf")
+        })
+        .collect();
+    for r in runs {
+        let out = r.wait_with_output().expect("wait");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn loopback_without_ips_picks_a_free_pair() {
     let _serial = serial();

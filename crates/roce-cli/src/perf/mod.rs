@@ -1289,6 +1289,8 @@ fn print_stats(side: &str, ctx: &Context, link: Option<&SharedUdpStats>, json: b
 }
 
 fn loopback(a: &PerfArgs, params: &Params, out: &Output, devices: &Devices) -> Result<(), String> {
+    // The claim on an automatically chosen pair lives as long as the run (see `free_loopback_pair`).
+    let _claim: Option<std::os::unix::net::UnixDatagram>;
     let (srv_ip, cli_ip) = match a.loopback_ips.as_deref() {
         Some([s, c]) => (*s, *c),
         Some(_) => return Err("--loopback-ips takes two addresses".into()),
@@ -1296,7 +1298,11 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output, devices: &Devices) -> R
             Ipv4Addr::new(127, 0, 0, 1).into(),
             Ipv4Addr::new(127, 0, 0, 2).into(),
         ),
-        None => free_loopback_pair()?,
+        None => {
+            let (s, c, claim) = free_loopback_pair()?;
+            _claim = Some(claim);
+            (s, c)
+        }
     };
     let timeout = oob_timeout(a);
     let listener =
@@ -1354,16 +1360,26 @@ fn loopback(a: &PerfArgs, params: &Params, out: &Output, devices: &Devices) -> R
     }
 }
 
-/// The first pair 127.0.0.(2k+1), 127.0.0.(2k+2) whose RoCE port (UDP 4791) is free on both addresses, probed by
-/// binding (a run that starts between the probe and the bind can still take it; its error then names the pair).
+/// The first pair 127.0.0.(2k+1), 127.0.0.(2k+2) that no other `--loopback` run has claimed and whose RoCE port
+/// (UDP 4791) is free on both addresses (probed by binding). The claim is an abstract Unix socket named after the
+/// pair (`rocev2-loopback-127.0.0.1`, in this network namespace, as the addresses are), returned to be held for the
+/// whole run: two runs started at the same instant used to probe the same free pair and then both bind it, one failing
+/// with "Address already in use"; the kernel lets only one bind the name, and drops the claim when the process ends.
 /// Not the first pair gets a note on stderr.
-fn free_loopback_pair() -> Result<(IpAddr, IpAddr), String> {
+fn free_loopback_pair() -> Result<(IpAddr, IpAddr, std::os::unix::net::UnixDatagram), String> {
+    use std::os::linux::net::SocketAddrExt as _;
     let free = |ip: Ipv4Addr| std::net::UdpSocket::bind((ip, roce_wire::ROCE_V2_PORT)).is_ok();
+    let claim = |ip: Ipv4Addr| {
+        std::os::unix::net::SocketAddr::from_abstract_name(format!("rocev2-loopback-{ip}"))
+            .and_then(|a| std::os::unix::net::UnixDatagram::bind_addr(&a))
+            .ok()
+    };
     for k in 0..127u8 {
         let (s, c) = (
             Ipv4Addr::new(127, 0, 0, 2 * k + 1),
             Ipv4Addr::new(127, 0, 0, 2 * k + 2),
         );
+        let Some(held) = claim(s) else { continue };
         if free(s) && free(c) {
             if k > 0 {
                 eprintln!(
@@ -1371,7 +1387,7 @@ fn free_loopback_pair() -> Result<(IpAddr, IpAddr), String> {
                      (--loopback-ips chooses the pair)"
                 );
             }
-            return Ok((s.into(), c.into()));
+            return Ok((s.into(), c.into(), held));
         }
     }
     Err("no loopback address pair 127.0.0.x with a free UDP port 4791; choose one with --loopback-ips A,B".into())
