@@ -7,9 +7,7 @@ use crate::config::{CapPolicy, DeviceAttr, EngineConfig};
 use crate::cq::Cq;
 use crate::error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
 use crate::mr::{MrBuffer, MrTable};
-use crate::qp::{
-    InMsg, Qp, RdResource, RecvQueue, RecvWqe, ReqCtx, RespCtx, Seg, SendQueue, SendWqe,
-};
+use crate::qp::{InMsg, Qp, RdResource, RecvQueue, ReqCtx, RespCtx, Seg, SendQueue, SendWqe};
 use crate::sched::{Pick, QpShape, Retime, Scheduler};
 use crate::state::check_modify;
 use crate::stats::Counters;
@@ -1531,37 +1529,7 @@ impl Engine {
                     result = fail(PostErrorKind::QueueFull);
                     break;
                 }
-                let idx = qp.rq.tail;
-                let slot = qp.rq.slot(idx);
-                let base = slot * qp.rq.max_sge as usize;
-                let mut w = RecvWqe {
-                    wr_id: wr.wr_id,
-                    nsge: 0,
-                    len: 0,
-                    bad: false,
-                };
-                for sge in wr.sg_list {
-                    match mrs.check_local(
-                        sge.lkey,
-                        qp.pd,
-                        sge.addr,
-                        u64::from(sge.length),
-                        AccessFlags::LOCAL_WRITE,
-                    ) {
-                        Ok(r) => {
-                            mrs.lease(r.slot);
-                            qp.rq.segs[base + w.nsge as usize] = Seg {
-                                mr: r,
-                                len: sge.length,
-                            };
-                            w.nsge += 1;
-                            w.len += u64::from(sge.length);
-                        }
-                        Err(_) => w.bad = true,
-                    }
-                }
-                qp.rq.wqes[slot] = w;
-                qp.rq.tail = idx.wrapping_add(1);
+                qp.rq.push(wr, qp.pd, mrs);
             }
         }
         if self.qps[i]

@@ -181,6 +181,49 @@ impl RecvQueue {
     pub(crate) fn len(&self) -> u32 {
         self.tail.wrapping_sub(self.head)
     }
+
+    /// Appends a receive WQE for `wr` (the caller checked room and the SGE count): each SGE is checked against the
+    /// MR table (PD `pd`, LOCAL_WRITE) and leases its MR; a WQE with a bad SGE is kept, marked `bad`, and fails when
+    /// a message consumes it (IBTA Vol 1 §10.8.3.1: the error is reported with the completion). Shared by a QP's
+    /// receive queue and an SRQ.
+    pub(crate) fn push(
+        &mut self,
+        wr: &crate::verbs::RecvWr<'_>,
+        pd: PdHandle,
+        mrs: &mut crate::mr::MrTable,
+    ) {
+        let idx = self.tail;
+        let slot = self.slot(idx);
+        let base = slot * self.max_sge as usize;
+        let mut w = RecvWqe {
+            wr_id: wr.wr_id,
+            nsge: 0,
+            len: 0,
+            bad: false,
+        };
+        for sge in wr.sg_list {
+            match mrs.check_local(
+                sge.lkey,
+                pd,
+                sge.addr,
+                u64::from(sge.length),
+                crate::verbs::AccessFlags::LOCAL_WRITE,
+            ) {
+                Ok(r) => {
+                    mrs.lease(r.slot);
+                    self.segs[base + w.nsge as usize] = Seg {
+                        mr: r,
+                        len: sge.length,
+                    };
+                    w.nsge += 1;
+                    w.len += u64::from(sge.length);
+                }
+                Err(_) => w.bad = true,
+            }
+        }
+        self.wqes[slot] = w;
+        self.tail = idx.wrapping_add(1);
+    }
     pub(crate) fn wqe(&self, idx: u32) -> &RecvWqe {
         &self.wqes[self.slot(idx)]
     }

@@ -26,10 +26,8 @@ use std::collections::VecDeque;
 
 use crate::engine::Engine;
 use crate::error::{PostError, PostErrorKind, ResourceError};
-use crate::qp::{Qp, RecvQueue, RecvWqe, Seg};
-use crate::verbs::{
-    AccessFlags, AsyncEvent, AsyncEventType, PdHandle, RecvWr, SrqAttr, SrqAttrMask, SrqHandle,
-};
+use crate::qp::{Qp, RecvQueue};
+use crate::verbs::{AsyncEvent, AsyncEventType, PdHandle, RecvWr, SrqAttr, SrqAttrMask, SrqHandle};
 
 /// A shared receive queue.
 #[derive(Debug)]
@@ -285,37 +283,7 @@ impl Engine {
             if s.rq.len() >= s.rq.cap {
                 return fail(PostErrorKind::QueueFull);
             }
-            let idx = s.rq.tail;
-            let slot = s.rq.slot(idx);
-            let base = slot * s.rq.max_sge as usize;
-            let mut w = RecvWqe {
-                wr_id: wr.wr_id,
-                nsge: 0,
-                len: 0,
-                bad: false,
-            };
-            for sge in wr.sg_list {
-                match mrs.check_local(
-                    sge.lkey,
-                    s.pd,
-                    sge.addr,
-                    u64::from(sge.length),
-                    AccessFlags::LOCAL_WRITE,
-                ) {
-                    Ok(r) => {
-                        mrs.lease(r.slot);
-                        s.rq.segs[base + w.nsge as usize] = Seg {
-                            mr: r,
-                            len: sge.length,
-                        };
-                        w.nsge += 1;
-                        w.len += u64::from(sge.length);
-                    }
-                    Err(_) => w.bad = true,
-                }
-            }
-            s.rq.wqes[slot] = w;
-            s.rq.tail = idx.wrapping_add(1);
+            s.rq.push(wr, s.pd, mrs);
         }
         Ok(())
     }
