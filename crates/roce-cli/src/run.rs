@@ -17,6 +17,7 @@
 
 use std::ffi::OsString;
 use std::net::IpAddr;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -110,23 +111,38 @@ fn library_dir(lib: &Path) -> Result<PathBuf, String> {
     let uid = std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
         .unwrap_or(0);
+    // The directory goes first on the program's LD_LIBRARY_PATH: whoever can write to it chooses the code the
+    // program loads. So it must be controlled by its owner alone (`dir_trusted`: no symlink, not group- or
+    // other-writable), and that owner must be this user — or root, for the directory beside an installed library.
+    // A directory another user planted in the shared temporary directory is refused, never used.
     let candidates = [
-        lib.parent().map(|d| d.join("rocev2-ibverbs")),
-        Some(std::env::temp_dir().join(format!("rocev2-ibverbs-{uid}"))),
+        lib.parent()
+            .map(|d| (d.join("rocev2-ibverbs"), vec![uid, 0])),
+        Some((
+            std::env::temp_dir().join(format!("rocev2-ibverbs-{uid}")),
+            vec![uid],
+        )),
     ];
     let mut last = String::new();
-    for dir in candidates.into_iter().flatten() {
+    for (dir, owners) in candidates.into_iter().flatten() {
+        if std::fs::symlink_metadata(&dir).is_err() {
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir);
+        }
+        if let Err(why) = roce_verbs::endpoint::dir_trusted(&dir, &owners) {
+            last = format!("{why}: not used for the library");
+            continue;
+        }
         let link = dir.join("libibverbs.so.1");
         if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
             return Ok(dir);
         }
         let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-        let made = std::fs::create_dir_all(&dir)
-            .and_then(|()| {
-                let _ = std::fs::remove_file(&tmp);
-                std::os::unix::fs::symlink(&lib, &tmp)
-            })
-            .and_then(|()| std::fs::rename(&tmp, &link));
+        let _ = std::fs::remove_file(&tmp);
+        let made =
+            std::os::unix::fs::symlink(&lib, &tmp).and_then(|()| std::fs::rename(&tmp, &link));
         match made {
             Ok(()) => return Ok(dir),
             Err(e) => last = format!("{}: {e}", dir.display()),

@@ -19,23 +19,9 @@ use std::collections::HashMap;
 use std::net::Ipv6Addr;
 use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-/// Builds `roce-ibverbs` in this test's profile once, so `rocev2 run` finds a current `libroce_ibverbs.so`.
 fn library() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "roce-ibverbs"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo build -p roce-ibverbs");
-        assert!(out.status.success(), "{out:?}");
-    });
+    common::ibverbs_library();
 }
 
 /// `PREFIX... rocev2 run --ip 127.0.0.1 [EXTRA] -- ARGS`, waited for.
@@ -265,4 +251,53 @@ fn ucx_info_finds_the_device() {
         so.contains("Transport: ud_verbs") && so.contains("Device: rocev2_lo:1"),
         "no ud_verbs transport on rocev2_lo:1:\n{so}\n{se}"
     );
+}
+
+/// Breaker finding (issue #21): `rocev2 run` puts a directory holding its `libibverbs.so.1` link first on the
+/// program's `LD_LIBRARY_PATH`; when it could not write beside the library (an installed copy), it used
+/// `$TMPDIR/rocev2-ibverbs-<uid>` without asking who owns it, so another local user who created that directory
+/// world-writable chose the code the victim's program loaded. Such a directory is now refused.
+#[test]
+fn a_library_directory_another_user_planted_is_refused() {
+    if !root() || !installed("setpriv") {
+        eprintln!("skipped: needs root and setpriv to act as two users");
+        return;
+    }
+    library();
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod")
+    };
+    // An installed copy: rocev2 and its library in a directory of root's that nobody cannot write to.
+    let inst = common::scratch("planted-install");
+    mode(&inst, 0o755);
+    let bin_dir = Path::new(common::bin()).parent().expect("bin dir");
+    for f in ["rocev2", "libroce_ibverbs.so"] {
+        std::fs::copy(bin_dir.join(f), inst.join(f)).expect("copy");
+    }
+    // nobody's temporary directory holds a world-writable `rocev2-ibverbs-65534` another user (root) made.
+    let tmp = common::scratch("planted-tmp");
+    mode(&tmp, 0o755);
+    let planted = tmp.join("rocev2-ibverbs-65534");
+    std::fs::create_dir(&planted).expect("plant");
+    mode(&planted, 0o777);
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "env"])
+        .arg(format!("TMPDIR={}", tmp.display()))
+        .arg(inst.join("rocev2"))
+        .args(["run", "--ip", "127.0.0.1", "--", "true"])
+        .output()
+        .expect("setpriv");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !planted.join("libibverbs.so.1").exists(),
+        "the library was linked into a directory another user controls: {err}"
+    );
+    assert!(
+        !out.status.success(),
+        "ran with a planted library directory: {err}"
+    );
+    assert!(err.contains("not used for the library"), "{err}");
+    let _ = std::fs::remove_dir_all(&inst);
+    let _ = std::fs::remove_dir_all(&tmp);
 }
