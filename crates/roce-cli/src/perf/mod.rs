@@ -1505,13 +1505,26 @@ impl Devices {
         v
     }
 
-    /// Says on stderr, for every device of the run that had local ACK timeouts, how many and what they mean: each
+    /// Says on stderr, for every device of the run whose capture could not be written, how many frames went
+    /// uncaptured, and for every device that had local ACK timeouts, how many and what they mean: each
     /// is a stall of at least the ACK timeout that the bandwidth or latency figures hide (a run with one still
     /// completes, after go-back-N). Silent when there were none.
     fn warn_stalls(&self) {
         let Ok(mut v) = self.0.lock() else { return };
         v.sort_by_key(|d| d.side);
         for d in v.iter() {
+            // A capture that could not be written (`--pcap` on a full disk): the run went on, uncaptured.
+            if let Ok(snap) = d.ctx.stats_snapshot()
+                && let Some(&(_, n)) = snap.link.iter().find(|(k, _)| *k == "pcap_write_errors")
+                && n > 0
+            {
+                eprintln!(
+                    "rocev2 perf: note: the {}'s capture could not be written for {n} frame{} (they were carried, \
+                     not captured: is the disk full?)",
+                    d.side,
+                    if n == 1 { "" } else { "s" }
+                );
+            }
             let Ok(c) = d.ctx.counters() else { continue };
             let n = c.local_ack_timeout_err;
             if n > 0 {
