@@ -41,7 +41,10 @@
 //!   `phys_port_cnt_ex` 1, the inline `ibv_query_port` through its slot, the `ibv_create_qp_ex` / `ibv_create_cq_ex`
 //!   fallbacks and refusals).
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.6, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/forkclose.c` with the device on 127.0.201.7: a forked child that closes the device leaves the
+//!   parent's stats endpoint in place.
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.7, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -156,5 +159,22 @@ fn a_panic_inside_the_library_is_an_error_return_not_an_abort() {
 fn c_program_sees_an_extended_context() {
     let (prog, dir) = build("extended");
     run(&prog, &dir, "loop", Some("127.0.201.6"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A forked child's `ibv_close_device` leaves the parent's stats endpoint in place (`tests/c/forkclose.c`).
+#[test]
+fn a_forked_child_closing_the_device_leaves_the_parent_alone() {
+    let (prog, dir) = build("forkclose");
+    let run_dir = dir.join("run");
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    let rd = run_dir.to_string_lossy().into_owned();
+    run_with(
+        &prog,
+        &dir,
+        "loop",
+        Some("127.0.201.7"),
+        &[("ROCEV2_RUN_DIR", rd.as_str())],
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

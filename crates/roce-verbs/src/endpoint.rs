@@ -404,6 +404,9 @@ pub(crate) struct Endpoint {
     stop: Arc<AtomicBool>,
     join: Option<JoinHandle<()>>,
     thread: ThreadId,
+    /// The process that started it: a `fork`ed child inherits the struct but neither the thread nor the socket's
+    /// ownership, so its `stop` must not remove the parent's socket.
+    pid: u32,
 }
 
 /// The devices an endpoint reports: weak, so it never keeps a runtime alive.
@@ -471,6 +474,7 @@ pub(crate) fn start(cfg: &StatsEndpoint, devices: DeviceList) -> Option<Endpoint
         stop,
         join: Some(join),
         thread,
+        pid,
     })
 }
 
@@ -483,6 +487,12 @@ impl Endpoint {
     /// Stops the thread (joined unless this is it: the last device handle can be dropped by a request in flight)
     /// and removes the socket.
     pub(crate) fn stop(mut self) {
+        if std::process::id() != self.pid {
+            // A forked child: the endpoint, its thread and its socket are the parent's (breaker finding: the child's
+            // `ibv_close_device` removed the parent's socket, then panicked joining a thread it does not have).
+            std::mem::forget(self.join.take());
+            return;
+        }
         self.stop.store(true, Ordering::Relaxed);
         let _ = std::fs::remove_file(&self.path);
         if let Some(j) = self.join.take()
