@@ -255,14 +255,37 @@ impl std::fmt::Display for ScenarioError {
 
 impl std::error::Error for ScenarioError {}
 
+/// Largest scenario file read (a scenario is a few kilobytes; `/dev/zero` must not be read whole).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Most sender hosts (the largest study is 1,024 flows).
+pub const MAX_SENDERS: usize = 1024;
+/// Most flows.
+pub const MAX_FLOWS: usize = 4096;
+/// Most time bins or rate samples a run records (each costs memory per flow).
+pub const MAX_SAMPLES: f64 = 1e6;
+/// Most bytes of message buffers (message_bytes × wr_depth per flow, summed over the flows).
+pub const MAX_BUFFER_BYTES: u64 = 4 << 30;
+
 impl Scenario {
     /// Reads a scenario file: `.json` as JSON, anything else as TOML.
     ///
     /// # Errors
     /// I/O, syntax, unknown keys, or an invalid value ([`Scenario::validate`]).
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ScenarioError(format!("{}: {e}", path.display())))?;
+        use std::io::Read as _;
+        let io = |e: std::io::Error| ScenarioError(format!("{}: {e}", path.display()));
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .map_err(io)?
+            .take(MAX_FILE_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(io)?;
+        if text.len() as u64 > MAX_FILE_BYTES {
+            return Err(ScenarioError(format!(
+                "{}: longer than {MAX_FILE_BYTES} bytes: not a scenario",
+                path.display()
+            )));
+        }
         let s = if path.extension().is_some_and(|e| e == "json") {
             Scenario::from_json(&text)
         } else {
@@ -319,8 +342,21 @@ impl Scenario {
         if self.rc_sample_us.is_some_and(|v| !pos(v)) {
             return bad("rc_sample_us: expected > 0".into());
         }
+        if let Some(v) = self.rc_sample_us
+            && self.duration_ms * 1e3 / v > MAX_SAMPLES
+        {
+            return bad(format!(
+                "rc_sample_us {v}: more than {MAX_SAMPLES} samples over duration_ms"
+            ));
+        }
         if !pos(self.bin_ms) {
             return bad(format!("bin_ms {}: expected > 0", self.bin_ms));
+        }
+        if self.duration_ms / self.bin_ms > MAX_SAMPLES {
+            return bad(format!(
+                "bin_ms {}: more than {MAX_SAMPLES} bins over duration_ms",
+                self.bin_ms
+            ));
         }
         if !pos(self.link.rate_gbps) || self.link.rate_gbps > 10_000.0 {
             return bad(format!(
@@ -370,7 +406,20 @@ impl Scenario {
         if self.flows.is_empty() {
             return bad("no [[flow]]".into());
         }
+        if self.flows.len() > MAX_FLOWS {
+            return bad(format!("{} flows: at most {MAX_FLOWS}", self.flows.len()));
+        }
         let n = self.sender_count();
+        if n > MAX_SENDERS {
+            return bad(format!("senders {n}: at most {MAX_SENDERS}"));
+        }
+        let per_flow =
+            u64::from(self.host.message_bytes).saturating_mul(u64::from(self.host.wr_depth));
+        if per_flow.saturating_mul(self.flows.len() as u64) > MAX_BUFFER_BYTES {
+            return bad(format!(
+                "host.message_bytes × host.wr_depth × flows: more than {MAX_BUFFER_BYTES} bytes of buffers"
+            ));
+        }
         for (i, f) in self.flows.iter().enumerate() {
             if f.sender >= n {
                 return bad(format!("flow {i}: sender {} ≥ senders {n}", f.sender));

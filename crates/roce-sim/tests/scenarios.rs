@@ -555,3 +555,30 @@ np_interval_us = 50.0
     band("PFC Jain of means", s.jain, 0.99, 1.0);
     band("PFC max queue B", s.queue_max_bytes as f64, 0.0, 400_000.0);
 }
+
+/// Breaker finding: values that passed validation made the simulator allocate without bound (senders 1e8: 308 GB;
+/// bin_ms 1e-6; rc_sample_us 1e-9; 4 GiB messages) and `rocev2 sim /dev/zero` read the file whole. Each is now a
+/// one-line error before anything is allocated.
+#[test]
+fn scenarios_that_would_allocate_without_bound_are_refused() {
+    let base = load("e1_single_flow.toml");
+    let mut cases: Vec<(&str, Scenario)> = Vec::new();
+    let mut s = base.clone();
+    s.senders = Some(100_000_000);
+    cases.push(("senders", s));
+    let mut s = base.clone();
+    s.bin_ms = 1e-6;
+    cases.push(("bin_ms", s));
+    let mut s = base.clone();
+    s.rc_sample_us = Some(1e-9);
+    cases.push(("rc_sample_us", s));
+    let mut s = base.clone();
+    s.host.message_bytes = u32::MAX.into();
+    cases.push(("message_bytes", s));
+    for (what, s) in cases {
+        let e = s.validate().expect_err(what);
+        assert!(e.to_string().contains(what), "{what}: {e}");
+    }
+    let e = Scenario::load(std::path::Path::new("/dev/zero")).expect_err("/dev/zero");
+    assert!(e.to_string().contains("longer than"), "{e}");
+}
