@@ -573,7 +573,7 @@ fn scenarios_that_would_allocate_without_bound_are_refused() {
     s.rc_sample_us = Some(1e-9);
     cases.push(("rc_sample_us", s));
     let mut s = base.clone();
-    s.host.message_bytes = u32::MAX.into();
+    s.host.message_bytes = u32::MAX;
     cases.push(("message_bytes", s));
     for (what, s) in cases {
         let e = s.validate().expect_err(what);
