@@ -6,6 +6,34 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rawudp"))
 }
 
+/// Waits (at most 20 s) until a process has bound UDP `addr` (`a.b.c.d:port`), as `/proc/net/udp` lists it: a
+/// fixed sleep was not enough on a loaded machine (the ping started before the pong had bound and got "Connection
+/// refused"). Reading the table, unlike a probe bind, never takes the port from the process starting up.
+fn wait_bound(addr: &str) {
+    let a: std::net::SocketAddrV4 = addr.parse().expect("IPv4 socket address");
+    // The kernel prints the address as the 32-bit word in host order (little endian here) and the port in hex.
+    let want = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(a.ip().octets()),
+        a.port()
+    );
+    let t0 = std::time::Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if table
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+        {
+            return;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "nothing bound {addr}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 fn json(out: std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -29,7 +57,7 @@ fn send_to_sink_counts_match() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn sink");
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    wait_bound("127.0.51.2:4791");
     let sent = json(
         bin()
             .args([
@@ -68,7 +96,7 @@ fn ping_pong_reports_percentiles() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn pong");
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    wait_bound("127.0.51.3:4791");
     let v = json(
         bin()
             .args([
@@ -109,7 +137,7 @@ fn link_send_to_sink_counts_match() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn sink");
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    wait_bound("127.0.51.2:4791");
     let sent = json(
         bin()
             .args([
