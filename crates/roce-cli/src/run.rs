@@ -115,20 +115,23 @@ fn library_dir(lib: &Path) -> Result<PathBuf, String> {
     // program loads. So it must be controlled by its owner alone (`dir_trusted`: no symlink, not group- or
     // other-writable), and that owner must be this user — or root, for the directory beside an installed library.
     // A directory another user planted in the shared temporary directory is refused, never used.
+    // Beside the library the directory is readable by all (another user's program under `rocev2 run` loads the same
+    // link from it); in the shared temporary directory it is this user's only.
     let candidates = [
         lib.parent()
-            .map(|d| (d.join("rocev2-ibverbs"), vec![uid, 0])),
+            .map(|d| (d.join("rocev2-ibverbs"), vec![uid, 0], 0o755)),
         Some((
             std::env::temp_dir().join(format!("rocev2-ibverbs-{uid}")),
             vec![uid],
+            0o700,
         )),
     ];
     let mut last = String::new();
-    for (dir, owners) in candidates.into_iter().flatten() {
+    for (dir, owners, mode) in candidates.into_iter().flatten() {
         if std::fs::symlink_metadata(&dir).is_err() {
             let _ = std::fs::DirBuilder::new()
                 .recursive(true)
-                .mode(0o700)
+                .mode(mode)
                 .create(&dir);
         }
         if let Err(why) = roce_verbs::endpoint::dir_trusted(&dir, &owners) {
