@@ -1630,7 +1630,12 @@ mod tests {
         let mut port = 0;
         let s2 = Arc::clone(&seen);
         let (ca, cb) = Context::sim_pair_with(
-            RuntimeConfig::with_mode(ProgressMode::Caller),
+            RuntimeConfig {
+                // Only this thread drives: the auto-progress thread would otherwise run some passes (and take the
+                // injected panic instead of the caller) on a slow build (seen under AddressSanitizer).
+                auto_progress: None,
+                ..RuntimeConfig::with_mode(ProgressMode::Caller)
+            },
             SimConfig::default(),
             move |l| {
                 port += 1;
