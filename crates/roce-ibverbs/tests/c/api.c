@@ -10,13 +10,8 @@
 #include <string.h>
 #include <arpa/inet.h>
 
-#define CHECK(cond)                                                                            \
-	do {                                                                                   \
-		if (!(cond)) {                                                                 \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, #cond, errno); \
-			exit(1);                                                               \
-		}                                                                              \
-	} while (0)
+#define CHECK_EXIT_ON_FAIL
+#include "check.h"
 
 static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
 {

@@ -9,14 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int fails;
-#define CHECK(cond)                                                                                    \
-	do {                                                                                           \
-		if (!(cond)) {                                                                         \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, #cond, errno);    \
-			fails++;                                                                       \
-		}                                                                                      \
-	} while (0)
+#include "check.h"
 
 int main(void)
 {

@@ -17,14 +17,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 
-static int fails;
-#define CHECK(cond)                                                                                    \
-	do {                                                                                           \
-		if (!(cond)) {                                                                         \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, #cond, errno);    \
-			fails++;                                                                       \
-		}                                                                                      \
-	} while (0)
+#include "check.h"
 
 /* The IBVERBS_1.0 twin of ibv_get_device_list (the ABI of libibverbs 1.0). */
 struct ibv_device **get_device_list_1_0(int *num);

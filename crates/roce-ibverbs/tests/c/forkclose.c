@@ -12,14 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int fails;
-#define CHECK(cond)                                                                                    \
-	do {                                                                                           \
-		if (!(cond)) {                                                                         \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, #cond, errno);    \
-			fails++;                                                                       \
-		}                                                                                      \
-	} while (0)
+#include "check.h"
 
 /* Sockets of process `pid` in the run directory. */
 static int sockets_of(const char *dir, int pid)

@@ -16,14 +16,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 
-static int fails;
-#define CHECK(cond)                                                                                    \
-	do {                                                                                           \
-		if (!(cond)) {                                                                         \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, #cond, errno);    \
-			fails++;                                                                       \
-		}                                                                                      \
-	} while (0)
+#include "check.h"
 
 static int modify(struct ibv_qp *qp, enum ibv_qp_state s, uint32_t dest, union ibv_gid gid)
 {

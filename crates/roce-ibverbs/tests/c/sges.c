@@ -10,13 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond)                                                                            \
-	do {                                                                                   \
-		if (!(cond)) {                                                                 \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, #cond, errno); \
-			exit(1);                                                               \
-		}                                                                              \
-	} while (0)
+#define CHECK_EXIT_ON_FAIL
+#include "check.h"
 
 #define N 32
 #define LEN 8192
