@@ -165,57 +165,85 @@ fn qp_reset_forgets_congestion_state() {
 #[test]
 fn np_sends_one_cnp_when_a_mark_arrives_exactly_at_the_window_end() {
     let n = Duration::from_micros(50);
-    let b_cfg = EngineConfig {
+    let mut r = NpRig::new(EngineConfig {
         cnp_interval: n,
         ..cfg(MAC_B, IP_B, 2)
-    };
-    let mut p = Pair::with_configs(cfg(MAC_A, IP_A, 1), b_cfg);
-    let (a, b) = connect(&mut p, &ConnOpts::default());
-    let ma = mr(&mut p.a, a.pd, 4096, |i| i as u8);
-    let mb = mr(&mut p.b, b.pd, 4096, |_| 0);
-    let marks = std::rc::Rc::new(std::cell::Cell::new(false));
-    let m = marks.clone();
-    p.filter = Box::new(move |d, f| {
-        if d == Dir::AtoB && m.get() {
-            f[15] |= 3;
-        }
-        true
     });
-    let sg = [sge(&ma, 0, 64)];
-    let w = SendWr::new(
-        1,
-        SendOp::RdmaWrite {
-            remote_addr: mb.addr,
-            rkey: mb.rkey,
-        },
-        &sg,
-    );
-    let write_at = |p: &mut Pair, at: Instant, ce: bool| {
-        p.drive_for(at - p.now);
-        p.now = at;
-        marks.set(ce);
-        p.a.post_send(a.qpn, &[w]).unwrap();
-        p.transmit();
-        marks.set(false);
-    };
-    let t0 = p.now + Duration::from_micros(100);
+    let t0 = r.p.now + Duration::from_micros(100);
     let us = |x: u64| t0 + Duration::from_micros(x);
     // A mark at 10 µs (CNP at once, window to 60), one at 20 (owes a CNP at 60), one that reaches B at 60 exactly.
-    write_at(&mut p, us(10), true);
-    p.drive_for(Duration::from_micros(1));
-    write_at(&mut p, us(20), true);
-    p.drive_for(Duration::from_micros(1));
-    write_at(&mut p, us(60), true);
-    p.drive_for(Duration::from_micros(200));
-    let lat = p.latency;
-    let cnps: Vec<_> = p
-        .captured
-        .iter()
-        .filter(|c| c.1 == Dir::BtoA && c.2[42] == 0x81)
-        .map(|c| c.0)
-        .collect();
+    r.write_at(us(10), true);
+    r.p.drive_for(Duration::from_micros(1));
+    r.write_at(us(20), true);
+    r.p.drive_for(Duration::from_micros(1));
+    r.write_at(us(60), true);
+    r.p.drive_for(Duration::from_micros(200));
+    let lat = r.p.latency;
+    let cnps: Vec<_> = r.cnps().into_iter().map(|(t, _)| t).collect();
     assert_eq!(cnps, vec![us(10) + lat, us(60) + lat], "one CNP per window");
-    assert_eq!(p.b.counters().np_cnp_sent, 2);
+    assert_eq!(r.p.b.counters().np_cnp_sent, 2);
+}
+
+/// An RC pair whose A→B RDMA WRITEs can be CE-marked on the wire, for the notification point's tests: `write_at`
+/// posts one 64-byte WRITE at a chosen instant, `cnps` lists the CNPs B sent (instant, DSCP).
+struct NpRig {
+    p: Pair,
+    qpn: Qpn,
+    wr: (Sge, u64, Rkey),
+    marks: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl NpRig {
+    fn new(b_cfg: EngineConfig) -> NpRig {
+        let mut p = Pair::with_configs(cfg(MAC_A, IP_A, 1), b_cfg);
+        let (a, b) = connect(&mut p, &ConnOpts::default());
+        let ma = mr(&mut p.a, a.pd, 4096, |i| i as u8);
+        let mb = mr(&mut p.b, b.pd, 4096, |_| 0);
+        let marks = std::rc::Rc::new(std::cell::Cell::new(false));
+        let m = marks.clone();
+        p.filter = Box::new(move |d, f| {
+            if d == Dir::AtoB && m.get() {
+                f[15] |= 3;
+            }
+            true
+        });
+        NpRig {
+            p,
+            qpn: a.qpn,
+            wr: (sge(&ma, 0, 64), mb.addr, mb.rkey),
+            marks,
+        }
+    }
+
+    /// Drives to `at`, then posts and transmits one WRITE, CE-marked if `ce`.
+    fn write_at(&mut self, at: Instant, ce: bool) {
+        let p = &mut self.p;
+        p.drive_for(at - p.now);
+        p.now = at;
+        self.marks.set(ce);
+        let sg = [self.wr.0];
+        let w = SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: self.wr.1,
+                rkey: self.wr.2,
+            },
+            &sg,
+        );
+        p.a.post_send(self.qpn, &[w]).unwrap();
+        p.transmit();
+        self.marks.set(false);
+    }
+
+    /// The CNPs B sent: (instant, DSCP).
+    fn cnps(&self) -> Vec<(Instant, u8)> {
+        self.p
+            .captured
+            .iter()
+            .filter(|c| c.1 == Dir::BtoA && c.2[42] == 0x81)
+            .map(|c| (c.0, c.2[15] >> 2))
+            .collect()
+    }
 }
 
 /// Notification point (`DCQCN.md` §2.2 N1–N3, §6 E7.1–E7.3): the first CE mark after a quiet window is answered at
@@ -224,63 +252,30 @@ fn np_sends_one_cnp_when_a_mark_arrives_exactly_at_the_window_end() {
 #[test]
 fn np_answers_the_first_mark_at_once_and_marks_inside_the_window_at_its_end() {
     let n = Duration::from_micros(50);
-    let b_cfg = EngineConfig {
+    let mut r = NpRig::new(EngineConfig {
         cnp_interval: n,
         cnp_dscp: 40,
         cnp_prio: 5,
         ..cfg(MAC_B, IP_B, 2)
-    };
-    let mut p = Pair::with_configs(cfg(MAC_A, IP_A, 1), b_cfg);
-    let (a, b) = connect(&mut p, &ConnOpts::default());
-    let ma = mr(&mut p.a, a.pd, 4096, |i| i as u8);
-    let mb = mr(&mut p.b, b.pd, 4096, |_| 0);
-    // Mark CE on the A→B frames sent at chosen instants.
-    let marks = std::rc::Rc::new(std::cell::Cell::new(false));
-    let m = marks.clone();
-    p.filter = Box::new(move |d, f| {
-        if d == Dir::AtoB && m.get() {
-            f[15] |= 3;
-        }
-        true
     });
-    let sg = [sge(&ma, 0, 64)];
-    let w = SendWr::new(
-        1,
-        SendOp::RdmaWrite {
-            remote_addr: mb.addr,
-            rkey: mb.rkey,
-        },
-        &sg,
-    );
-    let write_at = |p: &mut Pair, at: Instant, ce: bool| {
-        p.drive_for(at - p.now);
-        p.now = at;
-        marks.set(ce);
-        p.a.post_send(a.qpn, &[w]).unwrap();
-        p.transmit();
-        marks.set(false);
-        p.drive_for(Duration::from_micros(1));
+    let mut write_at = |r: &mut NpRig, at: Instant, ce: bool| {
+        r.write_at(at, ce);
+        r.p.drive_for(Duration::from_micros(1));
     };
-    let t0 = p.now + Duration::from_micros(100);
+    let t0 = r.p.now + Duration::from_micros(100);
     let us = |x: u64| t0 + Duration::from_micros(x);
     // Unmarked traffic: no CNP (E7.3).
-    write_at(&mut p, us(0), false);
+    write_at(&mut r, us(0), false);
     // Marks at 10, 20, 30 µs: CNP at 10 + the latency (N1), one more at the window end 60 µs (N2).
     for t in [10, 20, 30] {
-        write_at(&mut p, us(t), true);
+        write_at(&mut r, us(t), true);
     }
     // A mark at 130 µs, after the window of the 60-µs CNP closed at 110: answered at once.
-    write_at(&mut p, us(130), true);
-    p.drive_for(Duration::from_micros(200));
-    let lat = p.latency;
-    let cnps: Vec<_> = p
-        .captured
-        .iter()
-        .filter(|c| c.1 == Dir::BtoA && c.2[42] == 0x81)
-        .map(|c| (c.0, c.2[15] >> 2))
-        .collect();
+    write_at(&mut r, us(130), true);
+    r.p.drive_for(Duration::from_micros(200));
+    let lat = r.p.latency;
     assert_eq!(
-        cnps,
+        r.cnps(),
         vec![
             (us(10) + lat, 40),
             (us(10) + lat + n, 40),
@@ -288,6 +283,7 @@ fn np_answers_the_first_mark_at_once_and_marks_inside_the_window_at_its_end() {
         ],
         "CNP instants and DSCP"
     );
+    let p = &r.p;
     let c = p.b.counters();
     assert_eq!((c.np_ecn_marked_roce_packets, c.np_cnp_sent), (4, 3));
     // A CNP's metadata carries its priority and DSCP (a fresh pair, driven by hand).
