@@ -258,7 +258,7 @@ fn np_answers_the_first_mark_at_once_and_marks_inside_the_window_at_its_end() {
         cnp_prio: 5,
         ..cfg(MAC_B, IP_B, 2)
     });
-    let mut write_at = |r: &mut NpRig, at: Instant, ce: bool| {
+    let write_at = |r: &mut NpRig, at: Instant, ce: bool| {
         r.write_at(at, ce);
         r.p.drive_for(Duration::from_micros(1));
     };
