@@ -497,8 +497,12 @@ fn block(o: &mut String, lines: &[String], look: &Look) {
             ("    ", "        ")
         };
         let mut cur = String::from(first);
-        for word in l.split(' ').filter(|w| !w.is_empty()) {
-            if cur.len() > cont.len() && cur.trim_end().len() + 1 + word.len() > look.width {
+        let words: Vec<&str> = l.split(' ').filter(|w| !w.is_empty()).collect();
+        for (k, word) in words.iter().enumerate() {
+            // A unit never starts a line: "0.00" and "%" move together (fresh-user report).
+            let unit = *word == "%";
+            let need = word.len() + if words.get(k + 1) == Some(&"%") { 2 } else { 0 };
+            if !unit && cur.len() > cont.len() && cur.trim_end().len() + 1 + need > look.width {
                 let _ = writeln!(o, "{}", cur.trim_end());
                 cur = String::from(cont);
             }
@@ -790,6 +794,10 @@ mod tests {
             assert!(flat.contains(want), "`{want}` not in:\n{t}");
         }
         assert!(t.lines().all(|l| l.chars().count() <= 80), "{t}");
+        assert!(
+            !t.lines().any(|l| l.trim_start().starts_with('%')),
+            "a line starts with its unit:\n{t}"
+        );
         let wide = text(&r, &Look { wide: true, ..look });
         assert_eq!(
             wide.lines().count(),
