@@ -44,7 +44,11 @@
 //! * `tests/c/forkclose.c` with the device on 127.0.201.7: a forked child that closes the device leaves the
 //!   parent's stats endpoint in place.
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.7, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/memfault.c` with the device on 127.0.201.8: memory a program registered and then unmapped or
+//!   protected fails the WRs that touch it (a peer's WRITE or READ: `REM_ACCESS_ERR`; its own SEND or READ target:
+//!   `LOC_PROT_ERR`) instead of killing the program with SIGSEGV (issue #21).
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.8, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -176,5 +180,14 @@ fn a_forked_child_closing_the_device_leaves_the_parent_alone() {
         Some("127.0.201.7"),
         &[("ROCEV2_RUN_DIR", rd.as_str())],
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue #21: unmapped or protected registered memory fails the WRs that touch it; the program survives
+/// (`tests/c/memfault.c`; it died with SIGSEGV in the responder's copy before the fault-tolerant copies).
+#[test]
+fn c_program_that_unmaps_registered_memory_gets_error_completions_not_sigsegv() {
+    let (prog, dir) = build("memfault");
+    run(&prog, &dir, "loop", Some("127.0.201.8"));
     let _ = std::fs::remove_dir_all(&dir);
 }

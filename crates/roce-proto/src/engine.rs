@@ -515,7 +515,7 @@ impl Engine {
     }
 
     /// Copies `out.len()` bytes starting at byte `offset` of the MR into `out`. Errors: `InvalidHandle`,
-    /// `InvalidArgument` (range outside the MR).
+    /// `InvalidArgument` (range outside the MR, or the memory faulted: [`MemoryFault`](crate::MemoryFault)).
     pub fn mr_read(&self, lkey: Lkey, offset: usize, out: &mut [u8]) -> Result<(), ResourceError> {
         let m = self
             .mrs
@@ -524,8 +524,9 @@ impl Engine {
         if offset.checked_add(out.len()).is_none_or(|end| end > m.len) {
             return Err(ResourceError::InvalidArgument("range"));
         }
-        m.buf.memory().read_at(offset, out);
-        Ok(())
+        m.buf.memory().read_at(offset, out).map_err(|_| {
+            ResourceError::InvalidArgument("MR memory faulted (unmapped or protected)")
+        })
     }
 
     /// Copies `data` into the MR at byte `offset`. Errors as [`mr_read`](Self::mr_read).
@@ -542,8 +543,9 @@ impl Engine {
         if offset.checked_add(data.len()).is_none_or(|end| end > m.len) {
             return Err(ResourceError::InvalidArgument("range"));
         }
-        m.buf.memory_mut().write_at(offset, data);
-        Ok(())
+        m.buf.memory_mut().write_at(offset, data).map_err(|_| {
+            ResourceError::InvalidArgument("MR memory faulted (unmapped or protected)")
+        })
     }
 
     // ----------------------------------------------------------------------------------------------- CQ / AH
@@ -1449,7 +1451,15 @@ impl Engine {
                     ) {
                         Ok(r) => {
                             let n = sge.length as usize;
-                            mrs.read(r, &mut area[off..off + n]);
+                            if mrs.read(r, &mut area[off..off + n]).is_err()
+                                && w.local_err.is_none()
+                            {
+                                // The source's memory faulted (unmapped or protected by the application): the
+                                // WR completes LOC_PROT_ERR in its turn, as an SGE that fails its check.
+                                w.local_err = Some(WcStatus::LocProtErr);
+                                qp.counters.mr_access_faults += 1;
+                                self.stats.mr_access_faults += 1;
+                            }
                             off += n;
                         }
                         Err(_) => return Err(PostErrorKind::InvalidInlineSge),

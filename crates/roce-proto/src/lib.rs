@@ -123,7 +123,7 @@ pub use engine::{
 };
 pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
 pub use gsi::{GsiConfig, GsiError, GsiStats, MadDest, MadRecv};
-pub use mr::{MrBuffer, MrMemory};
+pub use mr::{MemoryFault, MrBuffer, MrMemory};
 pub use requester::{local_ack_timeout, packets_for};
 pub use roce_wire::{Msn, Psn, Qpn};
 pub use sched::{SchedConfig, Scheduler, TcConfig, TokenBucket};

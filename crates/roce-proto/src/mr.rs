@@ -48,46 +48,59 @@ pub trait MrMemory: Any + Send {
         self.len() == 0
     }
 
-    /// Copies `dst.len()` bytes starting at byte `offset` into `dst`.
-    fn read_at(&self, offset: usize, dst: &mut [u8]);
+    /// Copies `dst.len()` bytes starting at byte `offset` into `dst`. Errors: [`MemoryFault`] if the memory behind the
+    /// range cannot be read (some of `dst` may have been written).
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryFault>;
 
-    /// Copies `src` into the region starting at byte `offset`.
-    fn write_at(&mut self, offset: usize, src: &[u8]);
+    /// Copies `src` into the region starting at byte `offset`. Errors: [`MemoryFault`] if the memory behind the range
+    /// cannot be written (some bytes may have been).
+    fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<(), MemoryFault>;
 
     /// Feeds the `len` bytes at `offset` into `hasher` (the ICRC of a frame whose payload a link gathers straight
-    /// from this memory). The default copies through a 256-byte stack buffer; memory that can lend a slice of the
-    /// range overrides it to hash in place.
-    fn crc32_update(&self, offset: usize, len: usize, hasher: &mut crc32fast::Hasher) {
+    /// from this memory). The default copies through a 256-byte stack buffer; memory the engine owns overrides it
+    /// to hash in place. Errors: [`MemoryFault`] as [`read_at`](Self::read_at) (the hash is then meaningless).
+    fn crc32_update(
+        &self,
+        offset: usize,
+        len: usize,
+        hasher: &mut crc32fast::Hasher,
+    ) -> Result<(), MemoryFault> {
         let mut tmp = [0u8; 256];
         let mut done = 0usize;
         while done < len {
             let n = (len - done).min(tmp.len());
-            self.read_at(offset + done, &mut tmp[..n]);
+            self.read_at(offset + done, &mut tmp[..n])?;
             hasher.update(&tmp[..n]);
             done += n;
         }
+        Ok(())
     }
 
     /// 64-bit compare-and-swap of the little-endian word at `offset`: stores `swap` if it equals `compare`. Returns
-    /// the value before (IBTA §9.4.5 CmpSwap).
-    fn compare_swap_u64(&mut self, offset: usize, compare: u64, swap: u64) -> u64 {
+    /// the value before (IBTA §9.4.5 CmpSwap). Errors: [`MemoryFault`] as [`write_at`](Self::write_at).
+    fn compare_swap_u64(
+        &mut self,
+        offset: usize,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemoryFault> {
         let mut b = [0u8; 8];
-        self.read_at(offset, &mut b);
+        self.read_at(offset, &mut b)?;
         let orig = u64::from_le_bytes(b);
         if orig == compare {
-            self.write_at(offset, &swap.to_le_bytes());
+            self.write_at(offset, &swap.to_le_bytes())?;
         }
-        orig
+        Ok(orig)
     }
 
     /// 64-bit fetch-and-add (wrapping) of the little-endian word at `offset`. Returns the value before (IBTA §9.4.5
-    /// FetchAdd).
-    fn fetch_add_u64(&mut self, offset: usize, add: u64) -> u64 {
+    /// FetchAdd). Errors: [`MemoryFault`] as [`write_at`](Self::write_at).
+    fn fetch_add_u64(&mut self, offset: usize, add: u64) -> Result<u64, MemoryFault> {
         let mut b = [0u8; 8];
-        self.read_at(offset, &mut b);
+        self.read_at(offset, &mut b)?;
         let orig = u64::from_le_bytes(b);
-        self.write_at(offset, &orig.wrapping_add(add).to_le_bytes());
-        orig
+        self.write_at(offset, &orig.wrapping_add(add).to_le_bytes())?;
+        Ok(orig)
     }
 
     /// Address of byte 0, for a link that gathers payload straight from the memory (iovecs): creating the pointer is
@@ -103,6 +116,23 @@ pub trait MrMemory: Any + Send {
     }
 }
 
+/// The memory behind an MR range could not be accessed: the application unmapped or protected pages it registered
+/// (roce-verbs' fault-tolerant copies report it instead of crashing, issue #21). An RNIC meets the same as a
+/// translation fault; the engine answers as rxe does (`rxe_resp.c`, `rxe_comp.c`): a remote request → NAK remote
+/// access error (receive: NAK remote operational error, the receive WR completes LOC_PROT_ERR); a local WR's
+/// gather or a READ/atomic response target → the WR completes LOC_PROT_ERR. Either way the QP goes to the error
+/// state, and the QP's and the port's `mr_fault` counters count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryFault;
+
+impl fmt::Display for MemoryFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("registered memory could not be accessed (unmapped or protected)")
+    }
+}
+
+impl std::error::Error for MemoryFault {}
+
 /// `MrMemory` for a byte container the engine owns outright (`Vec<u8>`, `Box<[u8]>`): slices, no `unsafe`.
 macro_rules! owned_mr_memory {
     ($t:ty) => {
@@ -111,15 +141,23 @@ macro_rules! owned_mr_memory {
                 <[u8]>::len(self)
             }
             #[inline]
-            fn read_at(&self, offset: usize, dst: &mut [u8]) {
+            fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryFault> {
                 dst.copy_from_slice(&self[offset..offset + dst.len()]);
+                Ok(())
             }
             #[inline]
-            fn write_at(&mut self, offset: usize, src: &[u8]) {
+            fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<(), MemoryFault> {
                 self[offset..offset + src.len()].copy_from_slice(src);
+                Ok(())
             }
-            fn crc32_update(&self, offset: usize, len: usize, hasher: &mut crc32fast::Hasher) {
+            fn crc32_update(
+                &self,
+                offset: usize,
+                len: usize,
+                hasher: &mut crc32fast::Hasher,
+            ) -> Result<(), MemoryFault> {
                 hasher.update(&self[offset..offset + len]);
+                Ok(())
             }
             fn base_ptr(&self) -> Option<*const u8> {
                 Some(self.as_ptr())
@@ -167,10 +205,12 @@ impl MrBuffer {
         &mut *self.0
     }
 
-    /// A copy of all bytes (tests, diagnostics).
+    /// A copy of all bytes (tests, diagnostics); all zero if the memory faulted ([`MemoryFault`]).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.len()];
-        self.0.read_at(0, &mut v);
+        if self.0.read_at(0, &mut v).is_err() {
+            v.fill(0);
+        }
         v
     }
 
@@ -509,16 +549,18 @@ impl MrTable {
     }
 
     /// Copies `dst.len()` bytes at a checked reference into `dst` (left unchanged if the reference went stale).
+    /// Errors: [`MemoryFault`] (the application unmapped or protected the memory).
     #[inline]
-    pub(crate) fn read(&self, r: MrRef, dst: &mut [u8]) {
+    pub(crate) fn read(&self, r: MrRef, dst: &mut [u8]) -> Result<(), MemoryFault> {
         if let Some(mr) = self.mem(r.slot)
             && Self::fits(mr, r, dst.len())
             && !dst.is_empty()
         {
-            mr.buf.0.read_at(r.offset, dst);
+            mr.buf.0.read_at(r.offset, dst)?;
             self.bytes_read
                 .set(self.bytes_read.get() + dst.len() as u64);
         }
+        Ok(())
     }
 
     /// Address of the `len` bytes at a checked reference, for a link that gathers them itself
@@ -532,46 +574,54 @@ impl MrTable {
         mr.buf.0.base_ptr().map(|p| p.wrapping_add(r.offset))
     }
 
-    /// Feeds the `len` bytes at a checked reference into `h` ([`MrMemory::crc32_update`]); false (nothing hashed)
-    /// if the reference went stale.
+    /// Feeds the `len` bytes at a checked reference into `h` ([`MrMemory::crc32_update`]); nothing is hashed if
+    /// the reference went stale. Errors: [`MemoryFault`].
     #[inline]
-    pub(crate) fn crc32_update(&self, r: MrRef, len: usize, h: &mut crc32fast::Hasher) -> bool {
+    pub(crate) fn crc32_update(
+        &self,
+        r: MrRef,
+        len: usize,
+        h: &mut crc32fast::Hasher,
+    ) -> Result<(), MemoryFault> {
         match self.mem(r.slot) {
-            Some(mr) if Self::fits(mr, r, len) => {
-                mr.buf.0.crc32_update(r.offset, len, h);
-                true
-            }
-            _ => false,
+            Some(mr) if Self::fits(mr, r, len) => mr.buf.0.crc32_update(r.offset, len, h),
+            _ => Ok(()),
         }
     }
 
-    /// Copies `src` into the MR at a checked reference (nothing if the reference went stale).
+    /// Copies `src` into the MR at a checked reference (nothing if the reference went stale). Errors: [`MemoryFault`].
     #[inline]
-    pub(crate) fn write(&mut self, r: MrRef, src: &[u8]) {
+    pub(crate) fn write(&mut self, r: MrRef, src: &[u8]) -> Result<(), MemoryFault> {
         if let Some(mr) = self.mem_mut(r.slot)
             && Self::fits(mr, r, src.len())
             && !src.is_empty()
         {
-            mr.buf.0.write_at(r.offset, src);
+            mr.buf.0.write_at(r.offset, src)?;
             self.bytes_written += src.len() as u64;
         }
+        Ok(())
     }
 
     /// 64-bit compare-and-swap at a checked reference ([`MrMemory::compare_swap_u64`]); the value before, or 0 if the
-    /// reference went stale.
-    pub(crate) fn compare_swap(&mut self, r: MrRef, compare: u64, swap: u64) -> u64 {
+    /// reference went stale. Errors: [`MemoryFault`].
+    pub(crate) fn compare_swap(
+        &mut self,
+        r: MrRef,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemoryFault> {
         match self.mem_mut(r.slot) {
             Some(mr) if Self::fits(mr, r, 8) => mr.buf.0.compare_swap_u64(r.offset, compare, swap),
-            _ => 0,
+            _ => Ok(0),
         }
     }
 
     /// 64-bit fetch-and-add at a checked reference ([`MrMemory::fetch_add_u64`]); the value before, or 0 if the
-    /// reference went stale.
-    pub(crate) fn fetch_add(&mut self, r: MrRef, add: u64) -> u64 {
+    /// reference went stale. Errors: [`MemoryFault`].
+    pub(crate) fn fetch_add(&mut self, r: MrRef, add: u64) -> Result<u64, MemoryFault> {
         match self.mem_mut(r.slot) {
             Some(mr) if Self::fits(mr, r, 8) => mr.buf.0.fetch_add_u64(r.offset, add),
-            _ => 0,
+            _ => Ok(0),
         }
     }
 }
@@ -591,13 +641,15 @@ mod tests {
         fn len(&self) -> usize {
             self.raw.len() - self.start
         }
-        fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryFault> {
             let o = self.start + offset;
             dst.copy_from_slice(&self.raw[o..o + dst.len()]);
+            Ok(())
         }
-        fn write_at(&mut self, offset: usize, src: &[u8]) {
+        fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<(), MemoryFault> {
             let o = self.start + offset;
             self.raw[o..o + src.len()].copy_from_slice(src);
+            Ok(())
         }
     }
 
@@ -611,22 +663,22 @@ mod tests {
         assert!(!m.is_empty() && m.base_ptr().is_none());
         // CRC over a range longer than the default's stack buffer equals hashing the bytes in place.
         let mut h = crc32fast::Hasher::new();
-        m.crc32_update(7, 700, &mut h);
+        m.crc32_update(7, 700, &mut h).expect("owned memory");
         let mut want = crc32fast::Hasher::new();
         want.update(&m.raw[107..807]);
         assert_eq!(h.finalize(), want.finalize());
         let v: Vec<u8> = m.raw[100..].to_vec();
         let mut h = crc32fast::Hasher::new();
-        v.crc32_update(7, 700, &mut h);
+        v.crc32_update(7, 700, &mut h).expect("owned memory");
         assert_eq!(h.finalize(), crc32fast::hash(&m.raw[107..807]));
         assert_eq!(v.base_ptr(), Some(v.as_ptr()));
         // Atomics: little-endian words, value before returned.
-        m.write_at(8, &5u64.to_le_bytes());
-        assert_eq!(m.compare_swap_u64(8, 4, 9), 5, "no swap on mismatch");
-        assert_eq!(m.compare_swap_u64(8, 5, 9), 5);
-        assert_eq!(m.fetch_add_u64(8, u64::MAX), 9, "wrapping add");
+        m.write_at(8, &5u64.to_le_bytes()).expect("owned memory");
+        assert_eq!(m.compare_swap_u64(8, 4, 9), Ok(5), "no swap on mismatch");
+        assert_eq!(m.compare_swap_u64(8, 5, 9), Ok(5));
+        assert_eq!(m.fetch_add_u64(8, u64::MAX), Ok(9), "wrapping add");
         let mut b = [0u8; 8];
-        m.read_at(8, &mut b);
+        m.read_at(8, &mut b).expect("owned memory");
         assert_eq!(u64::from_le_bytes(b), 8);
         assert_eq!(&m.raw[..100], &(0..100u8).collect::<Vec<_>>()[..]);
     }
@@ -646,7 +698,7 @@ mod tests {
             Some(&[4u8, 5][..])
         );
         let mut b: MrBuffer = [0u8; 4].into();
-        b.memory_mut().write_at(3, &[9]);
+        b.memory_mut().write_at(3, &[9]).expect("owned memory");
         assert_eq!(b.to_vec(), &[0, 0, 0, 9]);
         assert_eq!(b.memory().len(), 4);
         let b: MrBuffer = MrBuffer::from(Box::new(Vec::<u8>::new()) as Box<dyn MrMemory>);

@@ -28,13 +28,14 @@ pub fn packets_for(len: u64, pmtu: u32) -> u32 {
         .min(u64::from(u32::MAX)) as u32
 }
 
-/// Bytes `off..off + out.len()` of the SGE list gathered into `out` (one copy, MR → `out`).
+/// Bytes `off..off + out.len()` of the SGE list gathered into `out` (one copy, MR → `out`). Errors: the memory of
+/// a piece faulted ([`MemoryFault`](crate::MemoryFault)).
 pub(crate) fn gather(
     mrs: &crate::mr::MrTable,
     segs: &[crate::qp::Seg],
     mut off: u64,
     out: &mut [u8],
-) {
+) -> Result<(), crate::MemoryFault> {
     let mut done = 0usize;
     for s in segs {
         let l = u64::from(s.len);
@@ -50,13 +51,14 @@ pub(crate) fn gather(
                 offset: s.mr.offset + off as usize,
             },
             &mut out[done..done + take],
-        );
+        )?;
         done += take;
         off = 0;
         if done == out.len() {
             break;
         }
     }
+    Ok(())
 }
 
 /// Calls `f` with each (MR reference, length) piece of the SGE list bytes `off..off + len`.
@@ -117,13 +119,14 @@ fn gather_segs(
     (ok && total == len).then_some(n)
 }
 
-/// Scatters `data` into the SGEs starting `off` bytes into the list.
+/// Scatters `data` into the SGEs starting `off` bytes into the list. Errors: the memory of a piece faulted
+/// ([`MemoryFault`](crate::MemoryFault)); pieces before it were written.
 pub(crate) fn scatter(
     mrs: &mut crate::mr::MrTable,
     segs: &[crate::qp::Seg],
     mut off: u64,
     data: &[u8],
-) {
+) -> Result<(), crate::MemoryFault> {
     let mut done = 0usize;
     for s in segs {
         let l = u64::from(s.len);
@@ -138,13 +141,14 @@ pub(crate) fn scatter(
                 offset: s.mr.offset + off as usize,
             },
             &data[done..done + take],
-        );
+        )?;
         done += take;
         off = 0;
         if done == data.len() {
             break;
         }
     }
+    Ok(())
 }
 
 enum Step {
@@ -163,18 +167,18 @@ impl Engine {
             return Step::Wait;
         }
         let w = qp.sq.wqe(qp.sq.cur);
-        if !w.started {
-            if let Some(e) = w.local_err {
-                // Report in SQ order: only once everything before it completed.
-                return if qp.sq.head == qp.sq.cur {
-                    Step::LocalError(e)
-                } else {
-                    Step::Wait
-                };
-            }
-            if qp.state == QpState::Sqd {
-                return Step::Wait;
-            }
+        // A WQE that failed locally (at post, or when its memory faulted while its packets were built, possibly
+        // after some were sent) sends nothing more.
+        if let Some(e) = w.local_err {
+            // Report in SQ order: only once everything before it completed.
+            return if qp.sq.head == qp.sq.cur {
+                Step::LocalError(e)
+            } else {
+                Step::Wait
+            };
+        }
+        if !w.started && qp.state == QpState::Sqd {
+            return Step::Wait;
         }
         if qp.req.cur_pkt == 0 {
             // Fence (IBTA, `ROCEV2.md §4.5`): wait for prior READ/atomic WRs to complete.
@@ -230,6 +234,7 @@ impl Engine {
             ahs,
             cfg,
             tx_gathered,
+            stats,
             ..
         } = self;
         let Some(qp) = qps[i].as_deref_mut() else {
@@ -434,12 +439,16 @@ impl Engine {
         } else {
             gather_segs(mrs, sq.segs(cur), offset, plen, segs)
         };
+        // The payload's memory faulted (the application unmapped or protected it): nothing is sent.
+        let mut fault = false;
         let (len, gathered) = match nsegs {
             Some(n) => {
                 let pieces = &segs[..n];
                 let hash = |h: &mut crc32fast::Hasher| {
                     pieces_of(sq.segs(cur), offset, plen, |r, take| {
-                        mrs.crc32_update(r, take, h);
+                        if !fault && mrs.crc32_update(r, take, h).is_err() {
+                            fault = true;
+                        }
                     });
                 };
                 let Some((head, tail, len)) =
@@ -447,7 +456,6 @@ impl Engine {
                 else {
                     return Err(());
                 };
-                *tx_gathered += plen as u64;
                 let g = crate::engine::TxGather {
                     head,
                     segs: pieces.len(),
@@ -462,13 +470,25 @@ impl Engine {
                         let o = offset as usize;
                         out.copy_from_slice(&src[o..o + out.len()]);
                     } else {
-                        gather(mrs, sq.segs(cur), offset, out);
+                        fault = gather(mrs, sq.segs(cur), offset, out).is_err();
                     }
                 });
                 let Some(len) = written else { return Err(()) };
                 (len, None)
             }
         };
+        if fault {
+            // As a gather whose SGE fails its check: the WR completes LOC_PROT_ERR in SQ order and the QP goes to
+            // ERR (rxe `rxe_req.c`: a failed copy from the MR → IB_WC_LOC_PROT_ERR, `req_error`). Packets of it
+            // already sent are not taken back.
+            qp.sq.wqe_mut(cur).local_err = Some(WcStatus::LocProtErr);
+            qp.counters.mr_access_faults += 1;
+            stats.mr_access_faults += 1;
+            return self.emit_data(i, now, buf, segs);
+        }
+        if gathered.is_some() {
+            *tx_gathered += plen as u64;
+        }
         // Commit state only now that the frame is written.
         let (meta_dscp, meta_ecn) = tmpl.marks(TxClass::Data, cfg.cnp_dscp);
         let w = qp.sq.wqe_mut(cur);
@@ -976,7 +996,14 @@ impl Engine {
             };
             // The original value lands in the local 8-byte buffer in little-endian order (the host order of the
             // x86/ARM machines this runs on, as a hardware RNIC writes it).
-            scatter(mrs, qp.sq.segs(h), 0, &orig.to_le_bytes());
+            if scatter(mrs, qp.sq.segs(h), 0, &orig.to_le_bytes()).is_err() {
+                // The local target's memory faulted (unmapped or protected by the application): rxe `do_atomic`
+                // → IB_WC_LOC_PROT_ERR, QP to ERR.
+                qp.counters.mr_access_faults += 1;
+                stats.mr_access_faults += 1;
+                self.fail_head(i, WcStatus::LocProtErr);
+                return;
+            }
             let wm = qp.sq.wqe_mut(h);
             wm.rcvd = 8;
             wm.resp_done = true;
@@ -996,7 +1023,14 @@ impl Engine {
                 self.fail_head(i, WcStatus::BadRespErr);
                 return;
             }
-            scatter(mrs, qp.sq.segs(h), w.rcvd, pkt.payload);
+            if scatter(mrs, qp.sq.segs(h), w.rcvd, pkt.payload).is_err() {
+                // The READ target's memory faulted: rxe `do_read` → IB_WC_LOC_PROT_ERR, QP to ERR (mlx5 reports
+                // the same local protection error for a READ into memory it cannot translate).
+                qp.counters.mr_access_faults += 1;
+                stats.mr_access_faults += 1;
+                self.fail_head(i, WcStatus::LocProtErr);
+                return;
+            }
             let wm = qp.sq.wqe_mut(h);
             wm.rcvd += plen;
             qp.req.una_psn = p + 1;

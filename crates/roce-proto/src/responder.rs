@@ -495,7 +495,16 @@ impl Engine {
                         wc: Some(WcStatus::LocLenErr),
                     };
                 }
-                crate::requester::scatter(mrs, qp.rq.segs(h), placed, pkt.payload);
+                if crate::requester::scatter(mrs, qp.rq.segs(h), placed, pkt.payload).is_err() {
+                    // The receive buffer's memory faulted (unmapped or protected by the application): as a receive
+                    // WQE whose SGE fails its check (`rw.bad` above; rxe `send_data_in` → malformed WQE).
+                    qp.counters.mr_access_faults += 1;
+                    stats.mr_access_faults += 1;
+                    return Exec::Fatal {
+                        syndrome: NAK_REM_OP,
+                        wc: Some(WcStatus::LocProtErr),
+                    };
+                }
                 let total = placed + plen;
                 if matches!(pos, op::Pos::Last | op::Pos::Only) {
                     let mut wc = Wc {
@@ -613,7 +622,16 @@ impl Engine {
                             wc: None,
                         };
                     };
-                    mrs.write(dst, pkt.payload);
+                    if mrs.write(dst, pkt.payload).is_err() {
+                        // The target's memory faulted: a translation fault, answered as an R_Key violation (rxe
+                        // `write_data_in` → RESPST_ERR_RKEY_VIOLATION).
+                        qp.counters.mr_access_faults += 1;
+                        stats.mr_access_faults += 1;
+                        return Exec::Fatal {
+                            syndrome: NAK_REM_ACCESS,
+                            wc: None,
+                        };
+                    }
                 }
                 if ends {
                     qp.resp.msg = InMsg::None;
@@ -743,16 +761,29 @@ impl Engine {
                         wc: None,
                     };
                 };
-                let Some(ri) = alloc_resource(&mut qp.resp) else {
+                if qp.resp.res.is_empty() {
                     // Unreachable: a QP without resources refuses atomics above.
                     return Exec::Drop;
-                };
+                }
                 // Remote memory holds the operand in little-endian order (see requester `on_atomic_ack`); the memory
                 // performs the operation (a real atomic instruction on memory the application shares).
-                let orig = if o == op::COMPARE_SWAP {
+                let done = if o == op::COMPARE_SWAP {
                     mrs.compare_swap(mr, compare, swap_add)
                 } else {
                     mrs.fetch_add(mr, swap_add)
+                };
+                let Ok(orig) = done else {
+                    // The target's memory faulted: NAK remote access error, as for an R_Key violation (rxe
+                    // `atomic_reply`: a failed atomic on the MR → RESPST_ERR_RKEY_VIOLATION). No resource is taken.
+                    qp.counters.mr_access_faults += 1;
+                    stats.mr_access_faults += 1;
+                    return Exec::Fatal {
+                        syndrome: NAK_REM_ACCESS,
+                        wc: None,
+                    };
+                };
+                let Some(ri) = alloc_resource(&mut qp.resp) else {
+                    return Exec::Drop;
                 };
                 let msn = (qp.resp.msn + 1) & 0xFF_FFFF;
                 qp.resp.res[ri] = RdResource {
@@ -932,8 +963,16 @@ impl Engine {
         } else if ih.len() == 40 {
             grh.copy_from_slice(ih);
         }
-        crate::requester::scatter(mrs, qp.rq.segs(h), 0, &grh);
-        crate::requester::scatter(mrs, qp.rq.segs(h), 40, pkt.payload);
+        if crate::requester::scatter(mrs, qp.rq.segs(h), 0, &grh)
+            .and_then(|()| crate::requester::scatter(mrs, qp.rq.segs(h), 40, pkt.payload))
+            .is_err()
+        {
+            // The receive buffer's memory faulted: as a receive WQE whose SGE fails its check (`rw.bad`).
+            qp.counters.mr_access_faults += 1;
+            stats.mr_access_faults += 1;
+            self.responder_local_error(i, WcStatus::LocProtErr);
+            return;
+        }
         let mut wc = Wc {
             wr_id: rw.wr_id,
             status: WcStatus::Success,
@@ -1143,11 +1182,22 @@ impl Engine {
         if buf.len() < need {
             return Err(());
         }
+        let mut fault = false;
         let Some(len) = wire::emit(buf, tmpl, tmpl.sport, &hdr, &ext, plen as usize, |out| {
-            mrs.read(src, out);
+            fault = mrs.read(src, out).is_err();
         }) else {
             return Err(());
         };
+        if fault {
+            // The source's memory faulted (unmapped or protected by the application): the frame is not sent; a NAK
+            // remote access error takes its place, as for an R_Key that no longer grants the range above (rxe
+            // `read_reply`: a failed copy from the MR → RESPST_ERR_RKEY_VIOLATION).
+            qp.counters.mr_access_faults += 1;
+            self.stats.mr_access_faults += 1;
+            qp.resp.out.clear();
+            self.responder_fatal(i, psn, NAK_REM_ACCESS, None);
+            return self.emit_control(i, now, buf);
+        }
         let (dscp, ecn) = tmpl.marks(TxClass::Data, cnp_dscp);
         if last {
             qp.resp.out.pop_front();

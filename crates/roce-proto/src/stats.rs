@@ -100,6 +100,10 @@ counters! {
     resp_local_length_error,
     /// NAK remote access error sent by the responder (mlx5 `resp_remote_access_errors`).
     resp_remote_access_errors,
+    /// Accesses to registered memory that faulted because the application unmapped or protected it (roce-verbs'
+    /// fault-tolerant copies, issue #21): each failed the remote request it served (NAK) or the local WR it served
+    /// (LOC_PROT_ERR), and the QP went to the error state ([`MemoryFault`](crate::MemoryFault)).
+    mr_access_faults,
     /// Packets retransmitted by go-back-N.
     retransmitted_pkts,
     /// NAKs sent with a class A/C error (0x61-0x63).

@@ -846,7 +846,11 @@ impl Mr {
         let mut v = vec![0u8; len];
         let _g = self.inner.region.app_read();
         self.registered_ok()?;
-        self.inner.region.read(offset, &mut v);
+        self.inner.region.read(offset, &mut v).map_err(|_| {
+            Error::InvalidArgument(
+                "registered memory could not be accessed (unmapped or protected)",
+            )
+        })?;
         Ok(v)
     }
 
@@ -861,8 +865,11 @@ impl Mr {
         }
         let _g = self.inner.region.app_write();
         self.registered_ok()?;
-        self.inner.region.write(offset, data);
-        Ok(())
+        self.inner.region.write(offset, data).map_err(|_| {
+            Error::InvalidArgument(
+                "registered memory could not be accessed (unmapped or protected)",
+            )
+        })
     }
 
     fn range_ok(&self, offset: usize, len: usize) -> Result<(), Error> {

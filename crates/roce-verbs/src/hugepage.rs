@@ -139,14 +139,22 @@ impl MrMemory for HugePageBuffer {
     fn len(&self) -> usize {
         self.len
     }
-    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), roce_proto::MemoryFault> {
         dst.copy_from_slice(&self.as_slice()[offset..offset + dst.len()]);
+        Ok(())
     }
-    fn write_at(&mut self, offset: usize, src: &[u8]) {
+    fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<(), roce_proto::MemoryFault> {
         self.as_mut_slice()[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
     }
-    fn crc32_update(&self, offset: usize, len: usize, hasher: &mut crc32fast::Hasher) {
+    fn crc32_update(
+        &self,
+        offset: usize,
+        len: usize,
+        hasher: &mut crc32fast::Hasher,
+    ) -> Result<(), roce_proto::MemoryFault> {
         hasher.update(&self.as_slice()[offset..offset + len]);
+        Ok(())
     }
     fn base_ptr(&self) -> Option<*const u8> {
         Some(self.map.as_ptr())

@@ -56,7 +56,8 @@
 //! # drop(b);
 //! ```
 #![warn(missing_docs)]
-// All `unsafe` of the crate lives in `memory` (MR memory the application owns), each block with a SAFETY comment,
+// All `unsafe` of the crate lives in `memory` (MR memory the application owns) and `fault` (the fault-tolerant
+// copy routines and their signal handler), each block with a SAFETY comment,
 // plus one block in `runner` that hands gathered payload pieces (pointers into MRs) to the link.
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -65,6 +66,8 @@ mod channel;
 mod clock;
 pub mod cm;
 pub mod endpoint;
+#[allow(unsafe_code)]
+mod fault;
 mod handles;
 mod hugepage;
 #[allow(unsafe_code)]
@@ -78,6 +81,7 @@ mod wqe;
 pub use channel::{CompChannel, Moderation};
 pub use clock::Clock;
 pub use endpoint::StatsEndpoint;
+pub use fault::{FAULT_TOLERANT, memory_faults};
 pub use handles::{
     Ah, ConnectOpts, Context, Cq, Error, Mr, Pd, PostError, Qp, QpEndpoint, QpRate, QpSnapshot,
     SendLink, StatsSnapshot, device_attr,

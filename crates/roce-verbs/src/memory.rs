@@ -2,9 +2,11 @@
 //!
 //! A registered region is a [`Region`]: a base pointer and a length, shared (`Arc`) between the application's handle
 //! ([`MrBuf`], or nothing for a raw registration) and the engine (through [`SharedMemory`], its
-//! [`MrMemory`](roce_proto::MrMemory)). The engine (the "RNIC") reaches the bytes only with raw-pointer copies scoped
-//! to the exact range a WR or a remote access names — it never forms a `&`/`&mut` to more than that range and holds
-//! none between calls — the way a NIC's DMA reads and writes host memory.
+//! [`MrMemory`](roce_proto::MrMemory)). The engine (the "RNIC") reaches the bytes only with copies scoped to the
+//! exact range a WR or a remote access names — it never forms a `&`/`&mut` to the bytes and holds none between
+//! calls — the way a NIC's DMA reads and writes host memory. Every access to the bytes, the engine's and the
+//! application's safe copies alike, goes through one primitive: the fault-tolerant assembly routines of
+//! [`fault`](crate::fault) (copy, fill, 64-bit compare-and-swap and fetch-and-add).
 //!
 //! # The RNIC contract (what the application promises)
 //!
@@ -15,8 +17,27 @@
 //! * Bytes that a peer may access through an rkey (an MR registered with REMOTE_WRITE / REMOTE_READ /
 //!   REMOTE_ATOMIC) are not accessed by the application while the peer's operation runs; applications learn that an
 //!   operation ended from the protocol they run on top (a SEND, an immediate, a flag byte the peer writes last).
-//! * For [`Pd::reg_mr_raw`]: the memory stays valid (mapped, not freed, not reused for something else) until the MR
-//!   is deregistered *and* every WR naming it has completed.
+//! * For [`Pd::reg_mr_raw`]: the memory is not reused for something else (freed and reallocated, mapped over)
+//!   until the MR is deregistered *and* every WR naming it has completed. Unmapping or protecting it is survived
+//!   (below); reusing it is not detectable — the engine would write into whatever lives there now.
+//!
+//! # Memory the application unmaps or protects (issue #21)
+//!
+//! A hardware RNIC pins an MR's pages, so a program that `munmap`s or `mprotect`s registered memory does not hurt
+//! the NIC. Here the CPU is the DMA engine: a copy into such memory faults. The primitive turns the fault into an
+//! error ([`roce_proto::MemoryFault`]) instead of a SIGSEGV that ends the process, and the engine answers as an RNIC
+//! does on a translation fault: a peer's WRITE, READ or atomic gets a NAK remote access error (its WR completes
+//! REM_ACCESS_ERR), a receive completes LOC_PROT_ERR (the sender's WR REM_OP_ERR), the program's own send, READ
+//! or atomic target completes LOC_PROT_ERR; the QP goes to the error state and `mr_access_faults` counts it (QP
+//! and port). The application's own copies ([`MrBuf::read`], `Mr::read`, ...) return an error. How the
+//! primitive works, why it was chosen over `process_vm_readv` and second mappings (measured), and what a program
+//! that installs its own SIGSEGV handler later should know: [`fault`](crate::fault).
+//!
+//! A link that gathers payload itself (`sendmmsg` with iovecs into MR memory) has the kernel read the bytes after
+//! the engine hashed them through the primitive. Memory unmapped in that window makes `sendmmsg` fail with EFAULT:
+//! the link drops and counts the frame (`tx_errors`, a link error for the runtime), and go-back-N's retransmission
+//! meets the fault in its ICRC and completes the WR LOC_PROT_ERR (not covered by a test: the window is a few
+//! microseconds).
 //!
 //! # The application's view: copies, not references (issue #22 item 1)
 //!
@@ -29,39 +50,59 @@
 //! too, so no copy reaches memory whose registration ended. Slices over the bytes exist only behind `unsafe`
 //! ([`MrBuf::as_slice`] / [`MrBuf::as_mut_slice`]) with the contract as their `# Safety`.
 //!
-//! What remains is the protocol itself: an application that copies bytes *while* a WR or a peer's WRITE lands in
-//! them gets a mix of old and new bytes; under Rust's abstract machine that is a race between two non-atomic
-//! copies (as with vm-memory's `VolatileSlice` over guest memory a device writes). The runtime cannot order it: a
-//! peer holding an rkey decides when it writes. What the runtime does guarantee: the memory cannot be freed while
-//! the engine may touch it (the engine co-owns the allocation; `dereg` is refused while WRs use the MR), the engine
-//! never touches a byte outside the registered range (every range is checked against the MR, and again here), and
-//! no safe call holds a reference the engine's writes would invalidate.
+//! # Concurrent copies are defined (issue #22 item 1)
 //!
-//! # Why plain copies (not volatile, not atomic-memcpy)
+//! The protocol itself lets copies of the same bytes run at once: an application that copies bytes *while* a WR
+//! or a peer's WRITE lands in them (a peer holding an rkey decides when it writes), or one region registered on
+//! devices of two groups whose engines copy the same bytes. As Rust non-atomic copies that would be a data race,
+//! undefined behaviour. Every access therefore goes through the assembly routines: their loads and stores are
+//! machine instructions outside the Rust abstract machine (like another process writing shared memory, or a device's
+//! DMA), so a concurrent copy is defined — it yields a mix of old and new bytes, never UB — and the compiler
+//! assumes nothing about the bytes between two copies (each copy reads memory afresh: a `&[u8]` held across a
+//! receive read the stale byte in a release build). The ICRC of a gathered send source is computed over chunks
+//! copied through the primitive into a stack buffer, never over a slice of the region. The remote atomics are
+//! `lock cmpxchg` / `lock xadd` on aligned words; an application that uses atomics on those words is coherent
+//! with them. The only ways to a reference into the bytes are the `unsafe` [`MrBuf::as_slice`] /
+//! [`MrBuf::as_mut_slice`], whose `# Safety` is the RNIC contract.
 //!
-//! Both sides copy with `ptr::copy` (`memmove`). Volatile accesses would not make a racing access defined (Rust's
-//! memory model treats a racing volatile access like any non-atomic one) and would block vectorised copies; a
-//! byte-wise atomic memcpy (P1478, `atomic-memcpy`) would cost a multiple of `memcpy` on the data path and mixes
-//! access sizes with the remote atomics. What matters for an application that waits for a byte the peer writes
-//! (perftest's WRITE latency test) is that its own reads are not hoisted out of its wait loop:
-//! [`MrBuf::read_volatile`] gives that read. The 64-bit remote atomics use real atomic instructions on
-//! 8-byte-aligned words.
+//! What the runtime guarantees besides: the memory cannot be freed while the engine may touch it (the engine
+//! co-owns the allocation; `dereg` is refused while WRs use the MR), and the engine never touches a byte outside
+//! the registered range (every range is checked against the MR, and again here).
+//!
+//! # Why assembly copies (not volatile, not atomic-memcpy)
+//!
+//! Volatile accesses would not make a racing access defined (Rust's memory model treats a racing volatile access
+//! like any non-atomic one) and would block vectorised copies; a byte-wise atomic memcpy (P1478, `atomic-memcpy`)
+//! would make the copies defined but cannot survive a fault, and costs a multiple of `memcpy` on the data path. The
+//! routines do both with `rep movsb` (ERMS/FSRM); the cost against the plain `ptr::copy` they replace is measured
+//! in `BENCHMARKS.md`.
 //!
 //! Miri: the unit tests below use only heap-backed regions so that
-//! `cargo +nightly miri test -p roce-verbs --lib memory` can check them (it does: `docs/TESTING.md`).
+//! `cargo +nightly miri test -p roce-verbs --lib memory` can check them (it does: `docs/TESTING.md`). Miri cannot run
+//! assembly: under `cfg(miri)` the primitive is plain `ptr::copy` / `AtomicU64` (see [`fault`](crate::fault)).
 
 use std::alloc::Layout;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use roce_proto::{AccessFlags, MrMemory};
+use roce_proto::{AccessFlags, MemoryFault, MrMemory};
+
+use crate::fault::{self, Fault};
 
 use crate::hugepage::{HugePageBuffer, HugePagePolicy};
 
 /// Alignment of [`MrBuf::new`] buffers: one 4 KiB page.
 pub const PAGE_SIZE: usize = 4096;
+
+/// Bytes of a gathered send source copied (through the fault-tolerant primitive) into a stack buffer per ICRC
+/// update: large enough that the copy costs little beside the hash (`BENCHMARKS.md`), small for the stack.
+const CRC_CHUNK: usize = 1024;
+
+/// The error of an application copy that met a fault (the memory was unmapped or protected).
+fn faulted(Fault: Fault) -> crate::Error {
+    crate::Error::InvalidArgument("registered memory could not be accessed (unmapped or protected)")
+}
 
 /// Who frees the bytes of a [`Region`] when its last reference goes.
 enum Owner {
@@ -117,6 +158,7 @@ impl Region {
                 format!("{len} bytes is too large for one buffer"),
             )
         })?;
+        fault::install();
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(p).ok_or_else(|| {
@@ -136,6 +178,7 @@ impl Region {
 
     /// A huge-page (or fallback) mapping; the region takes ownership of it.
     fn mapped(mut map: HugePageBuffer) -> Region {
+        fault::install();
         let len = map.len();
         let huge = map.is_huge();
         // The mapping is at least one byte long, so its pointer is never null; `as_mut_slice` is the only reference
@@ -161,26 +204,35 @@ impl Region {
         );
     }
 
-    /// Copies `dst.len()` bytes at `off` into `dst` (a `memmove`: `dst` may even lie inside the region).
+    /// Copies `dst.len()` bytes at `off` into `dst` through the fault-tolerant primitive ([`fault::copy`]).
+    /// Errors: [`Fault`] if the application unmapped or protected the memory (`dst` then holds some of the bytes).
     #[inline]
-    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) {
+    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), Fault> {
         self.check(off, dst.len());
-        // SAFETY: the range is inside the region (checked) and the region's memory is valid while `self` lives;
-        // `ptr::copy` allows the two ranges to overlap. No reference to region memory is formed, so none is
-        // asserted across the copy.
-        unsafe { std::ptr::copy(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+        // SAFETY: the range is inside the region (checked), whose memory stays allocated to it while `self` lives
+        // (owned, or the raw registration's promise that it is not reused; unmapped or protected is the `Fault`
+        // this returns); every other access to region bytes goes through these routines or the application's
+        // raw code, never a Rust reference another party writes behind. `dst` is exclusively borrowed.
+        unsafe { fault::copy(dst.as_mut_ptr(), self.ptr.as_ptr().add(off), dst.len()) }
     }
 
-    /// Copies `src` into the region at `off` (a `memmove`). A `src` inside the region could only come from
-    /// `MrBuf::as_slice`, whose contract forbids writing the buffer while that slice lives (issue #22 item 2: before,
-    /// this was `copy_nonoverlapping` on such ranges); `memmove` keeps the copy itself defined all the same.
+    /// Copies `src` into the region at `off` through the fault-tolerant primitive (`memmove` semantics). A `src`
+    /// inside the region could only come from `MrBuf::as_slice`, whose contract forbids writing the buffer while
+    /// that slice lives (issue #22 item 2); the copy itself is defined for overlapping ranges all the same.
+    /// Errors: [`Fault`] as [`read`](Self::read) (some bytes may have been written).
     #[inline]
-    pub(crate) fn write(&self, off: usize, src: &[u8]) {
+    pub(crate) fn write(&self, off: usize, src: &[u8]) -> Result<(), Fault> {
         self.check(off, src.len());
         // SAFETY: as in `read`; the region is writable memory (heap, a private anonymous mapping, or memory the
-        // raw registration's caller declared writable; `Mr::write` refuses an MR without LOCAL_WRITE), and
-        // `ptr::copy` is defined for overlapping ranges.
-        unsafe { std::ptr::copy(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) };
+        // raw registration's caller declared writable; `Mr::write` refuses an MR without LOCAL_WRITE — memory
+        // that is not writable after all is the `Fault` this returns). `src` is only read.
+        unsafe { fault::copy(self.ptr.as_ptr().add(off), src.as_ptr(), src.len()) }
+    }
+
+    /// Sets every byte of the region to `byte` (fault-tolerant, as [`write`](Self::write)).
+    pub(crate) fn fill(&self, byte: u8) -> Result<(), Fault> {
+        // SAFETY: the whole region, valid as in `write`.
+        unsafe { fault::fill(self.ptr.as_ptr(), byte, self.len) }
     }
 
     /// Shared guard for an application read (see the `app` field).
@@ -193,66 +245,74 @@ impl Region {
         self.app.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Hashes `len` bytes at `off` in place.
-    fn crc32_update(&self, off: usize, len: usize, hasher: &mut crc32fast::Hasher) {
+    /// Hashes `len` bytes at `off`: chunks of [`CRC_CHUNK`] bytes copied through the fault-tolerant primitive
+    /// into a stack buffer, then hashed (a slice over the region would be a non-atomic read racing a peer's write,
+    /// and a fault inside the hash would end the process). Errors: [`Fault`].
+    fn crc32_update(
+        &self,
+        off: usize,
+        len: usize,
+        hasher: &mut crc32fast::Hasher,
+    ) -> Result<(), Fault> {
         self.check(off, len);
-        // SAFETY: the range is inside the valid region (checked). The shared slice covers exactly the bytes being
-        // transmitted and lives only for this call; under the RNIC contract nobody writes those bytes meanwhile.
-        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) };
-        hasher.update(bytes);
-    }
-
-    /// The 8-byte word at `off` as an atomic, if it is 8-byte aligned in memory.
-    fn atomic_at(&self, off: usize) -> Option<&AtomicU64> {
-        self.check(off, 8);
-        // SAFETY: inside the region (checked), so `add` stays in bounds.
-        let p = unsafe { self.ptr.as_ptr().add(off) };
-        if !(p as usize).is_multiple_of(8) {
-            return None;
+        let mut tmp = [0u8; CRC_CHUNK];
+        let mut done = 0usize;
+        while done < len {
+            let n = (len - done).min(CRC_CHUNK);
+            self.read(off + done, &mut tmp[..n])?;
+            hasher.update(&tmp[..n]);
+            done += n;
         }
-        // SAFETY: `p` is valid for 8 bytes for the lifetime of `&self`, aligned to 8 (checked), and every engine
-        // access to it goes through atomics; the application may use atomics on it too (module docs).
-        Some(unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
+        Ok(())
     }
 
-    /// Compare-and-swap of the little-endian word at `off`; the value before.
-    fn compare_swap(&self, off: usize, compare: u64, swap: u64) -> u64 {
-        if let Some(a) = self.atomic_at(off) {
+    /// The address of the 8-byte word at `off`, if it is 8-byte aligned in memory.
+    fn word_at(&self, off: usize) -> Option<*mut u64> {
+        self.check(off, 8);
+        let p = self.ptr.as_ptr().wrapping_add(off);
+        (p as usize).is_multiple_of(8).then_some(p.cast::<u64>())
+    }
+
+    /// Compare-and-swap of the little-endian word at `off`; the value before. Errors: [`Fault`].
+    fn compare_swap(&self, off: usize, compare: u64, swap: u64) -> Result<u64, Fault> {
+        if let Some(p) = self.word_at(off) {
             // Memory holds little-endian bytes; `to_le`/`from_le` map them to the native integer the CPU compares.
-            return match a.compare_exchange(
-                compare.to_le(),
-                swap.to_le(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(v) | Err(v) => u64::from_le(v),
-            };
+            // SAFETY: `p` is inside the region (checked by `word_at`), 8-byte aligned, valid as in `read`.
+            let old = unsafe { fault::cas64(p, compare.to_le(), swap.to_le()) }?;
+            return Ok(u64::from_le(old));
         }
         // Unaligned (only possible for a raw registration at an odd address): a plain read-modify-write.
         let mut b = [0u8; 8];
-        self.read(off, &mut b);
+        self.read(off, &mut b)?;
         let orig = u64::from_le_bytes(b);
         if orig == compare {
-            self.write(off, &swap.to_le_bytes());
+            self.write(off, &swap.to_le_bytes())?;
         }
-        orig
+        Ok(orig)
     }
 
-    /// Wrapping fetch-and-add of the little-endian word at `off`; the value before.
-    fn fetch_add(&self, off: usize, add: u64) -> u64 {
-        if let Some(a) = self.atomic_at(off) {
-            let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(u64::from_le(v).wrapping_add(add).to_le())
-            });
-            return match r {
-                Ok(v) | Err(v) => u64::from_le(v),
-            };
+    /// Wrapping fetch-and-add of the little-endian word at `off`; the value before. Errors: [`Fault`].
+    fn fetch_add(&self, off: usize, add: u64) -> Result<u64, Fault> {
+        if let Some(p) = self.word_at(off) {
+            if cfg!(target_endian = "little") {
+                // SAFETY: as in `compare_swap`.
+                return unsafe { fault::fetch_add64(p, add) };
+            }
+            // Big-endian: add to the little-endian value with a compare-and-swap loop.
+            loop {
+                let mut b = [0u8; 8];
+                self.read(off, &mut b)?;
+                let cur = u64::from_le_bytes(b);
+                if self.compare_swap(off, cur, cur.wrapping_add(add))? == cur {
+                    return Ok(cur);
+                }
+            }
         }
         let mut b = [0u8; 8];
-        self.read(off, &mut b);
+        self.read(off, &mut b)?;
         let orig = u64::from_le_bytes(b);
-        self.write(off, &orig.wrapping_add(add).to_le_bytes());
-        orig
+        self.write(off, &orig.wrapping_add(add).to_le_bytes())?;
+        Ok(orig)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -276,21 +336,35 @@ impl MrMemory for SharedMemory {
         self.0.len
     }
     #[inline]
-    fn read_at(&self, offset: usize, dst: &mut [u8]) {
-        self.0.read(offset, dst);
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryFault> {
+        self.0.read(offset, dst).map_err(|Fault| MemoryFault)
     }
     #[inline]
-    fn write_at(&mut self, offset: usize, src: &[u8]) {
-        self.0.write(offset, src);
+    fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<(), MemoryFault> {
+        self.0.write(offset, src).map_err(|Fault| MemoryFault)
     }
-    fn crc32_update(&self, offset: usize, len: usize, hasher: &mut crc32fast::Hasher) {
-        self.0.crc32_update(offset, len, hasher);
+    fn crc32_update(
+        &self,
+        offset: usize,
+        len: usize,
+        hasher: &mut crc32fast::Hasher,
+    ) -> Result<(), MemoryFault> {
+        self.0
+            .crc32_update(offset, len, hasher)
+            .map_err(|Fault| MemoryFault)
     }
-    fn compare_swap_u64(&mut self, offset: usize, compare: u64, swap: u64) -> u64 {
-        self.0.compare_swap(offset, compare, swap)
+    fn compare_swap_u64(
+        &mut self,
+        offset: usize,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemoryFault> {
+        self.0
+            .compare_swap(offset, compare, swap)
+            .map_err(|Fault| MemoryFault)
     }
-    fn fetch_add_u64(&mut self, offset: usize, add: u64) -> u64 {
-        self.0.fetch_add(offset, add)
+    fn fetch_add_u64(&mut self, offset: usize, add: u64) -> Result<u64, MemoryFault> {
+        self.0.fetch_add(offset, add).map_err(|Fault| MemoryFault)
     }
     /// Valid until the MR is deregistered and its last WR completed (the region never moves, and its writes go
     /// through raw pointers, so the pointer is never invalidated by a re-borrow).
@@ -358,7 +432,9 @@ impl MrBuf {
     /// A page-aligned copy of `bytes`.
     pub fn from_slice(bytes: &[u8]) -> io::Result<MrBuf> {
         let b = MrBuf::new(bytes.len())?;
-        b.region.write(0, bytes);
+        b.region
+            .write(0, bytes)
+            .map_err(|Fault| io::Error::new(io::ErrorKind::InvalidData, "a new buffer faulted"))?;
         Ok(b)
     }
 
@@ -397,8 +473,7 @@ impl MrBuf {
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), crate::Error> {
         self.range_ok(offset, dst.len())?;
         let _g = self.region.app_read();
-        self.region.read(offset, dst);
-        Ok(())
+        self.region.read(offset, dst).map_err(faulted)
     }
 
     /// Copies `src` into the buffer at byte `offset` (one bulk copy; `&self`, as a store into memory an RNIC also
@@ -407,24 +482,28 @@ impl MrBuf {
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), crate::Error> {
         self.range_ok(offset, src.len())?;
         let _g = self.region.app_write();
-        self.region.write(offset, src);
-        Ok(())
+        self.region.write(offset, src).map_err(faulted)
     }
 
-    /// A copy of the whole buffer (as [`read`](Self::read)).
+    /// A copy of the whole buffer (as [`read`](Self::read)); all zero if the memory faulted (only possible if
+    /// the application's own `unsafe` code unmapped or protected it).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.region.len];
         let _g = self.region.app_read();
-        self.region.read(0, &mut v);
+        if self.region.read(0, &mut v).is_err() {
+            tracing::debug!(len = self.region.len, "MrBuf::to_vec faulted");
+            v.fill(0);
+        }
         v
     }
 
-    /// Sets every byte to `byte` (one `memset`, as [`write`](Self::write)).
+    /// Sets every byte to `byte` (one `rep stosb` through the fault-tolerant primitive, as [`write`](Self::write)).
+    /// Memory the application's own `unsafe` code unmapped or protected is left as it is (logged at debug level).
     pub fn fill(&self, byte: u8) {
         let _g = self.region.app_write();
-        // SAFETY: the whole region is valid, writable memory while `self` holds its `Arc`; a raw `write_bytes`
-        // forms no reference, and the guard excludes other application copies.
-        unsafe { std::ptr::write_bytes(self.region.ptr.as_ptr(), byte, self.region.len) };
+        if self.region.fill(byte).is_err() {
+            tracing::debug!(len = self.region.len, "MrBuf::fill faulted");
+        }
     }
 
     fn range_ok(&self, offset: usize, n: usize) -> Result<(), crate::Error> {
@@ -465,17 +544,12 @@ impl MrBuf {
         unsafe { std::slice::from_raw_parts_mut(self.region.ptr.as_ptr(), self.region.len) }
     }
 
-    /// Reads `dst.len()` bytes at `offset` with volatile byte loads, for a loop that waits for bytes a peer writes
-    /// (perftest's WRITE latency test polls the last byte): each call really reads memory. Errors:
-    /// `InvalidArgument` (range outside the buffer).
+    /// Reads `dst.len()` bytes at `offset`, for a loop that waits for bytes a peer writes (perftest's WRITE
+    /// latency test polls the last byte): each call really reads memory. Since every copy goes through the
+    /// assembly primitive ([`read`](Self::read) too: the compiler cannot keep bytes across it) this is the same
+    /// copy, kept for the name. Errors: as [`read`](Self::read).
     pub fn read_volatile(&self, offset: usize, dst: &mut [u8]) -> Result<(), crate::Error> {
-        self.range_ok(offset, dst.len())?;
-        let _g = self.region.app_read();
-        for (i, d) in dst.iter_mut().enumerate() {
-            // SAFETY: inside the region (checked above); a byte load has no alignment requirement.
-            *d = unsafe { std::ptr::read_volatile(self.region.ptr.as_ptr().add(offset + i)) };
-        }
-        Ok(())
+        self.read(offset, dst)
     }
 
     pub(crate) fn region(&self) -> &Arc<Region> {
@@ -489,11 +563,12 @@ impl crate::Pd {
     ///
     /// # Safety
     ///
-    /// * `addr..addr + len` is memory of this process that is readable and (for any write access in `access`,
-    ///   including receives and READ targets posted later) writable, and it stays so — not unmapped, freed, or
-    ///   reused for other data — until this MR has been deregistered ([`Mr::dereg`](crate::Mr::dereg) succeeded, or
-    ///   the last [`Mr`](crate::Mr) handle was dropped and the runtime deregistered it once its WRs completed) and
-    ///   the context is gone or the deregistration has returned.
+    /// * `addr..addr + len` is memory of this process, and it is not reused for other data (freed and
+    ///   reallocated, or mapped over) until this MR has been deregistered ([`Mr::dereg`](crate::Mr::dereg)
+    ///   succeeded, or the last [`Mr`](crate::Mr) handle was dropped and the runtime deregistered it once its WRs
+    ///   completed) and the context is gone or the deregistration has returned. Memory that is unmapped or
+    ///   protected meanwhile (or was never writable) is not undefined behaviour: accesses to it fail with the
+    ///   errors and completions of the module docs ("Memory the application unmaps or protects").
     /// * The application does not access bytes of in-flight WRs or bytes a peer is accessing (the RNIC contract in
     ///   the crate docs); data races there are the caller's undefined behaviour, as with a hardware RNIC.
     pub unsafe fn reg_mr_raw(
@@ -508,6 +583,7 @@ impl crate::Pd {
                 "MR address + length overflows",
             ));
         }
+        fault::install();
         let region = Arc::new(Region {
             ptr,
             len,
@@ -538,6 +614,7 @@ impl crate::Pd {
                 "MR address + length overflows",
             ));
         }
+        fault::install();
         let region = Arc::new(Region {
             ptr,
             len,
@@ -564,21 +641,21 @@ mod tests {
         // The engine's view sees the application's stores, and the application sees the engine's writes.
         let mut eng = SharedMemory(Arc::clone(b.region()));
         let mut out = [0u8; 5];
-        eng.read_at(100, &mut out);
+        eng.read_at(100, &mut out).expect("mapped");
         assert_eq!(&out, b"hello");
-        eng.write_at(9_995, b"world");
+        eng.write_at(9_995, b"world").expect("mapped");
         b.read(9_995, &mut out).expect("in range");
         assert_eq!(&out, b"world");
         let mut v = [0u8; 5];
         b.read_volatile(9_995, &mut v).expect("in range");
         assert_eq!(&v, b"world");
         let mut h = crc32fast::Hasher::new();
-        eng.crc32_update(100, 5, &mut h);
+        eng.crc32_update(100, 5, &mut h).expect("mapped");
         assert_eq!(h.finalize(), crc32fast::hash(b"hello"));
         assert_eq!(eng.base_ptr(), Some(b.as_ptr()));
         // Dropping the application's handle first leaves the memory to the engine view.
         drop(b);
-        eng.read_at(9_995, &mut out);
+        eng.read_at(9_995, &mut out).expect("mapped");
         assert_eq!(&out, b"world");
         let e = MrBuf::new(0).expect("empty");
         assert!(e.is_empty() && e.to_vec().is_empty());
@@ -604,15 +681,15 @@ mod tests {
     fn atomics_are_little_endian_and_return_the_old_value() {
         let b = MrBuf::new(64).expect("alloc");
         let mut eng = SharedMemory(Arc::clone(b.region()));
-        eng.write_at(8, &7u64.to_le_bytes());
-        assert_eq!(eng.compare_swap_u64(8, 6, 1), 7, "mismatch: no swap");
-        assert_eq!(eng.compare_swap_u64(8, 7, 1), 7);
-        assert_eq!(eng.fetch_add_u64(8, u64::MAX), 1, "wrapping");
+        eng.write_at(8, &7u64.to_le_bytes()).expect("mapped");
+        assert_eq!(eng.compare_swap_u64(8, 6, 1), Ok(7), "mismatch: no swap");
+        assert_eq!(eng.compare_swap_u64(8, 7, 1), Ok(7));
+        assert_eq!(eng.fetch_add_u64(8, u64::MAX), Ok(1), "wrapping");
         assert_eq!(b.to_vec()[8..16], 0u64.to_le_bytes());
         // Unaligned word (only a raw registration can have one): same results without atomics.
-        eng.write_at(3, &41u64.to_le_bytes());
-        assert_eq!(eng.fetch_add_u64(3, 1), 41);
-        assert_eq!(eng.compare_swap_u64(3, 42, 5), 42);
+        eng.write_at(3, &41u64.to_le_bytes()).expect("mapped");
+        assert_eq!(eng.fetch_add_u64(3, 1), Ok(41));
+        assert_eq!(eng.compare_swap_u64(3, 42, 5), Ok(42));
         assert_eq!(b.to_vec()[3..11], 5u64.to_le_bytes());
     }
 
@@ -621,7 +698,7 @@ mod tests {
     fn out_of_range_access_panics_instead_of_touching_other_memory() {
         let b = MrBuf::new(16).expect("alloc");
         let mut eng = SharedMemory(Arc::clone(b.region()));
-        eng.write_at(12, &[0u8; 5]);
+        eng.write_at(12, &[0u8; 5]).expect("mapped");
     }
 
     #[test]
@@ -630,7 +707,7 @@ mod tests {
         let eng = SharedMemory(Arc::clone(b.region()));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut x = [0u8; 2];
-            eng.read_at(usize::MAX, &mut x);
+            let _ = eng.read_at(usize::MAX, &mut x);
         }));
         assert!(r.is_err());
     }
