@@ -39,6 +39,9 @@ use crate::verbs::{AccessFlags, Lkey, MrInfo, PdHandle, Rkey};
 ///   the crate docs), and return the value before the operation. The defaults do a read-modify-write through
 ///   [`read_at`](Self::read_at) / [`write_at`](Self::write_at), which is atomic with respect to the engine (it holds
 ///   `&mut self`); shared memory overrides them with real atomic instructions.
+/// * Every access may fail with [`MemoryFault`] (memory the application unmapped or protected: roce-verbs' copies
+///   survive the fault and report it); the engine then fails the WR or the remote request as an RNIC does on a
+///   translation fault (see [`MemoryFault`]). Memory the engine owns never fails.
 pub trait MrMemory: Any + Send {
     /// Length in bytes (constant while registered).
     fn len(&self) -> usize;

@@ -27,18 +27,22 @@
 //! zeroed, optionally on 2 MiB huge pages with [`MrBuf::hugepages`]) registered with [`Pd::reg_mr`], or any memory
 //! through `unsafe` [`Pd::reg_mr_raw`] (the C ABI's path). The application fills and reads the buffer by copies
 //! through `&self` ([`MrBuf::read`], [`MrBuf::write`]; a slice view only behind `unsafe`, issue #22); the engine
-//! reads and writes the same bytes as an RNIC's DMA would — raw copies of exactly the range a WR or a remote access
-//! names, never a reference to the whole buffer. The MR's address is the memory's own address.
+//! reads and writes the same bytes as an RNIC's DMA would — copies of exactly the range a WR or a remote access
+//! names, never a reference to the buffer. The MR's address is the memory's own address. All these copies go
+//! through one primitive, assembly routines that survive a fault (memory the program unmapped or protected fails
+//! the WR with the error an RNIC reports on a translation fault instead of killing the process, issue #21) and are
+//! defined even when they run concurrently (issue #22).
 //!
 //! **The RNIC contract** (IBTA Vol 1 §10.7.2.1, §11.4.1.1; libibverbs `ibv_post_send(3)`): the application does not
 //! change a buffer between posting a WR that names it and that WR's completion — the engine may read a send source
 //! again until then (go-back-N retransmission) — and does not read a receive or READ target before the completion;
-//! bytes a peer may write through an rkey are read only once the peer's protocol says they are there. Breaking it is
-//! a data race, exactly as with a hardware RNIC. What the runtime guarantees in return: the engine co-owns the
+//! bytes a peer may write through an rkey are read only once the peer's protocol says they are there. Breaking it
+//! gives a mix of old and new bytes, exactly as with a hardware RNIC (not undefined behaviour: the copies are
+//! assembly). What the runtime guarantees in return: the engine co-owns the
 //! memory (dropping the `MrBuf` or the last [`Mr`] handle early never frees bytes the engine may touch),
 //! [`Mr::dereg`] is refused with [`Error::Busy`] (`EBUSY`) while WRs that name the MR are in flight, and no range
-//! outside a registration is ever touched (checked by the engine, and again where the copy happens). All `unsafe`
-//! of the crate is in one module (`memory`), with the contract written there once.
+//! outside a registration is ever touched (checked by the engine, and again where the copy happens). The `unsafe`
+//! of the crate is in `memory` (with the contract written there once) and `fault` (the copy routines).
 //!
 //! # Example
 //!

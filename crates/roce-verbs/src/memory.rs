@@ -43,7 +43,7 @@
 //!
 //! The contract above is the application's part of the protocol; it cannot be the precondition of a *safe*
 //! function. So the safe way into the bytes is a copy through `&self` ([`MrBuf::read`], [`MrBuf::write`],
-//! `Mr::read`, `Mr::write`): a bulk `memmove` through the region's raw pointer that forms no reference, so the
+//! `Mr::read`, `Mr::write`): a bulk copy through the primitive that forms no reference, so the
 //! compiler assumes nothing about the bytes between two copies and each copy reads memory afresh (a `&[u8]` held
 //! across a receive read the stale byte in a release build). Application copies on one region are serialised by
 //! the region's lock (the engine never takes it), so two application threads never race, and `Mr::dereg` takes it
@@ -96,8 +96,9 @@ use crate::hugepage::{HugePageBuffer, HugePagePolicy};
 pub const PAGE_SIZE: usize = 4096;
 
 /// Bytes of a gathered send source copied (through the fault-tolerant primitive) into a stack buffer per ICRC
-/// update: large enough that the copy costs little beside the hash (`BENCHMARKS.md`), small for the stack.
-const CRC_CHUNK: usize = 1024;
+/// update: one 4 KiB chunk covers a whole packet at PMTU 4096. Measured (`BENCHMARKS.md`): 256 B and 1 KiB chunks
+/// cost 3x and 2x the in-place hash they replace, 4 KiB chunks about 1.2x.
+const CRC_CHUNK: usize = 4096;
 
 /// The error of an application copy that met a fault (the memory was unmapped or protected).
 fn faulted(Fault: Fault) -> crate::Error {
@@ -131,12 +132,12 @@ pub(crate) struct Region {
 // or memory whose validity the raw registration's caller promised) plus a lock; every access through it is a raw
 // copy or an atomic operation, never a reference that outlives the call, so it may happen on any thread.
 unsafe impl Send for Region {}
-// SAFETY: `&Region` allows only the same raw copies/atomics as above. Application copies exclude one another
-// through `app`; one device group's engine copies are serialised by its progress lock and touch only the ranges a
-// WR or a remote access names. What remains concurrent is the protocol's race described in the module docs: an
-// application copy of bytes the engine is writing at that moment, or (a region registered on devices of two
-// groups) two engines copying the same bytes because two WRs or peers name them at once — both break the RNIC
-// contract. No safe call hands out a reference into the bytes.
+// SAFETY: `&Region` allows only the same copies/atomics as above, all through the assembly routines of `fault`
+// (outside the Rust abstract machine: concurrent ones — an application copy of bytes the engine is writing at that
+// moment, or two engines of different groups copying the same bytes — are defined and give a mix of old and new
+// bytes, module docs). Application copies also exclude one another through `app`. No safe call hands out a
+// reference into the bytes. (Under Miri or off x86_64 the routines are plain copies; there concurrent copies of the
+// same bytes are the RNIC contract's business, as documented in `fault`.)
 unsafe impl Sync for Region {}
 
 impl Drop for Region {
@@ -254,13 +255,35 @@ impl Region {
         len: usize,
         hasher: &mut crc32fast::Hasher,
     ) -> Result<(), Fault> {
+        self.crc32_chunked::<CRC_CHUNK>(off, len, hasher)
+    }
+
+    /// [`crc32_update`](Self::crc32_update) with chunks of `N` bytes (the unit benchmark compares sizes).
+    #[inline]
+    fn crc32_chunked<const N: usize>(
+        &self,
+        off: usize,
+        len: usize,
+        hasher: &mut crc32fast::Hasher,
+    ) -> Result<(), Fault> {
         self.check(off, len);
-        let mut tmp = [0u8; CRC_CHUNK];
+        // Not zeroed first (4 KiB of stores per call): each chunk is written whole by the copy before it is read.
+        let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); N];
         let mut done = 0usize;
         while done < len {
-            let n = (len - done).min(CRC_CHUNK);
-            self.read(off + done, &mut tmp[..n])?;
-            hasher.update(&tmp[..n]);
+            let n = (len - done).min(N);
+            // SAFETY: `off + done .. + n` is inside the region (checked above), valid as in `read`; `tmp` is this
+            // function's own buffer of `N >= n` bytes, written, not read, by the copy.
+            unsafe {
+                fault::copy(
+                    tmp.as_mut_ptr().cast::<u8>(),
+                    self.ptr.as_ptr().add(off + done),
+                    n,
+                )
+            }?;
+            // SAFETY: the copy succeeded, so `tmp[..n]` is initialised; the slice lives only for the hash.
+            let bytes = unsafe { std::slice::from_raw_parts(tmp.as_ptr().cast::<u8>(), n) };
+            hasher.update(bytes);
             done += n;
         }
         Ok(())
@@ -381,8 +404,9 @@ impl MrMemory for SharedMemory {
 /// vm-memory's `VolatileSlice`: no Rust reference to the memory is ever held, so nothing asserts that the bytes stay
 /// unchanged while a receive, a READ response or a peer's WRITE lands in them, and every copy reads memory afresh
 /// (issue #22 item 1: a `&[u8]` held across a receive read the stale byte in release builds). Copies are bulk
-/// `memmove`s; application copies on one buffer are serialised with each other (and with `Mr::read`/`Mr::write`
-/// on its MRs) by a lock the engine never takes.
+/// copies through the runtime's fault-tolerant assembly routines, defined even while the engine or a peer writes
+/// the same bytes (module docs); application copies on one buffer are serialised with each other (and with
+/// `Mr::read`/`Mr::write` on its MRs) by a lock the engine never takes.
 ///
 /// Zero-copy users may borrow the bytes as a slice with the `unsafe` [`as_slice`](Self::as_slice) /
 /// [`as_mut_slice`](Self::as_mut_slice), whose `# Safety` is the RNIC contract (module docs). `MrBuf` deliberately
@@ -664,6 +688,125 @@ mod tests {
         c.fill(9);
         assert_eq!(c.to_vec(), [9, 9, 9]);
         assert!(format!("{c:?}").contains("len: 3"));
+    }
+
+    /// The cost of the engine's MR accesses through the fault-tolerant primitive against the plain `ptr::copy` and
+    /// in-place CRC they replaced (issue #22 item 1's measurement, `BENCHMARKS.md`). Run:
+    /// `cargo test --release -p roce-verbs --lib mr_access_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn mr_access_cost() {
+        use std::hint::black_box;
+        use std::time::Instant;
+        let b = MrBuf::new(1 << 16).expect("alloc");
+        b.fill(0x5a);
+        let eng = SharedMemory(Arc::clone(b.region()));
+        let base = b.as_ptr();
+        let mut dst = vec![0u8; 4096];
+        // One round: ns per operation of `f` over `n` iterations.
+        let time = |n: u32, f: &mut dyn FnMut(usize)| {
+            let t = Instant::now();
+            for i in 0..n as usize {
+                f(i);
+            }
+            t.elapsed().as_nanos() as f64 / f64::from(n)
+        };
+        type Case<'a> = (&'static str, u32, Box<dyn FnMut(usize) + 'a>);
+        let mut cases: Vec<Case<'_>> = Vec::new();
+        for len in [64usize, 4096] {
+            let d = dst.as_mut_ptr();
+            cases.push((
+                if len == 64 {
+                    "read 64 B, ptr::copy (before)"
+                } else {
+                    "read 4 KiB, ptr::copy (before)"
+                },
+                if len == 64 { 4_000_000 } else { 400_000 },
+                Box::new(move |i| {
+                    let off = (i * 64) % 32768;
+                    // SAFETY: inside the 64 KiB buffer and the 4 KiB `dst`; nothing else accesses them meanwhile.
+                    unsafe { std::ptr::copy(base.add(off), d, len) };
+                    black_box(d);
+                }),
+            ));
+        }
+        let eng_r = &eng;
+        let mut d64 = [0u8; 64];
+        cases.push((
+            "read 64 B, primitive (after)",
+            4_000_000,
+            Box::new(move |i| {
+                eng_r.read_at((i * 64) % 32768, &mut d64).expect("mapped");
+                black_box(&d64);
+            }),
+        ));
+        let d4k = &mut dst;
+        cases.push((
+            "read 4 KiB, primitive (after)",
+            400_000,
+            Box::new(move |i| {
+                eng_r
+                    .read_at((i * 64) % 32768, &mut d4k[..])
+                    .expect("mapped");
+                black_box(&d4k);
+            }),
+        ));
+        let region = &**b.region();
+        cases.push((
+            "crc32 4 KiB in place (before)",
+            200_000,
+            Box::new(move |i| {
+                let off = (i * 64) % 32768;
+                // SAFETY: inside the buffer; nothing writes it meanwhile (this test only).
+                let s = unsafe { std::slice::from_raw_parts(base.add(off), 4096) };
+                let mut h = crc32fast::Hasher::new();
+                h.update(s);
+                black_box(h.finalize());
+            }),
+        ));
+        cases.push((
+            "crc32 4 KiB via 256 B chunks",
+            200_000,
+            Box::new(move |i| {
+                let mut h = crc32fast::Hasher::new();
+                region
+                    .crc32_chunked::<256>((i * 64) % 32768, 4096, &mut h)
+                    .expect("mapped");
+                black_box(h.finalize());
+            }),
+        ));
+        cases.push((
+            "crc32 4 KiB via 1 KiB chunks",
+            200_000,
+            Box::new(move |i| {
+                let mut h = crc32fast::Hasher::new();
+                region
+                    .crc32_chunked::<1024>((i * 64) % 32768, 4096, &mut h)
+                    .expect("mapped");
+                black_box(h.finalize());
+            }),
+        ));
+        cases.push((
+            "crc32 4 KiB via 4 KiB chunks (after)",
+            200_000,
+            Box::new(move |i| {
+                let mut h = crc32fast::Hasher::new();
+                region
+                    .crc32_chunked::<4096>((i * 64) % 32768, 4096, &mut h)
+                    .expect("mapped");
+                black_box(h.finalize());
+            }),
+        ));
+        let mut results: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+        for _ in 0..5 {
+            for (k, (_, n, f)) in cases.iter_mut().enumerate() {
+                results[k].push(time(*n, f.as_mut()));
+            }
+        }
+        for ((name, _, _), r) in cases.iter().zip(results.iter_mut()) {
+            r.sort_by(f64::total_cmp);
+            println!("{name:40} {:8.1} ns (median of 5)", r[2]);
+        }
     }
 
     #[test]
