@@ -34,11 +34,16 @@
 //! # Consequences a program should know
 //!
 //! * The handler is installed once per process, at the first MR memory the runtime sets up, with
-//!   `SA_SIGINFO | SA_ONSTACK | SA_NODEFER`, keeping the previous disposition to pass other faults on to. A program
-//!   (UCX does, with `UCX_ERROR_SIGNALS`) that installs its own SIGSEGV/SIGBUS handler *later* without passing
-//!   faults on to the one it replaced takes the engine's faults too: a fault on unmapped MR memory then ends in that
-//!   handler (usually a crash, as before this module). Registrations log a warning once when they find our handler
-//!   replaced.
+//!   `SA_SIGINFO | SA_ONSTACK | SA_NODEFER`, keeping the previous disposition to pass other faults on to (a
+//!   handler installed *before* ours keeps working for every fault that is not ours). A program that installs its
+//!   own SIGSEGV/SIGBUS handler *later* without passing faults on to the one it replaced takes the engine's faults
+//!   too: a fault on unmapped MR memory then ends in that handler (usually a crash, as before this module).
+//! * UCX is a special case: with its error handling on (the default `UCX_HANDLE_ERRORS`, SIGSEGV and SIGBUS in
+//!   `UCX_ERROR_SIGNALS`) libucs interposes `sigaction`/`signal` and, for its error signals, returns the old
+//!   disposition without setting the new one (`ucs/debug/debug.c`). Our installation then silently does nothing
+//!   and a fault on unmapped registered memory ends in UCX's error handler (backtrace, abort), as before this
+//!   module. `UCX_ERROR_SIGNALS=` (empty) leaves the signals to us. Registrations read the disposition back and
+//!   log a warning once when ours is not in place.
 //! * A previous handler is called as the kernel would have called it (with `SA_SIGINFO`: `(sig, info, ucontext)`;
 //!   else `(sig)`), but its `sa_mask` and `SA_RESETHAND` are not applied. `SIG_DFL` or `SIG_IGN` before ours: the
 //!   disposition is reset to `SIG_DFL` and the faulting instruction runs again, so the default action (core dump)
@@ -227,9 +232,7 @@ mod imp {
     /// that it is still in place. Errors are logged: the copies still work, without fault tolerance.
     pub(crate) fn install() {
         static ONCE: std::sync::Once = std::sync::Once::new();
-        let mut first = false;
         ONCE.call_once(|| {
-            first = true;
             bounds();
             let mut prev = [zeroed(), zeroed()];
             let mut act = zeroed();
@@ -253,12 +256,13 @@ mod imp {
                 }
             }
         });
-        if !first {
-            check_installed();
-        }
+        // Also right after installing: an interposed `sigaction` (UCX's) may have answered success without
+        // installing anything.
+        check_installed();
     }
 
-    /// Warns once if another handler has replaced ours since [`install`] (see the module docs).
+    /// Warns once if our handler is not the one in place (replaced since [`install`], or never installed because
+    /// `sigaction` was interposed; see the module docs).
     fn check_installed() {
         if WARNED.load(Ordering::Relaxed) {
             return;
@@ -496,6 +500,38 @@ mod tests {
             assert_eq!(x[..], src[..64]);
             assert!(memory_faults() >= before + 6, "six faults taken");
             assert_eq!(libc::munmap(p.cast(), 4096), 0);
+        }
+    }
+
+    /// SIGBUS (a file mapping beyond the file's end, e.g. an MR over a file another process truncated) is
+    /// survived as SIGSEGV is.
+    #[test]
+    fn bus_errors_on_a_truncated_file_mapping_are_faults() {
+        install();
+        // SAFETY: a fresh memfd, a shared mapping of it, then shrinking the file: only this test's objects.
+        unsafe {
+            let fd = libc::memfd_create(c"roce-verbs-fault-test".as_ptr(), 0);
+            assert!(fd >= 0, "memfd_create");
+            assert_eq!(libc::ftruncate(fd, 8192), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            let p = p.cast::<u8>();
+            fill(p, 7, 8192).expect("backed by the file");
+            assert_eq!(libc::ftruncate(fd, 4096), 0);
+            let mut b = [0u8; 16];
+            copy(b.as_mut_ptr(), p.add(4000), 16).expect("first page still backed");
+            assert_eq!(b, [7u8; 16]);
+            assert_eq!(copy(b.as_mut_ptr(), p.add(4096), 16), Err(Fault), "SIGBUS");
+            assert_eq!(fetch_add64(p.add(4096).cast::<u64>(), 1), Err(Fault));
+            libc::munmap(p.cast(), 8192);
+            libc::close(fd);
         }
     }
 

@@ -353,3 +353,60 @@ fn application_copies_of_unmapped_memory_are_errors() {
     assert!(mr.read(0, 2).is_err());
     assert!(mr.write(0, b"no").is_err());
 }
+
+/// The faulting WR completes in SQ order: a healthy WRITE posted before it completes `Success` first (the engine
+/// builds the SEND's packet in the same pass, before the WRITE's ACK arrives, so the fault is met with the WRITE
+/// still outstanding), then the SEND from unmapped memory `LOC_PROT_ERR`, then the QP flushes what follows.
+#[test]
+fn a_fault_behind_outstanding_wrs_completes_in_order() {
+    let (a, b) = pair();
+    let mut map = Map::new(2);
+    let src = reg(&a, &map);
+    let (good, gmr) = heap_mr(&a, 2 * PAGE);
+    good.fill(0x11);
+    let (target, tmr) = heap_mr(&b, 2 * PAGE);
+    map.unmap();
+    let gsge = [gmr.sge(0, (2 * PAGE) as u32)];
+    let bad = [src.sge(0, 512)];
+    let after = [gmr.sge(0, 64)];
+    let write = SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: tmr.addr(),
+            rkey: tmr.rkey(),
+        },
+        &gsge,
+    )
+    .signaled();
+    let send = SendWr::new(2, SendOp::Send, &bad).signaled();
+    let write2 = SendWr::new(
+        3,
+        SendOp::RdmaWrite {
+            remote_addr: tmr.addr(),
+            rkey: tmr.rkey(),
+        },
+        &after,
+    )
+    .signaled();
+    a.qp.post_send(&[write, send, write2]).expect("post");
+    let got: Vec<(u64, WcStatus)> = (0..3)
+        .map(|_| {
+            let wc = wait_one(&a.cq);
+            (wc.wr_id, wc.status)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::LocProtErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(
+        target.to_vec(),
+        vec![0x11u8; 2 * PAGE],
+        "the WRITE before it landed"
+    );
+    assert_eq!(faults(&a), 1);
+}
