@@ -74,8 +74,8 @@
 //! Volatile accesses would not make a racing access defined (Rust's memory model treats a racing volatile access
 //! like any non-atomic one) and would block vectorised copies; a byte-wise atomic memcpy (P1478, `atomic-memcpy`)
 //! would make the copies defined but cannot survive a fault, and costs a multiple of `memcpy` on the data path. The
-//! routines do both with `rep movsb` (ERMS/FSRM); the cost against the plain `ptr::copy` they replace is measured
-//! in `BENCHMARKS.md`.
+//! routines do both at the cost of a plain copy (loads and stores up to 64 bytes, `rep movsb` beyond); the cost
+//! against the `ptr::copy` they replace is measured in `BENCHMARKS.md`.
 //!
 //! Miri: the unit tests below use only heap-backed regions so that
 //! `cargo +nightly miri test -p roce-verbs --lib memory` can check them (it does: `docs/TESTING.md`). Miri cannot run
@@ -97,7 +97,7 @@ pub const PAGE_SIZE: usize = 4096;
 
 /// Bytes of a gathered send source copied (through the fault-tolerant primitive) into a stack buffer per ICRC
 /// update: one 4 KiB chunk covers a whole packet at PMTU 4096. Measured (`BENCHMARKS.md`): 256 B and 1 KiB chunks
-/// cost 3x and 2x the in-place hash they replace, 4 KiB chunks about 1.2x.
+/// cost 3–5× and 2–3× the in-place hash they replace, 4 KiB chunks 1.3–1.6×.
 const CRC_CHUNK: usize = 4096;
 
 /// The error of an application copy that met a fault (the memory was unmapped or protected).
