@@ -410,3 +410,93 @@ fn a_fault_behind_outstanding_wrs_completes_in_order() {
     );
     assert_eq!(faults(&a), 1);
 }
+
+/// A's atomic whose local 8-byte target it protected read-only: the peer executes the atomic (its memory is
+/// fine), the ATOMIC ACK's original value cannot land; the WR completes LOC_PROT_ERR.
+#[test]
+fn atomic_result_into_read_only_memory_is_a_local_protection_error() {
+    let (a, b) = pair();
+    let map = Map::new(1);
+    let dst = reg(&a, &map);
+    let (target, tmr) = heap_mr(&b, 8);
+    target.write(0, &41u64.to_le_bytes()).expect("in range");
+    map.protect(libc::PROT_READ);
+    let sge = [dst.sge(0, 8)];
+    let wr = SendWr::new(
+        10,
+        SendOp::AtomicFetchAndAdd {
+            remote_addr: tmr.addr(),
+            rkey: tmr.rkey(),
+            add: 1,
+        },
+        &sge,
+    )
+    .signaled();
+    a.qp.post_send(&[wr]).expect("post");
+    let wc = wait_one(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (10, WcStatus::LocProtErr));
+    assert_eq!(faults(&a), 1);
+    assert_eq!(faults(&b), 0);
+    assert_eq!(target.to_vec(), 42u64.to_le_bytes(), "the peer added");
+    assert_eq!(state(&a), QpState::Err);
+}
+
+/// UD: a datagram whose receive buffer (GRH area and payload) was protected read-only: the receive completes
+/// LOC_PROT_ERR and the receiving QP goes to ERR (no NAK on UD); the sender's datagram completed when it left.
+#[test]
+fn ud_receive_into_read_only_memory_is_a_local_protection_error() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(ProgressMode::Thread)).expect("pair");
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let (pa, pb) = (ca.alloc_pd().expect("pd"), cb.alloc_pd().expect("pd"));
+    let cqa = ca.create_cq(16, None, Moderation::default()).expect("cq");
+    let cqb = cb.create_cq(16, None, Moderation::default()).expect("cq");
+    let ua = pa
+        .create_qp(QpType::Ud, &cqa, &cqa, cap, true)
+        .expect("ud a");
+    let ub = pb
+        .create_qp(QpType::Ud, &cqb, &cqb, cap, true)
+        .expect("ud b");
+    ua.ready_ud(0x11, Psn::new(1)).expect("rts");
+    ub.ready_ud(0x11, Psn::new(2)).expect("rts");
+    let map = Map::new(1);
+    // SAFETY: as in `reg`.
+    let rmr = unsafe { pb.reg_mr_raw(map.ptr, map.len, all_access()) }.expect("reg_mr_raw");
+    let rsge = [rmr.sge(0, 1024)];
+    ub.post_recv(&[RecvWr {
+        wr_id: 11,
+        sg_list: &rsge,
+    }])
+    .expect("post_recv");
+    map.protect(libc::PROT_READ);
+    let ah = pa
+        .create_ah(&AhAttr {
+            dgid: cb.gid(0).expect("gid"),
+            dmac: cb.config().mac,
+            ..AhAttr::default()
+        })
+        .expect("ah");
+    let dest = UdDest {
+        ah: ah.handle(),
+        remote_qpn: ub.qpn(),
+        remote_qkey: 0x11,
+    };
+    let data = [5u8; 32];
+    let parts: [&[u8]; 1] = [&data];
+    let wr = SendWr::new(12, SendOp::Send, &[])
+        .inline(&parts)
+        .ud(dest)
+        .signaled();
+    ua.post_send(&[wr]).expect("post");
+    let swc = wait_one(&cqa);
+    assert_eq!((swc.wr_id, swc.status), (12, WcStatus::Success));
+    let rwc = wait_one(&cqb);
+    assert_eq!((rwc.wr_id, rwc.status), (11, WcStatus::LocProtErr));
+    assert_eq!(cb.counters().expect("c").mr_access_faults, 1);
+    assert_eq!(ub.query().expect("query").qp_state, QpState::Err);
+}
