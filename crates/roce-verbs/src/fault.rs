@@ -10,12 +10,12 @@
 //!   range is known. A SIGSEGV/SIGBUS handler, installed once ([`install`]), moves a thread that faults **inside
 //!   that range** to the routines' common fixup, which returns [`Fault`] to the caller — the Linux kernel's
 //!   exception-table technique (`copy_from_user` + `_ASM_EXTABLE`), as wasmtime does for its trap handling. Any
-//!   other fault is passed on to the handler that was installed before ours (Rust's stack-overflow guard, a
-//!   debugger's, the default action), so crashes that are not ours stay crashes.
+//!   other fault is passed on to the disposition that was in place before ours (Rust's stack-overflow guard, a
+//!   sanitizer's handler, the default action), so crashes that are not ours stay crashes.
 //! * **Races (#22 item 1).** A peer holding an rkey writes whenever it wants, so the engine's copies and the
 //!   application's copies ([`MrBuf::read`](crate::MrBuf::read) / `write`, `Mr::read` / `write`) of the same bytes
 //!   may run at the same time. As Rust non-atomic accesses that would be a data race, i.e. undefined behaviour.
-//!   The routines are inline assembly: their loads and stores are machine instructions outside the Rust abstract
+//!   The routines are assembly (`global_asm!`): their loads and stores are machine instructions outside the Rust abstract
 //!   machine, so the compiler assumes nothing about the bytes between two calls and two concurrent calls are
 //!   defined at the level they run at (x86-64 TSO: each byte read is some byte that was written; a concurrent
 //!   copy gives a mix of old and new bytes, never undefined behaviour). The atomics are `lock cmpxchg` /
@@ -40,11 +40,11 @@
 //!   own SIGSEGV/SIGBUS handler *later* without passing faults on to the one it replaced takes the engine's faults
 //!   too: a fault on unmapped MR memory then ends in that handler (usually a crash, as before this module).
 //! * UCX is a special case: with its error handling on (the default `UCX_HANDLE_ERRORS`, SIGSEGV and SIGBUS in
-//!   `UCX_ERROR_SIGNALS`) libucs interposes `sigaction`/`signal` and, for its error signals, returns the old
-//!   disposition without setting the new one (`ucs/debug/debug.c`). Our installation then silently does nothing
+//!   `UCX_ERROR_SIGNALS`), libucs builds that interpose `sigaction`/`signal` (`ucs/debug/debug.c`) return the
+//!   old disposition for its error signals without setting the new one. Our installation then silently does nothing
 //!   and a fault on unmapped registered memory ends in UCX's error handler (backtrace, abort), as before this
-//!   module. `UCX_ERROR_SIGNALS=` (empty) leaves the signals to us. Registrations read the disposition back and
-//!   log a warning once when ours is not in place.
+//!   module. `UCX_ERROR_SIGNALS=` (empty) leaves the signals to us. Every new region reads the disposition back
+//!   and logs a warning (`tracing`) once when ours is not in place.
 //! * A previous handler is called as the kernel would have called it (with `SA_SIGINFO`: `(sig, info, ucontext)`;
 //!   else `(sig)`), but its `sa_mask` and `SA_RESETHAND` are not applied. `SIG_DFL` or `SIG_IGN` before ours: the
 //!   disposition is reset to `SIG_DFL` and the faulting instruction runs again, so the default action (core dump)
