@@ -44,7 +44,9 @@
 //! * `tests/c/forkclose.c` with the device on 127.0.201.7: a forked child that closes the device leaves the
 //!   parent's stats endpoint in place.
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.7, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/manyqp.c` with the device on 127.0.201.8: 16,384 QPs on one context, 1,024 pairs active at once.
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.8, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -176,5 +178,14 @@ fn a_forked_child_closing_the_device_leaves_the_parent_alone() {
         Some("127.0.201.7"),
         &[("ROCEV2_RUN_DIR", rd.as_str())],
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Scale (issue #21, `tests/c/manyqp.c`): `max_qp` (16,384) QPs on one context and the next refused with `ENOMEM`,
+/// then 1,024 RC QP pairs with one 4 KiB RDMA WRITE each in flight at once, four rounds, every byte compared.
+#[test]
+fn c_program_creates_max_qp_qps_and_drives_a_thousand_at_once() {
+    let (prog, dir) = build("manyqp");
+    run(&prog, &dir, "loop", Some("127.0.201.8"));
     let _ = std::fs::remove_dir_all(&dir);
 }
