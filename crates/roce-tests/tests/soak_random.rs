@@ -314,7 +314,7 @@ fn random_traffic_on_many_qps_under_faults_keeps_every_invariant() {
             }
         }
         // Counters: port = sum over QPs; executed requests between completed and posted.
-        if rounds % 64 == 0 {
+        if rounds.is_multiple_of(64) {
             for n in 0..2 {
                 counters_add_up(&p.counters(n), p.e(n));
             }
