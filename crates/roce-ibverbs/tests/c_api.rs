@@ -46,7 +46,9 @@
 //!
 //! * `tests/c/manyqp.c` with the device on 127.0.201.8: 16,384 QPs on one context, 1,024 pairs active at once.
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.8, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/closewait.c` with the device on 127.0.201.9: closing the device wakes threads waiting for its events.
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.9, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -187,5 +189,15 @@ fn a_forked_child_closing_the_device_leaves_the_parent_alone() {
 fn c_program_creates_max_qp_qps_and_drives_a_thousand_at_once() {
     let (prog, dir) = build("manyqp");
     run(&prog, &dir, "loop", Some("127.0.201.8"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Closing the device while threads wait in `ibv_get_cq_event` and `ibv_get_async_event` (`tests/c/closewait.c`):
+/// both return -1 with `EIO` within 2 s, and the completion channel outlives the context until
+/// `ibv_destroy_comp_channel`, as in rdma-core.
+#[test]
+fn closing_the_device_wakes_its_waiters_and_keeps_the_channel() {
+    let (prog, dir) = build("closewait");
+    run(&prog, &dir, "loop", Some("127.0.201.9"));
     let _ = std::fs::remove_dir_all(&dir);
 }
