@@ -692,20 +692,26 @@ fn rnr_storm_retries_are_paced_by_the_rnr_timer() {
     );
     assert_eq!(r.p.a.counters().rcvd_rnr_err as usize, sends);
     assert!(poll_all(&mut r.p.a, r.a.cq).is_empty());
+    let rs = [sge(&r.target, 0, 64)];
     r.p.b
         .post_recv(
             r.b.qpn,
             &[RecvWr {
                 wr_id: 1,
-                sg_list: &[],
+                sg_list: &rs,
             }],
         )
         .unwrap();
     r.p.drive();
-    // The receive has no SGE: a 64-byte SEND into it is a local length error at B; what matters here is that A's
-    // retries stop and the WR completes.
+    // A's retries stop and the SEND lands once a receive is there.
     let wcs = poll_all(&mut r.p.a, r.a.cq);
     assert_eq!(wcs.len(), 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (7, WcStatus::Success));
+    assert_eq!(
+        r.p.b.mr_bytes(r.target.lkey).unwrap()[..64],
+        r.local_init[LEN..LEN + 64]
+    );
+    r.assert_memory_intact(true);
 }
 
 /// A NAK storm: 1,000 forged sequence-error NAKs (from the peer's address, in window) for a 32-packet WRITE whose
