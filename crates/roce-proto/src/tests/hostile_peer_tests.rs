@@ -360,41 +360,22 @@ fn qp_without_remote_rights_misaligned_atomic_and_read_beyond_2_31_are_nak_inval
     r.assert_memory_intact(false);
 
     // Atomics on a VA that is not 8-byte aligned (IBTA §9.4.5: naturally aligned).
-    for op in [
-        SendOp::AtomicFetchAndAdd {
+    let misaligned: [MakeOp; 2] = [
+        |_, rkey| SendOp::AtomicFetchAndAdd {
             remote_addr: BASE + 4,
-            rkey: Rkey(0),
+            rkey,
             add: 1,
         },
-        SendOp::AtomicCmpAndSwp {
+        |_, rkey| SendOp::AtomicCmpAndSwp {
             remote_addr: BASE + LEN as u64 - 4,
-            rkey: Rkey(0),
+            rkey,
             compare: 0,
             swap: u64::MAX,
         },
-    ] {
+    ];
+    for make in misaligned {
         let mut r = rig();
-        let op = match op {
-            SendOp::AtomicFetchAndAdd {
-                remote_addr, add, ..
-            } => SendOp::AtomicFetchAndAdd {
-                remote_addr,
-                rkey: r.target.rkey,
-                add,
-            },
-            SendOp::AtomicCmpAndSwp {
-                remote_addr,
-                compare,
-                swap,
-                ..
-            } => SendOp::AtomicCmpAndSwp {
-                remote_addr,
-                rkey: r.target.rkey,
-                compare,
-                swap,
-            },
-            _ => unreachable!(),
-        };
+        let op = make(BASE, r.target.rkey);
         let wcs = r.run(op, 8);
         r.assert_nak(&wcs, WcStatus::RemInvReqErr);
         r.assert_memory_intact(false);
