@@ -1027,3 +1027,65 @@ fn random_datagram_flood_during_a_verified_run() {
     assert_counters_add_up(&r.p.a);
     assert_counters_add_up(&r.p.b);
 }
+
+/// A requester that ignores the responder's resources: 64 FETCH_ADDs in one burst (in sequence, from the peer's
+/// address) to a responder that granted `max_dest_rd_atomic` 4. As rxe (`rxe_resp.c` `check_resource`: "it is the
+/// requesters job to not send too many read/atomic ops, we just recycle the responder resource queue"), the
+/// responder recycles its oldest resource: every request executes exactly once, in order, and each gets its ATOMIC
+/// ACK with the value before its own add; nothing outside the 8 bytes changes, and the QP goes on.
+#[test]
+fn atomics_beyond_the_granted_resources_execute_once_in_order() {
+    let o = ConnOpts {
+        max_dest_rd_atomic: 4,
+        ..ConnOpts::default()
+    };
+    let mut r = rig_with(&o);
+    let tpl = r.a_to_b_template();
+    let epsn = r.epsn();
+    let now = r.p.now;
+    let before = r.p.captured.len();
+    for i in 0..64u32 {
+        let f = craft(
+            &tpl,
+            0x14,
+            (epsn + i) & 0xFF_FFFF,
+            roce_wire::ExtRepr {
+                atomic_eth: Some(roce_wire::AtomicEthRepr {
+                    va: BASE + 8,
+                    rkey: r.target.rkey.0,
+                    swap_add: u64::from(i) + 1,
+                    compare: 0,
+                }),
+                ..roce_wire::ExtRepr::NONE
+            },
+            &[],
+        );
+        r.p.b.handle_frame(now, &f);
+    }
+    r.p.transmit();
+    let acks: Vec<(u32, u64)> = r.p.captured[before..]
+        .iter()
+        .filter(|c| c.1 == Dir::BtoA)
+        .map(|c| {
+            let rep = roce_wire::RoceRepr::parse(&c.2).unwrap().repr;
+            assert_eq!(rep.bth.opcode.0, 0x12, "ATOMIC ACKNOWLEDGE");
+            (
+                rep.bth.psn.value(),
+                rep.ext.atomic_ack_eth.unwrap().orig_value,
+            )
+        })
+        .collect();
+    assert_eq!(acks.len(), 64);
+    let mut sum = 0u64;
+    for (i, &(psn, orig)) in acks.iter().enumerate() {
+        assert_eq!(psn, (epsn + i as u32) & 0xFF_FFFF);
+        assert_eq!(orig, sum, "ATOMIC ACK {i}");
+        sum += i as u64 + 1;
+    }
+    let t = r.p.b.mr_bytes(r.target.lkey).unwrap();
+    assert_eq!(u64::from_le_bytes(t[8..16].try_into().unwrap()), sum);
+    assert!(t[..8].iter().chain(&t[16..]).all(|&b| b == 0));
+    assert_eq!(r.p.b.counters().rx_atomic_requests, 64);
+    r.assert_memory_intact(true);
+    assert_eq!(r.p.b.query_qp(r.b.qpn).unwrap().qp_state, QpState::Rts);
+}
