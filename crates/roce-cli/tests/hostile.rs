@@ -145,3 +145,13 @@ fn endless_line_is_refused_not_buffered() {
     assert_ne!(code, Some(0), "accepted an endless line: {err}");
     assert!(err.contains("longer than"), "unclear error: {err}");
 }
+
+#[test]
+fn a_client_asking_for_more_send_wrs_than_a_run_allows_is_refused() {
+    // `-q` may be up to 16,384 (perftest's limit); 16,384 QPs of 15,000 WRs would be tens of GB on the server.
+    let params = r#"{"test":"write-bw","conn":"RC","sizes":[64],"iters":10,"qps":16384,"tx_depth":15000,"mtu":1024,"inline":0,"cq_mod":1,"post_list":1}"#;
+    let (code, err) = server_vs_hello(18729, params);
+    assert_ne!(code, Some(101), "panicked: {err}");
+    assert_ne!(code, Some(0), "accepted 16,384 x 15,000 WRs: {err}");
+    assert!(err.contains("send WRs"), "unclear error: {err}");
+}

@@ -34,6 +34,38 @@ fn run_here(ip: &str, args: &[&str]) -> std::process::Output {
         .expect("run rocev2")
 }
 
+/// Scale under `rocev2 run` (issue #21): `crates/roce-ibverbs/tests/c/manyqp.c`, an ordinary libibverbs program
+/// built with `cc -libverbs`, creates `max_qp` (16,384) QPs on one context (the next is refused with `ENOMEM`), then
+/// drives 1,024 RC QP pairs with a 4 KiB RDMA WRITE each in flight at once, four rounds, every byte compared.
+#[test]
+fn a_program_under_run_creates_max_qp_qps_and_drives_a_thousand_at_once() {
+    let dir = scratch("ibverbs-manyqp");
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../roce-ibverbs/tests/c/manyqp.c");
+    let prog = dir.join("manyqp");
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("cc runs");
+    assert!(
+        cc.status.success(),
+        "cc failed (Debian's libibverbs-dev installed?):\n{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = run_here("127.0.202.1", &[prog.to_str().expect("utf-8 path")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn devices_and_devinfo_list_the_device_of_the_address() {
     common::need_program("ibv_devices", "ibverbs-utils");

@@ -113,6 +113,16 @@ fn every_bw_test_verifies_over_loopback() {
     check_bw(&v[0], "atomic-bw", 8, 300);
 }
 
+/// 1,024 QPs active at once (issue #21): `-q 1024` (perftest allows up to 16,384; the device's `max_qp`), 20 WRITEs
+/// of 4 KiB on each, every byte verified. Before `-q` was allowed past 64 it was refused.
+#[test]
+fn a_thousand_qps_at_once_verify_over_loopback() {
+    let _serial = serial();
+    let v = loopback_json("write-bw", 241, &["-q", "1024", "-s", "4096", "-n", "20"]);
+    assert_eq!(v.len(), 1, "one JSON object");
+    check_bw(&v[0], "write-bw", 4096, 1024 * 20);
+}
+
 #[test]
 fn every_lat_test_verifies_over_loopback() {
     let _serial = serial();

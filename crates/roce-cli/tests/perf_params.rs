@@ -19,7 +19,11 @@ fn rocev2(args: &[&str]) -> Output {
 fn values_perftest_refuses_are_refused_with_the_flag_named() {
     let cases: &[(&[&str], &str)] = &[
         (&["write-bw", "-q", "0"], "-q 0"),
-        (&["write-bw", "-q", "65"], "-q 65"),
+        (&["write-bw", "-q", "16385"], "-q 16385"),
+        (
+            &["write-bw", "-q", "16384", "-t", "15000"],
+            "at most 2097152 send WRs",
+        ),
         (&["write-bw", "-t", "0"], "-t 0"),
         (&["write-bw", "-t", "100000"], "-t 100000"),
         (

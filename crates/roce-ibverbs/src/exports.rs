@@ -929,11 +929,28 @@ unsafe fn release(p: usize, kind: Kind) {
                 detach_cq(p as *mut IbvCq);
                 free::<CqBlock, _>(p as *mut IbvCq);
             }
-            Kind::Channel => free::<ChannelBlock, _>(p as *mut IbvCompChannel),
+            Kind::Channel => orphan_channel(p as *mut IbvCompChannel),
             Kind::Pd => free::<PdBlock, _>(p as *mut IbvPd),
             Kind::Ctx | Kind::DeviceList => {}
         }
     }
+}
+
+/// A completion channel outlives the context it was made on, as in rdma-core (its memory and `fd` are the
+/// program's until `ibv_destroy_comp_channel`; the uverbs event file of a closed device stays open): closing the
+/// context closes the channel instead of freeing it — a thread blocked in `ibv_get_cq_event` on it returns -1 with
+/// `EIO` (the kernel's closed event queue) and never touches freed memory, later calls fail the same way — and the
+/// channel stays a live object of no context, so `ibv_destroy_comp_channel` frees it later (issue #21 finding: it
+/// was freed under a waiting thread).
+///
+/// # Safety
+/// `ch` is a channel block of ours just removed from the live table by `ibv_close_device`; its CQs are gone.
+unsafe fn orphan_channel(ch: *mut IbvCompChannel) {
+    // SAFETY: per the contract.
+    let c = unsafe { &*ch.cast::<ChannelBlock>() };
+    c.cqs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    c.rust.close();
+    live::insert(ch, Kind::Channel, 0);
 }
 
 fn be64(b: [u8; 8]) -> u64 {
@@ -1747,6 +1764,11 @@ unsafe fn rocev2_ibv_get_cq_event_inner(
     // SAFETY: fcntl on our descriptor.
     let nonblock = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
+        // The context was closed (`orphan_channel`): no event can come, as the kernel's closed queue answers EIO.
+        if c.rust.is_closed() {
+            set_errno(libc::EIO);
+            return -1;
+        }
         let wait = if nonblock {
             Duration::ZERO
         } else {

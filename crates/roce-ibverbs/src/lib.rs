@@ -65,8 +65,9 @@
 //! objects; every destroy, dealloc, dereg and close looks its pointer up there, so a second destroy or a foreign
 //! pointer is `EINVAL`, never a double free; `ibv_destroy_qp` / `ibv_destroy_ah` release the PD and CQs of the
 //! library's own record, not the program-writable struct fields; `ibv_close_device` releases everything the
-//! context still owns (QPs, AHs, MRs, CQs, channels, PDs — the runtime and its UDP port go with the last context),
-//! and a second close is `EINVAL`; `ibv_destroy_cq` waits until every event `ibv_get_cq_event` handed out has been
+//! context still owns (QPs, AHs, MRs, CQs, PDs — the runtime and its UDP port go with the last context) and closes
+//! its completion channels, which outlive it as in rdma-core (freed by `ibv_destroy_comp_channel`); threads blocked
+//! in `ibv_get_cq_event` / `ibv_get_async_event` on it return -1 with `EIO`; a second close is `EINVAL`; `ibv_destroy_cq` waits until every event `ibv_get_cq_event` handed out has been
 //! acknowledged (ibv_get_cq_event(3)); a blocking `ibv_get_cq_event` / `ibv_get_async_event` fails with `EINTR`
 //! when a signal handler without `SA_RESTART` runs (module `exports::signals`). The C structs the program or
 //! other entry points write (`ibv_cq`, `ibv_qp`, `ibv_mr`) are `UnsafeCell`s in the library's blocks. The runtime's

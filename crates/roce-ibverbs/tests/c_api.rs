@@ -48,7 +48,11 @@
 //!   protected fails the WRs that touch it (a peer's WRITE or READ: `REM_ACCESS_ERR`; its own SEND or READ target:
 //!   `LOC_PROT_ERR`) instead of killing the program with SIGSEGV (issue #21).
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.8, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/manyqp.c` with the device on 127.0.201.10: 16,384 QPs on one context, 1,024 pairs active at once.
+//!
+//! * `tests/c/closewait.c` with the device on 127.0.201.9: closing the device wakes threads waiting for its events.
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.10, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -189,5 +193,24 @@ fn a_forked_child_closing_the_device_leaves_the_parent_alone() {
 fn c_program_that_unmaps_registered_memory_gets_error_completions_not_sigsegv() {
     let (prog, dir) = build("memfault");
     run(&prog, &dir, "loop", Some("127.0.201.8"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Scale (issue #21, `tests/c/manyqp.c`): `max_qp` (16,384) QPs on one context and the next refused with `ENOMEM`,
+/// then 1,024 RC QP pairs with one 4 KiB RDMA WRITE each in flight at once, four rounds, every byte compared.
+#[test]
+fn c_program_creates_max_qp_qps_and_drives_a_thousand_at_once() {
+    let (prog, dir) = build("manyqp");
+    run(&prog, &dir, "loop", Some("127.0.201.10"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Closing the device while threads wait in `ibv_get_cq_event` and `ibv_get_async_event` (`tests/c/closewait.c`):
+/// both return -1 with `EIO` within 2 s, and the completion channel outlives the context until
+/// `ibv_destroy_comp_channel`, as in rdma-core.
+#[test]
+fn closing_the_device_wakes_its_waiters_and_keeps_the_channel() {
+    let (prog, dir) = build("closewait");
+    run(&prog, &dir, "loop", Some("127.0.201.9"));
     let _ = std::fs::remove_dir_all(&dir);
 }

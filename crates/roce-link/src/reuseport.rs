@@ -7,8 +7,8 @@
 //! socket when it is closed, so the slot frees itself), and numbers its QPs from `k << 16`. The program
 //! ([`program`]) reads the first byte of the BTH DestQP field and selects the socket at that index; datagrams too
 //! short for a BTH, or for a slot nobody holds, fall back to the kernel's hash selection. The map is found by its
-//! name ([`map_name`]) among the host's BPF maps, or made, under a lock (an abstract Unix socket name of the network
-//! namespace, no file) so concurrent starts agree on one map.
+//! name ([`map_name`]) among the host's BPF maps, or made, under a lock (a file lock in a directory only the joining
+//! user controls, see `Lock`) so concurrent starts agree on one map.
 //!
 //! The program is hand-assembled (`docs/MULTIPROCESS.md` §6: aya loads only ELF objects, and building one needs a
 //! BPF toolchain this project does not have) and loaded with the `bpf(2)` system call. Everything here needs
@@ -18,6 +18,7 @@ use std::hash::Hasher as _;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt as _;
 
 /// Slots (processes) per address: one per value of the DestQP's most significant byte.
 pub const SLOTS: u32 = 256;
@@ -243,25 +244,93 @@ fn load_program(map: &OwnedFd) -> io::Result<OwnedFd> {
     bpf(BPF_PROG_LOAD, &mut a).map(fd_of)
 }
 
-/// A lock held while it lives: an abstract-namespace Unix socket bound to a name of the network namespace (one
-/// holder at a time; gone with the holder, crash included, and no file is left behind).
-struct Lock(#[allow(dead_code)] std::os::unix::net::UnixDatagram);
+/// A lock held while it lives: an exclusive `flock` on `<dir>/<name>.lock` in a directory only the joining user
+/// controls ([`lock_dir`]); released when the holder exits, crash included (the kernel drops a dead process's
+/// locks; only a crashed holder leaves its empty file behind, for the next join to use). Not an abstract Unix socket name: any local user can bind any
+/// such name first and hold it forever, which denied every join of the address (issue #21 finding).
+struct Lock(#[allow(dead_code)] std::fs::File, std::path::PathBuf);
+
+/// Where the lock files are: `/run/rocev2-reuseport` for root (only root can create there), else
+/// `$TMPDIR/rocev2-reuseport-<euid>`; created 0700, and used only if it is a real directory (not a symlink) owned by
+/// this effective user and not writable by group or others, so another user can neither hold nor replace a lock.
+/// The sockets of one reuseport group all have one effective uid (a kernel rule), so all joiners of an address find
+/// the same directory.
+fn lock_dir() -> io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let dir = if euid == 0 {
+        std::path::PathBuf::from("/run/rocev2-reuseport")
+    } else {
+        std::env::temp_dir().join(format!("rocev2-reuseport-{euid}"))
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::symlink_metadata(&dir)?;
+    if !m.is_dir() || m.uid() != euid || m.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not a directory only uid {euid} controls (owner {}, mode {:o})",
+                dir.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(dir)
+}
 
 impl Lock {
     /// Takes the lock `name`, waiting for the holder (at most 10 s: a join takes milliseconds).
     fn take(name: &str) -> io::Result<Lock> {
-        use std::os::linux::net::SocketAddrExt as _;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("{name}.lock"))?;
+        use std::os::unix::fs::MetadataExt as _;
+        let path = lock_dir()?.join(format!("{name}.lock"));
         let t0 = std::time::Instant::now();
         loop {
-            match std::os::unix::net::UnixDatagram::bind_addr(&addr) {
-                Ok(s) => return Ok(Lock(s)),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse && t0.elapsed().as_secs() < 10 => {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .mode(0o600)
+                .open(&path)?;
+            loop {
+                match f.try_lock() {
+                    Ok(()) => break,
+                    Err(std::fs::TryLockError::WouldBlock) if t0.elapsed().as_secs() < 10 => {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    Err(std::fs::TryLockError::WouldBlock) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("{} held for 10 s", path.display()),
+                        ));
+                    }
+                    Err(std::fs::TryLockError::Error(e)) => return Err(e),
                 }
-                Err(e) => return Err(e),
+            }
+            // The holder before us removes the file as it lets go (`Drop`): the lock counts only if the file we
+            // locked is still the one at the path; else take the new one.
+            let held = f.metadata()?;
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.ino() == held.ino() && m.dev() == held.dev() => {
+                    return Ok(Lock(f, path));
+                }
+                _ => continue,
             }
         }
+    }
+}
+
+impl Drop for Lock {
+    /// Removes the file, then unlocks (closing it): no lock file is left per address, and a waiter that locked the
+    /// removed file sees it is gone and takes the path's new one.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.1);
     }
 }
 
@@ -377,6 +446,8 @@ mod tests {
         drop(held);
         let waited = t.join().expect("thread");
         assert!(waited >= std::time::Duration::from_millis(90), "{waited:?}");
+        let file = lock_dir().expect("dir").join(format!("{name}.lock"));
+        assert!(!file.exists(), "{} left behind", file.display());
     }
 
     #[test]

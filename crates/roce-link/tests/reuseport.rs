@@ -114,3 +114,72 @@ fn udp_links_share_an_address_in_different_slots() {
         "a link that does not share binds beside them"
     );
 }
+
+/// Another local user cannot deny an address's sharing by squatting the name that serialises finding the map (issue
+/// #21 finding): any user may bind any abstract Unix socket name, so a lock there could be held forever by an
+/// unprivileged squatter (every join then waited 10 s and failed). The lock is a file lock in a directory only the
+/// joining user controls. Here user `nobody` holds the old abstract name `@<map name>.lock` (and a name with
+/// `.lock` swapped for anything else would do the same); a join still succeeds at once. Needs root (to run the
+/// squatter as `nobody`) and BPF; skipped otherwise.
+#[test]
+fn a_squatted_lock_name_does_not_block_joining() {
+    let sock = bind("127.0.92.1:0".parse().expect("addr"));
+    let local = sock.local_addr().expect("local");
+    let netns = std::fs::metadata("/proc/self/ns/net")
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap_or(0);
+    let name = format!("{}.lock", reuseport::map_name(local, netns));
+    let squat = format!(
+        "import socket,time\ns=socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM)\ns.bind('\\0{name}')\n\
+         print('bound',flush=True)\ntime.sleep(20)\n"
+    );
+    let mut squatter = match std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+        ])
+        .arg(&squat)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skipped: cannot run a squatter as another user: {e}");
+            return;
+        }
+    };
+    let mut line = String::new();
+    let _ = std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(squatter.stdout.take().expect("stdout")),
+        &mut line,
+    );
+    if line.trim() != "bound" {
+        let _ = squatter.kill();
+        let out = squatter.wait_with_output().expect("wait");
+        eprintln!(
+            "skipped: the squatter did not start (not root?): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let r = reuseport::join(sock.as_fd(), local);
+    let took = t0.elapsed();
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    match r {
+        Ok(j) => assert_eq!(j.slot, 0),
+        Err(e) if e.to_string().contains("locking") => {
+            panic!("a squatter of {name} denied the join after {took:?}: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    }
+    assert!(took < Duration::from_secs(2), "join took {took:?}");
+}

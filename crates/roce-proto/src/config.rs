@@ -50,11 +50,11 @@ pub struct DeviceAttr {
 impl Default for DeviceAttr {
     fn default() -> Self {
         DeviceAttr {
-            max_qp: 4096,
+            max_qp: 16384,
             max_qp_wr: 16384,
             max_sge: 32,
             max_inline_data: 256,
-            max_cq: 4096,
+            max_cq: 16384,
             max_cqe: 1 << 20,
             max_mr: 1 << 16,
             max_mr_size: 1 << 32,

@@ -796,7 +796,6 @@ impl Engine {
             }
         };
         let qpn = Qpn::new(slot_qpn(self.cfg.first_qpn, idx));
-        let res_cap = d.max_qp_rd_atom as usize;
         let qp = Qp {
             qpn,
             qp_type: init.qp_type,
@@ -824,7 +823,9 @@ impl Engine {
                 None => RecvQueue::new(cap.max_recv_wr, cap.max_recv_sge),
             },
             srq,
-            resp: RespCtx::new(res_cap),
+            // Responder resources and their response queue are sized at RTR by `max_dest_rd_atomic`, not by the
+            // device maximum: an idle QP costs no READ/atomic state it was not granted (issue #21, per-QP memory).
+            resp: RespCtx::new(0),
             timers: QpTimers::with_base(self.timer_epoch),
             counters: Counters::default(),
             tmpl: None,
@@ -1238,8 +1239,13 @@ impl Engine {
         if set(QpAttrMask::MAX_DEST_RD_ATOMIC) || (cur == QpState::Init && to == QpState::Rtr) {
             let n = usize::from(qp.attr.max_dest_rd_atomic);
             qp.resp.res.clear();
+            qp.resp.res.reserve_exact(n);
             qp.resp.res.resize(n, RdResource::EMPTY);
             qp.resp.res_next = 0;
+            // Room for every response the resources can have queued (one stream or ATOMIC ACK each, an ACK or NAK
+            // between them), so the per-packet path never grows the queue (`RespCtx::new`).
+            let room = RespCtx::out_room(n);
+            qp.resp.out.reserve(room.saturating_sub(qp.resp.out.len()));
         }
         // Header template: built when the path is (re)defined on a connected QP (S13: the UDP source port is
         // derived from both QPNs and stays fixed).

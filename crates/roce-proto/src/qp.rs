@@ -411,13 +411,19 @@ impl RespCtx {
             uc_no_recv: false,
             res: Vec::with_capacity(res_cap),
             res_next: 0,
-            out: VecDeque::with_capacity(2 * res_cap + 4),
+            out: VecDeque::with_capacity(Self::out_room(res_cap)),
             cnp_pending: false,
             last_cnp: None,
             cnp_owed: false,
             cnp_dest: None,
             fatal_nak: None,
         }
+    }
+
+    /// Capacity of the response queue for `res_cap` responder resources: one READ stream or ATOMIC ACK per
+    /// resource, an ACK or NAK between each two, and a few more.
+    pub(crate) fn out_room(res_cap: usize) -> usize {
+        2 * res_cap + 4
     }
 
     /// Back to the state of [`RespCtx::new`], keeping the allocations: RESET ends the connection, so nothing of it

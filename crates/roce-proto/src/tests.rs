@@ -4,6 +4,7 @@ mod cc_tests;
 mod completer_tests;
 mod fuzz_tests;
 mod gsi_tests;
+mod hostile_peer_tests;
 mod hostile_tests;
 mod loss_tests;
 mod pair_tests;

@@ -129,6 +129,8 @@ pub struct CompChannel {
     sleep: SleepFlag,
     /// Counts the queued events for [`fd`](Self::fd): posted per event queued, taken per event returned.
     ready: Option<Semaphore>,
+    /// [`close`](Self::close) was called: waits end at once.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Default for CompChannel {
@@ -147,6 +149,7 @@ impl Default for CompChannel {
                     |e| tracing::warn!(error = %e, "no eventfd for a completion channel's fd"),
                 )
                 .ok(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -246,6 +249,27 @@ impl CompChannel {
         self.wait_event(timeout, true)
     }
 
+    /// Closes the channel (its device was closed: `ibv_close_device`): every thread waiting in
+    /// [`get_event`](Self::get_event) returns `None` at once, later calls too, and [`fd`](Self::fd) stays readable
+    /// (as the uverbs event file a closed device leaves: a blocked `read` fails with `EIO`, `poll` wakes).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(_q) = self.events.lock() {
+            self.cv.notify_all();
+        }
+        if let Some(r) = &self.ready {
+            r.post();
+        }
+        if let Some(w) = &self.waiter {
+            w.wake();
+        }
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
     fn wait_event(&self, timeout: Duration, stop_on_signal: bool) -> std::io::Result<Option<u32>> {
         let deadline = std::time::Instant::now() + timeout;
         // The groups to drive, without allocating for the usual few (the event path is allocation-free).
@@ -265,6 +289,9 @@ impl CompChannel {
             let mut last_work = clock.now();
             let mut fds = [0 as RawFd; MAX_WAIT_FDS];
             loop {
+                if self.is_closed() {
+                    return Ok(None);
+                }
                 if let Some(cq) = self.try_event() {
                     return Ok(Some(cq));
                 }
@@ -300,15 +327,15 @@ impl CompChannel {
                         let Ok(q) = self.events.lock() else {
                             return Ok(None);
                         };
-                        if q.is_empty() {
+                        if q.is_empty() && !self.is_closed() {
                             let _ = self.cv.wait_timeout(q, d.min(left));
                         }
                     }
                     Idle::Wait(d) => {
                         if let (Some(w), Some(n)) = (&self.waiter, ready)
-                            && self
-                                .sleep
-                                .prepare_park(|| self.events.lock().is_ok_and(|q| !q.is_empty()))
+                            && self.sleep.prepare_park(|| {
+                                self.is_closed() || self.events.lock().is_ok_and(|q| !q.is_empty())
+                            })
                         {
                             sh.stats.readiness_waits.fetch_add(1, Ordering::Relaxed);
                             match w.wait(&fds[..n], d.min(left)) {
@@ -335,6 +362,9 @@ impl CompChannel {
             return Ok(None);
         };
         loop {
+            if self.is_closed() {
+                return Ok(None);
+            }
             if let Some(cq) = q.pop_front() {
                 drop(q);
                 return Ok(Some(self.taken(cq)));

@@ -503,10 +503,41 @@ impl Endpoint {
     }
 }
 
-fn serve(l: &UnixListener, stop: &AtomicBool, devices: &DeviceList) {
+/// Clients served at once at most; a connection beyond them is closed at once (the client sees EOF and may retry)
+/// instead of queueing behind slow ones.
+const MAX_CLIENTS: usize = 8;
+
+/// Accepts clients and serves each in a thread of its own (at most [`MAX_CLIENTS`] at once, each bounded by
+/// [`REQUEST_BOUND`]), so a client that trickles its request or does not read its answer delays no other reader
+/// (issue #21: one at a time, a slowloris client stalled `rocev2 stat` for everyone). Only this user's and root's
+/// connections get a thread (`SO_PEERCRED`, checked here first). The handler threads are not joined: one of them
+/// may drop the last handle of a device, whose teardown joins this thread; each ends within [`SLICE`] of `stop`.
+fn serve(l: &UnixListener, stop: &Arc<AtomicBool>, devices: &DeviceList) {
+    let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let me = uid();
     while !stop.load(Ordering::Relaxed) {
         match l.accept() {
-            Ok((s, _)) => answer(s, stop, devices),
+            Ok((s, _)) => {
+                match rustix::net::sockopt::socket_peercred(&s) {
+                    Ok(c) if c.uid.as_raw() == me || c.uid.is_root() => {}
+                    _ => continue,
+                }
+                if active.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                }
+                let (stop, devices, done) =
+                    (Arc::clone(stop), Arc::clone(devices), Arc::clone(&active));
+                let spawned = std::thread::Builder::new()
+                    .name("rocev2-stats-client".into())
+                    .spawn(move || {
+                        answer(s, &stop, &devices);
+                        done.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -604,12 +635,7 @@ fn answer(mut s: UnixStream, stop: &AtomicBool, devices: &DeviceList) {
     if s.set_nonblocking(false).is_err() {
         return;
     }
-    // Only this user and root are answered (the answer holds PSNs and keys' traffic counters).
-    let me = uid();
-    match rustix::net::sockopt::socket_peercred(&s) {
-        Ok(c) if c.uid.as_raw() == me || c.uid.is_root() => {}
-        _ => return,
-    }
+    // Only this user and root reach here (the answer holds PSNs and keys' traffic counters): `serve` checked.
     let Some(line) = read_request(&mut s, deadline, stop) else {
         return;
     };

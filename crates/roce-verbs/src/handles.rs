@@ -71,7 +71,9 @@ impl Error {
         const EINVAL: i32 = 22;
         match self {
             Error::Busy(_) | Error::Resource(ResourceError::Busy(_)) => EBUSY,
-            Error::Resource(ResourceError::Exhausted(_)) | Error::Alloc(_) => ENOMEM,
+            Error::Resource(ResourceError::Exhausted(_))
+            | Error::CreateQp(CreateQpError::Resource(ResourceError::Exhausted(_)))
+            | Error::Alloc(_) => ENOMEM,
             Error::Resource(_) | Error::CreateQp(_) | Error::ModifyQp(_) => EINVAL,
             Error::InvalidArgument(_) => EINVAL,
             Error::Spawn(_) => EAGAIN,

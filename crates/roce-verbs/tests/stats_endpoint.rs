@@ -218,6 +218,55 @@ fn a_trickling_client_neither_starves_readers_nor_holds_up_teardown() {
     );
 }
 
+/// Four clients that connect and trickle their requests at once (slowloris, issue #21) do not delay a reader: the
+/// endpoint serves clients concurrently, each bounded in time, so the reader is answered at once (one at a time it
+/// waited for each one's 2 s bound: about 8 s); then teardown is still prompt.
+#[test]
+fn slow_clients_at_once_do_not_delay_a_reader() {
+    use std::io::Write;
+    let dir = scratch("slowloris");
+    let rt = RuntimeConfig {
+        stats_endpoint: StatsEndpoint::Dir(dir.clone()),
+        ..RuntimeConfig::default()
+    };
+    let (ca, cb) = Context::sim_pair(rt).expect("pair");
+    let path = ca.stats_endpoint().expect("an endpoint");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slow: Vec<_> = (0..4)
+        .map(|_| {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+                for _ in 0..30 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(b" ").is_err()
+                    {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let v = endpoint::query(&path, &json!({"get": "stats"}), Duration::from_secs(10));
+    let took = t0.elapsed();
+    assert!(v.is_ok(), "{v:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "a reader behind 4 slow clients was answered after {took:?}"
+    );
+    let t0 = Instant::now();
+    drop((ca, cb));
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in slow {
+        t.join().expect("slow client");
+    }
+    assert!(took < Duration::from_secs(3), "teardown took {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `endpoint::query` (what `rocev2 stat` reads with) against a hostile socket: an answer trickled a byte at a time
 /// and an endless answer both end in an error within the timeout, with a bounded buffer.
 #[test]

@@ -481,8 +481,21 @@ const MAX_TX_DEPTH: u32 = 15000;
 const MAX_CQ_MOD: u32 = 1024;
 /// perftest's default `-Q`.
 const DEFAULT_CQ_MOD: u32 = 100;
-/// QPs of one run at most (each gets its own queues; perftest allows 16384).
-const MAX_QPS: u32 = 64;
+/// QPs of one run at most: perftest's limit, and the device's `max_qp` (`roce_proto::DeviceAttr`).
+const MAX_QPS: u32 = 16384;
+/// Send WRs of one run at most, `-q` × `-t` (each side allocates queues for all of them): without a bound a client
+/// could ask a server for 16,384 QPs of 15,000 WRs, tens of GB.
+const MAX_RUN_WRS: u64 = 1 << 21;
+
+/// `-q` × `-t` within [`MAX_RUN_WRS`].
+fn check_run_wrs(qps: u32, tx_depth: u32) -> Result<(), String> {
+    if u64::from(qps) * u64::from(tx_depth) > MAX_RUN_WRS {
+        return Err(format!(
+            "-q {qps} with -t {tx_depth}: at most {MAX_RUN_WRS} send WRs per run (-q x -t)"
+        ));
+    }
+    Ok(())
+}
 
 fn mtu_of(bytes: u32) -> Option<Mtu> {
     port_mtu::parse_flag(bytes).ok()
@@ -669,6 +682,7 @@ impl Params {
                 "-t {tx_depth}: the TX depth must be 1 .. {MAX_TX_DEPTH}, as in perftest"
             ));
         }
+        check_run_wrs(qps, tx_depth)?;
         if a.inline_size.is_some() && matches!(t, Test::ReadBw | Test::ReadLat)
             || t.is_atomic() && a.inline_size.is_some()
         {
@@ -958,6 +972,7 @@ impl Params {
             // Local to each side: the server sets its own (`server_session`).
             qp_timeout: roce_verbs::ConnectOpts::default().timeout,
         };
+        check_run_wrs(p.qps, p.tx_depth).map_err(|e| format!("client parameters: {e}"))?;
         Ok(p)
     }
 }

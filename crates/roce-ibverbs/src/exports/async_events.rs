@@ -17,6 +17,7 @@
 
 use super::*;
 use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 versioned! {
     "IBVERBS_1.1": [ibv_get_async_event, ibv_ack_async_event]
@@ -47,8 +48,14 @@ const _: () = assert!(size_of::<IbvAsyncEvent>() == 16);
 /// A context's queue and its `async_fd`.
 struct Queue {
     fd: c_int,
+    /// Tells this context from a later one at the same address (a waiter of a closed context must not take the new
+    /// one's events).
+    generation: u64,
     events: VecDeque<(usize, c_int)>,
 }
+
+/// Source of [`Queue::generation`].
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Where events go: QPN → (context, `ibv_qp *`), CQ id → (context, `ibv_cq *`), SRQ handle → (context,
 /// `ibv_srq *`), context → its queue.
@@ -81,16 +88,22 @@ pub(super) fn register_ctx(ctx: usize, fd: c_int) {
             ctx,
             Queue {
                 fd,
+                generation: GENERATION.fetch_add(1, Ordering::Relaxed),
                 events: VecDeque::new(),
             },
         )
     });
 }
 
-/// A closed context: its queue and routes go.
+/// A closed context: its queue and routes go, and a thread blocked in `ibv_get_async_event` on it wakes (its
+/// `async_fd` is made readable once more; the waiter polls its own duplicate of it, so the close of the context's
+/// descriptor does not leave it polling a closed or reused number) and returns -1 with `EIO`, as a read of the
+/// uverbs async event file of a closed device does (issue #21 finding: it hung).
 pub(super) fn unregister_ctx(ctx: usize) {
     routes(|r| {
-        r.queues.remove(&ctx);
+        if let Some(q) = r.queues.remove(&ctx) {
+            post(q.fd);
+        }
         r.qps.retain(|_, v| v.0 != ctx);
         r.cqs.retain(|_, v| v.0 != ctx);
         r.srqs.retain(|_, v| v.0 != ctx);
@@ -211,9 +224,12 @@ fn is_qp_event(t: c_int) -> bool {
 
 /// The oldest event queued for `ctx`, counted as handed out on its object (under [`ROUTES`], which `forget` holds
 /// while it drops an object's events, so a handed-out event's object is still live).
-fn take(ctx: usize) -> Option<(usize, c_int)> {
+fn take(ctx: usize, generation: u64) -> Option<(usize, c_int)> {
     routes(|r| {
-        let q = r.queues.get_mut(&ctx)?;
+        let q = r
+            .queues
+            .get_mut(&ctx)
+            .filter(|q| q.generation == generation)?;
         let (elem, ty) = q.events.pop_front()?;
         let mut v = 0u64;
         // SAFETY: an 8-byte read into a local from the context's eventfd, whose count covers this event.
@@ -269,9 +285,36 @@ unsafe fn rocev2_ibv_get_async_event_inner(
         set_errno(libc::EINVAL);
         return -1;
     }
-    let fd = c.ctx.async_fd;
+    let _ = c;
+    // This thread's own duplicate of `async_fd` and the context's generation (see `unregister_ctx`).
+    let Some((dup, generation)) = routes(|r| {
+        r.queues.get(&(ctx as usize)).map(|q| {
+            // SAFETY: dup of the context's open descriptor; the result is owned below.
+            (
+                unsafe { libc::fcntl(q.fd, libc::F_DUPFD_CLOEXEC, 0) },
+                q.generation,
+            )
+        })
+    }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if dup < 0 {
+        set_errno(libc::EMFILE);
+        return -1;
+    }
+    // SAFETY: a descriptor just made for this call alone.
+    let dup = unsafe { OwnedFd::from_raw_fd(dup) };
+    let fd = dup.as_raw_fd();
+    let closed = || {
+        routes(|r| {
+            r.queues
+                .get(&(ctx as usize))
+                .is_none_or(|q| q.generation != generation)
+        })
+    };
     loop {
-        if let Some((element, event_type)) = take(ctx as usize) {
+        if let Some((element, event_type)) = take(ctx as usize, generation) {
             // SAFETY: the caller's out-parameter.
             unsafe {
                 event.write(IbvAsyncEvent {
@@ -281,7 +324,11 @@ unsafe fn rocev2_ibv_get_async_event_inner(
             };
             return 0;
         }
-        // SAFETY: fcntl on the context's descriptor.
+        if closed() {
+            set_errno(libc::EIO);
+            return -1;
+        }
+        // SAFETY: fcntl on our duplicate (it shares the status flags of the context's descriptor).
         if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
             set_errno(libc::EAGAIN);
             return -1;
