@@ -97,7 +97,8 @@ fn check_tree(prefix: &[&str]) {
     assert_eq!(get(&t, "ports/1/state"), "4: ACTIVE");
     assert_eq!(get(&v, "phys_state"), "LINK_UP (5)");
     assert_eq!(get(&t, "ports/1/phys_state"), "5: LinkUp");
-    // rate = active_width x active_speed: 1X (1) at 2.5 Gbps (1).
+    // rate = active_width x active_speed: `lo` reports no speed, so 1X (1) at 2.5 Gbps (1), what rxe reports for it
+    // (Linux `ib_get_eth_speed` assumes 1000 Mb/s).
     assert_eq!(
         (get(&v, "active_width"), get(&v, "active_speed")),
         ("1X (1)".to_owned(), "2.5 Gbps (1)".to_owned())
