@@ -117,7 +117,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::atomic::{AtomicI32, AtomicUsize};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize};
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
@@ -683,6 +683,18 @@ impl ReadyFds {
     }
 }
 
+/// The WRs outstanding on a QP's send and receive queue: posted (in the runtime's ring or in the engine) and not
+/// yet retired by the engine. A post adds its WRs and is refused (`QueueFull`, `ENOMEM`) when the sum would pass
+/// the granted `max_send_wr` / `max_recv_wr`, as a hardware queue of that depth is full (rxe's provider: its
+/// shared queue's producer meets the consumer; IBTA §11.4.1.1: a post beyond the queue's depth fails). The pass
+/// gives slots back ([`QpSlot::release`]) before it publishes the completion that retires them, so a slot is free
+/// no later than the application can poll its completion.
+#[derive(Debug, Default)]
+pub(crate) struct WrCredits {
+    pub(crate) sq: AtomicU32,
+    pub(crate) rq: AtomicU32,
+}
+
 /// Engine-side state of one QP.
 pub(crate) struct QpSlot {
     pub(crate) qpn: Qpn,
@@ -693,6 +705,14 @@ pub(crate) struct QpSlot {
     pub(crate) recv_cq: u32,
     pub(crate) max_send_wr: u32,
     pub(crate) max_recv_wr: u32,
+    /// Outstanding WRs, shared with the posting side ([`WrCredits`]).
+    credits: Arc<WrCredits>,
+    /// Send / receive WRs moved from the rings into the engine (refused ones included), and how many of those
+    /// have been given back to [`Self::credits`].
+    sq_moved: u64,
+    sq_released: u64,
+    rq_moved: u64,
+    rq_released: u64,
     /// Already waiting in `Device::blocked`.
     blocked: bool,
     /// When a pass last moved send WQEs of this QP into the engine (doorbell batching: send work again within the
@@ -711,6 +731,7 @@ impl QpSlot {
         recv_cq: u32,
         max_send_wr: u32,
         max_recv_wr: u32,
+        credits: Arc<WrCredits>,
     ) -> QpSlot {
         QpSlot {
             qpn,
@@ -721,8 +742,33 @@ impl QpSlot {
             recv_cq,
             max_send_wr,
             max_recv_wr,
+            credits,
+            sq_moved: 0,
+            sq_released: 0,
+            rq_moved: 0,
+            rq_released: 0,
             blocked: false,
             last_send: Instant::ZERO,
+        }
+    }
+
+    /// Gives back to [`WrCredits`] the slots of the WRs the engine has retired since the last call: moved into
+    /// the engine and no longer among its outstanding ones (completed, flushed, or refused at the move).
+    pub(crate) fn release(&mut self, engine: &Engine) {
+        let Some(info) = engine.qp_info(self.qpn) else {
+            return;
+        };
+        let sq_done = self.sq_moved.saturating_sub(info.sq_outstanding as u64);
+        if sq_done > self.sq_released {
+            let n = u32::try_from(sq_done - self.sq_released).unwrap_or(u32::MAX);
+            self.credits.sq.fetch_sub(n, Ordering::AcqRel);
+            self.sq_released = sq_done;
+        }
+        let rq_done = self.rq_moved.saturating_sub(info.rq_outstanding as u64);
+        if rq_done > self.rq_released {
+            let n = u32::try_from(rq_done - self.rq_released).unwrap_or(u32::MAX);
+            self.credits.rq.fetch_sub(n, Ordering::AcqRel);
+            self.rq_released = rq_done;
         }
     }
 }
@@ -801,6 +847,8 @@ pub struct Device {
     pub(crate) engine: Engine,
     pub(crate) link: Box<dyn Link + Send>,
     pub(crate) qps: Vec<Option<QpSlot>>,
+    /// The slot in `qps` of each QPN (a completion names its QP by QPN; [`QpSlot::release`] before publishing it).
+    pub(crate) qp_slots: std::collections::HashMap<Qpn, u32>,
     /// Indexed by the engine's CQ index (`CqHandle.0 - 1`), so [`Engine::poll_ready_cq`] names the slot.
     pub(crate) cqs: Vec<Option<CqSlot>>,
     blocked: VecDeque<u32>,
@@ -852,6 +900,7 @@ impl Device {
             engine,
             link,
             qps: Vec::new(),
+            qp_slots: std::collections::HashMap::new(),
             cqs: Vec::new(),
             blocked: VecDeque::new(),
             cq_pending: VecDeque::new(),
@@ -953,6 +1002,7 @@ impl Device {
             qp.rq.pop();
             moved = true;
             rq_out += 1;
+            qp.rq_moved += 1;
             if let Err(e) = r {
                 tracing::warn!(%qpn, error = %e, "post_recv refused by the engine; completing with LOC_QP_OP_ERR");
                 push_synthetic(
@@ -980,6 +1030,7 @@ impl Device {
             qp.sq.pop();
             moved = true;
             sq_out += 1;
+            qp.sq_moved += 1;
             self.batch_wqes = self.batch_wqes.saturating_add(1);
             if let Err(e) = r {
                 tracing::warn!(%qpn, error = %e, "post_send refused by the engine; completing with LOC_QP_OP_ERR");
@@ -1007,7 +1058,17 @@ impl Device {
             qp.blocked = true;
             self.blocked.push_back(slot);
         }
+        // WRs the engine refused are retired already (their completions are published later in this pass).
+        qp.release(&self.engine);
         moved
+    }
+
+    /// [`QpSlot::release`] of QP `slot` (the posting side found its queue full: completions may have retired WRs
+    /// without a pass having given their slots back yet, e.g. unsignaled WRs, or a QP reset).
+    pub(crate) fn release_credits(&mut self, slot: u32) {
+        if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
+            qp.release(&self.engine);
+        }
     }
 
     /// Hands every WR the application has posted (on any QP) to the engine, as far as its queues have room
@@ -1096,6 +1157,20 @@ impl Device {
                 break;
             }
             let got = self.engine.poll_cq(cq.handle, &mut self.wc_buf[..room]);
+            // The slots these completions retire are free before the application can see them (`WrCredits`).
+            let mut last = None;
+            for wc in &self.wc_buf[..got] {
+                if last != Some(wc.qp_num) {
+                    last = Some(wc.qp_num);
+                    if let Some(Some(qp)) = self
+                        .qp_slots
+                        .get(&wc.qp_num)
+                        .and_then(|&i| self.qps.get_mut(i as usize))
+                    {
+                        qp.release(&self.engine);
+                    }
+                }
+            }
             for wc in &self.wc_buf[..got] {
                 // Cannot fail: at most `slots()` entries are pushed.
                 let _ = cq.ring.push(*wc);

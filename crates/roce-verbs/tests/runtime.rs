@@ -376,6 +376,86 @@ fn post_errors_are_synchronous_and_bad_lkey_is_a_completion(mode: ProgressMode) 
     assert!(a.mr.write(usize::MAX, b"x").is_err());
 }
 
+/// Lets progress move whatever is in the QPs' rings into the engine (a caller-mode poll runs a pass; the thread
+/// runs its own).
+fn let_progress_run(cq: &Cq) {
+    let mut wc = [Wc::default(); 1];
+    for _ in 0..20 {
+        assert_eq!(cq.poll(&mut wc), 0, "no completion expected yet");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The WRs outstanding on a queue (in the runtime's ring or in the engine) never exceed the granted `max_send_wr`
+/// / `max_recv_wr`: one more post is `QueueFull` (`ENOMEM`, as rxe's and mlx5's providers answer a full queue),
+/// however long the runtime had to move the ring into the engine (issue #21: twice the granted depth was accepted).
+/// A slot is free again no later than its completion can be polled: after polling `max_send_wr` completions, as
+/// many posts succeed at once (perftest keeps its queue full this way).
+fn outstanding_wrs_are_capped_at_the_granted_depth(mode: ProgressMode) {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(mode)).expect("pair");
+    let a = end(&ca, None, Moderation::default(), 4096);
+    let b = end(&cb, None, Moderation::default(), 4096);
+    connect(&a, &b);
+    let depth = a.qp.cap().max_send_wr as usize;
+    assert_eq!(depth, 64);
+    // SENDs with no receive posted at b: RNR NAKs (infinite RNR retries) keep every one outstanding.
+    let sge = [a.mr.sge(0, 8)];
+    let post = |i: usize| {
+        a.qp.post_send(&[SendWr::new(i as u64, SendOp::Send, &sge).signaled()])
+    };
+    let mut accepted = 0;
+    for round in 0..3 {
+        while accepted < 4 * depth {
+            match post(accepted) {
+                Ok(()) => accepted += 1,
+                Err(PostError::QueueFull { .. }) => break,
+                Err(e) => panic!("post_send: {e}"),
+            }
+        }
+        assert_eq!(accepted, depth, "send WRs accepted (round {round})");
+        let_progress_run(&a.cq);
+    }
+    // The receive queue of a likewise (nothing is sent to a; its ring drains into the engine at each doorbell).
+    let rdepth = a.qp.cap().max_recv_wr as usize;
+    let rsge = [a.mr.sge(64, 8)];
+    let mut raccepted = 0;
+    for round in 0..3 {
+        while raccepted < 4 * rdepth {
+            match a.qp.post_recv(&[RecvWr {
+                wr_id: raccepted as u64,
+                sg_list: &rsge,
+            }]) {
+                Ok(()) => raccepted += 1,
+                Err(PostError::QueueFull { .. }) => break,
+                Err(e) => panic!("post_recv: {e}"),
+            }
+        }
+        assert_eq!(raccepted, rdepth, "receive WRs accepted (round {round})");
+        let_progress_run(&a.cq);
+    }
+    for i in 0..depth {
+        b.qp.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sg_list: &[b.mr.sge(0, 8)],
+        }])
+        .expect("receive at b");
+    }
+    // b now has receives: the SENDs complete; every slot freed is usable as soon as its completion is polled.
+    let wcs = poll_n(&a.cq, depth, Duration::from_secs(10));
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    for i in 0..depth {
+        assert_eq!(
+            post(depth + i),
+            Ok(()),
+            "post {i} after polling {depth} completions"
+        );
+    }
+    assert!(
+        matches!(post(2 * depth), Err(PostError::QueueFull { .. })),
+        "one more than the depth"
+    );
+}
+
 /// A remote range past the end of the peer's MR: the responder NAKs (REM_ACCESS_ERR at the requester, IBTA
 /// §9.7.5.2.8) and writes nothing, neither inside nor outside the registered buffer.
 fn out_of_range_remote_write_is_rem_access_err_and_writes_nothing(mode: ProgressMode) {
@@ -1347,6 +1427,7 @@ both_modes!(
     responses_waiting_in_the_link_count_before_a_late_timeout,
     a_late_post_receives_before_the_timeout_fires,
     idle_thread_wakes_for_an_incoming_frame,
+    outstanding_wrs_are_capped_at_the_granted_depth,
 );
 
 /// What the test tells [`Stalling`] links, and what they saw.
