@@ -62,9 +62,22 @@
 //!   progress lock) then runs at once instead of after the scheduler preempts the spinning poller (a slice, ~1 ms
 //!   per message of a latency test). For programs that stop calling (a pure RDMA WRITE target, a process blocked elsewhere) an
 //!   **auto-progress** thread takes over after [`RuntimeConfig::auto_progress`] without any caller pass, and steps
-//!   back as soon as callers drive again. Its cost: one wake-up per `auto_progress` period while callers are busy
-//!   (1000/s at the 1 ms default), nothing on the data path; a passive target's first ACK may wait up to that period
-//!   (far below any RC ACK timeout), after which the thread keeps it moving like the Thread mode.
+//!   back as soon as callers drive again. While callers are busy it costs about two wake-ups per `auto_progress`
+//!   period (1000/s at the 1 ms default) if they receive themselves, and a wake-up and a pass per frame nobody
+//!   receives (below); nothing on the data path. A program that stops calling altogether has its first frame
+//!   waiting up to that period (far below any RC ACK timeout), after which the thread keeps it moving like the
+//!   Thread mode.
+//!
+//!   **Frames nobody receives.** While callers are active the auto-progress thread does not just sleep out the
+//!   period: it blocks in `ppoll` on the links' receive descriptors (as an idle driver does). When a frame waits
+//!   and no caller has run a receiving pass (a poll, an event wait) for [`AUTO_RX_LIVE`], nobody is going to take
+//!   it soon — a program that posts and then spins on memory for the peer's RDMA WRITE (perftest's
+//!   `ib_write_lat`), whose only passes are its posts' (which do not receive) — so the thread runs a pass at once
+//!   ([`RuntimeStats::auto_rx_passes`]): the WRITE lands in microseconds, not after `auto_progress`. A caller that
+//!   polls takes its frames itself; the thread then stays away at least [`AUTO_RX_LIVE`] before it looks again (the
+//!   wait is level-triggered and the frame may still be queued), and the longer callers keep receiving, the longer
+//!   it stays away (doubling up to `auto_progress`): a busy poller (`ib_send_lat`) costs it about two wake-ups per
+//!   period and no pass. A program that sleeps in `ibv_get_cq_event` is not an active caller: the thread blocks as below.
 //! * [`ProgressMode::Thread`]: a progress thread keeps every QP moving (the former engine-thread runtime): posts
 //!   ring a doorbell and wake it if it is parked ([`SleepFlag`]); polls read the CQ ring only.
 //!
@@ -233,6 +246,10 @@ pub struct RuntimeStats {
     /// Readiness waits that ended because a link became readable (a frame arrived), rather than a ring or the
     /// timeout.
     pub readiness_wakeups: AtomicU64,
+    /// Caller mode: passes the auto-progress thread ran while callers were active because a frame waited in a link
+    /// and no caller was receiving (a program spinning on memory for a peer's RDMA WRITE; module docs, "Frames
+    /// nobody receives").
+    pub auto_rx_passes: AtomicU64,
     /// Doorbells rung (one per posted chain).
     pub doorbells: AtomicU64,
     /// Work requests posted (send and receive), counted with their doorbell: `wqes / doorbells` is the average
@@ -273,7 +290,7 @@ impl RuntimeStats {
     /// Every counter by its field name, in declaration order (each read `Relaxed`, so not one instant): what the
     /// stats endpoint and `rocev2 perf --stats` list. A field added to the struct must be added here (the
     /// destructuring below is exhaustive, so the build says so).
-    pub fn counters(&self) -> [(&'static str, u64); 19] {
+    pub fn counters(&self) -> [(&'static str, u64); 20] {
         let RuntimeStats {
             caller_passes,
             thread_passes,
@@ -283,6 +300,7 @@ impl RuntimeStats {
             wakeups,
             readiness_waits,
             readiness_wakeups,
+            auto_rx_passes,
             doorbells,
             wqes,
             flushes,
@@ -305,6 +323,7 @@ impl RuntimeStats {
             ("wakeups", ld(wakeups)),
             ("readiness_waits", ld(readiness_waits)),
             ("readiness_wakeups", ld(readiness_wakeups)),
+            ("auto_rx_passes", ld(auto_rx_passes)),
             ("doorbells", ld(doorbells)),
             ("wqes", ld(wqes)),
             ("flushes", ld(flushes)),
@@ -354,6 +373,12 @@ pub(crate) const NOT_IDLE: u64 = u64::MAX;
 /// Doorbell entry kind bit: the entry names a CQ that was armed (else a QP with new ring entries).
 const DB_CQ_ARM: u64 = 1 << 63;
 
+/// Caller mode: a frame waiting in a link is left to the callers if one of them ran a receiving pass (a poll, an
+/// event wait) less than this long before; otherwise the auto-progress thread receives it at once (module docs,
+/// "Frames nobody receives"). A polling caller's passes come a few µs apart (one `recvmmsg` and a poll of the
+/// engine), so 10 µs tells a poller from a program that has stopped polling.
+pub(crate) const AUTO_RX_LIVE: Duration = Duration::from_micros(10);
+
 /// Largest doorbell queue (16 bytes per entry: 4 MiB), for configurations with very large `max_qp`/`max_cq`.
 const MAX_DOORBELLS: usize = 1 << 18;
 
@@ -381,6 +406,9 @@ pub(crate) struct Shared {
     pub(crate) clock: Clock,
     /// Engine time (ns) of the last pass an application thread asked for (auto-progress watches it).
     last_caller: AtomicU64,
+    /// Engine time (ns) of the last pass an application thread asked for that receives (a poll's, an event wait's,
+    /// a control verb's; not a post's): auto-progress leaves a waiting frame to callers only while they receive.
+    last_caller_rx: AtomicU64,
     /// A holder stopped at `max_rounds` with `missed` still set: the progress thread must run a pass even while
     /// callers are active (Caller mode's auto-progress otherwise stays out of their way).
     handoff: AtomicBool,
@@ -423,6 +451,7 @@ impl Shared {
             cfg,
             clock: Clock::new(),
             last_caller: AtomicU64::new(0),
+            last_caller_rx: AtomicU64::new(0),
             handoff: AtomicBool::new(false),
             next_deadline: AtomicU64::new(u64::MAX),
             stats: RuntimeStats::default(),
@@ -530,6 +559,9 @@ impl Shared {
     pub(crate) fn progress_for(&self, kind: PassKind) -> (bool, bool) {
         let now = self.clock.now();
         self.last_caller.store(now.as_nanos(), Ordering::Relaxed);
+        if matches!(kind, PassKind::Full | PassKind::Poll) {
+            self.last_caller_rx.store(now.as_nanos(), Ordering::Relaxed);
+        }
         let mut work = false;
         let mut k = kind;
         let o = self.group.try_progress(self.cfg.max_rounds, |g| {
@@ -1552,6 +1584,10 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
     let clock = shared.clock;
     let mut last_work = clock.now();
     let mut fds = [0 as RawFd; MAX_WAIT_FDS];
+    // Caller mode, callers active (module docs, "Frames nobody receives"): the thread watches the links' descriptors
+    // from `watch_at` on; `backoff` is how long it last stayed away because callers were receiving themselves.
+    let mut watch_at = Instant::ZERO;
+    let mut backoff = Duration::ZERO;
     while !shared.stop.load(Ordering::Acquire) {
         let now = clock.now();
         if cfg.progress == ProgressMode::Caller {
@@ -1563,8 +1599,60 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
             // lock; only a holder that gave up (`handoff`) needs this thread while callers are active.
             if since_caller < after && !shared.handoff.swap(false, Ordering::SeqCst) {
                 // Callers are driving: stay out of their way, look again when they might have stopped (or when a
-                // hand-off or the shutdown rings).
-                shared.thread_wait(&[], after - since_caller);
+                // hand-off or the shutdown rings) — but watch the links meanwhile (module docs, "Frames nobody
+                // receives"): a frame that arrives while no caller is receiving is taken at once.
+                let left = after - since_caller;
+                // Not watching (callers were receiving themselves at the last look): wait until the back-off
+                // ends, then look again.
+                let pause = watch_at.saturating_duration_since(now);
+                let ready = if pause.is_zero() {
+                    shared.ready_fds(&mut fds)
+                } else {
+                    None
+                };
+                let Some(n) = ready else {
+                    let d = if pause.is_zero() { AUTO_RX_LIVE } else { pause };
+                    shared.thread_wait(&[], left.min(d));
+                    last_work = clock.now();
+                    continue;
+                };
+                if !shared.thread_wait(&fds[..n], left).readable {
+                    last_work = clock.now();
+                    continue;
+                }
+                let t = clock.now();
+                let rx_age = t.saturating_duration_since(Instant::from_nanos(
+                    shared.last_caller_rx.load(Ordering::Relaxed),
+                ));
+                if rx_age < AUTO_RX_LIVE {
+                    // A caller is polling (its receiving passes come this close together): it takes the frame.
+                    // Do not look again at once (the wait is level-triggered; the frame may still be queued), and
+                    // the longer callers keep receiving themselves, the less often (doubling, up to the
+                    // auto-progress period): a busy poller costs this thread about what it did before.
+                    backoff = (backoff * 2).clamp(AUTO_RX_LIVE, after);
+                    watch_at = t.saturating_add(backoff);
+                    last_work = t;
+                    continue;
+                }
+                // Nobody receives (a program spinning on memory for a peer's RDMA WRITE, ib_write_lat): this
+                // thread does, now.
+                let mut work = false;
+                let o = shared.group.try_progress_idle(cfg.max_rounds, |g| {
+                    work |= pass(&shared, g, PassKind::Full)
+                });
+                shared.account(o, false);
+                shared
+                    .stats
+                    .auto_rx_passes
+                    .fetch_add(u64::from(o.passes), Ordering::Relaxed);
+                // Watch again at once; but a readable descriptor that yields nothing (an error condition the pass
+                // reported, or a caller took the frame meanwhile) must not turn this into a busy loop.
+                backoff = Duration::ZERO;
+                watch_at = if work {
+                    t
+                } else {
+                    clock.now().saturating_add(AUTO_RX_LIVE)
+                };
                 last_work = clock.now();
                 continue;
             }
