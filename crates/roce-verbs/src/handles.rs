@@ -1020,6 +1020,7 @@ impl Cq {
         }
         if n > 0 {
             sh.poll_idle(&self.inner.idle_since, true);
+            sh.note_poll(true);
             return n;
         }
         let (work, handed_over) = sh.progress_for(PassKind::Poll);
@@ -1032,6 +1033,7 @@ impl Cq {
         if n > 0 {
             sh.poll_idle(&self.inner.idle_since, true);
         }
+        sh.note_poll(n > 0);
         n
     }
 

@@ -70,8 +70,9 @@
 //!
 //!   **Frames nobody receives.** While callers are active the auto-progress thread does not just sleep out the
 //!   period: it blocks in `ppoll` on the links' receive descriptors (as an idle driver does). When a frame waits
-//!   and no caller has run a receiving pass (a poll, an event wait) for [`AUTO_RX_LIVE`], nobody is going to take
-//!   it soon — a program that posts and then spins on memory for the peer's RDMA WRITE (perftest's
+//!   and no caller has run a receiving pass (a poll, an event wait) for [`AUTO_RX_LIVE`] — or for
+//!   [`AUTO_RX_POLLING`] while a caller is in a polling loop (its last poll found its CQ empty) — nobody is going
+//!   to take it soon — a program that posts and then spins on memory for the peer's RDMA WRITE (perftest's
 //!   `ib_write_lat`), whose only passes are its posts' (which do not receive) — so the thread runs a pass at once
 //!   ([`RuntimeStats::auto_rx_passes`]): the WRITE lands in microseconds, not after `auto_progress`. A caller that
 //!   polls takes its frames itself; the thread then stays away at least [`AUTO_RX_LIVE`] before it looks again (the
@@ -379,6 +380,11 @@ const DB_CQ_ARM: u64 = 1 << 63;
 /// engine), so 10 µs tells a poller from a program that has stopped polling.
 pub(crate) const AUTO_RX_LIVE: Duration = Duration::from_micros(10);
 
+/// Caller mode: as [`AUTO_RX_LIVE`] while a caller is in a polling loop (its last poll found its CQ empty): such a
+/// caller polls again, but yields the core between empty polls ([`Shared::poll_idle`]), so on a busy host its
+/// receiving passes can be this far apart; only beyond it does the auto-progress thread take the frame.
+pub(crate) const AUTO_RX_POLLING: Duration = Duration::from_micros(200);
+
 /// Largest doorbell queue (16 bytes per entry: 4 MiB), for configurations with very large `max_qp`/`max_cq`.
 const MAX_DOORBELLS: usize = 1 << 18;
 
@@ -409,6 +415,10 @@ pub(crate) struct Shared {
     /// Engine time (ns) of the last pass an application thread asked for that receives (a poll's, an event wait's,
     /// a control verb's; not a post's): auto-progress leaves a waiting frame to callers only while they receive.
     last_caller_rx: AtomicU64,
+    /// The last [`crate::Cq::poll`] of an application thread found the CQ empty: it is in a polling loop and will
+    /// poll (and receive) again; a poll that returns completions clears it (the program goes on to something else,
+    /// maybe spinning on memory).
+    caller_polling: AtomicBool,
     /// A holder stopped at `max_rounds` with `missed` still set: the progress thread must run a pass even while
     /// callers are active (Caller mode's auto-progress otherwise stays out of their way).
     handoff: AtomicBool,
@@ -452,6 +462,7 @@ impl Shared {
             clock: Clock::new(),
             last_caller: AtomicU64::new(0),
             last_caller_rx: AtomicU64::new(0),
+            caller_polling: AtomicBool::new(false),
             handoff: AtomicBool::new(false),
             next_deadline: AtomicU64::new(u64::MAX),
             stats: RuntimeStats::default(),
@@ -570,6 +581,14 @@ impl Shared {
         });
         self.account(o, true);
         (work, o.passes == 0)
+    }
+
+    /// Caller mode: what a [`crate::Cq::poll`] returns (`got`: completions) — whether the caller stays in its
+    /// polling loop ([`Shared::caller_polling`]). Written only when it changes.
+    pub(crate) fn note_poll(&self, got: bool) {
+        if self.caller_polling.load(Ordering::Relaxed) == got {
+            self.caller_polling.store(!got, Ordering::Relaxed);
+        }
     }
 
     fn account(&self, o: Outcome, caller: bool) {
@@ -1624,8 +1643,10 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
                 let rx_age = t.saturating_duration_since(Instant::from_nanos(
                     shared.last_caller_rx.load(Ordering::Relaxed),
                 ));
-                if rx_age < AUTO_RX_LIVE {
-                    // A caller is polling (its receiving passes come this close together): it takes the frame.
+                let polling = shared.caller_polling.load(Ordering::Relaxed);
+                if rx_age < AUTO_RX_LIVE || (polling && rx_age < AUTO_RX_POLLING) {
+                    // A caller is polling (its receiving passes come this close together, or it is in a polling
+                    // loop whose yields leave longer gaps): it takes the frame.
                     // Do not look again at once (the wait is level-triggered; the frame may still be queued), and
                     // the longer callers keep receiving themselves, the less often (doubling, up to the
                     // auto-progress period): a busy poller costs this thread about what it did before.
