@@ -1591,6 +1591,13 @@ pub(crate) fn idle_step(shared: &Shared, now: Instant, idle: Duration, readiness
     Idle::Sleep(sleep)
 }
 
+/// Caller mode, callers active, a frame waiting: whether the callers will receive it themselves, so the
+/// auto-progress thread leaves it to them (module docs, "Frames nobody receives"): a caller ran a receiving pass
+/// `rx_age` ago, and `polling` says whether it is in a polling loop (its last poll found its CQ empty).
+fn callers_take_it(rx_age: Duration, polling: bool) -> bool {
+    rx_age < AUTO_RX_LIVE || (polling && rx_age < AUTO_RX_POLLING)
+}
+
 /// The progress thread (Thread mode) or auto-progress thread (Caller mode). Returns when `shared.stop` is set.
 pub(crate) fn run_thread(shared: Arc<Shared>) {
     let cfg = shared.cfg.clone();
@@ -1643,8 +1650,7 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
                 let rx_age = t.saturating_duration_since(Instant::from_nanos(
                     shared.last_caller_rx.load(Ordering::Relaxed),
                 ));
-                let polling = shared.caller_polling.load(Ordering::Relaxed);
-                if rx_age < AUTO_RX_LIVE || (polling && rx_age < AUTO_RX_POLLING) {
+                if callers_take_it(rx_age, shared.caller_polling.load(Ordering::Relaxed)) {
                     // A caller is polling (its receiving passes come this close together, or it is in a polling
                     // loop whose yields leave longer gaps): it takes the frame.
                     // Do not look again at once (the wait is level-triggered; the frame may still be queued), and
@@ -1735,6 +1741,20 @@ mod tests {
 
     use super::*;
     use crate::*;
+
+    #[test]
+    fn auto_progress_leaves_a_frame_to_a_receiving_or_polling_caller_only() {
+        let us = Duration::from_micros;
+        // A caller that received just now takes it, polling or not.
+        assert!(callers_take_it(us(5), false));
+        assert!(callers_take_it(us(5), true));
+        // A caller in a polling loop whose yields leave a 50 µs gap still takes it (ib_send_lat on a busy host) ...
+        assert!(callers_take_it(us(50), true));
+        // ... but not one that stopped polling (spinning on memory for a WRITE: ib_write_lat) ...
+        assert!(!callers_take_it(us(50), false));
+        // ... nor a poller that has not received for longer than AUTO_RX_POLLING (starved: the thread helps).
+        assert!(!callers_take_it(AUTO_RX_POLLING, true));
+    }
 
     /// What [`HoldsPieces`] saw: gathered frames queued and not yet flushed, and whether it has panicked.
     #[derive(Default)]
