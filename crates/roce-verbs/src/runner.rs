@@ -78,7 +78,9 @@
 //!   polls takes its frames itself; the thread then stays away at least [`AUTO_RX_LIVE`] before it looks again (the
 //!   wait is level-triggered and the frame may still be queued), and the longer callers keep receiving, the longer
 //!   it stays away (doubling up to `auto_progress`): a busy poller (`ib_send_lat`) costs it about two wake-ups per
-//!   period and no pass. A program that sleeps in `ibv_get_cq_event` is not an active caller: the thread blocks as below.
+//!   period and no pass. A caller blocked in an event wait ([`crate::CompChannel::get_event`]) wakes for the frame
+//!   itself, so the thread leaves it to it too; a program that sleeps in `ibv_get_cq_event` for longer than
+//!   `auto_progress` is not an active caller: the thread blocks as below.
 //! * [`ProgressMode::Thread`]: a progress thread keeps every QP moving (the former engine-thread runtime): posts
 //!   ring a doorbell and wake it if it is parked ([`SleepFlag`]); polls read the CQ ring only.
 //!
@@ -419,6 +421,9 @@ pub(crate) struct Shared {
     /// poll (and receive) again; a poll that returns completions clears it (the program goes on to something else,
     /// maybe spinning on memory).
     caller_polling: AtomicBool,
+    /// Application threads blocked in a readiness wait on this group's links ([`crate::CompChannel::get_event`]):
+    /// they wake for a frame themselves.
+    caller_waiters: AtomicUsize,
     /// A holder stopped at `max_rounds` with `missed` still set: the progress thread must run a pass even while
     /// callers are active (Caller mode's auto-progress otherwise stays out of their way).
     handoff: AtomicBool,
@@ -463,6 +468,7 @@ impl Shared {
             last_caller: AtomicU64::new(0),
             last_caller_rx: AtomicU64::new(0),
             caller_polling: AtomicBool::new(false),
+            caller_waiters: AtomicUsize::new(0),
             handoff: AtomicBool::new(false),
             next_deadline: AtomicU64::new(u64::MAX),
             stats: RuntimeStats::default(),
@@ -588,6 +594,16 @@ impl Shared {
     pub(crate) fn note_poll(&self, got: bool) {
         if self.caller_polling.load(Ordering::Relaxed) == got {
             self.caller_polling.store(!got, Ordering::Relaxed);
+        }
+    }
+
+    /// An application thread starts (`true`) or ends (`false`) a readiness wait on this group's links
+    /// ([`crate::CompChannel::get_event`]): while one waits, the auto-progress thread leaves frames to it.
+    pub(crate) fn caller_waits(&self, waiting: bool) {
+        if waiting {
+            self.caller_waiters.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.caller_waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -1650,7 +1666,9 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
                 let rx_age = t.saturating_duration_since(Instant::from_nanos(
                     shared.last_caller_rx.load(Ordering::Relaxed),
                 ));
-                if callers_take_it(rx_age, shared.caller_polling.load(Ordering::Relaxed)) {
+                if shared.caller_waiters.load(Ordering::SeqCst) > 0
+                    || callers_take_it(rx_age, shared.caller_polling.load(Ordering::Relaxed))
+                {
                     // A caller is polling (its receiving passes come this close together, or it is in a polling
                     // loop whose yields leave longer gaps): it takes the frame.
                     // Do not look again at once (the wait is level-triggered; the frame may still be queued), and
