@@ -7,9 +7,15 @@
 //! * state is `PORT_ACTIVE` when the interface is up with carrier (`IFF_RUNNING`), else `PORT_DOWN` (rxe: carrier);
 //! * active MTU is the largest IB MTU that fits the interface's MTU minus 80 header bytes (rxe's rule; the same
 //!   `rocev2 perf` negotiates, `perf::port_mtu`); max MTU 4096;
-//! * GID table holds the interface's addresses (IPv4 as IPv4-mapped GIDs), each of type RoCE v2, then the GIDs
-//!   running programs have bound on it without the address being configured (127.0.0.2 on `lo`);
-//! * limits (`-v`) are what a program opening the device gets ([`roce_verbs::device_attr`]).
+//! * GID table is that of the device opened on one address (docs/DEVICE.md "GID table"): one entry, GID[0] = the
+//!   address (IPv4 as `::ffff:a.b.c.d`), type RoCE v2 — the one source address the link bound on it can send from,
+//!   exactly what `ibv_query_gid` and sysfs `ports/1/gids/0` give a program under `rocev2 run --ip ADDRESS`. Without
+//!   `-d ADDRESS` the address is the interface's first IPv4 address (else its first); its other addresses are
+//!   listed as `other address` lines (each the GID[0] of a device opened on it), never at another index;
+//! * active width and speed are the netdev's speed mapped as Linux maps it for rxe
+//!   ([`roce_link::device::DeviceSpec::width_and_speed`]; `lo` reports none: 1X SDR, 2.5 Gb/s, as rxe on `lo`);
+//! * limits (`-v`) are what a program opening the device gets ([`roce_verbs::device_attr`]), every field
+//!   `ibv_devinfo -v` prints under the same name, plus `max_inline_data`.
 //!
 //! Identity and limits come from [`roce_link::device::DeviceSpec`], the facts `roce-ibverbs` reports to a program
 //! under `rocev2 run --ip ADDRESS`: node GUID = EUI-64 of the MAC the engine puts on the wire for the address (as rxe
@@ -25,7 +31,7 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use roce_link::device::{DeviceSpec, PAGE_SIZE_CAP, VENDOR_ID, VENDOR_PART_ID, gid_of};
+use roce_link::device::{DeviceSpec, PAGE_SIZE_CAP, VENDOR_ID, VENDOR_PART_ID};
 use roce_link::udp::{Interface, RxMode, device_name_of_interface, interfaces};
 use roce_proto::{Gid, Mtu};
 use roce_verbs::endpoint;
@@ -120,8 +126,62 @@ fn users(i: &Interface) -> Vec<Value> {
     v
 }
 
-/// One device as JSON (`verbose` adds the limits): as a program on address `at` sees it when given, else the
-/// interface with all its GIDs. `None` when the address has vanished from the interface meanwhile.
+/// `ibv_devinfo`'s text for an `active_width` value (`width_str`): 1X, 4X, 8X, 12X, 2X.
+fn width_text(w: u8) -> String {
+    let name = match w {
+        1 => "1X",
+        2 => "4X",
+        4 => "8X",
+        8 => "12X",
+        16 => "2X",
+        _ => "invalid width",
+    };
+    format!("{name} ({w})")
+}
+
+/// `ibv_devinfo`'s text for an `active_speed` value (`speed_str`): SDR 2.5 Gbps .. NDR 100.0 Gbps per lane.
+fn speed_text(s: u8) -> String {
+    let name = match s {
+        1 => "2.5 Gbps",
+        2 => "5.0 Gbps",
+        4 | 8 => "10.0 Gbps",
+        16 => "14.0 Gbps",
+        32 => "25.0 Gbps",
+        64 => "50.0 Gbps",
+        128 => "100.0 Gbps",
+        _ => "invalid speed",
+    };
+    format!("{name} ({s})")
+}
+
+/// The extended-attribute lines `ibv_devinfo -v` prints (from `ibv_query_device_ex`) for what rocev2's
+/// libibverbs answers: no on-demand paging, no completion timestamps, no TSO/RSS/WQs, no packet pacing, no tag
+/// matching (every capability 0, `roce-ibverbs` `exports/extended.rs`). Tab layout as `ibv_devinfo` prints it.
+const EXTENDED_TEXT: &str = "\tgeneral_odp_caps:\n\
+\trc_odp_caps:\n\t\t\t\t\tNO SUPPORT\n\
+\tuc_odp_caps:\n\t\t\t\t\tNO SUPPORT\n\
+\tud_odp_caps:\n\t\t\t\t\tNO SUPPORT\n\
+\txrc_odp_caps:\n\t\t\t\t\tNO SUPPORT\n\
+\tcompletion_timestamp_mask not supported\n\
+\tcore clock not supported\n\
+\tdevice_cap_flags_ex:\t\t0x0\n\
+\ttso_caps:\n\t\tmax_tso:\t\t\t0\n\
+\trss_caps:\n\
+\t\tmax_rwq_indirection_tables:\t\t\t0\n\
+\t\tmax_rwq_indirection_table_size:\t\t\t0\n\
+\t\trx_hash_function:\t\t\t\t0x0\n\
+\t\trx_hash_fields_mask:\t\t\t\t0x0\n\
+\tmax_wq_type_rq:\t\t\t0\n\
+\tpacket_pacing_caps:\n\
+\t\tqp_rate_limit_min:\t0kbps\n\
+\t\tqp_rate_limit_max:\t0kbps\n\
+\ttag matching not supported\n";
+
+/// One device as JSON (`verbose` adds the limits): as a program opened on address `at` sees it when given, else
+/// on the interface's default address (its first IPv4 address, else its first address). The GID table is that of
+/// the device opened on that address (docs/DEVICE.md "GID table"): one entry, GID[0] = the address; the
+/// interface's other addresses are listed apart (`other_addresses`: each is GID[0] of a device opened on it).
+/// `None` when the address has vanished from the interface meanwhile.
 fn device(i: &Interface, at: Option<IpAddr>, verbose: bool) -> Option<Value> {
     let netdev_mtu: u32 = sysfs(&i.name, "mtu")
         .and_then(|m| m.parse().ok())
@@ -133,27 +193,23 @@ fn device(i: &Interface, at: Option<IpAddr>, verbose: bool) -> Option<Value> {
         .find(|a| a.is_ipv4())
         .or(i.addrs.first())
         .copied()?;
-    let spec = DeviceSpec::for_ip(at.unwrap_or(first), RxMode::Socket).ok()?;
+    let ip = at.unwrap_or(first);
+    let spec = DeviceSpec::for_ip(ip, RxMode::Socket).ok()?;
     let attr = roce_verbs::device_attr(&spec.engine_config(0));
     let in_use = users(i);
-    let gids: Vec<String> = match at {
-        Some(_) => spec.gids().into_iter().map(gid_text).collect(),
-        None => {
-            // The interface's addresses, then the GIDs programs have bound without the address being configured
-            // (127.0.0.2 on `lo`), as the table of an rxe device lists every GID a QP can use.
-            let mut gids: Vec<String> = i.addrs.iter().map(|a| gid_text(gid_of(*a))).collect();
-            for g in in_use.iter().filter_map(|u| u["gid"].as_str()) {
-                if !gids.iter().any(|x| x == g) {
-                    gids.push(g.to_owned());
-                }
-            }
-            gids
-        }
-    };
+    let gids: Vec<String> = spec.gids().into_iter().map(gid_text).collect();
+    let others: Vec<String> = i
+        .addrs
+        .iter()
+        .filter(|a| **a != ip)
+        .map(ToString::to_string)
+        .collect();
+    let (width, speed) = spec.width_and_speed();
     let guid = guid_text(spec.node_guid());
     let mut d = json!({
         "hca_id": device_name_of_interface(&i.name),
         "netdev": i.name,
+        "address": ip.to_string(),
         "transport": "InfiniBand (0)",
         "fw_ver": env!("CARGO_PKG_VERSION"),
         "node_guid": guid,
@@ -168,41 +224,74 @@ fn device(i: &Interface, at: Option<IpAddr>, verbose: bool) -> Option<Value> {
             "max_mtu": format!("{} ({})", attr.max_mtu.bytes(), mtu_enum(attr.max_mtu)),
             "active_mtu": format!("{} ({})", active.bytes(), mtu_enum(active)),
             "netdev_mtu": netdev_mtu,
+            "netdev_speed_mbps": spec.netdev_speed_mbps,
+            "active_width": width_text(width),
+            "active_speed": speed_text(speed),
             "sm_lid": 0,
             "port_lid": 0,
             "port_lmc": "0x00",
             "link_layer": "Ethernet",
             "gids": gids.iter().map(|g| json!({ "gid": g, "type": "RoCE v2" })).collect::<Vec<_>>(),
+            "other_addresses": others,
             "in_use_by": in_use,
         },
     });
     if verbose {
+        // The values rocev2's libibverbs answers (`roce-ibverbs` `ibv_query_device`, `ibv_query_port`), named as
+        // `ibv_devinfo -v` names them.
         d["limits"] = json!({
             "max_mr_size": format!("{:#x}", attr.max_mr_size),
             "page_size_cap": format!("{PAGE_SIZE_CAP:#x}"),
             "max_qp": attr.max_qp,
             "max_qp_wr": attr.max_qp_wr,
+            "device_cap_flags": "0x00000000",
             "max_sge": attr.max_sge,
+            "max_sge_rd": attr.max_sge,
             "max_inline_data": attr.max_inline_data,
             "max_cq": attr.max_cq,
             "max_cqe": attr.max_cqe,
             "max_mr": attr.max_mr,
             "max_pd": attr.max_pd,
-            "max_ah": attr.max_ah,
             "max_qp_rd_atom": attr.max_qp_rd_atom,
+            "max_ee_rd_atom": 0,
+            "max_res_rd_atom": attr.max_qp_rd_atom.saturating_mul(attr.max_qp).min(i32::MAX as u32),
             "max_qp_init_rd_atom": attr.max_qp_init_rd_atom,
+            "max_ee_init_rd_atom": 0,
             "atomic_cap": "ATOMIC_HCA (1)",
+            "max_ee": 0,
+            "max_rdd": 0,
+            "max_mw": 0,
+            "max_raw_ipv6_qp": 0,
+            "max_raw_ethy_qp": 0,
+            "max_mcast_grp": 0,
+            "max_mcast_qp_attach": 0,
+            "max_total_mcast_qp_attach": 0,
+            "max_ah": attr.max_ah,
+            "max_fmr": 0,
             "max_srq": attr.max_srq,
             "max_srq_wr": attr.max_srq_wr,
-            "max_srq_sge": attr.max_srq_sge,
+            "max_srq_sge": attr.max_srq_sge.min(roce_verbs::MAX_SGE as u32),
+            "max_pkeys": 1,
+            "local_ca_ack_delay": 15,
+            "num_comp_vectors": 1,
         });
-        d["port"]["phys_state"] = json!(if i.running {
+        let p = &mut d["port"];
+        p["phys_state"] = json!(if i.running {
             "LINK_UP (5)"
         } else {
             "DISABLED (3)"
         });
-        d["port"]["max_msg_sz"] = json!(format!("{:#x}", attr.max_msg_sz));
-        d["port"]["gid_tbl_len"] = json!(gids.len());
+        p["max_msg_sz"] = json!(format!("{:#x}", attr.max_msg_sz));
+        p["port_cap_flags"] = json!("0x00000000");
+        p["port_cap_flags2"] = json!("0x0000");
+        p["max_vl_num"] = json!("1 (1)");
+        p["bad_pkey_cntr"] = json!("0x0");
+        p["qkey_viol_cntr"] = json!("0x0");
+        p["sm_sl"] = json!(0);
+        p["pkey_tbl_len"] = json!(1);
+        p["gid_tbl_len"] = json!(gids.len());
+        p["subnet_timeout"] = json!(0);
+        p["init_type_reply"] = json!(0);
     }
     Some(d)
 }
@@ -228,31 +317,55 @@ fn text(d: &Value) -> String {
         let _ = writeln!(o, "\t{:<24}{}", format!("{k}:"), s(&d[k]));
     }
     if d["limits"].is_object() {
-        // ibv_devinfo -v's order.
+        // ibv_devinfo -v's order (max_inline_data is ours: ibv_devinfo does not print it).
         for k in [
             "max_mr_size",
             "page_size_cap",
             "max_qp",
             "max_qp_wr",
+            "device_cap_flags",
             "max_sge",
+            "max_sge_rd",
             "max_inline_data",
             "max_cq",
             "max_cqe",
             "max_mr",
             "max_pd",
             "max_qp_rd_atom",
+            "max_ee_rd_atom",
+            "max_res_rd_atom",
             "max_qp_init_rd_atom",
+            "max_ee_init_rd_atom",
             "atomic_cap",
+            "max_ee",
+            "max_rdd",
+            "max_mw",
+            "max_raw_ipv6_qp",
+            "max_raw_ethy_qp",
+            "max_mcast_grp",
+            "max_mcast_qp_attach",
+            "max_total_mcast_qp_attach",
             "max_ah",
+            "max_fmr",
             "max_srq",
             "max_srq_wr",
             "max_srq_sge",
+            "max_pkeys",
+            "local_ca_ack_delay",
         ] {
             let _ = writeln!(o, "\t{:<24}{}", format!("{k}:"), s(&d["limits"][k]));
         }
+        o.push_str(EXTENDED_TEXT);
+        let _ = writeln!(
+            o,
+            "\t{:<24}{}",
+            "num_comp_vectors:",
+            s(&d["limits"]["num_comp_vectors"])
+        );
     }
     let p = &d["port"];
     let _ = writeln!(o, "\t\tport:\t1");
+    let verbose = d["limits"].is_object();
     for k in [
         "state",
         "max_mtu",
@@ -261,20 +374,37 @@ fn text(d: &Value) -> String {
         "port_lid",
         "port_lmc",
         "link_layer",
-        "phys_state",
         "max_msg_sz",
+        "port_cap_flags",
+        "port_cap_flags2",
+        "max_vl_num",
+        "bad_pkey_cntr",
+        "qkey_viol_cntr",
+        "sm_sl",
+        "pkey_tbl_len",
         "gid_tbl_len",
+        "subnet_timeout",
+        "init_type_reply",
+        "active_width",
+        "active_speed",
+        "phys_state",
     ] {
-        if !p[k].is_null() {
+        let shown = if matches!(k, "active_width" | "active_speed") {
+            verbose
+        } else {
+            !p[k].is_null()
+        };
+        if shown {
             let _ = writeln!(o, "\t\t\t{:<16}{}", format!("{k}:"), s(&p[k]));
         }
     }
     let _ = writeln!(
         o,
-        "\t\t\t{:<16}{} ({})",
+        "\t\t\t{:<16}{} ({}), address {}",
         "netdev:",
         s(&d["netdev"]),
-        s(&p["netdev_mtu"])
+        s(&p["netdev_mtu"]),
+        s(&d["address"])
     );
     for (i, g) in p["gids"]
         .as_array()
@@ -285,6 +415,19 @@ fn text(d: &Value) -> String {
     {
         let _ = writeln!(o, "\t\t\tGID[{i:>3}]:\t{}, {}", s(&g["gid"]), s(&g["type"]));
     }
+    for a in p["other_addresses"]
+        .as_array()
+        .map(|v| v.as_slice())
+        .unwrap_or_default()
+    {
+        let _ = writeln!(
+            o,
+            "\t\t\t{:<16}{} (GID[0] of the device opened on it: `rocev2 devinfo -d {}`)",
+            "other address:",
+            s(a),
+            s(a)
+        );
+    }
     for u in p["in_use_by"]
         .as_array()
         .map(|v| v.as_slice())
@@ -292,7 +435,7 @@ fn text(d: &Value) -> String {
     {
         let _ = writeln!(
             o,
-            "\t\t\tin use by:\tpid {} ({}) on {}",
+            "\t\t\tin use by:\tpid {} ({}) on {} (its GID[0])",
             u["pid"],
             s(&u["comm"]),
             s(&u["gid"])

@@ -108,7 +108,7 @@ enum Transport {
 /// Arguments of `rocev2 pingpong`.
 #[derive(Clone, Debug, Args)]
 #[command(
-    after_help = "Examples:\n  rocev2 pingpong rc --ip 198.18.0.1                 # server\n  rocev2 pingpong rc 198.18.0.1 --ip 198.18.0.2      # client\n  ibv_rc_pingpong -g 1 198.18.0.1                    # rdma-core's client on Linux rxe against the rocev2 server\n  rocev2 run --ip 198.18.0.2 -- ibv_rc_pingpong -g 0 198.18.0.1   # rdma-core's client on rocev2\n\nThe rdma-core tools' -g is the index of the IPv4-mapped GID in their device's table (`ibv_devinfo -v`): 1 on\nLinux rxe (index 0 is its link-local GID), 0 under `rocev2 run` (a rocev2 device has that one GID).\n\nExit status: 0 when all iterations completed, 1 on any error (exchange, unusable peer GID, work completion error,\ntimeout), 2 on bad arguments."
+    after_help = "Examples:\n  rocev2 pingpong rc --ip 198.18.0.1                 # server\n  rocev2 pingpong rc 198.18.0.1 --ip 198.18.0.2      # client\n  ibv_rc_pingpong -g 1 198.18.0.1                    # rdma-core's client on Linux rxe against the rocev2 server\n  rocev2 run --ip 198.18.0.2 -- ibv_rc_pingpong -g 0 198.18.0.1   # rdma-core's client on rocev2\n\nThe rdma-core tools' -g is the index of the IPv4-mapped GID in their device's table (`ibv_devinfo -v`): 1 on\nLinux rxe (index 0 is its link-local GID), 0 under `rocev2 run` (a rocev2 device opened on an address has that one GID, at index 0: docs/DEVICE.md).\n\nExit status: 0 when all iterations completed, 1 on any error (exchange, unusable peer GID, work completion error,\ntimeout), 2 on bad arguments."
 )]
 pub struct PingpongArgs {
     /// `rc` (default) or `ud`, optionally followed by the server's address; without an address, wait for a

@@ -26,7 +26,9 @@ use roce_link::devfs;
 use roce_link::device::{DeviceSpec, ENV_IP, ENV_RX, UVERBS_NAME};
 use roce_link::udp::interfaces;
 
-/// Environment variable naming the rocev2 libibverbs to use instead of `libroce_ibverbs.so` beside `rocev2`.
+/// Environment variable naming the rocev2 libibverbs to use instead of `libroce_ibverbs.so` beside `rocev2`: a
+/// file this user or root owns that group and others cannot write (else refused); its `libibverbs.so.1` link goes
+/// into this user's private directory, never beside it.
 pub const ENV_LIB: &str = "ROCEV2_IBVERBS_LIB";
 
 /// `rocev2 run` arguments.
@@ -62,16 +64,25 @@ fn default_ip() -> IpAddr {
         .unwrap_or(IpAddr::from([127, 0, 0, 1]))
 }
 
-/// The rocev2 libibverbs: `$ROCEV2_IBVERBS_LIB`, else `libroce_ibverbs.so` in the directory of this executable.
-fn library() -> Result<PathBuf, String> {
+/// The rocev2 libibverbs and whether it was named by [`ENV_LIB`]: `$ROCEV2_IBVERBS_LIB`, else
+/// `libroce_ibverbs.so` in the directory of this executable. A named library must be a regular file owned by this
+/// user or root and not writable by group or others ([`file_trusted`]): the program will run its code.
+fn library() -> Result<(PathBuf, bool), String> {
     if let Some(p) = std::env::var_os(ENV_LIB) {
-        return Ok(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        file_trusted(&p, &[uid(), 0]).map_err(|why| {
+            format!(
+                "{ENV_LIB}={}: {why}; refused: the program would load code another user controls",
+                p.display()
+            )
+        })?;
+        return Ok((p, true));
     }
     let exe = std::env::current_exe().map_err(|e| format!("locating rocev2: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let lib = dir.join("libroce_ibverbs.so");
     if lib.is_file() {
-        Ok(lib)
+        Ok((lib, false))
     } else {
         Err(format!(
             "{} not found: {} (or name the library with {ENV_LIB})",
@@ -79,6 +90,37 @@ fn library() -> Result<PathBuf, String> {
             build_hint(dir)
         ))
     }
+}
+
+/// This process's user id (the owner of `/proc/self`).
+fn uid() -> u32 {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap_or(0)
+}
+
+/// Whether `file` (symbolic links followed) is a regular file owned by one of `owners` and not writable by group
+/// or others. Errors say why not.
+fn file_trusted(file: &Path, owners: &[u32]) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(file).map_err(|e| e.to_string())?;
+    if !m.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    if !owners.contains(&m.uid()) {
+        return Err(format!(
+            "belongs to uid {}, neither this user ({}) nor root",
+            m.uid(),
+            owners[0]
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "writable by group or others (mode {:o})",
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 /// The one command that puts `libroce_ibverbs.so` beside a `rocev2` in `dir`: cargo's `target/release` and
@@ -101,25 +143,29 @@ fn build_hint(dir: &Path) -> String {
     }
 }
 
-/// A directory whose `libibverbs.so.1` is a link to `lib`: `<dir of lib>/rocev2-ibverbs/` when writable, else
-/// `$TMPDIR/rocev2-ibverbs-<uid>/`. The link is replaced atomically (a rename), so concurrent runs never see it
-/// missing.
-fn library_dir(lib: &Path) -> Result<PathBuf, String> {
+/// A directory whose `libibverbs.so.1` is a link to `lib`: for the library beside `rocev2` (`named` false),
+/// `<dir of lib>/rocev2-ibverbs/` when writable; else, and always for a library named with [`ENV_LIB`] (nothing
+/// is created beside a path given from outside), this user's private `$TMPDIR/rocev2-ibverbs-<uid>/`. The link is
+/// replaced atomically (a rename), so concurrent runs never see it missing.
+fn library_dir(lib: &Path, named: bool) -> Result<PathBuf, String> {
     let lib = lib
         .canonicalize()
         .map_err(|e| format!("{}: {e}", lib.display()))?;
-    let uid = std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
-        .unwrap_or(0);
+    let uid = uid();
     // The directory goes first on the program's LD_LIBRARY_PATH: whoever can write to it chooses the code the
     // program loads. So it must be controlled by its owner alone (`dir_trusted`: no symlink, not group- or
     // other-writable), and that owner must be this user — or root, for the directory beside an installed library.
     // A directory another user planted in the shared temporary directory is refused, never used.
     // Beside the library the directory is readable by all (another user's program under `rocev2 run` loads the same
     // link from it); in the shared temporary directory it is this user's only.
+    let beside = (!named)
+        .then(|| {
+            lib.parent()
+                .map(|d| (d.join("rocev2-ibverbs"), vec![uid, 0], 0o755))
+        })
+        .flatten();
     let candidates = [
-        lib.parent()
-            .map(|d| (d.join("rocev2-ibverbs"), vec![uid, 0], 0o755)),
+        beside,
         Some((
             std::env::temp_dir().join(format!("rocev2-ibverbs-{uid}")),
             vec![uid],
@@ -169,7 +215,8 @@ fn exec(a: &RunArgs) -> Result<std::convert::Infallible, String> {
     let ip = a.ip.unwrap_or_else(default_ip);
     // Check the address now, so a typo is reported here and not as "no devices" by the program.
     let spec = DeviceSpec::for_ip(ip, roce_link::RxMode::Socket)?;
-    let dir = library_dir(&library()?)?;
+    let (lib, named) = library()?;
+    let dir = library_dir(&lib, named)?;
     if !a.no_device_files {
         let tree = devfs::device_tree(&spec, devfs::net_parent(&spec.interface).as_deref());
         if let Err(e) = devfs::install(&tree) {

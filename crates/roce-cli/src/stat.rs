@@ -20,7 +20,7 @@
 //!   figures);
 //! * **link drops**: datagrams the link dropped before the engine saw them (`rx_kernel_drops`: the kernel dropped
 //!   them for the link's receive socket, whose buffer was full; `rx_icrc_bad`: too short or a wrong ICRC,
-//!   `rx_truncated`, `rx_bad_addr`, `rx_bad_checksum`; `tx_errors`, `tx_invalid`), non-zero ones on a `link` line of
+//!   `rx_truncated`, `rx_bad_addr`, `rx_bad_checksum`, `rx_fragments`; `tx_errors`, `tx_invalid`), non-zero ones on a `link` line of
 //!   their own (`-a`: every link counter; `--json`: the device's `link` object);
 //! * **longest pass gap** (`max_pass_gap_us`, since the runtime started): the longest time the engine went without a
 //!   pass while a timer was armed — near the local ACK timeout (67 ms by default), a stalled progress thread or

@@ -97,7 +97,8 @@ fn check_tree(prefix: &[&str]) {
     assert_eq!(get(&t, "ports/1/state"), "4: ACTIVE");
     assert_eq!(get(&v, "phys_state"), "LINK_UP (5)");
     assert_eq!(get(&t, "ports/1/phys_state"), "5: LinkUp");
-    // rate = active_width x active_speed: 1X (1) at 2.5 Gbps (1).
+    // rate = active_width x active_speed: `lo` reports no speed, so 1X (1) at 2.5 Gbps (1), what rxe reports for it
+    // (Linux `ib_get_eth_speed` assumes 1000 Mb/s).
     assert_eq!(
         (get(&v, "active_width"), get(&v, "active_speed")),
         ("1X (1)".to_owned(), "2.5 Gbps (1)".to_owned())
@@ -300,4 +301,77 @@ fn a_library_directory_another_user_planted_is_refused() {
     assert!(err.contains("not used for the library"), "{err}");
     let _ = std::fs::remove_dir_all(&inst);
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Breaker finding (issue #21): `ROCEV2_IBVERBS_LIB=PATH` made `rocev2 run` create `rocev2-ibverbs/` beside any
+/// PATH it was given (as root: in any directory of the system). A named library now gets its `libibverbs.so.1` link
+/// only in this user's private directory (`$TMPDIR/rocev2-ibverbs-<uid>`, mode 0700, checked), nothing is created
+/// beside it, and a library this user (or root) does not own, or that group or others may write, is refused with
+/// the reason: the program would load code another user controls.
+#[test]
+fn a_named_library_creates_nothing_beside_it_and_must_be_ours() {
+    library();
+    let bin_dir = Path::new(common::bin()).parent().expect("bin dir");
+    let scratch = common::scratch("named-lib");
+    let tmp = scratch.join("tmp");
+    std::fs::create_dir(&tmp).expect("tmp");
+    let place = scratch.join("elsewhere");
+    std::fs::create_dir(&place).expect("dir");
+    let lib = place.join("my-libibverbs.so");
+    std::fs::copy(bin_dir.join("libroce_ibverbs.so"), &lib).expect("copy");
+    let run_with = |lib: &Path| {
+        Command::new(common::bin())
+            .args([
+                "run",
+                "--no-device-files",
+                "--ip",
+                "127.0.0.1",
+                "--",
+                "true",
+            ])
+            .env("ROCEV2_IBVERBS_LIB", lib)
+            .env("TMPDIR", &tmp)
+            .output()
+            .expect("rocev2 run")
+    };
+    let out = run_with(&lib);
+    assert!(out.status.success(), "{out:?}");
+    let beside: Vec<_> = std::fs::read_dir(&place)
+        .expect("list")
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    assert_eq!(
+        beside,
+        [std::ffi::OsString::from("my-libibverbs.so")],
+        "created beside the library"
+    );
+    // The link is in this user's private directory.
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .expect("uid");
+    let private = tmp.join(format!("rocev2-ibverbs-{uid}"));
+    assert_eq!(
+        std::fs::read_link(private.join("libibverbs.so.1")).ok(),
+        Some(lib.canonicalize().expect("canonical"))
+    );
+    // A library another user may write to is refused, and said so.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let out = run_with(&lib);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        err.contains("ROCEV2_IBVERBS_LIB") && err.contains("writable by group or others"),
+        "{err}"
+    );
+    // As root: a library of another user is refused too.
+    if root() {
+        std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::os::unix::fs::chown(&lib, Some(65534), Some(65534)).expect("chown");
+        let out = run_with(&lib);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        assert!(err.contains("belongs to uid 65534"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -95,17 +95,21 @@ fn a_device_in_use_names_its_program() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let pid = p.pid();
-    // The users as `ps` names a process (pid and comm); the GIDs in use are in the GID table although 127.0.51.x is
-    // not configured on `lo` (any 127/8 address is bound there).
+    // The users as `ps` names a process (pid and comm), each on its address (127.0.51.x is not configured on `lo`:
+    // any 127/8 address is bound there). Each is GID[0] of the device that program opened (docs/DEVICE.md), so it is
+    // not listed at another index of this table.
     for gid in ["::ffff:127.0.51.1", "::ffff:127.0.51.2"] {
         assert!(
-            text.contains(&format!("in use by:\tpid {pid} (rocev2) on {gid}\n")),
+            text.contains(&format!(
+                "in use by:\tpid {pid} (rocev2) on {gid} (its GID[0])\n"
+            )),
             "{gid}:\n{text}"
         );
         assert!(
-            text.lines()
-                .any(|l| l.contains("GID[") && l.ends_with(&format!("]:\t{gid}, RoCE v2"))),
-            "{gid} not in the GID table:\n{text}"
+            !text
+                .lines()
+                .any(|l| l.contains("GID[") && l.contains(&format!("{gid},"))),
+            "{gid} at an index of the GID table of the device on another address:\n{text}"
         );
     }
     let done = p.wait(Duration::from_secs(30));

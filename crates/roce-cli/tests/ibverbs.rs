@@ -170,6 +170,185 @@ fn a_second_program_on_a_taken_address_is_told_to_use_another() {
     );
 }
 
+/// Every line of `ibv_devinfo -v`-style text as (name, value), whitespace collapsed: `name: value` lines split at
+/// the first `:`, other lines (`NO SUPPORT`, `core clock not supported`) whole with an empty value.
+fn all_fields(text: &str) -> Vec<(String, String)> {
+    let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| match l.trim().split_once(':') {
+            Some((k, v)) => (norm(k), norm(v)),
+            None => (norm(l), String::new()),
+        })
+        .collect()
+}
+
+#[test]
+fn devinfo_v_prints_every_field_ibv_devinfo_v_prints() {
+    common::need_program("ibv_devinfo", "ibverbs-utils");
+    let theirs = run_here("127.0.0.1", &["ibv_devinfo", "-v"]);
+    assert!(theirs.status.success(), "{theirs:?}");
+    let theirs = String::from_utf8_lossy(&theirs.stdout).into_owned();
+    let ours = Command::new(common::bin())
+        .args(["devinfo", "-v", "-d", "127.0.0.1"])
+        .output()
+        .expect("run rocev2 devinfo");
+    assert!(ours.status.success(), "{ours:?}");
+    let ours = String::from_utf8_lossy(&ours.stdout).into_owned();
+    // Every (field, value) ibv_devinfo -v prints, as often as it prints it, is in rocev2 devinfo -v's output; the
+    // only lines of ours not in theirs are the ones it adds (`max_inline_data`, `netdev`, other addresses, users).
+    let mut left = all_fields(&ours);
+    let mut missing = Vec::new();
+    for f in all_fields(&theirs) {
+        match left.iter().position(|x| *x == f) {
+            Some(i) => {
+                left.remove(i);
+            }
+            None => missing.push(f),
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "ibv_devinfo -v fields missing or different in rocev2 devinfo -v: {missing:#?}\n--- ibv_devinfo -v\n\
+         {theirs}--- rocev2 devinfo -v\n{ours}"
+    );
+    let extra: Vec<&String> = left
+        .iter()
+        .map(|(k, _)| k)
+        .filter(|k| {
+            !matches!(
+                k.as_str(),
+                "max_inline_data" | "netdev" | "other address" | "in use by"
+            )
+        })
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "fields ibv_devinfo -v does not print: {extra:?}\n{ours}"
+    );
+}
+
+/// The `GID[ i]` lines of `ibv_devinfo`-style text as (index, GID text).
+fn gid_lines(text: &str) -> Vec<(usize, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = l.strip_prefix("GID[")?;
+            let (i, g) = rest.split_once("]:")?;
+            let g = g.trim().split(',').next()?.trim().to_owned();
+            Some((i.trim().parse().ok()?, g))
+        })
+        .collect()
+}
+
+#[test]
+fn gid_indexes_agree_across_every_view() {
+    common::need_program("ibv_devinfo", "ibverbs-utils");
+    // `rocev2 devinfo` (no address) lists GID[i] = g only if a program on g's address reads g at index i; the
+    // interface's other addresses are GID[0] of the device opened on them, so they must not appear at another index.
+    let out = Command::new(common::bin())
+        .args(["devinfo", "-d", "lo"])
+        .output()
+        .expect("run rocev2 devinfo");
+    assert!(out.status.success(), "{out:?}");
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let shown = gid_lines(&listing);
+    assert_eq!(shown.first().map(|(i, _)| *i), Some(0), "{listing}");
+    for (i, g) in &shown {
+        let v6: std::net::Ipv6Addr = g.parse().expect("GID text");
+        let ip = v6
+            .to_ipv4_mapped()
+            .map_or(v6.to_string(), |v4| v4.to_string());
+        let prog = run_here(&ip, &["ibv_devinfo", "-v"]);
+        assert!(prog.status.success(), "{prog:?}");
+        let seen = gid_lines(&String::from_utf8_lossy(&prog.stdout));
+        assert!(
+            seen.contains(&(*i, g.clone())),
+            "rocev2 devinfo shows GID[{i}] {g}; under `rocev2 run --ip {ip}` ibv_devinfo -v shows {seen:?}\n{listing}"
+        );
+    }
+    // A program on an address that is not configured (127.0.0.2 on lo): the verbs answer, sysfs and
+    // `rocev2 devinfo -d ADDRESS` agree on its one GID at index 0.
+    let prog = run_here("127.0.0.2", &["ibv_devinfo", "-v"]);
+    let seen = gid_lines(&String::from_utf8_lossy(&prog.stdout));
+    assert_eq!(seen, [(0, "::ffff:127.0.0.2".to_owned())], "{prog:?}");
+    let ours = Command::new(common::bin())
+        .args(["devinfo", "-v", "-d", "127.0.0.2"])
+        .output()
+        .expect("run rocev2 devinfo");
+    assert_eq!(gid_lines(&String::from_utf8_lossy(&ours.stdout)), seen);
+    let sys = run_here(
+        "127.0.0.2",
+        &[
+            "cat",
+            "/sys/class/infiniband/rocev2_lo/ports/1/gids/0",
+            "/sys/class/infiniband/rocev2_lo/ports/1/gid_attrs/types/0",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&sys.stdout),
+        "0000:0000:0000:0000:0000:ffff:7f00:0002\nRoCE v2\n",
+        "{sys:?}"
+    );
+}
+
+#[test]
+fn a_veth_port_reports_the_speed_of_its_netdev() {
+    if let Some(why) = netns_unavailable() {
+        eprintln!("SKIPPED (speed netns): {why}");
+        return;
+    }
+    common::need_program("ibv_devinfo", "ibverbs-utils");
+    common::ibverbs_library();
+    let _serial = serial();
+    let ns = NetnsPair::up("speed", "198.18.41.1", "198.18.41.2", 1500);
+    ns.wait_running();
+    let in_ns = |args: &[&str]| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.a, common::bin()])
+            .args(args)
+            .output()
+            .expect("ip netns exec");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let speed = Command::new("ip")
+        .args(["netns", "exec", &ns.a, "cat", "/sys/class/net/veth0/speed"])
+        .output()
+        .expect("ip netns exec");
+    assert_eq!(
+        String::from_utf8_lossy(&speed.stdout).trim(),
+        "10000",
+        "a veth reports 10 Gb/s"
+    );
+    // 10 000 Mb/s is 1X FDR10 (10 Gb/s) in Linux's map, in every view.
+    let ip = ns.ip_a.clone();
+    let prog = in_ns(&["run", "--ip", &ip, "--", "ibv_devinfo", "-v"]);
+    let ours = in_ns(&["devinfo", "-v", "-d", &ip]);
+    for text in [&prog, &ours] {
+        let f = fields(text);
+        assert_eq!(
+            f.get("active_width").map(String::as_str),
+            Some("1X (1)"),
+            "{text}"
+        );
+        assert_eq!(
+            f.get("active_speed").map(String::as_str),
+            Some("10.0 Gbps (8)"),
+            "{text}"
+        );
+    }
+    let rate = in_ns(&[
+        "run",
+        "--ip",
+        &ip,
+        "--",
+        "cat",
+        "/sys/class/infiniband/rocev2_veth0/ports/1/rate",
+    ]);
+    assert_eq!(rate, "10 Gb/sec (1X FDR10)\n");
+}
+
 /// `key: value` lines of `ibv_devinfo -v`-style text (first occurrence of each key; values trimmed).
 fn fields(text: &str) -> std::collections::HashMap<String, String> {
     let mut m = std::collections::HashMap::new();

@@ -28,7 +28,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::device::{ACTIVE_SPEED, ACTIVE_WIDTH, DeviceSpec, FW_VER, UVERBS_NAME};
+use crate::device::{DeviceSpec, FW_VER, UVERBS_NAME};
 
 /// `/sys/class/infiniband_verbs/abi_version`: the kernel's `IB_USER_VERBS_ABI_VERSION`.
 pub const UVERBS_CLASS_ABI: u32 = 6;
@@ -89,7 +89,7 @@ pub fn gid_sysfs_text(raw: [u8; 16]) -> String {
     s
 }
 
-/// `rate` as `rate_show` writes it for `active_speed`/`active_width` (speeds SDR..EDR; widths 1X, 4X, 8X, 12X).
+/// `rate` as `rate_show` writes it for `active_speed`/`active_width` (speeds SDR..NDR; widths 1X, 2X, 4X, 8X, 12X).
 pub fn rate_text(speed: u8, width: u8) -> String {
     let (deci, name) = match speed {
         2 => (50, " DDR"),
@@ -97,12 +97,15 @@ pub fn rate_text(speed: u8, width: u8) -> String {
         8 => (100, " FDR10"),
         16 => (140, " FDR"),
         32 => (250, " EDR"),
+        64 => (500, " HDR"),
+        128 => (1000, " NDR"),
         _ => (25, ""),
     };
     let w = match width {
         2 => 4,
         4 => 8,
         8 => 12,
+        16 => 2,
         _ => 1,
     };
     let r = deci * w;
@@ -190,10 +193,8 @@ pub fn device_tree(spec: &DeviceSpec, net_parent: Option<&Path>) -> Vec<Entry> {
         format!("{port}/phys_state"),
         phys_state_text(spec.phys_state()),
     ));
-    out.push(file(
-        format!("{port}/rate"),
-        rate_text(ACTIVE_SPEED, ACTIVE_WIDTH),
-    ));
+    let (width, speed) = spec.width_and_speed();
+    out.push(file(format!("{port}/rate"), rate_text(speed, width)));
     out.push(file(format!("{port}/link_layer"), "Ethernet".into()));
     out.push(file(format!("{port}/lid"), "0x0".into()));
     out.push(file(format!("{port}/sm_lid"), "0x0".into()));
@@ -459,6 +460,9 @@ mod tests {
         assert_eq!(rate_text(1, 1), "2.5 Gb/sec (1X)");
         assert_eq!(rate_text(32, 2), "100 Gb/sec (4X EDR)");
         assert_eq!(rate_text(4, 1), "10 Gb/sec (1X QDR)");
+        assert_eq!(rate_text(8, 1), "10 Gb/sec (1X FDR10)");
+        assert_eq!(rate_text(32, 16), "50 Gb/sec (2X EDR)");
+        assert_eq!(rate_text(128, 2), "400 Gb/sec (4X NDR)");
         assert_eq!(state_text(4), "4: ACTIVE");
         assert_eq!(phys_state_text(5), "5: LinkUp");
     }

@@ -32,11 +32,54 @@ pub const PAGE_SIZE_CAP: u64 = 0xffff_f000;
 pub const UVERBS_NAME: &str = "uverbs0";
 /// `ibv_device_attr.fw_ver` (and sysfs `fw_ver`): the rocev2 version.
 pub const FW_VER: &str = env!("CARGO_PKG_VERSION");
-/// `ibv_port_attr.active_width`: `IB_WIDTH_1X` (1). With [`ACTIVE_SPEED`] (`IB_SPEED_SDR`, 1) the port claims
-/// 2.5 Gb/s, i.e. nothing about the speed of a software link (sysfs `rate`: `2.5 Gb/sec (1X)`).
-pub const ACTIVE_WIDTH: u8 = 1;
-/// `ibv_port_attr.active_speed`: `IB_SPEED_SDR` (1); see [`ACTIVE_WIDTH`].
-pub const ACTIVE_SPEED: u8 = 1;
+/// The netdev speed (Mb/s) assumed when the interface reports none (`lo`; a netdev without carrier): 1000, the
+/// default of Linux `ib_get_eth_speed` (`drivers/infiniband/core/verbs.c`), which rxe's `rxe_query_port` uses, so
+/// a rocev2 port on `lo` reports what an rxe port on `lo` reports: 1X SDR, 2.5 Gb/s.
+pub const UNKNOWN_NETDEV_SPEED_MBPS: u32 = 1000;
+
+/// `ibv_port_attr.active_width` and `active_speed` (IBTA Vol 1 §14.2.5.6 PortInfo `LinkWidthActive`,
+/// `LinkSpeedActive`; the `ib_port_width`/`ib_port_speed` enum values of Linux and rdma-core) for an Ethernet
+/// netdev of `mbps` Mb/s, as Linux `ib_get_width_and_speed` maps it when the netdev reports no lane count (the
+/// mapping rxe and every RoCE driver without its own table report): ≤ 1 G → 1X SDR (2.5 Gb/s), ≤ 10 G → 1X FDR10
+/// (10 Gb/s), ≤ 20 G → 4X DDR (20), ≤ 25 G → 1X EDR (25), ≤ 40 G → 4X FDR10 (40), ≤ 50 G → 2X EDR (50),
+/// ≤ 100 G → 4X EDR (100), ≤ 200 G → 4X HDR (200), above → 4X NDR (400). Returns `(width, speed)`.
+pub fn ib_width_and_speed(mbps: u32) -> (u8, u8) {
+    const W1X: u8 = 1;
+    const W4X: u8 = 2;
+    const W2X: u8 = 16;
+    const SDR: u8 = 1;
+    const DDR: u8 = 2;
+    const FDR10: u8 = 8;
+    const EDR: u8 = 32;
+    const HDR: u8 = 64;
+    const NDR: u8 = 128;
+    match mbps {
+        0..=1_000 => (W1X, SDR),
+        1_001..=10_000 => (W1X, FDR10),
+        10_001..=20_000 => (W4X, DDR),
+        20_001..=25_000 => (W1X, EDR),
+        25_001..=40_000 => (W4X, FDR10),
+        40_001..=50_000 => (W2X, EDR),
+        50_001..=100_000 => (W4X, EDR),
+        100_001..=200_000 => (W4X, HDR),
+        _ => (W4X, NDR),
+    }
+}
+
+/// The speed of interface `name` in Mb/s as sysfs `/sys/class/net/<name>/speed` gives it (ethtool's
+/// `get_link_ksettings`), `None` when it has none: `lo` (the read fails), a netdev without carrier (fails), or
+/// `SPEED_UNKNOWN` (-1) / 0.
+pub fn netdev_speed_mbps(name: &str) -> Option<u32> {
+    if name.contains('/') || name == "." || name == ".." {
+        return None;
+    }
+    let t = std::fs::read_to_string(format!("/sys/class/net/{name}/speed")).ok()?;
+    t.trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|&v| v > 0)
+        .and_then(|v| u32::try_from(v).ok())
+}
 /// `ibv_port_attr.state` of an active port (`IBV_PORT_ACTIVE`).
 pub const PORT_ACTIVE: u8 = 4;
 /// `ibv_port_attr.state` of a port without carrier (`IBV_PORT_DOWN`).
@@ -107,6 +150,8 @@ pub struct DeviceSpec {
     pub netdev_mtu: u32,
     /// Carrier (IFF_RUNNING): port ACTIVE, else DOWN.
     pub running: bool,
+    /// The netdev's speed in Mb/s ([`netdev_speed_mbps`]), `None` when it reports none.
+    pub netdev_speed_mbps: Option<u32>,
 }
 
 impl DeviceSpec {
@@ -132,6 +177,7 @@ impl DeviceSpec {
         let all = udp::interfaces().map_err(|e| format!("listing interfaces: {e}"))?;
         let (ifindex, interface) = udp::interface_of(ip).map_err(|e| e.to_string())?;
         let running = all.iter().any(|i| i.index == ifindex && i.running);
+        let netdev_speed_mbps = netdev_speed_mbps(&interface);
         let netdev_mtu = std::fs::read_to_string(format!("/sys/class/net/{interface}/mtu"))
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -143,6 +189,7 @@ impl DeviceSpec {
             ifindex,
             netdev_mtu,
             running,
+            netdev_speed_mbps,
         })
     }
 
@@ -175,6 +222,13 @@ impl DeviceSpec {
         } else {
             PHYS_DISABLED
         }
+    }
+
+    /// `ibv_port_attr.active_width` and `active_speed` of the port: [`ib_width_and_speed`] of the netdev's speed,
+    /// or of [`UNKNOWN_NETDEV_SPEED_MBPS`] when it reports none (rxe's rule). `ibv_query_port`, sysfs `ports/1/rate`
+    /// and `rocev2 devinfo` all report this.
+    pub fn width_and_speed(&self) -> (u8, u8) {
+        ib_width_and_speed(self.netdev_speed_mbps.unwrap_or(UNKNOWN_NETDEV_SPEED_MBPS))
     }
 
     /// Active MTU: the largest IB MTU that fits the netdev MTU minus the RoCE headers (rxe's rule), capped at 4096.
@@ -225,6 +279,30 @@ mod tests {
         );
         let top = "127.0.0.254".parse().expect("ip");
         assert!(in_use_hint(top, None).ends_with("--ip 127.0.0.2"));
+    }
+
+    #[test]
+    fn port_width_and_speed_follow_the_netdev_as_linux_maps_them() {
+        // (Mb/s, width, speed) from Linux `ib_get_width_and_speed` without lanes.
+        for (mbps, w, s) in [
+            (100, 1, 1),
+            (1_000, 1, 1),
+            (2_500, 1, 8),
+            (10_000, 1, 8),
+            (20_000, 2, 2),
+            (25_000, 1, 32),
+            (40_000, 2, 8),
+            (50_000, 16, 32),
+            (100_000, 2, 32),
+            (200_000, 2, 64),
+            (400_000, 2, 128),
+        ] {
+            assert_eq!(ib_width_and_speed(mbps), (w, s), "{mbps} Mb/s");
+        }
+        // `lo` reports no speed: rxe's default, 1X SDR.
+        let d = DeviceSpec::for_ip("127.0.0.1".parse().expect("ip"), RxMode::Socket).expect("lo");
+        assert_eq!(d.netdev_speed_mbps, None);
+        assert_eq!(d.width_and_speed(), (1, 1));
     }
 
     #[test]

@@ -76,12 +76,13 @@
 //! interface that owns [`UdpConfig::local`] (found with `getifaddrs`, or named by [`UdpConfig::rx_interface`]) in
 //! the namespace the link is bound in. A classic BPF program attached with `SO_ATTACH_FILTER` keeps only frames
 //! that this host did not send (`pkt_type` ≠ `PACKET_OUTGOING`, so loopback frames are seen once), are IPv4
-//! (IPv6) UDP to `local`, are not fragments, and go to UDP port [`UdpConfig::port`]; the kernel discards the rest
+//! (IPv6) UDP to `local`, are not later fragments, and go to UDP port [`UdpConfig::port`]; the kernel discards the rest
 //! before they are queued. The socket is opened with protocol 0 and bound to the IP EtherType only after the
 //! filter is in place, so no unfiltered frame ever reaches it. Frames reach the engine byte for byte as received
 //! (real MACs, the sender's IP identification, flags, TTL, checksum), trimmed to the IP length (Ethernet padding
 //! removed); the IPv4 header checksum and a non-zero UDP checksum are checked first, as the kernel's IP/UDP layers
-//! would (failures counted in [`UdpStats::rx_bad_checksum`] and dropped), then the ICRC is verified over those
+//! would (failures counted in [`UdpStats::rx_bad_checksum`] and dropped; a fragmented IPv4 datagram, which a tap
+//! cannot take whole, is dropped and counted in [`UdpStats::rx_fragments`]), then the ICRC is verified over those
 //! bytes and failures are counted in [`UdpStats::rx_icrc_bad`] as in socket mode. One field can differ from what a remote sender wrote: a frame sent by a socket on this host
 //! through a veth or `lo` with checksum offload still holds a partial UDP checksum (`PACKET_AUXDATA` reports
 //! `TP_STATUS_CSUMNOTREADY`); the link completes it, as the NIC would have (not ICRC-covered, so only captures
@@ -284,6 +285,13 @@ pub struct UdpStats {
     /// IPv6) is wrong: the kernel, rxe or an RNIC would never hand them to RoCE processing (`ROCEV2.md §1.4`). In
     /// socket mode the kernel drops them itself (they never reach the link).
     pub rx_bad_checksum: u64,
+    /// [`RxMode::Packet`] IPv4 datagrams to the link's address and UDP port dropped because they arrived
+    /// fragmented: a packet tap sees fragments before the kernel's reassembly, so the whole datagram is never
+    /// there to take. Counted once per datagram, at its first fragment (offset 0, MF set: the only one that carries
+    /// the UDP port); the kernel's filter discards the later fragments unseen. A RoCE sender never fragments (DF,
+    /// frames within the path MTU, `ROCEV2.md §1.4`), so these come from a misconfigured or hostile sender. In
+    /// socket mode the kernel reassembles and delivers them whole.
+    pub rx_fragments: u64,
     /// The longest time (µs) a datagram waited in the receive socket: from the kernel's receive timestamp
     /// (`SO_TIMESTAMPNS`, taken when the datagram was queued to the socket) to the `recvmmsg` that read it. Socket
     /// receive mode only. A wait near or above the peer's local ACK timeout means this side did not read (its
@@ -307,7 +315,7 @@ pub struct UdpStats {
 impl UdpStats {
     /// The names of the counters [`values`](Self::values) lists, in its order (the field names; `tx_sendmmsg`,
     /// `tx_gathered_bytes` and `tx_linearized_bytes` are left out).
-    pub const NAMES: [&'static str; 15] = [
+    pub const NAMES: [&'static str; 16] = [
         "tx_frames",
         "tx_bytes",
         "tx_busy",
@@ -321,24 +329,26 @@ impl UdpStats {
         "rx_truncated",
         "rx_bad_addr",
         "rx_bad_checksum",
+        "rx_fragments",
         "rx_wait_max_us",
         "rx_kernel_drops",
     ];
 
     /// The counters of [`NAMES`](Self::NAMES) that count datagrams (or frames) the link dropped or failed to send
     /// before the engine saw them: what `rocev2 stat` shows on its `link` line by default.
-    pub const DROP_NAMES: [&'static str; 7] = [
+    pub const DROP_NAMES: [&'static str; 8] = [
         "rx_kernel_drops",
         "rx_icrc_bad",
         "rx_truncated",
         "rx_bad_addr",
         "rx_bad_checksum",
+        "rx_fragments",
         "tx_errors",
         "tx_invalid",
     ];
 
     /// The values of the counters named in [`NAMES`](Self::NAMES), in that order.
-    pub fn values(&self) -> [u64; 15] {
+    pub fn values(&self) -> [u64; 16] {
         [
             self.tx_frames,
             self.tx_bytes,
@@ -353,6 +363,7 @@ impl UdpStats {
             self.rx_truncated,
             self.rx_bad_addr,
             self.rx_bad_checksum,
+            self.rx_fragments,
             self.rx_wait_max_us,
             self.rx_kernel_drops,
         ]
@@ -577,7 +588,9 @@ fn attach_filter(s: &Socket, prog: &[libc::sock_filter]) -> io::Result<()> {
 }
 
 /// The classic BPF program of [`RxMode::Packet`]: accept frames that were not sent by this host (`pkt_type` ≠
-/// `PACKET_OUTGOING`), are IPv4 (IPv6) UDP to `local`, not fragments, and go to UDP port `port`; drop the rest.
+/// `PACKET_OUTGOING`), are IPv4 (IPv6) UDP to `local`, not later fragments (an IPv4 fragment offset), and go to UDP
+/// port `port`; drop the rest. The first fragment of a fragmented IPv4 datagram (offset 0, MF set) passes, so that
+/// the link can count it ([`UdpStats::rx_fragments`]) before it drops it.
 /// Offsets are from the start of the Ethernet header (no VLAN tag: the kernel strips it before packet taps).
 fn rx_filter(local: IpAddr, port: u16) -> Vec<libc::sock_filter> {
     use bpf::*;
@@ -597,9 +610,10 @@ fn rx_filter(local: IpAddr, port: u16) -> Vec<libc::sock_filter> {
                 f(JEQ_K, 0, 0, u32::from(ipv4::PROTOCOL_UDP)),
                 f(LD_W_ABS, 0, 0, 14 + 16),
                 f(JEQ_K, 0, 0, u32::from_be_bytes(a.octets())),
-                // MF or a fragment offset: not a whole datagram.
+                // A fragment offset: a later fragment, without the UDP header (MF alone passes: counted, then
+                // dropped by the link).
                 f(LD_H_ABS, 0, 0, 14 + 6),
-                f(JSET_K, 0, 0, 0x3fff),
+                f(JSET_K, 0, 0, 0x1fff),
                 // X = IPv4 header length; A = UDP destination port.
                 f(LDX_B_MSH, 0, 0, 14),
                 f(LD_H_IND, 0, 0, 14 + 2),
@@ -1776,6 +1790,11 @@ impl UdpLink {
                 self.stats.rx_truncated += 1;
                 continue;
             };
+            // The first fragment of a fragmented datagram (the filter passes no other fragment).
+            if !self.v6 && frame.get(ETH_LEN + 6).is_some_and(|b| b & 0x20 != 0) {
+                self.stats.rx_fragments += 1;
+                continue;
+            }
             let csum_not_ready = status & libc::TP_STATUS_CSUMNOTREADY != 0;
             let frame = &mut frame[..flen];
             if csum_not_ready {

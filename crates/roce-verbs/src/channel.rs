@@ -285,78 +285,90 @@ impl CompChannel {
         }
         let drivers = || few.iter().flatten().chain(more.iter());
         if let Some(sh) = drivers().next() {
-            let clock = sh.clock;
-            let mut last_work = clock.now();
-            let mut fds = [0 as RawFd; MAX_WAIT_FDS];
-            loop {
-                if self.is_closed() {
-                    return Ok(None);
-                }
-                if let Some(cq) = self.try_event() {
-                    return Ok(Some(cq));
-                }
-                let mut work = false;
-                for d in drivers() {
-                    work |= d.progress();
-                }
-                if let Some(cq) = self.try_event() {
-                    return Ok(Some(cq));
-                }
-                let now = clock.now();
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return Ok(None);
-                }
-                if work {
-                    last_work = now;
-                    continue;
-                }
-                // Every driven group's links must have a descriptor, or a frame for one of them would go unseen.
-                let ready = self.waiter.as_ref().and_then(|_| {
-                    let mut n = 0;
-                    for d in drivers() {
-                        n += d.ready_fds(&mut fds[n..])?;
-                    }
-                    Some(n)
-                });
-                let idle = now.saturating_duration_since(last_work);
-                match idle_step(sh, now, idle, ready.is_some()) {
-                    Idle::Spin => std::hint::spin_loop(),
-                    Idle::Yield => std::thread::yield_now(),
-                    Idle::Sleep(d) => {
-                        let Ok(q) = self.events.lock() else {
-                            return Ok(None);
-                        };
-                        if q.is_empty() && !self.is_closed() {
-                            let _ = self.cv.wait_timeout(q, d.min(left));
-                        }
-                    }
-                    Idle::Wait(d) => {
-                        if let (Some(w), Some(n)) = (&self.waiter, ready)
-                            && self.sleep.prepare_park(|| {
-                                self.is_closed() || self.events.lock().is_ok_and(|q| !q.is_empty())
-                            })
-                        {
-                            sh.stats.readiness_waits.fetch_add(1, Ordering::Relaxed);
-                            match w.wait(&fds[..n], d.min(left)) {
-                                Ok(r) if r.readable => {
-                                    sh.stats.readiness_wakeups.fetch_add(1, Ordering::Relaxed);
-                                }
-                                Ok(r) if r.interrupted && stop_on_signal => {
-                                    self.sleep.unparked();
-                                    return Err(std::io::ErrorKind::Interrupted.into());
-                                }
-                                Ok(_) => {}
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "readiness wait failed");
-                                    std::thread::yield_now();
-                                }
-                            }
-                            self.sleep.unparked();
-                        }
-                    }
-                }
+            // While this thread drives and waits here it receives the frames itself: the auto-progress threads
+            // of these groups leave them to it (`runner` module docs, "Frames nobody receives").
+            for d in drivers() {
+                d.caller_waits(true);
             }
+            let wait = || -> std::io::Result<Option<u32>> {
+                let clock = sh.clock;
+                let mut last_work = clock.now();
+                let mut fds = [0 as RawFd; MAX_WAIT_FDS];
+                loop {
+                    if self.is_closed() {
+                        return Ok(None);
+                    }
+                    if let Some(cq) = self.try_event() {
+                        return Ok(Some(cq));
+                    }
+                    let mut work = false;
+                    for d in drivers() {
+                        work |= d.progress();
+                    }
+                    if let Some(cq) = self.try_event() {
+                        return Ok(Some(cq));
+                    }
+                    let now = clock.now();
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(None);
+                    }
+                    if work {
+                        last_work = now;
+                        continue;
+                    }
+                    // Every driven group's links must have a descriptor, or a frame for one of them would go unseen.
+                    let ready = self.waiter.as_ref().and_then(|_| {
+                        let mut n = 0;
+                        for d in drivers() {
+                            n += d.ready_fds(&mut fds[n..])?;
+                        }
+                        Some(n)
+                    });
+                    let idle = now.saturating_duration_since(last_work);
+                    match idle_step(sh, now, idle, ready.is_some()) {
+                        Idle::Spin => std::hint::spin_loop(),
+                        Idle::Yield => std::thread::yield_now(),
+                        Idle::Sleep(d) => {
+                            let Ok(q) = self.events.lock() else {
+                                return Ok(None);
+                            };
+                            if q.is_empty() && !self.is_closed() {
+                                let _ = self.cv.wait_timeout(q, d.min(left));
+                            }
+                        }
+                        Idle::Wait(d) => {
+                            if let (Some(w), Some(n)) = (&self.waiter, ready)
+                                && self.sleep.prepare_park(|| {
+                                    self.is_closed() || self.events.lock().is_ok_and(|q| !q.is_empty())
+                                })
+                            {
+                                sh.stats.readiness_waits.fetch_add(1, Ordering::Relaxed);
+                                match w.wait(&fds[..n], d.min(left)) {
+                                    Ok(r) if r.readable => {
+                                        sh.stats.readiness_wakeups.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    Ok(r) if r.interrupted && stop_on_signal => {
+                                        self.sleep.unparked();
+                                        return Err(std::io::ErrorKind::Interrupted.into());
+                                    }
+                                    Ok(_) => {}
+                                    Err(e) => {
+                                        tracing::warn!(error = %e, "readiness wait failed");
+                                        std::thread::yield_now();
+                                    }
+                                }
+                                self.sleep.unparked();
+                            }
+                        }
+                    }
+                }
+            };
+            let r = wait();
+            for d in drivers() {
+                d.caller_waits(false);
+            }
+            return r;
         }
         let Ok(mut q) = self.events.lock() else {
             return Ok(None);

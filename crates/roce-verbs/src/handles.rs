@@ -4,7 +4,7 @@
 //! and CQs, an MR its PD, everything its context), so dropping in any order is safe (V1); the engine-side object is
 //! destroyed when the last handle goes. The progress thread stops when the last handle of its last device is dropped.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -19,7 +19,7 @@ use crate::channel::{CompChannel, Moderation};
 use crate::endpoint::{self, DeviceList, Endpoint};
 use crate::runner::{
     self, CqNotify, CqSlot, Device, PassKind, ProgressMode, QpSlot, RuntimeConfig, RuntimeStats,
-    Shared,
+    Shared, WrCredits,
 };
 use crate::wqe::{RecvWqe, SendWqe, WqeError, WqeProducer, wqe_ring};
 
@@ -728,6 +728,8 @@ impl Pd {
         };
         let pending = Arc::new(AtomicBool::new(false));
         let p2 = Arc::clone(&pending);
+        let credits = Arc::new(WrCredits::default());
+        let c2 = Arc::clone(&credits);
         let (scq, rcq) = (send_cq.inner.slot, recv_cq.inner.slot);
         let (qpn, granted, slot, sqp, rqp) = self.inner.ctx.call(move |d| {
             let (qpn, granted) = d.engine.create_qp_srq(&init, srq_handle)?;
@@ -744,8 +746,10 @@ impl Pd {
                     rcq,
                     granted.max_send_wr,
                     granted.max_recv_wr,
+                    c2,
                 ),
             );
+            d.qp_slots.insert(qpn, slot);
             Ok::<_, CreateQpError>((qpn, granted, slot, sqp, rqp))
         })??;
         Ok(Qp {
@@ -760,6 +764,7 @@ impl Pd {
                 sq: Mutex::new(sqp),
                 rq: Mutex::new(rqp),
                 pending,
+                credits,
                 srq: srq.cloned(),
             }),
         })
@@ -1024,6 +1029,7 @@ impl Cq {
         }
         if n > 0 {
             sh.poll_idle(&self.inner.idle_since, true);
+            sh.note_poll(true);
             return n;
         }
         let (work, handed_over) = sh.progress_for(PassKind::Poll);
@@ -1036,6 +1042,7 @@ impl Cq {
         if n > 0 {
             sh.poll_idle(&self.inner.idle_since, true);
         }
+        sh.note_poll(n > 0);
         n
     }
 
@@ -1093,6 +1100,8 @@ struct QpInner {
     sq: Mutex<WqeProducer<SendWqe>>,
     rq: Mutex<WqeProducer<RecvWqe>>,
     pending: Arc<AtomicBool>,
+    /// WRs outstanding on each queue (ring + engine), capped at the granted depths.
+    credits: Arc<WrCredits>,
     /// The SRQ the QP receives from (kept alive by the QP, as the kernel's use count does).
     srq: Option<crate::Srq>,
 }
@@ -1113,6 +1122,7 @@ impl Drop for QpInner {
             if let Some(s) = d.qps.get_mut(slot as usize) {
                 *s = None;
             }
+            d.qp_slots.remove(&qpn);
             if let Err(e) = d.engine.destroy_qp(qpn) {
                 tracing::warn!(error = %e, "destroy_qp failed");
             }
@@ -1234,13 +1244,34 @@ impl Qp {
         }
     }
 
+    /// Room for WRs on a queue of granted depth `max` whose outstanding count is `out` ([`WrCredits`]) and whose
+    /// ring has `ring_free` free entries. When the count says full, the pass may not yet have given back the slots
+    /// of WRs the engine retired without a completion of theirs being published (unsignaled WRs, a reset QP): the
+    /// engine is asked once (under the progress lock, on this slow path only) before the post is refused.
+    /// `wanted`: the WRs of the chain.
+    fn room(&self, out: &AtomicU32, max: u32, ring_free: usize, wanted: usize) -> usize {
+        let free = |o: &AtomicU32| max.saturating_sub(o.load(Ordering::Acquire)) as usize;
+        let mut f = free(out);
+        if f < wanted {
+            let slot = self.inner.slot;
+            let _ = self.ctx().call(move |d| d.release_credits(slot));
+            f = free(out);
+        }
+        f.min(ring_free)
+    }
+
     /// `ibv_post_send` of a chain: every WR is copied into the send ring, then **one** doorbell is rung; in
     /// [`ProgressMode::Caller`] this thread then runs a pass (crate docs, "Progress"). All or nothing: on error
     /// nothing was posted.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let cap = self.inner.cap;
         let mut ring = self.inner.sq.lock().unwrap_or_else(|p| p.into_inner());
-        let free = ring.slots();
+        let free = self.room(
+            &self.inner.credits.sq,
+            cap.max_send_wr,
+            ring.slots(),
+            wrs.len(),
+        );
         if free < wrs.len() {
             return Err(PostError::QueueFull {
                 free,
@@ -1262,6 +1293,10 @@ impl Qp {
             // Room was checked under the lock; the SGE ring has room for every entry's SGEs.
             ring.push(wqe, wr.sg_list)?;
         }
+        self.inner
+            .credits
+            .sq
+            .fetch_add(wrs.len() as u32, Ordering::AcqRel);
         drop(ring);
         self.ctx().shared().ring(
             self.ctx().inner.dev,
@@ -1280,7 +1315,12 @@ impl Qp {
         }
         let cap = self.inner.cap;
         let mut ring = self.inner.rq.lock().unwrap_or_else(|p| p.into_inner());
-        let free = ring.slots();
+        let free = self.room(
+            &self.inner.credits.rq,
+            cap.max_recv_wr,
+            ring.slots(),
+            wrs.len(),
+        );
         if free < wrs.len() {
             return Err(PostError::QueueFull {
                 free,
@@ -1296,6 +1336,10 @@ impl Qp {
         for wr in wrs {
             ring.push(RecvWqe::from_wr(wr)?, wr.sg_list)?;
         }
+        self.inner
+            .credits
+            .rq
+            .fetch_add(wrs.len() as u32, Ordering::AcqRel);
         drop(ring);
         self.ctx().shared().ring(
             self.ctx().inner.dev,

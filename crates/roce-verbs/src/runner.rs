@@ -62,9 +62,25 @@
 //!   progress lock) then runs at once instead of after the scheduler preempts the spinning poller (a slice, ~1 ms
 //!   per message of a latency test). For programs that stop calling (a pure RDMA WRITE target, a process blocked elsewhere) an
 //!   **auto-progress** thread takes over after [`RuntimeConfig::auto_progress`] without any caller pass, and steps
-//!   back as soon as callers drive again. Its cost: one wake-up per `auto_progress` period while callers are busy
-//!   (1000/s at the 1 ms default), nothing on the data path; a passive target's first ACK may wait up to that period
-//!   (far below any RC ACK timeout), after which the thread keeps it moving like the Thread mode.
+//!   back as soon as callers drive again. While callers are busy it costs about two wake-ups per `auto_progress`
+//!   period (1000/s at the 1 ms default) if they receive themselves, and a wake-up and a pass per frame nobody
+//!   receives (below); nothing on the data path. A program that stops calling altogether has its first frame
+//!   waiting up to that period (far below any RC ACK timeout), after which the thread keeps it moving like the
+//!   Thread mode.
+//!
+//!   **Frames nobody receives.** While callers are active the auto-progress thread does not just sleep out the
+//!   period: it blocks in `ppoll` on the links' receive descriptors (as an idle driver does). When a frame waits
+//!   and no caller has run a receiving pass (a poll, an event wait) for [`AUTO_RX_LIVE`] — or for
+//!   [`AUTO_RX_POLLING`] while a caller is in a polling loop (its last poll found its CQ empty) — nobody is going
+//!   to take it soon — a program that posts and then spins on memory for the peer's RDMA WRITE (perftest's
+//!   `ib_write_lat`), whose only passes are its posts' (which do not receive) — so the thread runs a pass at once
+//!   ([`RuntimeStats::auto_rx_passes`]): the WRITE lands in microseconds, not after `auto_progress`. A caller that
+//!   polls takes its frames itself; the thread then stays away at least [`AUTO_RX_LIVE`] before it looks again (the
+//!   wait is level-triggered and the frame may still be queued), and the longer callers keep receiving, the longer
+//!   it stays away (doubling up to `auto_progress`): a busy poller (`ib_send_lat`) costs it about two wake-ups per
+//!   period and no pass. A caller blocked in an event wait ([`crate::CompChannel::get_event`]) wakes for the frame
+//!   itself, so the thread leaves it to it too; a program that sleeps in `ibv_get_cq_event` for longer than
+//!   `auto_progress` is not an active caller: the thread blocks as below.
 //! * [`ProgressMode::Thread`]: a progress thread keeps every QP moving (the former engine-thread runtime): posts
 //!   ring a doorbell and wake it if it is parked ([`SleepFlag`]); polls read the CQ ring only.
 //!
@@ -117,7 +133,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::atomic::{AtomicI32, AtomicUsize};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize};
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
@@ -233,6 +249,10 @@ pub struct RuntimeStats {
     /// Readiness waits that ended because a link became readable (a frame arrived), rather than a ring or the
     /// timeout.
     pub readiness_wakeups: AtomicU64,
+    /// Caller mode: passes the auto-progress thread ran while callers were active because a frame waited in a link
+    /// and no caller was receiving (a program spinning on memory for a peer's RDMA WRITE; module docs, "Frames
+    /// nobody receives").
+    pub auto_rx_passes: AtomicU64,
     /// Doorbells rung (one per posted chain).
     pub doorbells: AtomicU64,
     /// Work requests posted (send and receive), counted with their doorbell: `wqes / doorbells` is the average
@@ -273,7 +293,7 @@ impl RuntimeStats {
     /// Every counter by its field name, in declaration order (each read `Relaxed`, so not one instant): what the
     /// stats endpoint and `rocev2 perf --stats` list. A field added to the struct must be added here (the
     /// destructuring below is exhaustive, so the build says so).
-    pub fn counters(&self) -> [(&'static str, u64); 19] {
+    pub fn counters(&self) -> [(&'static str, u64); 20] {
         let RuntimeStats {
             caller_passes,
             thread_passes,
@@ -283,6 +303,7 @@ impl RuntimeStats {
             wakeups,
             readiness_waits,
             readiness_wakeups,
+            auto_rx_passes,
             doorbells,
             wqes,
             flushes,
@@ -305,6 +326,7 @@ impl RuntimeStats {
             ("wakeups", ld(wakeups)),
             ("readiness_waits", ld(readiness_waits)),
             ("readiness_wakeups", ld(readiness_wakeups)),
+            ("auto_rx_passes", ld(auto_rx_passes)),
             ("doorbells", ld(doorbells)),
             ("wqes", ld(wqes)),
             ("flushes", ld(flushes)),
@@ -354,6 +376,17 @@ pub(crate) const NOT_IDLE: u64 = u64::MAX;
 /// Doorbell entry kind bit: the entry names a CQ that was armed (else a QP with new ring entries).
 const DB_CQ_ARM: u64 = 1 << 63;
 
+/// Caller mode: a frame waiting in a link is left to the callers if one of them ran a receiving pass (a poll, an
+/// event wait) less than this long before; otherwise the auto-progress thread receives it at once (module docs,
+/// "Frames nobody receives"). A polling caller's passes come a few µs apart (one `recvmmsg` and a poll of the
+/// engine), so 10 µs tells a poller from a program that has stopped polling.
+pub(crate) const AUTO_RX_LIVE: Duration = Duration::from_micros(10);
+
+/// Caller mode: as [`AUTO_RX_LIVE`] while a caller is in a polling loop (its last poll found its CQ empty): such a
+/// caller polls again, but yields the core between empty polls ([`Shared::poll_idle`]), so on a busy host its
+/// receiving passes can be this far apart; only beyond it does the auto-progress thread take the frame.
+pub(crate) const AUTO_RX_POLLING: Duration = Duration::from_micros(200);
+
 /// Largest doorbell queue (16 bytes per entry: 4 MiB), for configurations with very large `max_qp`/`max_cq`.
 const MAX_DOORBELLS: usize = 1 << 18;
 
@@ -381,6 +414,16 @@ pub(crate) struct Shared {
     pub(crate) clock: Clock,
     /// Engine time (ns) of the last pass an application thread asked for (auto-progress watches it).
     last_caller: AtomicU64,
+    /// Engine time (ns) of the last pass an application thread asked for that receives (a poll's, an event wait's,
+    /// a control verb's; not a post's): auto-progress leaves a waiting frame to callers only while they receive.
+    last_caller_rx: AtomicU64,
+    /// The last [`crate::Cq::poll`] of an application thread found the CQ empty: it is in a polling loop and will
+    /// poll (and receive) again; a poll that returns completions clears it (the program goes on to something else,
+    /// maybe spinning on memory).
+    caller_polling: AtomicBool,
+    /// Application threads blocked in a readiness wait on this group's links ([`crate::CompChannel::get_event`]):
+    /// they wake for a frame themselves.
+    caller_waiters: AtomicUsize,
     /// A holder stopped at `max_rounds` with `missed` still set: the progress thread must run a pass even while
     /// callers are active (Caller mode's auto-progress otherwise stays out of their way).
     handoff: AtomicBool,
@@ -423,6 +466,9 @@ impl Shared {
             cfg,
             clock: Clock::new(),
             last_caller: AtomicU64::new(0),
+            last_caller_rx: AtomicU64::new(0),
+            caller_polling: AtomicBool::new(false),
+            caller_waiters: AtomicUsize::new(0),
             handoff: AtomicBool::new(false),
             next_deadline: AtomicU64::new(u64::MAX),
             stats: RuntimeStats::default(),
@@ -530,6 +576,9 @@ impl Shared {
     pub(crate) fn progress_for(&self, kind: PassKind) -> (bool, bool) {
         let now = self.clock.now();
         self.last_caller.store(now.as_nanos(), Ordering::Relaxed);
+        if matches!(kind, PassKind::Full | PassKind::Poll) {
+            self.last_caller_rx.store(now.as_nanos(), Ordering::Relaxed);
+        }
         let mut work = false;
         let mut k = kind;
         let o = self.group.try_progress(self.cfg.max_rounds, |g| {
@@ -538,6 +587,24 @@ impl Shared {
         });
         self.account(o, true);
         (work, o.passes == 0)
+    }
+
+    /// Caller mode: what a [`crate::Cq::poll`] returns (`got`: completions) — whether the caller stays in its
+    /// polling loop ([`Shared::caller_polling`]). Written only when it changes.
+    pub(crate) fn note_poll(&self, got: bool) {
+        if self.caller_polling.load(Ordering::Relaxed) == got {
+            self.caller_polling.store(!got, Ordering::Relaxed);
+        }
+    }
+
+    /// An application thread starts (`true`) or ends (`false`) a readiness wait on this group's links
+    /// ([`crate::CompChannel::get_event`]): while one waits, the auto-progress thread leaves frames to it.
+    pub(crate) fn caller_waits(&self, waiting: bool) {
+        if waiting {
+            self.caller_waiters.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.caller_waiters.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     fn account(&self, o: Outcome, caller: bool) {
@@ -683,6 +750,18 @@ impl ReadyFds {
     }
 }
 
+/// The WRs outstanding on a QP's send and receive queue: posted (in the runtime's ring or in the engine) and not
+/// yet retired by the engine. A post adds its WRs and is refused (`QueueFull`, `ENOMEM`) when the sum would pass
+/// the granted `max_send_wr` / `max_recv_wr`, as a hardware queue of that depth is full (rxe's provider: its
+/// shared queue's producer meets the consumer; IBTA §11.4.1.1: a post beyond the queue's depth fails). The pass
+/// gives slots back ([`QpSlot::release`]) before it publishes the completion that retires them, so a slot is free
+/// no later than the application can poll its completion.
+#[derive(Debug, Default)]
+pub(crate) struct WrCredits {
+    pub(crate) sq: AtomicU32,
+    pub(crate) rq: AtomicU32,
+}
+
 /// Engine-side state of one QP.
 pub(crate) struct QpSlot {
     pub(crate) qpn: Qpn,
@@ -693,6 +772,14 @@ pub(crate) struct QpSlot {
     pub(crate) recv_cq: u32,
     pub(crate) max_send_wr: u32,
     pub(crate) max_recv_wr: u32,
+    /// Outstanding WRs, shared with the posting side ([`WrCredits`]).
+    credits: Arc<WrCredits>,
+    /// Send / receive WRs moved from the rings into the engine (refused ones included), and how many of those
+    /// have been given back to [`Self::credits`].
+    sq_moved: u64,
+    sq_released: u64,
+    rq_moved: u64,
+    rq_released: u64,
     /// Already waiting in `Device::blocked`.
     blocked: bool,
     /// When a pass last moved send WQEs of this QP into the engine (doorbell batching: send work again within the
@@ -711,6 +798,7 @@ impl QpSlot {
         recv_cq: u32,
         max_send_wr: u32,
         max_recv_wr: u32,
+        credits: Arc<WrCredits>,
     ) -> QpSlot {
         QpSlot {
             qpn,
@@ -721,8 +809,33 @@ impl QpSlot {
             recv_cq,
             max_send_wr,
             max_recv_wr,
+            credits,
+            sq_moved: 0,
+            sq_released: 0,
+            rq_moved: 0,
+            rq_released: 0,
             blocked: false,
             last_send: Instant::ZERO,
+        }
+    }
+
+    /// Gives back to [`WrCredits`] the slots of the WRs the engine has retired since the last call: moved into
+    /// the engine and no longer among its outstanding ones (completed, flushed, or refused at the move).
+    pub(crate) fn release(&mut self, engine: &Engine) {
+        let Some(info) = engine.qp_info(self.qpn) else {
+            return;
+        };
+        let sq_done = self.sq_moved.saturating_sub(info.sq_outstanding as u64);
+        if sq_done > self.sq_released {
+            let n = u32::try_from(sq_done - self.sq_released).unwrap_or(u32::MAX);
+            self.credits.sq.fetch_sub(n, Ordering::AcqRel);
+            self.sq_released = sq_done;
+        }
+        let rq_done = self.rq_moved.saturating_sub(info.rq_outstanding as u64);
+        if rq_done > self.rq_released {
+            let n = u32::try_from(rq_done - self.rq_released).unwrap_or(u32::MAX);
+            self.credits.rq.fetch_sub(n, Ordering::AcqRel);
+            self.rq_released = rq_done;
         }
     }
 }
@@ -801,6 +914,8 @@ pub struct Device {
     pub(crate) engine: Engine,
     pub(crate) link: Box<dyn Link + Send>,
     pub(crate) qps: Vec<Option<QpSlot>>,
+    /// The slot in `qps` of each QPN (a completion names its QP by QPN; [`QpSlot::release`] before publishing it).
+    pub(crate) qp_slots: std::collections::HashMap<Qpn, u32>,
     /// Indexed by the engine's CQ index (`CqHandle.0 - 1`), so [`Engine::poll_ready_cq`] names the slot.
     pub(crate) cqs: Vec<Option<CqSlot>>,
     blocked: VecDeque<u32>,
@@ -852,6 +967,7 @@ impl Device {
             engine,
             link,
             qps: Vec::new(),
+            qp_slots: std::collections::HashMap::new(),
             cqs: Vec::new(),
             blocked: VecDeque::new(),
             cq_pending: VecDeque::new(),
@@ -953,6 +1069,7 @@ impl Device {
             qp.rq.pop();
             moved = true;
             rq_out += 1;
+            qp.rq_moved += 1;
             if let Err(e) = r {
                 tracing::warn!(%qpn, error = %e, "post_recv refused by the engine; completing with LOC_QP_OP_ERR");
                 push_synthetic(
@@ -980,6 +1097,7 @@ impl Device {
             qp.sq.pop();
             moved = true;
             sq_out += 1;
+            qp.sq_moved += 1;
             self.batch_wqes = self.batch_wqes.saturating_add(1);
             if let Err(e) = r {
                 tracing::warn!(%qpn, error = %e, "post_send refused by the engine; completing with LOC_QP_OP_ERR");
@@ -1007,7 +1125,17 @@ impl Device {
             qp.blocked = true;
             self.blocked.push_back(slot);
         }
+        // WRs the engine refused are retired already (their completions are published later in this pass).
+        qp.release(&self.engine);
         moved
+    }
+
+    /// [`QpSlot::release`] of QP `slot` (the posting side found its queue full: completions may have retired WRs
+    /// without a pass having given their slots back yet, e.g. unsignaled WRs, or a QP reset).
+    pub(crate) fn release_credits(&mut self, slot: u32) {
+        if let Some(Some(qp)) = self.qps.get_mut(slot as usize) {
+            qp.release(&self.engine);
+        }
     }
 
     /// Hands every WR the application has posted (on any QP) to the engine, as far as its queues have room
@@ -1096,6 +1224,20 @@ impl Device {
                 break;
             }
             let got = self.engine.poll_cq(cq.handle, &mut self.wc_buf[..room]);
+            // The slots these completions retire are free before the application can see them (`WrCredits`).
+            let mut last = None;
+            for wc in &self.wc_buf[..got] {
+                if last != Some(wc.qp_num) {
+                    last = Some(wc.qp_num);
+                    if let Some(Some(qp)) = self
+                        .qp_slots
+                        .get(&wc.qp_num)
+                        .and_then(|&i| self.qps.get_mut(i as usize))
+                    {
+                        qp.release(&self.engine);
+                    }
+                }
+            }
             for wc in &self.wc_buf[..got] {
                 // Cannot fail: at most `slots()` entries are pushed.
                 let _ = cq.ring.push(*wc);
@@ -1465,6 +1607,13 @@ pub(crate) fn idle_step(shared: &Shared, now: Instant, idle: Duration, readiness
     Idle::Sleep(sleep)
 }
 
+/// Caller mode, callers active, a frame waiting: whether the callers will receive it themselves, so the
+/// auto-progress thread leaves it to them (module docs, "Frames nobody receives"): a caller ran a receiving pass
+/// `rx_age` ago, and `polling` says whether it is in a polling loop (its last poll found its CQ empty).
+fn callers_take_it(rx_age: Duration, polling: bool) -> bool {
+    rx_age < AUTO_RX_LIVE || (polling && rx_age < AUTO_RX_POLLING)
+}
+
 /// The progress thread (Thread mode) or auto-progress thread (Caller mode). Returns when `shared.stop` is set.
 pub(crate) fn run_thread(shared: Arc<Shared>) {
     let cfg = shared.cfg.clone();
@@ -1477,6 +1626,10 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
     let clock = shared.clock;
     let mut last_work = clock.now();
     let mut fds = [0 as RawFd; MAX_WAIT_FDS];
+    // Caller mode, callers active (module docs, "Frames nobody receives"): the thread watches the links' descriptors
+    // from `watch_at` on; `backoff` is how long it last stayed away because callers were receiving themselves.
+    let mut watch_at = Instant::ZERO;
+    let mut backoff = Duration::ZERO;
     while !shared.stop.load(Ordering::Acquire) {
         let now = clock.now();
         if cfg.progress == ProgressMode::Caller {
@@ -1488,8 +1641,63 @@ pub(crate) fn run_thread(shared: Arc<Shared>) {
             // lock; only a holder that gave up (`handoff`) needs this thread while callers are active.
             if since_caller < after && !shared.handoff.swap(false, Ordering::SeqCst) {
                 // Callers are driving: stay out of their way, look again when they might have stopped (or when a
-                // hand-off or the shutdown rings).
-                shared.thread_wait(&[], after - since_caller);
+                // hand-off or the shutdown rings) — but watch the links meanwhile (module docs, "Frames nobody
+                // receives"): a frame that arrives while no caller is receiving is taken at once.
+                let left = after - since_caller;
+                // Not watching (callers were receiving themselves at the last look): wait until the back-off
+                // ends, then look again.
+                let pause = watch_at.saturating_duration_since(now);
+                let ready = if pause.is_zero() {
+                    shared.ready_fds(&mut fds)
+                } else {
+                    None
+                };
+                let Some(n) = ready else {
+                    let d = if pause.is_zero() { AUTO_RX_LIVE } else { pause };
+                    shared.thread_wait(&[], left.min(d));
+                    last_work = clock.now();
+                    continue;
+                };
+                if !shared.thread_wait(&fds[..n], left).readable {
+                    last_work = clock.now();
+                    continue;
+                }
+                let t = clock.now();
+                let rx_age = t.saturating_duration_since(Instant::from_nanos(
+                    shared.last_caller_rx.load(Ordering::Relaxed),
+                ));
+                if shared.caller_waiters.load(Ordering::SeqCst) > 0
+                    || callers_take_it(rx_age, shared.caller_polling.load(Ordering::Relaxed))
+                {
+                    // A caller is polling (its receiving passes come this close together, or it is in a polling
+                    // loop whose yields leave longer gaps): it takes the frame.
+                    // Do not look again at once (the wait is level-triggered; the frame may still be queued), and
+                    // the longer callers keep receiving themselves, the less often (doubling, up to the
+                    // auto-progress period): a busy poller costs this thread about what it did before.
+                    backoff = (backoff * 2).clamp(AUTO_RX_LIVE, after);
+                    watch_at = t.saturating_add(backoff);
+                    last_work = t;
+                    continue;
+                }
+                // Nobody receives (a program spinning on memory for a peer's RDMA WRITE, ib_write_lat): this
+                // thread does, now.
+                let mut work = false;
+                let o = shared.group.try_progress_idle(cfg.max_rounds, |g| {
+                    work |= pass(&shared, g, PassKind::Full)
+                });
+                shared.account(o, false);
+                shared
+                    .stats
+                    .auto_rx_passes
+                    .fetch_add(u64::from(o.passes), Ordering::Relaxed);
+                // Watch again at once; but a readable descriptor that yields nothing (an error condition the pass
+                // reported, or a caller took the frame meanwhile) must not turn this into a busy loop.
+                backoff = Duration::ZERO;
+                watch_at = if work {
+                    t
+                } else {
+                    clock.now().saturating_add(AUTO_RX_LIVE)
+                };
                 last_work = clock.now();
                 continue;
             }
@@ -1551,6 +1759,20 @@ mod tests {
 
     use super::*;
     use crate::*;
+
+    #[test]
+    fn auto_progress_leaves_a_frame_to_a_receiving_or_polling_caller_only() {
+        let us = Duration::from_micros;
+        // A caller that received just now takes it, polling or not.
+        assert!(callers_take_it(us(5), false));
+        assert!(callers_take_it(us(5), true));
+        // A caller in a polling loop whose yields leave a 50 µs gap still takes it (ib_send_lat on a busy host) ...
+        assert!(callers_take_it(us(50), true));
+        // ... but not one that stopped polling (spinning on memory for a WRITE: ib_write_lat) ...
+        assert!(!callers_take_it(us(50), false));
+        // ... nor a poller that has not received for longer than AUTO_RX_POLLING (starved: the thread helps).
+        assert!(!callers_take_it(AUTO_RX_POLLING, true));
+    }
 
     /// What [`HoldsPieces`] saw: gathered frames queued and not yet flushed, and whether it has panicked.
     #[derive(Default)]

@@ -11,7 +11,7 @@ use roce_link::{Instant, Link, LinkCaps, LinkError, UdpLink, UdpStats};
 /// A copy of a [`UdpLink`]'s counters, readable from any thread (values may lag by one burst).
 #[derive(Debug, Default)]
 pub struct SharedUdpStats {
-    values: [AtomicU64; 15],
+    values: [AtomicU64; 16],
 }
 
 impl SharedUdpStats {
