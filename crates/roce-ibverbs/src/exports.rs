@@ -1423,6 +1423,27 @@ unsafe fn rocev2_ibv_reg_mr_iova2_inner(
     }
 }
 
+/// The access bits of `ibv_reg_mr` / `ibv_rereg_mr` the engine keeps, for memory `addr..addr + length`: the
+/// optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB (0x80) is
+/// a hint. Errors: `EOPNOTSUPP` (ZERO_BASED, ON_DEMAND or unknown bits), `EFAULT` (the memory is not mapped, or not
+/// writable for an access the engine writes with). Any `iova` is fine: SGEs and peers then name the memory by
+/// `iova + offset` (ibv_reg_mr(3)).
+pub(crate) fn mr_access_checked(
+    addr: *mut c_void,
+    length: usize,
+    access: u32,
+) -> Result<u32, c_int> {
+    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
+    if access & !IBV_ACCESS_SUPPORTED != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
+    if !pinnable(addr as usize, length, access & 0xb != 0) {
+        return Err(libc::EFAULT);
+    }
+    Ok(access)
+}
+
 /// Registers `[addr, addr + length)` on `p` with the checks of `ibv_reg_mr` (an errno on failure).
 ///
 /// # Safety
@@ -1435,17 +1456,7 @@ unsafe fn reg_checked(
     iova: u64,
     access: u32,
 ) -> Result<roce_verbs::Mr, c_int> {
-    // The optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB
-    // (0x80) is a hint. ZERO_BASED / ON_DEMAND are not supported. Any `iova` is: SGEs and peers then name the
-    // memory by `iova + offset` (ibv_reg_mr(3)).
-    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
-    if access & !IBV_ACCESS_SUPPORTED != 0 {
-        return Err(libc::EOPNOTSUPP);
-    }
-    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
-    if !pinnable(addr as usize, length, access & 0xb != 0) {
-        return Err(libc::EFAULT);
-    }
+    let access = mr_access_checked(addr, length, access)?;
     // SAFETY: per the contract.
     unsafe {
         p.rust

@@ -44,7 +44,10 @@
 //! * `tests/c/forkclose.c` with the device on 127.0.201.7: a forked child that closes the device leaves the
 //!   parent's stats endpoint in place.
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.7, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/rereg.c` with the device on 127.0.201.61: `ibv_rereg_mr` in place (keys kept through access, PD and
+//!   translation changes; posted receives the change no longer covers fail with `LOC_PROT_ERR`/`REM_OP_ERR`).
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.7, 127.0.201.16, 127.0.201.61 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -176,5 +179,14 @@ fn a_forked_child_closing_the_device_leaves_the_parent_alone() {
         Some("127.0.201.7"),
         &[("ROCEV2_RUN_DIR", rd.as_str())],
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ibv_rereg_mr` keeps the MR's keys and applies its new access, PD and translation to the next access
+/// (`tests/c/rereg.c`; rdma-core `tests/test_mr.py` `test_mr_rereg_*`).
+#[test]
+fn c_program_reregistering_an_mr_keeps_its_keys() {
+    let (prog, dir) = build("rereg");
+    run(&prog, &dir, "loop", Some("127.0.201.61"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -907,6 +907,58 @@ impl Mr {
         }
     }
 
+    /// `ibv_rereg_mr` in place ([`Engine::rereg_mr`](roce_proto::Engine::rereg_mr)): the MR keeps its keys and
+    /// gets the PD `pd`, the access `access` and, with `translation` = `Some((region, iova))`, that memory at
+    /// virtual address `iova`. Returns the new handle; this one and its clones then act as deregistered (their
+    /// copies fail, dropping them deregisters nothing). Work posted before the call counts (WQEs not yet started
+    /// that the new PD or memory no longer covers fail with a protection error). Errors: `InvalidArgument` (a PD of
+    /// another context, or this handle no longer registered), the engine's (`InvalidArgument` as `reg_mr`), the
+    /// runtime's (a dead context); on error the MR is unchanged.
+    pub(crate) fn rereg_region(
+        &self,
+        pd: &Pd,
+        access: AccessFlags,
+        translation: Option<(Arc<crate::memory::Region>, u64)>,
+    ) -> Result<Mr, Error> {
+        if !Arc::ptr_eq(&pd.inner.ctx.inner, &self.inner.pd.inner.ctx.inner) {
+            return Err(Error::InvalidArgument("PD of another context"));
+        }
+        let lkey = self.lkey();
+        let pdh = pd.inner.handle;
+        let (region, mem) = match &translation {
+            Some((r, iova)) => (
+                Arc::clone(r),
+                Some((
+                    MrBuffer::new(crate::memory::SharedMemory(Arc::clone(r))),
+                    *iova,
+                )),
+            ),
+            None => (Arc::clone(&self.inner.region), None),
+        };
+        // Held until `registered` is cleared, as in `dereg`: a clone's copy finishes before the memory changes.
+        let guard = self.inner.region.app_write();
+        self.registered_ok()?;
+        let r = self.inner.pd.inner.ctx.call(move |d| {
+            d.drain_all_posted();
+            d.engine
+                .rereg_mr(lkey, pdh, access, mem)
+                .map(|(info, _old)| info)
+        })?;
+        let info = r?;
+        self.inner.registered.store(false, Ordering::Release);
+        drop(guard);
+        Ok(Mr {
+            inner: Arc::new(MrInner {
+                pd: pd.clone(),
+                info,
+                huge: region.is_huge(),
+                access,
+                region,
+                registered: AtomicBool::new(true),
+            }),
+        })
+    }
+
     /// `ibv_dereg_mr` with the kernel's semantics (the C library's): succeeds while WRs name the MR. Their QPs go
     /// to ERR, the first WR naming the MR completing with `LocProtErr` ([`Engine::dereg_mr_invalidate`]
     /// (roce_proto::Engine::dereg_mr_invalidate)); the key is dead at once, and the engine never touches the
