@@ -241,8 +241,6 @@ struct CqBlock {
     /// reference the library holds.
     cq: UnsafeCell<IbvCq>,
     rust: roce_verbs::Cq,
-    /// The depth the CQ was created with (`ibv_create_cq`'s `cqe`).
-    depth: u32,
     /// Completion events `ibv_get_cq_event` handed out for this CQ (counted under the channel's `cqs` lock):
     /// `ibv_destroy_cq` waits until `comp_events_completed` has caught up (ibv_get_cq_event(3)).
     events_handed: AtomicU32,
@@ -1615,7 +1613,6 @@ unsafe fn rocev2_ibv_create_cq_inner(
     };
     let id = cq.id();
     let b = into_raw(CqBlock {
-        depth,
         cq: UnsafeCell::new(IbvCq {
             context: ctx,
             channel,

@@ -45,7 +45,8 @@
 //!   parent's stats endpoint in place.
 //!
 //! * `tests/c/rereg.c` with the device on 127.0.201.61: `ibv_rereg_mr` in place (keys kept through access, PD and
-//!   translation changes; posted receives the change no longer covers fail with `LOC_PROT_ERR`/`REM_OP_ERR`).
+//!   translation changes; posted receives the change no longer covers fail with `LOC_PROT_ERR`/`REM_OP_ERR`) and
+//!   `ibv_resize_cq` with completions queued (`EINVAL` below their number, kept in order otherwise).
 //!
 //! Binds UDP 4791 on 127.0.201.1 to 127.0.201.7, 127.0.201.16, 127.0.201.61 and ::1 (run under the network lock with the other loopback tests).
 
@@ -183,7 +184,7 @@ fn a_forked_child_closing_the_device_leaves_the_parent_alone() {
 }
 
 /// `ibv_rereg_mr` keeps the MR's keys and applies its new access, PD and translation to the next access
-/// (`tests/c/rereg.c`; rdma-core `tests/test_mr.py` `test_mr_rereg_*`).
+/// (`tests/c/rereg.c`; rdma-core `tests/test_mr.py` `test_mr_rereg_*`); `ibv_resize_cq` keeps queued completions.
 #[test]
 fn c_program_reregistering_an_mr_keeps_its_keys() {
     let (prog, dir) = build("rereg");

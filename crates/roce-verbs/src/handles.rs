@@ -1049,6 +1049,47 @@ pub struct Cq {
 }
 
 impl Cq {
+    /// `ibv_resize_cq`: the CQ holds `depth` completions from now on (grown or shrunk; its ring between the passes
+    /// and [`poll`](Self::poll) too), keeping every completion queued, in order ([`Engine::resize_cq`]
+    /// (roce_proto::Engine::resize_cq)). Errors (nothing changed): `InvalidArgument` for `depth` outside
+    /// 1..=`max_cqe` or below the completions queued (rxe `rxe_cq_chk_attr`), the runtime's (a dead context).
+    pub fn resize(&self, depth: u32) -> Result<(), Error> {
+        let mut ring = self.inner.ring.lock().unwrap_or_else(|p| p.into_inner());
+        // A one-entry stand-in while the device thread moves the queued completions into the new ring.
+        let (_, standin) = rtrb::RingBuffer::<Wc>::new(1);
+        let mut old = std::mem::replace(&mut *ring, standin);
+        let (h, slot) = (self.inner.handle, self.inner.slot);
+        let r = self.inner.ctx.call(move |d| {
+            let Some(Some(s)) = d.cqs.get_mut(slot as usize) else {
+                return Err((old, Error::InvalidArgument("CQ destroyed")));
+            };
+            let held = old.slots() + s.synthetic.len();
+            if let Err(e) = d.engine.resize_cq(h, depth, held) {
+                return Err((old, Error::Resource(e)));
+            }
+            // Sized only once the engine accepted `depth` (as `create_cq`).
+            let (mut prod, cons) = rtrb::RingBuffer::<Wc>::new(depth as usize);
+            while let Ok(wc) = old.pop() {
+                // Fits: the engine checked `depth` against everything queued.
+                let _ = prod.push(wc);
+            }
+            s.ring = prod;
+            Ok(cons)
+        });
+        match r {
+            Ok(Ok(cons)) => {
+                *ring = cons;
+                Ok(())
+            }
+            Ok(Err((old, e))) => {
+                *ring = old;
+                Err(e)
+            }
+            // The call never ran (a dead context): the closure and the old consumer are gone with it.
+            Err(e) => Err(e),
+        }
+    }
+
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many (0 = empty, not an error,
     /// `STYLE.md` V6). Reads the CQ ring first (no progress lock); in [`ProgressMode::Caller`] an empty ring makes
     /// this thread run a pass (receive, process, complete) and read again. Concurrent pollers of one CQ serialise

@@ -265,10 +265,9 @@ unsafe fn rocev2_ibv_rereg_mr_inner(
     0
 }
 
-/// `ibv_resize_cq(cq, cqe)`: 0 or an errno. The CQ's ring keeps the depth it was created with: a request it
-/// already satisfies succeeds and leaves `cq->cqe` at that depth (ibv_resize_cq(3): the CQ "will have at least"
-/// `cqe` entries); growing it is `EOPNOTSUPP`, as a provider without resize answers (rdma-core `dummy_ops.c`).
-/// `cqe` < 1 is `EINVAL`.
+/// `ibv_resize_cq(cq, cqe)`: 0 or an errno. The CQ holds exactly `cqe` completions from then on, grown or shrunk,
+/// keeping those queued, and `cq->cqe` says so (ibv_resize_cq(3): "at least" `cqe`). `EINVAL` for `cqe` outside
+/// 1..=`max_cqe` or below the completions not yet polled (rxe `rxe_cq.c` `rxe_cq_chk_attr`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
     // SAFETY: forwarded under the caller's contract.
@@ -284,15 +283,20 @@ unsafe fn rocev2_ibv_resize_cq_inner(cq: *mut IbvCq, cqe: c_int) -> c_int {
     let Some(c) = (unsafe { live_block::<CqBlock, _>(cq, Kind::Cq) }) else {
         return libc::EINVAL;
     };
-    if cqe < 1 {
+    let Ok(depth) = u32::try_from(cqe) else {
+        return libc::EINVAL;
+    };
+    if depth == 0 {
         return libc::EINVAL;
     }
-    if cqe as u32 > c.depth {
-        return libc::EOPNOTSUPP;
+    match c.rust.resize(depth) {
+        Ok(()) => {
+            // SAFETY: our CQ's C part (UnsafeCell): the program reads `cqe` after the call.
+            unsafe { (*c.cq.get()).cqe = cqe };
+            0
+        }
+        Err(e) => e.errno(),
     }
-    // SAFETY: our CQ's C part (UnsafeCell): the program reads `cqe` after the call.
-    unsafe { (*c.cq.get()).cqe = c.depth as c_int };
-    0
 }
 
 /// The 40-byte GRH area at the start of a UD receive buffer (`struct ibv_grh`): an IPv6 header, or for RoCE v2

@@ -9,13 +9,16 @@
  *    on a QP of the old PD; back in the QP's PD the traffic works again;
  *  - a change of translation succeeds while a posted receive names the old memory; that receive fails the same
  *    way; after the QPs are reset and reconnected, SENDs and RDMA WRITEs land in the new memory, the old memory is
- *    never written again.
+ *    never written again;
+ *  - ibv_resize_cq with completions queued: below their number it is EINVAL, at it and above it keeps them all, in
+ *    order, and cq->cqe follows (rxe rxe_cq_chk_attr; rdma-core tests/test_cq.py test_resize_cq).
  * Prints every failed check, "ok" and exits 0 when all pass. */
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -184,6 +187,20 @@ int main(void)
 	CHECK(post_send(a, IBV_WR_RDMA_WRITE, src, smr->lkey, (uintptr_t)buf, rkey) == 0);
 	CHECK(status_of(acq, 1) == IBV_WC_REM_ACCESS_ERR);
 	CHECK(buf[0] == 's');
+
+	/* ibv_resize_cq with five completions queued (after the refused WRITE the QPs are in ERR: reconnect). */
+	CHECK(connect_pair(a, b, gid) == 0);
+	for (int i = 0; i < 5; i++)
+		CHECK(post_send(a, IBV_WR_RDMA_WRITE, src, smr->lkey, (uintptr_t)buf2, rkey) == 0 || i < 0);
+	usleep(500 * 1000); /* the five complete (over loopback, in well under a millisecond) */
+	CHECK(ibv_resize_cq(acq, 4) == EINVAL && acq->cqe == 64);
+	CHECK(ibv_resize_cq(acq, 5) == 0 && acq->cqe == 5);
+	CHECK(ibv_resize_cq(acq, 4) == EINVAL && acq->cqe == 5);
+	struct ibv_wc wc[8];
+	CHECK(ibv_poll_cq(acq, 8, wc) == 5);
+	CHECK(wc[0].status == IBV_WC_SUCCESS && wc[4].status == IBV_WC_SUCCESS && wc[4].opcode == IBV_WC_RDMA_WRITE);
+	CHECK(ibv_resize_cq(acq, 4) == 0 && acq->cqe == 4);
+	CHECK(ibv_resize_cq(acq, 100000000) == EINVAL && acq->cqe == 4);
 
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0 && ibv_dereg_mr(smr) == 0);
