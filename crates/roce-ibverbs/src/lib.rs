@@ -42,8 +42,8 @@
 //! `ibv_port_state_str`, `ibv_event_type_str` and the rate conversions (answers equal to Debian's, tested),
 //! `ibv_fork_init` / `ibv_is_fork_initialized` (`IBV_FORK_UNNEEDED`: no pinned pages), `ibv_query_gid_table`,
 //! `ibv_query_qp_data_in_order` (0: byte order within a packet's copy is not guaranteed), `ibv_reg_mr_iova`,
-//! `ibv_rereg_mr` (translation, PD and access), `ibv_resize_cq` (within the created depth; growing is
-//! `EOPNOTSUPP`), `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc` (IPv4 and IPv6 GRH areas),
+//! `ibv_rereg_mr` (translation, PD and access, in place: the keys stay), `ibv_resize_cq` (grows and shrinks, keeping
+//! queued completions), `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc` (IPv4 and IPv6 GRH areas),
 //! and asynchronous events: the engine's QP fatal / request / access errors, COMM_EST, SQ_DRAINED, CQ error and
 //! port events reach `ibv_get_async_event` of the context that owns the object (port events: every context), the
 //! context's `async_fd` is readable while one waits (`O_NONBLOCK`: `EAGAIN`; a handler without `SA_RESTART`:
