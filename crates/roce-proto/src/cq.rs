@@ -78,3 +78,18 @@ impl crate::engine::Engine {
         Ok(())
     }
 }
+
+impl crate::engine::Engine {
+    /// Removes the completions of QP `qpn` still queued on CQ `cq` (for a QP moved to RESET, as the mlx5 provider's
+    /// `mlx5_cq_clean` does in rdma-core `providers/mlx5/verbs.c`: a program that resets a QP in ERR and
+    /// reconnects it does not then poll the flushed completions of its previous life). Returns how many went;
+    /// 0 for a dead CQ. Control path.
+    pub fn clean_cq(&mut self, cq: CqHandle, qpn: crate::Qpn) -> usize {
+        let Some(c) = self.cq_mut(cq) else {
+            return 0;
+        };
+        let before = c.ring.len();
+        c.ring.retain(|wc| wc.qp_num != qpn);
+        before - c.ring.len()
+    }
+}

@@ -1407,7 +1407,46 @@ impl Qp {
         let (qpn, attr) = (self.qpn(), *attr);
         self.ctx()
             .call(move |d| d.engine.modify_qp(qpn, &attr, mask))??;
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            self.clean_cqs();
+        }
         Ok(())
+    }
+
+    /// After a move to RESET: the QP's completions still queued on its CQs (engine CQ, the runtime ring, the
+    /// runtime's own completions) are removed, the others kept in order ([`Engine::clean_cq`]
+    /// (roce_proto::Engine::clean_cq), as mlx5's `mlx5_cq_clean`). The rings are locked in slot order.
+    fn clean_cqs(&self) {
+        let qpn = self.qpn();
+        let (s, r) = (&self.inner.send_cq.inner, &self.inner.recv_cq.inner);
+        let mut cqs = vec![s];
+        if !Arc::ptr_eq(s, r) {
+            cqs.push(r);
+        }
+        cqs.sort_by_key(|c| c.slot);
+        let mut rings: Vec<_> = cqs
+            .iter()
+            .map(|c| c.ring.lock().unwrap_or_else(|p| p.into_inner()))
+            .collect();
+        let _ = self.ctx().call(|d| {
+            for (c, ring) in cqs.iter().zip(rings.iter_mut()) {
+                d.engine.clean_cq(c.handle, qpn);
+                let Some(Some(slot)) = d.cqs.get_mut(c.slot as usize) else {
+                    continue;
+                };
+                slot.synthetic.retain(|wc| wc.qp_num != qpn);
+                // The device thread is not producing now: take everything, give back the others in order (they
+                // fit: the ring held them).
+                let n = ring.slots();
+                for _ in 0..n {
+                    if let Ok(wc) = ring.pop()
+                        && wc.qp_num != qpn
+                    {
+                        let _ = slot.ring.push(wc);
+                    }
+                }
+            }
+        });
     }
 
     /// `ibv_query_qp`.

@@ -10,6 +10,8 @@
  *  - a change of translation succeeds while a posted receive names the old memory; that receive fails the same
  *    way; after the QPs are reset and reconnected, SENDs and RDMA WRITEs land in the new memory, the old memory is
  *    never written again;
+ *  - moving a QP to RESET removes its completions still queued on its CQ (as mlx5's mlx5_cq_clean; pyverbs'
+ *    test_mr_rereg_* reset the QPs after a failure and must not poll the flushes of before);
  *  - ibv_resize_cq with completions queued: below their number it is EINVAL, at it and above it keeps them all, in
  *    order, and cq->cqe follows (rxe rxe_cq_chk_attr; rdma-core tests/test_cq.py test_resize_cq).
  * Prints every failed check, "ok" and exits 0 when all pass. */
@@ -187,6 +189,15 @@ int main(void)
 	CHECK(post_send(a, IBV_WR_RDMA_WRITE, src, smr->lkey, (uintptr_t)buf, rkey) == 0);
 	CHECK(status_of(acq, 1) == IBV_WC_REM_ACCESS_ERR);
 	CHECK(buf[0] == 's');
+
+	/* RESET cleans the QP's completions off its CQ. */
+	CHECK(post_recv(b, buf2, lkey) == 0 && post_recv(b, buf2, lkey) == 0);
+	struct ibv_qp_attr err = {.qp_state = IBV_QPS_ERR};
+	CHECK(ibv_modify_qp(b, &err, IBV_QP_STATE) == 0);
+	usleep(200 * 1000);
+	CHECK(modify(b, IBV_QPS_RESET, 0, gid) == 0);
+	struct ibv_wc none;
+	CHECK(ibv_poll_cq(bcq, 1, &none) == 0);
 
 	/* ibv_resize_cq with five completions queued (after the refused WRITE the QPs are in ERR: reconnect). */
 	CHECK(connect_pair(a, b, gid) == 0);
