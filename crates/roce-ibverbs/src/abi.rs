@@ -87,6 +87,8 @@ pub struct VerbsContextHead {
 /// Slot index of `verbs_context.query_port` (offset 0) and `.query_device_ex` (offset 216).
 pub const VCTX_QUERY_PORT: usize = 0;
 pub const VCTX_QUERY_DEVICE_EX: usize = 216 / 8;
+/// `verbs_context.create_cq_ex` (vctx offset 200, `ABI.md` §4.2).
+pub const VCTX_CREATE_CQ_EX: usize = 200 / 8;
 /// `sizeof(struct verbs_context)`, the `sz` of a context that offers every slot it sets.
 pub const VERBS_CONTEXT_SIZE: usize = 648;
 /// `__VERBS_ABI_IS_EXTENDED`, the `abi_compat` value of an extended context.

@@ -29,6 +29,7 @@ use roce_verbs::{
 use crate::abi::*;
 
 mod async_events;
+mod cq_ex;
 mod extended;
 mod live;
 mod misc_verbs;
@@ -240,6 +241,12 @@ struct CqBlock {
     /// The program writes `cq_context`, and `ibv_ack_cq_events` the mutex, condition and event count, behind any
     /// reference the library holds.
     cq: UnsafeCell<IbvCq>,
+    /// The rest of `struct ibv_cq_ex` (right after `cq`: the C struct continues here; `exports/cq_ex.rs`).
+    ex: UnsafeCell<cq_ex::CqExTail>,
+    /// The completion an `ibv_cq_ex` poll took last (read by `ibv_wc_read_*`), under `polling`.
+    cur: UnsafeCell<IbvWc>,
+    /// The `ibv_cq_ex` poll lock: held from a successful `ibv_start_poll` to `ibv_end_poll`.
+    polling: AtomicBool,
     rust: roce_verbs::Cq,
     /// Completion events `ibv_get_cq_event` handed out for this CQ (counted under the channel's `cqs` lock):
     /// `ibv_destroy_cq` waits until `comp_events_completed` has caught up (ibv_get_cq_event(3)).
@@ -1624,6 +1631,9 @@ unsafe fn rocev2_ibv_create_cq_inner(
             comp_events_completed: 0,
             async_events_completed: 0,
         }),
+        ex: UnsafeCell::new(cq_ex::CqExTail::NONE),
+        cur: UnsafeCell::new(IbvWc::default()),
+        polling: AtomicBool::new(false),
         rust: cq,
         users: AtomicU32::new(0),
         events_handed: AtomicU32::new(0),
