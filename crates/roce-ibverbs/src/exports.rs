@@ -33,6 +33,7 @@ mod cq_ex;
 mod extended;
 mod live;
 mod misc_verbs;
+mod qp_ex;
 mod signals;
 mod srq;
 
@@ -262,6 +263,12 @@ struct CqBlock {
 struct QpBlock {
     /// `ibv_modify_qp` writes `state`, the program `qp_context`, behind any reference the library holds.
     qp: UnsafeCell<IbvQp>,
+    /// The rest of `struct ibv_qp_ex` (right after `qp`: the C struct continues here; `exports/qp_ex.rs`).
+    ex: UnsafeCell<qp_ex::QpExTail>,
+    /// The WRs of an `ibv_wr_start` … `ibv_wr_complete` sequence, under `building`.
+    batch: UnsafeCell<qp_ex::WrBatch>,
+    /// The `ibv_qp_ex` builder lock: held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`.
+    building: AtomicBool,
     rust: roce_verbs::Qp,
     sq_sig_all: bool,
     /// The PD and CQs (`ibv_pd *` / `ibv_cq *`) this QP counts as a user of: the library's own record, not the
@@ -543,7 +550,6 @@ macro_rules! unsupported_ptr {
 unsupported_ptr!(
     rocev2__verbs_init_and_alloc_context,
     rocev2_verbs_open_device,
-    rocev2_ibv_qp_to_qp_ex,
 );
 
 /// `verbs_allow_disassociate_destroy` (a 1-byte data object read by libmlx5).
@@ -2025,6 +2031,9 @@ unsafe fn rocev2_ibv_create_qp_inner(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -
             cond: [0; 6],
             events_completed: 0,
         }),
+        ex: UnsafeCell::new(qp_ex::QpExTail::NONE),
+        batch: UnsafeCell::new(qp_ex::WrBatch::default()),
+        building: AtomicBool::new(false),
         rust: qp,
         sq_sig_all: a.sq_sig_all != 0,
         pd: pd as usize,

@@ -48,7 +48,11 @@
 //!   translation changes; posted receives the change no longer covers fail with `LOC_PROT_ERR`/`REM_OP_ERR`) and
 //!   `ibv_resize_cq` with completions queued (`EINVAL` below their number, kept in order otherwise).
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.7, 127.0.201.16, 127.0.201.61 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/qp_ex.c` with the device on 127.0.201.62: extended QPs and the `ibv_wr_*` post-send API (RC SEND,
+//!   SEND_WITH_IMM inline, RDMA WRITE/READ, atomics, UD with `ibv_wr_set_ud_addr`; rxe's refusals; a batch with an
+//!   operation outside the QP's `send_ops_flags` posts nothing).
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.7, 127.0.201.16, 127.0.201.61, 127.0.201.62 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -189,5 +193,14 @@ fn a_forked_child_closing_the_device_leaves_the_parent_alone() {
 fn c_program_reregistering_an_mr_keeps_its_keys() {
     let (prog, dir) = build("rereg");
     run(&prog, &dir, "loop", Some("127.0.201.61"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ibv_create_qp_ex` with `send_ops_flags` and the `ibv_wr_*` post-send API (`tests/c/qp_ex.c`; rdma-core
+/// `tests/test_qpex.py`).
+#[test]
+fn c_program_posting_with_the_new_post_send_api() {
+    let (prog, dir) = build("qp_ex");
+    run(&prog, &dir, "loop", Some("127.0.201.62"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,8 +1,8 @@
 /* The extended context (struct verbs_context), compiled against the system <infiniband/verbs.h> and run by
  * tests/c_api.rs with the device on $ROCEV2_IBV_IP: ibv_query_device_ex answers with phys_port_cnt_ex 1 and the
  * same orig_attr as ibv_query_device (pyverbs reads phys_port_cnt_ex: 0 before); the inline ibv_query_port goes
- * through the context's query_port slot; ibv_create_qp_ex with only a PD falls back to ibv_create_qp, with more
- * it is EOPNOTSUPP (slot not offered); ibv_create_cq_ex makes an extended CQ (standard wc_flags; time stamps,
+ * through the context's query_port slot; ibv_create_qp_ex with only a PD falls back to ibv_create_qp, with
+ * send_ops_flags this RNIC lacks (memory windows) it is EOPNOTSUPP; ibv_create_cq_ex makes an extended CQ (standard wc_flags; time stamps,
  * IGNORE_OVERRUN and unknown comp_mask bits EOPNOTSUPP, a bad comp_vector EINVAL, as rxe answers) whose
  * ibv_start_poll / ibv_next_poll / ibv_end_poll and ibv_wc_read_* give what ibv_poll_cq gives (here: the flushed
  * receives of a QP moved to ERR), ENOENT when empty. Prints every failed check, "ok" and exits 0 when all pass. */
@@ -83,7 +83,7 @@ int main(void)
 	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &ia);
 	CHECK(qp != NULL && qp->pd == pd);
 	ia.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-	ia.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	ia.send_ops_flags = IBV_QP_EX_WITH_BIND_MW; /* no memory windows (tests/c/qp_ex.c: the rest) */
 	errno = 0;
 	CHECK(ibv_create_qp_ex(ctx, &ia) == NULL && errno == EOPNOTSUPP);
 	/* Extended CQs. */
