@@ -757,6 +757,7 @@ impl Pd {
                 slot,
                 sq: Mutex::new(sqp),
                 rq: Mutex::new(rqp),
+                rq_count: Mutex::new(RqCount::default()),
                 pending,
                 srq: srq.cloned(),
             }),
@@ -796,6 +797,14 @@ impl Drop for MrInner {
         // co-owns the memory meanwhile, so nothing is freed early).
         self.pd.inner.ctx.cast(move |d| d.dereg_or_defer(lkey));
     }
+}
+
+/// A QP's receive-queue occupancy as `Qp::post_recv` bounds it: `known` outstanding at the last exact count,
+/// `since` posted after it.
+#[derive(Debug, Default)]
+struct RqCount {
+    known: u64,
+    since: u64,
 }
 
 /// A memory region (`ibv_mr`) over memory the application owns ([`MrBuf`](crate::MrBuf) or a raw registration).
@@ -1176,6 +1185,8 @@ struct QpInner {
     slot: u32,
     sq: Mutex<WqeProducer<SendWqe>>,
     rq: Mutex<WqeProducer<RecvWqe>>,
+    /// Receive-queue accounting under `rq`'s lock (`Qp::post_recv`).
+    rq_count: Mutex<RqCount>,
     pending: Arc<AtomicBool>,
     /// The SRQ the QP receives from (kept alive by the QP, as the kernel's use count does).
     srq: Option<crate::Srq>,
@@ -1371,6 +1382,43 @@ impl Qp {
                 wanted: wrs.len(),
             });
         }
+        // The ring and the engine's queue hold `max_recv_wr` each: count what is outstanding in both, so a post
+        // beyond `max_recv_wr` is refused as on an RNIC (ibv_post_recv(3): ENOMEM). `known + since` bounds it from
+        // above (completions only lower it); only when that bound says full, the device counts exactly.
+        let mut count = self
+            .inner
+            .rq_count
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let want = wrs.len() as u64;
+        let max = u64::from(cap.max_recv_wr);
+        if count.known + count.since + want > max {
+            let (qpn, slot) = (self.qpn(), self.inner.slot);
+            let exact = self
+                .ctx()
+                .call(move |d| {
+                    let ring = d
+                        .qps
+                        .get(slot as usize)
+                        .and_then(Option::as_ref)
+                        .map_or(0, |s| s.rq.len());
+                    ring as u64 + u64::from(d.engine.rq_len(qpn).unwrap_or(0))
+                })
+                .map_err(|_| PostError::QueueFull {
+                    free: 0,
+                    wanted: wrs.len(),
+                })?;
+            count.known = exact;
+            count.since = 0;
+            if exact + want > max {
+                return Err(PostError::QueueFull {
+                    free: max.saturating_sub(exact) as usize,
+                    wanted: wrs.len(),
+                });
+            }
+        }
+        count.since += want;
+        drop(count);
         if wrs
             .iter()
             .any(|w| w.sg_list.len() > cap.max_recv_sge.max(1) as usize)

@@ -281,18 +281,14 @@ unsafe fn create_qp_ex_inner(ctx: *mut IbvContext, attr: *mut IbvQpInitAttrEx) -
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut IbvQp {
     // SAFETY: forwarded under the caller's contract.
-    crate::guard::guard(
-        "ibv_qp_to_qp_ex",
-        null_mut,
-        || {
-            // SAFETY: QP blocks are `QpBlock`s.
-            match unsafe { live_block::<QpBlock, _>(qp, Kind::Qp) } {
-                // SAFETY: `ops` is written before the QP is handed out and never again.
-                Some(q) if unsafe { (*q.batch.get()).ops } != 0 => qp,
-                _ => null_mut(),
-            }
-        },
-    )
+    crate::guard::guard("ibv_qp_to_qp_ex", null_mut, || {
+        // SAFETY: QP blocks are `QpBlock`s.
+        match unsafe { live_block::<QpBlock, _>(qp, Kind::Qp) } {
+            // SAFETY: `ops` is written before the QP is handed out and never again.
+            Some(q) if unsafe { (*q.batch.get()).ops } != 0 => qp,
+            _ => null_mut(),
+        }
+    })
 }
 
 /// The QP's batch, for a builder call between `ibv_wr_start` and `ibv_wr_complete` / `ibv_wr_abort`.

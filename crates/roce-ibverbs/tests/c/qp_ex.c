@@ -8,7 +8,8 @@
  *    lists, ibv_wr_atomic_fetch_add and ibv_wr_atomic_cmp_swp, several WRs in one ibv_wr_start …
  *    ibv_wr_complete, each completing with the wr_id and flags set in the ibv_qp_ex;
  *  - an operation outside the QP's send_ops_flags makes ibv_wr_complete return EOPNOTSUPP and posts nothing;
- *    ibv_wr_abort posts nothing; a UD QP's ibv_wr_set_ud_addr reaches the peer.
+ *    ibv_wr_abort posts nothing; a UD QP's ibv_wr_set_ud_addr reaches the peer;
+ *  - a receive queue takes exactly max_recv_wr receives, the next ibv_post_recv is ENOMEM.
  * Prints every failed check, "ok" and exits 0 when all pass. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -251,6 +252,16 @@ int main(void)
 		CHECK(next(bcq, &wc) == 0 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 41 && wc.byte_len == 40 + 64);
 		CHECK(ibv_destroy_qp(u) == 0 && ibv_destroy_ah(ah) == 0);
 	}
+
+	/* A full receive queue: exactly max_recv_wr receives are taken, the next is ENOMEM (test_full_rq_bad_flow). */
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qia;
+	CHECK(ibv_query_qp(b, &qa, IBV_QP_CAP, &qia) == 0);
+	unsigned taken = 0;
+	int r = 0;
+	while (taken <= qa.cap.max_recv_wr + 8 && (r = post_recv(b, bbytes, 8, bmr->lkey, 50)) == 0)
+		taken++;
+	CHECK(taken == qa.cap.max_recv_wr && r == ENOMEM);
 
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
 	CHECK(ibv_dereg_mr(amr) == 0 && ibv_dereg_mr(bmr) == 0);
