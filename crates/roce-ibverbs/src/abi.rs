@@ -87,6 +87,10 @@ pub struct VerbsContextHead {
 /// Slot index of `verbs_context.query_port` (offset 0) and `.query_device_ex` (offset 216).
 pub const VCTX_QUERY_PORT: usize = 0;
 pub const VCTX_QUERY_DEVICE_EX: usize = 216 / 8;
+/// `verbs_context.create_cq_ex` (vctx offset 200, `ABI.md` §4.2).
+pub const VCTX_CREATE_CQ_EX: usize = 200 / 8;
+/// `verbs_context.create_qp_ex` (vctx offset 264).
+pub const VCTX_CREATE_QP_EX: usize = 264 / 8;
 /// `sizeof(struct verbs_context)`, the `sz` of a context that offers every slot it sets.
 pub const VERBS_CONTEXT_SIZE: usize = 648;
 /// `__VERBS_ABI_IS_EXTENDED`, the `abi_compat` value of an extended context.
@@ -177,7 +181,7 @@ pub struct IbvAh {
 
 /// `struct ibv_sge`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct IbvSge {
     pub addr: u64,
     pub length: u32,

@@ -28,9 +28,11 @@ use roce_verbs::{
 use crate::abi::*;
 
 mod async_events;
+mod cq_ex;
 mod extended;
 mod live;
 mod misc_verbs;
+mod qp_ex;
 mod signals;
 mod srq;
 
@@ -239,9 +241,13 @@ struct CqBlock {
     /// The program writes `cq_context`, and `ibv_ack_cq_events` the mutex, condition and event count, behind any
     /// reference the library holds.
     cq: UnsafeCell<IbvCq>,
+    /// The rest of `struct ibv_cq_ex` (right after `cq`: the C struct continues here; `exports/cq_ex.rs`).
+    ex: UnsafeCell<cq_ex::CqExTail>,
+    /// The completion an `ibv_cq_ex` poll took last (read by `ibv_wc_read_*`), under `polling`.
+    cur: UnsafeCell<IbvWc>,
+    /// The `ibv_cq_ex` poll lock: held from a successful `ibv_start_poll` to `ibv_end_poll`.
+    polling: AtomicBool,
     rust: roce_verbs::Cq,
-    /// The depth the CQ was created with (`ibv_create_cq`'s `cqe`).
-    depth: u32,
     /// Completion events `ibv_get_cq_event` handed out for this CQ (counted under the channel's `cqs` lock):
     /// `ibv_destroy_cq` waits until `comp_events_completed` has caught up (ibv_get_cq_event(3)).
     events_handed: AtomicU32,
@@ -256,6 +262,12 @@ struct CqBlock {
 struct QpBlock {
     /// `ibv_modify_qp` writes `state`, the program `qp_context`, behind any reference the library holds.
     qp: UnsafeCell<IbvQp>,
+    /// The rest of `struct ibv_qp_ex` (right after `qp`: the C struct continues here; `exports/qp_ex.rs`).
+    ex: UnsafeCell<qp_ex::QpExTail>,
+    /// The WRs of an `ibv_wr_start` … `ibv_wr_complete` sequence, under `building`.
+    batch: UnsafeCell<qp_ex::WrBatch>,
+    /// The `ibv_qp_ex` builder lock: held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`.
+    building: AtomicBool,
     rust: roce_verbs::Qp,
     sq_sig_all: bool,
     /// The PD and CQs (`ibv_pd *` / `ibv_cq *`) this QP counts as a user of: the library's own record, not the
@@ -537,7 +549,6 @@ macro_rules! unsupported_ptr {
 unsupported_ptr!(
     rocev2__verbs_init_and_alloc_context,
     rocev2_verbs_open_device,
-    rocev2_ibv_qp_to_qp_ex,
 );
 
 /// `verbs_allow_disassociate_destroy` (a 1-byte data object read by libmlx5).
@@ -1440,6 +1451,27 @@ unsafe fn rocev2_ibv_reg_mr_iova2_inner(
     }
 }
 
+/// The access bits of `ibv_reg_mr` / `ibv_rereg_mr` the engine keeps, for memory `addr..addr + length`: the
+/// optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB (0x80) is
+/// a hint. Errors: `EOPNOTSUPP` (ZERO_BASED, ON_DEMAND or unknown bits), `EFAULT` (the memory is not mapped, or not
+/// writable for an access the engine writes with). Any `iova` is fine: SGEs and peers then name the memory by
+/// `iova + offset` (ibv_reg_mr(3)).
+pub(crate) fn mr_access_checked(
+    addr: *mut c_void,
+    length: usize,
+    access: u32,
+) -> Result<u32, c_int> {
+    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
+    if access & !IBV_ACCESS_SUPPORTED != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
+    if !pinnable(addr as usize, length, access & 0xb != 0) {
+        return Err(libc::EFAULT);
+    }
+    Ok(access)
+}
+
 /// Registers `[addr, addr + length)` on `p` with the checks of `ibv_reg_mr` (an errno on failure).
 ///
 /// # Safety
@@ -1452,17 +1484,7 @@ unsafe fn reg_checked(
     iova: u64,
     access: u32,
 ) -> Result<roce_verbs::Mr, c_int> {
-    // The optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB
-    // (0x80) is a hint. ZERO_BASED / ON_DEMAND are not supported. Any `iova` is: SGEs and peers then name the
-    // memory by `iova + offset` (ibv_reg_mr(3)).
-    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
-    if access & !IBV_ACCESS_SUPPORTED != 0 {
-        return Err(libc::EOPNOTSUPP);
-    }
-    // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
-    if !pinnable(addr as usize, length, access & 0xb != 0) {
-        return Err(libc::EFAULT);
-    }
+    let access = mr_access_checked(addr, length, access)?;
     // SAFETY: per the contract.
     unsafe {
         p.rust
@@ -1621,7 +1643,6 @@ unsafe fn rocev2_ibv_create_cq_inner(
     };
     let id = cq.id();
     let b = into_raw(CqBlock {
-        depth,
         cq: UnsafeCell::new(IbvCq {
             context: ctx,
             channel,
@@ -1633,6 +1654,9 @@ unsafe fn rocev2_ibv_create_cq_inner(
             comp_events_completed: 0,
             async_events_completed: 0,
         }),
+        ex: UnsafeCell::new(cq_ex::CqExTail::NONE),
+        cur: UnsafeCell::new(IbvWc::default()),
+        polling: AtomicBool::new(false),
         rust: cq,
         users: AtomicU32::new(0),
         events_handed: AtomicU32::new(0),
@@ -2029,6 +2053,9 @@ unsafe fn rocev2_ibv_create_qp_inner(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -
             cond: [0; 6],
             events_completed: 0,
         }),
+        ex: UnsafeCell::new(qp_ex::QpExTail::NONE),
+        batch: UnsafeCell::new(qp_ex::WrBatch::default()),
+        building: AtomicBool::new(false),
         rust: qp,
         sq_sig_all: a.sq_sig_all != 0,
         pd: pd as usize,

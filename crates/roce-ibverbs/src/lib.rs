@@ -42,8 +42,11 @@
 //! `ibv_port_state_str`, `ibv_event_type_str` and the rate conversions (answers equal to Debian's, tested),
 //! `ibv_fork_init` / `ibv_is_fork_initialized` (`IBV_FORK_UNNEEDED`: no pinned pages), `ibv_query_gid_table`,
 //! `ibv_query_qp_data_in_order` (0: byte order within a packet's copy is not guaranteed), `ibv_reg_mr_iova`,
-//! `ibv_rereg_mr` (translation, PD and access), `ibv_resize_cq` (within the created depth; growing is
-//! `EOPNOTSUPP`), `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc` (IPv4 and IPv6 GRH areas),
+//! `ibv_rereg_mr` (translation, PD and access, in place: the keys stay), `ibv_resize_cq` (grows and shrinks, keeping
+//! queued completions), extended CQs (`ibv_create_cq_ex` and the `ibv_cq_ex` polling API, module `exports::cq_ex`)
+//! and QPs (`ibv_create_qp_ex` with `send_ops_flags`, `ibv_qp_to_qp_ex` and the `ibv_wr_*` post-send API, module
+//! `exports::qp_ex`; perftest still uses the old API because the `vendor_part_id` is not a Mellanox/EFA one, ABI.md
+//! §6.3), `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc` (IPv4 and IPv6 GRH areas),
 //! and asynchronous events: the engine's QP fatal / request / access errors, COMM_EST, SQ_DRAINED, CQ error and
 //! port events reach `ibv_get_async_event` of the context that owns the object (port events: every context), the
 //! context's `async_fd` is readable while one waits (`O_NONBLOCK`: `EAGAIN`; a handler without `SA_RESTART`:
@@ -78,9 +81,8 @@
 //!
 //! XRC and tag-matching SRQs (`ibv_create_srq_ex` beyond a basic SRQ answers `EOPNOTSUPP`), multicast
 //! attach/detach, the `IBVERBS_1.0` ABI (module `compat`: its device list is NULL + `EOPNOTSUPP`), `ibv_import_*`,
-//! `ibv_reg_dmabuf_mr`,
-//! `ibv_qp_to_qp_ex` (the new post-send API; perftest then uses the old one because the `vendor_part_id` is not a
-//! Mellanox/EFA one, ABI.md §6.3), ECE, on-demand paging,
+//! `ibv_reg_dmabuf_mr`, memory windows (`ibv_alloc_mw`; the `BIND_MW` / `LOCAL_INV` / `ATOMIC_WRITE` send
+//! operations), completion time stamps in `ibv_create_cq_ex`, ECE, on-demand paging,
 //! `ibv_resolve_eth_l2_from_gid`, every private `ibv_cmd_*` / `verbs_*` provider entry point (providers are never
 //! used: `verbs_register_driver_34` accepts and ignores their registration, ABI.md §1.4). `ibv_req_notify_cq` with `solicited_only` arms for every completion
 //! (more events than asked, never fewer). One device per process; the kernel's rdma_cm (perftest `-R`) cannot

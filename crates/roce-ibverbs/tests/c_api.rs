@@ -52,7 +52,15 @@
 //!
 //! * `tests/c/closewait.c` with the device on 127.0.201.9: closing the device wakes threads waiting for its events.
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.10, 127.0.201.16 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/rereg.c` with the device on 127.0.201.61: `ibv_rereg_mr` in place (keys kept through access, PD and
+//!   translation changes; posted receives the change no longer covers fail with `LOC_PROT_ERR`/`REM_OP_ERR`) and
+//!   `ibv_resize_cq` with completions queued (`EINVAL` below their number, kept in order otherwise).
+//!
+//! * `tests/c/qp_ex.c` with the device on 127.0.201.62: extended QPs and the `ibv_wr_*` post-send API (RC SEND,
+//!   SEND_WITH_IMM inline, RDMA WRITE/READ, atomics, UD with `ibv_wr_set_ud_addr`; rxe's refusals; a batch with an
+//!   operation outside the QP's `send_ops_flags` posts nothing).
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.10, 127.0.201.16, 127.0.201.61, 127.0.201.62 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -212,5 +220,23 @@ fn c_program_creates_max_qp_qps_and_drives_a_thousand_at_once() {
 fn closing_the_device_wakes_its_waiters_and_keeps_the_channel() {
     let (prog, dir) = build("closewait");
     run(&prog, &dir, "loop", Some("127.0.201.9"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ibv_rereg_mr` keeps the MR's keys and applies its new access, PD and translation to the next access
+/// (`tests/c/rereg.c`; rdma-core `tests/test_mr.py` `test_mr_rereg_*`); `ibv_resize_cq` keeps queued completions.
+#[test]
+fn c_program_reregistering_an_mr_keeps_its_keys() {
+    let (prog, dir) = build("rereg");
+    run(&prog, &dir, "loop", Some("127.0.201.61"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ibv_create_qp_ex` with `send_ops_flags` and the `ibv_wr_*` post-send API (`tests/c/qp_ex.c`; rdma-core
+/// `tests/test_qpex.py`).
+#[test]
+fn c_program_posting_with_the_new_post_send_api() {
+    let (prog, dir) = build("qp_ex");
+    run(&prog, &dir, "loop", Some("127.0.201.62"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use crate::verbs::Wc;
+use crate::verbs::{CqHandle, Wc};
 
 #[derive(Debug)]
 pub(crate) struct Cq {
@@ -44,5 +44,52 @@ impl Cq {
             *slot = wc;
         }
         n
+    }
+}
+
+impl crate::engine::Engine {
+    /// `ibv_resize_cq`: the CQ `cq` holds `depth` completions from now on (more or fewer than before), keeping the
+    /// ones queued. `held_elsewhere` counts completions of this CQ the caller holds outside the engine (a runtime's
+    /// ring), which must fit too. Errors (nothing changed): `InvalidHandle` (dead CQ), `InvalidArgument` (`depth`
+    /// outside 1..=`max_cqe`, or fewer than the completions queued: rxe `rxe_cq.c` `rxe_cq_chk_attr`, the kernel
+    /// answers EINVAL). Control path: may allocate.
+    pub fn resize_cq(
+        &mut self,
+        cq: CqHandle,
+        depth: u32,
+        held_elsewhere: usize,
+    ) -> Result<(), crate::ResourceError> {
+        if depth == 0 || depth > self.cfg.device.max_cqe {
+            return Err(crate::ResourceError::InvalidArgument(
+                "cq depth must be 1..=max_cqe",
+            ));
+        }
+        let c = self
+            .cq_mut(cq)
+            .ok_or(crate::ResourceError::InvalidHandle("cq"))?;
+        if c.ring.len().saturating_add(held_elsewhere) > depth as usize {
+            return Err(crate::ResourceError::InvalidArgument(
+                "cq depth below the completions queued",
+            ));
+        }
+        c.depth = depth as usize;
+        let more = c.depth.saturating_sub(c.ring.len());
+        c.ring.reserve(more);
+        Ok(())
+    }
+}
+
+impl crate::engine::Engine {
+    /// Removes the completions of QP `qpn` still queued on CQ `cq` (for a QP moved to RESET, as the mlx5 provider's
+    /// `mlx5_cq_clean` does in rdma-core `providers/mlx5/verbs.c`: a program that resets a QP in ERR and
+    /// reconnects it does not then poll the flushed completions of its previous life). Returns how many went;
+    /// 0 for a dead CQ. Control path.
+    pub fn clean_cq(&mut self, cq: CqHandle, qpn: crate::Qpn) -> usize {
+        let Some(c) = self.cq_mut(cq) else {
+            return 0;
+        };
+        let before = c.ring.len();
+        c.ring.retain(|wc| wc.qp_num != qpn);
+        before - c.ring.len()
     }
 }

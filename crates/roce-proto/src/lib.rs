@@ -103,6 +103,7 @@ pub mod gsi;
 mod mr;
 mod qp;
 mod requester;
+mod rereg;
 mod responder;
 pub mod sched;
 mod srq;

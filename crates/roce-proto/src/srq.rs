@@ -288,3 +288,14 @@ impl Engine {
         Ok(())
     }
 }
+
+impl Engine {
+    /// Receive WQEs posted to QP `qpn`'s own receive queue and not yet retired (completed or flushed); `None` for an
+    /// unknown QP. A QP on an SRQ holds at most the one WQE it took. Lets a runtime that queues WRs before they reach
+    /// the engine refuse a post that would exceed `max_recv_wr` (ibv_post_recv(3): ENOMEM when the queue is full).
+    pub fn rq_len(&self, qpn: crate::Qpn) -> Option<u32> {
+        let i = self.qidx(qpn)?;
+        let qp = self.qps[i].as_deref()?;
+        Some(qp.rq.tail.wrapping_sub(qp.rq.head))
+    }
+}

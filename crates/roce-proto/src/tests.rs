@@ -9,6 +9,7 @@ mod hostile_tests;
 mod loss_tests;
 mod pair_tests;
 mod random_tests;
+mod rereg_tests;
 mod responder_tests;
 mod srq_tests;
 mod state_tests;

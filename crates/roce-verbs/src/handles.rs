@@ -763,6 +763,7 @@ impl Pd {
                 slot,
                 sq: Mutex::new(sqp),
                 rq: Mutex::new(rqp),
+                rq_count: Mutex::new(RqCount::default()),
                 pending,
                 credits,
                 srq: srq.cloned(),
@@ -803,6 +804,14 @@ impl Drop for MrInner {
         // co-owns the memory meanwhile, so nothing is freed early).
         self.pd.inner.ctx.cast(move |d| d.dereg_or_defer(lkey));
     }
+}
+
+/// A QP's receive-queue occupancy as `Qp::post_recv` bounds it: `known` outstanding at the last exact count,
+/// `since` posted after it.
+#[derive(Debug, Default)]
+struct RqCount {
+    known: u64,
+    since: u64,
 }
 
 /// A memory region (`ibv_mr`) over memory the application owns ([`MrBuf`](crate::MrBuf) or a raw registration).
@@ -921,6 +930,58 @@ impl Mr {
         }
     }
 
+    /// `ibv_rereg_mr` in place ([`Engine::rereg_mr`](roce_proto::Engine::rereg_mr)): the MR keeps its keys and
+    /// gets the PD `pd`, the access `access` and, with `translation` = `Some((region, iova))`, that memory at
+    /// virtual address `iova`. Returns the new handle; this one and its clones then act as deregistered (their
+    /// copies fail, dropping them deregisters nothing). Work posted before the call counts (WQEs not yet started
+    /// that the new PD or memory no longer covers fail with a protection error). Errors: `InvalidArgument` (a PD of
+    /// another context, or this handle no longer registered), the engine's (`InvalidArgument` as `reg_mr`), the
+    /// runtime's (a dead context); on error the MR is unchanged.
+    pub(crate) fn rereg_region(
+        &self,
+        pd: &Pd,
+        access: AccessFlags,
+        translation: Option<(Arc<crate::memory::Region>, u64)>,
+    ) -> Result<Mr, Error> {
+        if !Arc::ptr_eq(&pd.inner.ctx.inner, &self.inner.pd.inner.ctx.inner) {
+            return Err(Error::InvalidArgument("PD of another context"));
+        }
+        let lkey = self.lkey();
+        let pdh = pd.inner.handle;
+        let (region, mem) = match &translation {
+            Some((r, iova)) => (
+                Arc::clone(r),
+                Some((
+                    MrBuffer::new(crate::memory::SharedMemory(Arc::clone(r))),
+                    *iova,
+                )),
+            ),
+            None => (Arc::clone(&self.inner.region), None),
+        };
+        // Held until `registered` is cleared, as in `dereg`: a clone's copy finishes before the memory changes.
+        let guard = self.inner.region.app_write();
+        self.registered_ok()?;
+        let r = self.inner.pd.inner.ctx.call(move |d| {
+            d.drain_all_posted();
+            d.engine
+                .rereg_mr(lkey, pdh, access, mem)
+                .map(|(info, _old)| info)
+        })?;
+        let info = r?;
+        self.inner.registered.store(false, Ordering::Release);
+        drop(guard);
+        Ok(Mr {
+            inner: Arc::new(MrInner {
+                pd: pd.clone(),
+                info,
+                huge: region.is_huge(),
+                access,
+                region,
+                registered: AtomicBool::new(true),
+            }),
+        })
+    }
+
     /// `ibv_dereg_mr` with the kernel's semantics (the C library's): succeeds while WRs name the MR. Their QPs go
     /// to ERR, the first WR naming the MR completing with `LocProtErr` ([`Engine::dereg_mr_invalidate`]
     /// (roce_proto::Engine::dereg_mr_invalidate)); the key is dead at once, and the engine never touches the
@@ -1011,6 +1072,47 @@ pub struct Cq {
 }
 
 impl Cq {
+    /// `ibv_resize_cq`: the CQ holds `depth` completions from now on (grown or shrunk; its ring between the passes
+    /// and [`poll`](Self::poll) too), keeping every completion queued, in order ([`Engine::resize_cq`]
+    /// (roce_proto::Engine::resize_cq)). Errors (nothing changed): `InvalidArgument` for `depth` outside
+    /// 1..=`max_cqe` or below the completions queued (rxe `rxe_cq_chk_attr`), the runtime's (a dead context).
+    pub fn resize(&self, depth: u32) -> Result<(), Error> {
+        let mut ring = self.inner.ring.lock().unwrap_or_else(|p| p.into_inner());
+        // A one-entry stand-in while the device thread moves the queued completions into the new ring.
+        let (_, standin) = rtrb::RingBuffer::<Wc>::new(1);
+        let mut old = std::mem::replace(&mut *ring, standin);
+        let (h, slot) = (self.inner.handle, self.inner.slot);
+        let r = self.inner.ctx.call(move |d| {
+            let Some(Some(s)) = d.cqs.get_mut(slot as usize) else {
+                return Err((old, Error::InvalidArgument("CQ destroyed")));
+            };
+            let held = old.slots() + s.synthetic.len();
+            if let Err(e) = d.engine.resize_cq(h, depth, held) {
+                return Err((old, Error::Resource(e)));
+            }
+            // Sized only once the engine accepted `depth` (as `create_cq`).
+            let (mut prod, cons) = rtrb::RingBuffer::<Wc>::new(depth as usize);
+            while let Ok(wc) = old.pop() {
+                // Fits: the engine checked `depth` against everything queued.
+                let _ = prod.push(wc);
+            }
+            s.ring = prod;
+            Ok(cons)
+        });
+        match r {
+            Ok(Ok(cons)) => {
+                *ring = cons;
+                Ok(())
+            }
+            Ok(Err((old, e))) => {
+                *ring = old;
+                Err(e)
+            }
+            // The call never ran (a dead context): the closure and the old consumer are gone with it.
+            Err(e) => Err(e),
+        }
+    }
+
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many (0 = empty, not an error,
     /// `STYLE.md` V6). Reads the CQ ring first (no progress lock); in [`ProgressMode::Caller`] an empty ring makes
     /// this thread run a pass (receive, process, complete) and read again. Concurrent pollers of one CQ serialise
@@ -1099,6 +1201,8 @@ struct QpInner {
     slot: u32,
     sq: Mutex<WqeProducer<SendWqe>>,
     rq: Mutex<WqeProducer<RecvWqe>>,
+    /// Receive-queue accounting under `rq`'s lock (`Qp::post_recv`).
+    rq_count: Mutex<RqCount>,
     pending: Arc<AtomicBool>,
     /// WRs outstanding on each queue (ring + engine), capped at the granted depths.
     credits: Arc<WrCredits>,
@@ -1327,6 +1431,43 @@ impl Qp {
                 wanted: wrs.len(),
             });
         }
+        // The ring and the engine's queue hold `max_recv_wr` each: count what is outstanding in both, so a post
+        // beyond `max_recv_wr` is refused as on an RNIC (ibv_post_recv(3): ENOMEM). `known + since` bounds it from
+        // above (completions only lower it); only when that bound says full, the device counts exactly.
+        let mut count = self
+            .inner
+            .rq_count
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let want = wrs.len() as u64;
+        let max = u64::from(cap.max_recv_wr);
+        if count.known + count.since + want > max {
+            let (qpn, slot) = (self.qpn(), self.inner.slot);
+            let exact = self
+                .ctx()
+                .call(move |d| {
+                    let ring = d
+                        .qps
+                        .get(slot as usize)
+                        .and_then(Option::as_ref)
+                        .map_or(0, |s| s.rq.len());
+                    ring as u64 + u64::from(d.engine.rq_len(qpn).unwrap_or(0))
+                })
+                .map_err(|_| PostError::QueueFull {
+                    free: 0,
+                    wanted: wrs.len(),
+                })?;
+            count.known = exact;
+            count.since = 0;
+            if exact + want > max {
+                return Err(PostError::QueueFull {
+                    free: max.saturating_sub(exact) as usize,
+                    wanted: wrs.len(),
+                });
+            }
+        }
+        count.since += want;
+        drop(count);
         if wrs
             .iter()
             .any(|w| w.sg_list.len() > cap.max_recv_sge.max(1) as usize)
@@ -1367,7 +1508,46 @@ impl Qp {
         let (qpn, attr) = (self.qpn(), *attr);
         self.ctx()
             .call(move |d| d.engine.modify_qp(qpn, &attr, mask))??;
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            self.clean_cqs();
+        }
         Ok(())
+    }
+
+    /// After a move to RESET: the QP's completions still queued on its CQs (engine CQ, the runtime ring, the
+    /// runtime's own completions) are removed, the others kept in order ([`Engine::clean_cq`]
+    /// (roce_proto::Engine::clean_cq), as mlx5's `mlx5_cq_clean`). The rings are locked in slot order.
+    fn clean_cqs(&self) {
+        let qpn = self.qpn();
+        let (s, r) = (&self.inner.send_cq.inner, &self.inner.recv_cq.inner);
+        let mut cqs = vec![s];
+        if !Arc::ptr_eq(s, r) {
+            cqs.push(r);
+        }
+        cqs.sort_by_key(|c| c.slot);
+        let mut rings: Vec<_> = cqs
+            .iter()
+            .map(|c| c.ring.lock().unwrap_or_else(|p| p.into_inner()))
+            .collect();
+        let _ = self.ctx().call(|d| {
+            for (c, ring) in cqs.iter().zip(rings.iter_mut()) {
+                d.engine.clean_cq(c.handle, qpn);
+                let Some(Some(slot)) = d.cqs.get_mut(c.slot as usize) else {
+                    continue;
+                };
+                slot.synthetic.retain(|wc| wc.qp_num != qpn);
+                // The device thread is not producing now: take everything, give back the others in order (they
+                // fit: the ring held them).
+                let n = ring.slots();
+                for _ in 0..n {
+                    if let Ok(wc) = ring.pop()
+                        && wc.qp_num != qpn
+                    {
+                        let _ = slot.ring.push(wc);
+                    }
+                }
+            }
+        });
     }
 
     /// `ibv_query_qp`.

@@ -650,6 +650,50 @@ impl crate::Pd {
     }
 }
 
+impl crate::Mr {
+    /// `ibv_rereg_mr` of a raw registration ([`reg_mr_raw_iova`](crate::Pd::reg_mr_raw_iova)), in place: the keys
+    /// stay; the MR gets the PD `pd`, the access `access` and, with `translation` = `Some((addr, len, iova))`, the
+    /// memory `addr..addr + len` at virtual address `iova` (ibv_rereg_mr(3)). Returns the MR's new handle (this
+    /// one then acts as deregistered). Errors as [`reg_mr_raw_iova`](crate::Pd::reg_mr_raw_iova), plus
+    /// `InvalidArgument` for a PD of another context or an MR no longer registered; on error nothing changed.
+    ///
+    /// # Safety
+    ///
+    /// As [`reg_mr_raw`](crate::Pd::reg_mr_raw) for the new memory (or the old one, which stays registered when
+    /// `translation` is `None`). After a successful call with a new translation the engine never touches the old
+    /// memory again.
+    pub unsafe fn rereg_raw(
+        &self,
+        pd: &crate::Pd,
+        access: AccessFlags,
+        translation: Option<(*mut u8, usize, u64)>,
+    ) -> Result<crate::Mr, crate::Error> {
+        let region = match translation {
+            None => None,
+            Some((addr, len, iova)) => {
+                let ptr =
+                    NonNull::new(addr).ok_or(crate::Error::InvalidArgument("null MR address"))?;
+                if (addr as usize).checked_add(len).is_none() {
+                    return Err(crate::Error::InvalidArgument(
+                        "MR address + length overflows",
+                    ));
+                }
+                Some((
+                    Arc::new(Region {
+                        ptr,
+                        len,
+                        owner: Owner::Foreign,
+                        huge: false,
+                        app: RwLock::new(()),
+                    }),
+                    iova,
+                ))
+            }
+        };
+        self.rereg_region(pd, access, region)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -215,6 +215,11 @@ pub(crate) struct WqeConsumer<T> {
 }
 
 impl<T: RingEntry> WqeConsumer<T> {
+    /// Entries waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.wqes.slots()
+    }
+
     /// True when no entry is waiting.
     pub(crate) fn is_empty(&self) -> bool {
         self.wqes.is_empty()

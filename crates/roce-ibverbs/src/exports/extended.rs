@@ -1,8 +1,7 @@
 //! The extended context (`struct verbs_context`, `ABI.md` §3, §4.2): every context is extended (`abi_compat` =
-//! `UINTPTR_MAX`, `sz` = 648), with the two slots the library implements set and every other one NULL, so the
-//! inline functions of `verbs.h` degrade as on a provider without them (`ibv_create_cq_ex`, `ibv_create_qp_ex` with
-//! more than a PD, `ibv_alloc_dm` … : `EOPNOTSUPP`; `ibv_create_qp_ex` with only a PD falls back to
-//! `ibv_create_qp`):
+//! `UINTPTR_MAX`, `sz` = 648), with the slots the library implements set (these two, `create_cq_ex` in `cq_ex.rs`,
+//! `create_qp_ex` in `qp_ex.rs`) and every other one NULL, so the inline functions of `verbs.h` degrade as on a
+//! provider without them (`ibv_alloc_dm` … : `EOPNOTSUPP`):
 //!
 //! * `query_port` (what the inline `ibv_query_port` calls with `sizeof(struct ibv_port_attr)` = 52): the exported
 //!   `ibv_query_port`'s answer, `port_cap_flags2` 0, at most the caller's `port_attr_len` bytes written (bytes past
@@ -18,6 +17,8 @@ pub(super) fn head() -> VerbsContextHead {
     let mut slots = [0usize; 39];
     slots[VCTX_QUERY_PORT] = query_port as *const () as usize;
     slots[VCTX_QUERY_DEVICE_EX] = query_device_ex as *const () as usize;
+    slots[VCTX_CREATE_CQ_EX] = cq_ex::create_cq_ex as *const () as usize;
+    slots[VCTX_CREATE_QP_EX] = qp_ex::create_qp_ex as *const () as usize;
     VerbsContextHead {
         slots,
         sz: VERBS_CONTEXT_SIZE,

@@ -141,8 +141,9 @@ const IBV_REREG_MR_ERR_INPUT: c_int = -1;
 const IBV_REREG_MR_ERR_CMD: c_int = -4;
 
 /// `ibv_rereg_mr(mr, flags, pd, addr, length, access)`: changes the MR's translation (`addr`, `length`), PD and/or
-/// access as `flags` says (ibv_rereg_mr(3)); the keys may change and are written back into `*mr`. It is done as a
-/// new registration with the merged attributes, then the old one is released: on failure the MR is unchanged.
+/// access as `flags` says (ibv_rereg_mr(3)), in place: `lkey` and `rkey` stay (as mlx5 and rxe keep them; rdma-core's
+/// `test_mr_rereg_*` rely on it), posted WQEs the new PD or memory no longer covers fail with a protection error
+/// (roce-proto `rereg.rs`), and on failure the MR is unchanged.
 /// Returns 0, `IBV_REREG_MR_ERR_INPUT` (-1, `errno = EINVAL`: unknown flags or none, a foreign MR or PD, or the
 /// same checks as `ibv_reg_mr`) or `IBV_REREG_MR_ERR_CMD` (-4, with the registration's `errno`).
 #[unsafe(no_mangle)]
@@ -220,22 +221,30 @@ unsafe fn rocev2_ibv_rereg_mr_inner(
     } else {
         state.access
     };
-    // SAFETY: `reg_checked` checks the memory as `ibv_reg_mr` does; the registration's contract is the
-    // caller's (ibv_rereg_mr(3): the new range stays valid until deregistration).
-    let fresh = match unsafe { reg_checked(p, new_addr, new_len, new_addr as u64, new_access) } {
-        Ok(r) => r,
+    let checked = match mr_access_checked(new_addr, new_len, new_access) {
+        Ok(a) => a,
         Err(e) => {
             set_errno(e);
             return IBV_REREG_MR_ERR_CMD;
         }
     };
-    let old = std::mem::replace(&mut state.rust, fresh);
-    if let Err((back, e)) = old.dereg() {
-        // The old registration stays (and is still the MR's); the new one goes.
-        let fresh = std::mem::replace(&mut state.rust, back);
-        let _ = fresh.dereg();
-        set_errno(e.errno());
-        return IBV_REREG_MR_ERR_CMD;
+    let translation = (flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0).then_some((
+        new_addr.cast::<u8>(),
+        new_len,
+        new_addr as u64,
+    ));
+    // SAFETY: `mr_access_checked` checked the memory as `ibv_reg_mr` does; the registration's contract is the
+    // caller's (ibv_rereg_mr(3): the new range stays valid until deregistration). In place: the keys stay.
+    match unsafe {
+        state
+            .rust
+            .rereg_raw(&p.rust, AccessFlags(checked), translation)
+    } {
+        Ok(fresh) => state.rust = fresh,
+        Err(e) => {
+            set_errno(e.errno());
+            return IBV_REREG_MR_ERR_CMD;
+        }
     }
     if new_pd != state.pd as *mut IbvPd {
         p.users.fetch_add(1, Ordering::AcqRel);
@@ -256,10 +265,9 @@ unsafe fn rocev2_ibv_rereg_mr_inner(
     0
 }
 
-/// `ibv_resize_cq(cq, cqe)`: 0 or an errno. The CQ's ring keeps the depth it was created with: a request it
-/// already satisfies succeeds and leaves `cq->cqe` at that depth (ibv_resize_cq(3): the CQ "will have at least"
-/// `cqe` entries); growing it is `EOPNOTSUPP`, as a provider without resize answers (rdma-core `dummy_ops.c`).
-/// `cqe` < 1 is `EINVAL`.
+/// `ibv_resize_cq(cq, cqe)`: 0 or an errno. The CQ holds exactly `cqe` completions from then on, grown or shrunk,
+/// keeping those queued, and `cq->cqe` says so (ibv_resize_cq(3): "at least" `cqe`). `EINVAL` for `cqe` outside
+/// 1..=`max_cqe` or below the completions not yet polled (rxe `rxe_cq.c` `rxe_cq_chk_attr`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
     // SAFETY: forwarded under the caller's contract.
@@ -275,15 +283,20 @@ unsafe fn rocev2_ibv_resize_cq_inner(cq: *mut IbvCq, cqe: c_int) -> c_int {
     let Some(c) = (unsafe { live_block::<CqBlock, _>(cq, Kind::Cq) }) else {
         return libc::EINVAL;
     };
-    if cqe < 1 {
+    let Ok(depth) = u32::try_from(cqe) else {
+        return libc::EINVAL;
+    };
+    if depth == 0 {
         return libc::EINVAL;
     }
-    if cqe as u32 > c.depth {
-        return libc::EOPNOTSUPP;
+    match c.rust.resize(depth) {
+        Ok(()) => {
+            // SAFETY: our CQ's C part (UnsafeCell): the program reads `cqe` after the call.
+            unsafe { (*c.cq.get()).cqe = cqe };
+            0
+        }
+        Err(e) => e.errno(),
     }
-    // SAFETY: our CQ's C part (UnsafeCell): the program reads `cqe` after the call.
-    unsafe { (*c.cq.get()).cqe = c.depth as c_int };
-    0
 }
 
 /// The 40-byte GRH area at the start of a UD receive buffer (`struct ibv_grh`): an IPv6 header, or for RoCE v2
