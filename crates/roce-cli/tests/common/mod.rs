@@ -509,6 +509,14 @@ pub fn ibverbs_library() {
     });
 }
 
+/// Why a test needing `program` cannot run, naming the Debian `package` that has it, when it is not on `PATH`
+/// (`.ci/run` installs them); `None` when it is there.
+pub fn program_missing(program: &str, package: &str) -> Option<String> {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()));
+    (!found).then(|| format!("{program} not found: install Debian's {package} (.ci/run does)"))
+}
+
 /// Panics naming the Debian package when `program` is not on `PATH` (`.ci/run` installs them).
 pub fn need_program(program: &str, package: &str) {
     let found = std::env::var_os("PATH")
