@@ -301,3 +301,55 @@ fn a_library_directory_another_user_planted_is_refused() {
     let _ = std::fs::remove_dir_all(&inst);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The port's rate follows its netdev's link speed as the kernel's `ib_get_eth_speed` (drivers/infiniband/core/
+/// verbs.c, which rxe's `rxe_query_port` calls) maps it: ≤ 1 Gb/s or unknown → 1X SDR, ≤ 10 Gb/s → 1X FDR10,
+/// ≤ 20 → 4X DDR, ≤ 25 → 1X EDR, ≤ 40 → 4X FDR10, above → 4X EDR. A veth reports 10000 Mb/s, so a device on one
+/// is 1X FDR10, "10 Gb/sec (1X FDR10)" in sysfs — as rxe on that veth. (rocev2 claimed 1X SDR, 2.5 Gb/s, on every
+/// netdev; UCX derives its bandwidth estimate of `rc_verbs`/`ud_verbs` from these two fields.)
+#[test]
+fn the_port_rate_follows_the_netdev_speed_as_rxe_reports_it() {
+    if let Some(why) = common::netns_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if !installed("ibv_devinfo") {
+        eprintln!("skipped: ibv_devinfo not found (Debian's ibverbs-utils)");
+        return;
+    }
+    library();
+    let _g = common::serial();
+    let ns = common::NetnsPair::up("rate", "198.18.47.1", "198.18.47.2", 1500);
+    ns.wait_running();
+    let speed = Command::new("ip")
+        .args(["netns", "exec", &ns.a, "cat", "/sys/class/net/veth0/speed"])
+        .output()
+        .expect("read speed");
+    let speed = String::from_utf8_lossy(&speed.stdout).trim().to_owned();
+    if speed != "10000" {
+        eprintln!("skipped: this kernel's veth reports {speed:?} Mb/s, not 10000");
+        return;
+    }
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.a, common::bin(), "run", "--"])
+        .args([
+            "sh",
+            "-c",
+            "ibv_devinfo -v && echo \"rate: $(cat /sys/class/infiniband/*/ports/1/rate)\"",
+        ])
+        .output()
+        .expect("rocev2 run");
+    assert!(out.status.success(), "{out:?}");
+    let v = pairs(&String::from_utf8_lossy(&out.stdout), ':');
+    let get = |k: &str| v.get(k).cloned().unwrap_or_default();
+    assert_eq!(
+        (get("active_width"), get("active_speed"), get("rate")),
+        (
+            "1X (1)".to_owned(),
+            "10.0 Gbps (8)".to_owned(),
+            "10 Gb/sec (1X FDR10)".to_owned()
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

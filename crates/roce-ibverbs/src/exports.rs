@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use roce_link::UdpLink;
 use roce_link::device::{
-    ACTIVE_SPEED, ACTIVE_WIDTH, DeviceSpec, PAGE_SIZE_CAP, UVERBS_NAME, VENDOR_ID, VENDOR_PART_ID,
-    in_use_hint, mac_of,
+    DeviceSpec, PAGE_SIZE_CAP, UVERBS_NAME, VENDOR_ID, VENDOR_PART_ID, in_use_hint, mac_of,
 };
 use roce_verbs::{
     AccessFlags, AhAttr, CompChannel, Context, Gid, MAX_INLINE, MAX_SGE, Moderation, Mtu,
@@ -1064,8 +1063,8 @@ unsafe fn rocev2_ibv_query_port_inner(
         subnet_timeout: 0,
         init_type_reply: 0,
         // The facts `rocev2 run`'s sysfs tree shows too (roce_link::devfs).
-        active_width: ACTIVE_WIDTH,
-        active_speed: ACTIVE_SPEED,
+        active_width: s.active_speed_width().1,
+        active_speed: s.active_speed_width().0,
         phys_state: s.phys_state(),
         link_layer: IBV_LINK_LAYER_ETHERNET,
         flags: 0,

@@ -28,7 +28,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::device::{ACTIVE_SPEED, ACTIVE_WIDTH, DeviceSpec, FW_VER, UVERBS_NAME};
+use crate::device::{DeviceSpec, FW_VER, UVERBS_NAME};
 
 /// `/sys/class/infiniband_verbs/abi_version`: the kernel's `IB_USER_VERBS_ABI_VERSION`.
 pub const UVERBS_CLASS_ABI: u32 = 6;
@@ -190,10 +190,8 @@ pub fn device_tree(spec: &DeviceSpec, net_parent: Option<&Path>) -> Vec<Entry> {
         format!("{port}/phys_state"),
         phys_state_text(spec.phys_state()),
     ));
-    out.push(file(
-        format!("{port}/rate"),
-        rate_text(ACTIVE_SPEED, ACTIVE_WIDTH),
-    ));
+    let (speed, width) = spec.active_speed_width();
+    out.push(file(format!("{port}/rate"), rate_text(speed, width)));
     out.push(file(format!("{port}/link_layer"), "Ethernet".into()));
     out.push(file(format!("{port}/lid"), "0x0".into()));
     out.push(file(format!("{port}/sm_lid"), "0x0".into()));

@@ -32,11 +32,28 @@ pub const PAGE_SIZE_CAP: u64 = 0xffff_f000;
 pub const UVERBS_NAME: &str = "uverbs0";
 /// `ibv_device_attr.fw_ver` (and sysfs `fw_ver`): the rocev2 version.
 pub const FW_VER: &str = env!("CARGO_PKG_VERSION");
-/// `ibv_port_attr.active_width`: `IB_WIDTH_1X` (1). With [`ACTIVE_SPEED`] (`IB_SPEED_SDR`, 1) the port claims
-/// 2.5 Gb/s, i.e. nothing about the speed of a software link (sysfs `rate`: `2.5 Gb/sec (1X)`).
-pub const ACTIVE_WIDTH: u8 = 1;
-/// `ibv_port_attr.active_speed`: `IB_SPEED_SDR` (1); see [`ACTIVE_WIDTH`].
-pub const ACTIVE_SPEED: u8 = 1;
+/// `ibv_port_attr.active_speed` and `active_width` of a RoCE port whose netdev runs at `mbps` Mb/s (`None`:
+/// unknown, as ethtool's `SPEED_UNKNOWN`), as the kernel's `ib_get_eth_speed` (drivers/infiniband/core/verbs.c;
+/// rxe's `rxe_query_port` calls it) maps the link speed: unknown counts as 1000; ≤ 1 Gb/s → 1X SDR (2.5 Gb/s),
+/// ≤ 10 Gb/s → 1X FDR10, ≤ 20 Gb/s → 4X DDR, ≤ 25 Gb/s → 1X EDR, ≤ 40 Gb/s → 4X FDR10, faster → 4X EDR.
+/// Returns `(speed, width)` as the `IB_SPEED_*` (SDR 1, DDR 2, QDR 4, FDR10 8, FDR 16, EDR 32) and `IB_WIDTH_*`
+/// (1X 1, 4X 2, 8X 4, 12X 8) codes. UCX estimates a verbs transport's bandwidth from the pair.
+pub fn ib_speed_width_of_eth(mbps: Option<u32>) -> (u8, u8) {
+    const SDR: u8 = 1;
+    const DDR: u8 = 2;
+    const FDR10: u8 = 8;
+    const EDR: u8 = 32;
+    const W1X: u8 = 1;
+    const W4X: u8 = 2;
+    match mbps.unwrap_or(1000) {
+        0..=1000 => (SDR, W1X),
+        1001..=10_000 => (FDR10, W1X),
+        10_001..=20_000 => (DDR, W4X),
+        20_001..=25_000 => (EDR, W1X),
+        25_001..=40_000 => (FDR10, W4X),
+        _ => (EDR, W4X),
+    }
+}
 /// `ibv_port_attr.state` of an active port (`IBV_PORT_ACTIVE`).
 pub const PORT_ACTIVE: u8 = 4;
 /// `ibv_port_attr.state` of a port without carrier (`IBV_PORT_DOWN`).
@@ -107,6 +124,9 @@ pub struct DeviceSpec {
     pub netdev_mtu: u32,
     /// Carrier (IFF_RUNNING): port ACTIVE, else DOWN.
     pub running: bool,
+    /// The netdev's link speed in Mb/s (`/sys/class/net/<interface>/speed`, ethtool's); `None` when it reports none
+    /// (loopback, a link without carrier). Sets the port's rate ([`DeviceSpec::active_speed_width`]).
+    pub netdev_speed_mbps: Option<u32>,
 }
 
 impl DeviceSpec {
@@ -136,6 +156,13 @@ impl DeviceSpec {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(1500);
+        // Reading `speed` fails (EINVAL) for a netdev without ethtool link settings and gives -1 for SPEED_UNKNOWN.
+        let netdev_speed_mbps =
+            std::fs::read_to_string(format!("/sys/class/net/{interface}/speed"))
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .and_then(|v| u32::try_from(v).ok())
+                .filter(|&v| v != u32::MAX);
         Ok(DeviceSpec {
             ip,
             rx,
@@ -143,6 +170,7 @@ impl DeviceSpec {
             ifindex,
             netdev_mtu,
             running,
+            netdev_speed_mbps,
         })
     }
 
@@ -175,6 +203,12 @@ impl DeviceSpec {
         } else {
             PHYS_DISABLED
         }
+    }
+
+    /// `(ibv_port_attr.active_speed, active_width)`: from the netdev's link speed as rxe reports them
+    /// ([`ib_speed_width_of_eth`]); sysfs `ports/1/rate` shows the same.
+    pub fn active_speed_width(&self) -> (u8, u8) {
+        ib_speed_width_of_eth(self.netdev_speed_mbps)
     }
 
     /// Active MTU: the largest IB MTU that fits the netdev MTU minus the RoCE headers (rxe's rule), capped at 4096.
@@ -225,6 +259,29 @@ mod tests {
         );
         let top = "127.0.0.254".parse().expect("ip");
         assert!(in_use_hint(top, None).ends_with("--ip 127.0.0.2"));
+    }
+
+    #[test]
+    fn the_port_speed_follows_the_netdev_speed_as_the_kernel_maps_it() {
+        // (Mb/s, IB speed, IB width): the kernel's ib_get_eth_speed table, boundaries included.
+        for (mbps, speed, width) in [
+            (None, 1, 1),
+            (Some(100), 1, 1),
+            (Some(1000), 1, 1),
+            (Some(2500), 8, 1),
+            (Some(10_000), 8, 1),
+            (Some(20_000), 2, 2),
+            (Some(25_000), 32, 1),
+            (Some(40_000), 8, 2),
+            (Some(50_000), 32, 2),
+            (Some(400_000), 32, 2),
+        ] {
+            assert_eq!(ib_speed_width_of_eth(mbps), (speed, width), "{mbps:?} Mb/s");
+        }
+        // Loopback has no link speed: 1X SDR, as rxe on lo.
+        let lo = DeviceSpec::for_ip("127.0.0.1".parse().expect("ip"), RxMode::Socket).expect("lo");
+        assert_eq!(lo.netdev_speed_mbps, None);
+        assert_eq!(lo.active_speed_width(), (1, 1));
     }
 
     #[test]
