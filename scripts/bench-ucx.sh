@@ -176,7 +176,7 @@ for rep in $(seq 1 "$REPS"); do
 	# MB/s in UCX is MiB/s: * 2^20 * 8 / 1e9 = Gb/s.
 	ucx "$rep" ucx-tag-bw-1M "Gb/s" 5 0.008388608 -t tag_bw -s 1048576 -n 200
 
-	"${A[@]}" timeout 120 mpirun --allow-run-as-root --oversubscribe --timeout 100 \
+	"${A[@]}" env RSH_NETNS="$NA $NB" timeout 120 mpirun --allow-run-as-root --oversubscribe --timeout 100 \
 		--mca plm_rsh_agent "$ROOT/crates/roce-cli/tests/mpi/rsh-netns" --host "$IPA:1,$IPB:1" -np 2 \
 		--mca pml ucx -x UCX_TLS=rc_verbs,ud_verbs,self "$ROCE" run -- "$D/mpipp" "$LAT_ITERS" 8 >"$D/o" 2>"$D/e" || true
 	v=$(sed -n 's/^pingpong ok=yes .* half_rtt_us \([0-9.]*\)$/\1/p' "$D/o")

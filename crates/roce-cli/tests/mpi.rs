@@ -13,9 +13,9 @@
 //!
 //! mpirun reaches the other namespace through its launch agent: `--mca plm_rsh_agent tests/mpi/rsh-netns` with
 //! `--host ADDR_A:2,ADDR_B:2`; mpirun runs in namespace A (so ADDR_A is its own host) and starts its daemon for
-//! ADDR_B as `rsh-netns ADDR_B orted ...`, which runs it in the namespace owning that address. Needs root (`ip
-//! netns`, CAP_BPF for the shared address) and Debian's `openmpi-bin`, `libopenmpi-dev` (mpicc) and `libucx0`;
-//! otherwise skipped with the reason.
+//! ADDR_B as `rsh-netns ADDR_B orted ...`, which runs it in the namespace owning that address (of the two named in
+//! `RSH_NETNS`). Needs root (`ip netns`, CAP_BPF for the shared address) and Debian's `openmpi-bin` and
+//! `libopenmpi-dev` (mpicc); otherwise skipped with the reason.
 
 mod common;
 
@@ -77,6 +77,8 @@ fn mpirun_four_ranks_two_per_address_over_pml_ucx_between_namespaces() {
             "netns",
             "exec",
             &ns.a,
+            "env",
+            &format!("RSH_NETNS={} {}", ns.a, ns.b),
             "mpirun",
             "--allow-run-as-root",
             "--oversubscribe",
