@@ -7,9 +7,11 @@
 //! `pingpong ok=yes` / `allreduce ok=yes` lines and that ranks 0, 1 ran in namespace A on address A and ranks 2, 3 in
 //! namespace B on address B.
 //!
-//! Two runs: with `UCX_TLS=rc_verbs,ud_verbs,self`, so every pair of ranks — the two on one address too — talks over
-//! rocev2 (UCX would otherwise pick shared memory between processes of one host); and with UCX's defaults (no UCX_*
-//! setting: shared memory and cma beside `rc_verbs` lanes, see `docs/UCX.md`).
+//! Three runs: with `UCX_TLS=rc_verbs,ud_verbs,self`, so every pair of ranks — the two on one address too — talks
+//! over rocev2; with UCX's defaults (no UCX_* setting) and each rank in its own IPC and PID namespaces (`unshare`),
+//! where UCX picks rocev2 between all ranks by itself; and with UCX's defaults on one host, where UCX mixes shared
+//! memory and `rc_verbs` (`docs/UCX.md`). The first two must also have put at least two UDP datagrams per ping-pong
+//! round trip into the namespaces (`/proc/net/snmp`): their traffic crossed rocev2.
 //!
 //! mpirun reaches the other namespace through its launch agent: `--mca plm_rsh_agent tests/mpi/rsh-netns` with
 //! `--host ADDR_A:2,ADDR_B:2`; mpirun runs in namespace A (so ADDR_A is its own host) and starts its daemon for
@@ -71,7 +73,18 @@ fn mpirun_four_ranks_two_per_address_over_pml_ucx_between_namespaces() {
     assert!(id_a.starts_with("net:") && id_a != id_b, "{id_a} {id_b}");
     let agent = tests_mpi().join("rsh-netns");
     let iters = "200";
-    for tls in [Some("rc_verbs,ud_verbs,self"), None] {
+    // (what, UCX_TLS, each rank in its own IPC and PID namespaces, traffic must cross rocev2)
+    for (what, tls, isolate, over_rocev2) in [
+        (
+            "UCX_TLS=rc_verbs,ud_verbs,self",
+            Some("rc_verbs,ud_verbs,self"),
+            false,
+            true,
+        ),
+        ("UCX defaults, ranks as hosts", None, true, true),
+        ("UCX defaults, one host", None, false, false),
+    ] {
+        let before = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b);
         let mut argv = strings(&[
             "ip",
             "netns",
@@ -98,10 +111,12 @@ fn mpirun_four_ranks_two_per_address_over_pml_ucx_between_namespaces() {
         if let Some(tls) = tls {
             argv.extend(strings(&["-x", &format!("UCX_TLS={tls}")]));
         }
+        if isolate {
+            argv.extend(strings(&["unshare", "--ipc", "--pid", "--fork"]));
+        }
         argv.extend(strings(&[common::bin(), "run", "--"]));
         argv.push(exe.to_str().expect("utf-8 path").to_owned());
         argv.extend(strings(&[iters, "4096"]));
-        let what = tls.unwrap_or("UCX defaults");
         let f = Proc::spawn("mpirun", &dir, &argv).wait(Duration::from_secs(120));
         assert!(f.status.success(), "{what}: mpirun failed:\n{f}");
         let line = |prefix: &str| {
@@ -137,5 +152,11 @@ fn mpirun_four_ranks_two_per_address_over_pml_ucx_between_namespaces() {
             let c = line(&format!("rank {rank} checked "));
             assert!(c.ends_with(", 0 failures"), "{what}: {c}");
         }
+        let datagrams = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b) - before;
+        assert!(
+            !over_rocev2 || datagrams >= 2 * iters.parse::<u64>().expect("number"),
+            "{what}: only {datagrams} UDP datagrams for {iters} round trips: not over rocev2?\n{f}"
+        );
+        eprintln!("{what}: {pp} ({datagrams} UDP datagrams)");
     }
 }

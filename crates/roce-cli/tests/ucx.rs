@@ -64,30 +64,6 @@ fn argv(ns: &str, mode: Mode, args: &[&str], peer: Option<&str>) -> Vec<String> 
     v
 }
 
-/// `Udp: InDatagrams` of namespace `ns`.
-fn udp_in(ns: &str) -> u64 {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "cat", "/proc/net/snmp"])
-        .output()
-        .expect("read /proc/net/snmp");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
-    let (names, values) = (
-        udp.next().expect("Udp header"),
-        udp.next().expect("Udp values"),
-    );
-    let i = names
-        .split_whitespace()
-        .position(|n| n == "InDatagrams")
-        .expect("InDatagrams");
-    values
-        .split_whitespace()
-        .nth(i)
-        .expect("value")
-        .parse()
-        .expect("number")
-}
-
 /// Waits until something in namespace `ns` listens on TCP `port` (the server's out-of-band socket; the server may
 /// run in a PID namespace of its own, so this reads the namespace's `/proc/net/tcp`, never connecting).
 fn wait_listening(ns: &str, port: u16, server: &mut Proc) {
@@ -119,13 +95,13 @@ fn run(ns: &NetnsPair, mode: Mode, what: &str, args: &[&str], iters: u32) {
     let n = iters.to_string();
     let mut args = args.to_vec();
     args.extend(["-n", &n, "-w", "10"]);
-    let before = udp_in(&ns.a) + udp_in(&ns.b);
+    let before = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b);
     let mut server = Proc::spawn("server", &dir, &argv(&ns.a, mode, &args, None));
     wait_listening(&ns.a, PORT, &mut server);
     let mut client = Proc::spawn("client", &dir, &argv(&ns.b, mode, &args, Some(&ns.ip_a)));
     let c = client.wait(Duration::from_secs(120));
     let s = server.wait(Duration::from_secs(60));
-    let datagrams = udp_in(&ns.a) + udp_in(&ns.b) - before;
+    let datagrams = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b) - before;
     assert!(
         c.status.success(),
         "{what}: client failed:\n{c}\nserver:\n{s}"

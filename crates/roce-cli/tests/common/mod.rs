@@ -409,6 +409,30 @@ fn remove_stale() {
     }
 }
 
+/// `Udp: InDatagrams` of network namespace `ns` (`/proc/net/snmp`): the UDP datagrams delivered to its sockets.
+pub fn udp_in_datagrams(ns: &str) -> u64 {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "cat", "/proc/net/snmp"])
+        .output()
+        .expect("read /proc/net/snmp");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (
+        udp.next().expect("Udp header"),
+        udp.next().expect("Udp values"),
+    );
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "InDatagrams")
+        .expect("InDatagrams");
+    values
+        .split_whitespace()
+        .nth(i)
+        .expect("value")
+        .parse()
+        .expect("number")
+}
+
 /// `args` as owned strings.
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
