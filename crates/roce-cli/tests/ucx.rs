@@ -14,7 +14,7 @@
 //! and PID namespaces, network namespaces or not — UCX's reachability rules, whatever the RNIC (`docs/UCX.md`). The defaults
 //! run therefore gives each side its own IPC and PID namespaces too (`unshare --ipc --pid --fork`), as two hosts or
 //! two containers look to UCX, and UCX then picks `rc_verbs` on rocev2 by itself; a fourth test keeps the one-host
-//! set-up (shared memory, rocev2's device opened and wired up beside it) and checks that both sides complete
+//! set-up (shared memory, rocev2's device opened and an `rc_verbs` lane configured beside it) and checks that both sides complete
 //! (`tag_lat`, `tag_bw`). Needs root, `ip netns`, `unshare` and Debian's `ucx-utils` (installed by `.ci/run`);
 //! otherwise skipped with the reason.
 
@@ -37,8 +37,8 @@ enum Mode {
     Tls(&'static str),
     /// No UCX_* variable; each side in its own IPC and PID namespaces as well (a host of its own to UCX).
     Defaults,
-    /// No UCX_* variable, network namespaces only: one host to UCX, which takes shared memory (the device is still
-    /// opened, its memory registered and its QPs wired up).
+    /// No UCX_* variable, network namespaces only: one host to UCX, which takes shared memory (rocev2's device is
+    /// still opened and an `rc_verbs` lane configured beside it).
     DefaultsOneHost,
 }
 
@@ -215,8 +215,8 @@ fn ucx_perftest_with_ucx_defaults_between_two_hosts_of_namespaces() {
 }
 
 /// UCX's defaults between two network namespaces that share the IPC and PID namespaces: UCX takes shared memory,
-/// but opens rocev2's device, registers its memory and wires up its `rc_verbs` lane on the way; both sides still
-/// complete.
+/// but opens rocev2's device and configures an `rc_verbs` lane on the way (`UCX_LOG_LEVEL=info`: `ep_cfg[0]:
+/// tag(sysv/memory cma/memory rc_verbs/rocev2_veth0:1)`); both sides still complete.
 #[test]
 fn ucx_perftest_with_ucx_defaults_between_namespaces_of_one_host() {
     if let Some(why) = unavailable() {
