@@ -10,13 +10,13 @@
 //! one (`/dev/infiniband/uverbs0`, `/sys/class/infiniband/...`), with the symbols, SRQs, async events and 6-SGE UD
 //! QPs it needs, so these runs cover all of them at once.
 //!
-//! UCX's defaults pick shared memory (`sysv`, `cma`) between two processes that share the host's boot id and IPC
-//! and PID namespaces, network namespaces or not — UCX's reachability rules, whatever the RNIC (`docs/UCX.md`). The defaults
-//! run therefore gives each side its own IPC and PID namespaces too (`unshare --ipc --pid --fork`), as two hosts or
-//! two containers look to UCX, and UCX then picks `rc_verbs` on rocev2 by itself; a fourth test keeps the one-host
-//! set-up (shared memory, rocev2's device opened and an `rc_verbs` lane configured beside it) and checks that both sides complete
-//! (`tag_lat`, `tag_bw`). Needs root, `ip netns`, `unshare` and Debian's `ucx-utils` (installed by `.ci/run`);
-//! otherwise skipped with the reason.
+//! UCX's defaults pick shared memory (`sysv`, `cma`) between two processes that share the host's boot id and IPC and
+//! PID namespaces, network namespaces or not — UCX's reachability rules, whatever the RNIC (`docs/UCX.md`). The
+//! defaults run therefore gives each side its own IPC and PID namespaces too (`unshare --ipc --pid --fork`), as two
+//! hosts or two containers look to UCX, and UCX then picks `rc_verbs` on rocev2 by itself; a fourth test keeps the
+//! one-host set-up (shared memory, rocev2's device opened and an `rc_verbs` lane configured beside it) and checks that
+//! both sides complete (`tag_lat`, `tag_bw`). Needs root, `ip netns`, `unshare` and Debian's `ucx-utils` (installed by
+//! `.ci/run`); otherwise skipped with the reason.
 
 mod common;
 
