@@ -409,6 +409,30 @@ fn remove_stale() {
     }
 }
 
+/// `Udp: InDatagrams` of network namespace `ns` (`/proc/net/snmp`): the UDP datagrams delivered to its sockets.
+pub fn udp_in_datagrams(ns: &str) -> u64 {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "cat", "/proc/net/snmp"])
+        .output()
+        .expect("read /proc/net/snmp");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (
+        udp.next().expect("Udp header"),
+        udp.next().expect("Udp values"),
+    );
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "InDatagrams")
+        .expect("InDatagrams");
+    values
+        .split_whitespace()
+        .nth(i)
+        .expect("value")
+        .parse()
+        .expect("number")
+}
+
 /// `args` as owned strings.
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
@@ -507,6 +531,14 @@ pub fn ibverbs_library() {
             .join("libroce_ibverbs.so");
         assert!(lib.is_file(), "{} missing after the build", lib.display());
     });
+}
+
+/// Why a test needing `program` cannot run, naming the Debian `package` that has it, when it is not on `PATH`
+/// (`.ci/run` installs them); `None` when it is there.
+pub fn program_missing(program: &str, package: &str) -> Option<String> {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()));
+    (!found).then(|| format!("{program} not found: install Debian's {package} (.ci/run does)"))
 }
 
 /// Panics naming the Debian package when `program` is not on `PATH` (`.ci/run` installs them).
