@@ -68,9 +68,10 @@ pub enum CmEvent {
         service_id: u64,
         /// The requester's GID.
         peer: Gid,
-        /// The requester's QPN and starting PSN (our QP is connected to them on accept).
+        /// The requester's QPN (our QP is connected to it on accept).
         remote_qpn: Qpn,
-        /// The requester's first send PSN.
+        /// The REQ's Starting PSN: the PSN our QP sends from once accepted (Linux `cm.c` reads it so: the
+        /// requester's `rq_psn`, the responder's `sq_psn`; the REP's Starting PSN is the other direction).
         remote_psn: Psn,
         /// The REQ's private data (92 bytes, zero-padded as on the wire).
         private_data: Vec<u8>,
@@ -113,10 +114,11 @@ pub enum CmEvent {
 #[derive(Clone, Debug)]
 struct ConnInfo {
     qp: Option<Qp>,
+    /// The Starting PSN we sent (in our REQ or REP): the PSN our QP expects the peer's first request to carry.
     psn: Psn,
     opts: ConnectOpts,
     peer: Gid,
-    /// Passive side: the REQ's QPN and PSN.
+    /// Passive side: the REQ's QPN and Starting PSN (our send PSN).
     remote: Option<(Qpn, Psn)>,
     rep_private: Vec<u8>,
 }
@@ -320,7 +322,8 @@ impl ConnectionManager {
     }
 
     /// Sends a REQ for `service_id` to the port `dest_gid` (MAC `dest_mac`) offering `qp` (RC or UC, in RESET)
-    /// with a random starting PSN and `private_data` (at most 92 bytes). The QP is connected when the REP arrives
+    /// with a random Starting PSN (the PSN `qp` will expect from the peer; it sends from the REP's Starting PSN,
+    /// as Linux `cm.c` `ib_send_cm_req` / `cm_rep_handler` do) and `private_data` (at most 92 bytes). The QP is connected when the REP arrives
     /// (the event that reports it is [`CmEvent::Established`]) with `opts` (MTU, access, timeouts, retries).
     ///
     /// Errors: [`Error::InvalidArgument`] for a UD QP or a QP not in RESET; [`Error::Cm`] (private data too long,
@@ -389,7 +392,8 @@ impl ConnectionManager {
     }
 
     /// Accepts a [`CmEvent::ConnectRequest`]: connects `qp` (RC/UC, in RESET) to the requester's QP with `opts`
-    /// (RTR/RTS, a random starting PSN) and sends the REP with `private_data` (at most 196 bytes).
+    /// (RTR/RTS; it sends from the REQ's Starting PSN and expects the REP's, a random one, as Linux `cm.c`
+    /// `cm_req_handler` / `ib_send_cm_rep` do) and sends the REP with `private_data` (at most 196 bytes).
     /// [`CmEvent::Established`] follows when the RTU arrives.
     ///
     /// Errors: [`Error::InvalidArgument`] for an id that is not a pending request; [`Error::ModifyQp`] if the QP
@@ -409,13 +413,14 @@ impl ConnectionManager {
             .remote
             .ok_or(Error::InvalidArgument("not a pending connect request"))?;
         let psn = self.ctx.random_psn()?;
+        // Our receive PSN is the one we offer in the REP; we send from the REQ's.
         let remote = QpEndpoint {
             qpn: rqpn,
-            psn: rpsn,
+            psn,
             gid: info.peer,
             mac: self.shared.mac_of(info.peer),
         };
-        qp.connect(&remote, psn, opts)?;
+        qp.connect(&remote, rpsn, opts)?;
         let (qpn, o) = (qp.qpn(), *opts);
         self.with_cm(move |cm, now| {
             let p = AcceptParams {
@@ -544,14 +549,15 @@ impl ConnectionManager {
                 let Some(info) = info else {
                     return Ok(None);
                 };
+                // We expect the PSN our REQ offered and send from the REP's (Linux `cm_rep_handler`).
                 let remote = QpEndpoint {
                     qpn: rep.local_qpn,
-                    psn: rep.starting_psn,
+                    psn: info.psn,
                     gid: info.peer,
                     mac: self.shared.mac_of(info.peer),
                 };
                 let connected = match &info.qp {
-                    Some(qp) => qp.connect(&remote, info.psn, &info.opts),
+                    Some(qp) => qp.connect(&remote, rep.starting_psn, &info.opts),
                     None => Err(Error::InvalidArgument("no QP")),
                 };
                 if let Err(e) = connected {
