@@ -1,0 +1,579 @@
+//! rocev2's connection manager (`roce_verbs::cm::ConnectionManager`, IB CM over QP 1) against Linux's rdma_cm and
+//! ib_cm on rxe (kernel 6.1) in a Soft-RoCE guest, both roles, with Debian's unmodified librdmacm examples:
+//!
+//! * `guest_rdma_server`: the guest runs `rdma_server` (passive, `RDMA_PS_TCP` port 7471); the host connects an
+//!   RC QP with a REQ whose private data starts with the rdma_cm address header (`cma_hdr`), sends 16 bytes,
+//!   receives rdma_server's 16 bytes, and sees its DREQ.
+//! * `guest_rdma_client`: the host listens on the same service ID and accepts; the guest's `rdma_client`
+//!   connects, sends 16 bytes, gets 16 back and disconnects.
+//!
+//! The exchange of rdma_server.c / rdma_client.c (rdma-core `librdmacm/examples`, read for facts): one 16-byte
+//! SEND each way, the client first; the server posts its receive before accepting; both call `rdma_disconnect` at
+//! the end and exit 0 ("end 0").
+//!
+//! Per case: both sides succeed; the capture of the bridge passes `testdata/tools/check_pcap.py` (ICRC of every
+//! packet) and contains the CM MADs REQ, REP, RTU, DREQ, DREP; `tshark` dissects them as CM MADs of the right
+//! attributes with no expert info of severity warning or error (when tshark is installed).
+//!
+//! The host side must run inside namespace `roce-net`: the test re-runs this test binary there (`ip netns exec`)
+//! with `ROCEV2_CM_AGENT` set, which makes the otherwise ignored test `host_agent` play that side.
+//!
+//! Runs when root with `/dev/net/tun`; otherwise it prints a loud SKIPPED line and passes. Artifacts in
+//! `target/tmp/rdmacm-interop/<case>/`.
+
+use std::fs;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use roce_interop::{Bg, Capture, Guest, HOST_IP, SoftRoce, check_pcap, run, say};
+
+const GUEST: &str = "g1";
+const GUEST_IP: &str = "198.18.0.2";
+/// rdma_server / rdma_client's default port.
+const PORT: u16 = 7471;
+/// The bridge's fixed MAC (`softroce-vm netns`) and the guest's (`52:54:` + its IPv4 bytes).
+const HOST_MAC: [u8; 6] = [0x52, 0x54, 0xc6, 0x12, 0x00, 0x01];
+const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0xc6, 0x12, 0x00, 0x02];
+const AGENT_ENV: &str = "ROCEV2_CM_AGENT";
+/// PID-file tag of the guest tool (`Guest::spawn_tracked`).
+const GUEST_TAG: &str = "rdmacm-case";
+
+// ---------------------------------------------------------------------------------------------------------------
+// The host side (runs in the namespace, in a child process of this test binary)
+// ---------------------------------------------------------------------------------------------------------------
+
+mod agent {
+    use super::*;
+    use roce_link::{RxMode, UdpConfig, UdpLink};
+    use roce_verbs::cm::{CmEvent, ConnId, ConnectionManager};
+    use roce_verbs::*;
+    use roce_wire::cm::{CmaHdr, PortSpace, service_id};
+
+    const WAIT: Duration = Duration::from_secs(30);
+
+    pub struct End {
+        pub ctx: Context,
+        pub cm: ConnectionManager,
+        _pd: Pd,
+        pub cq: Cq,
+        pub qp: Qp,
+        pub buf: MrBuf,
+        pub mr: Mr,
+    }
+
+    /// The device on 198.18.0.1 (frames received with AF_PACKET: rxe numbers its IPv4 identification, which a UDP
+    /// socket would not show and the ICRC covers) and its CM, an RC QP, one CQ, a 4 KiB MR.
+    pub fn open() -> End {
+        let host: Ipv4Addr = HOST_IP.parse().unwrap();
+        let cfg = EngineConfig {
+            mac: HOST_MAC,
+            gids: vec![Gid::from_ipv4(host.octets())],
+            seed: u64::from(std::process::id()),
+            ..EngineConfig::default()
+        };
+        let ctx = Context::open(cfg, RuntimeConfig::default(), move || {
+            let u = UdpConfig {
+                local_mac: HOST_MAC,
+                peer_mac: GUEST_MAC,
+                rx: RxMode::Packet,
+                ..UdpConfig::new(IpAddr::V4(host))
+            };
+            Ok(Box::new(UdpLink::bind(u)?) as SendLink)
+        })
+        .expect("open the device on 198.18.0.1");
+        let cm = ConnectionManager::open(&ctx).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None, Moderation::default()).unwrap();
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 16,
+        };
+        let qp = pd.create_qp(QpType::Rc, &cq, &cq, cap, true).unwrap();
+        let buf = MrBuf::new(4096).unwrap();
+        let mr = pd.reg_mr(&buf, AccessFlags::LOCAL_WRITE).unwrap();
+        End {
+            ctx,
+            cm,
+            _pd: pd,
+            cq,
+            qp,
+            buf,
+            mr,
+        }
+    }
+
+    pub fn event(e: &End) -> CmEvent {
+        let ev =
+            e.cm.get_event(WAIT)
+                .unwrap()
+                .expect("a CM event within 30 s");
+        println!("event: {ev:?}");
+        ev
+    }
+
+    pub fn poll_one(cq: &Cq) -> Wc {
+        let mut wc = [Wc::default(); 1];
+        let end = Instant::now() + WAIT;
+        while Instant::now() < end {
+            if cq.poll(&mut wc) == 1 {
+                return wc[0];
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+        panic!("no completion within 30 s");
+    }
+
+    /// The 16 bytes this side sends: a recognisable pattern.
+    pub fn message() -> [u8; 16] {
+        *b"rocev2 cm hello!"
+    }
+
+    fn send16(e: &End) {
+        e.mr.write(0, &message()).unwrap();
+        e.qp.post_send(&[SendWr::new(1, SendOp::Send, &[e.mr.sge(0, 16)]).signaled()])
+            .unwrap();
+    }
+
+    fn post_recv16(e: &End) {
+        e.qp.post_recv(&[RecvWr {
+            wr_id: 2,
+            sg_list: &[e.mr.sge(1024, 16)],
+        }])
+        .unwrap();
+    }
+
+    fn expect_recv(wc: Wc) {
+        assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len),
+            (WcStatus::Success, WcOpcode::Recv, 16),
+            "the peer's 16-byte SEND: {wc:?}"
+        );
+    }
+
+    fn expect_send(wc: Wc) {
+        assert_eq!(
+            (wc.status, wc.opcode),
+            (WcStatus::Success, WcOpcode::Send),
+            "our 16-byte SEND: {wc:?}"
+        );
+    }
+
+    /// Waits for the peer's DREQ (the CM answers it with a DREP and moves the QP to ERR); timewait's end is not
+    /// waited for (it lasts seconds).
+    fn expect_disconnected(e: &End, id: ConnId) {
+        match event(e) {
+            CmEvent::Disconnected { id: d } if d == id => {}
+            other => panic!("expected the peer's disconnect, got {other:?}"),
+        }
+        assert_eq!(e.qp.query().unwrap().qp_state, QpState::Err);
+    }
+
+    /// Active side against the guest's `rdma_server`.
+    pub fn client() {
+        let e = open();
+        let guest: Ipv4Addr = GUEST_IP.parse().unwrap();
+        let host: Ipv4Addr = HOST_IP.parse().unwrap();
+        let hdr = CmaHdr {
+            src_port: 40000,
+            src_addr: IpAddr::V4(host),
+            dst_addr: IpAddr::V4(guest),
+        };
+        let mut pd = [0u8; roce_wire::cm::CMA_HDR_LEN];
+        hdr.emit(&mut pd).unwrap();
+        let sid = service_id(PortSpace::Tcp, PORT);
+        let id =
+            e.cm.connect(
+                &e.qp,
+                Gid::from_ipv4(guest.octets()),
+                GUEST_MAC,
+                sid,
+                &pd,
+                &ConnectOpts::default(),
+            )
+            .unwrap();
+        match event(&e) {
+            CmEvent::Established { id: i, .. } => assert_eq!(i, id),
+            other => panic!("expected established, got {other:?}"),
+        }
+        println!("ESTABLISHED with QPN {}", e.qp.query().unwrap().dest_qp_num);
+        post_recv16(&e);
+        send16(&e);
+        let (mut sent, mut got) = (false, false);
+        while !(sent && got) {
+            let wc = poll_one(&e.cq);
+            match wc.opcode {
+                WcOpcode::Send => {
+                    expect_send(wc);
+                    sent = true
+                }
+                _ => {
+                    expect_recv(wc);
+                    got = true
+                }
+            }
+        }
+        println!(
+            "EXCHANGED 16 bytes each way; received {:02x?}",
+            &e.buf.to_vec()[1024..1040]
+        );
+        expect_disconnected(&e, id);
+        println!("AGENT OK client; CM stats {:?}", e.cm.stats().unwrap());
+        drop(e.ctx);
+    }
+
+    /// Passive side for the guest's `rdma_client`.
+    pub fn server() {
+        let e = open();
+        let sid = service_id(PortSpace::Tcp, PORT);
+        e.cm.listen(sid).unwrap();
+        println!("LISTENING on service ID {sid:#x}");
+        let (id, private_data) = match event(&e) {
+            CmEvent::ConnectRequest {
+                id,
+                service_id: s,
+                private_data,
+                ..
+            } => {
+                assert_eq!(s, sid);
+                (id, private_data)
+            }
+            other => panic!("expected a connect request, got {other:?}"),
+        };
+        let hdr = CmaHdr::parse(&private_data).expect("the REQ carries a cma_hdr");
+        println!("REQ cma_hdr {hdr:?}");
+        assert_eq!(hdr.src_addr, IpAddr::V4(GUEST_IP.parse().unwrap()));
+        assert_eq!(hdr.dst_addr, IpAddr::V4(HOST_IP.parse().unwrap()));
+        e.cm.accept(id, &e.qp, &[], &ConnectOpts::default())
+            .unwrap();
+        post_recv16(&e);
+        match event(&e) {
+            CmEvent::Established { id: i, .. } => assert_eq!(i, id),
+            other => panic!("expected established, got {other:?}"),
+        }
+        println!("ESTABLISHED with QPN {}", e.qp.query().unwrap().dest_qp_num);
+        expect_recv(poll_one(&e.cq));
+        send16(&e);
+        expect_send(poll_one(&e.cq));
+        println!(
+            "EXCHANGED 16 bytes each way; received {:02x?}",
+            &e.buf.to_vec()[1024..1040]
+        );
+        expect_disconnected(&e, id);
+        println!("AGENT OK server; CM stats {:?}", e.cm.stats().unwrap());
+        drop(e.ctx);
+    }
+}
+
+/// The host side of a case, when this binary was started for it (`ROCEV2_CM_AGENT=client|server`); does nothing
+/// otherwise (ignored in ordinary runs).
+#[test]
+#[ignore = "the host side of tests/rdmacm.rs, started by rdmacm_interop inside namespace roce-net"]
+fn host_agent() {
+    match std::env::var(AGENT_ENV).as_deref() {
+        Ok("client") => agent::client(),
+        Ok("server") => agent::server(),
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The driver
+// ---------------------------------------------------------------------------------------------------------------
+
+fn spawn_agent(sr: &SoftRoce, role: &str, dir: &Path) -> Result<Bg, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut c = sr.host_command(
+        &exe,
+        &[
+            "--ignored",
+            "--exact",
+            "host_agent",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ],
+    );
+    c.env(AGENT_ENV, role);
+    Bg::spawn(c, &dir.join("host"), &format!("host agent ({role})"))
+}
+
+/// Waits until the guest's rdma_cm has a listening id (`rdma resource show cm_id`).
+fn wait_guest_listen(g: &Guest, server: &mut Bg) -> Result<(), String> {
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end {
+        if !server.running() {
+            return Err("the guest's rdma_server exited before listening".into());
+        }
+        let o = g.exec(20, "rdma resource show cm_id");
+        if o.stdout.contains("LISTEN") {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    Err("the guest's rdma_server did not listen within 60 s".into())
+}
+
+fn wait_host_listen(host: &mut Bg) -> Result<(), String> {
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end {
+        if host.stdout_so_far().contains("LISTENING") {
+            return Ok(());
+        }
+        if !host.running() {
+            return Err("the host agent exited before listening".into());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    Err("the host agent did not listen within 60 s".into())
+}
+
+/// CM attribute names tshark gives (`infiniband.mad.attributeid` shown as text) that a full exchange must contain.
+const CM_MADS: &[(u16, &str)] = &[
+    (0x0010, "REQ"),
+    (0x0013, "REP"),
+    (0x0014, "RTU"),
+    (0x0015, "DREQ"),
+    (0x0016, "DREP"),
+];
+
+/// tshark's view of the CM MADs in `pcap`: the attribute IDs of the CM-class MADs it dissected, and its expert
+/// infos of severity warning or error. `None` when tshark is not installed.
+fn tshark_cm(pcap: &Path, dir: &Path) -> Option<(Vec<u16>, Vec<String>)> {
+    Command::new("tshark").arg("--version").output().ok()?;
+    let mut c = Command::new("tshark");
+    c.arg("-r")
+        .arg(pcap)
+        .args(["-Y", "infiniband.mad.mgmtclass == 0x07", "-T", "fields"])
+        .args(["-e", "infiniband.mad.attributeid"]);
+    let o = run(
+        c,
+        &dir.join("tshark-cm"),
+        "tshark",
+        Duration::from_secs(120),
+    );
+    let attrs = o
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let v = l.trim_start_matches("0x");
+            u16::from_str_radix(v, 16).ok().or_else(|| l.parse().ok())
+        })
+        .collect();
+    let mut c = Command::new("tshark");
+    c.arg("-r")
+        .arg(pcap)
+        .args([
+            "-Y",
+            "infiniband && (_ws.expert.severity >= \"Warning\" || _ws.malformed)",
+        ])
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+            "-e",
+            "_ws.expert.message",
+        ]);
+    let o2 = run(
+        c,
+        &dir.join("tshark-expert"),
+        "tshark",
+        Duration::from_secs(120),
+    );
+    let mut warnings: Vec<String> = o2
+        .stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    if !o2.ok() {
+        warnings.push(format!("tshark failed: {}", o2.describe(5)));
+    }
+    let _ = fs::write(
+        dir.join("tshark.txt"),
+        format!("{}\n---\n{}", o.stdout, o2.stdout),
+    );
+    Some((attrs, warnings))
+}
+
+/// Checks a case's capture; returns the problems.
+fn check_capture(sr: &SoftRoce, pcap: &Path, dir: &Path) -> Vec<String> {
+    let mut p = Vec::new();
+    let chk = check_pcap(sr.testdata(), pcap, Some(1024), &dir.join("check_pcap"));
+    say(&format!(
+        "    check_pcap.py: {} passed, {} failed",
+        chk.passed, chk.failed
+    ));
+    for l in chk.bad.iter().take(20) {
+        p.push(format!("check_pcap.py: {l}"));
+    }
+    if chk.rc != Some(0) {
+        p.push(format!("check_pcap.py exit status {:?}", chk.rc));
+    }
+    match tshark_cm(pcap, dir) {
+        None => say("    tshark not installed: dissection not checked"),
+        Some((attrs, warnings)) => {
+            say(&format!("    tshark: CM MAD attributes {attrs:x?}"));
+            for (a, name) in CM_MADS {
+                if !attrs.contains(a) {
+                    p.push(format!("tshark saw no CM {name} MAD"));
+                }
+            }
+            for w in warnings.iter().take(20) {
+                p.push(format!("tshark expert info: {w}"));
+            }
+        }
+    }
+    p
+}
+
+fn case_guest_server(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
+    let dir = out.join("guest_rdma_server");
+    let _ = fs::create_dir_all(&dir);
+    let mut p = Vec::new();
+    let cap = match Capture::start(&dir.join("capture.pcap")) {
+        Ok(c) => c,
+        Err(e) => return vec![e],
+    };
+    let mut server = match g.spawn_tracked(
+        90,
+        &format!("rdma_server -s {GUEST_IP} -p {PORT}"),
+        GUEST_TAG,
+        &dir.join("guest"),
+    ) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    if let Err(e) = wait_guest_listen(g, &mut server) {
+        g.kill_tracked(GUEST_TAG, "rdma_server");
+        return vec![e, server.wait(Duration::from_secs(5)).describe(10)];
+    }
+    let host = match spawn_agent(sr, "client", &dir) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    let h = host.wait(Duration::from_secs(90));
+    let s = server.wait(Duration::from_secs(30));
+    if s.timed_out || s.rc.is_none() {
+        g.kill_tracked(GUEST_TAG, "rdma_server");
+    }
+    let (_, dropped) = cap.stop();
+    say(&format!(
+        "    host: {}",
+        h.describe(6).replace('\n', "\n    ")
+    ));
+    say(&format!(
+        "    guest: {}",
+        s.describe(6).replace('\n', "\n    ")
+    ));
+    if !h.ok() || !h.stdout.contains("AGENT OK client") {
+        p.push(format!("host side failed: {}", h.describe(25)));
+    }
+    if !s.ok() || !s.stdout.contains("end 0") {
+        p.push(format!("rdma_server failed: {}", s.describe(10)));
+    }
+    if dropped > 0 {
+        say(&format!("    tcpdump dropped {dropped} frames"));
+    }
+    p.extend(check_capture(sr, &dir.join("capture.pcap"), &dir));
+    p
+}
+
+fn case_guest_client(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
+    let dir = out.join("guest_rdma_client");
+    let _ = fs::create_dir_all(&dir);
+    let mut p = Vec::new();
+    let cap = match Capture::start(&dir.join("capture.pcap")) {
+        Ok(c) => c,
+        Err(e) => return vec![e],
+    };
+    let mut host = match spawn_agent(sr, "server", &dir) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    if let Err(e) = wait_host_listen(&mut host) {
+        return vec![e, host.wait(Duration::from_secs(5)).describe(20)];
+    }
+    let c = g.exec(60, &format!("rdma_client -s {HOST_IP} -p {PORT}"));
+    let h = host.wait(Duration::from_secs(60));
+    let (_, dropped) = cap.stop();
+    say(&format!(
+        "    host: {}",
+        h.describe(6).replace('\n', "\n    ")
+    ));
+    say(&format!(
+        "    guest: {}",
+        c.describe(6).replace('\n', "\n    ")
+    ));
+    if !h.ok() || !h.stdout.contains("AGENT OK server") {
+        p.push(format!("host side failed: {}", h.describe(25)));
+    }
+    if !c.ok() || !c.stdout.contains("end 0") {
+        p.push(format!("rdma_client failed: {}", c.describe(10)));
+    }
+    if dropped > 0 {
+        say(&format!("    tcpdump dropped {dropped} frames"));
+    }
+    p.extend(check_capture(sr, &dir.join("capture.pcap"), &dir));
+    p
+}
+
+#[test]
+fn rdmacm_interop() {
+    if std::env::var_os(AGENT_ENV).is_some() {
+        return;
+    }
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let testdata = crate_dir.join("../../testdata");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rdmacm-interop");
+    let _ = fs::create_dir_all(&out);
+    let sr = match SoftRoce::acquire(&testdata, &out.join("scratch"), Duration::from_secs(1800)) {
+        Ok(s) => s,
+        Err(reason) => {
+            say("######################################################################");
+            say(&format!("SKIPPED: rdma_cm interop suite not run: {reason}"));
+            say("######################################################################");
+            return;
+        }
+    };
+    let g = sr.up(GUEST, GUEST_IP).unwrap_or_else(|e| panic!("{e}"));
+    say(&format!("{} | {}", g.boot_log, g.ready_line));
+    let only = std::env::var("SOFTROCE_CASES").unwrap_or_default();
+    let mut failed = Vec::new();
+    type CaseFn = fn(&SoftRoce, &Guest, &Path) -> Vec<String>;
+    let cases: [(&str, CaseFn); 2] = [
+        ("guest_rdma_server", case_guest_server),
+        ("guest_rdma_client", case_guest_client),
+    ];
+    for (name, f) in cases {
+        if !only.is_empty() && !only.split(',').any(|s| name.contains(s)) {
+            continue;
+        }
+        let t0 = Instant::now();
+        say(&format!("case {name}"));
+        let problems = f(&sr, &g, &out);
+        say(&format!(
+            "{} {name} ({:.1}s)",
+            if problems.is_empty() { "ok  " } else { "FAIL" },
+            t0.elapsed().as_secs_f64()
+        ));
+        for pr in &problems {
+            say(&format!("    problem: {pr}"));
+        }
+        if !problems.is_empty() {
+            failed.push((name, problems));
+        }
+    }
+    drop(sr);
+    assert!(
+        failed.is_empty(),
+        "rdma_cm interop cases failed: {failed:#?}"
+    );
+}
