@@ -6,14 +6,19 @@
 //!   receives rdma_server's 16 bytes, and sees its DREQ.
 //! * `guest_rdma_client`: the host listens on the same service ID and accepts; the guest's `rdma_client`
 //!   connects, sends 16 bytes, gets 16 back and disconnects.
+//! * `guest_udaddy_server` / `guest_udaddy_client`: SIDR against `udaddy` (`RDMA_PS_UDP` port 7174), both roles:
+//!   the SIDR_REQ carries the `cma_hdr`, the SIDR_REP the service's UD QPN and `RDMA_UDP_QKEY`; then udaddy's 10
+//!   SEND-with-immediate datagrams of 100 bytes each way (immediate = the sender's QPN, the reply address from the
+//!   first receive's GRH), checked for length, immediate and source QP.
 //!
 //! The exchange of rdma_server.c / rdma_client.c (rdma-core `librdmacm/examples`, read for facts): one 16-byte
 //! SEND each way, the client first; the server posts its receive before accepting; both call `rdma_disconnect` at
 //! the end and exit 0 ("end 0").
 //!
 //! Per case: both sides succeed; the capture of the bridge passes `testdata/tools/check_pcap.py` (ICRC of every
-//! packet) and contains the CM MADs REQ, REP, RTU, DREQ, DREP; `tshark` dissects them as CM MADs of the right
-//! attributes with no expert info of severity warning or error (when tshark is installed).
+//! packet) and contains the CM MADs (REQ, REP, RTU, DREQ, DREP; SIDR_REQ, SIDR_REP for udaddy) as `tshark` sees
+//! them, with no expert info of severity warning or error and nothing malformed (when tshark is installed; tshark
+//! 4.0 names the SIDR MADs but does not dissect their fields).
 //!
 //! The host side must run inside namespace `roce-net`: the test re-runs this test binary there (`ip netns exec`)
 //! with `ROCEV2_CM_AGENT` set, which makes the otherwise ignored test `host_agent` play that side.
@@ -57,7 +62,7 @@ mod agent {
     pub struct End {
         pub ctx: Context,
         pub cm: ConnectionManager,
-        _pd: Pd,
+        pub pd: Pd,
         pub cq: Cq,
         pub qp: Qp,
         pub buf: MrBuf,
@@ -100,7 +105,7 @@ mod agent {
         End {
             ctx,
             cm,
-            _pd: pd,
+            pd,
             cq,
             qp,
             buf,
@@ -270,6 +275,193 @@ mod agent {
     }
 }
 
+/// UD half of the agent.
+/// udaddy's defaults (rdma-core `librdmacm/examples/udaddy.c`): port 7174, 10 messages of 100 bytes, sent as SEND
+/// with immediate = the sender's QPN; the server answers to that QPN with its own Q_Key, through an address handle
+/// made from the first receive's GRH.
+mod ud_agent {
+    use super::agent::*;
+    use super::*;
+    use roce_verbs::cm::{CmEvent, RDMA_UDP_QKEY};
+    use roce_verbs::*;
+    use roce_wire::cm::{CmaHdr, PortSpace, service_id};
+
+    pub const UD_PORT: u16 = 7174;
+    const UD_COUNT: u64 = 10;
+    const UD_SIZE: u32 = 100;
+    /// Receive slot size: the 40-byte GRH area and the message.
+    const UD_SLOT: u64 = 40 + UD_SIZE as u64;
+
+    /// A UD QP with rdma_cm's Q_Key for the UDP port space, ready, with `UD_COUNT` receives posted.
+    fn ud_qp(e: &End, pd: &Pd) -> Qp {
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_qp(QpType::Ud, &e.cq, &e.cq, cap, false).unwrap();
+        qp.ready_ud(RDMA_UDP_QKEY, Psn::new(0)).unwrap();
+        for i in 0..UD_COUNT {
+            qp.post_recv(&[RecvWr {
+                wr_id: 100 + i,
+                sg_list: &[e.mr.sge(i * UD_SLOT, UD_SLOT as u32)],
+            }])
+            .unwrap();
+        }
+        qp
+    }
+
+    /// Sends `UD_COUNT` messages of `UD_SIZE` bytes with immediate = our QPN (as udaddy does), the last signaled.
+    fn send_all(e: &End, qp: &Qp, dest: UdDest) {
+        let msg: Vec<u8> = (0..UD_SIZE).map(|i| (i * 3 + 7) as u8).collect();
+        e.mr.write(3000, &msg).unwrap();
+        for i in 0..UD_COUNT {
+            let sg = [e.mr.sge(3000, UD_SIZE)];
+            let mut wr = SendWr::new(
+                i,
+                SendOp::SendWithImm {
+                    imm: qp.qpn().value(),
+                },
+                &sg,
+            )
+            .ud(dest);
+            if i == UD_COUNT - 1 {
+                wr = wr.signaled();
+            }
+            // The send queue holds 16: wait for room is not needed for 10.
+            qp.post_send(&[wr]).unwrap();
+        }
+    }
+
+    /// Takes `UD_COUNT` receive completions (and any send completion); returns the first receive.
+    fn recv_all(e: &End) -> Wc {
+        let mut first = None;
+        let mut got = 0;
+        while got < UD_COUNT {
+            let wc = poll_one(&e.cq);
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            if wc.opcode == WcOpcode::Recv {
+                assert_eq!(wc.byte_len, 40 + UD_SIZE, "{wc:?}");
+                assert!(wc.wc_flags.names().any(|n| n == "WITH_IMM"), "{wc:?}");
+                assert_eq!(
+                    wc.imm_data,
+                    wc.src_qp.value(),
+                    "udaddy's immediate is its QPN: {wc:?}"
+                );
+                first.get_or_insert(wc);
+                got += 1;
+            }
+        }
+        first.unwrap()
+    }
+
+    /// Active side against the guest's `udaddy` server: SIDR, then 10 datagrams each way.
+    pub fn client() {
+        let e = open();
+        let pd = &e.pd;
+        let qp = ud_qp(&e, pd);
+        let guest: Ipv4Addr = GUEST_IP.parse().unwrap();
+        let mut hdr = [0u8; roce_wire::cm::CMA_HDR_LEN];
+        CmaHdr {
+            src_port: 40001,
+            src_addr: IpAddr::V4(HOST_IP.parse().unwrap()),
+            dst_addr: IpAddr::V4(guest),
+        }
+        .emit(&mut hdr)
+        .unwrap();
+        let sid = service_id(PortSpace::Udp, UD_PORT);
+        let id =
+            e.cm.sidr_resolve(Gid::from_ipv4(guest.octets()), GUEST_MAC, sid, &hdr, 0)
+                .unwrap();
+        let (ah, qpn, qkey) = match event(&e) {
+            CmEvent::SidrResolved {
+                id: i,
+                ah,
+                qpn,
+                qkey,
+                ..
+            } => {
+                assert_eq!(i, id);
+                (ah, qpn, qkey)
+            }
+            other => panic!("expected SIDR resolved, got {other:?}"),
+        };
+        assert_eq!(qkey, RDMA_UDP_QKEY, "Linux cma.c announces RDMA_UDP_QKEY");
+        println!("RESOLVED QPN {qpn} Q_Key {qkey:#x}");
+        let ah = pd.create_ah(&ah).unwrap();
+        send_all(
+            &e,
+            &qp,
+            UdDest {
+                ah: ah.handle(),
+                remote_qpn: qpn,
+                remote_qkey: qkey,
+            },
+        );
+        let first = recv_all(&e);
+        assert_eq!(first.src_qp, qpn, "the replies come from the resolved QP");
+        println!("AGENT OK ud client; CM stats {:?}", e.cm.stats().unwrap());
+    }
+
+    /// Passive side for the guest's `udaddy -s 198.18.0.1`: answer its SIDR_REQ, take its 10 datagrams, reply.
+    pub fn server() {
+        let e = open();
+        let pd = &e.pd;
+        let qp = ud_qp(&e, pd);
+        let sid = service_id(PortSpace::Udp, UD_PORT);
+        e.cm.listen(sid).unwrap();
+        println!("LISTENING on service ID {sid:#x}");
+        let (id, private_data) = match event(&e) {
+            CmEvent::SidrRequest {
+                id,
+                service_id: s,
+                private_data,
+                ..
+            } => {
+                assert_eq!(s, sid);
+                (id, private_data)
+            }
+            other => panic!("expected a SIDR request, got {other:?}"),
+        };
+        let hdr = CmaHdr::parse(&private_data).expect("the SIDR_REQ carries a cma_hdr");
+        println!("SIDR_REQ cma_hdr {hdr:?}");
+        assert_eq!(hdr.dst_addr, IpAddr::V4(HOST_IP.parse().unwrap()));
+        e.cm.sidr_accept(id, &qp, RDMA_UDP_QKEY, &[]).unwrap();
+        let first = recv_all(&e);
+        // The reply address from the first receive's GRH area (an IPv4 header in its last 20 bytes).
+        let slot = (first.wr_id - 100) * UD_SLOT;
+        let grh = &e.buf.to_vec()[slot as usize..slot as usize + 40];
+        let src = Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]);
+        assert_eq!(src, GUEST_IP.parse::<Ipv4Addr>().unwrap(), "GRH source");
+        let ah = pd
+            .create_ah(&AhAttr {
+                dgid: Gid::from_ipv4(src.octets()),
+                dmac: GUEST_MAC,
+                hop_limit: 64,
+                ..AhAttr::default()
+            })
+            .unwrap();
+        send_all(
+            &e,
+            &qp,
+            UdDest {
+                ah: ah.handle(),
+                remote_qpn: roce_wire::Qpn::new(first.imm_data),
+                remote_qkey: RDMA_UDP_QKEY,
+            },
+        );
+        let wc = poll_one(&e.cq);
+        assert_eq!(
+            (wc.status, wc.opcode),
+            (WcStatus::Success, WcOpcode::Send),
+            "{wc:?}"
+        );
+        println!("AGENT OK ud server; CM stats {:?}", e.cm.stats().unwrap());
+    }
+}
+
 /// The host side of a case, when this binary was started for it (`ROCEV2_CM_AGENT=client|server`); does nothing
 /// otherwise (ignored in ordinary runs).
 #[test]
@@ -278,6 +470,8 @@ fn host_agent() {
     match std::env::var(AGENT_ENV).as_deref() {
         Ok("client") => agent::client(),
         Ok("server") => agent::server(),
+        Ok("ud-client") => ud_agent::client(),
+        Ok("ud-server") => ud_agent::server(),
         _ => {}
     }
 }
@@ -333,7 +527,7 @@ fn wait_host_listen(host: &mut Bg) -> Result<(), String> {
     Err("the host agent did not listen within 60 s".into())
 }
 
-/// CM attribute names tshark gives (`infiniband.mad.attributeid` shown as text) that a full exchange must contain.
+/// CM attributes (`infiniband.mad.attributeid`) a connection's exchange must contain.
 const CM_MADS: &[(u16, &str)] = &[
     (0x0010, "REQ"),
     (0x0013, "REP"),
@@ -341,6 +535,9 @@ const CM_MADS: &[(u16, &str)] = &[
     (0x0015, "DREQ"),
     (0x0016, "DREP"),
 ];
+
+/// CM attributes of a SIDR exchange.
+const SIDR_MADS: &[(u16, &str)] = &[(0x0017, "SIDR_REQ"), (0x0018, "SIDR_REP")];
 
 /// tshark's view of the CM MADs in `pcap`: the attribute IDs of the CM-class MADs it dissected, and its expert
 /// infos of severity warning or error. `None` when tshark is not installed.
@@ -404,7 +601,7 @@ fn tshark_cm(pcap: &Path, dir: &Path) -> Option<(Vec<u16>, Vec<String>)> {
 }
 
 /// Checks a case's capture; returns the problems.
-fn check_capture(sr: &SoftRoce, pcap: &Path, dir: &Path) -> Vec<String> {
+fn check_capture(sr: &SoftRoce, pcap: &Path, dir: &Path, mads: &[(u16, &str)]) -> Vec<String> {
     let mut p = Vec::new();
     let chk = check_pcap(sr.testdata(), pcap, Some(1024), &dir.join("check_pcap"));
     say(&format!(
@@ -421,7 +618,7 @@ fn check_capture(sr: &SoftRoce, pcap: &Path, dir: &Path) -> Vec<String> {
         None => say("    tshark not installed: dissection not checked"),
         Some((attrs, warnings)) => {
             say(&format!("    tshark: CM MAD attributes {attrs:x?}"));
-            for (a, name) in CM_MADS {
+            for (a, name) in mads {
                 if !attrs.contains(a) {
                     p.push(format!("tshark saw no CM {name} MAD"));
                 }
@@ -482,7 +679,7 @@ fn case_guest_server(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
     if dropped > 0 {
         say(&format!("    tcpdump dropped {dropped} frames"));
     }
-    p.extend(check_capture(sr, &dir.join("capture.pcap"), &dir));
+    p.extend(check_capture(sr, &dir.join("capture.pcap"), &dir, CM_MADS));
     p
 }
 
@@ -521,7 +718,108 @@ fn case_guest_client(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
     if dropped > 0 {
         say(&format!("    tcpdump dropped {dropped} frames"));
     }
-    p.extend(check_capture(sr, &dir.join("capture.pcap"), &dir));
+    p.extend(check_capture(sr, &dir.join("capture.pcap"), &dir, CM_MADS));
+    p
+}
+
+fn case_guest_udaddy_server(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
+    let dir = out.join("guest_udaddy_server");
+    let _ = fs::create_dir_all(&dir);
+    let mut p = Vec::new();
+    let cap = match Capture::start(&dir.join("capture.pcap")) {
+        Ok(c) => c,
+        Err(e) => return vec![e],
+    };
+    let mut server = match g.spawn_tracked(
+        90,
+        &format!("udaddy -b {GUEST_IP}"),
+        GUEST_TAG,
+        &dir.join("guest"),
+    ) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    if let Err(e) = wait_guest_listen(g, &mut server) {
+        g.kill_tracked(GUEST_TAG, "udaddy");
+        return vec![e, server.wait(Duration::from_secs(5)).describe(10)];
+    }
+    let host = match spawn_agent(sr, "ud-client", &dir) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    let h = host.wait(Duration::from_secs(90));
+    let s = server.wait(Duration::from_secs(30));
+    if s.timed_out || s.rc.is_none() {
+        g.kill_tracked(GUEST_TAG, "udaddy");
+    }
+    let (_, dropped) = cap.stop();
+    say(&format!(
+        "    host: {}",
+        h.describe(6).replace('\n', "\n    ")
+    ));
+    say(&format!(
+        "    guest: {}",
+        s.describe(6).replace('\n', "\n    ")
+    ));
+    if !h.ok() || !h.stdout.contains("AGENT OK ud client") {
+        p.push(format!("host side failed: {}", h.describe(25)));
+    }
+    if !s.ok() || !s.stdout.contains("return status 0") {
+        p.push(format!("udaddy (server) failed: {}", s.describe(10)));
+    }
+    if dropped > 0 {
+        say(&format!("    tcpdump dropped {dropped} frames"));
+    }
+    p.extend(check_capture(
+        sr,
+        &dir.join("capture.pcap"),
+        &dir,
+        SIDR_MADS,
+    ));
+    p
+}
+
+fn case_guest_udaddy_client(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
+    let dir = out.join("guest_udaddy_client");
+    let _ = fs::create_dir_all(&dir);
+    let mut p = Vec::new();
+    let cap = match Capture::start(&dir.join("capture.pcap")) {
+        Ok(c) => c,
+        Err(e) => return vec![e],
+    };
+    let mut host = match spawn_agent(sr, "ud-server", &dir) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    if let Err(e) = wait_host_listen(&mut host) {
+        return vec![e, host.wait(Duration::from_secs(5)).describe(20)];
+    }
+    let c = g.exec(60, &format!("udaddy -s {HOST_IP}"));
+    let h = host.wait(Duration::from_secs(60));
+    let (_, dropped) = cap.stop();
+    say(&format!(
+        "    host: {}",
+        h.describe(6).replace('\n', "\n    ")
+    ));
+    say(&format!(
+        "    guest: {}",
+        c.describe(6).replace('\n', "\n    ")
+    ));
+    if !h.ok() || !h.stdout.contains("AGENT OK ud server") {
+        p.push(format!("host side failed: {}", h.describe(25)));
+    }
+    if !c.ok() || !c.stdout.contains("return status 0") {
+        p.push(format!("udaddy (client) failed: {}", c.describe(10)));
+    }
+    if dropped > 0 {
+        say(&format!("    tcpdump dropped {dropped} frames"));
+    }
+    p.extend(check_capture(
+        sr,
+        &dir.join("capture.pcap"),
+        &dir,
+        SIDR_MADS,
+    ));
     p
 }
 
@@ -548,9 +846,11 @@ fn rdmacm_interop() {
     let only = std::env::var("SOFTROCE_CASES").unwrap_or_default();
     let mut failed = Vec::new();
     type CaseFn = fn(&SoftRoce, &Guest, &Path) -> Vec<String>;
-    let cases: [(&str, CaseFn); 2] = [
+    let cases: [(&str, CaseFn); 4] = [
         ("guest_rdma_server", case_guest_server),
         ("guest_rdma_client", case_guest_client),
+        ("guest_udaddy_server", case_guest_udaddy_server),
+        ("guest_udaddy_client", case_guest_udaddy_client),
     ];
     for (name, f) in cases {
         if !only.is_empty() && !only.split(',').any(|s| name.contains(s)) {
