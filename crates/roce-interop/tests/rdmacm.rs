@@ -10,6 +10,10 @@
 //!   the SIDR_REQ carries the `cma_hdr`, the SIDR_REP the service's UD QPN and `RDMA_UDP_QKEY`; then udaddy's 10
 //!   SEND-with-immediate datagrams of 100 bytes each way (immediate = the sender's QPN, the reply address from the
 //!   first receive's GRH), checked for length, immediate and source QP.
+//! * `rejects`: our listener rejects the guest's `rdma_client` (REJ reason 28 with private data: rdma_connect fails
+//!   with ECONNREFUSED) and our CM answers `udaddy`'s SIDR_REQ for an unlistened service with status 1 (udaddy
+//!   reports UNREACHABLE, error 1); Linux answers our REQ and SIDR_REQ for an unlistened guest service with REJ
+//!   reason 8 and SIDR_REP status 1.
 //!
 //! The exchange of rdma_server.c / rdma_client.c (rdma-core `librdmacm/examples`, read for facts): one 16-byte
 //! SEND each way, the client first; the server posts its receive before accepting; both call `rdma_disconnect` at
@@ -276,6 +280,76 @@ mod agent {
 }
 
 /// UD half of the agent.
+/// The rejecting paths of both CMs.
+mod reject_agent {
+    use super::agent::*;
+    use super::*;
+    use roce_verbs::cm::CmEvent;
+    use roce_verbs::*;
+    use roce_wire::cm::{PortSpace, service_id};
+
+    /// A port nobody listens on in the guest.
+    const NOBODY: u16 = 7499;
+
+    /// Listens on rdma_client's service and rejects its REQ with private data; then keeps the CM running for 15 s
+    /// (udaddy's SIDR_REQ for an unlistened service is answered by the CM alone, status 1).
+    pub fn reject() {
+        let e = open();
+        let sid = service_id(PortSpace::Tcp, PORT);
+        e.cm.listen(sid).unwrap();
+        println!("LISTENING on service ID {sid:#x}");
+        let id = match event(&e) {
+            CmEvent::ConnectRequest { id, .. } => id,
+            other => panic!("expected a connect request, got {other:?}"),
+        };
+        e.cm.reject(id, b"rocev2 says no").unwrap();
+        println!("REJECTED");
+        if let Some(ev) = e.cm.get_event(Duration::from_secs(15)).unwrap() {
+            panic!("no further event expected, got {ev:?}");
+        }
+        let st = e.cm.stats().unwrap();
+        assert!(
+            st.rej_no_listener_sent >= 1,
+            "udaddy's SIDR_REQ was answered: {st:?}"
+        );
+        println!("AGENT OK reject; CM stats {st:?}");
+    }
+
+    /// REQ and SIDR_REQ for a service nobody listens on in the guest: Linux answers with REJ reason 8 (invalid
+    /// service ID) and SIDR_REP status 1 (unsupported).
+    pub fn probe() {
+        let e = open();
+        let guest: Ipv4Addr = GUEST_IP.parse().unwrap();
+        let gid = Gid::from_ipv4(guest.octets());
+        let id =
+            e.cm.connect(
+                &e.qp,
+                gid,
+                GUEST_MAC,
+                service_id(PortSpace::Tcp, NOBODY),
+                &[],
+                &ConnectOpts::default(),
+            )
+            .unwrap();
+        match event(&e) {
+            CmEvent::Rejected { id: i, reason, .. } => {
+                assert_eq!((i, reason), (id, 8), "invalid service ID")
+            }
+            other => panic!("expected rejected, got {other:?}"),
+        }
+        let id =
+            e.cm.sidr_resolve(gid, GUEST_MAC, service_id(PortSpace::Udp, NOBODY), &[], 0)
+                .unwrap();
+        match event(&e) {
+            CmEvent::SidrRejected { id: i, status, .. } => {
+                assert_eq!((i, status), (id, 1), "unsupported service ID")
+            }
+            other => panic!("expected SIDR rejected, got {other:?}"),
+        }
+        println!("AGENT OK probe; CM stats {:?}", e.cm.stats().unwrap());
+    }
+}
+
 /// udaddy's defaults (rdma-core `librdmacm/examples/udaddy.c`): port 7174, 10 messages of 100 bytes, sent as SEND
 /// with immediate = the sender's QPN; the server answers to that QPN with its own Q_Key, through an address handle
 /// made from the first receive's GRH.
@@ -472,6 +546,8 @@ fn host_agent() {
         Ok("server") => agent::server(),
         Ok("ud-client") => ud_agent::client(),
         Ok("ud-server") => ud_agent::server(),
+        Ok("reject") => reject_agent::reject(),
+        Ok("probe") => reject_agent::probe(),
         _ => {}
     }
 }
@@ -823,6 +899,76 @@ fn case_guest_udaddy_client(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String>
     p
 }
 
+/// Both CMs' rejections: the guest's rdma_client is rejected by our listener (REJ reason 28 with private data) and
+/// its udaddy gets SIDR_REP status 1 from our CM; our REQ and SIDR_REQ to an unlistened guest service get REJ
+/// reason 8 and SIDR_REP status 1 from Linux.
+fn case_rejects(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
+    let dir = out.join("rejects");
+    let _ = fs::create_dir_all(&dir);
+    let mut p = Vec::new();
+    let cap = match Capture::start(&dir.join("capture.pcap")) {
+        Ok(c) => c,
+        Err(e) => return vec![e],
+    };
+    let mut host = match spawn_agent(sr, "reject", &dir) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    if let Err(e) = wait_host_listen(&mut host) {
+        return vec![e, host.wait(Duration::from_secs(5)).describe(20)];
+    }
+    let c = g.exec(30, &format!("rdma_client -s {HOST_IP} -p {PORT}"));
+    let u = g.exec(30, &format!("udaddy -s {HOST_IP}"));
+    let h = host.wait(Duration::from_secs(60));
+    let probe_dir = dir.join("probe");
+    let _ = fs::create_dir_all(&probe_dir);
+    let probe = spawn_agent(sr, "probe", &probe_dir).map(|b| b.wait(Duration::from_secs(60)));
+    let (_, dropped) = cap.stop();
+    say(&format!(
+        "    rdma_client: {}",
+        c.describe(4).replace('\n', "\n    ")
+    ));
+    say(&format!(
+        "    udaddy: {}",
+        u.describe(4).replace('\n', "\n    ")
+    ));
+    if !h.ok() || !h.stdout.contains("AGENT OK reject") {
+        p.push(format!("host listener failed: {}", h.describe(25)));
+    }
+    // librdmacm turns the REJECTED event into ECONNREFUSED: rdma_client reports the failed rdma_connect and exits
+    // non-zero ("end -1").
+    if c.ok() || !c.stderr.contains("rdma_connect: Connection refused") {
+        p.push(format!("rdma_client was not refused: {}", c.describe(10)));
+    }
+    // udaddy prints the UNREACHABLE event with the SIDR_REP's status (1: unsupported service ID).
+    if u.ok() || !u.stdout.contains("RDMA_CM_EVENT_UNREACHABLE, error: 1") {
+        p.push(format!(
+            "udaddy did not report UNREACHABLE: {}",
+            u.describe(10)
+        ));
+    }
+    match probe {
+        Ok(o) if o.ok() && o.stdout.contains("AGENT OK probe") => {}
+        Ok(o) => p.push(format!("host probe failed: {}", o.describe(25))),
+        Err(e) => p.push(e),
+    }
+    if dropped > 0 {
+        say(&format!("    tcpdump dropped {dropped} frames"));
+    }
+    p.extend(check_capture(
+        sr,
+        &dir.join("capture.pcap"),
+        &dir,
+        &[
+            (0x0010, "REQ"),
+            (0x0012, "REJ"),
+            (0x0017, "SIDR_REQ"),
+            (0x0018, "SIDR_REP"),
+        ],
+    ));
+    p
+}
+
 #[test]
 fn rdmacm_interop() {
     if std::env::var_os(AGENT_ENV).is_some() {
@@ -846,11 +992,12 @@ fn rdmacm_interop() {
     let only = std::env::var("SOFTROCE_CASES").unwrap_or_default();
     let mut failed = Vec::new();
     type CaseFn = fn(&SoftRoce, &Guest, &Path) -> Vec<String>;
-    let cases: [(&str, CaseFn); 4] = [
+    let cases: [(&str, CaseFn); 5] = [
         ("guest_rdma_server", case_guest_server),
         ("guest_rdma_client", case_guest_client),
         ("guest_udaddy_server", case_guest_udaddy_server),
         ("guest_udaddy_client", case_guest_udaddy_client),
+        ("rejects", case_rejects),
     ];
     for (name, f) in cases {
         if !only.is_empty() && !only.split(',').any(|s| name.contains(s)) {
