@@ -10,6 +10,8 @@
 //!   the SIDR_REQ carries the `cma_hdr`, the SIDR_REP the service's UD QPN and `RDMA_UDP_QKEY`; then udaddy's 10
 //!   SEND-with-immediate datagrams of 100 bytes each way (immediate = the sender's QPN, the reply address from the
 //!   first receive's GRH), checked for length, immediate and source QP.
+//! * `guest_ucmatose_client`: the guest's `ucmatose` connects to our listener; 10 messages of 100 bytes each way
+//!   (ours first, as cmatose.c's server does), then our DREQ and Linux's DREP.
 //! * `rejects`: our listener rejects the guest's `rdma_client` (REJ reason 28 with private data: rdma_connect fails
 //!   with ECONNREFUSED) and our CM answers `udaddy`'s SIDR_REQ for an unlistened service with status 1 (udaddy
 //!   reports UNREACHABLE, error 1); Linux answers our REQ and SIDR_REQ for an unlistened guest service with REJ
@@ -95,10 +97,10 @@ mod agent {
         .expect("open the device on 198.18.0.1");
         let cm = ConnectionManager::open(&ctx).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16, None, Moderation::default()).unwrap();
+        let cq = ctx.create_cq(64, None, Moderation::default()).unwrap();
         let cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
+            max_send_wr: 16,
+            max_recv_wr: 16,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 16,
@@ -234,6 +236,66 @@ mod agent {
         expect_disconnected(&e, id);
         println!("AGENT OK client; CM stats {:?}", e.cm.stats().unwrap());
         drop(e.ctx);
+    }
+
+    /// Passive side for the guest's `ucmatose` client (rdma-core `librdmacm/examples/cmatose.c`: the server sends
+    /// its 10 messages of 100 bytes first, the client answers with 10, then the server disconnects and the client
+    /// waits for DISCONNECTED): here our DREQ meets Linux's DREP.
+    pub fn ucma_server() {
+        let e = open();
+        let sid = service_id(PortSpace::Tcp, PORT);
+        e.cm.listen(sid).unwrap();
+        println!("LISTENING on service ID {sid:#x}");
+        let id = match event(&e) {
+            CmEvent::ConnectRequest { id, .. } => id,
+            other => panic!("expected a connect request, got {other:?}"),
+        };
+        e.cm.accept(id, &e.qp, &[], &ConnectOpts::default())
+            .unwrap();
+        for i in 0..10 {
+            e.qp.post_recv(&[RecvWr {
+                wr_id: 100 + i,
+                sg_list: &[e.mr.sge(1024 + i * 100, 100)],
+            }])
+            .unwrap();
+        }
+        match event(&e) {
+            CmEvent::Established { id: i, .. } => assert_eq!(i, id),
+            other => panic!("expected established, got {other:?}"),
+        }
+        let msg: Vec<u8> = (0..100u32).map(|i| (i * 5 + 1) as u8).collect();
+        e.mr.write(0, &msg).unwrap();
+        for i in 0..10 {
+            e.qp.post_send(&[SendWr::new(i, SendOp::Send, &[e.mr.sge(0, 100)]).signaled()])
+                .unwrap();
+        }
+        let (mut sent, mut got) = (0, 0);
+        while sent < 10 || got < 10 {
+            let wc = poll_one(&e.cq);
+            match wc.opcode {
+                WcOpcode::Send => {
+                    expect_send(wc);
+                    sent += 1
+                }
+                _ => {
+                    assert_eq!(
+                        (wc.status, wc.opcode, wc.byte_len),
+                        (WcStatus::Success, WcOpcode::Recv, 100),
+                        "{wc:?}"
+                    );
+                    got += 1
+                }
+            }
+        }
+        println!("EXCHANGED 10 messages each way");
+        e.cm.disconnect(id).unwrap();
+        match event(&e) {
+            CmEvent::Disconnected { id: i } => assert_eq!(i, id),
+            other => panic!("expected disconnected (the DREP), got {other:?}"),
+        }
+        let st = e.cm.stats().unwrap();
+        assert_eq!(st.timeouts, 0, "the DREQ was answered: {st:?}");
+        println!("AGENT OK ucma server; CM stats {st:?}");
     }
 
     /// Passive side for the guest's `rdma_client`.
@@ -546,6 +608,7 @@ fn host_agent() {
         Ok("server") => agent::server(),
         Ok("ud-client") => ud_agent::client(),
         Ok("ud-server") => ud_agent::server(),
+        Ok("ucma-server") => agent::ucma_server(),
         Ok("reject") => reject_agent::reject(),
         Ok("probe") => reject_agent::probe(),
         _ => {}
@@ -899,6 +962,46 @@ fn case_guest_udaddy_client(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String>
     p
 }
 
+/// The guest's `ucmatose` client against our listener; we disconnect (DREQ from us, DREP from Linux).
+fn case_guest_ucmatose_client(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
+    let dir = out.join("guest_ucmatose_client");
+    let _ = fs::create_dir_all(&dir);
+    let mut p = Vec::new();
+    let cap = match Capture::start(&dir.join("capture.pcap")) {
+        Ok(c) => c,
+        Err(e) => return vec![e],
+    };
+    let mut host = match spawn_agent(sr, "ucma-server", &dir) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    if let Err(e) = wait_host_listen(&mut host) {
+        return vec![e, host.wait(Duration::from_secs(5)).describe(20)];
+    }
+    let c = g.exec(60, &format!("ucmatose -s {HOST_IP} -p {PORT}"));
+    let h = host.wait(Duration::from_secs(60));
+    let (_, dropped) = cap.stop();
+    say(&format!(
+        "    host: {}",
+        h.describe(6).replace('\n', "\n    ")
+    ));
+    say(&format!(
+        "    guest: {}",
+        c.describe(6).replace('\n', "\n    ")
+    ));
+    if !h.ok() || !h.stdout.contains("AGENT OK ucma server") {
+        p.push(format!("host side failed: {}", h.describe(25)));
+    }
+    if !c.ok() || !c.stdout.contains("return status 0") {
+        p.push(format!("ucmatose (client) failed: {}", c.describe(10)));
+    }
+    if dropped > 0 {
+        say(&format!("    tcpdump dropped {dropped} frames"));
+    }
+    p.extend(check_capture(sr, &dir.join("capture.pcap"), &dir, CM_MADS));
+    p
+}
+
 /// Both CMs' rejections: the guest's rdma_client is rejected by our listener (REJ reason 28 with private data) and
 /// its udaddy gets SIDR_REP status 1 from our CM; our REQ and SIDR_REQ to an unlistened guest service get REJ
 /// reason 8 and SIDR_REP status 1 from Linux.
@@ -992,11 +1095,12 @@ fn rdmacm_interop() {
     let only = std::env::var("SOFTROCE_CASES").unwrap_or_default();
     let mut failed = Vec::new();
     type CaseFn = fn(&SoftRoce, &Guest, &Path) -> Vec<String>;
-    let cases: [(&str, CaseFn); 5] = [
+    let cases: [(&str, CaseFn); 6] = [
         ("guest_rdma_server", case_guest_server),
         ("guest_rdma_client", case_guest_client),
         ("guest_udaddy_server", case_guest_udaddy_server),
         ("guest_udaddy_client", case_guest_udaddy_client),
+        ("guest_ucmatose_client", case_guest_ucmatose_client),
         ("rejects", case_rejects),
     ];
     for (name, f) in cases {
