@@ -56,7 +56,7 @@ use roce_wire::cm::{PathRepr, rej_reason, sidr_status, transport_type};
 use roce_wire::mad::MAD_LEN;
 
 use crate::handles::{ConnectOpts, Context, Error, Qp, QpEndpoint};
-use crate::{AhAttr, Gid, Psn, QpState, QpType};
+use crate::{AhAttr, Gid, Mtu, Psn, QpState, QpType};
 
 const BROADCAST: [u8; 6] = [0xff; 6];
 
@@ -74,6 +74,19 @@ fn wire_gid(g: Gid) -> roce_wire::Gid {
 
 fn proto_gid(g: roce_wire::Gid) -> Gid {
     Gid(g.to_bytes())
+}
+
+/// The path MTU of an IBTA MTU code (REQ `path_mtu`), `None` for codes outside 1..=5.
+fn mtu_of_code(code: u8) -> Option<Mtu> {
+    [
+        Mtu::Mtu256,
+        Mtu::Mtu512,
+        Mtu::Mtu1024,
+        Mtu::Mtu2048,
+        Mtu::Mtu4096,
+    ]
+    .into_iter()
+    .find(|m| *m as u8 == code)
 }
 
 /// A connection event (see the module docs).
@@ -183,6 +196,8 @@ struct ConnInfo {
     peer: Gid,
     /// Passive side: the REQ's QPN and Starting PSN (our send PSN).
     remote: Option<(Qpn, Psn)>,
+    /// Passive side: the REQ's path MTU (`None` for a code outside 1..=5), the most our QP may use.
+    req_mtu: Option<Mtu>,
     rep_private: Vec<u8>,
 }
 
@@ -448,6 +463,7 @@ impl ConnectionManager {
                 opts: *opts,
                 peer: dest_gid,
                 remote: None,
+                req_mtu: None,
                 rep_private: Vec::new(),
             },
         );
@@ -456,7 +472,8 @@ impl ConnectionManager {
 
     /// Accepts a [`CmEvent::ConnectRequest`]: connects `qp` (RC/UC, in RESET) to the requester's QP with `opts`
     /// (RTR/RTS; it sends from the REQ's Starting PSN and expects the REP's, a random one, as Linux `cm.c`
-    /// `cm_req_handler` / `ib_send_cm_rep` do) and sends the REP with `private_data` (at most 196 bytes).
+    /// `cm_req_handler` / `ib_send_cm_rep` do; its path MTU is the smaller of `opts.mtu` and the REQ's, as Linux
+    /// gives the responder the REQ's) and sends the REP with `private_data` (at most 196 bytes).
     /// [`CmEvent::Established`] follows when the RTU arrives.
     ///
     /// Errors: [`Error::InvalidArgument`] for an id that is not a pending request; [`Error::ModifyQp`] if the QP
@@ -483,8 +500,12 @@ impl ConnectionManager {
             gid: info.peer,
             mac: self.shared.mac_of(info.peer),
         };
-        qp.connect(&remote, rpsn, opts)?;
-        let (qpn, o) = (qp.qpn(), *opts);
+        let mut o = *opts;
+        if let Some(m) = info.req_mtu {
+            o.mtu = o.mtu.min(m);
+        }
+        qp.connect(&remote, rpsn, &o)?;
+        let qpn = qp.qpn();
         self.with_cm(move |cm, now| {
             let p = AcceptParams {
                 local_qpn: qpn,
@@ -500,7 +521,7 @@ impl ConnectionManager {
         if let Some(c) = lock(&self.shared.conns).get_mut(&id) {
             c.qp = Some(qp.clone());
             c.psn = psn;
-            c.opts = *opts;
+            c.opts = o;
         }
         Ok(())
     }
@@ -567,6 +588,7 @@ impl ConnectionManager {
                 },
                 peer: dest_gid,
                 remote: None,
+                req_mtu: None,
                 rep_private: Vec::new(),
             },
         );
@@ -680,6 +702,7 @@ impl ConnectionManager {
                         opts: ConnectOpts::default(),
                         peer: gid,
                         remote: Some((req.local_qpn, req.starting_psn)),
+                        req_mtu: mtu_of_code(req.path_mtu),
                         rep_private: Vec::new(),
                     },
                 );
@@ -771,6 +794,7 @@ impl ConnectionManager {
                         opts: ConnectOpts::default(),
                         peer: gid,
                         remote: None,
+                        req_mtu: None,
                         rep_private: Vec::new(),
                     },
                 );

@@ -384,3 +384,38 @@ fn starting_psns_as_linux_reads_them() {
         "the REP's PSN: active sends, passive expects"
     );
 }
+
+/// The passive side connects its QP with at most the REQ's path MTU (Linux `cm.c` gives the responder's QP the
+/// REQ's `path_mtu`, `cm_init_qp_rtr_attr`): a responder that asked for 4096 towards a requester whose path is
+/// 1024 (rxe on a 1500-byte link) would send packets the path drops.
+#[test]
+fn accept_uses_at_most_the_req_path_mtu() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    b.cm.listen(0x4343).unwrap();
+    let small = ConnectOpts {
+        mtu: Mtu::Mtu1024,
+        ..ConnectOpts::default()
+    };
+    a.cm.connect(
+        &a.qp,
+        cb.gid(0).unwrap(),
+        cb.config().mac,
+        0x4343,
+        b"",
+        &small,
+    )
+    .unwrap();
+    let id_b = match event(&b) {
+        CmEvent::ConnectRequest { id, .. } => id,
+        e => panic!("expected a connect request, got {e:?}"),
+    };
+    let big = ConnectOpts {
+        mtu: Mtu::Mtu4096,
+        ..ConnectOpts::default()
+    };
+    b.cm.accept(id_b, &b.qp, b"", &big).unwrap();
+    assert!(matches!(event(&a), CmEvent::Established { .. }));
+    assert_eq!(b.qp.query().unwrap().path_mtu, Mtu::Mtu1024);
+    assert_eq!(a.qp.query().unwrap().path_mtu, Mtu::Mtu1024);
+}
