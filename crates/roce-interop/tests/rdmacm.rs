@@ -12,6 +12,9 @@
 //!   first receive's GRH), checked for length, immediate and source QP.
 //! * `guest_ucmatose_client`: the guest's `ucmatose` connects to our listener; 10 messages of 100 bytes each way
 //!   (ours first, as cmatose.c's server does), then our DREQ and Linux's DREP.
+//! * `guest_rping_client`: the guest's `rping -c -v -V -S 1500` against our listener: we RDMA READ its buffer
+//!   and RDMA WRITE the string back (two packets each way at PMTU 1024), rping verifies it; 3 iterations, then
+//!   its DREQ.
 //! * `rejects`: our listener rejects the guest's `rdma_client` (REJ reason 28 with private data: rdma_connect fails
 //!   with ECONNREFUSED) and our CM answers `udaddy`'s SIDR_REQ for an unlistened service with status 1 (udaddy
 //!   reports UNREACHABLE, error 1); Linux answers our REQ and SIDR_REQ for an unlistened guest service with REJ
@@ -342,6 +345,142 @@ mod agent {
 }
 
 /// UD half of the agent.
+/// rping's server side (rdma-core `librdmacm/examples/rping.c`, read for facts): per iteration the client SENDs a
+/// 16-byte `rping_rdma_info` (buffer address as big-endian u64, rkey and size as big-endian u32) for its start
+/// buffer; the server RDMA READs that many bytes, SENDs a 16-byte go-ahead; the client SENDs the info of its RDMA
+/// buffer; the server RDMA WRITEs the string it read (with its NUL) there and SENDs a go-ahead; the client (with
+/// `-V`) compares the two buffers. After `-C` iterations the client disconnects.
+mod rping_agent {
+    use super::agent::*;
+    use super::*;
+    use roce_verbs::cm::CmEvent;
+    use roce_verbs::*;
+    use roce_wire::cm::{PortSpace, service_id};
+    use std::collections::VecDeque;
+
+    /// rping -C on the guest side.
+    pub const ITERS: usize = 3;
+    const INFO: u64 = 1024;
+    const GO: u64 = 1536;
+    const DATA: u64 = 2048;
+
+    /// Completions in arrival order, taken by opcode (a receive may arrive while a send completion is awaited).
+    struct Wcs<'a> {
+        cq: &'a Cq,
+        stash: VecDeque<Wc>,
+    }
+
+    impl Wcs<'_> {
+        fn next(&mut self, opcode: WcOpcode) -> Wc {
+            loop {
+                if let Some(i) = self.stash.iter().position(|w| w.opcode == opcode) {
+                    let wc = self.stash.remove(i).unwrap();
+                    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                    return wc;
+                }
+                let wc = poll_one(self.cq);
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                self.stash.push_back(wc);
+            }
+        }
+    }
+
+    fn post_info_recv(e: &End) {
+        e.qp.post_recv(&[RecvWr {
+            wr_id: 7,
+            sg_list: &[e.mr.sge(INFO, 16)],
+        }])
+        .unwrap();
+    }
+
+    /// Takes the client's next `rping_rdma_info`: (address, rkey, size).
+    fn info(e: &End, wcs: &mut Wcs<'_>) -> (u64, u32, u32) {
+        let wc = wcs.next(WcOpcode::Recv);
+        assert_eq!(wc.byte_len, 16, "rping_rdma_info is 16 bytes");
+        let b = e.buf.to_vec();
+        let i = INFO as usize;
+        let addr = u64::from_be_bytes(b[i..i + 8].try_into().unwrap());
+        let rkey = u32::from_be_bytes(b[i + 8..i + 12].try_into().unwrap());
+        let size = u32::from_be_bytes(b[i + 12..i + 16].try_into().unwrap());
+        post_info_recv(e);
+        (addr, rkey, size)
+    }
+
+    fn go_ahead(e: &End, wcs: &mut Wcs<'_>) {
+        e.qp.post_send(&[SendWr::new(3, SendOp::Send, &[e.mr.sge(GO, 16)]).signaled()])
+            .unwrap();
+        wcs.next(WcOpcode::Send);
+    }
+
+    pub fn server() {
+        let e = open();
+        let sid = service_id(PortSpace::Tcp, PORT);
+        e.cm.listen(sid).unwrap();
+        println!("LISTENING on service ID {sid:#x}");
+        let id = match event(&e) {
+            CmEvent::ConnectRequest { id, .. } => id,
+            other => panic!("expected a connect request, got {other:?}"),
+        };
+        e.cm.accept(id, &e.qp, &[], &ConnectOpts::default())
+            .unwrap();
+        post_info_recv(&e);
+        match event(&e) {
+            CmEvent::Established { id: i, .. } => assert_eq!(i, id),
+            other => panic!("expected established, got {other:?}"),
+        }
+        let mut wcs = Wcs {
+            cq: &e.cq,
+            stash: VecDeque::new(),
+        };
+        for n in 0..ITERS {
+            let (addr, rkey, size) = info(&e, &mut wcs);
+            assert!(size as u64 <= 4096 - DATA, "rping -S {size} does not fit");
+            e.qp.post_send(&[SendWr::new(
+                1,
+                SendOp::RdmaRead {
+                    remote_addr: addr,
+                    rkey: Rkey(rkey),
+                },
+                &[e.mr.sge(DATA, size)],
+            )
+            .signaled()])
+                .unwrap();
+            wcs.next(WcOpcode::RdmaRead);
+            let data = e.buf.to_vec()[DATA as usize..(DATA + u64::from(size)) as usize].to_vec();
+            let prefix = format!("rdma-ping-{n}: ");
+            assert!(
+                data.starts_with(prefix.as_bytes()),
+                "the start buffer read: {:?}",
+                String::from_utf8_lossy(&data[..32.min(data.len())])
+            );
+            let len = data.iter().position(|&c| c == 0).expect("a C string") + 1;
+            go_ahead(&e, &mut wcs);
+            let (addr, rkey, _) = info(&e, &mut wcs);
+            e.qp.post_send(&[SendWr::new(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: addr,
+                    rkey: Rkey(rkey),
+                },
+                &[e.mr.sge(DATA, len as u32)],
+            )
+            .signaled()])
+                .unwrap();
+            wcs.next(WcOpcode::RdmaWrite);
+            go_ahead(&e, &mut wcs);
+            println!("ITERATION {n}: read and wrote back {len} bytes");
+        }
+        match event(&e) {
+            CmEvent::Disconnected { id: i } => assert_eq!(i, id),
+            other => panic!("expected the client's disconnect, got {other:?}"),
+        }
+        println!(
+            "AGENT OK rping server; CM stats {:?}",
+            e.cm.stats().unwrap()
+        );
+    }
+}
+
 /// The rejecting paths of both CMs.
 mod reject_agent {
     use super::agent::*;
@@ -610,6 +749,7 @@ fn host_agent() {
         Ok("ud-server") => ud_agent::server(),
         Ok("ucma-server") => agent::ucma_server(),
         Ok("reject") => reject_agent::reject(),
+        Ok("rping-server") => rping_agent::server(),
         Ok("probe") => reject_agent::probe(),
         _ => {}
     }
@@ -1002,6 +1142,54 @@ fn case_guest_ucmatose_client(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<Strin
     p
 }
 
+/// The guest's `rping -c -v -V` against our listener: RDMA READ of its buffer and RDMA WRITE back (1500 bytes, two
+/// packets each way at PMTU 1024), verified by rping itself; it disconnects (DREQ from Linux).
+fn case_guest_rping_client(sr: &SoftRoce, g: &Guest, out: &Path) -> Vec<String> {
+    let dir = out.join("guest_rping_client");
+    let _ = fs::create_dir_all(&dir);
+    let mut p = Vec::new();
+    let cap = match Capture::start(&dir.join("capture.pcap")) {
+        Ok(c) => c,
+        Err(e) => return vec![e],
+    };
+    let mut host = match spawn_agent(sr, "rping-server", &dir) {
+        Ok(b) => b,
+        Err(e) => return vec![e],
+    };
+    if let Err(e) = wait_host_listen(&mut host) {
+        return vec![e, host.wait(Duration::from_secs(5)).describe(20)];
+    }
+    let c = g.exec(
+        60,
+        &format!(
+            "rping -c -a {HOST_IP} -p {PORT} -C {} -S 1500 -v -V",
+            rping_agent::ITERS
+        ),
+    );
+    let h = host.wait(Duration::from_secs(60));
+    let (_, dropped) = cap.stop();
+    say(&format!(
+        "    host: {}",
+        h.describe(6).replace('\n', "\n    ")
+    ));
+    say(&format!(
+        "    guest: {}",
+        c.describe(4).replace('\n', "\n    ")
+    ));
+    if !h.ok() || !h.stdout.contains("AGENT OK rping server") {
+        p.push(format!("host side failed: {}", h.describe(25)));
+    }
+    let last = format!("ping data: rdma-ping-{}: ", rping_agent::ITERS - 1);
+    if !c.ok() || !c.stdout.contains(&last) {
+        p.push(format!("rping (client) failed: {}", c.describe(10)));
+    }
+    if dropped > 0 {
+        say(&format!("    tcpdump dropped {dropped} frames"));
+    }
+    p.extend(check_capture(sr, &dir.join("capture.pcap"), &dir, CM_MADS));
+    p
+}
+
 /// Both CMs' rejections: the guest's rdma_client is rejected by our listener (REJ reason 28 with private data) and
 /// its udaddy gets SIDR_REP status 1 from our CM; our REQ and SIDR_REQ to an unlistened guest service get REJ
 /// reason 8 and SIDR_REP status 1 from Linux.
@@ -1095,12 +1283,13 @@ fn rdmacm_interop() {
     let only = std::env::var("SOFTROCE_CASES").unwrap_or_default();
     let mut failed = Vec::new();
     type CaseFn = fn(&SoftRoce, &Guest, &Path) -> Vec<String>;
-    let cases: [(&str, CaseFn); 6] = [
+    let cases: [(&str, CaseFn); 7] = [
         ("guest_rdma_server", case_guest_server),
         ("guest_rdma_client", case_guest_client),
         ("guest_udaddy_server", case_guest_udaddy_server),
         ("guest_udaddy_client", case_guest_udaddy_client),
         ("guest_ucmatose_client", case_guest_ucmatose_client),
+        ("guest_rping_client", case_guest_rping_client),
         ("rejects", case_rejects),
     ];
     for (name, f) in cases {
