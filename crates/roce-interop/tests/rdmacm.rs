@@ -24,7 +24,8 @@
 //! SEND each way, the client first; the server posts its receive before accepting; both call `rdma_disconnect` at
 //! the end and exit 0 ("end 0").
 //!
-//! Per case: both sides succeed; the capture of the bridge passes `testdata/tools/check_pcap.py` (ICRC of every
+//! Per case: both sides succeed; the host side's CM and engine refused nothing Linux sent (no CM MAD dropped as
+//! malformed, unknown, unmatched or out of state, no frame failing the ICRC, P_Key or Q_Key checks); the capture of the bridge passes `testdata/tools/check_pcap.py` (ICRC of every
 //! packet) and contains the CM MADs (REQ, REP, RTU, DREQ, DREP; SIDR_REQ, SIDR_REP for udaddy) as `tshark` sees
 //! them, with no expert info of severity warning or error and nothing malformed (when tshark is installed; tshark
 //! 4.0 names the SIDR MADs but does not dissect their fields).
@@ -120,6 +121,37 @@ mod agent {
             buf,
             mr,
         }
+    }
+
+    /// Nothing Linux sent was refused: no CM MAD dropped as malformed, unknown, unmatched or out of state, no
+    /// frame dropped by the engine's header, ICRC, P_Key or Q_Key checks. A wire incompatibility shows here even
+    /// when retries hide it from the exchange. Prints the counters either way.
+    pub fn assert_nothing_refused(e: &End) {
+        let st = e.cm.stats().unwrap();
+        let c = e.ctx.counters().unwrap();
+        println!("CM stats {st:?}");
+        let cm_drops = [
+            ("drop_truncated", st.drop_truncated),
+            ("drop_bad_base_version", st.drop_bad_base_version),
+            ("drop_bad_class", st.drop_bad_class),
+            ("drop_bad_class_version", st.drop_bad_class_version),
+            ("drop_bad_method", st.drop_bad_method),
+            ("drop_unknown_attr", st.drop_unknown_attr),
+            ("drop_malformed", st.drop_malformed),
+            ("drop_unmatched", st.drop_unmatched),
+            ("drop_forged", st.drop_forged),
+            ("drop_wrong_state", st.drop_wrong_state),
+            ("drop_bad_transport", st.drop_bad_transport),
+            ("engine rx_icrc_encapsulated", c.rx_icrc_encapsulated),
+            ("engine drop_malformed", c.drop_malformed),
+            ("engine drop_bad_opcode", c.drop_bad_opcode),
+            ("engine drop_unknown_qp", c.drop_unknown_qp),
+            ("engine drop_wrong_dest_ip", c.drop_wrong_dest_ip),
+            ("engine drop_pkey_mismatch", c.drop_pkey_mismatch),
+            ("engine drop_qkey_mismatch", c.drop_qkey_mismatch),
+        ];
+        let bad: Vec<_> = cm_drops.iter().filter(|(_, n)| *n > 0).collect();
+        assert!(bad.is_empty(), "refused: {bad:?}");
     }
 
     pub fn event(e: &End) -> CmEvent {
@@ -237,7 +269,8 @@ mod agent {
             &e.buf.to_vec()[1024..1040]
         );
         expect_disconnected(&e, id);
-        println!("AGENT OK client; CM stats {:?}", e.cm.stats().unwrap());
+        assert_nothing_refused(&e);
+        println!("AGENT OK client");
         drop(e.ctx);
     }
 
@@ -298,7 +331,8 @@ mod agent {
         }
         let st = e.cm.stats().unwrap();
         assert_eq!(st.timeouts, 0, "the DREQ was answered: {st:?}");
-        println!("AGENT OK ucma server; CM stats {st:?}");
+        assert_nothing_refused(&e);
+        println!("AGENT OK ucma server");
     }
 
     /// Passive side for the guest's `rdma_client`.
@@ -339,7 +373,8 @@ mod agent {
             &e.buf.to_vec()[1024..1040]
         );
         expect_disconnected(&e, id);
-        println!("AGENT OK server; CM stats {:?}", e.cm.stats().unwrap());
+        assert_nothing_refused(&e);
+        println!("AGENT OK server");
         drop(e.ctx);
     }
 }
@@ -474,10 +509,8 @@ mod rping_agent {
             CmEvent::Disconnected { id: i } => assert_eq!(i, id),
             other => panic!("expected the client's disconnect, got {other:?}"),
         }
-        println!(
-            "AGENT OK rping server; CM stats {:?}",
-            e.cm.stats().unwrap()
-        );
+        assert_nothing_refused(&e);
+        println!("AGENT OK rping server");
     }
 }
 
@@ -513,7 +546,8 @@ mod reject_agent {
             st.rej_no_listener_sent >= 1,
             "udaddy's SIDR_REQ was answered: {st:?}"
         );
-        println!("AGENT OK reject; CM stats {st:?}");
+        assert_nothing_refused(&e);
+        println!("AGENT OK reject");
     }
 
     /// REQ and SIDR_REQ for a service nobody listens on in the guest: Linux answers with REJ reason 8 (invalid
@@ -547,7 +581,8 @@ mod reject_agent {
             }
             other => panic!("expected SIDR rejected, got {other:?}"),
         }
-        println!("AGENT OK probe; CM stats {:?}", e.cm.stats().unwrap());
+        assert_nothing_refused(&e);
+        println!("AGENT OK probe");
     }
 }
 
@@ -677,7 +712,8 @@ mod ud_agent {
         );
         let first = recv_all(&e);
         assert_eq!(first.src_qp, qpn, "the replies come from the resolved QP");
-        println!("AGENT OK ud client; CM stats {:?}", e.cm.stats().unwrap());
+        assert_nothing_refused(&e);
+        println!("AGENT OK ud client");
     }
 
     /// Passive side for the guest's `udaddy -s 198.18.0.1`: answer its SIDR_REQ, take its 10 datagrams, reply.
@@ -733,7 +769,8 @@ mod ud_agent {
             (WcStatus::Success, WcOpcode::Send),
             "{wc:?}"
         );
-        println!("AGENT OK ud server; CM stats {:?}", e.cm.stats().unwrap());
+        assert_nothing_refused(&e);
+        println!("AGENT OK ud server");
     }
 }
 
