@@ -103,7 +103,8 @@ pub struct ConnectParams<'a> {
     pub transport: u8,
     /// The local QP.
     pub local_qpn: Qpn,
-    /// The local QP's starting send PSN.
+    /// The REQ's Starting PSN: the PSN the local QP expects the responder's first request to carry (the
+    /// responder sends from it; Linux `cm.c` `ib_send_cm_req` makes it the requester's `rq_psn`).
     pub starting_psn: Psn,
     /// RDMA READ / atomic requests the local QP accepts at once.
     pub responder_resources: u8,
@@ -128,7 +129,8 @@ pub struct ConnectParams<'a> {
 pub struct AcceptParams<'a> {
     /// The local QP.
     pub local_qpn: Qpn,
-    /// The local QP's starting send PSN.
+    /// The REP's Starting PSN: the PSN the local QP expects the requester's first request to carry (the
+    /// requester sends from it; Linux `cm.c` `cm_rep_handler` makes it the requester's `sq_psn`).
     pub starting_psn: Psn,
     /// Responder resources.
     pub responder_resources: u8,

@@ -24,10 +24,24 @@
 //! and otherwise the Ethernet broadcast address (links that route by IP — UDP — ignore MACs; neighbour resolution
 //! from the host's tables belongs to the rdma_cm layer, `docs/RDMACM.md`).
 //!
+//! # SIDR (UD service resolution, IBTA Vol 1 §12.11)
+//!
+//! The UD port spaces of rdma_cm (`RDMA_PS_UDP`, `RDMA_PS_IPOIB`, UD ids of `RDMA_PS_IB`) do not connect: the
+//! active side asks for the service's QP with [`ConnectionManager::sidr_resolve`] (a SIDR_REQ, re-sent after the
+//! CM response timeout like a REQ) and gets [`CmEvent::SidrResolved`] with what rdma_cm's ESTABLISHED event for UD
+//! carries (`rdma_ud_param`: the address handle, the remote QPN and its Q_Key), [`CmEvent::SidrRejected`] with the
+//! SIDR_REP's status, or [`CmEvent::Unreachable`] after all retries. The passive side listens on the service ID as
+//! for connections ([`ConnectionManager::listen`]), gets [`CmEvent::SidrRequest`] and answers with
+//! [`ConnectionManager::sidr_accept`] (its UD QP's number and Q_Key, [`RDMA_UDP_QKEY`] for rdma_cm's UDP port
+//! space) or [`ConnectionManager::sidr_reject`]. A SIDR_REQ for a service nobody listens on is answered by the CM
+//! with status 1 (unsupported service ID). The responder keeps no state once it has answered (as Linux `cm.c`
+//! `ib_send_cm_sidr_rep`): a SIDR_REQ re-sent because its SIDR_REP was lost is a new [`CmEvent::SidrRequest`],
+//! to be answered again; copies of a request that is still pending are dropped by the CM.
+//!
 //! # Not here (yet)
 //!
-//! SIDR (UD service resolution), MRA from the application, alternate paths, the rdma_cm address header and port
-//! spaces (carried opaquely in private data and service IDs).
+//! MRA from the application, alternate paths, the rdma_cm address header and port spaces (carried opaquely in
+//! private data and service IDs; which QP type a port space's listener takes is the rdma_cm layer's check).
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
@@ -38,13 +52,21 @@ use roce_cm::{AcceptParams, Cm, ConnectParams, Disconnect, Event, Peer};
 pub use roce_cm::{CmConfig, CmStats, ConnId, ListenId};
 use roce_link::wait::{Semaphore, Waiter};
 use roce_proto::{Engine, GsiError, Instant, MadDest, Qpn};
-use roce_wire::cm::{PathRepr, rej_reason, transport_type};
+use roce_wire::cm::{PathRepr, rej_reason, sidr_status, transport_type};
 use roce_wire::mad::MAD_LEN;
 
 use crate::handles::{ConnectOpts, Context, Error, Qp, QpEndpoint};
-use crate::{Gid, Psn, QpState, QpType};
+use crate::{AhAttr, Gid, Mtu, Psn, QpState, QpType};
 
 const BROADCAST: [u8; 6] = [0xff; 6];
+
+/// The Q_Key rdma_cm gives the UD QPs of its `RDMA_PS_UDP` and `RDMA_PS_IB` ids and announces in the SIDR_REP
+/// (Linux `include/rdma/rdma_cm.h` `RDMA_UDP_QKEY`, applied by `cma.c` `cma_set_qkey`).
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// Hop limit of the address handle [`CmEvent::SidrResolved`] describes (the IP TTL on RoCE v2; Linux's rxe path
+/// records carry 64 too, `docs/spec/INTEROP.md` §4).
+const SIDR_HOP_LIMIT: u8 = 64;
 
 fn wire_gid(g: Gid) -> roce_wire::Gid {
     roce_wire::Gid::from_bytes(g.0)
@@ -52,6 +74,19 @@ fn wire_gid(g: Gid) -> roce_wire::Gid {
 
 fn proto_gid(g: roce_wire::Gid) -> Gid {
     Gid(g.to_bytes())
+}
+
+/// The path MTU of an IBTA MTU code (REQ `path_mtu`), `None` for codes outside 1..=5.
+fn mtu_of_code(code: u8) -> Option<Mtu> {
+    [
+        Mtu::Mtu256,
+        Mtu::Mtu512,
+        Mtu::Mtu1024,
+        Mtu::Mtu2048,
+        Mtu::Mtu4096,
+    ]
+    .into_iter()
+    .find(|m| *m as u8 == code)
 }
 
 /// A connection event (see the module docs).
@@ -68,9 +103,10 @@ pub enum CmEvent {
         service_id: u64,
         /// The requester's GID.
         peer: Gid,
-        /// The requester's QPN and starting PSN (our QP is connected to them on accept).
+        /// The requester's QPN (our QP is connected to it on accept).
         remote_qpn: Qpn,
-        /// The requester's first send PSN.
+        /// The REQ's Starting PSN: the PSN our QP sends from once accepted (Linux `cm.c` reads it so: the
+        /// requester's `rq_psn`, the responder's `sq_psn`; the REP's Starting PSN is the other direction).
         remote_psn: Psn,
         /// The REQ's private data (92 bytes, zero-padded as on the wire).
         private_data: Vec<u8>,
@@ -102,10 +138,51 @@ pub enum CmEvent {
         /// The connection.
         id: ConnId,
     },
-    /// Our REQ or REP went unanswered after all retries (the CM sent a REJ with reason timeout).
+    /// Our REQ or REP went unanswered after all retries (the CM sent a REJ with reason timeout), or our SIDR_REQ
+    /// did.
     Unreachable {
         /// The connection.
         id: ConnId,
+    },
+    /// A SIDR_REQ for a service ID this device listens on (module docs, SIDR): answer with
+    /// [`ConnectionManager::sidr_accept`] or [`ConnectionManager::sidr_reject`].
+    SidrRequest {
+        /// The exchange.
+        id: ConnId,
+        /// The listen it matched.
+        listen: ListenId,
+        /// The service ID.
+        service_id: u64,
+        /// The requester's GID (its IP address; datagrams from it carry it in the GRH too).
+        peer: Gid,
+        /// The SIDR_REQ's private data (216 bytes, zero-padded as on the wire; rdma_cm starts it with a `cma_hdr`).
+        private_data: Vec<u8>,
+    },
+    /// Our SIDR_REQ was answered with status 0 (success): the service's UD QP, what rdma_cm's ESTABLISHED event
+    /// for a UD id carries (`struct rdma_ud_param`: `ah_attr`, `qp_num`, `qkey`; Linux `cma.c`
+    /// `cma_sidr_rep_handler`). The exchange is over.
+    SidrResolved {
+        /// The exchange.
+        id: ConnId,
+        /// Address handle attributes towards the responder: its GID and MAC, our source GID index, hop limit 64.
+        ah: AhAttr,
+        /// The service's QP number.
+        qpn: Qpn,
+        /// The service's Q_Key (send with it: [`RDMA_UDP_QKEY`] from rdma_cm's UDP port space).
+        qkey: u32,
+        /// The SIDR_REP's private data (136 bytes).
+        private_data: Vec<u8>,
+    },
+    /// Our SIDR_REQ was answered with another status (IBTA Vol 1 §12.11, Table 120,
+    /// [`roce_wire::cm::sidr_status`]: 1 unsupported service ID, 2 rejected by the service, 3 no QP, 4 redirect,
+    /// 5 unsupported version); rdma_cm reports it as UNREACHABLE with this status. The exchange is over.
+    SidrRejected {
+        /// The exchange.
+        id: ConnId,
+        /// The SIDR_REP's status.
+        status: u8,
+        /// The SIDR_REP's private data (136 bytes).
+        private_data: Vec<u8>,
     },
 }
 
@@ -113,11 +190,14 @@ pub enum CmEvent {
 #[derive(Clone, Debug)]
 struct ConnInfo {
     qp: Option<Qp>,
+    /// The Starting PSN we sent (in our REQ or REP): the PSN our QP expects the peer's first request to carry.
     psn: Psn,
     opts: ConnectOpts,
     peer: Gid,
-    /// Passive side: the REQ's QPN and PSN.
+    /// Passive side: the REQ's QPN and Starting PSN (our send PSN).
     remote: Option<(Qpn, Psn)>,
+    /// Passive side: the REQ's path MTU (`None` for a code outside 1..=5), the most our QP may use.
+    req_mtu: Option<Mtu>,
     rep_private: Vec<u8>,
 }
 
@@ -320,7 +400,8 @@ impl ConnectionManager {
     }
 
     /// Sends a REQ for `service_id` to the port `dest_gid` (MAC `dest_mac`) offering `qp` (RC or UC, in RESET)
-    /// with a random starting PSN and `private_data` (at most 92 bytes). The QP is connected when the REP arrives
+    /// with a random Starting PSN (the PSN `qp` will expect from the peer; it sends from the REP's Starting PSN,
+    /// as Linux `cm.c` `ib_send_cm_req` / `cm_rep_handler` do) and `private_data` (at most 92 bytes). The QP is connected when the REP arrives
     /// (the event that reports it is [`CmEvent::Established`]) with `opts` (MTU, access, timeouts, retries).
     ///
     /// Errors: [`Error::InvalidArgument`] for a UD QP or a QP not in RESET; [`Error::Cm`] (private data too long,
@@ -382,6 +463,7 @@ impl ConnectionManager {
                 opts: *opts,
                 peer: dest_gid,
                 remote: None,
+                req_mtu: None,
                 rep_private: Vec::new(),
             },
         );
@@ -389,7 +471,9 @@ impl ConnectionManager {
     }
 
     /// Accepts a [`CmEvent::ConnectRequest`]: connects `qp` (RC/UC, in RESET) to the requester's QP with `opts`
-    /// (RTR/RTS, a random starting PSN) and sends the REP with `private_data` (at most 196 bytes).
+    /// (RTR/RTS; it sends from the REQ's Starting PSN and expects the REP's, a random one, as Linux `cm.c`
+    /// `cm_req_handler` / `ib_send_cm_rep` do; its path MTU is the smaller of `opts.mtu` and the REQ's, as Linux
+    /// gives the responder the REQ's) and sends the REP with `private_data` (at most 196 bytes).
     /// [`CmEvent::Established`] follows when the RTU arrives.
     ///
     /// Errors: [`Error::InvalidArgument`] for an id that is not a pending request; [`Error::ModifyQp`] if the QP
@@ -409,14 +493,19 @@ impl ConnectionManager {
             .remote
             .ok_or(Error::InvalidArgument("not a pending connect request"))?;
         let psn = self.ctx.random_psn()?;
+        // Our receive PSN is the one we offer in the REP; we send from the REQ's.
         let remote = QpEndpoint {
             qpn: rqpn,
-            psn: rpsn,
+            psn,
             gid: info.peer,
             mac: self.shared.mac_of(info.peer),
         };
-        qp.connect(&remote, psn, opts)?;
-        let (qpn, o) = (qp.qpn(), *opts);
+        let mut o = *opts;
+        if let Some(m) = info.req_mtu {
+            o.mtu = o.mtu.min(m);
+        }
+        qp.connect(&remote, rpsn, &o)?;
+        let qpn = qp.qpn();
         self.with_cm(move |cm, now| {
             let p = AcceptParams {
                 local_qpn: qpn,
@@ -432,7 +521,7 @@ impl ConnectionManager {
         if let Some(c) = lock(&self.shared.conns).get_mut(&id) {
             c.qp = Some(qp.clone());
             c.psn = psn;
-            c.opts = *opts;
+            c.opts = o;
         }
         Ok(())
     }
@@ -464,6 +553,93 @@ impl ConnectionManager {
                 tracing::debug!(error = %e, "QP to ERR on disconnect");
             }
         }
+    }
+
+    /// Asks the port `dest_gid` (MAC `dest_mac`) for the UD QP of `service_id` with a SIDR_REQ carrying
+    /// `private_data` (at most 216 bytes; rdma_cm puts its `cma_hdr` first), sent from GID index `sgid_index`; the
+    /// CM re-sends it after its response timeout, [`CmConfig::max_cm_retries`] times. The answer is
+    /// [`CmEvent::SidrResolved`], [`CmEvent::SidrRejected`] or, after all retries, [`CmEvent::Unreachable`].
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an `sgid_index` outside the GID table; [`Error::Cm`] (private data
+    /// too long, no resources).
+    pub fn sidr_resolve(
+        &self,
+        dest_gid: Gid,
+        dest_mac: [u8; 6],
+        service_id: u64,
+        private_data: &[u8],
+        sgid_index: u8,
+    ) -> Result<ConnId, Error> {
+        self.ctx
+            .gid(usize::from(sgid_index))
+            .ok_or(Error::InvalidArgument("sgid_index"))?;
+        self.add_neighbor(dest_gid, dest_mac);
+        let id = self.with_cm(move |cm, now| {
+            cm.sidr_request(now, Peer::gsi(wire_gid(dest_gid)), service_id, private_data)
+        })??;
+        lock(&self.shared.conns).insert(
+            id,
+            ConnInfo {
+                qp: None,
+                psn: Psn::new(0),
+                opts: ConnectOpts {
+                    sgid_index,
+                    ..ConnectOpts::default()
+                },
+                peer: dest_gid,
+                remote: None,
+                req_mtu: None,
+                rep_private: Vec::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Answers a [`CmEvent::SidrRequest`] with status success, the number of `qp` (a UD QP; its Q_Key must be
+    /// `qkey`, as rdma_cm's `rdma_init_qp_attr` sets it) and `qkey` ([`RDMA_UDP_QKEY`] for rdma_cm's UDP port
+    /// space), and `private_data` (at most 136 bytes). The exchange is over; the requester then sends datagrams.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a QP that is not UD or not ready to receive (RTR/RTS), or whose Q_Key
+    /// is not `qkey`; [`Error::Cm`] for an id that is not a pending SIDR_REQ or private data too long.
+    pub fn sidr_accept(
+        &self,
+        id: ConnId,
+        qp: &Qp,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), Error> {
+        if qp.qp_type() != QpType::Ud {
+            return Err(Error::InvalidArgument("SIDR answers with a UD QP"));
+        }
+        let a = qp.query()?;
+        if !matches!(a.qp_state, QpState::Rtr | QpState::Rts) {
+            return Err(Error::InvalidArgument(
+                "the UD QP must be ready to receive (RTR or RTS)",
+            ));
+        }
+        if a.qkey != qkey {
+            return Err(Error::InvalidArgument(
+                "the UD QP's Q_Key differs from the announced one",
+            ));
+        }
+        let qpn = qp.qpn();
+        self.with_cm(move |cm, now| {
+            cm.sidr_reply(now, id, sidr_status::SUCCESS, qpn, qkey, private_data)
+        })??;
+        lock(&self.shared.conns).remove(&id);
+        Ok(())
+    }
+
+    /// Answers a [`CmEvent::SidrRequest`] with status 2 (rejected by the service, as Linux `cma.c` does for
+    /// `rdma_reject` on a UD id) and `private_data` (at most 136 bytes).
+    ///
+    /// Errors: [`Error::Cm`] for an id that is not a pending SIDR_REQ or private data too long.
+    pub fn sidr_reject(&self, id: ConnId, private_data: &[u8]) -> Result<(), Error> {
+        self.with_cm(|cm, now| {
+            cm.sidr_reply(now, id, sidr_status::REJECT, Qpn::new(0), 0, private_data)
+        })??;
+        lock(&self.shared.conns).remove(&id);
+        Ok(())
     }
 
     /// The event queue's eventfd: readable while events wait (one count per event). The descriptor belongs to the
@@ -526,6 +702,7 @@ impl ConnectionManager {
                         opts: ConnectOpts::default(),
                         peer: gid,
                         remote: Some((req.local_qpn, req.starting_psn)),
+                        req_mtu: mtu_of_code(req.path_mtu),
                         rep_private: Vec::new(),
                     },
                 );
@@ -544,14 +721,15 @@ impl ConnectionManager {
                 let Some(info) = info else {
                     return Ok(None);
                 };
+                // We expect the PSN our REQ offered and send from the REP's (Linux `cm_rep_handler`).
                 let remote = QpEndpoint {
                     qpn: rep.local_qpn,
-                    psn: rep.starting_psn,
+                    psn: info.psn,
                     gid: info.peer,
                     mac: self.shared.mac_of(info.peer),
                 };
                 let connected = match &info.qp {
-                    Some(qp) => qp.connect(&remote, info.psn, &info.opts),
+                    Some(qp) => qp.connect(&remote, rep.starting_psn, &info.opts),
                     None => Err(Error::InvalidArgument("no QP")),
                 };
                 if let Err(e) = connected {
@@ -601,9 +779,60 @@ impl ConnectionManager {
                 lock(conns).remove(&id);
                 Some(CmEvent::Unreachable { id })
             }
-            // SIDR is not offered by this API (module docs); a SIDR_REQ can only match a listen made here, so it
-            // is answered as unsupported by the CM's own no-listener path only. Drop what cannot arrive.
-            Event::SidrRequest { .. } | Event::SidrReply { .. } => None,
+            Event::SidrRequest {
+                id,
+                listen,
+                peer,
+                req,
+            } => {
+                let gid = proto_gid(peer.gid);
+                lock(conns).insert(
+                    id,
+                    ConnInfo {
+                        qp: None,
+                        psn: Psn::new(0),
+                        opts: ConnectOpts::default(),
+                        peer: gid,
+                        remote: None,
+                        req_mtu: None,
+                        rep_private: Vec::new(),
+                    },
+                );
+                Some(CmEvent::SidrRequest {
+                    id,
+                    listen,
+                    service_id: req.service_id,
+                    peer: gid,
+                    private_data: req.private_data.to_vec(),
+                })
+            }
+            Event::SidrReply { id, rep } => {
+                let Some(info) = lock(conns).remove(&id) else {
+                    return Ok(None);
+                };
+                let private_data = rep.private_data.to_vec();
+                Some(if rep.status == sidr_status::SUCCESS {
+                    CmEvent::SidrResolved {
+                        id,
+                        ah: AhAttr {
+                            dgid: info.peer,
+                            dmac: self.shared.mac_of(info.peer),
+                            sgid_index: info.opts.sgid_index,
+                            hop_limit: SIDR_HOP_LIMIT,
+                            ..AhAttr::default()
+                        },
+                        qpn: rep.qpn,
+                        qkey: rep.qkey,
+                        private_data,
+                    }
+                } else {
+                    CmEvent::SidrRejected {
+                        id,
+                        status: rep.status,
+                        private_data,
+                    }
+                })
+            }
         })
     }
 }

@@ -346,3 +346,76 @@ fn udp_loopback_connect_send_write_disconnect_and_rejects() {
     let (a2, b2) = (end(&ca), end(&cb));
     rejects(&a2, &b2);
 }
+
+/// The Starting PSN of a REQ is the PSN the *passive* side sends from, and the REP's is the PSN the *active* side
+/// sends from: Linux `drivers/infiniband/core/cm.c` sets the active side's `rq_psn` from its own REQ
+/// (`ib_send_cm_req`) and its `sq_psn` from the REP (`cm_rep_handler`), the passive side the other way round.
+/// Found against rdma_server/rdma_client on rxe (`crates/roce-interop/tests/rdmacm.rs`): with the opposite reading
+/// every SEND was taken for a duplicate and never completed.
+#[test]
+fn starting_psns_as_linux_reads_them() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    b.cm.listen(0x4242).unwrap();
+    let opts = ConnectOpts::default();
+    a.cm.connect(
+        &a.qp,
+        cb.gid(0).unwrap(),
+        cb.config().mac,
+        0x4242,
+        b"",
+        &opts,
+    )
+    .unwrap();
+    let (id_b, req_psn) = match event(&b) {
+        CmEvent::ConnectRequest { id, remote_psn, .. } => (id, remote_psn),
+        e => panic!("expected a connect request, got {e:?}"),
+    };
+    b.cm.accept(id_b, &b.qp, b"", &opts).unwrap();
+    assert!(matches!(event(&a), CmEvent::Established { .. }));
+    let (qa, qb) = (a.qp.query().unwrap(), b.qp.query().unwrap());
+    assert_eq!(
+        qb.sq_psn, req_psn,
+        "the passive side sends from the REQ's PSN"
+    );
+    assert_eq!(qa.rq_psn, req_psn, "the active side expects the REQ's PSN");
+    assert_eq!(
+        qa.sq_psn, qb.rq_psn,
+        "the REP's PSN: active sends, passive expects"
+    );
+}
+
+/// The passive side connects its QP with at most the REQ's path MTU (Linux `cm.c` gives the responder's QP the
+/// REQ's `path_mtu`, `cm_init_qp_rtr_attr`): a responder that asked for 4096 towards a requester whose path is
+/// 1024 (rxe on a 1500-byte link) would send packets the path drops.
+#[test]
+fn accept_uses_at_most_the_req_path_mtu() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    b.cm.listen(0x4343).unwrap();
+    let small = ConnectOpts {
+        mtu: Mtu::Mtu1024,
+        ..ConnectOpts::default()
+    };
+    a.cm.connect(
+        &a.qp,
+        cb.gid(0).unwrap(),
+        cb.config().mac,
+        0x4343,
+        b"",
+        &small,
+    )
+    .unwrap();
+    let id_b = match event(&b) {
+        CmEvent::ConnectRequest { id, .. } => id,
+        e => panic!("expected a connect request, got {e:?}"),
+    };
+    let big = ConnectOpts {
+        mtu: Mtu::Mtu4096,
+        ..ConnectOpts::default()
+    };
+    b.cm.accept(id_b, &b.qp, b"", &big).unwrap();
+    assert!(matches!(event(&a), CmEvent::Established { .. }));
+    assert_eq!(b.qp.query().unwrap().path_mtu, Mtu::Mtu1024);
+    assert_eq!(a.qp.query().unwrap().path_mtu, Mtu::Mtu1024);
+}

@@ -336,7 +336,10 @@ pub struct ReqRepr {
     pub transport_service_type: u8,
     /// End-to-end flow control.
     pub end_to_end_flow_control: bool,
-    /// Starting PSN of the sender's send queue.
+    /// Starting PSN: the PSN the sender's QP expects the first request from
+    /// the peer to carry, i.e. the REP sender's send PSN (Linux `cm.c`
+    /// `ib_send_cm_req` sets the requester's `rq_psn` from it,
+    /// `cm_req_handler` the responder's `sq_psn`).
     pub starting_psn: Psn,
     /// Local CM response timeout (5 bits): how long the sender may take to
     /// answer a REP.
@@ -686,7 +689,9 @@ pub struct RepRepr {
     pub vendor_id: u32,
     /// Local EE context number (24 bits).
     pub local_eecn: u32,
-    /// Starting PSN of the sender's send queue.
+    /// Starting PSN: the PSN the sender's QP expects the first request from
+    /// the peer to carry, i.e. the REQ sender's send PSN (Linux `cm.c`
+    /// `cm_rep_handler` sets the requester's `sq_psn` from it).
     pub starting_psn: Psn,
     /// Responder resources.
     pub responder_resources: u8,
