@@ -101,7 +101,8 @@ fn build_hint(dir: &Path) -> String {
     }
 }
 
-/// A directory whose `libibverbs.so.1` is a link to `lib`: `<dir of lib>/rocev2-ibverbs/` when writable, else
+/// A directory whose `libibverbs.so.1` is a link to `lib` (and `librdmacm.so.1` to `libroce_rdmacm.so` when that was
+/// built beside it): `<dir of lib>/rocev2-ibverbs/` when writable, else
 /// `$TMPDIR/rocev2-ibverbs-<uid>/`. The link is replaced atomically (a rename), so concurrent runs never see it
 /// missing.
 fn library_dir(lib: &Path) -> Result<PathBuf, String> {
@@ -138,20 +139,29 @@ fn library_dir(lib: &Path) -> Result<PathBuf, String> {
             last = format!("{why}: not used for the library");
             continue;
         }
-        let link = dir.join("libibverbs.so.1");
-        if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
-            return Ok(dir);
+        // rocev2's librdmacm.so.1 (crate `roce-rdmacm`) goes beside it when it was built next to the libibverbs.
+        let rdmacm = lib.with_file_name("libroce_rdmacm.so");
+        let mut made = link_into(&dir, &lib, "libibverbs.so.1");
+        if made.is_ok() && rdmacm.is_file() {
+            made = link_into(&dir, &rdmacm, "librdmacm.so.1");
         }
-        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        let made =
-            std::os::unix::fs::symlink(&lib, &tmp).and_then(|()| std::fs::rename(&tmp, &link));
         match made {
             Ok(()) => return Ok(dir),
             Err(e) => last = format!("{}: {e}", dir.display()),
         }
     }
     Err(format!("making a directory for libibverbs.so.1: {last}"))
+}
+
+/// Makes `dir/name` a link to `target`, unless it already is one; replaced atomically (a rename).
+fn link_into(dir: &Path, target: &Path, name: &str) -> std::io::Result<()> {
+    let link = dir.join(name);
+    if std::fs::read_link(&link).is_ok_and(|t| t == target) {
+        return Ok(());
+    }
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).and_then(|()| std::fs::rename(&tmp, &link))
 }
 
 /// Runs `rocev2 run`: returns only on error (the program replaces this process).

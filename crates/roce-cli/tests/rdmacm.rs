@@ -1,0 +1,128 @@
+//! rdma_cm programs on rocev2 (issue #17): Debian 12's unmodified rdma_cm tools connect between two network
+//! namespaces, both ends under `rocev2 run`, through rocev2's `librdmacm.so.1` (crate `roce-rdmacm`) over the IB CM
+//! on QP 1 — no kernel rdma_cm, no `/dev/infiniband/rdma_cm`. Each program is judged by its own success criteria:
+//! its exit status and the output it prints on success (rping's verified data, ucmatose's `return status 0`,
+//! rdma_server/rdma_client's `end 0`, perftest's result row).
+//!
+//! A server is ready when its process has bound UDP 4791 on its address: `rdma_listen` starts the runtime (which
+//! binds the port) and registers the listen in the same call. Needs root, `ip netns` and Debian's `rdmacm-utils`
+//! / `perftest`; otherwise skipped with the reason.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Finished, NetnsPair, Proc, netns_unavailable, scratch, serial, strings, wait_socket};
+
+const IP_A: &str = "198.18.17.1";
+const IP_B: &str = "198.18.17.2";
+
+/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds both
+/// libraries beside `rocev2` (a no-op when fresh).
+fn libraries() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build -p roce-ibverbs -p roce-rdmacm failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = Path::new(common::bin()).parent().expect("bin dir");
+        for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
+            assert!(dir.join(lib).is_file(), "{lib} missing after the build");
+        }
+    });
+}
+
+/// `ip netns exec NS ROCEV2 run --ip IP -- ARGS...`.
+fn argv(ns: &str, ip: &str, args: &[&str]) -> Vec<String> {
+    let mut v = strings(&[
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        common::bin(),
+        "run",
+        "--ip",
+        ip,
+        "--",
+    ]);
+    v.extend(strings(args));
+    v
+}
+
+/// The namespaces, or `None` (with the reason printed) when this machine cannot run the test.
+fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
+    if let Some(why) = netns_unavailable() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    for (p, pkg) in programs {
+        common::need_program(p, pkg);
+    }
+    libraries();
+    let ns = NetnsPair::up(tag, IP_A, IP_B, 1500);
+    ns.wait_running();
+    Some(ns)
+}
+
+/// Runs `server` in namespace A and, once it listens, `client` in B; both must exit 0.
+fn pair(ns: &NetnsPair, name: &str, server: &[&str], client: &[&str]) -> (Finished, Finished) {
+    let dir = scratch(&format!("rdmacm-{name}"));
+    let mut s = Proc::spawn("server", &dir, &argv(&ns.a, IP_A, server));
+    wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+    let mut c = Proc::spawn("client", &dir, &argv(&ns.b, IP_B, client));
+    let cf = c.wait(Duration::from_secs(120));
+    let sf = s.wait(Duration::from_secs(60));
+    assert!(
+        cf.status.success(),
+        "{name}: client failed:\n{cf}\nserver:\n{sf}"
+    );
+    assert!(
+        sf.status.success(),
+        "{name}: server failed:\n{sf}\nclient:\n{cf}"
+    );
+    for f in [&cf, &sf] {
+        assert!(
+            !f.stderr.contains("rocev2 librdmacm"),
+            "{name}: the library complained:\n{f}"
+        );
+    }
+    (cf, sf)
+}
+
+#[test]
+fn rping_verified_100_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("rping", &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    // -v prints each ping, -V makes rping check the data it reads back (exit 1 on a mismatch).
+    let (c, s) = pair(
+        &ns,
+        "rping",
+        &["rping", "-s", "-a", IP_A, "-C", "100", "-v", "-V"],
+        &["rping", "-c", "-a", IP_A, "-C", "100", "-v", "-V"],
+    );
+    for (who, f) in [("client", &c), ("server", &s)] {
+        let pings = f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert_eq!(pings, 100, "{who} printed {pings} verified pings:\n{f}");
+        assert!(!f.stderr.contains("mismatch"), "{who}:\n{f}");
+    }
+    assert!(c.stdout.contains("rdma-ping-99: "), "{c}");
+}
