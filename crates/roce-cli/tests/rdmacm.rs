@@ -232,3 +232,85 @@ fn perftest_with_rdma_cm_between_namespaces() {
         );
     }
 }
+
+#[test]
+fn rping_with_self_modified_qps_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("rpingq", &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    // -q: rping creates and moves its QPs itself (ibv_create_qp, rdma_init_qp_attr + ibv_modify_qp), the active
+    // side gets CONNECT_RESPONSE and calls rdma_establish (librdmacm 1.2's two calls).
+    let (c, s) = pair(
+        &ns,
+        "rping-q",
+        &["rping", "-s", "-q", "-a", IP_A, "-C", "20", "-v", "-V"],
+        &["rping", "-c", "-q", "-a", IP_A, "-C", "20", "-v", "-V"],
+    );
+    for (who, f) in [("client", &c), ("server", &s)] {
+        let pings = f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert_eq!(pings, 20, "{who} printed {pings} verified pings:\n{f}");
+    }
+}
+
+#[test]
+fn qperf_rc_bw_and_rc_lat_over_rdma_cm_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("qperf", &[("qperf", "qperf")]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-qperf");
+    // qperf's server: its control connection on TCP 19765, then the tests the client asks for; it runs until killed.
+    let s = Proc::spawn("server", &dir, &argv(&ns.a, IP_A, &["qperf"]));
+    // It listens on the IPv6 wildcard (dual stack), which `wait_socket` (IPv4 tables) does not read: ask `ss`.
+    let t0 = std::time::Instant::now();
+    loop {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &ns.a, "ss", "-ltnH", "sport", "=", ":19765",
+            ])
+            .output()
+            .expect("ss runs");
+        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "qperf never listened:\n{}",
+            s.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut c = Proc::spawn(
+        "client",
+        &dir,
+        &argv(
+            &ns.b,
+            IP_B,
+            &["qperf", "-cm1", "-t", "2", IP_A, "rc_bw", "rc_lat"],
+        ),
+    );
+    let cf = c.wait(Duration::from_secs(120));
+    assert!(
+        cf.status.success(),
+        "qperf client failed:\n{cf}\n{}",
+        s.output_so_far()
+    );
+    // "rc_bw:\n    bw  =  32.7 MB/sec" and "rc_lat:\n    latency  =  248 us": a number with its unit.
+    for (test, key) in [("rc_bw:", "bw"), ("rc_lat:", "latency")] {
+        let mut lines = cf.stdout.lines().skip_while(|l| l.trim() != test);
+        let value = lines.nth(1).unwrap_or_default();
+        let f: Vec<&str> = value.split_whitespace().collect();
+        assert!(
+            f.first() == Some(&key)
+                && f.get(2)
+                    .is_some_and(|v| v.parse::<f64>().is_ok_and(|x| x > 0.0)),
+            "{test} {value:?}\n{cf}"
+        );
+    }
+    assert!(!cf.stderr.contains("failed"), "{cf}");
+}

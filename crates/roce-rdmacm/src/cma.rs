@@ -975,8 +975,10 @@ pub(crate) fn listen(st: &mut State, id: usize) -> R<()> {
         None if !st.devs.is_empty() => 0,
         None => return Err(libc::ENODEV),
     };
-    let t = ensure_cm(st, dev)?;
+    let t = table().ok_or(libc::ENODEV)?;
     let mut h = 0u64;
+    // Listen first: the table starts the device's CM listening in one step when this is its first use (a REQ
+    // already waiting at the GSI then meets the listen, not a REJ); `ensure_cm` then only takes its fd.
     // SAFETY: a context this library opened; `h` is writable.
     let r = unsafe {
         (t.listen)(
@@ -988,6 +990,7 @@ pub(crate) fn listen(st: &mut State, id: usize) -> R<()> {
     if r < 0 {
         return Err(-r);
     }
+    ensure_cm(st, dev)?;
     st.listens.insert(h, id);
     let i = st.ids.get_mut(&id).expect("live");
     i.listen = Some(h);

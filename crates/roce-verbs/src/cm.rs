@@ -277,6 +277,35 @@ impl ConnectionManager {
     /// the device's CM (otherwise the running CM is shared and `cfg` is ignored). A zero `local_ca_guid` is
     /// replaced by the EUI-64 of the port MAC, a zero `seed` by one drawn from the engine.
     pub fn open_with(ctx: &Context, cfg: CmConfig) -> Result<ConnectionManager, Error> {
+        Ok(Self::open_inner(ctx, cfg, None)?.0)
+    }
+
+    /// Like [`open`](Self::open), listening on `service_id` in the same step: a REQ that reached the device before
+    /// its CM existed (it waits in the GSI's receive queue) meets the listen instead of a REJ "invalid service ID"
+    /// — a program's first `rdma_listen` starts the CM and listens at once.
+    ///
+    /// Errors: as [`open`](Self::open) and [`listen`](Self::listen).
+    pub fn open_listening(
+        ctx: &Context,
+        service_id: u64,
+    ) -> Result<(ConnectionManager, ListenId), Error> {
+        let (cm, l) = Self::open_inner(ctx, CmConfig::default(), Some(service_id))?;
+        let l = l.ok_or(Error::EngineGone)??;
+        Ok((cm, l))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn open_inner(
+        ctx: &Context,
+        cfg: CmConfig,
+        listen: Option<u64>,
+    ) -> Result<
+        (
+            ConnectionManager,
+            Option<Result<ListenId, roce_cm::CmError>>,
+        ),
+        Error,
+    > {
         let fresh = Arc::new(CmShared {
             queue: Mutex::new(VecDeque::new()),
             sem: Semaphore::new().map_err(Error::Spawn)?,
@@ -284,9 +313,10 @@ impl ConnectionManager {
             conns: Mutex::new(HashMap::new()),
         });
         let waiter = Arc::new(Waiter::new().map_err(Error::Spawn)?);
-        let shared = ctx.call(move |d| {
-            if let Some(cm) = &d.cm {
-                return cm.shared.clone();
+        let (shared, listened) = ctx.call(move |d| {
+            if let Some(cm) = &mut d.cm {
+                let l = listen.map(|sid| cm.cm.listen(sid));
+                return (cm.shared.clone(), l);
             }
             let mac = d.engine.config().mac;
             // The CA GUID as an EUI-64 of the port MAC (IBTA Annex A17 / RoCE practice: FF:FE in the middle).
@@ -310,19 +340,22 @@ impl ConnectionManager {
                 seed: if cfg.seed == 0 { seed } else { cfg.seed },
                 ..cfg
             };
+            let mut cm = Cm::new(cfg);
+            let l = listen.map(|sid| cm.listen(sid));
             d.cm = Some(Box::new(DevCm {
-                cm: Cm::new(cfg),
+                cm,
                 shared: fresh.clone(),
                 buf: [0; MAD_LEN],
                 held: None,
             }));
-            fresh
+            (fresh, l)
         })?;
-        Ok(ConnectionManager {
+        let cm = ConnectionManager {
             ctx: ctx.clone(),
             shared,
             waiter,
-        })
+        };
+        Ok((cm, listened))
     }
 
     /// Runs `f` on the device's CM (under the progress lock; a pass follows, which sends what `f` queued).

@@ -123,7 +123,8 @@ pub struct PrivateV1 {
     pub size: u32,
     /// Starts the device's runtime and CM; returns the CM's event fd (readable while events wait) or `-errno`.
     pub open: unsafe extern "C" fn(ctx: *mut IbvContext) -> c_int,
-    /// Listens on a service ID; writes the listen's handle.
+    /// Listens on a service ID (starting the device's runtime and CM if `open` was not called: in one step, so a
+    /// REQ that arrived first meets the listen); writes the listen's handle.
     pub listen: unsafe extern "C" fn(ctx: *mut IbvContext, service_id: u64, out: *mut u64) -> c_int,
     /// Stops a listen.
     pub stop_listen: unsafe extern "C" fn(ctx: *mut IbvContext, listen: u64) -> c_int,
@@ -267,14 +268,29 @@ unsafe extern "C" fn bridge_listen(ctx: *mut IbvContext, sid: u64, out: *mut u64
         "rocev2_private_v1.listen",
         || -libc::EIO,
         || {
-            let cm = match cm(ctx) {
-                Ok(c) => c,
-                Err(e) => return e,
-            };
             if out.is_null() {
                 return -libc::EINVAL;
             }
-            match cm.listen(sid) {
+            let listened = match cm(ctx) {
+                Ok(cm) => cm.listen(sid),
+                // The device's first CM use: start it listening in one step
+                // (`ConnectionManager::open_listening`), so a REQ that arrived first meets the listen.
+                Err(_) => {
+                    // SAFETY: `ctx_block` looks the pointer up in the live table before using it.
+                    let Some(b) = (unsafe { ctx_block(ctx) }) else {
+                        return -libc::EINVAL;
+                    };
+                    let rt = match b.runtime() {
+                        Ok(rt) => rt,
+                        Err(e) => return -e,
+                    };
+                    ConnectionManager::open_listening(rt, sid).map(|(cm, l)| {
+                        with(|h| h.cms.insert(ctx as usize, cm));
+                        l
+                    })
+                }
+            };
+            match listened {
                 Ok(l) => {
                     let h = with(|t| {
                         t.next += 1;
