@@ -24,6 +24,13 @@
 //! and otherwise the Ethernet broadcast address (links that route by IP — UDP — ignore MACs; neighbour resolution
 //! from the host's tables belongs to the rdma_cm layer, `docs/RDMACM.md`).
 //!
+//! # Callers that move their QPs themselves
+//!
+//! [`ConnectionManager::connect_qpn`] / [`ConnectionManager::accept_qpn`] / [`ConnectionManager::establish`] run the
+//! same exchange without touching a QP (the REP arrives as [`CmEvent::ConnectResponse`]; the caller moves its QP and
+//! sends the RTU): rocev2's librdmacm (crate `roce-rdmacm`) moves its QPs through libibverbs, as rdma-core's does.
+//! [`ConnectionManager::open_listening`] starts a device's CM and its first listen in one step.
+//!
 //! # Not here (yet)
 //!
 //! SIDR (UD service resolution), MRA from the application, alternate paths, the rdma_cm address header and port
