@@ -122,6 +122,16 @@ pub(crate) struct Id {
     pub ep_qp: Option<EpQp>,
 }
 
+impl Id {
+    /// Whether the peer's QPN and PSN are known (a request received, or a REP): RTR and RTS attributes exist.
+    fn knows_peer(&self) -> bool {
+        matches!(
+            self.st,
+            St::ConnectResponse | St::ReqRcvd | St::Accepting | St::Connected
+        )
+    }
+}
+
 /// The QP attributes and PD (`ibv_pd *`) a passive `rdma_create_ep` keeps for `rdma_get_request`.
 #[derive(Clone, Copy)]
 pub(crate) struct EpQp(pub IbvQpInitAttr, pub usize);
@@ -509,7 +519,7 @@ fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
             let lctx = unsafe { (*(lid as *mut RdmaCmId)).context };
             let child = new_id(st, lchan, false, lctx, lps);
             let d = &st.devs[dev];
-            let (dgid, mtu, sgid) = (ev.peer_gid, d.mtu.min(ev.path_mtu.max(1)), d.gid);
+            let (dgid, mtu) = (ev.peer_gid, d.mtu.min(ev.path_mtu.max(1)));
             let src = SocketAddr::new(hdr.dst_addr, lport);
             let dst = SocketAddr::new(hdr.src_addr, hdr.src_port);
             {
@@ -537,7 +547,6 @@ fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
                 c.local_psn = random_u32() & 0x00ff_ffff;
             }
             fill_route(st, child, dev, Some(src), Some(dst), Some(dgid));
-            let _ = sgid;
             st.conns.insert(ev.conn, child);
             let p = conn_param(
                 ev.initiator_depth,
@@ -572,6 +581,8 @@ fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
                 push_event(st, id, 0, EV_CONNECT_RESPONSE, 0, Some(p), ev.private());
                 return;
             }
+            // The peer is known from here on (RTR/RTS attributes exist).
+            st.ids.get_mut(&id).expect("live").st = St::ConnectResponse;
             let r = modify_to_rts(st, id, qp);
             let r = r.and_then(|()| {
                 // SAFETY: see above.
@@ -1031,11 +1042,7 @@ pub(crate) fn qp_attr(st: &State, id: usize, state: c_int) -> R<(IbvQpAttr, c_in
             if ud {
                 return Ok((a, IBV_QP_STATE));
             }
-            if !matches!(
-                i.st,
-                St::ConnectResponse | St::ReqRcvd | St::Accepting | St::Connected | St::Connecting
-            ) || (i.st == St::Connecting && i.remote_qpn == 0)
-            {
+            if !i.knows_peer() {
                 return Err(libc::EINVAL);
             }
             // SAFETY: a live id block.
@@ -1067,7 +1074,7 @@ pub(crate) fn qp_attr(st: &State, id: usize, state: c_int) -> R<(IbvQpAttr, c_in
             if ud {
                 return Ok((a, IBV_QP_STATE | IBV_QP_SQ_PSN));
             }
-            if i.local_psn == 0 && i.st == St::Idle {
+            if !i.knows_peer() {
                 return Err(libc::EINVAL);
             }
             a.timeout = i.ack_timeout.unwrap_or(i.timeout);

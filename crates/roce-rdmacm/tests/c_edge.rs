@@ -79,7 +79,10 @@ fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
 #[test]
 fn c_program_meets_the_rdma_cm_edge_semantics() {
     let (prog, dir) = build("edge", &["-lrdmacm", "-libverbs"]);
-    let out = Command::new(&prog)
+    // Bounded: a lost completion would block rdma_get_send_comp for ever.
+    let out = Command::new("timeout")
+        .args(["120"])
+        .arg(&prog)
         .arg("127.0.209.1")
         .env("LD_LIBRARY_PATH", &dir)
         .env("ROCEV2_IBV_IP", "127.0.209.1")
