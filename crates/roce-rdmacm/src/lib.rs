@@ -5,7 +5,7 @@
 //!
 //! * SONAME `librdmacm.so.1`, the four version nodes `RDMACM_1.0`–`1.3` and all 68 symbols of Debian's library at
 //!   their versions (`librdmacm.map`; the implementations are `rocev2_<name>`, attached with `.symver` by
-//!   [`versioned!`]); a `DT_NEEDED` on `libibverbs.so.1` (`build.rs`). `tests/exports.rs` compares the export table
+//!   `versioned!`); a `DT_NEEDED` on `libibverbs.so.1` (`build.rs`). `tests/exports.rs` compares the export table
 //!   with Debian's; `tests/abi.rs` the structure layouts (module `abi`) with `<rdma/rdma_cma.h>`.
 //! * One runtime per process: this library links no runtime of its own; it reaches the one of rocev2's libibverbs
 //!   through the ordinary `ibv_*` calls and its private table `rocev2_private_v1@ROCEV2_PRIVATE` (module `bridge`).
