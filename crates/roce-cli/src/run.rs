@@ -143,7 +143,8 @@ fn build_hint(dir: &Path) -> String {
     }
 }
 
-/// A directory whose `libibverbs.so.1` is a link to `lib`: for the library beside `rocev2` (`named` false),
+/// A directory whose `libibverbs.so.1` is a link to `lib` (and `librdmacm.so.1` to `libroce_rdmacm.so` when that
+/// was built beside it): for the library beside `rocev2` (`named` false),
 /// `<dir of lib>/rocev2-ibverbs/` when writable; else, and always for a library named with [`ENV_LIB`] (nothing
 /// is created beside a path given from outside), this user's private `$TMPDIR/rocev2-ibverbs-<uid>/`. The link is
 /// replaced atomically (a rename), so concurrent runs never see it missing.
@@ -184,20 +185,30 @@ fn library_dir(lib: &Path, named: bool) -> Result<PathBuf, String> {
             last = format!("{why}: not used for the library");
             continue;
         }
-        let link = dir.join("libibverbs.so.1");
-        if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
-            return Ok(dir);
+        // rocev2's librdmacm.so.1 (crate `roce-rdmacm`) goes beside it when it was built next to the libibverbs.
+        let rdmacm = lib.with_file_name("libroce_rdmacm.so");
+        let mut made = link_into(&dir, &lib, "libibverbs.so.1");
+        // A named library's sibling must pass the same ownership check as the library itself.
+        if made.is_ok() && rdmacm.is_file() && (!named || file_trusted(&rdmacm, &[uid, 0]).is_ok()) {
+            made = link_into(&dir, &rdmacm, "librdmacm.so.1");
         }
-        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        let made =
-            std::os::unix::fs::symlink(&lib, &tmp).and_then(|()| std::fs::rename(&tmp, &link));
         match made {
             Ok(()) => return Ok(dir),
             Err(e) => last = format!("{}: {e}", dir.display()),
         }
     }
     Err(format!("making a directory for libibverbs.so.1: {last}"))
+}
+
+/// Makes `dir/name` a link to `target`, unless it already is one; replaced atomically (a rename).
+fn link_into(dir: &Path, target: &Path, name: &str) -> std::io::Result<()> {
+    let link = dir.join(name);
+    if std::fs::read_link(&link).is_ok_and(|t| t == target) {
+        return Ok(());
+    }
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).and_then(|()| std::fs::rename(&tmp, &link))
 }
 
 /// Runs `rocev2 run`: returns only on error (the program replaces this process).

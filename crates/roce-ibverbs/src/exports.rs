@@ -28,6 +28,7 @@ use roce_verbs::{
 use crate::abi::*;
 
 mod async_events;
+mod cm_bridge;
 mod cq_ex;
 mod extended;
 mod live;
@@ -425,6 +426,7 @@ pub(crate) unsafe fn free<T, C>(p: *mut C) {
 // Export table: `.symver rocev2_<name>, <name>@@<node>` for every symbol of ABI.md §2.1–§2.2.
 
 versioned! {
+    "ROCEV2_PRIVATE": [rocev2_private_v1]
     "IBVERBS_1.0": [ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_read_sysfs_file, ibv_get_sysfs_path,
         ibv_copy_path_rec_from_kern, ibv_copy_qp_attr_from_kern]
     "IBVERBS_1.1": [ibv_ack_cq_events, ibv_alloc_pd, ibv_attach_mcast, ibv_close_device, ibv_create_ah,

@@ -38,6 +38,13 @@
 //! `ib_send_cm_sidr_rep`): a SIDR_REQ re-sent because its SIDR_REP was lost is a new [`CmEvent::SidrRequest`],
 //! to be answered again; copies of a request that is still pending are dropped by the CM.
 //!
+//! # Callers that move their QPs themselves
+//!
+//! [`ConnectionManager::connect_qpn`] / [`ConnectionManager::accept_qpn`] / [`ConnectionManager::establish`] run the
+//! same exchange without touching a QP (the REP arrives as [`CmEvent::ConnectResponse`]; the caller moves its QP and
+//! sends the RTU): rocev2's librdmacm (crate `roce-rdmacm`) moves its QPs through libibverbs, as rdma-core's does.
+//! [`ConnectionManager::open_listening`] starts a device's CM and its first listen in one step.
+//!
 //! # Not here (yet)
 //!
 //! MRA from the application, alternate paths, the rdma_cm address header and port spaces (carried opaquely in
@@ -109,6 +116,25 @@ pub enum CmEvent {
         /// requester's `rq_psn`, the responder's `sq_psn`; the REP's Starting PSN is the other direction).
         remote_psn: Psn,
         /// The REQ's private data (92 bytes, zero-padded as on the wire).
+        private_data: Vec<u8>,
+    },
+    /// A REP for a connection made with [`ConnectionManager::connect_qpn`] (no QP handle: the caller moves its QP
+    /// to RTR/RTS itself, then sends the RTU with [`ConnectionManager::establish`]; librdmacm's
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`, rdma-core `cma.c` `ucma_process_conn_resp`).
+    ConnectResponse {
+        /// The connection.
+        id: ConnId,
+        /// The responder's QPN.
+        remote_qpn: Qpn,
+        /// The responder's starting PSN (our RQ PSN).
+        remote_psn: Psn,
+        /// The REP's responder resources and initiator depth (IBTA Vol 1 §12.7.32).
+        responder_resources: u8,
+        /// See `responder_resources`.
+        initiator_depth: u8,
+        /// The REP's RNR retry count.
+        rnr_retry_count: u8,
+        /// The REP's private data (196 bytes).
         private_data: Vec<u8>,
     },
     /// The connection is established: our QP is in RTS towards the peer's QP.
@@ -199,6 +225,31 @@ struct ConnInfo {
     /// Passive side: the REQ's path MTU (`None` for a code outside 1..=5), the most our QP may use.
     req_mtu: Option<Mtu>,
     rep_private: Vec<u8>,
+    /// Made by [`ConnectionManager::connect_qpn`] / accepted by [`ConnectionManager::accept_qpn`]: the caller
+    /// owns the QP's state changes.
+    by_qpn: bool,
+    /// Passive side: what the REQ asked for.
+    req: Option<RequestParams>,
+}
+
+/// What a REQ asked for (passive side; [`ConnectionManager::request_params`]), for the caller that moves its QP
+/// itself (librdmacm's `rdma_init_qp_attr`, the `rdma_conn_param` of `RDMA_CM_EVENT_CONNECT_REQUEST`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestParams {
+    /// Path MTU (IBTA encoding: 1 = 256 ... 5 = 4096).
+    pub path_mtu: u8,
+    /// The requester's responder resources (our initiator depth at most).
+    pub responder_resources: u8,
+    /// The requester's initiator depth (our responder resources at most).
+    pub initiator_depth: u8,
+    /// Transport retry count.
+    pub retry_count: u8,
+    /// RNR retry count.
+    pub rnr_retry_count: u8,
+    /// Local ACK timeout of the primary path (4.096 µs · 2^n).
+    pub local_ack_timeout: u8,
+    /// Traffic class of the primary path.
+    pub traffic_class: u8,
 }
 
 /// The state a device's CM shares with its handles.
@@ -313,6 +364,35 @@ impl ConnectionManager {
     /// the device's CM (otherwise the running CM is shared and `cfg` is ignored). A zero `local_ca_guid` is
     /// replaced by the EUI-64 of the port MAC, a zero `seed` by one drawn from the engine.
     pub fn open_with(ctx: &Context, cfg: CmConfig) -> Result<ConnectionManager, Error> {
+        Ok(Self::open_inner(ctx, cfg, None)?.0)
+    }
+
+    /// Like [`open`](Self::open), listening on `service_id` in the same step: a REQ that reached the device before
+    /// its CM existed (it waits in the GSI's receive queue) meets the listen instead of a REJ "invalid service ID"
+    /// — a program's first `rdma_listen` starts the CM and listens at once.
+    ///
+    /// Errors: as [`open`](Self::open) and [`listen`](Self::listen).
+    pub fn open_listening(
+        ctx: &Context,
+        service_id: u64,
+    ) -> Result<(ConnectionManager, ListenId), Error> {
+        let (cm, l) = Self::open_inner(ctx, CmConfig::default(), Some(service_id))?;
+        let l = l.ok_or(Error::EngineGone)??;
+        Ok((cm, l))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn open_inner(
+        ctx: &Context,
+        cfg: CmConfig,
+        listen: Option<u64>,
+    ) -> Result<
+        (
+            ConnectionManager,
+            Option<Result<ListenId, roce_cm::CmError>>,
+        ),
+        Error,
+    > {
         let fresh = Arc::new(CmShared {
             queue: Mutex::new(VecDeque::new()),
             sem: Semaphore::new().map_err(Error::Spawn)?,
@@ -320,9 +400,10 @@ impl ConnectionManager {
             conns: Mutex::new(HashMap::new()),
         });
         let waiter = Arc::new(Waiter::new().map_err(Error::Spawn)?);
-        let shared = ctx.call(move |d| {
-            if let Some(cm) = &d.cm {
-                return cm.shared.clone();
+        let (shared, listened) = ctx.call(move |d| {
+            if let Some(cm) = &mut d.cm {
+                let l = listen.map(|sid| cm.cm.listen(sid));
+                return (cm.shared.clone(), l);
             }
             let mac = d.engine.config().mac;
             // The CA GUID as an EUI-64 of the port MAC (IBTA Annex A17 / RoCE practice: FF:FE in the middle).
@@ -346,19 +427,22 @@ impl ConnectionManager {
                 seed: if cfg.seed == 0 { seed } else { cfg.seed },
                 ..cfg
             };
+            let mut cm = Cm::new(cfg);
+            let l = listen.map(|sid| cm.listen(sid));
             d.cm = Some(Box::new(DevCm {
-                cm: Cm::new(cfg),
+                cm,
                 shared: fresh.clone(),
                 buf: [0; MAD_LEN],
                 held: None,
             }));
-            fresh
+            (fresh, l)
         })?;
-        Ok(ConnectionManager {
+        let cm = ConnectionManager {
             ctx: ctx.clone(),
             shared,
             waiter,
-        })
+        };
+        Ok((cm, listened))
     }
 
     /// Runs `f` on the device's CM (under the progress lock; a pass follows, which sends what `f` queued).
@@ -415,21 +499,58 @@ impl ConnectionManager {
         private_data: &[u8],
         opts: &ConnectOpts,
     ) -> Result<ConnId, Error> {
-        let transport = match qp.qp_type() {
+        if qp.query()?.qp_state != QpState::Reset {
+            return Err(Error::InvalidArgument("the QP to connect must be in RESET"));
+        }
+        let target = (Some(qp), qp.qpn(), qp.qp_type());
+        let (id, _) =
+            self.connect_inner(target, dest_gid, dest_mac, service_id, private_data, opts)?;
+        Ok(id)
+    }
+
+    /// Like [`connect`](Self::connect) for a QP the caller moves itself (by number, of type `qp_type`): the REP
+    /// is reported as [`CmEvent::ConnectResponse`], after which the caller brings its QP to RTR/RTS and calls
+    /// [`establish`](Self::establish) (librdmacm's split between the CM and the program's QP). Returns the
+    /// connection and the starting PSN offered in the REQ (the QP's SQ PSN).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for UD; [`Error::Cm`] (private data too long, no resources).
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_qpn(
+        &self,
+        qpn: Qpn,
+        qp_type: QpType,
+        dest_gid: Gid,
+        dest_mac: [u8; 6],
+        service_id: u64,
+        private_data: &[u8],
+        opts: &ConnectOpts,
+    ) -> Result<(ConnId, Psn), Error> {
+        let target = (None, qpn, qp_type);
+        self.connect_inner(target, dest_gid, dest_mac, service_id, private_data, opts)
+    }
+
+    /// [`connect`](Self::connect) with a QP handle, [`connect_qpn`](Self::connect_qpn) without.
+    fn connect_inner(
+        &self,
+        (qp, qpn, qp_type): (Option<&Qp>, Qpn, QpType),
+        dest_gid: Gid,
+        dest_mac: [u8; 6],
+        service_id: u64,
+        private_data: &[u8],
+        opts: &ConnectOpts,
+    ) -> Result<(ConnId, Psn), Error> {
+        let transport = match qp_type {
             QpType::Rc => transport_type::RC,
             QpType::Uc => transport_type::UC,
             QpType::Ud => return Err(Error::InvalidArgument("the CM connects RC/UC QPs")),
         };
-        if qp.query()?.qp_state != QpState::Reset {
-            return Err(Error::InvalidArgument("the QP to connect must be in RESET"));
-        }
         self.add_neighbor(dest_gid, dest_mac);
         let psn = self.ctx.random_psn()?;
         let local_gid = self
             .ctx
             .gid(usize::from(opts.sgid_index))
             .ok_or(Error::InvalidArgument("sgid_index"))?;
-        let (qpn, o) = (qp.qpn(), *opts);
+        let o = *opts;
         let id = self.with_cm(move |cm, now| {
             let path = PathRepr {
                 local_gid: wire_gid(local_gid),
@@ -458,16 +579,72 @@ impl ConnectionManager {
         lock(&self.shared.conns).insert(
             id,
             ConnInfo {
-                qp: Some(qp.clone()),
+                qp: qp.cloned(),
                 psn,
                 opts: *opts,
                 peer: dest_gid,
                 remote: None,
                 req_mtu: None,
                 rep_private: Vec::new(),
+                by_qpn: qp.is_none(),
+                req: None,
             },
         );
-        Ok(id)
+        Ok((id, psn))
+    }
+
+    /// Sends the RTU of a connection made with [`connect_qpn`](Self::connect_qpn) after its
+    /// [`CmEvent::ConnectResponse`] (librdmacm's `rdma_establish`); [`CmEvent::Established`] follows.
+    ///
+    /// Errors: [`Error::Cm`] when the connection is not waiting for an RTU.
+    pub fn establish(&self, id: ConnId) -> Result<(), Error> {
+        Ok(self.with_cm(|cm, now| cm.rtu(now, id, &[]))??)
+    }
+
+    /// What the REQ of a pending or accepted [`CmEvent::ConnectRequest`] asked for (`None` for another id).
+    pub fn request_params(&self, id: ConnId) -> Option<RequestParams> {
+        lock(&self.shared.conns).get(&id).and_then(|c| c.req)
+    }
+
+    /// Accepts a [`CmEvent::ConnectRequest`] for a QP the caller has already brought to RTR (or RTS) itself: sends
+    /// the REP naming `qpn` and `psn` (its SQ PSN) with `private_data` (at most 196 bytes); the QP is not touched.
+    /// [`CmEvent::Established`] follows when the RTU arrives.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an id that is not a pending request; [`Error::Cm`].
+    pub fn accept_qpn(
+        &self,
+        id: ConnId,
+        qpn: Qpn,
+        psn: Psn,
+        private_data: &[u8],
+        opts: &ConnectOpts,
+    ) -> Result<(), Error> {
+        if lock(&self.shared.conns)
+            .get(&id)
+            .and_then(|c| c.remote)
+            .is_none()
+        {
+            return Err(Error::InvalidArgument("not a pending connect request"));
+        }
+        let o = *opts;
+        self.with_cm(move |cm, now| {
+            let p = AcceptParams {
+                local_qpn: qpn,
+                starting_psn: psn,
+                responder_resources: o.rd_atomic,
+                initiator_depth: o.rd_atomic,
+                rnr_retry_count: o.rnr_retry,
+                srq: false,
+                private_data,
+            };
+            cm.accept(now, id, &p)
+        })??;
+        if let Some(c) = lock(&self.shared.conns).get_mut(&id) {
+            c.psn = psn;
+            c.opts = o;
+            c.by_qpn = true;
+        }
+        Ok(())
     }
 
     /// Accepts a [`CmEvent::ConnectRequest`]: connects `qp` (RC/UC, in RESET) to the requester's QP with `opts`
@@ -704,6 +881,16 @@ impl ConnectionManager {
                         remote: Some((req.local_qpn, req.starting_psn)),
                         req_mtu: mtu_of_code(req.path_mtu),
                         rep_private: Vec::new(),
+                        by_qpn: false,
+                        req: Some(RequestParams {
+                            path_mtu: req.path_mtu,
+                            responder_resources: req.responder_resources,
+                            initiator_depth: req.initiator_depth,
+                            retry_count: req.retry_count,
+                            rnr_retry_count: req.rnr_retry_count,
+                            local_ack_timeout: req.primary.local_ack_timeout,
+                            traffic_class: req.primary.traffic_class,
+                        }),
                     },
                 );
                 Some(CmEvent::ConnectRequest {
@@ -721,6 +908,20 @@ impl ConnectionManager {
                 let Some(info) = info else {
                     return Ok(None);
                 };
+                if info.by_qpn {
+                    if let Some(c) = lock(conns).get_mut(&id) {
+                        c.rep_private = rep.private_data.to_vec();
+                    }
+                    return Ok(Some(CmEvent::ConnectResponse {
+                        id,
+                        remote_qpn: rep.local_qpn,
+                        remote_psn: rep.starting_psn,
+                        responder_resources: rep.responder_resources,
+                        initiator_depth: rep.initiator_depth,
+                        rnr_retry_count: rep.rnr_retry_count,
+                        private_data: rep.private_data.to_vec(),
+                    }));
+                }
                 // We expect the PSN our REQ offered and send from the REP's (Linux `cm_rep_handler`).
                 let remote = QpEndpoint {
                     qpn: rep.local_qpn,

@@ -1,0 +1,330 @@
+//! rdma_cm programs on rocev2 (issue #17): Debian 12's unmodified rdma_cm tools connect between two network
+//! namespaces, both ends under `rocev2 run`, through rocev2's `librdmacm.so.1` (crate `roce-rdmacm`) over the IB CM
+//! on QP 1 — no kernel rdma_cm, no `/dev/infiniband/rdma_cm`. Each program is judged by its own success criteria:
+//! its exit status and the output it prints on success (rping's verified data, ucmatose's `return status 0`,
+//! rdma_server/rdma_client's `end 0`, perftest's result row).
+//!
+//! A server is ready when its process has bound UDP 4791 on its address: `rdma_listen` starts the runtime (which
+//! binds the port) and registers the listen in the same call. Needs root, `ip netns` and Debian's `rdmacm-utils`
+//! / `perftest`; otherwise skipped with the reason.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Finished, NetnsPair, Proc, netns_unavailable, scratch, serial, strings, wait_socket};
+
+const IP_A: &str = "198.18.17.1";
+const IP_B: &str = "198.18.17.2";
+
+/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds both
+/// libraries beside `rocev2` (a no-op when fresh).
+fn libraries() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build -p roce-ibverbs -p roce-rdmacm failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = Path::new(common::bin()).parent().expect("bin dir");
+        for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
+            assert!(dir.join(lib).is_file(), "{lib} missing after the build");
+        }
+    });
+}
+
+/// `ip netns exec NS ROCEV2 run --ip IP -- ARGS...`.
+fn argv(ns: &str, ip: &str, args: &[&str]) -> Vec<String> {
+    let mut v = strings(&[
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        common::bin(),
+        "run",
+        "--ip",
+        ip,
+        "--",
+    ]);
+    v.extend(strings(args));
+    v
+}
+
+/// The namespaces, or `None` (with the reason printed) when this machine cannot run the test.
+fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
+    if let Some(why) = netns_unavailable() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    for (p, pkg) in programs {
+        common::need_program(p, pkg);
+    }
+    libraries();
+    let ns = NetnsPair::up(tag, IP_A, IP_B, 1500);
+    ns.wait_running();
+    Some(ns)
+}
+
+/// Runs `server` in namespace A and, once it listens, `client` in B; both must exit 0.
+///
+/// perftest's `-R` client opens its test connection right after a handshake over a first one, while its server
+/// only then creates the listener for it: a client faster than the server (here about one run in three of
+/// `ib_send_bw -R` in the debug build: our address and route resolution answer at once, Linux's take a kernel
+/// round trip) is rejected with reason 8 ("invalid service ID", no listener yet — as Linux's CM answers then
+/// too), and perftest's own retry then fails on the ids it destroyed. Such a run (the client's own message says
+/// so) is started over, at most five times, with a note.
+fn pair(ns: &NetnsPair, name: &str, server: &[&str], client: &[&str]) -> (Finished, Finished) {
+    let dir = scratch(&format!("rdmacm-{name}"));
+    for attempt in 1.. {
+        let mut s = Proc::spawn("server", &dir, &argv(&ns.a, IP_A, server));
+        wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(300));
+        let mut c = Proc::spawn("client", &dir, &argv(&ns.b, IP_B, client));
+        let cf = c.wait(Duration::from_secs(120));
+        let early = !cf.status.success()
+            && format!("{}{}", cf.stdout, cf.stderr).contains("RDMA_CM_EVENT_REJECTED; error: 8")
+            && attempt < 5;
+        if early {
+            eprintln!(
+                "note: {name}: the client was faster than the server's listen (attempt {attempt}); again"
+            );
+            drop(s);
+            continue;
+        }
+        let sf = s.wait(Duration::from_secs(60));
+        assert!(
+            cf.status.success(),
+            "{name}: client failed:\n{cf}\nserver:\n{sf}"
+        );
+        assert!(
+            sf.status.success(),
+            "{name}: server failed:\n{sf}\nclient:\n{cf}"
+        );
+        for f in [&cf, &sf] {
+            assert!(
+                !f.stderr.contains("rocev2 librdmacm"),
+                "{name}: the library complained:\n{f}"
+            );
+        }
+        return (cf, sf);
+    }
+    unreachable!("the loop returns or panics")
+}
+
+#[test]
+fn rping_verified_100_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("rping", &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    // -v prints each ping, -V makes rping check the data it reads back (exit 1 on a mismatch).
+    let (c, s) = pair(
+        &ns,
+        "rping",
+        &["rping", "-s", "-a", IP_A, "-C", "100", "-v", "-V"],
+        &["rping", "-c", "-a", IP_A, "-C", "100", "-v", "-V"],
+    );
+    for (who, f) in [("client", &c), ("server", &s)] {
+        let pings = f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert_eq!(pings, 100, "{who} printed {pings} verified pings:\n{f}");
+        assert!(!f.stderr.contains("mismatch"), "{who}:\n{f}");
+    }
+    assert!(c.stdout.contains("rdma-ping-99: "), "{c}");
+}
+
+#[test]
+fn ucmatose_four_connections_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("ucma", &[("ucmatose", "rdmacm-utils")]) else {
+        return;
+    };
+    // Four connections on one channel (per-id events), ten messages each way on each.
+    let (c, s) = pair(
+        &ns,
+        "ucmatose",
+        &["ucmatose", "-c", "4", "-C", "10"],
+        &["ucmatose", "-s", IP_A, "-c", "4", "-C", "10"],
+    );
+    for (who, f) in [("client", &c), ("server", &s)] {
+        assert!(f.stdout.contains("return status 0"), "{who}:\n{f}");
+        assert!(f.stdout.contains("data transfers complete"), "{who}:\n{f}");
+    }
+}
+
+#[test]
+fn rdma_server_and_rdma_client_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("rdmasc", &[("rdma_server", "rdmacm-utils")]) else {
+        return;
+    };
+    let (c, s) = pair(
+        &ns,
+        "rdma_server",
+        &["rdma_server"],
+        &["rdma_client", "-s", IP_A],
+    );
+    assert!(c.stdout.contains("rdma_client: end 0"), "{c}");
+    assert!(s.stdout.contains("rdma_server: end 0"), "{s}");
+}
+
+/// The result row of a perftest run: the line after the header that starts with `#bytes`.
+fn perftest_row(f: &Finished) -> Vec<String> {
+    let mut lines = f
+        .stdout
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+    lines.next();
+    lines
+        .next()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn perftest_with_rdma_cm_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("perfcm", &[("ib_send_bw", "perftest")]) else {
+        return;
+    };
+    for (prog, iters) in [
+        ("ib_send_bw", "500"),
+        ("ib_write_bw", "500"),
+        ("ib_read_lat", "200"),
+    ] {
+        let args = [prog, "-R", "-s", "4096", "-n", iters];
+        let mut client = args.to_vec();
+        client.push(IP_A);
+        let (c, s) = pair(&ns, prog, &args, &client);
+        for (who, f) in [("client", &c), ("server", &s)] {
+            // perftest's header: "rdma_cm QPs : ON" and "Data ex. method : rdma_cm".
+            let cm = f
+                .stdout
+                .lines()
+                .any(|l| l.contains("Data ex. method") && l.trim_end().ends_with("rdma_cm"));
+            assert!(cm, "{prog} {who} did not use rdma_cm:\n{f}");
+        }
+        let row = perftest_row(&c);
+        assert_eq!(
+            row.first().map(String::as_str),
+            Some("4096"),
+            "{prog}: {row:?}\n{c}"
+        );
+        assert_eq!(
+            row.get(1).map(String::as_str),
+            Some(iters),
+            "{prog}: {row:?}\n{c}"
+        );
+    }
+}
+
+#[test]
+fn rping_with_self_modified_qps_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("rpingq", &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    // -q: rping creates and moves its QPs itself (ibv_create_qp, rdma_init_qp_attr + ibv_modify_qp), the active
+    // side gets CONNECT_RESPONSE and calls rdma_establish (librdmacm 1.2's two calls).
+    let (c, s) = pair(
+        &ns,
+        "rping-q",
+        &["rping", "-s", "-q", "-a", IP_A, "-C", "20", "-v", "-V"],
+        &["rping", "-c", "-q", "-a", IP_A, "-C", "20", "-v", "-V"],
+    );
+    for (who, f) in [("client", &c), ("server", &s)] {
+        let pings = f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert_eq!(pings, 20, "{who} printed {pings} verified pings:\n{f}");
+    }
+}
+
+#[test]
+fn qperf_rc_bw_and_rc_lat_over_rdma_cm_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = setup("qperf", &[("qperf", "qperf")]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-qperf");
+    // qperf's server: its control connection on TCP 19765, then the tests the client asks for; it runs until killed.
+    let s = Proc::spawn("server", &dir, &argv(&ns.a, IP_A, &["qperf"]));
+    // It listens on the IPv6 wildcard (dual stack), which `wait_socket` (IPv4 tables) does not read: ask `ss`.
+    let t0 = std::time::Instant::now();
+    loop {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &ns.a, "ss", "-ltnH", "sport", "=", ":19765",
+            ])
+            .output()
+            .expect("ss runs");
+        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "qperf never listened:\n{}",
+            s.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // qperf's server sends the client its rdma_cm port before it calls rdma_listen: a client faster than that is
+    // rejected (reason 8, as by Linux's CM) and qperf says "unexpected event from RDMA CM: Event rejected". Such a
+    // run is repeated (the server stays up), at most five times, with a note.
+    let mut attempt = 0;
+    let cf = loop {
+        attempt += 1;
+        let mut c = Proc::spawn(
+            "client",
+            &dir,
+            &argv(
+                &ns.b,
+                IP_B,
+                &["qperf", "-cm1", "-t", "2", IP_A, "rc_bw", "rc_lat"],
+            ),
+        );
+        let cf = c.wait(Duration::from_secs(120));
+        if !cf.status.success() && cf.stdout.contains("Event rejected") && attempt < 5 {
+            eprintln!(
+                "note: qperf: the client was faster than the server's listen (attempt {attempt}); again"
+            );
+            continue;
+        }
+        break cf;
+    };
+    assert!(
+        cf.status.success(),
+        "qperf client failed:\n{cf}\n{}",
+        s.output_so_far()
+    );
+    // "rc_bw:\n    bw  =  32.7 MB/sec" and "rc_lat:\n    latency  =  248 us": a number with its unit.
+    for (test, key) in [("rc_bw:", "bw"), ("rc_lat:", "latency")] {
+        let mut lines = cf.stdout.lines().skip_while(|l| l.trim() != test);
+        let value = lines.nth(1).unwrap_or_default();
+        let f: Vec<&str> = value.split_whitespace().collect();
+        assert!(
+            f.first() == Some(&key)
+                && f.get(2)
+                    .is_some_and(|v| v.parse::<f64>().is_ok_and(|x| x > 0.0)),
+            "{test} {value:?}\n{cf}"
+        );
+    }
+    assert!(!cf.stderr.contains("failed"), "{cf}");
+}

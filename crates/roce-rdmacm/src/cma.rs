@@ -1,0 +1,1552 @@
+//! rdma_cm semantics over the runtime's IB CM (`docs/RDMACM.md` §3–§8; rdma-core `librdmacm/cma.c` and Linux
+//! `drivers/infiniband/core/cma.c` read for the behaviour, not copied): event channels, identifiers, addresses and
+//! routes, listen / connect / accept / reject / establish / disconnect, the QP moved through INIT/RTR/RTS at the
+//! events librdmacm moves it, `rdma_init_qp_attr`, options and `rdma_migrate_id`.
+//!
+//! # Events
+//!
+//! The runtime's CM has one event queue per device (`roce_verbs::cm`); a dispatcher thread of this library (started
+//! with the first device's CM, every signal blocked) waits on its eventfd, takes each event, does what it implies
+//! (the active side's RTR/RTS and RTU on a REP when the id has a QP, as librdmacm's `ucma_process_conn_resp`) and
+//! queues the rdma_cm event on the channel of the id it belongs to (per-id routing: the connection and listen
+//! handles map to ids; `rdma_migrate_id` changes the id's channel, events already queued stay where they are).
+//! A channel's `fd` is an eventfd in semaphore mode: one count per queued event, so `poll`/`epoll`/`rpoll` see it
+//! readable while an event waits, and a program's `O_NONBLOCK` makes `rdma_get_cm_event` fail with `EAGAIN`.
+//! Address and route resolution answer at once but always through an event, as the kernel does.
+//!
+//! Events are allocated here and freed by `rdma_ack_cm_event`; private data lives in the same block.
+//! `rdma_destroy_id` waits (at most [`DESTROY_WAIT`], then says so on stderr) for the acknowledgement of every event
+//! `rdma_get_cm_event` handed out for the id; events still queued for it are dropped when a reader reaches them.
+//!
+//! # State
+//!
+//! One table under one lock (control path only): ids, channels, outstanding events, connection and listen handles,
+//! bound ports. A pointer not in the table is `EINVAL`, never dereferenced.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use core::ffi::c_void;
+use libc::{c_int, sockaddr, sockaddr_storage};
+use roce_wire::cm::{CMA_HDR_LEN, CmaHdr, PortSpace, service_id};
+
+use crate::abi::*;
+use crate::bridge::{self, CmEventC, ConnectC, PrivateV1, kind, table};
+use crate::route;
+
+/// How long `rdma_destroy_id` waits for unacknowledged events of the id.
+pub const DESTROY_WAIT: Duration = Duration::from_secs(2);
+/// Private data a REQ leaves the program after the 36-byte `cma_hdr` (92 − 36; Linux `cma.c`).
+pub const REQ_PRIVATE_MAX: usize = 92 - CMA_HDR_LEN;
+/// REP private data (IBTA Vol 1 §12.6.8).
+pub const REP_PRIVATE_MAX: usize = 196;
+/// REJ private data (IBTA Vol 1 §12.6.7).
+pub const REJ_PRIVATE_MAX: usize = 148;
+/// Local ACK timeout used unless `RDMA_OPTION_ID_ACK_TIMEOUT` sets one (4.096 µs · 2^14 ≈ 67 ms: the runtime's
+/// `ConnectOpts` default).
+pub const DEFAULT_ACK_TIMEOUT: u8 = 14;
+/// RNR NAK timer code put in RTR (12: 0.64 ms, IBTA Vol 1 Table 45).
+pub const MIN_RNR_TIMER: u8 = 12;
+/// `CMA_IBOE_PACKET_LIFETIME` (Linux `cma.c`): the packet lifetime of a RoCE path record.
+pub const IBOE_PACKET_LIFETIME: u8 = 16;
+/// Responder resources / initiator depth when the program passes no `rdma_conn_param`.
+pub const DEFAULT_RD_ATOMIC: u8 = 16;
+/// `RDMA_UDP_QKEY` (Linux `cma.c`): the Q_Key of rdma_cm UD QPs.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// A device as this library uses it: one `ibv_context` per device, shared by all ids (`id->verbs`).
+pub(crate) struct Dev {
+    pub ctx: usize,
+    pub gid: [u8; 16],
+    pub ip: IpAddr,
+    /// `ibv_mtu` of the port (1..=5).
+    pub mtu: u8,
+    /// The CM's event fd, or -1 before the CM is opened.
+    pub cm_fd: c_int,
+    /// The PD `rdma_create_qp` uses when given none (made on first use).
+    pub pd: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum St {
+    Idle,
+    Bound,
+    AddrResolved,
+    RouteResolved,
+    Listening,
+    Connecting,
+    ConnectResponse,
+    ReqRcvd,
+    Accepting,
+    Connected,
+    Disconnected,
+    Rejected,
+    Failed,
+}
+
+/// What the library keeps of an id beside its public `struct rdma_cm_id`.
+pub(crate) struct Id {
+    pub chan: usize,
+    /// The channel was made for this id (`rdma_create_id` with NULL, `rdma_create_ep`): its calls wait for their
+    /// events, and the channel goes with the id.
+    pub sync: bool,
+    pub ps: c_int,
+    pub dev: Option<usize>,
+    pub st: St,
+    pub src: Option<SocketAddr>,
+    pub dst: Option<SocketAddr>,
+    pub listen: Option<u64>,
+    pub conn: Option<u64>,
+    pub active: bool,
+    pub local_psn: u32,
+    pub remote_qpn: u32,
+    pub remote_psn: u32,
+    pub mtu: u8,
+    /// Our responder resources (the QP's `max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// Our initiator depth (the QP's `max_rd_atomic`).
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub timeout: u8,
+    pub tos: u8,
+    pub ack_timeout: Option<u8>,
+    pub reuseaddr: bool,
+    pub unacked: u32,
+    pub path: Box<IbvSaPathRec>,
+    /// The CQs and channels were made by `rdma_create_qp` (destroyed by `rdma_destroy_qp`).
+    pub own_cqs: bool,
+    /// `rdma_create_ep` on a passive endpoint: the QP attributes (and PD) for each `rdma_get_request`.
+    pub ep_qp: Option<EpQp>,
+}
+
+impl Id {
+    /// Whether the peer's QPN and PSN are known (a request received, or a REP): RTR and RTS attributes exist.
+    fn knows_peer(&self) -> bool {
+        matches!(
+            self.st,
+            St::ConnectResponse | St::ReqRcvd | St::Accepting | St::Connected
+        )
+    }
+}
+
+/// The QP attributes and PD (`ibv_pd *`) a passive `rdma_create_ep` keeps for `rdma_get_request`.
+#[derive(Clone, Copy)]
+pub(crate) struct EpQp(pub IbvQpInitAttr, pub usize);
+
+// SAFETY: the pointers in the attributes (CQs, SRQ, context) are the program's handles, only passed back to
+// libibverbs (whose objects are thread-safe), never dereferenced here.
+unsafe impl Send for EpQp {}
+
+#[repr(C)]
+pub(crate) struct EventBlock {
+    pub ev: RdmaCmEvent,
+    pub pdata: [u8; bridge::EVENT_PRIVATE_MAX],
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub devs: Vec<Dev>,
+    pub devs_loaded: bool,
+    pub ids: HashMap<usize, Id>,
+    pub chans: HashMap<usize, VecDeque<usize>>,
+    pub events: HashSet<usize>,
+    /// Queued events of destroyed ids, freed when a reader reaches them.
+    pub dead: HashSet<usize>,
+    pub conns: HashMap<u64, usize>,
+    pub listens: HashMap<u64, usize>,
+    pub ports: HashSet<(c_int, u16)>,
+    pub dispatcher: bool,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+pub(crate) struct Guard(MutexGuard<'static, Option<State>>);
+
+impl core::ops::Deref for Guard {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.0.as_ref().expect("initialised in lock()")
+    }
+}
+
+impl core::ops::DerefMut for Guard {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.as_mut().expect("initialised in lock()")
+    }
+}
+
+pub(crate) fn lock() -> Guard {
+    let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        *g = Some(State::default());
+    }
+    Guard(g)
+}
+
+pub(crate) type R<T> = Result<T, c_int>;
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+pub(crate) fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: writes at most 4 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    if n != 4 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        return t ^ std::process::id().rotate_left(16);
+    }
+    u32::from_ne_bytes(b)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Addresses
+
+/// The address a program passed (`AF_INET` / `AF_INET6`).
+///
+/// # Safety
+/// `p` is NULL or points at a `sockaddr` of its family's size.
+pub(crate) unsafe fn parse_sockaddr(p: *const sockaddr) -> R<SocketAddr> {
+    if p.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: per the contract, the family field is readable.
+    let family = c_int::from(unsafe { (*p).sa_family });
+    match family {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let s = unsafe { &*p.cast::<libc::sockaddr_in>() };
+            Ok(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))),
+                u16::from_be(s.sin_port),
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6.
+            let s = unsafe { &*p.cast::<libc::sockaddr_in6>() };
+            Ok(SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)),
+                u16::from_be(s.sin6_port),
+            ))
+        }
+        _ => Err(libc::EAFNOSUPPORT),
+    }
+}
+
+/// Writes `a` as a `sockaddr_in` / `sockaddr_in6` into `out`; returns its length.
+pub(crate) fn write_sockaddr(out: &mut sockaddr_storage, a: SocketAddr) -> u32 {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    *out = unsafe { core::mem::zeroed() };
+    match a {
+        SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            let s = unsafe { &mut *(out as *mut sockaddr_storage).cast::<libc::sockaddr_in>() };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = v4.port().to_be();
+            s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            size_of::<libc::sockaddr_in>() as u32
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            let s = unsafe { &mut *(out as *mut sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = v6.port().to_be();
+            s.sin6_addr.s6_addr = v6.ip().octets();
+            size_of::<libc::sockaddr_in6>() as u32
+        }
+    }
+}
+
+/// The GID of an IP address (IPv4-mapped for IPv4; `docs/spec/ROCEV2.md`, RoCE v2 GIDs).
+pub(crate) fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn ip_of_gid(g: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(g);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Devices
+
+/// Opens every device once (`ibv_get_device_list` / `ibv_open_device` of the loaded libibverbs).
+pub(crate) fn load_devices(st: &mut State) {
+    if st.devs_loaded {
+        return;
+    }
+    st.devs_loaded = true;
+    let mut n: c_int = 0;
+    // SAFETY: libibverbs calls with valid out-pointers; the list is freed after the contexts are opened.
+    unsafe {
+        let list = bridge::ibv_get_device_list(&mut n);
+        if list.is_null() {
+            return;
+        }
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            let ctx = bridge::ibv_open_device(*list.add(i));
+            if ctx.is_null() {
+                continue;
+            }
+            let mut gid = [0u8; 16];
+            if bridge::ibv_query_gid(ctx, 1, 0, &mut gid) != 0 {
+                continue;
+            }
+            let mut pa: IbvPortAttr = core::mem::zeroed();
+            let mtu = if bridge::ibv_query_port(ctx, 1, &mut pa) == 0
+                && (1..=5).contains(&pa.active_mtu)
+            {
+                pa.active_mtu as u8
+            } else {
+                3
+            };
+            st.devs.push(Dev {
+                ctx: ctx as usize,
+                gid,
+                ip: ip_of_gid(gid),
+                mtu,
+                cm_fd: -1,
+                pd: 0,
+            });
+        }
+        bridge::ibv_free_device_list(list);
+    }
+}
+
+/// The device with address `ip`; with one device, a loopback or unknown `ip` also names it when `fallback`.
+fn find_dev(st: &mut State, ip: IpAddr, fallback: bool) -> R<usize> {
+    load_devices(st);
+    if let Some(i) = st.devs.iter().position(|d| d.ip == ip) {
+        return Ok(i);
+    }
+    if st.devs.len() == 1 && (fallback || ip.is_loopback()) {
+        return Ok(0);
+    }
+    Err(if st.devs.is_empty() {
+        libc::ENODEV
+    } else {
+        libc::EADDRNOTAVAIL
+    })
+}
+
+/// Opens the device's CM (starting the runtime) and the dispatcher thread.
+pub(crate) fn ensure_cm(st: &mut State, dev: usize) -> R<&'static PrivateV1> {
+    let t = table().ok_or(libc::ENODEV)?;
+    if st.devs[dev].cm_fd < 0 {
+        // SAFETY: a context this library opened.
+        let fd = unsafe { (t.open)(st.devs[dev].ctx as *mut c_void) };
+        if fd < 0 {
+            return Err(-fd);
+        }
+        st.devs[dev].cm_fd = fd;
+    }
+    if !st.dispatcher {
+        start_dispatcher()?;
+        st.dispatcher = true;
+    }
+    Ok(t)
+}
+
+fn start_dispatcher() -> R<()> {
+    // The thread starts with every signal blocked (the program's handlers run on the program's threads).
+    // SAFETY: sigset operations on local sets.
+    unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let r = std::thread::Builder::new()
+            .name("rocev2-rdmacm".into())
+            .spawn(dispatch_loop);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        r.map(|_| ())
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))
+    }
+}
+
+fn dispatch_loop() {
+    let Some(t) = table() else { return };
+    loop {
+        let devs: Vec<(usize, usize, c_int)> = lock()
+            .devs
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.cm_fd >= 0)
+            .map(|(i, d)| (i, d.ctx, d.cm_fd))
+            .collect();
+        let mut pfds: Vec<libc::pollfd> = devs
+            .iter()
+            .map(|&(_, _, fd)| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `pfds` is a valid array of its length. A timeout bounds the wait for devices opened meanwhile.
+        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 50) };
+        for &(dev, ctx, _) in &devs {
+            loop {
+                let mut ev = CmEventC::zeroed();
+                // SAFETY: a context this library opened; `ev` is writable.
+                let r = unsafe { (t.poll_event)(ctx as *mut c_void, &mut ev) };
+                if r != 1 {
+                    break;
+                }
+                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    handle(&mut lock(), t, dev, &ev);
+                }));
+                if res.is_err() {
+                    eprintln!(
+                        "rocev2 librdmacm: an event could not be handled (kind {})",
+                        ev.kind
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Events
+
+/// Queues an event for `id` on its channel (one eventfd count).
+pub(crate) fn push_event(
+    st: &mut State,
+    id: usize,
+    listen: usize,
+    event: c_int,
+    status: c_int,
+    param: Option<RdmaConnParam>,
+    pdata: &[u8],
+) {
+    let Some(chan) = st.ids.get(&id).map(|i| i.chan) else {
+        return;
+    };
+    // SAFETY: zero is a valid value of every field (NULL pointers, zero integers).
+    let mut b: Box<EventBlock> = Box::new(unsafe { core::mem::zeroed() });
+    b.ev.id = id as *mut RdmaCmId;
+    b.ev.listen_id = listen as *mut RdmaCmId;
+    b.ev.event = event;
+    b.ev.status = status;
+    if let Some(p) = param {
+        b.ev.conn = p;
+    }
+    let n = pdata.len().min(b.pdata.len());
+    b.pdata[..n].copy_from_slice(&pdata[..n]);
+    b.ev.conn.private_data_len = n as u8;
+    b.ev.conn.private_data = if n > 0 {
+        b.pdata.as_ptr().cast()
+    } else {
+        core::ptr::null()
+    };
+    let p = Box::into_raw(b) as usize;
+    let Some(q) = st.chans.get_mut(&chan) else {
+        // SAFETY: just made by Box::into_raw.
+        drop(unsafe { Box::from_raw(p as *mut EventBlock) });
+        return;
+    };
+    q.push_back(p);
+    let one: u64 = 1;
+    // SAFETY: `chan` is a live channel block; writing 8 bytes to its eventfd.
+    unsafe {
+        let fd = (*(chan as *mut RdmaEventChannel)).fd;
+        libc::write(fd, (&raw const one).cast(), 8);
+    }
+}
+
+fn conn_param(
+    responder_resources: u8,
+    initiator_depth: u8,
+    ev: &CmEventC,
+    qpn: u32,
+) -> RdmaConnParam {
+    RdmaConnParam {
+        private_data: core::ptr::null(),
+        private_data_len: 0,
+        responder_resources,
+        initiator_depth,
+        flow_control: 1,
+        retry_count: ev.retry_count,
+        rnr_retry_count: ev.rnr_retry_count,
+        srq: 0,
+        qp_num: qpn & 0x00ff_ffff,
+    }
+}
+
+/// One CM event from the runtime into the rdma_cm event of its id (module docs).
+fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
+    let ctx = st.devs[dev].ctx as *mut c_void;
+    // SAFETY (every call of `t` below): `ctx` is a context this library opened; buffers are valid for their lengths.
+    let reject = |conn: u64| unsafe {
+        (t.reject)(ctx, conn, core::ptr::null(), 0);
+    };
+    match ev.kind {
+        kind::CONNECT_REQUEST => {
+            let Some(&lid) = st.listens.get(&ev.listen) else {
+                return reject(ev.conn);
+            };
+            let pd = ev.private();
+            let Ok(hdr) = CmaHdr::parse(pd) else {
+                return reject(ev.conn);
+            };
+            let (lchan, lps, lsrc) = {
+                let l = &st.ids[&lid];
+                (l.chan, l.ps, l.src)
+            };
+            // A listen on an address takes only requests for it (Linux `cma_find_listener`).
+            if let Some(src) = lsrc
+                && !src.ip().is_unspecified()
+                && src.ip() != hdr.dst_addr
+            {
+                return reject(ev.conn);
+            }
+            let lport = lsrc.map_or(0, |s| s.port());
+            // SAFETY: `lid` is a live id.
+            let lctx = unsafe { (*(lid as *mut RdmaCmId)).context };
+            let child = new_id(st, lchan, false, lctx, lps);
+            let d = &st.devs[dev];
+            let (dgid, mtu) = (ev.peer_gid, d.mtu.min(ev.path_mtu.max(1)));
+            let src = SocketAddr::new(hdr.dst_addr, lport);
+            let dst = SocketAddr::new(hdr.src_addr, hdr.src_port);
+            {
+                let c = st.ids.get_mut(&child).expect("just made");
+                c.dev = Some(dev);
+                c.src = Some(src);
+                c.dst = Some(dst);
+                c.st = St::ReqRcvd;
+                c.conn = Some(ev.conn);
+                c.remote_qpn = ev.remote_qpn;
+                c.remote_psn = ev.remote_psn;
+                c.mtu = mtu;
+                // What the requester offers as responder is our initiator depth at most, and the reverse (the
+                // event's parameters are the receiver's view: Linux `cm_format_req_event`).
+                c.responder_resources = ev.initiator_depth;
+                c.initiator_depth = ev.responder_resources;
+                c.retry_count = ev.retry_count;
+                c.rnr_retry_count = ev.rnr_retry_count;
+                c.timeout = if ev.local_ack_timeout == 0 {
+                    DEFAULT_ACK_TIMEOUT
+                } else {
+                    ev.local_ack_timeout
+                };
+                c.tos = ev.traffic_class;
+                c.local_psn = random_u32() & 0x00ff_ffff;
+            }
+            fill_route(st, child, dev, Some(src), Some(dst), Some(dgid));
+            st.conns.insert(ev.conn, child);
+            let p = conn_param(
+                ev.initiator_depth,
+                ev.responder_resources,
+                ev,
+                ev.remote_qpn,
+            );
+            let app = pd.get(CMA_HDR_LEN..).unwrap_or(&[]);
+            push_event(st, child, lid, EV_CONNECT_REQUEST, 0, Some(p), app);
+        }
+        kind::CONNECT_RESPONSE => {
+            let Some(&id) = st.conns.get(&ev.conn) else {
+                return;
+            };
+            let qp = {
+                let i = st.ids.get_mut(&id).expect("mapped ids are live");
+                i.remote_qpn = ev.remote_qpn;
+                i.remote_psn = ev.remote_psn;
+                i.initiator_depth = i.initiator_depth.min(ev.responder_resources);
+                i.rnr_retry_count = ev.rnr_retry_count;
+                // SAFETY: `id` is a live id.
+                unsafe { (*(id as *mut RdmaCmId)).qp }
+            };
+            let p = conn_param(
+                ev.initiator_depth,
+                ev.responder_resources,
+                ev,
+                ev.remote_qpn,
+            );
+            if qp.is_null() {
+                st.ids.get_mut(&id).expect("live").st = St::ConnectResponse;
+                push_event(st, id, 0, EV_CONNECT_RESPONSE, 0, Some(p), ev.private());
+                return;
+            }
+            // The peer is known from here on (RTR/RTS attributes exist).
+            st.ids.get_mut(&id).expect("live").st = St::ConnectResponse;
+            let r = modify_to_rts(st, id, qp);
+            let r = r.and_then(|()| {
+                // SAFETY: see above.
+                let e = unsafe { (t.establish)(ctx, ev.conn) };
+                if e < 0 { Err(-e) } else { Ok(()) }
+            });
+            match r {
+                Ok(()) => {
+                    st.ids.get_mut(&id).expect("live").st = St::Connected;
+                    push_event(st, id, 0, EV_ESTABLISHED, 0, Some(p), ev.private());
+                }
+                Err(e) => {
+                    reject(ev.conn);
+                    st.conns.remove(&ev.conn);
+                    let i = st.ids.get_mut(&id).expect("live");
+                    i.st = St::Failed;
+                    i.conn = None;
+                    push_event(st, id, 0, EV_CONNECT_ERROR, -e, None, &[]);
+                }
+            }
+        }
+        kind::ESTABLISHED => {
+            let Some(&id) = st.conns.get(&ev.conn) else {
+                return;
+            };
+            let i = st.ids.get_mut(&id).expect("live");
+            // The active side reported its ESTABLISHED (or CONNECT_RESPONSE) when it sent the RTU.
+            if i.active {
+                return;
+            }
+            i.st = St::Connected;
+            let p = RdmaConnParam {
+                responder_resources: i.responder_resources,
+                initiator_depth: i.initiator_depth,
+                ..conn_param(0, 0, ev, i.remote_qpn)
+            };
+            push_event(st, id, 0, EV_ESTABLISHED, 0, Some(p), &[]);
+        }
+        kind::REJECTED => {
+            let Some(id) = st.conns.remove(&ev.conn) else {
+                return;
+            };
+            let i = st.ids.get_mut(&id).expect("live");
+            i.st = St::Rejected;
+            i.conn = None;
+            let p = conn_param(0, 0, ev, 0);
+            push_event(
+                st,
+                id,
+                0,
+                EV_REJECTED,
+                ev.status as c_int,
+                Some(p),
+                ev.private(),
+            );
+        }
+        kind::DISCONNECTED => {
+            let Some(&id) = st.conns.get(&ev.conn) else {
+                return;
+            };
+            st.ids.get_mut(&id).expect("live").st = St::Disconnected;
+            push_event(st, id, 0, EV_DISCONNECTED, 0, None, &[]);
+        }
+        kind::TIMEWAIT_EXIT => {
+            let Some(id) = st.conns.remove(&ev.conn) else {
+                return;
+            };
+            st.ids.get_mut(&id).expect("live").conn = None;
+            push_event(st, id, 0, EV_TIMEWAIT_EXIT, 0, None, &[]);
+        }
+        kind::UNREACHABLE => {
+            let Some(id) = st.conns.remove(&ev.conn) else {
+                return;
+            };
+            let i = st.ids.get_mut(&id).expect("live");
+            i.st = St::Failed;
+            i.conn = None;
+            push_event(st, id, 0, EV_UNREACHABLE, -libc::ETIMEDOUT, None, &[]);
+        }
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Channels
+
+pub(crate) fn create_channel(st: &mut State) -> R<*mut RdmaEventChannel> {
+    // SAFETY: plain eventfd creation.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    let p = Box::into_raw(Box::new(RdmaEventChannel { fd }));
+    st.chans.insert(p as usize, VecDeque::new());
+    Ok(p)
+}
+
+pub(crate) fn destroy_channel(st: &mut State, ch: *mut RdmaEventChannel) {
+    let Some(q) = st.chans.remove(&(ch as usize)) else {
+        return;
+    };
+    for e in q {
+        st.dead.remove(&e);
+        // SAFETY: queued blocks were made by Box::into_raw in push_event and not handed out.
+        drop(unsafe { Box::from_raw(e as *mut EventBlock) });
+    }
+    // SAFETY: a live channel block of ours, removed from the table above.
+    unsafe {
+        libc::close((*ch).fd);
+        drop(Box::from_raw(ch));
+    }
+}
+
+/// `rdma_get_cm_event`: waits on the channel's fd (or `EAGAIN` when the program made it non-blocking).
+pub(crate) fn get_event(ch: *mut RdmaEventChannel) -> R<*mut RdmaCmEvent> {
+    let fd = {
+        let st = lock();
+        if !st.chans.contains_key(&(ch as usize)) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a live channel.
+        unsafe { (*ch).fd }
+    };
+    loop {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into `v`.
+        let n = unsafe { libc::read(fd, (&raw mut v).cast(), 8) };
+        if n < 0 {
+            return Err(errno());
+        }
+        let mut st = lock();
+        let Some(q) = st.chans.get_mut(&(ch as usize)) else {
+            return Err(libc::EINVAL);
+        };
+        let Some(e) = q.pop_front() else {
+            continue;
+        };
+        if st.dead.remove(&e) {
+            // SAFETY: a queued block of a destroyed id, never handed out.
+            drop(unsafe { Box::from_raw(e as *mut EventBlock) });
+            continue;
+        }
+        st.events.insert(e);
+        // SAFETY: a queued block is a live EventBlock.
+        let owner = unsafe { (*(e as *const EventBlock)).ev.id } as usize;
+        if let Some(i) = st.ids.get_mut(&owner) {
+            i.unacked += 1;
+        }
+        return Ok(e as *mut RdmaCmEvent);
+    }
+}
+
+pub(crate) fn ack_event(ev: *mut RdmaCmEvent) -> R<()> {
+    let mut st = lock();
+    if !st.events.remove(&(ev as usize)) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: an event block handed out by get_event and not yet acknowledged.
+    let b = unsafe { Box::from_raw(ev.cast::<EventBlock>()) };
+    if let Some(i) = st.ids.get_mut(&(b.ev.id as usize)) {
+        i.unacked = i.unacked.saturating_sub(1);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Ids
+
+pub(crate) fn new_id(
+    st: &mut State,
+    chan: usize,
+    sync: bool,
+    context: *mut c_void,
+    ps: c_int,
+) -> usize {
+    // SAFETY: zero is a valid value of every field of rdma_cm_id (NULL pointers, zero integers, zeroed sockaddrs).
+    let mut b: Box<RdmaCmId> = Box::new(unsafe { core::mem::zeroed() });
+    b.channel = chan as *mut RdmaEventChannel;
+    b.context = context;
+    b.ps = ps;
+    b.port_num = 1;
+    b.qp_type = if ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB {
+        IBV_QPT_UD
+    } else {
+        IBV_QPT_RC
+    };
+    let p = Box::into_raw(b) as usize;
+    // SAFETY: zero is a valid path record.
+    let path: Box<IbvSaPathRec> = Box::new(unsafe { core::mem::zeroed() });
+    st.ids.insert(
+        p,
+        Id {
+            chan,
+            sync,
+            ps,
+            dev: None,
+            st: St::Idle,
+            src: None,
+            dst: None,
+            listen: None,
+            conn: None,
+            active: false,
+            local_psn: 0,
+            remote_qpn: 0,
+            remote_psn: 0,
+            mtu: 3,
+            responder_resources: DEFAULT_RD_ATOMIC,
+            initiator_depth: DEFAULT_RD_ATOMIC,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            timeout: DEFAULT_ACK_TIMEOUT,
+            tos: 0,
+            ack_timeout: None,
+            reuseaddr: false,
+            unacked: 0,
+            path,
+            own_cqs: false,
+            ep_qp: None,
+        },
+    );
+    p
+}
+
+pub(crate) fn check_id(st: &State, id: *mut RdmaCmId) -> R<()> {
+    if st.ids.contains_key(&(id as usize)) {
+        Ok(())
+    } else {
+        Err(libc::EINVAL)
+    }
+}
+
+/// Writes the addresses, GIDs and path record of `id` (`id->route`, Linux `cma_resolve_iboe_route` for the path).
+fn fill_route(
+    st: &mut State,
+    id: usize,
+    dev: usize,
+    src: Option<SocketAddr>,
+    dst: Option<SocketAddr>,
+    dgid: Option<[u8; 16]>,
+) {
+    let (ctx, sgid, dmtu) = {
+        let d = &st.devs[dev];
+        (d.ctx, d.gid, d.mtu)
+    };
+    let i = st.ids.get_mut(&id).expect("live");
+    // SAFETY: `id` is a live id block.
+    let c = unsafe { &mut *(id as *mut RdmaCmId) };
+    c.verbs = ctx as *mut c_void;
+    if let Some(s) = src {
+        write_sockaddr(&mut c.route.addr.src, s);
+    }
+    if let Some(d) = dst {
+        write_sockaddr(&mut c.route.addr.dst, d);
+    }
+    c.route.addr.ib.sgid.raw = sgid;
+    if let Some(g) = dgid.or_else(|| dst.map(|d| gid_of(d.ip()))) {
+        c.route.addr.ib.dgid.raw = g;
+    }
+    c.route.addr.ib.pkey = 0xffffu16.to_be();
+    let p = &mut *i.path;
+    p.sgid.raw = sgid;
+    p.dgid = c.route.addr.ib.dgid;
+    p.hop_limit = 64;
+    p.traffic_class = i.tos;
+    p.reversible = 1;
+    p.numb_path = 1;
+    p.pkey = 0xffffu16.to_be();
+    p.mtu_selector = 2;
+    p.mtu = if i.mtu == 0 { dmtu } else { i.mtu.min(dmtu) };
+    p.rate_selector = 2;
+    p.rate = 3;
+    p.packet_life_time_selector = 2;
+    p.packet_life_time = IBOE_PACKET_LIFETIME;
+}
+
+fn publish_path(st: &mut State, id: usize) {
+    let i = st.ids.get_mut(&id).expect("live");
+    // SAFETY: `id` is a live id block; the path record lives in its `Id` until the id is destroyed.
+    let c = unsafe { &mut *(id as *mut RdmaCmId) };
+    c.route.path_rec = &mut *i.path;
+    c.route.num_paths = 1;
+}
+
+fn ephemeral_port(st: &State, ps: c_int) -> u16 {
+    loop {
+        let p = 32768 + (random_u32() % 28232) as u16;
+        if !st.ports.contains(&(ps, p)) {
+            return p;
+        }
+    }
+}
+
+/// `rdma_bind_addr` under the lock.
+pub(crate) fn bind(st: &mut State, id: usize, a: SocketAddr) -> R<()> {
+    let i = &st.ids[&id];
+    if i.st != St::Idle {
+        return Err(libc::EINVAL);
+    }
+    let (ps, reuse) = (i.ps, i.reuseaddr);
+    let dev = if a.ip().is_unspecified() {
+        None
+    } else {
+        Some(find_dev(st, a.ip(), false)?)
+    };
+    let port = if a.port() == 0 {
+        ephemeral_port(st, ps)
+    } else if st.ports.contains(&(ps, a.port())) && !reuse {
+        return Err(libc::EADDRINUSE);
+    } else {
+        a.port()
+    };
+    st.ports.insert((ps, port));
+    let src = SocketAddr::new(a.ip(), port);
+    let i = st.ids.get_mut(&id).expect("live");
+    i.src = Some(src);
+    i.dev = dev;
+    i.st = St::Bound;
+    match dev {
+        Some(d) => fill_route(st, id, d, Some(src), None, None),
+        None => {
+            // SAFETY: a live id block.
+            let c = unsafe { &mut *(id as *mut RdmaCmId) };
+            write_sockaddr(&mut c.route.addr.src, src);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn resolve_addr(
+    st: &mut State,
+    id: usize,
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+) -> R<()> {
+    if let Some(s) = src
+        && st.ids[&id].st == St::Idle
+    {
+        bind(st, id, s)?;
+    }
+    let i = &st.ids[&id];
+    let dev = match (i.st, i.dev) {
+        (St::Idle, _) | (St::Bound, None) => {
+            let from = route::source_for(dst.ip()).ok();
+            let d = find_dev(st, from.unwrap_or(dst.ip()), true)?;
+            let port = st.ids[&id].src.map_or(0, |s| s.port());
+            if st.ids[&id].st == St::Idle {
+                bind(st, id, SocketAddr::new(st.devs[d].ip, port))?;
+            } else {
+                let ip = st.devs[d].ip;
+                let i = st.ids.get_mut(&id).expect("live");
+                i.src = Some(SocketAddr::new(ip, port));
+                i.dev = Some(d);
+            }
+            d
+        }
+        (St::Bound, Some(d)) => d,
+        _ => return Err(libc::EINVAL),
+    };
+    let src = st.ids[&id].src;
+    let i = st.ids.get_mut(&id).expect("live");
+    i.dst = Some(dst);
+    i.mtu = 0;
+    fill_route(st, id, dev, src, Some(dst), None);
+    let i = st.ids.get_mut(&id).expect("live");
+    i.mtu = st.devs[dev].mtu;
+    i.st = St::AddrResolved;
+    push_event(st, id, 0, EV_ADDR_RESOLVED, 0, None, &[]);
+    Ok(())
+}
+
+pub(crate) fn resolve_route(st: &mut State, id: usize) -> R<()> {
+    let i = &st.ids[&id];
+    if i.st != St::AddrResolved {
+        return Err(libc::EINVAL);
+    }
+    let (dev, src, dst) = (i.dev.ok_or(libc::EINVAL)?, i.src, i.dst);
+    fill_route(st, id, dev, src, dst, None);
+    publish_path(st, id);
+    st.ids.get_mut(&id).expect("live").st = St::RouteResolved;
+    push_event(st, id, 0, EV_ROUTE_RESOLVED, 0, None, &[]);
+    Ok(())
+}
+
+fn port_space(ps: c_int) -> R<PortSpace> {
+    PortSpace::from_value(u16::try_from(ps).map_err(|_| libc::EINVAL)?).ok_or(libc::EINVAL)
+}
+
+pub(crate) fn listen(st: &mut State, id: usize) -> R<()> {
+    if st.ids[&id].st == St::Idle {
+        bind(st, id, SocketAddr::new(IpAddr::from([0u8; 4]), 0))?;
+    }
+    let i = &st.ids[&id];
+    if i.st != St::Bound {
+        return Err(libc::EINVAL);
+    }
+    let ps = port_space(i.ps)?;
+    let port = i.src.map_or(0, |s| s.port());
+    load_devices(st);
+    let dev = match st.ids[&id].dev {
+        Some(d) => d,
+        None if !st.devs.is_empty() => 0,
+        None => return Err(libc::ENODEV),
+    };
+    let t = table().ok_or(libc::ENODEV)?;
+    let mut h = 0u64;
+    // Listen first: the table starts the device's CM listening in one step when this is its first use (a REQ
+    // already waiting at the GSI then meets the listen, not a REJ); `ensure_cm` then only takes its fd.
+    // SAFETY: a context this library opened; `h` is writable.
+    let r = unsafe {
+        (t.listen)(
+            st.devs[dev].ctx as *mut c_void,
+            service_id(ps, port),
+            &mut h,
+        )
+    };
+    if r < 0 {
+        return Err(-r);
+    }
+    ensure_cm(st, dev)?;
+    st.listens.insert(h, id);
+    let i = st.ids.get_mut(&id).expect("live");
+    i.listen = Some(h);
+    i.st = St::Listening;
+    Ok(())
+}
+
+/// The QP attributes for moving the id's QP to `state` (`rdma_init_qp_attr`; the values Linux `cm.c`
+/// `cm_init_qp_{init,rtr,rts}_attr` gives, with the RoCE path of `cma_resolve_iboe_route`).
+pub(crate) fn qp_attr(st: &State, id: usize, state: c_int) -> R<(IbvQpAttr, c_int)> {
+    let i = &st.ids[&id];
+    let mut a = IbvQpAttr {
+        qp_state: state,
+        ..IbvQpAttr::default()
+    };
+    let ud = i.ps == RDMA_PS_UDP || i.ps == RDMA_PS_IPOIB;
+    match state {
+        IBV_QPS_INIT => {
+            a.pkey_index = 0;
+            a.port_num = 1;
+            if ud {
+                a.qkey = RDMA_UDP_QKEY;
+                return Ok((
+                    a,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+                ));
+            }
+            a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+            if i.responder_resources > 0 {
+                a.qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+            }
+            Ok((
+                a,
+                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+            ))
+        }
+        IBV_QPS_RTR => {
+            if ud {
+                return Ok((a, IBV_QP_STATE));
+            }
+            if !i.knows_peer() {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: a live id block.
+            let c = unsafe { &*(id as *mut RdmaCmId) };
+            a.path_mtu = c_int::from(i.mtu.clamp(1, 5));
+            a.dest_qp_num = i.remote_qpn;
+            a.rq_psn = i.remote_psn;
+            a.ah_attr.grh.dgid = c.route.addr.ib.dgid;
+            a.ah_attr.grh.sgid_index = 0;
+            a.ah_attr.grh.hop_limit = 64;
+            a.ah_attr.grh.traffic_class = i.tos;
+            a.ah_attr.is_global = 1;
+            a.ah_attr.port_num = 1;
+            a.max_dest_rd_atomic = i.responder_resources;
+            a.min_rnr_timer = MIN_RNR_TIMER;
+            Ok((
+                a,
+                IBV_QP_STATE
+                    | IBV_QP_AV
+                    | IBV_QP_PATH_MTU
+                    | IBV_QP_DEST_QPN
+                    | IBV_QP_RQ_PSN
+                    | IBV_QP_MAX_DEST_RD_ATOMIC
+                    | IBV_QP_MIN_RNR_TIMER,
+            ))
+        }
+        IBV_QPS_RTS => {
+            a.sq_psn = i.local_psn;
+            if ud {
+                return Ok((a, IBV_QP_STATE | IBV_QP_SQ_PSN));
+            }
+            if !i.knows_peer() {
+                return Err(libc::EINVAL);
+            }
+            a.timeout = i.ack_timeout.unwrap_or(i.timeout);
+            a.retry_cnt = i.retry_count.min(7);
+            a.rnr_retry = i.rnr_retry_count.min(7);
+            a.max_rd_atomic = i.initiator_depth;
+            Ok((
+                a,
+                IBV_QP_STATE
+                    | IBV_QP_TIMEOUT
+                    | IBV_QP_RETRY_CNT
+                    | IBV_QP_RNR_RETRY
+                    | IBV_QP_SQ_PSN
+                    | IBV_QP_MAX_QP_RD_ATOMIC,
+            ))
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// Moves the id's QP INIT → INIT (the negotiated access) → RTR → RTS, as librdmacm's `ucma_modify_qp_rtr` /
+/// `ucma_modify_qp_rts` do through `ibv_modify_qp`.
+pub(crate) fn modify_to_rts(st: &State, id: usize, qp: *mut IbvQp) -> R<()> {
+    for s in [IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS] {
+        let (mut a, mask) = qp_attr(st, id, s)?;
+        // SAFETY: `qp` is the id's QP (made by rdma_create_qp); `a` is a valid attribute block.
+        let r = unsafe { bridge::ibv_modify_qp(qp, &mut a, mask) };
+        if r != 0 {
+            return Err(r);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn qp_to_err(qp: *mut IbvQp) {
+    if qp.is_null() {
+        return;
+    }
+    let mut a = IbvQpAttr {
+        qp_state: IBV_QPS_ERR,
+        ..IbvQpAttr::default()
+    };
+    // SAFETY: the id's QP; a valid attribute block.
+    unsafe { bridge::ibv_modify_qp(qp, &mut a, IBV_QP_STATE) };
+}
+
+/// `rdma_connect` under the lock. `param` is the program's (or NULL).
+pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -> R<()> {
+    let i = &st.ids[&id];
+    if i.st != St::RouteResolved {
+        return Err(libc::EINVAL);
+    }
+    if i.ps == RDMA_PS_UDP || i.ps == RDMA_PS_IPOIB {
+        // SIDR (UD port spaces) is not offered by this library yet (docs/RDMACM.md §2 step 3).
+        return Err(libc::ENOSYS);
+    }
+    let ps = port_space(i.ps)?;
+    let dev = i.dev.ok_or(libc::EINVAL)?;
+    // SAFETY: a live id block.
+    let c = unsafe { &*(id as *mut RdmaCmId) };
+    let (qpn, qp_type) = if !c.qp.is_null() {
+        // SAFETY: the id's QP.
+        unsafe { ((*c.qp).qp_num, (*c.qp).qp_type) }
+    } else if let Some(p) = param {
+        (p.qp_num, IBV_QPT_RC)
+    } else {
+        return Err(libc::EINVAL);
+    };
+    let (pdata, plen) = match param {
+        Some(p) => (p.private_data.cast::<u8>(), usize::from(p.private_data_len)),
+        None => (core::ptr::null(), 0),
+    };
+    if plen > REQ_PRIVATE_MAX || (plen > 0 && pdata.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    let (src, dst) = (i.src.ok_or(libc::EINVAL)?, i.dst.ok_or(libc::EINVAL)?);
+    let mut req = [0u8; 92];
+    let hdr = CmaHdr {
+        src_port: src.port(),
+        src_addr: src.ip(),
+        dst_addr: dst.ip(),
+    };
+    hdr.emit(&mut req).map_err(|_| libc::EAFNOSUPPORT)?;
+    if plen > 0 {
+        // SAFETY: the program's private data is `plen` readable bytes.
+        req[CMA_HDR_LEN..CMA_HDR_LEN + plen]
+            .copy_from_slice(unsafe { core::slice::from_raw_parts(pdata, plen) });
+    }
+    let (rr, idepth, retry, rnr) = match param {
+        Some(p) => (
+            p.responder_resources,
+            p.initiator_depth,
+            p.retry_count,
+            p.rnr_retry_count,
+        ),
+        None => (DEFAULT_RD_ATOMIC, DEFAULT_RD_ATOMIC, 7, 7),
+    };
+    let t = ensure_cm(st, dev)?;
+    let i = &st.ids[&id];
+    let timeout = i.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
+    let r = ConnectC {
+        qpn,
+        qp_type: qp_type as u32,
+        dgid: c.route.addr.ib.dgid.raw,
+        service_id: service_id(ps, dst.port()),
+        private_data: req.as_ptr(),
+        private_len: (CMA_HDR_LEN + plen) as u32,
+        mtu: i.mtu,
+        retry_count: retry.min(7),
+        rnr_retry_count: rnr.min(7),
+        rd_atomic: rr,
+        timeout,
+        traffic_class: i.tos,
+    };
+    let (mut h, mut psn) = (0u64, 0u32);
+    // SAFETY: a context this library opened; `r` and the outputs are valid.
+    let e = unsafe { (t.connect)(st.devs[dev].ctx as *mut c_void, &r, &mut h, &mut psn) };
+    if e < 0 {
+        return Err(-e);
+    }
+    st.conns.insert(h, id);
+    let i = st.ids.get_mut(&id).expect("live");
+    i.conn = Some(h);
+    i.active = true;
+    i.local_psn = psn & 0x00ff_ffff;
+    i.responder_resources = rr;
+    i.initiator_depth = idepth;
+    i.retry_count = retry;
+    i.timeout = timeout;
+    i.st = St::Connecting;
+    Ok(())
+}
+
+/// `rdma_accept` under the lock.
+pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -> R<()> {
+    let i = &st.ids[&id];
+    if i.st != St::ReqRcvd {
+        return Err(libc::EINVAL);
+    }
+    let (dev, conn) = (i.dev.ok_or(libc::EINVAL)?, i.conn.ok_or(libc::EINVAL)?);
+    let t = table().ok_or(libc::ENODEV)?;
+    let (pdata, plen, rnr) = match param {
+        Some(p) => (
+            p.private_data.cast::<u8>(),
+            usize::from(p.private_data_len),
+            p.rnr_retry_count,
+        ),
+        None => (core::ptr::null(), 0, 7),
+    };
+    if plen > REP_PRIVATE_MAX || (plen > 0 && pdata.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    if let Some(p) = param {
+        let i = st.ids.get_mut(&id).expect("live");
+        i.responder_resources = p.responder_resources;
+        i.initiator_depth = p.initiator_depth.min(i.initiator_depth);
+    }
+    // SAFETY: a live id block.
+    let qp = unsafe { (*(id as *mut RdmaCmId)).qp };
+    let qpn = if !qp.is_null() {
+        modify_to_rts(st, id, qp)?;
+        // SAFETY: the id's QP.
+        unsafe { (*qp).qp_num }
+    } else if let Some(p) = param {
+        p.qp_num
+    } else {
+        return Err(libc::EINVAL);
+    };
+    let i = &st.ids[&id];
+    // SAFETY: a context this library opened; the private data is `plen` readable bytes.
+    let e = unsafe {
+        (t.accept)(
+            st.devs[dev].ctx as *mut c_void,
+            conn,
+            qpn,
+            i.local_psn,
+            pdata,
+            plen as u32,
+            i.responder_resources,
+            rnr.min(7),
+        )
+    };
+    if e < 0 {
+        return Err(-e);
+    }
+    st.ids.get_mut(&id).expect("live").st = St::Accepting;
+    Ok(())
+}
+
+pub(crate) fn reject(st: &mut State, id: usize, pdata: *const u8, len: u8) -> R<()> {
+    let i = &st.ids[&id];
+    if i.st != St::ReqRcvd {
+        return Err(libc::EINVAL);
+    }
+    if usize::from(len) > REJ_PRIVATE_MAX || (len > 0 && pdata.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    let (dev, conn) = (i.dev.ok_or(libc::EINVAL)?, i.conn.ok_or(libc::EINVAL)?);
+    let t = table().ok_or(libc::ENODEV)?;
+    // SAFETY: a context this library opened; the private data is `len` readable bytes.
+    let e = unsafe { (t.reject)(st.devs[dev].ctx as *mut c_void, conn, pdata, u32::from(len)) };
+    if e < 0 {
+        return Err(-e);
+    }
+    st.conns.remove(&conn);
+    let i = st.ids.get_mut(&id).expect("live");
+    i.conn = None;
+    i.st = St::Rejected;
+    Ok(())
+}
+
+pub(crate) fn establish(st: &mut State, id: usize) -> R<()> {
+    let i = &st.ids[&id];
+    if i.st != St::ConnectResponse {
+        return Err(libc::EINVAL);
+    }
+    let (dev, conn) = (i.dev.ok_or(libc::EINVAL)?, i.conn.ok_or(libc::EINVAL)?);
+    let t = table().ok_or(libc::ENODEV)?;
+    // SAFETY: a context this library opened.
+    let e = unsafe { (t.establish)(st.devs[dev].ctx as *mut c_void, conn) };
+    if e < 0 {
+        return Err(-e);
+    }
+    st.ids.get_mut(&id).expect("live").st = St::Connected;
+    Ok(())
+}
+
+pub(crate) fn disconnect(st: &mut State, id: usize) -> R<()> {
+    // SAFETY: a live id block.
+    let qp = unsafe { (*(id as *mut RdmaCmId)).qp };
+    let i = &st.ids[&id];
+    let (state, dev, conn) = (i.st, i.dev, i.conn);
+    match state {
+        St::Connected | St::Accepting | St::ConnectResponse => {}
+        // The peer disconnected first: our DREP was sent; the QP still goes to ERR (Linux answers 0).
+        St::Disconnected => {
+            qp_to_err(qp);
+            return Ok(());
+        }
+        _ => return Err(libc::EINVAL),
+    }
+    qp_to_err(qp);
+    let (Some(dev), Some(conn)) = (dev, conn) else {
+        return Err(libc::EINVAL);
+    };
+    let t = table().ok_or(libc::ENODEV)?;
+    // SAFETY: a context this library opened.
+    let e = unsafe { (t.disconnect)(st.devs[dev].ctx as *mut c_void, conn) };
+    if e < 0 && st.ids[&id].st != St::Disconnected {
+        return Err(-e);
+    }
+    Ok(())
+}
+
+/// `rdma_destroy_id`: stops what the id does (listen, request: REJ, connection: DREQ), waits for its events'
+/// acknowledgements, frees it.
+pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
+    let key = id as usize;
+    {
+        let mut st = lock();
+        check_id(&st, id)?;
+        let i = &st.ids[&key];
+        let (dev, listen, conn, state) = (i.dev, i.listen, i.conn, i.st);
+        let t = table();
+        let ctx = dev.or(if st.devs.is_empty() { None } else { Some(0) });
+        if let (Some(t), Some(d)) = (t, ctx) {
+            let ctx = st.devs[d].ctx as *mut c_void;
+            // SAFETY (all three): a context this library opened.
+            if let Some(h) = listen {
+                unsafe { (t.stop_listen)(ctx, h) };
+                st.listens.remove(&h);
+            }
+            if let Some(h) = conn {
+                match state {
+                    St::ReqRcvd => unsafe {
+                        (t.reject)(ctx, h, core::ptr::null(), 0);
+                    },
+                    St::Connected | St::Accepting | St::ConnectResponse | St::Connecting => unsafe {
+                        (t.disconnect)(ctx, h);
+                    },
+                    _ => {}
+                }
+                st.conns.remove(&h);
+            }
+        }
+        let i = st.ids.get_mut(&key).expect("live");
+        i.listen = None;
+        i.conn = None;
+    }
+    let t0 = Instant::now();
+    loop {
+        let n = lock().ids.get(&key).map_or(0, |i| i.unacked);
+        if n == 0 {
+            break;
+        }
+        if t0.elapsed() > DESTROY_WAIT {
+            eprintln!(
+                "rocev2 librdmacm: rdma_destroy_id: {n} event(s) of the id were never acknowledged \
+                 (rdma_ack_cm_event); destroying it anyway after {DESTROY_WAIT:?}"
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut st = lock();
+    let Some(i) = st.ids.remove(&key) else {
+        return Err(libc::EINVAL);
+    };
+    // Queued, not yet taken events of this id are dropped when a reader reaches them.
+    let mut dead = Vec::new();
+    for q in st.chans.values() {
+        for &e in q {
+            // SAFETY: queued blocks are live EventBlocks.
+            let ev = unsafe { &*(e as *const EventBlock) };
+            if ev.ev.id as usize == key {
+                dead.push(e);
+            }
+        }
+    }
+    st.dead.extend(dead);
+    if let Some(s) = i.src {
+        st.ports.remove(&(i.ps, s.port()));
+    }
+    if i.sync {
+        destroy_channel(&mut st, i.chan as *mut RdmaEventChannel);
+    }
+    // SAFETY: the id block was made by Box::into_raw in new_id and is no longer in the table.
+    drop(unsafe { Box::from_raw(id) });
+    Ok(())
+}
+
+/// `rdma_create_qp` under the lock: PD (given, the id's, or the device's default), CQs with completion channels
+/// when the attributes name none (librdmacm's `ucma_create_cqs`), the QP, then INIT.
+pub(crate) fn create_qp(
+    st: &mut State,
+    id: usize,
+    pd: *mut c_void,
+    attr: &mut IbvQpInitAttr,
+) -> R<()> {
+    // SAFETY: a live id block.
+    let c = unsafe { &mut *(id as *mut RdmaCmId) };
+    if c.verbs.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let dev = st.ids[&id].dev.ok_or(libc::EINVAL)?;
+    let pd = if !pd.is_null() {
+        pd
+    } else if !c.pd.is_null() {
+        c.pd
+    } else {
+        if st.devs[dev].pd == 0 {
+            // SAFETY: a context this library opened.
+            let p = unsafe { bridge::ibv_alloc_pd(c.verbs) };
+            if p.is_null() {
+                return Err(errno());
+            }
+            st.devs[dev].pd = p as usize;
+        }
+        st.devs[dev].pd as *mut c_void
+    };
+    let mut own = false;
+    if attr.send_cq.is_null() || attr.recv_cq.is_null() {
+        // SAFETY: libibverbs calls on the id's context; results checked.
+        unsafe {
+            let rch = bridge::ibv_create_comp_channel(c.verbs);
+            let sch = bridge::ibv_create_comp_channel(c.verbs);
+            let rcq = if rch.is_null() {
+                core::ptr::null_mut()
+            } else {
+                bridge::ibv_create_cq(
+                    c.verbs,
+                    attr.cap.max_recv_wr.max(1) as c_int,
+                    id as *mut c_void,
+                    rch,
+                    0,
+                )
+            };
+            let scq = if sch.is_null() {
+                core::ptr::null_mut()
+            } else {
+                bridge::ibv_create_cq(
+                    c.verbs,
+                    attr.cap.max_send_wr.max(1) as c_int,
+                    id as *mut c_void,
+                    sch,
+                    0,
+                )
+            };
+            if rcq.is_null() || scq.is_null() {
+                let e = errno();
+                for cq in [rcq, scq] {
+                    if !cq.is_null() {
+                        bridge::ibv_destroy_cq(cq);
+                    }
+                }
+                for ch in [rch, sch] {
+                    if !ch.is_null() {
+                        bridge::ibv_destroy_comp_channel(ch);
+                    }
+                }
+                return Err(e);
+            }
+            c.recv_cq_channel = rch;
+            c.recv_cq = rcq;
+            c.send_cq_channel = sch;
+            c.send_cq = scq;
+        }
+        if attr.send_cq.is_null() {
+            attr.send_cq = c.send_cq;
+        }
+        if attr.recv_cq.is_null() {
+            attr.recv_cq = c.recv_cq;
+        }
+        own = true;
+    }
+    // SAFETY: a PD of the id's context; a valid attribute block.
+    let qp = unsafe { bridge::ibv_create_qp(pd, attr) };
+    if qp.is_null() {
+        let e = errno();
+        if own {
+            destroy_cqs(c);
+        }
+        return Err(e);
+    }
+    let (mut a, mask) = qp_attr(st, id, IBV_QPS_INIT)?;
+    // SAFETY: the QP just made; a valid attribute block.
+    let r = unsafe { bridge::ibv_modify_qp(qp, &mut a, mask) };
+    if r != 0 {
+        // SAFETY: the QP just made.
+        unsafe { bridge::ibv_destroy_qp(qp) };
+        if own {
+            destroy_cqs(c);
+        }
+        return Err(r);
+    }
+    c.qp = qp;
+    c.pd = pd;
+    st.ids.get_mut(&id).expect("live").own_cqs = own;
+    Ok(())
+}
+
+fn destroy_cqs(c: &mut RdmaCmId) {
+    // SAFETY: CQs and channels made by create_qp for this id.
+    unsafe {
+        for cq in [c.send_cq, c.recv_cq] {
+            if !cq.is_null() {
+                bridge::ibv_destroy_cq(cq);
+            }
+        }
+        for ch in [c.send_cq_channel, c.recv_cq_channel] {
+            if !ch.is_null() {
+                bridge::ibv_destroy_comp_channel(ch);
+            }
+        }
+    }
+    c.send_cq = core::ptr::null_mut();
+    c.recv_cq = core::ptr::null_mut();
+    c.send_cq_channel = core::ptr::null_mut();
+    c.recv_cq_channel = core::ptr::null_mut();
+}
+
+pub(crate) fn destroy_qp(st: &mut State, id: usize) {
+    // SAFETY: a live id block.
+    let c = unsafe { &mut *(id as *mut RdmaCmId) };
+    if !c.qp.is_null() {
+        // SAFETY: the id's QP.
+        unsafe { bridge::ibv_destroy_qp(c.qp) };
+        c.qp = core::ptr::null_mut();
+    }
+    let i = st.ids.get_mut(&id).expect("live");
+    if i.own_cqs {
+        i.own_cqs = false;
+        destroy_cqs(c);
+    }
+}

@@ -1,0 +1,52 @@
+//! `librdmacm.so.1` for rocev2: the rdma_cm C ABI of rdma-core 44 (Debian 12) over the IB connection manager that
+//! runs on QP 1 inside rocev2's runtime, so unmodified rdma_cm programs (`rping`, `ucmatose`, perftest `-R`,
+//! `rdma_server` / `rdma_client`) connect without the kernel's rdma_cm (`docs/RDMACM.md`, issue #17).
+//! `rocev2 run -- PROGRAM` puts it beside rocev2's `libibverbs.so.1`.
+//!
+//! * SONAME `librdmacm.so.1`, the four version nodes `RDMACM_1.0`–`1.3` and all 68 symbols of Debian's library at
+//!   their versions (`librdmacm.map`; the implementations are `rocev2_<name>`, attached with `.symver` by
+//!   `versioned!`); a `DT_NEEDED` on `libibverbs.so.1` (`build.rs`). `tests/exports.rs` compares the export table
+//!   with Debian's; `tests/abi.rs` the structure layouts (module `abi`) with `<rdma/rdma_cma.h>`.
+//! * One runtime per process: this library links no runtime of its own; it reaches the one of rocev2's libibverbs
+//!   through the ordinary `ibv_*` calls and its private table `rocev2_private_v1@ROCEV2_PRIVATE` (module `bridge`).
+//!   `id->verbs` is a context of that libibverbs.
+//! * rdma_cm semantics (module `cma`): event channels whose fd polls, per-id event routing, address resolution from
+//!   the kernel's route (module `route`), route records for RoCE, listen on an address or the wildcard, connect /
+//!   accept / reject with private data / establish / disconnect, the QP moved INIT→RTR→RTS at the events librdmacm
+//!   moves it, `rdma_init_qp_attr`, `rdma_set_option` (TOS, REUSEADDR, AFONLY, ACK timeout), `rdma_migrate_id`;
+//!   `rdma_create_ep` / `rdma_get_request` / `rdma_destroy_ep` (module `exports`); `rdma_getaddrinfo` (module
+//!   `addrinfo`).
+//! * Not implemented (`ENOSYS`): SIDR / UD port spaces, multicast, ECE, `rdma_notify`, SRQs on an id, rsockets
+//!   (except `rpoll` / `rselect` over plain descriptors).
+
+/// Default versions: `.symver rocev2_<name>, <name>@@<node>` for each listed symbol.
+macro_rules! versioned {
+    ($($node:literal: [$($name:ident),* $(,)?])*) => {
+        std::arch::global_asm!(concat!(
+            $($(".symver rocev2_", stringify!($name), ", ", stringify!($name), "@@", $node, "\n",)*)*
+        ));
+    };
+}
+
+mod abi;
+mod addrinfo;
+mod bridge;
+mod cma;
+mod exports;
+mod route;
+
+versioned! {
+    "RDMACM_1.0": [rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id,
+        rdma_migrate_id, rdma_get_cm_event, rdma_ack_cm_event, rdma_event_str, rdma_notify,
+        rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route, rdma_getaddrinfo, rdma_freeaddrinfo,
+        rdma_get_src_port, rdma_get_dst_port, rdma_get_devices, rdma_free_devices,
+        rdma_listen, rdma_connect, rdma_accept, rdma_reject, rdma_disconnect, rdma_set_option, rdma_get_request,
+        rdma_create_qp, rdma_create_qp_ex, rdma_destroy_qp, rdma_create_srq, rdma_create_srq_ex, rdma_destroy_srq,
+        rdma_create_ep, rdma_destroy_ep, rdma_join_multicast, rdma_leave_multicast,
+        rsocket, rbind, rlisten, raccept, rconnect, rshutdown, rclose, rrecv, rrecvfrom, rrecvmsg, rsend, rsendto,
+        rsendmsg, rread, rreadv, rwrite, rwritev, rpoll, rselect, rgetpeername, rgetsockname, rsetsockopt,
+        rgetsockopt, rfcntl, riomap, riounmap, riowrite]
+    "RDMACM_1.1": [rdma_join_multicast_ex]
+    "RDMACM_1.2": [rdma_establish, rdma_init_qp_attr]
+    "RDMACM_1.3": [rdma_get_remote_ece, rdma_set_local_ece, rdma_reject_ece]
+}

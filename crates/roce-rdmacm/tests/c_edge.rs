@@ -1,0 +1,106 @@
+//! `tests/c/edge.c`, compiled with `cc` against the system `<rdma/rdma_cma.h>` and linked with `-lrdmacm -libverbs`
+//! (Debian's librdmacm-dev / libibverbs-dev) like any rdma_cm program, then run with rocev2's `librdmacm.so.1` and
+//! `libibverbs.so.1` first on `LD_LIBRARY_PATH` and the device on 127.0.209.1: a listener and a client in one
+//! process, the edge semantics the file's header lists (invalid pointers → `EINVAL`, a non-blocking channel →
+//! `EAGAIN`, migrate, reject with private data and reason seen by the peer, accept with private data, a SEND over
+//! the connection, disconnect events on both sides, destroy with an unacknowledged event).
+//!
+//! Also the layout check: every size and offset `src/abi.rs` asserts, compared with the installed header by a C
+//! program (`offsetof`/`sizeof`).
+//!
+//! Binds UDP 4791 on 127.0.209.1.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Builds `roce-ibverbs` and `roce-rdmacm` (a no-op when fresh) and returns the directory holding both.
+fn libraries() -> PathBuf {
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo build failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exe = std::env::current_exe().expect("test path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target profile dir");
+    for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
+        assert!(
+            dir.join(lib).is_file(),
+            "{lib} missing in {}",
+            dir.display()
+        );
+    }
+    dir.to_path_buf()
+}
+
+/// Compiles `tests/c/<name>.c` into a scratch directory that also holds `libibverbs.so.1` / `librdmacm.so.1` links.
+fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
+    assert!(
+        Path::new("/usr/include/rdma/rdma_cma.h").is_file(),
+        "<rdma/rdma_cma.h> missing: install Debian's librdmacm-dev (.ci/run does)"
+    );
+    let built = libraries();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("rdmacm-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let prog = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .args(libs)
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (lib, link) in [
+        ("libroce_ibverbs.so", "libibverbs.so.1"),
+        ("libroce_rdmacm.so", "librdmacm.so.1"),
+    ] {
+        let target = built.join(lib).canonicalize().expect("canonical");
+        std::os::unix::fs::symlink(target, dir.join(link)).expect("symlink");
+    }
+    (prog, dir)
+}
+
+#[test]
+fn c_program_meets_the_rdma_cm_edge_semantics() {
+    let (prog, dir) = build("edge", &["-lrdmacm", "-libverbs"]);
+    // Bounded: a lost completion would block rdma_get_send_comp for ever.
+    let out = Command::new("timeout")
+        .args(["120"])
+        .arg(&prog)
+        .arg("127.0.209.1")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROCEV2_IBV_IP", "127.0.209.1")
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn structure_layouts_match_the_installed_header() {
+    let (prog, dir) = build("layout", &[]);
+    assert!(prog.is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}
