@@ -10,6 +10,9 @@
 //!   links that serialise frames, the switch (strict-priority CNP queue, ECN ramp at enqueue or dequeue, tail drop,
 //!   optional PFC pause).
 //! * [`stats`]: per-flow throughput, Jain fairness, queue statistics, CNPs, marks, convergence; CSV series.
+//! * [`ns3`]: the scenario as HPCC ns-3 input (`topology.txt`, `flow.txt`, `config.txt` with `CC_MODE 1`) and a
+//!   parser of that format (`rocev2 sim --export-ns3 DIR`; mapping and what does not carry over in
+//!   `docs/SIMULATOR.md`).
 //!
 //! ```no_run
 //! let sc = roce_sim::Scenario::load("crates/roce-sim/scenarios/e3_two_flows.toml".as_ref()).unwrap();
@@ -25,11 +28,12 @@
 //! and why).
 //!
 //! PFC is simplified (`scenario::PfcSpec`: one lossless class, per-ingress XOFF/XON, the pause acts one propagation
-//! delay later). Not modelled (yet): several switches, READ flows, the ns-3 export.
+//! delay later). Not modelled (yet): several switches, READ flows.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod net;
+pub mod ns3;
 pub mod scenario;
 pub mod stats;
 
