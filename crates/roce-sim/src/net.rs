@@ -219,8 +219,12 @@ pub struct Sim {
     pub recorder: Recorder,
     /// Switch counters.
     pub switch: SwitchCounters,
-    /// Events handled so far.
+    /// Events handled so far (frames finishing serialisation or arriving, engine timers, flow starts and stops,
+    /// bins, samples).
     pub events: u64,
+    /// Engine-timer entries skipped because the host had re-armed its timer earlier since (not counted in
+    /// `events`).
+    pub stale_timers: u64,
 }
 
 fn ms_to_ns(ms: f64) -> u64 {
@@ -390,6 +394,7 @@ impl Sim {
             recorder: Recorder::new(sc, ms_to_ns(sc.measure_from_ms), end, bin_ns),
             switch: SwitchCounters::default(),
             events: 0,
+            stale_timers: 0,
         };
         for (fi, f) in sc.flows.iter().enumerate() {
             sim.push(ms_to_ns(f.start_ms), Ev::FlowStart(fi as u32));
@@ -459,6 +464,13 @@ impl Sim {
             }
             self.heap.pop();
             self.now = e.at;
+            if let Ev::HostTimer(h) = e.ev
+                && self.hosts[h as usize].timer_at != Some(e.at)
+            {
+                // Superseded by an earlier re-arm: not an event.
+                self.stale_timers += 1;
+                continue;
+            }
             self.events += 1;
             self.handle(e);
         }
