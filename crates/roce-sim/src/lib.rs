@@ -22,7 +22,8 @@
 //! ```
 //!
 //! The scenario files are the §6 setups at full scale (40 Gb/s, 1 µs links, 20–100 ms): nothing was scaled down,
-//! each runs in about a second on one core in a release build (≈ 2.5 million events per second). One deviation
+//! each runs in about a second on one core in a release build (2–3 million events per second of CPU time;
+//! `benches/speed.rs` and `BENCHMARKS.md`). One deviation
 //! from §6: data packets are 1082 B frames (PMTU 1024 + headers; 1106 B on the wire) rather than 1000 B.
 //! `cargo test --release -p roce-sim --test scenarios` asserts the §6 bands (`tests/scenarios.rs` says which fail
 //! and why).
