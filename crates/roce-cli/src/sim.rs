@@ -30,7 +30,7 @@ pub struct SimArgs {
     seed: Option<u64>,
     /// Do not run: write the scenario as HPCC ns-3 input into DIR (`topology.txt`, `flow.txt`, `config.txt` with
     /// CC_MODE 1, `trace.txt`) and list what does not carry over in `NOTES.txt` and on stderr
-    /// (docs/CONGESTION.md "ns-3 export").
+    /// (docs/SIMULATOR.md "ns-3 export").
     #[arg(long, value_name = "DIR")]
     export_ns3: Option<PathBuf>,
 }

@@ -15,7 +15,7 @@
 //!   values, `BUFFER_SIZE` MiB per switch. `CC_MODE 1` is DCQCN (`rdma-hw.cc`'s ConnectX model, `DCQCN.md`
 //!   §2.4). A fourth file, `trace.txt` (`COUNT` then node ids to trace), is opened by `third.cc` too.
 //!
-//! Mapping (this module writes it; `docs/CONGESTION.md` "ns-3 export" documents it and what does not carry over,
+//! Mapping (this module writes it; `docs/SIMULATOR.md` "ns-3 export" documents it and what does not carry over,
 //! which [`Ns3Export::notes`] lists for the scenario at hand): the senders are nodes `0..N`, the receiver node `N`,
 //! the switch node `N + 1`; one link per host to the switch at the scenario's rate and delay; every flow in PG 3
 //! to port 100; a backlogged flow writes the bytes the line rate carries between its start and its stop (or the
