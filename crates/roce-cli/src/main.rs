@@ -93,7 +93,8 @@ enum Command {
     /// schema of testdata/dcqcn/rp_reference.py, optional SVG plot).
     Cc(cc::CcArgs),
     /// Congestion-control simulator: `rocev2 sim SCENARIO.toml [--json] [--csv DIR] [--plot DIR]` runs the
-    /// product's engines behind an ECN-marking switch (crates/roce-sim; scenarios E1-E8 in its scenarios/).
+    /// product's engines behind an ECN-marking switch (crates/roce-sim; scenarios E1-E8 in its scenarios/);
+    /// `--export-ns3 DIR` writes the scenario as HPCC ns-3 input instead (docs/SIMULATOR.md).
     Sim(sim::SimArgs),
 }
 

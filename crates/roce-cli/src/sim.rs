@@ -28,6 +28,11 @@ pub struct SimArgs {
     /// Override the scenario's seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Do not run: write the scenario as HPCC ns-3 input into DIR (`topology.txt`, `flow.txt`, `config.txt` with
+    /// CC_MODE 1, `trace.txt`) and list what does not carry over in `NOTES.txt` and on stderr
+    /// (docs/SIMULATOR.md "ns-3 export").
+    #[arg(long, value_name = "DIR")]
+    export_ns3: Option<PathBuf>,
 }
 
 /// Entry point of `rocev2 sim`.
@@ -45,6 +50,20 @@ fn sim_cmd(a: &SimArgs) -> Result<(), String> {
     let mut sc = Scenario::load(&a.scenario).map_err(|e| e.to_string())?;
     if let Some(s) = a.seed {
         sc.seed = s;
+    }
+    if let Some(dir) = &a.export_ns3 {
+        let ex = roce_sim::ns3::Ns3Export::from_scenario(&sc, dir).map_err(|e| e.to_string())?;
+        ex.write(dir).map_err(|e| e.to_string())?;
+        println!(
+            "wrote {} (topology.txt, flow.txt, config.txt, trace.txt, NOTES.txt): {} hosts, {} flows, CC_MODE 1",
+            dir.display(),
+            sc.sender_count() + 1,
+            sc.flows.len()
+        );
+        for n in &ex.notes {
+            eprintln!("not carried over: {n}");
+        }
+        return Ok(());
     }
     let mut sim = Sim::new(&sc).map_err(|e| e.to_string())?;
     let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {

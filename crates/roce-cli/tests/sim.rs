@@ -119,3 +119,30 @@ fn bad_scenarios_are_one_line_errors() {
     let out = sim(&[dir.join("missing.toml").as_os_str()]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `--export-ns3 DIR` writes the HPCC ns-3 input files without running, and they parse back into E5's topology and
+/// flows.
+#[test]
+fn export_ns3_writes_the_hpcc_input_files() {
+    let dir = scratch("sim-ns3").join("e5");
+    let sc = scenario("e5_incast_8.toml");
+    let out = sim(&[sc.as_os_str(), "--export-ns3".as_ref(), dir.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read =
+        |n: &str| std::fs::read_to_string(dir.join(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+    let back = roce_sim::ns3::import(
+        &read("topology.txt"),
+        &read("flow.txt"),
+        &read("config.txt"),
+    )
+    .unwrap();
+    let want = roce_sim::Scenario::load(&sc).unwrap();
+    assert_eq!(roce_sim::ns3::carried(&back), roce_sim::ns3::carried(&want));
+    assert!(read("config.txt").contains("CC_MODE 1\n"));
+    assert!(read("NOTES.txt").contains("enqueue"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not carried over"));
+}

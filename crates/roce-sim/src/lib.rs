@@ -10,6 +10,9 @@
 //!   links that serialise frames, the switch (strict-priority CNP queue, ECN ramp at enqueue or dequeue, tail drop,
 //!   optional PFC pause).
 //! * [`stats`]: per-flow throughput, Jain fairness, queue statistics, CNPs, marks, convergence; CSV series.
+//! * [`ns3`]: the scenario as HPCC ns-3 input (`topology.txt`, `flow.txt`, `config.txt` with `CC_MODE 1`) and a
+//!   parser of that format (`rocev2 sim --export-ns3 DIR`; mapping and what does not carry over in
+//!   `docs/SIMULATOR.md`).
 //!
 //! ```no_run
 //! let sc = roce_sim::Scenario::load("crates/roce-sim/scenarios/e3_two_flows.toml".as_ref()).unwrap();
@@ -19,17 +22,19 @@
 //! ```
 //!
 //! The scenario files are the §6 setups at full scale (40 Gb/s, 1 µs links, 20–100 ms): nothing was scaled down,
-//! each runs in about a second on one core in a release build (≈ 2.5 million events per second). One deviation
+//! each runs in about a second on one core in a release build (2–3 million events per second of CPU time;
+//! `benches/speed.rs` and `BENCHMARKS.md`). One deviation
 //! from §6: data packets are 1082 B frames (PMTU 1024 + headers; 1106 B on the wire) rather than 1000 B.
 //! `cargo test --release -p roce-sim --test scenarios` asserts the §6 bands (`tests/scenarios.rs` says which fail
 //! and why).
 //!
 //! PFC is simplified (`scenario::PfcSpec`: one lossless class, per-ingress XOFF/XON, the pause acts one propagation
-//! delay later). Not modelled (yet): several switches, READ flows, the ns-3 export.
+//! delay later). Not modelled (yet): several switches, READ flows.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod net;
+pub mod ns3;
 pub mod scenario;
 pub mod stats;
 

@@ -26,8 +26,8 @@ use rand_chacha::ChaCha8Rng;
 use roce_proto::cc::{DcqcnConfig, Profile};
 use roce_proto::{
     AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, FIRST_QPN, Gid, Instant, MrInfo, Mtu,
-    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, SchedConfig, SendOp, SendWr, Sge,
-    Wc, WcStatus,
+    PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, SchedConfig, SendOp,
+    SendWr, Sge, Wc, WcStatus,
 };
 
 use crate::scenario::{MarkAt, Scenario, ScenarioError};
@@ -131,6 +131,9 @@ struct Host {
     timer_at: Option<u64>,
     last_timeout_at: Option<u64>,
     cq: CqHandle,
+    /// The one PD of the host's QPs and MRs (the engine allows `max_pd` = 1,024 per device; a receiver may hold
+    /// 1,024 QPs).
+    pd: PdHandle,
     /// Flow index by local QPN − FIRST_QPN.
     flow_of: Vec<u32>,
     /// PFC: the switch has paused this host's link.
@@ -216,8 +219,12 @@ pub struct Sim {
     pub recorder: Recorder,
     /// Switch counters.
     pub switch: SwitchCounters,
-    /// Events handled so far.
+    /// Events handled so far (frames finishing serialisation or arriving, engine timers, flow starts and stops,
+    /// bins, samples).
     pub events: u64,
+    /// Engine-timer entries skipped because the host had re-armed its timer earlier since (not counted in
+    /// `events`).
+    pub stale_timers: u64,
 }
 
 fn ms_to_ns(ms: f64) -> u64 {
@@ -282,12 +289,16 @@ impl Sim {
             let cq = engine
                 .create_cq(1 << 16)
                 .map_err(|e| err(format!("host {i}: create_cq: {e}")))?;
+            let pd = engine
+                .alloc_pd()
+                .map_err(|e| err(format!("host {i}: alloc_pd: {e}")))?;
             hosts.push(Host {
                 engine,
                 wire: Wire::default(),
                 timer_at: None,
                 last_timeout_at: None,
                 cq,
+                pd,
                 flow_of: Vec::new(),
                 paused: false,
             });
@@ -383,6 +394,7 @@ impl Sim {
             recorder: Recorder::new(sc, ms_to_ns(sc.measure_from_ms), end, bin_ns),
             switch: SwitchCounters::default(),
             events: 0,
+            stale_timers: 0,
         };
         for (fi, f) in sc.flows.iter().enumerate() {
             sim.push(ms_to_ns(f.start_ms), Ev::FlowStart(fi as u32));
@@ -452,6 +464,13 @@ impl Sim {
             }
             self.heap.pop();
             self.now = e.at;
+            if let Ev::HostTimer(h) = e.ev
+                && self.hosts[h as usize].timer_at != Some(e.at)
+            {
+                // Superseded by an earlier re-arm: not an event.
+                self.stale_timers += 1;
+                continue;
+            }
             self.events += 1;
             self.handle(e);
         }
@@ -917,8 +936,8 @@ fn fix_ipv4_checksum(h: &mut [u8]) {
 }
 
 fn make_qp(host: &mut Host, msg: usize, depth: u32, flow: usize) -> Result<(Qpn, MrInfo), String> {
+    let pd = host.pd;
     let e = &mut host.engine;
-    let pd = e.alloc_pd().map_err(|x| format!("alloc_pd: {x}"))?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let mr = e
         .reg_mr(pd, vec![0u8; msg], access)

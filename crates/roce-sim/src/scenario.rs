@@ -314,6 +314,41 @@ impl Scenario {
         Ok(s)
     }
 
+    /// An N:1 incast with `DCQCN.md` §6's common setup (the shipped E5 and E8 at other N): `n` backlogged senders
+    /// from 0 → one switch (4 MB buffer, ECN ramp 5 KB / 200 KB / 1 %, enqueue marking, no PFC) → one receiver,
+    /// 40 Gb/s and 1 µs per link, the paper profile with N = 50 µs, seed 1, run `duration_ms` and measured from its
+    /// first third. Used by the speed benchmark (`benches/speed.rs`).
+    ///
+    /// # Errors
+    /// `n` is 0 or above [`MAX_SENDERS`], or `duration_ms` is not > 0.
+    pub fn incast(n: usize, duration_ms: f64) -> Result<Scenario, ScenarioError> {
+        let s = Scenario {
+            name: format!("incast_{n}"),
+            description: format!("{n}:1 incast, DCQCN.md §6 common setup, {duration_ms} ms"),
+            seed: 1,
+            duration_ms,
+            measure_from_ms: duration_ms / 3.0,
+            bin_ms: 1.0,
+            senders: Some(n),
+            link: LinkSpec::default(),
+            switch: SwitchSpec::default(),
+            rc_sample_us: None,
+            host: HostSpec::default(),
+            cc: CcSpec::default(),
+            flows: (0..n)
+                .map(|sender| FlowSpec {
+                    sender,
+                    start_ms: 0.0,
+                    stop_ms: None,
+                    bytes: None,
+                    ce_at_us: Vec::new(),
+                })
+                .collect(),
+        };
+        s.validate()?;
+        Ok(s)
+    }
+
     /// Number of sender hosts.
     pub fn sender_count(&self) -> usize {
         self.senders

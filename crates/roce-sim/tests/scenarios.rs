@@ -185,11 +185,26 @@ fn e3_two_flows_fair_share_and_queue() {
     }
 }
 
-/// E3's marked-fraction band (0.1–0.5 %) is not met: the run marks 0.062 % of ECT packets (111 of 177 938; seed 1,
-/// enqueue marking) — close to the fluid fixed point p* = 0.078 % of `DCQCN.md` §6, with a mean queue of 12 KB
-/// (DES: 15–19 KB). Kept as a failing assertion, not a looser band.
+/// E3's marked-fraction band (0.1–0.5 %, `../shared/dcqcn/DCQCN.md` §6 E3) is not met, and the cause is the band,
+/// not the simulator: the run marks 0.062 % of ECT packets in [20, 60] ms (111 of 177 938; seed 1, enqueue).
+///
+/// * The ramp makes the marked fraction the mean of p(q) = Pmax·(q − Kmin)/(Kmax − Kmin) over the marking decisions,
+///   so 0.1 % needs a mean (q − Kmin)⁺ of 19.5 KB where the decisions are taken. The same section's fluid fixed point
+///   for 2 flows at 40G is p* = 0.078 % (q* = 20 KB): below the band. Its DES reports a mean queue of 14.8–18.8 KB,
+///   which bounds the dequeue-marked fraction (decisions at line rate while the link is busy) by
+///   0.01 · 18.8 KB / 195 KB / utilisation 0.981 = 0.098 %: below the band too. The repository's copy of §6
+///   (`docs/spec/DCQCN.md`) lists no marked-fraction band for E3 at all.
+/// * Measured here (seeds 1–3, enqueue and dequeue marking): 0.062–0.075 % marked in the window, mean queue
+///   12.3–17.9 KB, 1.35–1.65 CNPs per ms per flow — the other E3 bands hold (`e3_two_flows_fair_share_and_queue`).
+///   The ramp (5 KB / 200 KB / 1 %), buffer (4 MB, no drops) and window match §6. Not the cause: per-packet pacing
+///   instead of the 1.5·BDP shaper bucket (bucket 1 frame, 2 frames, 20 KB: 0.061–0.076 %) and 1016-B instead of
+///   1106-B frames (0.058–0.068 %).
+/// * Over the whole run [0, 60] ms the fraction is 0.16–0.45 % (the start-up transient, both flows at line rate,
+///   marks everything above Kmax): inside the band, so the band probably came from a whole-run count.
+///
+/// Left failing (a looser band or another window would hide the disagreement) until the reference band is settled.
 #[test]
-#[ignore = "fails: measured 0.062 % marked, band 0.1-0.5 % (see doc comment)"]
+#[ignore = "fails: 0.062 % marked vs band 0.1-0.5 %, below the band as DCQCN.md's own fixed point p* = 0.078 % is"]
 fn e3_two_flows_marked_fraction() {
     let (_, _, s) = run("e3_two_flows.toml");
     band("E3 marked fraction", s.mark_fraction, 0.001, 0.005);
@@ -581,4 +596,16 @@ fn scenarios_that_would_allocate_without_bound_are_refused() {
     }
     let e = Scenario::load(std::path::Path::new("/dev/zero")).expect_err("/dev/zero");
     assert!(e.to_string().contains("longer than"), "{e}");
+}
+
+/// The largest study (`MAX_SENDERS` = 1,024 senders, one flow each, `Scenario::incast`) builds and runs: the
+/// receiver holds 1,024 QPs. It failed with `flow 1023: alloc_pd: device limit reached (max_pd)` when every QP had a
+/// PD of its own (the engine allows 1,024 PDs per device); a host now shares one PD among its QPs.
+#[test]
+fn the_largest_incast_builds_and_runs() {
+    let sc = Scenario::incast(roce_sim::scenario::MAX_SENDERS, 0.05).unwrap();
+    let mut sim = Sim::new(&sc).unwrap_or_else(|e| panic!("{e}"));
+    sim.run();
+    assert_eq!(sim.recorder.bins.len(), roce_sim::scenario::MAX_SENDERS);
+    assert!(sim.switch.ect_frames > 0);
 }
