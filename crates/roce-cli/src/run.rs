@@ -189,7 +189,8 @@ fn library_dir(lib: &Path, named: bool) -> Result<PathBuf, String> {
         let rdmacm = lib.with_file_name("libroce_rdmacm.so");
         let mut made = link_into(&dir, &lib, "libibverbs.so.1");
         // A named library's sibling must pass the same ownership check as the library itself.
-        if made.is_ok() && rdmacm.is_file() && (!named || file_trusted(&rdmacm, &[uid, 0]).is_ok()) {
+        if made.is_ok() && rdmacm.is_file() && (!named || file_trusted(&rdmacm, &[uid, 0]).is_ok())
+        {
             made = link_into(&dir, &rdmacm, "librdmacm.so.1");
         }
         match made {

@@ -182,13 +182,6 @@ impl DeviceSpec {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(1500);
-        // Reading `speed` fails (EINVAL) for a netdev without ethtool link settings and gives -1 for SPEED_UNKNOWN.
-        let netdev_speed_mbps =
-            std::fs::read_to_string(format!("/sys/class/net/{interface}/speed"))
-                .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
-                .and_then(|v| u32::try_from(v).ok())
-                .filter(|&v| v != u32::MAX);
         Ok(DeviceSpec {
             ip,
             rx,

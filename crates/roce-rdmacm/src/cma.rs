@@ -1049,7 +1049,9 @@ pub(crate) fn qp_attr(st: &State, id: usize, state: c_int) -> R<(IbvQpAttr, c_in
             let c = unsafe { &*(id as *mut RdmaCmId) };
             a.path_mtu = c_int::from(i.mtu.clamp(1, 5));
             a.dest_qp_num = i.remote_qpn;
-            a.rq_psn = i.remote_psn;
+            // Each side's Starting PSN in its REQ/REP is the PSN it expects (Linux cm.c; rxe interop,
+            // `roce-verbs/tests/cm.rs` `starting_psns_as_linux_reads_them`): receive from our own, send from the peer's.
+            a.rq_psn = i.local_psn;
             a.ah_attr.grh.dgid = c.route.addr.ib.dgid;
             a.ah_attr.grh.sgid_index = 0;
             a.ah_attr.grh.hop_limit = 64;
@@ -1077,6 +1079,7 @@ pub(crate) fn qp_attr(st: &State, id: usize, state: c_int) -> R<(IbvQpAttr, c_in
             if !i.knows_peer() {
                 return Err(libc::EINVAL);
             }
+            a.sq_psn = i.remote_psn;
             a.timeout = i.ack_timeout.unwrap_or(i.timeout);
             a.retry_cnt = i.retry_count.min(7);
             a.rnr_retry = i.rnr_retry_count.min(7);

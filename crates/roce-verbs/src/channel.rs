@@ -340,7 +340,8 @@ impl CompChannel {
                         Idle::Wait(d) => {
                             if let (Some(w), Some(n)) = (&self.waiter, ready)
                                 && self.sleep.prepare_park(|| {
-                                    self.is_closed() || self.events.lock().is_ok_and(|q| !q.is_empty())
+                                    self.is_closed()
+                                        || self.events.lock().is_ok_and(|q| !q.is_empty())
                                 })
                             {
                                 sh.stats.readiness_waits.fetch_add(1, Ordering::Relaxed);

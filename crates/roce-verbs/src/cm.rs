@@ -607,7 +607,8 @@ impl ConnectionManager {
     }
 
     /// Accepts a [`CmEvent::ConnectRequest`] for a QP the caller has already brought to RTR (or RTS) itself: sends
-    /// the REP naming `qpn` and `psn` (its SQ PSN) with `private_data` (at most 196 bytes); the QP is not touched.
+    /// the REP naming `qpn` and `psn` (the Starting PSN: the PSN its receive queue expects, Linux `cm.c`) with
+    /// `private_data` (at most 196 bytes); the QP is not touched.
     /// [`CmEvent::Established`] follows when the RTU arrives.
     ///
     /// Errors: [`Error::InvalidArgument`] for an id that is not a pending request; [`Error::Cm`].
@@ -767,6 +768,8 @@ impl ConnectionManager {
                 remote: None,
                 req_mtu: None,
                 rep_private: Vec::new(),
+                by_qpn: false,
+                req: None,
             },
         );
         Ok(id)
@@ -997,6 +1000,8 @@ impl ConnectionManager {
                         remote: None,
                         req_mtu: None,
                         rep_private: Vec::new(),
+                        by_qpn: false,
+                        req: None,
                     },
                 );
                 Some(CmEvent::SidrRequest {

@@ -135,7 +135,7 @@ pub struct PrivateV1 {
         out: *mut u64,
         out_psn: *mut u32,
     ) -> c_int,
-    /// Sends the REP for a request (QP `qpn` already in RTR, SQ PSN `psn`).
+    /// Sends the REP for a request (QP `qpn` already in RTR, its RQ PSN `psn`: the REP's Starting PSN).
     pub accept: unsafe extern "C" fn(
         ctx: *mut IbvContext,
         conn: u64,
@@ -498,10 +498,18 @@ unsafe extern "C" fn bridge_poll_event(ctx: *mut IbvContext, out: *mut CmEventC)
             let Some(out) = (unsafe { out.as_mut() }) else {
                 return -libc::EINVAL;
             };
-            let ev = match cm.poll_event() {
-                Ok(Some(ev)) => ev,
-                Ok(None) => return 0,
-                Err(e) => return err(&e),
+            // The library has no UD ids yet (docs/RDMACM.md): a SIDR_REQ to one of its services is answered with
+            // SIDR status 2 (rejected) at once, and SIDR answers (it never asks) are dropped.
+            let ev = loop {
+                match cm.poll_event() {
+                    Ok(Some(CmEvent::SidrRequest { id, .. })) => {
+                        let _ = cm.sidr_reject(id, &[]);
+                    }
+                    Ok(Some(CmEvent::SidrResolved { .. } | CmEvent::SidrRejected { .. })) => {}
+                    Ok(Some(ev)) => break ev,
+                    Ok(None) => return 0,
+                    Err(e) => return err(&e),
+                }
             };
             out.status = 0;
             out.listen = 0;
@@ -581,6 +589,9 @@ unsafe extern "C" fn bridge_poll_event(ctx: *mut IbvContext, out: *mut CmEventC)
                     out.conn = conn_handle(id);
                     forget_conn(id);
                 }
+                CmEvent::SidrRequest { .. }
+                | CmEvent::SidrResolved { .. }
+                | CmEvent::SidrRejected { .. } => return 0,
             }
             1
         },
