@@ -866,13 +866,17 @@ fn publish_path(st: &mut State, id: usize) {
     c.route.num_paths = 1;
 }
 
-fn ephemeral_port(st: &State, ps: c_int) -> u16 {
-    loop {
-        let p = 32768 + (random_u32() % 28232) as u16;
-        if !st.ports.contains(&(ps, p)) {
-            return p;
-        }
-    }
+/// A free port of the ephemeral range 32768..=60999 (Linux's default) in port space `ps`: a random start, then
+/// the next free one. Errors: `EADDRNOTAVAIL` when every port of the range is bound (breaker finding: the old
+/// random retry loop never ended, holding the library's lock).
+fn ephemeral_port(st: &State, ps: c_int) -> R<u16> {
+    const FIRST: u32 = 32768;
+    const COUNT: u32 = 28232;
+    let start = random_u32() % COUNT;
+    (0..COUNT)
+        .map(|k| (FIRST + (start + k) % COUNT) as u16)
+        .find(|&p| !st.ports.contains(&(ps, p)))
+        .ok_or(libc::EADDRNOTAVAIL)
 }
 
 /// `rdma_bind_addr` under the lock.
@@ -888,7 +892,7 @@ pub(crate) fn bind(st: &mut State, id: usize, a: SocketAddr) -> R<()> {
         Some(find_dev(st, a.ip(), false)?)
     };
     let port = if a.port() == 0 {
-        ephemeral_port(st, ps)
+        ephemeral_port(st, ps)?
     } else if st.ports.contains(&(ps, a.port())) && !reuse {
         return Err(libc::EADDRINUSE);
     } else {
