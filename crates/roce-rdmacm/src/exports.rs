@@ -235,6 +235,10 @@ pub unsafe extern "C" fn rocev2_rdma_accept(id: *mut RdmaCmId, param: *mut RdmaC
                 cma::check_id(&st, id)?;
                 // SAFETY: per the contract.
                 cma::accept(&mut st, id as usize, unsafe { param.as_ref() })?;
+                // A UD accept (SIDR_REP) is complete when sent: no ESTABLISHED follows on this side.
+                if st.ids[&(id as usize)].ud() {
+                    return Ok(());
+                }
             }
             wait_sync(id, EV_ESTABLISHED)
         })())
