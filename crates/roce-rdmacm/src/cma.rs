@@ -3,6 +3,16 @@
 //! routes, listen / connect / accept / reject / establish / disconnect, the QP moved through INIT/RTR/RTS at the
 //! events librdmacm moves it, `rdma_init_qp_attr`, options and `rdma_migrate_id`.
 //!
+//! # UD ids (`RDMA_PS_UDP`)
+//!
+//! They do not connect: `rdma_connect` asks the destination port for the service's UD QP with a SIDR_REQ (IBTA
+//! Vol 1 §12.11; the `cma_hdr` first in its private data), retried by the runtime's CM like a REQ. A SIDR_REP with
+//! status success is ESTABLISHED with `param.ud` (AH attributes towards the peer, its QPN and Q_Key); another
+//! status is UNREACHABLE with that status, no answer after the retries UNREACHABLE with `-ETIMEDOUT` (Linux
+//! `cma_sidr_rep_handler`). On the listener's side a SIDR_REQ is a CONNECT_REQUEST on a new UD id; `rdma_accept`
+//! answers with the id's QPN and [`RDMA_UDP_QKEY`] (no event follows), `rdma_reject` and `rdma_destroy_id` with
+//! status 2. `rdma_create_qp` brings a UD QP to RTS at once (rdma-core `ucma_init_ud_qp`).
+//!
 //! # Events
 //!
 //! The runtime's CM has one event queue per device (`roce_verbs::cm`); a dispatcher thread of this library (started
@@ -1470,7 +1480,8 @@ pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -
 
 /// `rdma_accept` of a UD id: the SIDR_REP (status success) naming the id's QP (or `param->qp_num`) and
 /// [`RDMA_UDP_QKEY`] (Linux `cma_send_sidr_rep`; `rdma_create_qp` brought the QP to RTS with that Q_Key). No
-/// ESTABLISHED follows on this side (Linux reports none for a UD accept).
+/// ESTABLISHED follows on this side (Linux reports none for a UD accept). `ENOSYS` in the IPoIB port space, whose
+/// Q_Key is the IPoIB broadcast group's (no multicast groups here).
 fn sidr_accept(
     st: &mut State,
     id: usize,
@@ -1478,6 +1489,9 @@ fn sidr_accept(
     (dev, conn): (usize, u64),
     param: Option<&RdmaConnParam>,
 ) -> R<()> {
+    if st.ids[&id].ps == RDMA_PS_IPOIB {
+        return Err(libc::ENOSYS);
+    }
     let (pdata, plen) = match param {
         Some(p) => (p.private_data.cast::<u8>(), usize::from(p.private_data_len)),
         None => (core::ptr::null(), 0),

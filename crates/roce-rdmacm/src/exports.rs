@@ -3,8 +3,8 @@
 //! calls that return pointers). No panic crosses the C boundary ([`guard`]: `-1`/`EIO`).
 //!
 //! Not implemented (`-1`/`ENOSYS`, NULL/`ENOSYS`; `docs/RDMACM.md` §2): multicast, ECE, `rdma_notify`, SRQs on an
-//! id, SIDR (`rdma_connect` in the UDP/IPoIB port spaces), and rsockets except `rpoll` / `rselect` (over plain
-//! descriptors they are `poll` / `select`).
+//! id, `rdma_connect` / `rdma_accept` in the IPoIB port space (its Q_Key is a multicast group's), and rsockets
+//! except `rpoll` / `rselect` (over plain descriptors they are `poll` / `select`).
 
 use core::ffi::c_void;
 use libc::{c_char, c_int, size_t, sockaddr, socklen_t, ssize_t};
