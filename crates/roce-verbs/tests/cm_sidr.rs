@@ -417,3 +417,76 @@ fn udp_loopback_sidr_resolves_sends_and_rejects() {
     resolve_and_send(&a, &b);
     rejects(&a, &b);
 }
+
+/// `sidr_accept_qpn` (librdmacm's path: the caller moved its UD QP itself): the SIDR_REP names the QPN and Q_Key
+/// given, with the private data; the exchange is then over (a second answer, or one for a connection request, is
+/// refused).
+#[test]
+fn sim_pair_sidr_accept_by_qpn() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    let (a, b) = (end(&ca, CmConfig::default()), end(&cb, CmConfig::default()));
+    let sid = roce_wire::cm::service_id(PortSpace::Udp, 7176);
+    b.cm.listen(sid).unwrap();
+    let hdr = cma_hdr(&a, &b);
+    let id_a =
+        a.cm.sidr_resolve(cb.gid(0).unwrap(), cb.config().mac, sid, &hdr, 0)
+            .unwrap();
+    let id_b = match event(&b) {
+        CmEvent::SidrRequest { id, .. } => id,
+        e => panic!("expected a SIDR request, got {e:?}"),
+    };
+    b.cm.sidr_accept_qpn(id_b, b.qp.qpn(), RDMA_UDP_QKEY, b"by-qpn")
+        .unwrap();
+    match event(&a) {
+        CmEvent::SidrResolved {
+            id,
+            qpn,
+            qkey,
+            private_data,
+            ..
+        } => {
+            assert_eq!((id, qpn, qkey), (id_a, b.qp.qpn(), RDMA_UDP_QKEY));
+            assert_eq!(&private_data[..6], b"by-qpn");
+        }
+        e => panic!("expected SIDR resolved, got {e:?}"),
+    }
+    assert!(
+        b.cm.sidr_accept_qpn(id_b, b.qp.qpn(), RDMA_UDP_QKEY, b"")
+            .is_err(),
+        "answered already"
+    );
+    let long = [0u8; SIDR_REP_PRIVATE_DATA_LEN + 1];
+    a.cm.sidr_resolve(cb.gid(0).unwrap(), cb.config().mac, sid, &hdr, 0)
+        .unwrap();
+    let id_b = match event(&b) {
+        CmEvent::SidrRequest { id, .. } => id,
+        e => panic!("expected a SIDR request, got {e:?}"),
+    };
+    assert!(
+        b.cm.sidr_accept_qpn(id_b, b.qp.qpn(), RDMA_UDP_QKEY, &long)
+            .is_err(),
+        "137 bytes of SIDR_REP private data"
+    );
+    let rc_a =
+        a.pd.create_qp(QpType::Rc, &a.cq, &a.cq, a.qp.cap(), true)
+            .unwrap();
+    let tcp = roce_wire::cm::service_id(PortSpace::Tcp, 13);
+    b.cm.listen(tcp).unwrap();
+    a.cm.connect(
+        &rc_a,
+        cb.gid(0).unwrap(),
+        cb.config().mac,
+        tcp,
+        b"",
+        &ConnectOpts::default(),
+    )
+    .unwrap();
+    let req = match event(&b) {
+        CmEvent::ConnectRequest { id, .. } => id,
+        e => panic!("expected a connect request, got {e:?}"),
+    };
+    assert!(
+        b.cm.sidr_accept_qpn(req, b.qp.qpn(), RDMA_UDP_QKEY, b"")
+            .is_err()
+    );
+}
