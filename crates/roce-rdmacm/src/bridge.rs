@@ -141,6 +141,7 @@ pub struct PrivateV1 {
         private_data: *const u8,
         private_len: u32,
     ) -> c_int,
+    pub destroy: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
 }
 
 /// The table, or `None` (said once on stderr) when the loaded libibverbs is not rocev2's or not of this version.

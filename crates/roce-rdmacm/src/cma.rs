@@ -1623,12 +1623,14 @@ pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
             }
             if let Some(h) = conn {
                 match state {
-                    // A SIDR_REQ not answered: SIDR status 2 (Linux `cm_destroy_id`); our own SIDR_REQ: its
-                    // answer will find no id and be dropped.
+                    // A SIDR_REQ not answered: SIDR status 2 (Linux `cm_destroy_id`); our own SIDR_REQ still
+                    // pending: not re-sent any more, a late answer is dropped.
                     St::ReqRcvd if ud => unsafe {
                         (t.sidr_reject)(ctx, h, core::ptr::null(), 0);
                     },
-                    _ if ud => {}
+                    _ if ud => unsafe {
+                        (t.destroy)(ctx, h);
+                    },
                     St::ReqRcvd => unsafe {
                         (t.reject)(ctx, h, core::ptr::null(), 0);
                     },

@@ -843,6 +843,16 @@ impl ConnectionManager {
         Ok(())
     }
 
+    /// Forgets `id` as the application destroys it, telling the peer what Linux `cm.c` `cm_destroy_id` tells it
+    /// ([`roce_cm::Cm::destroy`]: a REJ before establishment, a DREQ after, a SIDR_REP with status 2 for a SIDR_REQ
+    /// not answered). A SIDR_REQ of ours still unanswered is not re-sent any more and reports nothing (a late
+    /// SIDR_REP is dropped). QPs are not touched. A stale id is ignored.
+    pub fn destroy(&self, id: ConnId) -> Result<(), Error> {
+        self.with_cm(|cm, now| cm.destroy(now, id))?;
+        lock(&self.shared.conns).remove(&id);
+        Ok(())
+    }
+
     /// The event queue's eventfd: readable while events wait (one count per event). The descriptor belongs to the
     /// connection manager (poll it, do not close it).
     pub fn fd(&self) -> RawFd {

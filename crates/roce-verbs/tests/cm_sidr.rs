@@ -490,3 +490,48 @@ fn sim_pair_sidr_accept_by_qpn() {
             .is_err()
     );
 }
+
+/// `destroy` of our SIDR_REQ while it waits for its answer (rdma_destroy_id of a UD id in librdmacm): no more
+/// re-sends and no event, where the same exchange left alone ends Unreachable after its retries.
+#[test]
+fn destroyed_sidr_request_is_not_resent() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    // Response timeout 4.096 µs · 2^15 ≈ 134 ms (+ 2 packet lifetimes of ≈ 1 ms): two retries take about 0.4 s.
+    let cfg = CmConfig {
+        packet_life_time: 8,
+        cm_response_timeout: 15,
+        max_cm_retries: 2,
+        ..CmConfig::default()
+    };
+    let (a, b) = (end(&ca, cfg), end(&cb, cfg));
+    let sid = roce_wire::cm::service_id(PortSpace::Udp, 12);
+    b.cm.listen(sid).unwrap();
+    let id =
+        a.cm.sidr_resolve(cb.gid(0).unwrap(), cb.config().mac, sid, b"", 0)
+            .unwrap();
+    let req = match event(&b) {
+        CmEvent::SidrRequest { id, .. } => id,
+        e => panic!("expected a SIDR request, got {e:?}"),
+    };
+    a.cm.destroy(id).unwrap();
+    assert_eq!(
+        a.cm.get_event(Duration::from_secs(1)).unwrap(),
+        None,
+        "no event after destroy"
+    );
+    assert_eq!(a.cm.stats().unwrap().retransmits, 0);
+    // A late answer is dropped (no event), and destroying again is harmless.
+    b.cm.sidr_accept(req, &b.qp, RDMA_UDP_QKEY, b"").unwrap();
+    assert_eq!(a.cm.get_event(Duration::from_millis(200)).unwrap(), None);
+    a.cm.destroy(id).unwrap();
+    // The same exchange left alone: Unreachable after the two retries.
+    let id =
+        a.cm.sidr_resolve(cb.gid(0).unwrap(), cb.config().mac, sid, b"", 0)
+            .unwrap();
+    assert!(matches!(event(&b), CmEvent::SidrRequest { .. }));
+    match event(&a) {
+        CmEvent::Unreachable { id: i } => assert_eq!(i, id),
+        e => panic!("expected unreachable, got {e:?}"),
+    }
+    assert_eq!(a.cm.stats().unwrap().retransmits, 2);
+}

@@ -9,7 +9,8 @@
 //! `ibv_modify_qp`, so the library's recorded QP state stays right for the post checks).
 //!
 //! Version 2 added SIDR (UD port spaces, IBTA Vol 1 §12.11): `sidr_resolve` / `sidr_accept` / `sidr_reject` at
-//! the end of the table, the event kinds `SIDR_REQUEST` / `SIDR_RESOLVED` / `SIDR_REJECTED` and `CmEventC::qkey`.
+//! the end of the table, the event kinds `SIDR_REQUEST` / `SIDR_RESOLVED` / `SIDR_REJECTED`, `CmEventC::qkey`,
+//! and `destroy`.
 //!
 //! Connections and listens are named by `u64` handles (never reused within the process); every function answers
 //! `0` or a negative errno (`-EINVAL` for a context this library did not open or a stale handle), never panics.
@@ -202,6 +203,9 @@ pub struct PrivateV1 {
         private_data: *const u8,
         private_len: u32,
     ) -> c_int,
+    /// Forgets a connection or SIDR exchange as its id is destroyed (`ConnectionManager::destroy`: what Linux
+    /// `cm_destroy_id` sends; our unanswered SIDR_REQ stops being re-sent); the handle is stale afterwards.
+    pub destroy: unsafe extern "C" fn(ctx: *mut IbvContext, conn: u64) -> c_int,
 }
 
 #[derive(Default)]
@@ -616,6 +620,21 @@ unsafe extern "C" fn bridge_sidr_reject(
     )
 }
 
+unsafe extern "C" fn bridge_destroy(ctx: *mut IbvContext, conn_h: u64) -> c_int {
+    guard(
+        "rocev2_private_v1.destroy",
+        || -libc::EIO,
+        || {
+            let (cm, id) = match (cm(ctx), conn(conn_h)) {
+                (Ok(c), Ok(i)) => (c, i),
+                (Err(e), _) | (_, Err(e)) => return e,
+            };
+            forget_conn(id);
+            cm.destroy(id).map_or_else(|e| err(&e), |()| 0)
+        },
+    )
+}
+
 fn fill(out: &mut CmEventC, pd: &[u8]) {
     let n = pd.len().min(EVENT_PRIVATE_MAX);
     out.private_data[..n].copy_from_slice(&pd[..n]);
@@ -780,6 +799,7 @@ static TABLE: PrivateV1 = PrivateV1 {
     sidr_resolve: bridge_sidr_resolve,
     sidr_accept: bridge_sidr_accept,
     sidr_reject: bridge_sidr_reject,
+    destroy: bridge_destroy,
 };
 
 /// `rocev2_private_v1@@ROCEV2_PRIVATE`: the table (module docs). For rocev2's own `librdmacm.so.1` only.
