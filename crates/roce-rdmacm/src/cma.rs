@@ -880,6 +880,26 @@ pub(crate) fn get_event(ch: *mut RdmaEventChannel) -> R<*mut RdmaCmEvent> {
     }
 }
 
+/// Keeps `ev` (an event of `id` that `get_event` handed out) in `id->event`, acknowledging the one held before,
+/// as librdmacm's `ucma_complete` does for the calls of a synchronous id: the program reads, say, the `param.ud`
+/// of a UD id's ESTABLISHED there after `rdma_connect`. Held until the id's next synchronous call or its
+/// destruction. For an id already gone the event is acknowledged at once.
+pub(crate) fn hold_event(id: *mut RdmaCmId, ev: *mut RdmaCmEvent) {
+    let old = {
+        let st = lock();
+        if check_id(&st, id).is_err() {
+            Some(ev)
+        } else {
+            // SAFETY: a live id block.
+            let o = unsafe { core::mem::replace(&mut (*id).event, ev) };
+            (!o.is_null()).then_some(o)
+        }
+    };
+    if let Some(o) = old {
+        let _ = ack_event(o);
+    }
+}
+
 pub(crate) fn ack_event(ev: *mut RdmaCmEvent) -> R<()> {
     let mut st = lock();
     if !st.events.remove(&(ev as usize)) {
@@ -1607,6 +1627,16 @@ pub(crate) fn disconnect(st: &mut State, id: usize) -> R<()> {
 /// acknowledgements, frees it.
 pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
     let key = id as usize;
+    // The event a synchronous call left in `id->event` is acknowledged first (librdmacm `rdma_destroy_id`).
+    let held = {
+        let st = lock();
+        check_id(&st, id)?;
+        // SAFETY: a live id block.
+        unsafe { core::mem::replace(&mut (*id).event, core::ptr::null_mut()) }
+    };
+    if !held.is_null() {
+        let _ = ack_event(held);
+    }
     {
         let mut st = lock();
         check_id(&st, id)?;

@@ -58,16 +58,20 @@ fn wait_sync(id: *mut RdmaCmId, want: c_int) -> R<()> {
         let ev = cma::get_event(ch)?;
         // SAFETY: an event handed out by get_event.
         let (eid, kind, status) = unsafe { ((*ev).id, (*ev).event, (*ev).status) };
-        cma::ack_event(ev)?;
         if eid != id {
+            cma::ack_event(ev)?;
             continue;
         }
+        cma::hold_event(id, ev);
         if kind == want {
             return Ok(());
         }
+        // librdmacm `ucma_complete`: ECONNREFUSED for a REJ, else the status (negated errno, or a positive one as
+        // the SIDR status of a UD id's UNREACHABLE).
         return Err(match kind {
             EV_REJECTED => libc::ECONNREFUSED,
             _ if status < 0 => -status,
+            _ if status > 0 => status,
             _ => libc::ECONNABORTED,
         });
     }

@@ -10,10 +10,14 @@
  *  - rejected: rdma_reject's private data and SIDR status 2 reach the client as UNREACHABLE (Linux
  *    cma_sidr_rep_handler), rdma_reject with more than 136 bytes is EINVAL;
  *  - a port nobody listens on: UNREACHABLE with SIDR status 1 (service ID not supported);
- *  - rdma_destroy_id of a request not answered: UNREACHABLE with status 2.
+ *  - rdma_destroy_id of a request not answered: UNREACHABLE with status 2;
+ *  - synchronous ids (rdma_getaddrinfo with RDMA_PS_UDP, rdma_create_ep, rdma_get_request in a thread): the
+ *    client's rdma_connect returns once resolved and leaves the ESTABLISHED event with param.ud in id->event (as
+ *    librdmacm's ucma_complete); towards a port nobody listens on it fails with errno 1, the SIDR status.
  * Prints "ok" and exits 0 when every check passed. */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +111,69 @@ static struct rdma_cm_id *request(struct rdma_event_channel *cch, struct rdma_ev
 	if (ev)
 		CHECK(rdma_ack_cm_event(ev) == 0);
 	return s;
+}
+
+/* The server thread of the synchronous part: one request, accepted (rdma_create_ep's QP attributes made its QP). */
+static void *ep_server(void *listen)
+{
+	struct rdma_cm_id *id = NULL;
+	CHECK(rdma_get_request(listen, &id) == 0);
+	if (id) {
+		CHECK(id->qp != NULL && id->qp_type == IBV_QPT_UD);
+		CHECK(rdma_accept(id, NULL) == 0);
+	}
+	return id;
+}
+
+/* rdma_create_ep endpoints on port 7176 (`node` the device's address). */
+static void synchronous(const char *node)
+{
+	struct rdma_addrinfo hints = {.ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_UDP,
+				      .ai_qp_type = IBV_QPT_UD},
+			     *sres = NULL, *cres = NULL, *nres = NULL;
+	struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1,
+					      .max_recv_sge = 1},
+				      .qp_type = IBV_QPT_UD, .sq_sig_all = 1};
+	CHECK(rdma_getaddrinfo(node, "7176", &hints, &sres) == 0);
+	struct rdma_cm_id *listen = NULL, *c = NULL, *n = NULL;
+	struct ibv_qp_init_attr sa = qa, ca = qa;
+	CHECK(sres && rdma_create_ep(&listen, sres, NULL, &sa) == 0);
+	if (!listen)
+		return;
+	CHECK(rdma_listen(listen, 1) == 0);
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, ep_server, listen) == 0);
+	hints.ai_flags = 0;
+	CHECK(rdma_getaddrinfo(node, "7176", &hints, &cres) == 0);
+	CHECK(cres && rdma_create_ep(&c, cres, NULL, &ca) == 0);
+	CHECK(c && c->qp && c->ps == RDMA_PS_UDP);
+	if (c)
+		CHECK(rdma_connect(c, NULL) == 0);
+	void *sid = NULL;
+	CHECK(pthread_join(th, &sid) == 0);
+	struct rdma_cm_id *s = sid;
+	if (c && s) {
+		struct rdma_cm_event *ev = c->event;
+		CHECK(ev && ev->event == RDMA_CM_EVENT_ESTABLISHED && ev->id == c);
+		CHECK(ev && ev->param.ud.qp_num == s->qp->qp_num && ev->param.ud.qkey == RDMA_UDP_QKEY);
+		CHECK(ev && ev->param.ud.ah_attr.is_global == 1);
+	}
+	CHECK(rdma_getaddrinfo(node, "7177", &hints, &nres) == 0);
+	CHECK(nres && rdma_create_ep(&n, nres, NULL, NULL) == 0);
+	if (n) {
+		errno = 0;
+		CHECK(rdma_connect(n, NULL) == -1 && errno == 1);
+		CHECK(n->event && n->event->event == RDMA_CM_EVENT_UNREACHABLE && n->event->status == 1);
+		rdma_destroy_ep(n);
+	}
+	if (s)
+		rdma_destroy_ep(s);
+	if (c)
+		rdma_destroy_ep(c);
+	rdma_destroy_ep(listen);
+	rdma_freeaddrinfo(sres);
+	rdma_freeaddrinfo(cres);
+	rdma_freeaddrinfo(nres);
 }
 
 int main(int argc, char **argv)
@@ -271,6 +338,8 @@ int main(int argc, char **argv)
 	CHECK(rdma_destroy_id(listener) == 0);
 	rdma_destroy_event_channel(sch);
 	rdma_destroy_event_channel(cch);
+
+	synchronous(argv[1]);
 
 	if (fails) {
 		fprintf(stderr, "%d check(s) failed\n", fails);
