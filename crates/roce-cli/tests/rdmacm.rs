@@ -18,6 +18,9 @@ use common::{Finished, NetnsPair, Proc, netns_unavailable, scratch, serial, stri
 
 const IP_A: &str = "198.18.17.1";
 const IP_B: &str = "198.18.17.2";
+/// The UD port space's tests (udaddy, SIDR) run in their own subnet.
+const UD_IP_A: &str = "198.18.22.1";
+const UD_IP_B: &str = "198.18.22.2";
 
 /// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds both
 /// libraries beside `rocev2` (a no-op when fresh).
@@ -64,6 +67,11 @@ fn argv(ns: &str, ip: &str, args: &[&str]) -> Vec<String> {
 
 /// The namespaces, or `None` (with the reason printed) when this machine cannot run the test.
 fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
+    setup_on(tag, programs, IP_A, IP_B)
+}
+
+/// [`setup`] with the namespaces' addresses.
+fn setup_on(tag: &str, programs: &[(&str, &str)], ip_a: &str, ip_b: &str) -> Option<NetnsPair> {
     if let Some(why) = netns_unavailable() {
         eprintln!("skipped: {why}");
         return None;
@@ -72,7 +80,7 @@ fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
         common::need_program(p, pkg);
     }
     libraries();
-    let ns = NetnsPair::up(tag, IP_A, IP_B, 1500);
+    let ns = NetnsPair::up(tag, ip_a, ip_b, 1500);
     ns.wait_running();
     Some(ns)
 }
@@ -88,10 +96,10 @@ fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
 fn pair(ns: &NetnsPair, name: &str, server: &[&str], client: &[&str]) -> (Finished, Finished) {
     let dir = scratch(&format!("rdmacm-{name}"));
     for attempt in 1.. {
-        let mut s = Proc::spawn("server", &dir, &argv(&ns.a, IP_A, server));
+        let mut s = Proc::spawn("server", &dir, &argv(&ns.a, &ns.ip_a, server));
         wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
         std::thread::sleep(Duration::from_millis(300));
-        let mut c = Proc::spawn("client", &dir, &argv(&ns.b, IP_B, client));
+        let mut c = Proc::spawn("client", &dir, &argv(&ns.b, &ns.ip_b, client));
         let cf = c.wait(Duration::from_secs(120));
         let early = !cf.status.success()
             && format!("{}{}", cf.stdout, cf.stderr).contains("RDMA_CM_EVENT_REJECTED; error: 8")
@@ -165,6 +173,73 @@ fn ucmatose_four_connections_between_namespaces() {
         assert!(f.stdout.contains("return status 0"), "{who}:\n{f}");
         assert!(f.stdout.contains("data transfers complete"), "{who}:\n{f}");
     }
+}
+
+#[test]
+fn udaddy_four_ud_ids_between_namespaces() {
+    let _turn = serial();
+    if let Some(why) = common::program_missing("udaddy", "rdmacm-utils") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Some(ns) = setup_on("udaddy", &[], UD_IP_A, UD_IP_B) else {
+        return;
+    };
+    // RDMA_PS_UDP: four UD ids resolve the server's UD QPs with SIDR (ESTABLISHED with param.ud, an AH from its
+    // ah_attr), then ten datagrams each way on each; the server answers through AHs made from the receive
+    // completions' GRHs (ibv_create_ah_from_wc). Each side waits for all its completions (a lost datagram hangs
+    // it: the time limit fails the test) and prints "return status 0" only when every call succeeded.
+    let (c, s) = pair(
+        &ns,
+        "udaddy",
+        &["udaddy", "-b", UD_IP_A, "-c", "4", "-C", "10"],
+        &["udaddy", "-s", UD_IP_A, "-c", "4", "-C", "10"],
+    );
+    for (who, f) in [("client", &c), ("server", &s)] {
+        assert!(f.stdout.contains("return status 0"), "{who}:\n{f}");
+        assert!(f.stdout.contains("data transfers complete"), "{who}:\n{f}");
+        assert!(!f.stdout.contains("udaddy: event:"), "{who}:\n{f}");
+    }
+}
+
+/// `crates/roce-rdmacm/tests/c/sidr.c` (its header lists the checks: accepted, rejected with private data and
+/// status 2, a port nobody listens on with status 1, a request destroyed unanswered), compiled against Debian's
+/// `<rdma/rdma_cma.h>` like any rdma_cm program and run under `rocev2 run` in one namespace: listener and clients
+/// in one process, SIDR through rocev2's librdmacm and the private bridge.
+#[test]
+fn sidr_accept_reject_and_no_listener_through_the_library() {
+    let _turn = serial();
+    assert!(
+        Path::new("/usr/include/rdma/rdma_cma.h").is_file(),
+        "<rdma/rdma_cma.h> missing: install Debian's librdmacm-dev (.ci/run does)"
+    );
+    let Some(ns) = setup_on("sidr", &[], UD_IP_A, UD_IP_B) else {
+        return;
+    };
+    let dir = scratch("rdmacm-sidr");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../roce-rdmacm/tests/c/sidr.c");
+    let prog = dir.join("sidr");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let prog = prog.to_str().expect("UTF-8 path");
+    let mut p = Proc::spawn("sidr", &dir, &argv(&ns.a, UD_IP_A, &[prog, UD_IP_A]));
+    let f = p.wait(Duration::from_secs(120));
+    assert!(
+        f.status.success() && f.stdout.trim() == "ok",
+        "sidr.c failed:\n{f}"
+    );
+    assert!(!f.stderr.contains("rocev2 librdmacm"), "{f}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

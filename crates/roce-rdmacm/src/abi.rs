@@ -116,6 +116,27 @@ pub struct RdmaCmEvent {
     pub ud_rest: [u8; 32],
 }
 
+/// `struct rdma_ud_param` (56 bytes): the `param.ud` of an event on a UD id (`RDMA_PS_UDP`): the private data,
+/// the address handle attributes towards the peer's QP, its number and Q_Key.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RdmaUdParam {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub ah_attr: IbvAhAttr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+impl RdmaCmEvent {
+    /// `param.ud`: the same 56 bytes as `param.conn` (the C union), read as `struct rdma_ud_param`.
+    pub fn ud_mut(&mut self) -> &mut RdmaUdParam {
+        // SAFETY: `conn` and `ud_rest` are the 56 contiguous bytes of the C union at offset 24 (asserted below), 8-byte
+        // aligned like `RdmaUdParam`; every bit pattern of its fields is valid (a pointer only handed to C).
+        unsafe { &mut *(&raw mut self.conn).cast::<RdmaUdParam>() }
+    }
+}
+
 /// `struct rdma_addrinfo` (96 bytes).
 #[repr(C)]
 pub struct RdmaAddrinfo {
@@ -356,6 +377,13 @@ const _: () = {
     assert!(offset_of!(RdmaConnParam, qp_num) == 16);
     assert!(size_of::<RdmaCmEvent>() == 80);
     assert!(offset_of!(RdmaCmEvent, conn) == 24);
+    assert!(size_of::<RdmaUdParam>() == 56);
+    assert!(offset_of!(RdmaUdParam, ah_attr) == 16);
+    assert!(offset_of!(RdmaUdParam, qp_num) == 48);
+    assert!(offset_of!(RdmaUdParam, qkey) == 52);
+    assert!(offset_of!(RdmaCmEvent, ud_rest) + 32 == size_of::<RdmaCmEvent>());
+    assert!(size_of::<RdmaConnParam>() + 32 == size_of::<RdmaUdParam>());
+    assert!(align_of::<RdmaUdParam>() <= align_of::<RdmaConnParam>());
     assert!(size_of::<RdmaAddrinfo>() == 96);
     assert!(offset_of!(RdmaAddrinfo, ai_src_addr) == 24);
     assert!(offset_of!(RdmaAddrinfo, ai_route) == 64);

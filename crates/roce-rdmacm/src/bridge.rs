@@ -15,7 +15,7 @@ use libc::c_int;
 use crate::abi::{IbvPortAttr, IbvQp, IbvQpAttr, IbvQpInitAttr};
 
 /// `PRIVATE_VERSION` of the table this library was built for.
-pub const PRIVATE_VERSION: u32 = 1;
+pub const PRIVATE_VERSION: u32 = 2;
 /// Longest private data an event carries.
 pub const EVENT_PRIVATE_MAX: usize = 224;
 
@@ -28,6 +28,9 @@ pub mod kind {
     pub const DISCONNECTED: u32 = 4;
     pub const TIMEWAIT_EXIT: u32 = 5;
     pub const UNREACHABLE: u32 = 6;
+    pub const SIDR_REQUEST: u32 = 7;
+    pub const SIDR_RESOLVED: u32 = 8;
+    pub const SIDR_REJECTED: u32 = 9;
 }
 
 /// `cm_bridge::CmEventC`.
@@ -50,6 +53,7 @@ pub struct CmEventC {
     pub reserved: u8,
     pub private_len: u32,
     pub private_data: [u8; EVENT_PRIVATE_MAX],
+    pub qkey: u32,
 }
 
 impl CmEventC {
@@ -115,6 +119,29 @@ pub struct PrivateV1 {
     pub establish: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
     pub disconnect: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
     pub poll_event: unsafe extern "C" fn(ctx: Ctx, out: *mut CmEventC) -> c_int,
+    pub sidr_resolve: unsafe extern "C" fn(
+        ctx: Ctx,
+        dgid: *const [u8; 16],
+        service_id: u64,
+        private_data: *const u8,
+        private_len: u32,
+        out: *mut u64,
+    ) -> c_int,
+    pub sidr_accept: unsafe extern "C" fn(
+        ctx: Ctx,
+        conn: u64,
+        qpn: u32,
+        qkey: u32,
+        private_data: *const u8,
+        private_len: u32,
+    ) -> c_int,
+    pub sidr_reject: unsafe extern "C" fn(
+        ctx: Ctx,
+        conn: u64,
+        private_data: *const u8,
+        private_len: u32,
+    ) -> c_int,
+    pub destroy: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
 }
 
 /// The table, or `None` (said once on stderr) when the loaded libibverbs is not rocev2's or not of this version.

@@ -3,6 +3,16 @@
 //! routes, listen / connect / accept / reject / establish / disconnect, the QP moved through INIT/RTR/RTS at the
 //! events librdmacm moves it, `rdma_init_qp_attr`, options and `rdma_migrate_id`.
 //!
+//! # UD ids (`RDMA_PS_UDP`)
+//!
+//! They do not connect: `rdma_connect` asks the destination port for the service's UD QP with a SIDR_REQ (IBTA
+//! Vol 1 §12.11; the `cma_hdr` first in its private data), retried by the runtime's CM like a REQ. A SIDR_REP with
+//! status success is ESTABLISHED with `param.ud` (AH attributes towards the peer, its QPN and Q_Key); another
+//! status is UNREACHABLE with that status, no answer after the retries UNREACHABLE with `-ETIMEDOUT` (Linux
+//! `cma_sidr_rep_handler`). On the listener's side a SIDR_REQ is a CONNECT_REQUEST on a new UD id; `rdma_accept`
+//! answers with the id's QPN and [`RDMA_UDP_QKEY`] (no event follows), `rdma_reject` and `rdma_destroy_id` with
+//! status 2. `rdma_create_qp` brings a UD QP to RTS at once (rdma-core `ucma_init_ud_qp`).
+//!
 //! # Events
 //!
 //! The runtime's CM has one event queue per device (`roce_verbs::cm`); a dispatcher thread of this library (started
@@ -53,8 +63,16 @@ pub const MIN_RNR_TIMER: u8 = 12;
 pub const IBOE_PACKET_LIFETIME: u8 = 16;
 /// Responder resources / initiator depth when the program passes no `rdma_conn_param`.
 pub const DEFAULT_RD_ATOMIC: u8 = 16;
-/// `RDMA_UDP_QKEY` (Linux `cma.c`): the Q_Key of rdma_cm UD QPs.
+/// `RDMA_UDP_QKEY` (`<rdma/rdma_cma.h>`, Linux `cma.c` `cma_set_qkey`): the Q_Key of rdma_cm UD QPs, announced
+/// in the SIDR_REP of an `RDMA_PS_UDP` id.
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+/// Private data a SIDR_REQ leaves the program after the `cma_hdr` (216 − 36; IBTA Vol 1 §12.11.1, Linux `cma.c`).
+pub const SIDR_REQ_PRIVATE_MAX: usize = 216 - CMA_HDR_LEN;
+/// SIDR_REP private data (IBTA Vol 1 §12.11.2): `rdma_accept` / `rdma_reject` on a UD id.
+pub const SIDR_REP_PRIVATE_MAX: usize = 136;
+/// Hop limit of the address handle an `RDMA_PS_UDP` ESTABLISHED event carries (the IP TTL on RoCE v2, as the
+/// path record `rdma_resolve_route` fills).
+pub const UD_HOP_LIMIT: u8 = 64;
 
 /// A device as this library uses it: one `ibv_context` per device, shared by all ids (`id->verbs`).
 pub(crate) struct Dev {
@@ -123,6 +141,11 @@ pub(crate) struct Id {
 }
 
 impl Id {
+    /// A UD id (`RDMA_PS_UDP`, `RDMA_PS_IPOIB`): it resolves the peer's QP with SIDR instead of connecting.
+    pub(crate) fn ud(&self) -> bool {
+        is_ud(self.ps)
+    }
+
     /// Whether the peer's QPN and PSN are known (a request received, or a REP): RTR and RTS attributes exist.
     fn knows_peer(&self) -> bool {
         matches!(
@@ -187,6 +210,11 @@ pub(crate) fn lock() -> Guard {
 }
 
 pub(crate) type R<T> = Result<T, c_int>;
+
+/// The port spaces whose ids are UD (librdmacm `rdma_create_id`: `RDMA_PS_UDP` and `RDMA_PS_IPOIB`).
+pub(crate) fn is_ud(ps: c_int) -> bool {
+    ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB
+}
 
 fn errno() -> c_int {
     std::io::Error::last_os_error()
@@ -433,6 +461,21 @@ pub(crate) fn push_event(
     param: Option<RdmaConnParam>,
     pdata: &[u8],
 ) {
+    push_event_with(st, id, listen, event, status, param, pdata, |_| {});
+}
+
+/// [`push_event`], then `more` fills the rest of the event (the `param.ud` of a UD id).
+#[allow(clippy::too_many_arguments)]
+fn push_event_with(
+    st: &mut State,
+    id: usize,
+    listen: usize,
+    event: c_int,
+    status: c_int,
+    param: Option<RdmaConnParam>,
+    pdata: &[u8],
+    more: impl FnOnce(&mut RdmaCmEvent),
+) {
     let Some(chan) = st.ids.get(&id).map(|i| i.chan) else {
         return;
     };
@@ -453,6 +496,7 @@ pub(crate) fn push_event(
     } else {
         core::ptr::null()
     };
+    more(&mut b.ev);
     let p = Box::into_raw(b) as usize;
     let Some(q) = st.chans.get_mut(&chan) else {
         // SAFETY: just made by Box::into_raw.
@@ -494,11 +538,18 @@ fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
     let reject = |conn: u64| unsafe {
         (t.reject)(ctx, conn, core::ptr::null(), 0);
     };
+    let sidr_reject = |conn: u64| unsafe {
+        (t.sidr_reject)(ctx, conn, core::ptr::null(), 0);
+    };
     match ev.kind {
         kind::CONNECT_REQUEST => {
             let Some(&lid) = st.listens.get(&ev.listen) else {
                 return reject(ev.conn);
             };
+            // A REQ connects RC/UC QPs: a UD listener refuses it (Linux `cma_ib_check_req_qp_type`).
+            if st.ids[&lid].ud() {
+                return reject(ev.conn);
+            }
             let pd = ev.private();
             let Ok(hdr) = CmaHdr::parse(pd) else {
                 return reject(ev.conn);
@@ -556,6 +607,56 @@ fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
             );
             let app = pd.get(CMA_HDR_LEN..).unwrap_or(&[]);
             push_event(st, child, lid, EV_CONNECT_REQUEST, 0, Some(p), app);
+        }
+        kind::SIDR_REQUEST => sidr_request(st, dev, ev).unwrap_or_else(|()| sidr_reject(ev.conn)),
+        kind::SIDR_RESOLVED => {
+            let Some(id) = st.conns.remove(&ev.conn) else {
+                return;
+            };
+            let i = st.ids.get_mut(&id).expect("mapped ids are live");
+            i.st = St::Connected;
+            i.conn = None;
+            i.remote_qpn = ev.remote_qpn & 0x00ff_ffff;
+            // Linux `cma_sidr_rep_handler`: the AH from the id's path (`ib_init_ah_attr_from_path`), the REP's
+            // QPN and Q_Key. The AH attributes are what our `ibv_create_ah` takes (global, port 1).
+            let ah = IbvAhAttr {
+                grh: IbvGlobalRoute {
+                    dgid: IbvGid { raw: ev.peer_gid },
+                    flow_label: 0,
+                    sgid_index: 0,
+                    hop_limit: UD_HOP_LIMIT,
+                    traffic_class: i.tos,
+                },
+                is_global: 1,
+                port_num: 1,
+                ..IbvAhAttr::default()
+            };
+            let (qpn, qkey) = (ev.remote_qpn & 0x00ff_ffff, ev.qkey);
+            push_event_with(st, id, 0, EV_ESTABLISHED, 0, None, ev.private(), |e| {
+                let ud = e.ud_mut();
+                ud.ah_attr = ah;
+                ud.qp_num = qpn;
+                ud.qkey = qkey;
+            });
+        }
+        kind::SIDR_REJECTED => {
+            let Some(id) = st.conns.remove(&ev.conn) else {
+                return;
+            };
+            let i = st.ids.get_mut(&id).expect("mapped ids are live");
+            i.st = St::Failed;
+            i.conn = None;
+            // Linux `cma_sidr_rep_handler`: UNREACHABLE with the SIDR_REP's status (1 no such service, 2
+            // rejected, ...), its private data in `param.ud`.
+            push_event(
+                st,
+                id,
+                0,
+                EV_UNREACHABLE,
+                ev.status as c_int,
+                None,
+                ev.private(),
+            );
         }
         kind::CONNECT_RESPONSE => {
             let Some(&id) = st.conns.get(&ev.conn) else {
@@ -666,6 +767,50 @@ fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
     }
 }
 
+/// A SIDR_REQ that matched a listen: a new UD id gets `RDMA_CM_EVENT_CONNECT_REQUEST` with the program's part of
+/// the private data in `param.ud` (Linux `cma_ib_req_handler` for `IB_CM_SIDR_REQ_RECEIVED`). `Err` when the
+/// request is to be answered with SIDR status 2 (rejected): unknown listen, a listener that is not UD (Linux
+/// `cma_ib_check_req_qp_type`), a `cma_hdr` that does not parse or names another address than the listen's.
+fn sidr_request(st: &mut State, dev: usize, ev: &CmEventC) -> Result<(), ()> {
+    let &lid = st.listens.get(&ev.listen).ok_or(())?;
+    let (lchan, lps, lsrc) = {
+        let l = &st.ids[&lid];
+        (l.chan, l.ps, l.src)
+    };
+    if !is_ud(lps) {
+        return Err(());
+    }
+    let pd = ev.private();
+    let hdr = CmaHdr::parse(pd).map_err(|_| ())?;
+    if let Some(src) = lsrc
+        && !src.ip().is_unspecified()
+        && src.ip() != hdr.dst_addr
+    {
+        return Err(());
+    }
+    let lport = lsrc.map_or(0, |s| s.port());
+    // SAFETY: `lid` is a live id.
+    let lctx = unsafe { (*(lid as *mut RdmaCmId)).context };
+    let child = new_id(st, lchan, false, lctx, lps);
+    let src = SocketAddr::new(hdr.dst_addr, lport);
+    let dst = SocketAddr::new(hdr.src_addr, hdr.src_port);
+    let mtu = st.devs[dev].mtu;
+    {
+        let c = st.ids.get_mut(&child).expect("just made");
+        c.dev = Some(dev);
+        c.src = Some(src);
+        c.dst = Some(dst);
+        c.st = St::ReqRcvd;
+        c.conn = Some(ev.conn);
+        c.mtu = mtu;
+    }
+    fill_route(st, child, dev, Some(src), Some(dst), Some(ev.peer_gid));
+    st.conns.insert(ev.conn, child);
+    let app = pd.get(CMA_HDR_LEN..).unwrap_or(&[]);
+    push_event(st, child, lid, EV_CONNECT_REQUEST, 0, None, app);
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Channels
 
@@ -732,6 +877,26 @@ pub(crate) fn get_event(ch: *mut RdmaEventChannel) -> R<*mut RdmaCmEvent> {
             i.unacked += 1;
         }
         return Ok(e as *mut RdmaCmEvent);
+    }
+}
+
+/// Keeps `ev` (an event of `id` that `get_event` handed out) in `id->event`, acknowledging the one held before,
+/// as librdmacm's `ucma_complete` does for the calls of a synchronous id: the program reads, say, the `param.ud`
+/// of a UD id's ESTABLISHED there after `rdma_connect`. Held until the id's next synchronous call or its
+/// destruction. For an id already gone the event is acknowledged at once.
+pub(crate) fn hold_event(id: *mut RdmaCmId, ev: *mut RdmaCmEvent) {
+    let old = {
+        let st = lock();
+        if check_id(&st, id).is_err() {
+            Some(ev)
+        } else {
+            // SAFETY: a live id block.
+            let o = unsafe { core::mem::replace(&mut (*id).event, ev) };
+            (!o.is_null()).then_some(o)
+        }
+    };
+    if let Some(o) = old {
+        let _ = ack_event(o);
     }
 }
 
@@ -1076,8 +1241,9 @@ pub(crate) fn qp_attr(st: &State, id: usize, state: c_int) -> R<(IbvQpAttr, c_in
             ))
         }
         IBV_QPS_RTS => {
-            a.sq_psn = i.local_psn;
             if ud {
+                // rdma-core `ucma_init_ud_qp`: SQ PSN 0.
+                a.sq_psn = 0;
                 return Ok((a, IBV_QP_STATE | IBV_QP_SQ_PSN));
             }
             if !i.knows_peer() {
@@ -1134,9 +1300,13 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
     if i.st != St::RouteResolved {
         return Err(libc::EINVAL);
     }
-    if i.ps == RDMA_PS_UDP || i.ps == RDMA_PS_IPOIB {
-        // SIDR (UD port spaces) is not offered by this library yet (docs/RDMACM.md §2 step 3).
+    if i.ps == RDMA_PS_IPOIB {
+        // The IPoIB port space's Q_Key comes from the IPoIB broadcast group (Linux `cma_set_qkey`): no multicast
+        // groups here (docs/RDMACM.md).
         return Err(libc::ENOSYS);
+    }
+    if i.ud() {
+        return sidr_connect(st, id, param);
     }
     let ps = port_space(i.ps)?;
     let dev = i.dev.ok_or(libc::EINVAL)?;
@@ -1215,6 +1385,60 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
     Ok(())
 }
 
+/// `rdma_connect` of a UD id: a SIDR_REQ carrying the `cma_hdr` and the program's private data (at most
+/// [`SIDR_REQ_PRIVATE_MAX`] bytes) for the service ID of the destination port; the answer arrives as ESTABLISHED
+/// with `param.ud` (or UNREACHABLE with the SIDR status, or `-ETIMEDOUT` after the CM's retries), as Linux
+/// `cma_resolve_ib_udp` / `cma_sidr_rep_handler` report it.
+fn sidr_connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -> R<()> {
+    let i = &st.ids[&id];
+    let ps = port_space(i.ps)?;
+    let dev = i.dev.ok_or(libc::EINVAL)?;
+    let (pdata, plen) = match param {
+        Some(p) => (p.private_data.cast::<u8>(), usize::from(p.private_data_len)),
+        None => (core::ptr::null(), 0),
+    };
+    if plen > SIDR_REQ_PRIVATE_MAX || (plen > 0 && pdata.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    let (src, dst) = (i.src.ok_or(libc::EINVAL)?, i.dst.ok_or(libc::EINVAL)?);
+    let mut req = [0u8; 216];
+    let hdr = CmaHdr {
+        src_port: src.port(),
+        src_addr: src.ip(),
+        dst_addr: dst.ip(),
+    };
+    hdr.emit(&mut req).map_err(|_| libc::EAFNOSUPPORT)?;
+    if plen > 0 {
+        // SAFETY: the program's private data is `plen` readable bytes.
+        req[CMA_HDR_LEN..CMA_HDR_LEN + plen]
+            .copy_from_slice(unsafe { core::slice::from_raw_parts(pdata, plen) });
+    }
+    let t = ensure_cm(st, dev)?;
+    // SAFETY: a live id block.
+    let dgid = unsafe { (*(id as *mut RdmaCmId)).route.addr.ib.dgid.raw };
+    let mut h = 0u64;
+    // SAFETY: a context this library opened; the GID, private data and output are valid.
+    let e = unsafe {
+        (t.sidr_resolve)(
+            st.devs[dev].ctx as *mut c_void,
+            &dgid,
+            service_id(ps, dst.port()),
+            req.as_ptr(),
+            (CMA_HDR_LEN + plen) as u32,
+            &mut h,
+        )
+    };
+    if e < 0 {
+        return Err(-e);
+    }
+    st.conns.insert(h, id);
+    let i = st.ids.get_mut(&id).expect("live");
+    i.conn = Some(h);
+    i.active = true;
+    i.st = St::Connecting;
+    Ok(())
+}
+
 /// `rdma_accept` under the lock.
 pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -> R<()> {
     let i = &st.ids[&id];
@@ -1223,6 +1447,9 @@ pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -
     }
     let (dev, conn) = (i.dev.ok_or(libc::EINVAL)?, i.conn.ok_or(libc::EINVAL)?);
     let t = table().ok_or(libc::ENODEV)?;
+    if i.ud() {
+        return sidr_accept(st, id, t, (dev, conn), param);
+    }
     let (pdata, plen, rnr) = match param {
         Some(p) => (
             p.private_data.cast::<u8>(),
@@ -1271,18 +1498,78 @@ pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -
     Ok(())
 }
 
+/// `rdma_accept` of a UD id: the SIDR_REP (status success) naming the id's QP (or `param->qp_num`) and
+/// [`RDMA_UDP_QKEY`] (Linux `cma_send_sidr_rep`; `rdma_create_qp` brought the QP to RTS with that Q_Key). No
+/// ESTABLISHED follows on this side (Linux reports none for a UD accept). `ENOSYS` in the IPoIB port space, whose
+/// Q_Key is the IPoIB broadcast group's (no multicast groups here).
+fn sidr_accept(
+    st: &mut State,
+    id: usize,
+    t: &PrivateV1,
+    (dev, conn): (usize, u64),
+    param: Option<&RdmaConnParam>,
+) -> R<()> {
+    if st.ids[&id].ps == RDMA_PS_IPOIB {
+        return Err(libc::ENOSYS);
+    }
+    let (pdata, plen) = match param {
+        Some(p) => (p.private_data.cast::<u8>(), usize::from(p.private_data_len)),
+        None => (core::ptr::null(), 0),
+    };
+    if plen > SIDR_REP_PRIVATE_MAX || (plen > 0 && pdata.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a live id block.
+    let qp = unsafe { (*(id as *mut RdmaCmId)).qp };
+    let qpn = if !qp.is_null() {
+        // SAFETY: the id's QP.
+        unsafe { (*qp).qp_num }
+    } else if let Some(p) = param {
+        p.qp_num
+    } else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: a context this library opened; the private data is `plen` readable bytes.
+    let e = unsafe {
+        (t.sidr_accept)(
+            st.devs[dev].ctx as *mut c_void,
+            conn,
+            qpn,
+            RDMA_UDP_QKEY,
+            pdata,
+            plen as u32,
+        )
+    };
+    if e < 0 {
+        return Err(-e);
+    }
+    st.conns.remove(&conn);
+    let i = st.ids.get_mut(&id).expect("live");
+    i.conn = None;
+    i.st = St::Connected;
+    Ok(())
+}
+
+/// `rdma_reject` under the lock: a REJ (consumer reject, 28) or, for a UD id, a SIDR_REP with status 2
+/// (rejected; Linux `rdma_reject` → `cma_send_sidr_rep(IB_SIDR_REJECT)`), each with the private data.
 pub(crate) fn reject(st: &mut State, id: usize, pdata: *const u8, len: u8) -> R<()> {
     let i = &st.ids[&id];
     if i.st != St::ReqRcvd {
         return Err(libc::EINVAL);
     }
-    if usize::from(len) > REJ_PRIVATE_MAX || (len > 0 && pdata.is_null()) {
+    let max = if i.ud() {
+        SIDR_REP_PRIVATE_MAX
+    } else {
+        REJ_PRIVATE_MAX
+    };
+    if usize::from(len) > max || (len > 0 && pdata.is_null()) {
         return Err(libc::EINVAL);
     }
     let (dev, conn) = (i.dev.ok_or(libc::EINVAL)?, i.conn.ok_or(libc::EINVAL)?);
     let t = table().ok_or(libc::ENODEV)?;
+    let f = if i.ud() { t.sidr_reject } else { t.reject };
     // SAFETY: a context this library opened; the private data is `len` readable bytes.
-    let e = unsafe { (t.reject)(st.devs[dev].ctx as *mut c_void, conn, pdata, u32::from(len)) };
+    let e = unsafe { f(st.devs[dev].ctx as *mut c_void, conn, pdata, u32::from(len)) };
     if e < 0 {
         return Err(-e);
     }
@@ -1340,11 +1627,21 @@ pub(crate) fn disconnect(st: &mut State, id: usize) -> R<()> {
 /// acknowledgements, frees it.
 pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
     let key = id as usize;
+    // The event a synchronous call left in `id->event` is acknowledged first (librdmacm `rdma_destroy_id`).
+    let held = {
+        let st = lock();
+        check_id(&st, id)?;
+        // SAFETY: a live id block.
+        unsafe { core::mem::replace(&mut (*id).event, core::ptr::null_mut()) }
+    };
+    if !held.is_null() {
+        let _ = ack_event(held);
+    }
     {
         let mut st = lock();
         check_id(&st, id)?;
         let i = &st.ids[&key];
-        let (dev, listen, conn, state) = (i.dev, i.listen, i.conn, i.st);
+        let (dev, listen, conn, state, ud) = (i.dev, i.listen, i.conn, i.st, i.ud());
         let t = table();
         let ctx = dev.or(if st.devs.is_empty() { None } else { Some(0) });
         if let (Some(t), Some(d)) = (t, ctx) {
@@ -1356,6 +1653,14 @@ pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
             }
             if let Some(h) = conn {
                 match state {
+                    // A SIDR_REQ not answered: SIDR status 2 (Linux `cm_destroy_id`); our own SIDR_REQ still
+                    // pending: not re-sent any more, a late answer is dropped.
+                    St::ReqRcvd if ud => unsafe {
+                        (t.sidr_reject)(ctx, h, core::ptr::null(), 0);
+                    },
+                    _ if ud => unsafe {
+                        (t.destroy)(ctx, h);
+                    },
                     St::ReqRcvd => unsafe {
                         (t.reject)(ctx, h, core::ptr::null(), 0);
                     },
@@ -1506,9 +1811,21 @@ pub(crate) fn create_qp(
         }
         return Err(e);
     }
-    let (mut a, mask) = qp_attr(st, id, IBV_QPS_INIT)?;
-    // SAFETY: the QP just made; a valid attribute block.
-    let r = unsafe { bridge::ibv_modify_qp(qp, &mut a, mask) };
+    // INIT; a UD QP goes on to RTR and RTS at once (it needs no peer: rdma-core `cma.c` `ucma_init_ud_qp`).
+    let states: &[c_int] = if st.ids[&id].ud() {
+        &[IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS]
+    } else {
+        &[IBV_QPS_INIT]
+    };
+    let mut r = 0;
+    for &s in states {
+        let (mut a, mask) = qp_attr(st, id, s)?;
+        // SAFETY: the QP just made; a valid attribute block.
+        r = unsafe { bridge::ibv_modify_qp(qp, &mut a, mask) };
+        if r != 0 {
+            break;
+        }
+    }
     if r != 0 {
         // SAFETY: the QP just made.
         unsafe { bridge::ibv_destroy_qp(qp) };

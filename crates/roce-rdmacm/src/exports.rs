@@ -3,8 +3,8 @@
 //! calls that return pointers). No panic crosses the C boundary ([`guard`]: `-1`/`EIO`).
 //!
 //! Not implemented (`-1`/`ENOSYS`, NULL/`ENOSYS`; `docs/RDMACM.md` §2): multicast, ECE, `rdma_notify`, SRQs on an
-//! id, SIDR (`rdma_connect` in the UDP/IPoIB port spaces), and rsockets except `rpoll` / `rselect` (over plain
-//! descriptors they are `poll` / `select`).
+//! id, `rdma_connect` / `rdma_accept` in the IPoIB port space (its Q_Key is a multicast group's), and rsockets
+//! except `rpoll` / `rselect` (over plain descriptors they are `poll` / `select`).
 
 use core::ffi::c_void;
 use libc::{c_char, c_int, size_t, sockaddr, socklen_t, ssize_t};
@@ -58,16 +58,20 @@ fn wait_sync(id: *mut RdmaCmId, want: c_int) -> R<()> {
         let ev = cma::get_event(ch)?;
         // SAFETY: an event handed out by get_event.
         let (eid, kind, status) = unsafe { ((*ev).id, (*ev).event, (*ev).status) };
-        cma::ack_event(ev)?;
         if eid != id {
+            cma::ack_event(ev)?;
             continue;
         }
+        cma::hold_event(id, ev);
         if kind == want {
             return Ok(());
         }
+        // librdmacm `ucma_complete`: ECONNREFUSED for a REJ, else the status (negated errno, or a positive one as
+        // the SIDR status of a UD id's UNREACHABLE).
         return Err(match kind {
             EV_REJECTED => libc::ECONNREFUSED,
             _ if status < 0 => -status,
+            _ if status > 0 => status,
             _ => libc::ECONNABORTED,
         });
     }
@@ -235,6 +239,10 @@ pub unsafe extern "C" fn rocev2_rdma_accept(id: *mut RdmaCmId, param: *mut RdmaC
                 cma::check_id(&st, id)?;
                 // SAFETY: per the contract.
                 cma::accept(&mut st, id as usize, unsafe { param.as_ref() })?;
+                // A UD accept (SIDR_REP) is complete when sent: no ESTABLISHED follows on this side.
+                if st.ids[&(id as usize)].ud() {
+                    return Ok(());
+                }
             }
             wait_sync(id, EV_ESTABLISHED)
         })())

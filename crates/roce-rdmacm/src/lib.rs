@@ -15,9 +15,10 @@
 //!   accept / reject with private data / establish / disconnect, the QP moved INIT→RTR→RTS at the events librdmacm
 //!   moves it, `rdma_init_qp_attr`, `rdma_set_option` (TOS, REUSEADDR, AFONLY, ACK timeout), `rdma_migrate_id`;
 //!   `rdma_create_ep` / `rdma_get_request` / `rdma_destroy_ep` (module `exports`); `rdma_getaddrinfo` (module
-//!   `addrinfo`).
-//! * Not implemented (`ENOSYS`): SIDR / UD port spaces, multicast, ECE, `rdma_notify`, SRQs on an id, rsockets
-//!   (except `rpoll` / `rselect` over plain descriptors).
+//!   `addrinfo`); UD ids of `RDMA_PS_UDP` over SIDR (`udaddy`: `rdma_connect` → ESTABLISHED with `param.ud`,
+//!   CONNECT_REQUEST / `rdma_accept` / `rdma_reject` on the listener's side).
+//! * Not implemented (`ENOSYS`): the IPoIB port space's SIDR, multicast, ECE, `rdma_notify`, SRQs on an id,
+//!   rsockets (except `rpoll` / `rselect` over plain descriptors).
 
 /// Default versions: `.symver rocev2_<name>, <name>@@<node>` for each listed symbol.
 macro_rules! versioned {

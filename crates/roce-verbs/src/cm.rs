@@ -43,6 +43,7 @@
 //! [`ConnectionManager::connect_qpn`] / [`ConnectionManager::accept_qpn`] / [`ConnectionManager::establish`] run the
 //! same exchange without touching a QP (the REP arrives as [`CmEvent::ConnectResponse`]; the caller moves its QP and
 //! sends the RTU): rocev2's librdmacm (crate `roce-rdmacm`) moves its QPs through libibverbs, as rdma-core's does.
+//! [`ConnectionManager::sidr_accept_qpn`] answers a SIDR_REQ naming a UD QP the caller moved itself.
 //! [`ConnectionManager::open_listening`] starts a device's CM and its first listen in one step.
 //!
 //! # Not here (yet)
@@ -810,6 +811,26 @@ impl ConnectionManager {
         Ok(())
     }
 
+    /// Like [`sidr_accept`](Self::sidr_accept) for a UD QP the caller manages itself (by number): the SIDR_REP
+    /// names `qpn` and `qkey` and the QP is not looked at — the caller has brought it to RTS with that Q_Key (as
+    /// rocev2's librdmacm does through libibverbs at `rdma_create_qp`, rdma-core `cma.c` `ucma_init_ud_qp`; Linux
+    /// `cma.c` sends the QPN of `rdma_accept` unchecked too).
+    ///
+    /// Errors: [`Error::Cm`] for an id that is not a pending SIDR_REQ or private data longer than 136 bytes.
+    pub fn sidr_accept_qpn(
+        &self,
+        id: ConnId,
+        qpn: Qpn,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), Error> {
+        self.with_cm(move |cm, now| {
+            cm.sidr_reply(now, id, sidr_status::SUCCESS, qpn, qkey, private_data)
+        })??;
+        lock(&self.shared.conns).remove(&id);
+        Ok(())
+    }
+
     /// Answers a [`CmEvent::SidrRequest`] with status 2 (rejected by the service, as Linux `cma.c` does for
     /// `rdma_reject` on a UD id) and `private_data` (at most 136 bytes).
     ///
@@ -818,6 +839,16 @@ impl ConnectionManager {
         self.with_cm(|cm, now| {
             cm.sidr_reply(now, id, sidr_status::REJECT, Qpn::new(0), 0, private_data)
         })??;
+        lock(&self.shared.conns).remove(&id);
+        Ok(())
+    }
+
+    /// Forgets `id` as the application destroys it, telling the peer what Linux `cm.c` `cm_destroy_id` tells it
+    /// ([`roce_cm::Cm::destroy`]: a REJ before establishment, a DREQ after, a SIDR_REP with status 2 for a SIDR_REQ
+    /// not answered). A SIDR_REQ of ours still unanswered is not re-sent any more and reports nothing (a late
+    /// SIDR_REP is dropped). QPs are not touched. A stale id is ignored.
+    pub fn destroy(&self, id: ConnId) -> Result<(), Error> {
+        self.with_cm(|cm, now| cm.destroy(now, id))?;
         lock(&self.shared.conns).remove(&id);
         Ok(())
     }

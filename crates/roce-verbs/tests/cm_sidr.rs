@@ -417,3 +417,121 @@ fn udp_loopback_sidr_resolves_sends_and_rejects() {
     resolve_and_send(&a, &b);
     rejects(&a, &b);
 }
+
+/// `sidr_accept_qpn` (librdmacm's path: the caller moved its UD QP itself): the SIDR_REP names the QPN and Q_Key
+/// given, with the private data; the exchange is then over (a second answer, or one for a connection request, is
+/// refused).
+#[test]
+fn sim_pair_sidr_accept_by_qpn() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    let (a, b) = (end(&ca, CmConfig::default()), end(&cb, CmConfig::default()));
+    let sid = roce_wire::cm::service_id(PortSpace::Udp, 7176);
+    b.cm.listen(sid).unwrap();
+    let hdr = cma_hdr(&a, &b);
+    let id_a =
+        a.cm.sidr_resolve(cb.gid(0).unwrap(), cb.config().mac, sid, &hdr, 0)
+            .unwrap();
+    let id_b = match event(&b) {
+        CmEvent::SidrRequest { id, .. } => id,
+        e => panic!("expected a SIDR request, got {e:?}"),
+    };
+    b.cm.sidr_accept_qpn(id_b, b.qp.qpn(), RDMA_UDP_QKEY, b"by-qpn")
+        .unwrap();
+    match event(&a) {
+        CmEvent::SidrResolved {
+            id,
+            qpn,
+            qkey,
+            private_data,
+            ..
+        } => {
+            assert_eq!((id, qpn, qkey), (id_a, b.qp.qpn(), RDMA_UDP_QKEY));
+            assert_eq!(&private_data[..6], b"by-qpn");
+        }
+        e => panic!("expected SIDR resolved, got {e:?}"),
+    }
+    assert!(
+        b.cm.sidr_accept_qpn(id_b, b.qp.qpn(), RDMA_UDP_QKEY, b"")
+            .is_err(),
+        "answered already"
+    );
+    let long = [0u8; SIDR_REP_PRIVATE_DATA_LEN + 1];
+    a.cm.sidr_resolve(cb.gid(0).unwrap(), cb.config().mac, sid, &hdr, 0)
+        .unwrap();
+    let id_b = match event(&b) {
+        CmEvent::SidrRequest { id, .. } => id,
+        e => panic!("expected a SIDR request, got {e:?}"),
+    };
+    assert!(
+        b.cm.sidr_accept_qpn(id_b, b.qp.qpn(), RDMA_UDP_QKEY, &long)
+            .is_err(),
+        "137 bytes of SIDR_REP private data"
+    );
+    let rc_a =
+        a.pd.create_qp(QpType::Rc, &a.cq, &a.cq, a.qp.cap(), true)
+            .unwrap();
+    let tcp = roce_wire::cm::service_id(PortSpace::Tcp, 13);
+    b.cm.listen(tcp).unwrap();
+    a.cm.connect(
+        &rc_a,
+        cb.gid(0).unwrap(),
+        cb.config().mac,
+        tcp,
+        b"",
+        &ConnectOpts::default(),
+    )
+    .unwrap();
+    let req = match event(&b) {
+        CmEvent::ConnectRequest { id, .. } => id,
+        e => panic!("expected a connect request, got {e:?}"),
+    };
+    assert!(
+        b.cm.sidr_accept_qpn(req, b.qp.qpn(), RDMA_UDP_QKEY, b"")
+            .is_err()
+    );
+}
+
+/// `destroy` of our SIDR_REQ while it waits for its answer (rdma_destroy_id of a UD id in librdmacm): no more
+/// re-sends and no event, where the same exchange left alone ends Unreachable after its retries.
+#[test]
+fn destroyed_sidr_request_is_not_resent() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+    // Response timeout 4.096 µs · 2^15 ≈ 134 ms (+ 2 packet lifetimes of ≈ 1 ms): two retries take about 0.4 s.
+    let cfg = CmConfig {
+        packet_life_time: 8,
+        cm_response_timeout: 15,
+        max_cm_retries: 2,
+        ..CmConfig::default()
+    };
+    let (a, b) = (end(&ca, cfg), end(&cb, cfg));
+    let sid = roce_wire::cm::service_id(PortSpace::Udp, 12);
+    b.cm.listen(sid).unwrap();
+    let id =
+        a.cm.sidr_resolve(cb.gid(0).unwrap(), cb.config().mac, sid, b"", 0)
+            .unwrap();
+    let req = match event(&b) {
+        CmEvent::SidrRequest { id, .. } => id,
+        e => panic!("expected a SIDR request, got {e:?}"),
+    };
+    a.cm.destroy(id).unwrap();
+    assert_eq!(
+        a.cm.get_event(Duration::from_secs(1)).unwrap(),
+        None,
+        "no event after destroy"
+    );
+    assert_eq!(a.cm.stats().unwrap().retransmits, 0);
+    // A late answer is dropped (no event), and destroying again is harmless.
+    b.cm.sidr_accept(req, &b.qp, RDMA_UDP_QKEY, b"").unwrap();
+    assert_eq!(a.cm.get_event(Duration::from_millis(200)).unwrap(), None);
+    a.cm.destroy(id).unwrap();
+    // The same exchange left alone: Unreachable after the two retries.
+    let id =
+        a.cm.sidr_resolve(cb.gid(0).unwrap(), cb.config().mac, sid, b"", 0)
+            .unwrap();
+    assert!(matches!(event(&b), CmEvent::SidrRequest { .. }));
+    match event(&a) {
+        CmEvent::Unreachable { id: i } => assert_eq!(i, id),
+        e => panic!("expected unreachable, got {e:?}"),
+    }
+    assert_eq!(a.cm.stats().unwrap().retransmits, 2);
+}

@@ -8,6 +8,10 @@
 //! librdmacm does), and the CM never touches a QP here (`connect_qpn` / `accept_qpn`: the caller moves its QP with
 //! `ibv_modify_qp`, so the library's recorded QP state stays right for the post checks).
 //!
+//! Version 2 added SIDR (UD port spaces, IBTA Vol 1 §12.11): `sidr_resolve` / `sidr_accept` / `sidr_reject` at
+//! the end of the table, the event kinds `SIDR_REQUEST` / `SIDR_RESOLVED` / `SIDR_REJECTED`, `CmEventC::qkey`,
+//! and `destroy`.
+//!
 //! Connections and listens are named by `u64` handles (never reused within the process); every function answers
 //! `0` or a negative errno (`-EINVAL` for a context this library did not open or a stale handle), never panics.
 
@@ -23,7 +27,7 @@ use super::{IbvContext, ctx_block};
 use crate::guard::guard;
 
 /// Version of [`PrivateV1`]'s layout and meaning.
-pub const PRIVATE_VERSION: u32 = 1;
+pub const PRIVATE_VERSION: u32 = 2;
 
 /// Longest private data an event carries (DREP: 224 bytes, IBTA Vol 1 §12.6).
 pub const EVENT_PRIVATE_MAX: usize = 224;
@@ -42,8 +46,17 @@ pub mod kind {
     pub const DISCONNECTED: u32 = 4;
     /// Timewait over.
     pub const TIMEWAIT_EXIT: u32 = 5;
-    /// REQ or REP unanswered after all retries.
+    /// REQ or REP (or SIDR_REQ) unanswered after all retries.
     pub const UNREACHABLE: u32 = 6;
+    /// A SIDR_REQ matched a listen: `conn` names the exchange (answer with `sidr_accept` / `sidr_reject`),
+    /// `listen`, `peer_gid` and the SIDR_REQ's private data (216 bytes) are filled.
+    pub const SIDR_REQUEST: u32 = 7;
+    /// Our SIDR_REQ was answered with status success: `remote_qpn` and `qkey` name the service's UD QP,
+    /// `peer_gid` / `traffic_class` the address handle towards it, private data the SIDR_REP's (136 bytes).
+    pub const SIDR_RESOLVED: u32 = 8;
+    /// Our SIDR_REQ was answered with another status (`status`: IBTA Vol 1 Table 120, 1 unsupported service ID,
+    /// 2 rejected, ...); private data the SIDR_REP's.
+    pub const SIDR_REJECTED: u32 = 9;
 }
 
 /// One CM event as the table hands it out.
@@ -51,7 +64,7 @@ pub mod kind {
 pub struct CmEventC {
     /// One of [`kind`].
     pub kind: u32,
-    /// REJ reason (IBTA Vol 1 Table 112) for `REJECTED`, else 0.
+    /// REJ reason (IBTA Vol 1 Table 112) for `REJECTED`, SIDR status for `SIDR_REJECTED`, else 0.
     pub status: u32,
     /// The connection's handle.
     pub conn: u64,
@@ -83,6 +96,8 @@ pub struct CmEventC {
     pub private_len: u32,
     /// The message's private data.
     pub private_data: [u8; EVENT_PRIVATE_MAX],
+    /// `SIDR_RESOLVED`: the service's Q_Key (version 2).
+    pub qkey: u32,
 }
 
 /// What `connect` sends (`rdma_connect`).
@@ -159,6 +174,38 @@ pub struct PrivateV1 {
     pub disconnect: unsafe extern "C" fn(ctx: *mut IbvContext, conn: u64) -> c_int,
     /// Takes one event: 1 and `*out` filled, 0 when none waits, or `-errno`.
     pub poll_event: unsafe extern "C" fn(ctx: *mut IbvContext, out: *mut CmEventC) -> c_int,
+    /// Sends a SIDR_REQ for `service_id` to the port with GID `*dgid` (private data at most 216 bytes, rdma_cm's
+    /// `cma_hdr` first), re-sent after the CM response timeout like a REQ; writes the exchange's handle. The
+    /// answer is `SIDR_RESOLVED`, `SIDR_REJECTED` or, after all retries, `UNREACHABLE`.
+    pub sidr_resolve: unsafe extern "C" fn(
+        ctx: *mut IbvContext,
+        dgid: *const [u8; 16],
+        service_id: u64,
+        private_data: *const u8,
+        private_len: u32,
+        out: *mut u64,
+    ) -> c_int,
+    /// Answers a `SIDR_REQUEST` with status success naming UD QP `qpn` (already in RTS with Q_Key `qkey`) and
+    /// `qkey`, private data at most 136 bytes. The exchange is over.
+    pub sidr_accept: unsafe extern "C" fn(
+        ctx: *mut IbvContext,
+        conn: u64,
+        qpn: u32,
+        qkey: u32,
+        private_data: *const u8,
+        private_len: u32,
+    ) -> c_int,
+    /// Answers a `SIDR_REQUEST` with status 2 (rejected; Linux `cma.c` for `rdma_reject` on a UD id), private
+    /// data at most 136 bytes. The exchange is over.
+    pub sidr_reject: unsafe extern "C" fn(
+        ctx: *mut IbvContext,
+        conn: u64,
+        private_data: *const u8,
+        private_len: u32,
+    ) -> c_int,
+    /// Forgets a connection or SIDR exchange as its id is destroyed (`ConnectionManager::destroy`: what Linux
+    /// `cm_destroy_id` sends; our unanswered SIDR_REQ stops being re-sent); the handle is stale afterwards.
+    pub destroy: unsafe extern "C" fn(ctx: *mut IbvContext, conn: u64) -> c_int,
 }
 
 #[derive(Default)]
@@ -479,6 +526,115 @@ unsafe extern "C" fn bridge_disconnect(ctx: *mut IbvContext, conn_h: u64) -> c_i
     )
 }
 
+unsafe extern "C" fn bridge_sidr_resolve(
+    ctx: *mut IbvContext,
+    dgid: *const [u8; 16],
+    service_id: u64,
+    private_data: *const u8,
+    private_len: u32,
+    out: *mut u64,
+) -> c_int {
+    guard(
+        "rocev2_private_v1.sidr_resolve",
+        || -libc::EIO,
+        || {
+            let cm = match cm(ctx) {
+                Ok(c) => c,
+                Err(e) => return e,
+            };
+            // SAFETY: the caller passes a readable GID or NULL.
+            let Some(&dgid) = (unsafe { dgid.as_ref() }) else {
+                return -libc::EINVAL;
+            };
+            if out.is_null() {
+                return -libc::EINVAL;
+            }
+            // SAFETY: the caller's private data is `private_len` readable bytes.
+            let pd = unsafe { bytes(private_data, private_len) };
+            // UDP links route by IP: the MAC is only a placeholder there (module docs of `roce_verbs::cm`).
+            match cm.sidr_resolve(Gid(dgid), [0xff; 6], service_id, pd, 0) {
+                Ok(id) => {
+                    // SAFETY: checked non-NULL; the caller passes a writable u64.
+                    unsafe { out.write(conn_handle(id)) };
+                    0
+                }
+                Err(e) => err(&e),
+            }
+        },
+    )
+}
+
+unsafe extern "C" fn bridge_sidr_accept(
+    ctx: *mut IbvContext,
+    conn_h: u64,
+    qpn: u32,
+    qkey: u32,
+    private_data: *const u8,
+    private_len: u32,
+) -> c_int {
+    guard(
+        "rocev2_private_v1.sidr_accept",
+        || -libc::EIO,
+        || {
+            let (cm, id) = match (cm(ctx), conn(conn_h)) {
+                (Ok(c), Ok(i)) => (c, i),
+                (Err(e), _) | (_, Err(e)) => return e,
+            };
+            // SAFETY: the caller's private data is `private_len` readable bytes.
+            let pd = unsafe { bytes(private_data, private_len) };
+            match cm.sidr_accept_qpn(id, Qpn::new(qpn), qkey, pd) {
+                Ok(()) => {
+                    forget_conn(id);
+                    0
+                }
+                Err(e) => err(&e),
+            }
+        },
+    )
+}
+
+unsafe extern "C" fn bridge_sidr_reject(
+    ctx: *mut IbvContext,
+    conn_h: u64,
+    private_data: *const u8,
+    private_len: u32,
+) -> c_int {
+    guard(
+        "rocev2_private_v1.sidr_reject",
+        || -libc::EIO,
+        || {
+            let (cm, id) = match (cm(ctx), conn(conn_h)) {
+                (Ok(c), Ok(i)) => (c, i),
+                (Err(e), _) | (_, Err(e)) => return e,
+            };
+            // SAFETY: the caller's private data is `private_len` readable bytes.
+            let pd = unsafe { bytes(private_data, private_len) };
+            match cm.sidr_reject(id, pd) {
+                Ok(()) => {
+                    forget_conn(id);
+                    0
+                }
+                Err(e) => err(&e),
+            }
+        },
+    )
+}
+
+unsafe extern "C" fn bridge_destroy(ctx: *mut IbvContext, conn_h: u64) -> c_int {
+    guard(
+        "rocev2_private_v1.destroy",
+        || -libc::EIO,
+        || {
+            let (cm, id) = match (cm(ctx), conn(conn_h)) {
+                (Ok(c), Ok(i)) => (c, i),
+                (Err(e), _) | (_, Err(e)) => return e,
+            };
+            forget_conn(id);
+            cm.destroy(id).map_or_else(|e| err(&e), |()| 0)
+        },
+    )
+}
+
 fn fill(out: &mut CmEventC, pd: &[u8]) {
     let n = pd.len().min(EVENT_PRIVATE_MAX);
     out.private_data[..n].copy_from_slice(&pd[..n]);
@@ -498,22 +654,15 @@ unsafe extern "C" fn bridge_poll_event(ctx: *mut IbvContext, out: *mut CmEventC)
             let Some(out) = (unsafe { out.as_mut() }) else {
                 return -libc::EINVAL;
             };
-            // The library has no UD ids yet (docs/RDMACM.md): a SIDR_REQ to one of its services is answered with
-            // SIDR status 2 (rejected) at once, and SIDR answers (it never asks) are dropped.
-            let ev = loop {
-                match cm.poll_event() {
-                    Ok(Some(CmEvent::SidrRequest { id, .. })) => {
-                        let _ = cm.sidr_reject(id, &[]);
-                    }
-                    Ok(Some(CmEvent::SidrResolved { .. } | CmEvent::SidrRejected { .. })) => {}
-                    Ok(Some(ev)) => break ev,
-                    Ok(None) => return 0,
-                    Err(e) => return err(&e),
-                }
+            let ev = match cm.poll_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return 0,
+                Err(e) => return err(&e),
             };
             out.status = 0;
             out.listen = 0;
             out.private_len = 0;
+            out.qkey = 0;
             match ev {
                 CmEvent::ConnectRequest {
                     id,
@@ -589,9 +738,46 @@ unsafe extern "C" fn bridge_poll_event(ctx: *mut IbvContext, out: *mut CmEventC)
                     out.conn = conn_handle(id);
                     forget_conn(id);
                 }
-                CmEvent::SidrRequest { .. }
-                | CmEvent::SidrResolved { .. }
-                | CmEvent::SidrRejected { .. } => return 0,
+                CmEvent::SidrRequest {
+                    id,
+                    listen,
+                    peer,
+                    private_data,
+                    ..
+                } => {
+                    out.kind = kind::SIDR_REQUEST;
+                    out.conn = conn_handle(id);
+                    out.listen = with(|t| t.listen_handles.get(&listen).copied().unwrap_or(0));
+                    out.peer_gid = peer.0;
+                    fill(out, &private_data);
+                }
+                CmEvent::SidrResolved {
+                    id,
+                    ah,
+                    qpn,
+                    qkey,
+                    private_data,
+                } => {
+                    out.kind = kind::SIDR_RESOLVED;
+                    out.conn = conn_handle(id);
+                    out.remote_qpn = qpn.value();
+                    out.qkey = qkey;
+                    out.peer_gid = ah.dgid.0;
+                    out.traffic_class = ah.traffic_class;
+                    fill(out, &private_data);
+                    forget_conn(id);
+                }
+                CmEvent::SidrRejected {
+                    id,
+                    status,
+                    private_data,
+                } => {
+                    out.kind = kind::SIDR_REJECTED;
+                    out.conn = conn_handle(id);
+                    out.status = u32::from(status);
+                    fill(out, &private_data);
+                    forget_conn(id);
+                }
             }
             1
         },
@@ -610,6 +796,10 @@ static TABLE: PrivateV1 = PrivateV1 {
     establish: bridge_establish,
     disconnect: bridge_disconnect,
     poll_event: bridge_poll_event,
+    sidr_resolve: bridge_sidr_resolve,
+    sidr_accept: bridge_sidr_accept,
+    sidr_reject: bridge_sidr_reject,
+    destroy: bridge_destroy,
 };
 
 /// `rocev2_private_v1@@ROCEV2_PRIVATE`: the table (module docs). For rocev2's own `librdmacm.so.1` only.

@@ -34,6 +34,10 @@ SIZE(rdma_conn_param, 24);
 AT(rdma_conn_param, qp_num, 16);
 SIZE(rdma_cm_event, 80);
 AT(rdma_cm_event, param, 24);
+SIZE(rdma_ud_param, 56);
+AT(rdma_ud_param, ah_attr, 16);
+AT(rdma_ud_param, qp_num, 48);
+AT(rdma_ud_param, qkey, 52);
 SIZE(rdma_addrinfo, 96);
 AT(rdma_addrinfo, ai_src_addr, 24);
 AT(rdma_addrinfo, ai_route, 64);
@@ -58,6 +62,7 @@ AT(ibv_port_attr, active_mtu, 8);
 _Static_assert(RDMA_OPTION_ID == 0 && RDMA_OPTION_ID_TOS == 0 && RDMA_OPTION_ID_REUSEADDR == 1 &&
 		       RDMA_OPTION_ID_AFONLY == 2 && RDMA_OPTION_ID_ACK_TIMEOUT == 3,
 	       "rdma_set_option names");
+_Static_assert(RDMA_UDP_QKEY == 0x01234567, "the Q_Key of rdma_cm UD ids (cma.rs RDMA_UDP_QKEY)");
 _Static_assert(RAI_PASSIVE == 1 && RAI_NUMERICHOST == 2, "rdma_addrinfo flags");
 _Static_assert(RDMA_CM_EVENT_TIMEWAIT_EXIT == 15 && RDMA_CM_EVENT_CONNECT_RESPONSE == 5, "event numbers");
 
