@@ -309,7 +309,7 @@ impl MrTable {
 impl Engine {
     /// `ibv_alloc_mw`: a memory window of type `ty` in PD `pd`, unbound (type 1 windows are "valid" but reach no
     /// memory until bound; type 2 windows are free). Returns its initial R_Key (`ibv_mw.rkey`), which also names it
-    /// in [`dealloc_mw`](Self::dealloc_mw) and [`SendOp::BindMw::mw`] (any later key of it does too).
+    /// in [`dealloc_mw`](Self::dealloc_mw) and as `mw` of [`SendOp::BindMw`] (any later key of it does too).
     ///
     /// Binding it ([`SendOp::BindMw`], executed in send-queue order) fails with MW_BIND_ERR unless: the window and
     /// the MR are in the QP's PD; the MR has MW_BIND (C10-73); write/atomic rights need LOCAL_WRITE on the MR
