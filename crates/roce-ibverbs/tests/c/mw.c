@@ -9,6 +9,8 @@
  *  - SEND_WITH_INV of the type 2 key completes the receive with IBV_WC_WITH_INV and the key; the window is bound
  *    again and IBV_WR_LOCAL_INV frees it (IBV_WC_LOCAL_INV); a zero-length ibv_bind_mw unbinds the type 1 window;
  *  - IBV_WR_ATOMIC_WRITE through ibv_post_send puts its SGE's 8 bytes at the remote address;
+ *  - on extended QPs: ibv_wr_bind_mw binds the freed type 2 window again, ibv_wr_atomic_write writes 8 bytes
+ *    through it (copied at the call), ibv_wr_local_inv frees it;
  *  - ibv_import_device(dup(ctx->cmd_fd)) opens a second context, ibv_import_pd / ibv_import_mr give handles onto
  *    the PD and MR (same keys), a QP of the imported context on the imported PD writes with the imported MR;
  *    unknown handles are EINVAL, a descriptor that is no context's EOPNOTSUPP, a closed one EBADF;
@@ -195,6 +197,50 @@ int main(void)
 	CHECK(post(a, 4, IBV_WR_ATOMIC_WRITE, abuf + 512, 8, amr->lkey, (uintptr_t)(cbuf + 64), cmr->rkey) == 0);
 	CHECK(next(acq, &wc) == 0 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 4 && wc.opcode == IBV_WC_ATOMIC_WRITE);
 	CHECK(memcmp(cbuf + 64, "atomic!!", 8) == 0 && cbuf[63] == 0 && cbuf[72] == 0);
+
+	/* The same through the new post-send API: ibv_wr_bind_mw and ibv_wr_local_inv on an extended QP, then
+	 * ibv_wr_atomic_write from its peer through the window. */
+	struct ibv_qp_init_attr_ex xia = {
+		.send_cq = bcq,
+		.recv_cq = bcq,
+		.cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV,
+	};
+	struct ibv_qp *xb = ibv_create_qp_ex(ctx, &xia);
+	xia.send_cq = xia.recv_cq = acq;
+	xia.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE;
+	struct ibv_qp *xa = ibv_create_qp_ex(ctx, &xia);
+	CHECK(xa && xb && connect_pair(xa, xb, gid) == 0);
+	struct ibv_qp_ex *xax = ibv_qp_to_qp_ex(xa), *xbx = ibv_qp_to_qp_ex(xb);
+	uint32_t k4 = ibv_inc_rkey(k3);
+	struct ibv_mw_bind_info bi = {
+		.mr = bmr, .addr = (uintptr_t)(bbuf + 2048), .length = 64, .mw_access_flags = IBV_ACCESS_REMOTE_WRITE};
+	ibv_wr_start(xbx);
+	xbx->wr_id = 15;
+	xbx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_bind_mw(xbx, mw2, k4, &bi);
+	CHECK(ibv_wr_complete(xbx) == 0);
+	CHECK(next(bcq, &wc) == 0 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 15 && wc.opcode == IBV_WC_BIND_MW);
+	uint64_t v = 0x1122334455667788ull;
+	ibv_wr_start(xax);
+	xax->wr_id = 16;
+	xax->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_write(xax, k4, (uintptr_t)(bbuf + 2048 + 56), &v);
+	v = 0; /* copied already */
+	CHECK(ibv_wr_complete(xax) == 0);
+	CHECK(next(acq, &wc) == 0 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 16 && wc.opcode == IBV_WC_ATOMIC_WRITE);
+	uint64_t got;
+	memcpy(&got, bbuf + 2048 + 56, 8);
+	CHECK(got == 0x1122334455667788ull && bbuf[2048 + 55] == 0 && bbuf[2048 + 64] == 0);
+	ibv_wr_start(xbx);
+	xbx->wr_id = 17;
+	ibv_wr_local_inv(xbx, k4);
+	CHECK(ibv_wr_complete(xbx) == 0);
+	CHECK(next(bcq, &wc) == 0 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 17 && wc.opcode == IBV_WC_LOCAL_INV);
+	CHECK(ibv_destroy_qp(xa) == 0 && ibv_destroy_qp(xb) == 0);
 
 	/* Import: a second context on the same command file, the PD and the MR by handle. */
 	errno = 0;
