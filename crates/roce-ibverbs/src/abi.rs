@@ -35,11 +35,22 @@ pub type PostRecvFn =
 pub type PostSrqRecvFn =
     unsafe extern "C" fn(*mut c_void, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
 
-/// `struct ibv_context_ops` (32 pointers; the five data-path slots are called by inline functions compiled into
-/// the application, `ABI.md` §3.1, §4.1).
+/// `ops.alloc_mw`.
+pub type AllocMwFn = unsafe extern "C" fn(*mut IbvPd, c_int) -> *mut IbvMw;
+/// `ops.bind_mw`.
+pub type BindMwFn = unsafe extern "C" fn(*mut IbvQp, *mut IbvMw, *mut IbvMwBind) -> c_int;
+/// `ops.dealloc_mw`.
+pub type DeallocMwFn = unsafe extern "C" fn(*mut IbvMw) -> c_int;
+
+/// `struct ibv_context_ops` (32 pointers; the five data-path slots and the three memory-window slots are called by
+/// inline functions compiled into the application, `ABI.md` §3.1, §4.1).
 #[repr(C)]
 pub struct IbvContextOps {
-    pub compat_before_poll: [OpsSlot; 11],
+    pub compat_before_mw: [OpsSlot; 7],
+    pub alloc_mw: AllocMwFn,
+    pub bind_mw: BindMwFn,
+    pub dealloc_mw: DeallocMwFn,
+    pub compat_create_cq: [OpsSlot; 1],
     pub poll_cq: PollCqFn,
     pub req_notify_cq: ReqNotifyFn,
     pub compat_cq_to_srq: [OpsSlot; 7],
@@ -118,6 +129,34 @@ pub struct IbvMr {
     pub handle: u32,
     pub lkey: u32,
     pub rkey: u32,
+}
+
+/// `struct ibv_mw` (32 bytes).
+#[repr(C)]
+pub struct IbvMw {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub mw_type: c_int,
+}
+
+/// `struct ibv_mw_bind_info` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvMwBindInfo {
+    pub mr: *mut IbvMr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind` (48 bytes).
+#[repr(C)]
+pub struct IbvMwBind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: IbvMwBindInfo,
 }
 
 /// `struct ibv_comp_channel`.
@@ -472,7 +511,10 @@ macro_rules! layout {
 // ABI.md §4.2.
 layout!(VerbsContextHead, 320, sz @ 312);
 // ABI.md §4.1.
-layout!(IbvContextOps, 256, poll_cq @ 88, req_notify_cq @ 96, post_srq_recv @ 160, post_send @ 200,
+layout!(IbvMw, 32, context @ 0, pd @ 8, rkey @ 16, handle @ 20, mw_type @ 24);
+layout!(IbvMwBindInfo, 32, mr @ 0, addr @ 8, length @ 16, mw_access_flags @ 24);
+layout!(IbvMwBind, 48, wr_id @ 0, send_flags @ 8, bind_info @ 16);
+layout!(IbvContextOps, 256, alloc_mw @ 56, bind_mw @ 64, dealloc_mw @ 72, poll_cq @ 88, req_notify_cq @ 96, post_srq_recv @ 160, post_send @ 200,
     post_recv @ 208);
 layout!(IbvContext, 328, device @ 0, ops @ 8, cmd_fd @ 264, async_fd @ 268, num_comp_vectors @ 272, mutex @ 280,
     abi_compat @ 320);
@@ -546,9 +588,14 @@ pub const IBV_WR_SEND_WITH_IMM: c_int = 3;
 pub const IBV_WR_RDMA_READ: c_int = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+pub const IBV_WR_LOCAL_INV: c_int = 7;
+pub const IBV_WR_BIND_MW: c_int = 8;
 pub const IBV_WR_SEND_WITH_INV: c_int = 9;
+pub const IBV_WR_ATOMIC_WRITE: c_int = 15;
 pub const IBV_SEND_INLINE: u32 = 0x8;
 /// `IBV_ACCESS_OPTIONAL_RANGE`: bits a library may ignore when it does not support them.
 pub const IBV_ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+/// IBV_ACCESS_MW_BIND.
+pub const IBV_ACCESS_MW_BIND: u32 = 0x10;
 /// LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC.
 pub const IBV_ACCESS_SUPPORTED: u32 = 0xf;

@@ -8,8 +8,9 @@
 //!   as foreign (`EINVAL`, NULL + `EINVAL`, or nothing for the `void` ones). No program of Debian 12 imports them
 //!   (ABI.md §1.3); the loader only needs them to exist.
 //! * `ibv_register_driver@IBVERBS_1.1`: the pre-1.1.8 provider registration, an empty function in rdma-core 44.
-//! * Import/unimport of objects from another process's uverbs file (`ibv_import_device` / `_pd` / `_mr` / `_dm`):
-//!   there is no kernel file to share, NULL + `EOPNOTSUPP`; the unimports have nothing to release.
+//! * Import/unimport of device memory (`ibv_import_dm` / `ibv_unimport_dm`): there is no device memory, NULL +
+//!   `EOPNOTSUPP`; the unimport has nothing to release. (Contexts, PDs and MRs are imported within the process:
+//!   `exports/import.rs`.)
 //! * `ibv_reg_dmabuf_mr`: no dma-buf importer, NULL + `EOPNOTSUPP`.
 //! * Private provider entry points not listed in `exports` (`ibv_cmd_*` of the write() path,
 //!   `__ioctl_final_num_attrs`, `ibv_read_ibdev_sysfs_file`): providers are never used (ABI.md §1.4).
@@ -75,11 +76,9 @@ refuse!(c_int = -1, errno libc::EINVAL; rocev2_v10_ibv_get_async_event, rocev2_v
 refuse!(u64 = 0, errno 0; rocev2_v10_ibv_get_device_guid);
 // ... nothing: acknowledging events of, or freeing a list from, an ABI that never handed any out.
 refuse!(() = (), errno 0; rocev2_v10_ibv_ack_async_event, rocev2_v10_ibv_ack_cq_events,
-    rocev2_v10_ibv_free_device_list, rocev2_v11_ibv_register_driver, rocev2_ibv_unimport_pd,
-    rocev2_ibv_unimport_mr, rocev2_ibv_unimport_dm);
+    rocev2_v10_ibv_free_device_list, rocev2_v11_ibv_register_driver, rocev2_ibv_unimport_dm);
 // Pointer returns that need a kernel object this product has no equivalent of.
-refuse!(*mut c_void = null_mut(), errno libc::EOPNOTSUPP; rocev2_ibv_import_device, rocev2_ibv_import_pd,
-    rocev2_ibv_import_mr, rocev2_ibv_import_dm, rocev2_ibv_reg_dmabuf_mr);
+refuse!(*mut c_void = null_mut(), errno libc::EOPNOTSUPP; rocev2_ibv_import_dm, rocev2_ibv_reg_dmabuf_mr);
 // Private provider commands (callers treat the return as the errno).
 refuse!(c_int = libc::EOPNOTSUPP, errno 0; rocev2_ibv_cmd_create_cq, rocev2_ibv_cmd_create_qp,
     rocev2_ibv_cmd_poll_cq, rocev2_ibv_cmd_post_recv, rocev2_ibv_cmd_post_send, rocev2_ibv_cmd_post_srq_recv,

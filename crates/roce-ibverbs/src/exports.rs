@@ -31,8 +31,10 @@ mod async_events;
 mod cm_bridge;
 mod cq_ex;
 mod extended;
+mod import;
 mod live;
 mod misc_verbs;
+mod mw;
 mod qp_ex;
 mod signals;
 mod srq;
@@ -837,20 +839,21 @@ unsafe fn rocev2_ibv_open_device_inner(dev: *mut IbvDevice) -> *mut IbvContext {
     let Some(d) = (unsafe { dev_block(dev) }) else {
         return null_errno(libc::EINVAL);
     };
-    // `cmd_fd` / `async_fd`: real descriptors (closed with the context), never readable (no async events).
-    // SAFETY: plain system calls.
-    let (cmd_fd, async_fd) = unsafe {
-        (
-            libc::eventfd(0, libc::EFD_CLOEXEC),
-            libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE),
-        )
-    };
+    // `cmd_fd` / `async_fd`: real descriptors (closed with the context), never readable (no async events); the
+    // `cmd_fd` is a file of its own, which `ibv_import_device` recognises (`exports/import.rs`).
+    let cmd_fd = import::new_cmd_fd();
+    // SAFETY: a plain system call.
+    let async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
     let b = into_raw(CtxBlock {
         head: extended::head(),
         ctx: IbvContext {
             device: dev,
             ops: IbvContextOps {
-                compat_before_poll: [None; 11],
+                compat_before_mw: [None; 7],
+                alloc_mw: mw::alloc_mw,
+                bind_mw: mw::bind_mw,
+                dealloc_mw: mw::dealloc_mw,
+                compat_create_cq: [None; 1],
                 poll_cq,
                 req_notify_cq,
                 compat_cq_to_srq: [None; 7],
@@ -937,6 +940,7 @@ unsafe fn release(p: usize, kind: Kind) {
             Kind::Srq => srq::release(p as *mut IbvSrq),
             Kind::Ah => free::<AhBlock, _>(p as *mut IbvAh),
             Kind::Mr => free::<MrBlock, _>(p as *mut IbvMr),
+            Kind::Mw => mw::release(p as *mut IbvMw),
             Kind::Cq => {
                 detach_cq(p as *mut IbvCq);
                 free::<CqBlock, _>(p as *mut IbvCq);
@@ -1006,7 +1010,8 @@ unsafe fn rocev2_ibv_query_device_inner(ctx: *mut IbvContext, attr: *mut IbvDevi
         hw_ver: 0,
         max_qp: i(a.max_qp),
         max_qp_wr: i(a.max_qp_wr),
-        device_cap_flags: 0,
+        // IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B (memory windows, `exports/mw.rs`).
+        device_cap_flags: (1 << 17) | (1 << 24),
         max_sge: i(a.max_sge),
         max_sge_rd: i(a.max_sge),
         max_cq: i(a.max_cq),
@@ -1021,7 +1026,7 @@ unsafe fn rocev2_ibv_query_device_inner(ctx: *mut IbvContext, attr: *mut IbvDevi
         atomic_cap: IBV_ATOMIC_HCA,
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: i(a.max_mw),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 0,
@@ -1335,7 +1340,7 @@ unsafe fn rocev2_ibv_alloc_pd_inner(ctx: *mut IbvContext) -> *mut IbvPd {
             let b = into_raw(PdBlock {
                 pd: IbvPd {
                     context: ctx,
-                    handle: 0,
+                    handle: import::next_handle(),
                 },
                 rust: pd,
                 users: AtomicU32::new(0),
@@ -1436,7 +1441,7 @@ unsafe fn rocev2_ibv_reg_mr_iova2_inner(
                     pd,
                     addr,
                     length,
-                    handle: 0,
+                    handle: import::next_handle(),
                     lkey: mr.lkey().0,
                     rkey: mr.rkey().0,
                 }),
@@ -1454,7 +1459,7 @@ unsafe fn rocev2_ibv_reg_mr_iova2_inner(
 }
 
 /// The access bits of `ibv_reg_mr` / `ibv_rereg_mr` the engine keeps, for memory `addr..addr + length`: the
-/// optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) grants nothing without MWs; HUGETLB (0x80) is
+/// optional range (relaxed ordering …) may be ignored; MW_BIND (0x10) is kept (memory windows, `exports/mw.rs`); HUGETLB (0x80) is
 /// a hint. Errors: `EOPNOTSUPP` (ZERO_BASED, ON_DEMAND or unknown bits), `EFAULT` (the memory is not mapped, or not
 /// writable for an access the engine writes with). Any `iova` is fine: SGEs and peers then name the memory by
 /// `iova + offset` (ibv_reg_mr(3)).
@@ -1463,8 +1468,8 @@ pub(crate) fn mr_access_checked(
     length: usize,
     access: u32,
 ) -> Result<u32, c_int> {
-    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x10 & !0x80;
-    if access & !IBV_ACCESS_SUPPORTED != 0 {
+    let access = access & !IBV_ACCESS_OPTIONAL_RANGE & !0x80;
+    if access & !(IBV_ACCESS_SUPPORTED | IBV_ACCESS_MW_BIND) != 0 {
         return Err(libc::EOPNOTSUPP);
     }
     // LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC: the engine writes into the memory (ib_access_writable).
@@ -2501,7 +2506,24 @@ unsafe fn convert_send(
             rkey: Rkey(u.atomic_rkey()),
             add: u.compare_add(),
         },
+        // SAFETY: the caller's WR (its SGE names the 8 bytes, read now as inline data is).
+        IBV_WR_ATOMIC_WRITE => unsafe { mw::atomic_write_op(w) }?,
+        // SAFETY: the caller's WR (its `bind_mw` names a window and an MR of ours).
+        IBV_WR_BIND_MW => unsafe { mw::bind_op(w) }?,
+        IBV_WR_LOCAL_INV => SendOp::LocalInv {
+            rkey: Rkey(w.imm_data),
+        },
         _ => return Err(libc::EINVAL),
+    };
+    // Operations without a gather list: their operands are in the WR itself (the 8 bytes of an ATOMIC WRITE were
+    // read above), so no SGE is handed on and IBV_SEND_INLINE means nothing.
+    let (nsge, inline, send_flags) = if matches!(
+        op,
+        SendOp::AtomicWrite { .. } | SendOp::BindMw { .. } | SendOp::LocalInv { .. }
+    ) {
+        (0, false, w.send_flags & !IBV_SEND_INLINE)
+    } else {
+        (nsge, inline, w.send_flags)
     };
     let ud = if ud {
         // SAFETY: a UD WR names an AH of ours (or NULL, refused).
@@ -2517,7 +2539,7 @@ unsafe fn convert_send(
     Ok(SendMeta {
         wr_id: w.wr_id,
         op,
-        flags: SendFlags(w.send_flags & 0xf),
+        flags: SendFlags(send_flags & 0xf),
         ud,
         nsge,
         inline,

@@ -80,9 +80,9 @@
 //! # Not implemented (clean errors: `NULL` + `errno = EOPNOTSUPP`, or the `EOPNOTSUPP` return each man page gives)
 //!
 //! XRC and tag-matching SRQs (`ibv_create_srq_ex` beyond a basic SRQ answers `EOPNOTSUPP`), multicast
-//! attach/detach, the `IBVERBS_1.0` ABI (module `compat`: its device list is NULL + `EOPNOTSUPP`), `ibv_import_*`,
-//! `ibv_reg_dmabuf_mr`, memory windows (`ibv_alloc_mw`; the `BIND_MW` / `LOCAL_INV` / `ATOMIC_WRITE` send
-//! operations), completion time stamps in `ibv_create_cq_ex`, ECE, on-demand paging,
+//! attach/detach, the `IBVERBS_1.0` ABI (module `compat`: its device list is NULL + `EOPNOTSUPP`), importing
+//! from another process (`ibv_import_device` of a descriptor that is no context of this process; within the
+//! process it works, `exports/import.rs`) and `ibv_import_dm`, `ibv_reg_dmabuf_mr`, completion time stamps in `ibv_create_cq_ex`, ECE, on-demand paging,
 //! `ibv_resolve_eth_l2_from_gid`, every private `ibv_cmd_*` / `verbs_*` provider entry point (providers are never
 //! used: `verbs_register_driver_34` accepts and ignores their registration, ABI.md §1.4). `ibv_req_notify_cq` with `solicited_only` arms for every completion
 //! (more events than asked, never fewer). One device per process; the kernel's rdma_cm (perftest `-R`) cannot

@@ -60,7 +60,12 @@
 //!   SEND_WITH_IMM inline, RDMA WRITE/READ, atomics, UD with `ibv_wr_set_ud_addr`; rxe's refusals; a batch with an
 //!   operation outside the QP's `send_ops_flags` posts nothing).
 //!
-//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.10, 127.0.201.16, 127.0.201.61, 127.0.201.62 and ::1 (run under the network lock with the other loopback tests).
+//! * `tests/c/mw.c` with the device on 127.0.204.2: memory windows of type 1 (`ibv_bind_mw`) and 2 (`IBV_WR_BIND_MW`)
+//!   carrying RDMA WRITEs into an MR without remote rights, SEND_WITH_INV and LOCAL_INV of a type 2 window, a
+//!   zero-length type 1 unbind, `IBV_WR_ATOMIC_WRITE` through `ibv_post_send`, `ibv_import_device` /
+//!   `ibv_import_pd` / `ibv_import_mr` within the process, and a write through an invalidated key (REM_ACCESS_ERR).
+//!
+//! Binds UDP 4791 on 127.0.201.1 to 127.0.201.10, 127.0.201.16, 127.0.201.61, 127.0.201.62, 127.0.204.2 and ::1 (run under the network lock with the other loopback tests).
 
 mod common;
 
@@ -229,6 +234,15 @@ fn closing_the_device_wakes_its_waiters_and_keeps_the_channel() {
 fn c_program_reregistering_an_mr_keeps_its_keys() {
     let (prog, dir) = build("rereg");
     run(&prog, &dir, "loop", Some("127.0.201.61"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Memory windows, RDMA atomic write and the import verbs (`tests/c/mw.c`; rdma-core `tests/test_mr.py`,
+/// `test_qpex.py`, `test_shared_pd.py`).
+#[test]
+fn c_program_with_memory_windows_atomic_write_and_imported_objects() {
+    let (prog, dir) = build("mw");
+    run(&prog, &dir, "loop", Some("127.0.204.2"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -25,6 +25,8 @@ pub struct DeviceAttr {
     pub max_cqe: u32,
     /// Maximum number of MRs (`max_mr`).
     pub max_mr: u32,
+    /// Maximum number of memory windows (`max_mw`; rxe `RXE_MAX_MW` is 2^16 too).
+    pub max_mw: u32,
     /// Maximum MR size in bytes (`max_mr_size`).
     pub max_mr_size: u64,
     /// Maximum number of PDs (`max_pd`).
@@ -57,6 +59,7 @@ impl Default for DeviceAttr {
             max_cq: 16384,
             max_cqe: 1 << 20,
             max_mr: 1 << 16,
+            max_mw: 1 << 16,
             max_mr_size: 1 << 32,
             max_pd: 1024,
             max_ah: 4096,

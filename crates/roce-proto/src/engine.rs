@@ -227,7 +227,7 @@ pub(crate) fn qpn_slot(first: u32, qpn: u32) -> Option<usize> {
     }
 }
 
-fn splitmix(s: &mut u64) -> u64 {
+pub(crate) fn splitmix(s: &mut u64) -> u64 {
     *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *s;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -1377,6 +1377,11 @@ impl Engine {
             SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => t != QpType::Ud,
             SendOp::SendWithInv { .. } | SendOp::RdmaRead { .. } => t == QpType::Rc,
             SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. } => t == QpType::Rc,
+            SendOp::AtomicWrite { .. } => t == QpType::Rc,
+            // Local operations (`crate::mw`): RC and UC send queues, no SGL.
+            SendOp::BindMw { .. } | SendOp::LocalInv { .. } => {
+                t != QpType::Ud && wr.sg_list.is_empty()
+            }
         };
         if !op_ok {
             return Err(PostErrorKind::InvalidOpcode);
@@ -1388,7 +1393,10 @@ impl Engine {
                 max: qp.cap.max_send_sge,
             });
         }
-        let len: u64 = if inline && !wr.inline_data.is_empty() {
+        let len: u64 = if let SendOp::AtomicWrite { .. } = wr.op {
+            // Its payload is the WR's own 8 bytes.
+            8
+        } else if inline && !wr.inline_data.is_empty() {
             wr.inline_data.iter().map(|s| s.len() as u64).sum()
         } else {
             wr.sg_list.iter().map(|s| u64::from(s.length)).sum()

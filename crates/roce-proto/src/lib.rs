@@ -101,6 +101,7 @@ mod engine;
 pub mod error;
 pub mod gsi;
 mod mr;
+mod mw;
 mod qp;
 mod requester;
 mod rereg;
@@ -125,6 +126,7 @@ pub use engine::{
 pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
 pub use gsi::{GsiConfig, GsiError, GsiStats, MadDest, MadRecv};
 pub use mr::{MemoryFault, MrBuffer, MrMemory};
+pub use mw::MwType;
 pub use requester::{local_ack_timeout, packets_for};
 pub use roce_wire::{Msn, Psn, Qpn};
 pub use sched::{SchedConfig, Scheduler, TcConfig, TokenBucket};

@@ -11,6 +11,7 @@ use core::any::Any;
 use core::fmt;
 
 use crate::verbs::{AccessFlags, Lkey, MrInfo, PdHandle, Rkey};
+use roce_wire::Qpn;
 
 /// Byte memory that can back a memory region, reached only through **range-scoped** operations: the engine never
 /// asks for a slice of the whole region, so the bytes may belong to the application (which keeps using them, as with
@@ -104,6 +105,21 @@ pub trait MrMemory: Any + Send {
         let orig = u64::from_le_bytes(b);
         self.write_at(offset, &orig.wrapping_add(add).to_le_bytes())?;
         Ok(orig)
+    }
+
+    /// RDMA ATOMIC WRITE (IBTA Vol 1 1.5 §9.4.6): stores `value` into the little-endian word at `offset` in one
+    /// piece, so no reader sees a mix of old and new bytes. The default is a compare-and-swap loop over
+    /// [`fetch_add_u64`](Self::fetch_add_u64) (an atomic read with 0) and [`compare_swap_u64`](Self::compare_swap_u64),
+    /// atomic wherever those are. Errors: [`MemoryFault`] as [`write_at`](Self::write_at).
+    fn atomic_write_u64(&mut self, offset: usize, value: u64) -> Result<(), MemoryFault> {
+        let mut cur = self.fetch_add_u64(offset, 0)?;
+        loop {
+            let prev = self.compare_swap_u64(offset, cur, value)?;
+            if prev == cur {
+                return Ok(());
+            }
+            cur = prev;
+        }
     }
 
     /// Address of byte 0, for a link that gathers payload straight from the memory (iovecs): creating the pointer is
@@ -316,6 +332,8 @@ pub(crate) struct MrRef {
 
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
+    /// The memory windows (their keys are resolved by [`check_remote`](Self::check_remote) too).
+    pub(crate) mws: crate::mw::MwTable,
     slots: Vec<Option<Mr>>,
     gens: Vec<u8>,
     free: Vec<u32>,
@@ -436,13 +454,14 @@ impl MrTable {
         let mr = self.slots[s as usize]
             .take()
             .ok_or(crate::ResourceError::InvalidHandle("lkey"))?;
+        self.mws.unbind_mr(mr.key);
         self.free.push(s);
         self.live -= 1;
         Ok(mr.buf)
     }
 
     pub(crate) fn pd_in_use(&self, pd: PdHandle) -> bool {
-        self.slots.iter().flatten().any(|m| m.pd == pd)
+        self.slots.iter().flatten().any(|m| m.pd == pd) || self.mws.pd_in_use(pd)
     }
 
     fn check(
@@ -484,19 +503,34 @@ impl MrTable {
         self.check(lkey.0, pd, addr, len, need)
     }
 
-    /// Remote check for RETH/AtomicETH (`ROCEV2.md §5`: R_Key/range/permission).
+    /// Remote check for RETH/AtomicETH (`ROCEV2.md §5`: R_Key/range/permission) by QP `qpn` of PD `pd`; a memory
+    /// window's key is checked against the window first (`crate::mw`).
     pub(crate) fn check_remote(
         &self,
         rkey: Rkey,
         pd: PdHandle,
+        qpn: Qpn,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<MrRef, MrFault> {
+        if rkey.0 & crate::mw::MW_KEY_BIT != 0 {
+            return self.check_remote_mw(rkey, pd, qpn, addr, len, need);
+        }
         let r = self.check(rkey.0, pd, addr, len, need)?;
         match &self.slots[r.slot as usize] {
             Some(mr) if mr.rkey_valid => Ok(r),
             _ => Err(MrFault::BadKey),
+        }
+    }
+
+    /// A SEND with invalidate received on QP `qpn` of PD `pd`: invalidates `rkey`, an MR's R_Key or a type 2
+    /// window's key (`crate::mw`). Returns false if it names nothing of `pd` that can be invalidated.
+    pub(crate) fn invalidate_remote(&mut self, rkey: Rkey, pd: PdHandle, qpn: Qpn) -> bool {
+        if rkey.0 & crate::mw::MW_KEY_BIT != 0 {
+            self.invalidate_mw_remote(rkey, pd, qpn)
+        } else {
+            self.invalidate_rkey(rkey, pd)
         }
     }
 
@@ -616,6 +650,21 @@ impl MrTable {
         match self.mem_mut(r.slot) {
             Some(mr) if Self::fits(mr, r, 8) => mr.buf.0.compare_swap_u64(r.offset, compare, swap),
             _ => Ok(0),
+        }
+    }
+
+    /// RDMA ATOMIC WRITE of `bytes` (memory order) at a checked reference ([`MrMemory::atomic_write_u64`]); nothing
+    /// if the reference went stale. Errors: [`MemoryFault`].
+    pub(crate) fn atomic_write(&mut self, r: MrRef, bytes: [u8; 8]) -> Result<(), MemoryFault> {
+        match self.mem_mut(r.slot) {
+            Some(mr) if Self::fits(mr, r, 8) => {
+                mr.buf
+                    .0
+                    .atomic_write_u64(r.offset, u64::from_le_bytes(bytes))?;
+                self.bytes_written += 8;
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 
@@ -793,16 +842,30 @@ mod tests {
             Err(MrFault::WrongPd)
         );
         assert_eq!(
-            t.check_remote(a.rkey, pd, a.addr, 1, AccessFlags::REMOTE_READ),
+            t.check_remote(a.rkey, pd, Qpn::new(1), a.addr, 1, AccessFlags::REMOTE_READ),
             Err(MrFault::Access)
         );
         assert!(
-            t.check_remote(b.rkey, pd, b.addr, 10, AccessFlags::REMOTE_READ)
-                .is_ok()
+            t.check_remote(
+                b.rkey,
+                pd,
+                Qpn::new(1),
+                b.addr,
+                10,
+                AccessFlags::REMOTE_READ
+            )
+            .is_ok()
         );
         assert!(t.invalidate_rkey(b.rkey, pd));
         assert_eq!(
-            t.check_remote(b.rkey, pd, b.addr, 10, AccessFlags::REMOTE_READ),
+            t.check_remote(
+                b.rkey,
+                pd,
+                Qpn::new(1),
+                b.addr,
+                10,
+                AccessFlags::REMOTE_READ
+            ),
             Err(MrFault::BadKey)
         );
         let r = t

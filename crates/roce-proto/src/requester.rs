@@ -156,6 +156,8 @@ enum Step {
     Packet,
     /// The WQE at the head failed locally: complete it with this status and move to ERR.
     LocalError(WcStatus),
+    /// The WQE at the head is a local operation (bind MW, local invalidate): execute it (`crate::mw`).
+    LocalOp,
     /// Nothing to do now.
     Wait,
 }
@@ -179,6 +181,15 @@ impl Engine {
         }
         if !w.started && qp.state == QpState::Sqd {
             return Step::Wait;
+        }
+        if w.op.is_local() {
+            // In SQ order: once every WQE before it has completed (so a window's key changes only after the work
+            // posted before the bind or invalidate is done, and completions stay in order).
+            return if qp.sq.head == qp.sq.cur {
+                Step::LocalOp
+            } else {
+                Step::Wait
+            };
         }
         if qp.req.cur_pkt == 0 {
             // Fence (IBTA, `ROCEV2.md §4.5`): wait for prior READ/atomic WRs to complete.
@@ -206,18 +217,25 @@ impl Engine {
         buf: &mut [u8],
         segs: &mut [crate::engine::TxSeg],
     ) -> Result<Option<TxMeta>, ()> {
-        let Some(qp) = self.qps[i].as_deref() else {
-            return Ok(None);
-        };
-        match Self::next_step(qp, self.cfg.max_unacked_psns) {
-            Step::Wait => Ok(None),
-            Step::LocalError(status) => {
-                let h = qp.sq.head;
-                self.retire_send(i, h, status);
-                self.enter_error(i);
-                Ok(None)
-            }
-            Step::Packet => self.emit_request(i, now, buf, segs),
+        loop {
+            let Some(qp) = self.qps[i].as_deref() else {
+                return Ok(None);
+            };
+            return match Self::next_step(qp, self.cfg.max_unacked_psns) {
+                Step::Wait => Ok(None),
+                Step::LocalError(status) => {
+                    let h = qp.sq.head;
+                    self.retire_send(i, h, status);
+                    self.enter_error(i);
+                    Ok(None)
+                }
+                Step::LocalOp => {
+                    // No packet: execute it and go on to the next WQE.
+                    self.exec_local_op(i);
+                    continue;
+                }
+                Step::Packet => self.emit_request(i, now, buf, segs),
+            };
         }
     }
 
@@ -371,6 +389,8 @@ impl Engine {
                         Some(imm),
                         None,
                     ),
+                    // One packet: its 8 bytes are the WQE's own (`w.len` is 8).
+                    SendOp::AtomicWrite { .. } => (op::ATOMIC_WRITE, true, None, None),
                     _ => unreachable_op(),
                 };
                 hdr.opcode = base | opc;
@@ -378,6 +398,9 @@ impl Engine {
                     true,
                     SendOp::RdmaWrite { remote_addr, rkey }
                     | SendOp::RdmaWriteWithImm {
+                        remote_addr, rkey, ..
+                    }
+                    | SendOp::AtomicWrite {
                         remote_addr, rkey, ..
                     },
                 ) = (reth && (pos == 0 || pos == 3), w.op)
@@ -434,7 +457,11 @@ impl Engine {
         let inline = w.inline;
         let sq = &qp.sq;
         // Zero copy where the caller's link gathers: the payload pieces stay in MR memory.
-        let nsegs = if inline || plen < crate::engine::GATHER_MIN {
+        let value = match w.op {
+            SendOp::AtomicWrite { value, .. } => Some(value),
+            _ => None,
+        };
+        let nsegs = if inline || value.is_some() || plen < crate::engine::GATHER_MIN {
             None
         } else {
             gather_segs(mrs, sq.segs(cur), offset, plen, segs)
@@ -465,7 +492,9 @@ impl Engine {
             }
             None => {
                 let written = wire::emit(buf, tmpl, sport, &hdr, &ext, plen, |out| {
-                    if inline {
+                    if let Some(v) = value {
+                        out.copy_from_slice(&v[..out.len()]);
+                    } else if inline {
                         let src = sq.inline_bytes(cur);
                         let o = offset as usize;
                         out.copy_from_slice(&src[o..o + out.len()]);

@@ -521,7 +521,7 @@ impl Engine {
                         wc.wc_flags |= WcFlags::WITH_IMM;
                     }
                     if let Some(rkey) = pkt.ext.ieth {
-                        if !mrs.invalidate_rkey(Rkey(rkey), qp.pd) {
+                        if !mrs.invalidate_remote(Rkey(rkey), qp.pd, qp.qpn) {
                             return Exec::Fatal {
                                 syndrome: NAK_INV_REQ,
                                 wc: Some(WcStatus::LocProtErr),
@@ -585,6 +585,7 @@ impl Engine {
                                 .check_remote(
                                     Rkey(rkey),
                                     qp.pd,
+                                    qp.qpn,
                                     va,
                                     u64::from(dlen),
                                     AccessFlags::REMOTE_WRITE,
@@ -613,6 +614,7 @@ impl Engine {
                     let Ok(dst) = mrs.check_remote(
                         rkey,
                         qp.pd,
+                        qp.qpn,
                         va.wrapping_add(placed),
                         plen,
                         AccessFlags::REMOTE_WRITE,
@@ -673,6 +675,51 @@ impl Engine {
                     }
                 }
             }
+            op::ATOMIC_WRITE => {
+                // RDMA ATOMIC WRITE (IBTA Vol 1 1.5 §9.4.6; rxe `atomic_write_reply`): RETH + exactly 8 payload
+                // bytes written in one piece at an 8-byte aligned address with REMOTE_WRITE; ACKed like a WRITE
+                // (a duplicate is re-ACKed, never re-executed).
+                let Some((va, rkey, dlen)) = pkt.ext.reth else {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: None,
+                    };
+                };
+                if !access.contains(AccessFlags::REMOTE_WRITE) || dlen != 8 || va % 8 != 0 {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: None,
+                    };
+                }
+                let Ok(bytes) = <[u8; 8]>::try_from(pkt.payload) else {
+                    return Exec::Fatal {
+                        syndrome: NAK_INV_REQ,
+                        wc: None,
+                    };
+                };
+                let Ok(dst) =
+                    mrs.check_remote(Rkey(rkey), qp.pd, qp.qpn, va, 8, AccessFlags::REMOTE_WRITE)
+                else {
+                    return Exec::Fatal {
+                        syndrome: NAK_REM_ACCESS,
+                        wc: None,
+                    };
+                };
+                if mrs.atomic_write(dst, bytes).is_err() {
+                    qp.counters.mr_access_faults += 1;
+                    stats.mr_access_faults += 1;
+                    return Exec::Fatal {
+                        syndrome: NAK_REM_ACCESS,
+                        wc: None,
+                    };
+                }
+                qp.counters.rx_write_requests += 1;
+                stats.rx_write_requests += 1;
+                Exec::Done {
+                    psns: 1,
+                    msg_end: true,
+                }
+            }
             op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD if qp.resp.res.is_empty() => {
                 // No responder resources (`max_dest_rd_atomic` 0): NAK invalid request (IBTA; rxe `check_resource`
                 // → RESPST_ERR_TOO_MANY_RDMA_ATM_REQ; siw "zero-sized Read and Receive Queues", 2020).
@@ -701,6 +748,7 @@ impl Engine {
                         .check_remote(
                             Rkey(rkey),
                             qp.pd,
+                            qp.qpn,
                             va,
                             u64::from(dlen),
                             AccessFlags::REMOTE_READ,
@@ -754,7 +802,8 @@ impl Engine {
                         wc: None,
                     };
                 }
-                let Ok(mr) = mrs.check_remote(Rkey(rkey), qp.pd, va, 8, AccessFlags::REMOTE_ATOMIC)
+                let Ok(mr) =
+                    mrs.check_remote(Rkey(rkey), qp.pd, qp.qpn, va, 8, AccessFlags::REMOTE_ATOMIC)
                 else {
                     return Exec::Fatal {
                         syndrome: NAK_REM_ACCESS,
@@ -1252,6 +1301,7 @@ impl Engine {
             .check_remote(
                 r.rkey,
                 qp.pd,
+                qp.qpn,
                 r.va.wrapping_add(offset),
                 plen,
                 AccessFlags::REMOTE_READ,

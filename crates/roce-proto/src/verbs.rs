@@ -119,6 +119,8 @@ flags!(
         REMOTE_READ = 4,
         /// IBV_ACCESS_REMOTE_ATOMIC.
         REMOTE_ATOMIC = 8,
+        /// IBV_ACCESS_MW_BIND: memory windows may be bound to the MR (IBTA Vol 1 §10.6.7, C10-73).
+        MW_BIND = 16,
     }
 );
 
@@ -549,6 +551,44 @@ pub enum SendOp {
         /// Addend.
         add: u64,
     },
+    /// IBV_WR_ATOMIC_WRITE (RC only, IBTA Vol 1 1.5 §9.4.6 "RDMA ATOMIC WRITE"; rxe): `value`'s 8 bytes (in memory
+    /// order) are written at the 8-byte aligned `remote_addr` in one piece. No SGL; completes on the ACK like an
+    /// RDMA WRITE, opcode [`WcOpcode::AtomicWrite`].
+    AtomicWrite {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key (needs REMOTE_WRITE).
+        rkey: Rkey,
+        /// The 8 bytes to write, in memory order.
+        value: [u8; 8],
+    },
+    /// IBV_WR_BIND_MW (and `ibv_bind_mw` for type 1): binds memory window `mw` (any key of it: the window is found
+    /// by the key's index bits) to `length` bytes at `addr` of the MR `mr`, with remote rights `access`; the window's
+    /// key byte becomes `rkey`'s low byte (IBTA Vol 1 §10.6.7.2, rxe `rxe_mw.c`). A local operation: no packet;
+    /// completes with [`WcOpcode::BindMw`], or [`WcStatus::MwBindErr`] (and the QP goes to ERR) when a rule of
+    /// [`crate::Engine::alloc_mw`]'s docs fails. RC and UC only.
+    BindMw {
+        /// The window.
+        mw: Rkey,
+        /// Its new R_Key (index bits must be the window's; the low byte is the new key byte).
+        rkey: Rkey,
+        /// The MR the window covers (ignored when `length` is 0: a type 1 unbind).
+        mr: Lkey,
+        /// Start address inside the MR.
+        addr: u64,
+        /// Length in bytes (0 unbinds a type 1 window; invalid for type 2).
+        length: u64,
+        /// Remote rights of the window (REMOTE_WRITE / REMOTE_READ / REMOTE_ATOMIC).
+        access: AccessFlags,
+    },
+    /// IBV_WR_LOCAL_INV: invalidates `rkey` (a type 2 window's, or an MR's R_Key) at this side (IBTA Vol 1
+    /// §10.6.7.2.5; rxe `rxe_invalidate_mw` / `rxe_invalidate_mr`). A local operation: no packet; completes with
+    /// [`WcOpcode::LocalInv`], or [`WcStatus::LocQpOpErr`] (QP to ERR) if the key names nothing that can be
+    /// invalidated. RC and UC only.
+    LocalInv {
+        /// Key to invalidate.
+        rkey: Rkey,
+    },
 }
 
 impl SendOp {
@@ -562,7 +602,15 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
             SendOp::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
+    }
+
+    /// True for the local operations (bind MW, local invalidate): executed by the requester in SQ order, no packet.
+    pub const fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw { .. } | SendOp::LocalInv { .. })
     }
 
     /// True for READ and atomics (responses carry data; limited by `max_rd_atomic`).
@@ -738,6 +786,12 @@ pub enum WcOpcode {
     CompSwap = 3,
     /// IBV_WC_FETCH_ADD.
     FetchAdd = 4,
+    /// IBV_WC_BIND_MW.
+    BindMw = 5,
+    /// IBV_WC_LOCAL_INV.
+    LocalInv = 6,
+    /// IBV_WC_ATOMIC_WRITE.
+    AtomicWrite = 9,
     /// IBV_WC_RECV.
     Recv = 128,
     /// IBV_WC_RECV_RDMA_WITH_IMM.

@@ -46,6 +46,7 @@ pub(crate) mod op {
     pub(crate) const ATOMIC_ACKNOWLEDGE: u8 = Opcode::RC_ATOMIC_ACKNOWLEDGE.0;
     pub(crate) const COMPARE_SWAP: u8 = Opcode::RC_COMPARE_SWAP.0;
     pub(crate) const FETCH_ADD: u8 = Opcode::RC_FETCH_ADD.0;
+    pub(crate) const ATOMIC_WRITE: u8 = Opcode::RC_ATOMIC_WRITE.0;
     pub(crate) const SEND_LAST_INV: u8 = Opcode::RC_SEND_LAST_WITH_INVALIDATE.0;
     pub(crate) const SEND_ONLY_INV: u8 = Opcode::RC_SEND_ONLY_WITH_INVALIDATE.0;
     pub(crate) const UD_SEND_ONLY: u8 = Opcode::UD_SEND_ONLY.0;
@@ -75,11 +76,11 @@ pub(crate) mod op {
             .info()
             .is_some_and(|i| i.direction == Direction::Response)
     }
-    /// Known RC opcodes this engine implements (FLUSH and ATOMIC WRITE are not).
+    /// Known RC opcodes this engine implements (FLUSH is not).
     pub(crate) fn is_valid_rc(o: u8) -> bool {
-        Opcode(o).info().is_some_and(|i| {
-            i.transport == Transport::Rc && !matches!(i.kind, OpKind::Flush | OpKind::AtomicWrite)
-        })
+        Opcode(o)
+            .info()
+            .is_some_and(|i| i.transport == Transport::Rc && !matches!(i.kind, OpKind::Flush))
     }
     /// Known UC opcodes (SEND and RDMA WRITE only).
     pub(crate) fn is_valid_uc(o: u8) -> bool {

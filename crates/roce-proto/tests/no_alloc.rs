@@ -7,8 +7,9 @@
 //! — and shuttles frames between them with its own allocation-free wire (preallocated frame buffers, a FIFO with
 //! fixed latency, optional loss and CE marking). Right after the QPs reach RTS — no warm-up: every queue the
 //! per-packet path pushes to is sized at `create_qp` / `create_cq` — it arms the counter and runs a steady state of
-//! `post_send` (SEND / SEND_WITH_IMM / RDMA WRITE / WRITE_WITH_IMM / READ / CMP_AND_SWP / FETCH_AND_ADD; inline and
-//! SGE; single- and multi-packet; FENCE and SOLICITED), `post_recv`, `poll_transmit` → `handle_frame`, ACKs,
+//! `post_send` (SEND / SEND_WITH_IMM / RDMA WRITE / WRITE_WITH_IMM / READ / CMP_AND_SWP / FETCH_AND_ADD / ATOMIC WRITE;
+//! inline and SGE; single- and multi-packet; FENCE and SOLICITED; a BIND_MW of a memory window and, from then on, a
+//! multi-packet WRITE through the window's key), `post_recv`, `poll_transmit` → `handle_frame`, ACKs,
 //! `poll_ready_cq` / `poll_cq`, `poll_timeout` / `handle_timeout`, `poll_async_event`, a paced QP (`Shaper` timer),
 //! a rate controller with its own timer (`RateTimer`), DCQCN reaction points of all three profiles on the other
 //! QPs (CNPs in, cuts, rate-increase timers, byte counter, the rate changes handed to the shapers; with CE marks the
@@ -389,6 +390,8 @@ const ALL_ACCESS: AccessFlags = AccessFlags(
         | AccessFlags::REMOTE_READ.0
         | AccessFlags::REMOTE_ATOMIC.0,
 );
+/// The MRs' access: everything, and windows may be bound to them.
+const MR_ACCESS: AccessFlags = AccessFlags(ALL_ACCESS.0 | AccessFlags::MW_BIND.0);
 const QKEY: u32 = 0x1111_1111;
 const MR_LEN: usize = 64 * 1024;
 
@@ -407,6 +410,8 @@ struct Side {
     /// Receive buffers and READ/atomic result buffers.
     rx: MrInfo,
     ah_to_peer: AhHandle,
+    /// A type 1 memory window in `pd` (unbound; B binds it over part of `mr` in iteration 0).
+    mw: Rkey,
     /// SRQs the RC and UD QPs take their receive WQEs from (B only).
     rc_srq: Option<SrqHandle>,
     ud_srq: Option<SrqHandle>,
@@ -423,10 +428,10 @@ fn make_side(e: &mut Engine, with_srqs: bool) -> Side {
         .reg_mr(
             pd,
             (0..MR_LEN).map(|i| i as u8).collect::<Vec<u8>>(),
-            ALL_ACCESS,
+            MR_ACCESS,
         )
         .unwrap();
-    let rx = e.reg_mr(pd, vec![0u8; MR_LEN], ALL_ACCESS).unwrap();
+    let rx = e.reg_mr(pd, vec![0u8; MR_LEN], MR_ACCESS).unwrap();
     let (rc_srq, ud_srq) = if with_srqs {
         let rc_srq = e.create_srq(pd, CAP.max_recv_wr, 4).unwrap().0;
         arm_srq_limit(e, rc_srq);
@@ -463,6 +468,7 @@ fn make_side(e: &mut Engine, with_srqs: bool) -> Side {
         pd,
         // Set by `connect` once the peer's address is known.
         ah_to_peer: AhHandle(0),
+        mw: e.alloc_mw(pd, MwType::Type1).unwrap(),
         rc_srq,
         ud_srq,
     }
@@ -715,7 +721,8 @@ fn post_unrel_recvs(net: &mut Net, b: &Side, qpn: Qpn, n: u32) {
     }
 }
 
-/// A's RC work of one iteration: 9 WRs, every opcode, inline and SGE, 0..5 packets each. B's: 3 WRs.
+/// A's RC work of one iteration: 10 WRs, every opcode (RDMA ATOMIC WRITE too; the 5-packet WRITE through B's memory
+/// window from iteration 1), inline and SGE, 0..5 packets each. B's: 3 WRs (and the window's bind in iteration 0).
 fn post_sends(net: &mut Net, a: &Side, b: &Side, iter: u64, t: &mut Tally) {
     let inline_payload: [u8; 100] = [0x5A; 100];
     let inline_parts: [&[u8]; 2] = [&inline_payload[..60], &inline_payload[60..]];
@@ -728,6 +735,24 @@ fn post_sends(net: &mut Net, a: &Side, b: &Side, iter: u64, t: &mut Tally) {
     let inline_from_mr = [sge(&a.mr, 300, 200)];
     let id = iter * 100;
     let base = b.mr.addr;
+    // B's window: bound over 16 KiB of its MR at `base + 32768` in iteration 0 (a local operation on B's send
+    // queue); from iteration 1 on A's multi-packet RDMA WRITE goes through the window's key (each packet resolves it).
+    let window = Rkey((b.mw.0 & !0xff) | (b.mw.0.wrapping_add(1) & 0xff));
+    if iter == 0 {
+        let bind = SendOp::BindMw {
+            mw: b.mw,
+            rkey: window,
+            mr: b.mr.lkey,
+            addr: base + 32768,
+            length: 16384,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        net.b
+            .post_send(b.rc, &[SendWr::new(id + 99, bind, &[])])
+            .unwrap();
+        t.b_rc_expected += 1;
+    }
+    let write_key = if iter == 0 { b.mr.rkey } else { window };
     let wrs = [
         SendWr::new(id, SendOp::Send, &[]).inline(&inline_parts),
         SendWr::new(id + 1, SendOp::Send, &two_sges).flags(SendFlags::SOLICITED),
@@ -736,7 +761,7 @@ fn post_sends(net: &mut Net, a: &Side, b: &Side, iter: u64, t: &mut Tally) {
             id + 3,
             SendOp::RdmaWrite {
                 remote_addr: base + 32768,
-                rkey: b.mr.rkey,
+                rkey: write_key,
             },
             &write_src,
         ),
@@ -778,6 +803,15 @@ fn post_sends(net: &mut Net, a: &Side, b: &Side, iter: u64, t: &mut Tally) {
         ),
         SendWr::new(id + 8, SendOp::Send, &inline_from_mr)
             .flags(SendFlags::INLINE | SendFlags::FENCE),
+        SendWr::new(
+            id + 9,
+            SendOp::AtomicWrite {
+                remote_addr: base + 50_016,
+                rkey: b.mr.rkey,
+                value: iter.to_le_bytes(),
+            },
+            &[],
+        ),
     ];
     net.a.post_send(a.rc, &wrs).unwrap();
     t.a_rc_expected += wrs.len() as u32;

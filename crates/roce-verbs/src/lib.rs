@@ -76,6 +76,7 @@ mod handles;
 mod hugepage;
 #[allow(unsafe_code)]
 mod memory;
+mod mw;
 mod progress;
 mod runner;
 mod srq;
@@ -92,11 +93,12 @@ pub use handles::{
 };
 pub use hugepage::{HUGE_PAGE_SIZE, HugePageBuffer, HugePagePolicy};
 pub use memory::{MrBuf, PAGE_SIZE};
+pub use mw::Mw;
 pub use roce_proto::{
     AccessFlags, AhAttr, AsyncEvent, AsyncEventType, Counters, EngineConfig, Gid, MrBuffer,
-    MrMemory, Mtu, Psn, QpAttr, QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics, RecvWr,
-    Rkey, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqHandle, UdDest, Wc, WcOpcode,
-    WcStatus,
+    MrMemory, Mtu, MwType, Psn, QpAttr, QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics,
+    RecvWr, Rkey, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqHandle, UdDest, Wc,
+    WcOpcode, WcStatus,
 };
 pub use runner::{AsyncHandler, ProgressMode, RuntimeConfig, RuntimeStats};
 pub use srq::Srq;

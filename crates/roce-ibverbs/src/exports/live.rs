@@ -17,6 +17,7 @@ pub(super) enum Kind {
     Ctx,
     Pd,
     Mr,
+    Mw,
     Channel,
     Cq,
     Qp,
@@ -48,6 +49,20 @@ pub(super) fn is<T>(ptr: *mut T, kind: Kind) -> bool {
     table().get(&(ptr as usize)).is_some_and(|e| e.kind == kind)
 }
 
+/// The live objects of `kind` (addresses).
+pub(super) fn all(kind: Kind) -> Vec<usize> {
+    all_with_ctx(kind).into_iter().map(|(p, _)| p).collect()
+}
+
+/// The live objects of `kind` with the context each belongs to.
+pub(super) fn all_with_ctx(kind: Kind) -> Vec<(usize, usize)> {
+    table()
+        .iter()
+        .filter(|(_, e)| e.kind == kind)
+        .map(|(&p, e)| (p, e.ctx))
+        .collect()
+}
+
 /// Removes the live object `ptr` of `kind` if `ready` (run under the table's lock, so two destroys of one pointer
 /// cannot both pass it) says it may go: `Err(EINVAL)` when `ptr` is not a live `kind`, `ready`'s error otherwise.
 pub(super) fn take<T>(
@@ -67,7 +82,7 @@ pub(super) fn take<T>(
 }
 
 /// Removes and returns every object of context `ctx` (the context itself is not among them), in the order they
-/// must be released: QPs, SRQs (once no QP uses them), AHs, MRs, CQs, channels, PDs.
+/// must be released: QPs, SRQs (once no QP uses them), AHs, MRs and memory windows, CQs, channels, PDs.
 pub(super) fn drain_context(ctx: usize) -> Vec<(usize, Kind)> {
     let mut t = table();
     let mut v: Vec<(usize, Kind)> = t
@@ -82,7 +97,7 @@ pub(super) fn drain_context(ctx: usize) -> Vec<(usize, Kind)> {
         Kind::Qp => 0,
         Kind::Srq => 1,
         Kind::Ah => 2,
-        Kind::Mr => 3,
+        Kind::Mr | Kind::Mw => 3,
         Kind::Cq => 4,
         Kind::Channel => 5,
         Kind::Pd => 6,

@@ -8,10 +8,9 @@
 //! (`providers/rxe/rxe.c` `check_qp_init_attr`, `wr_start` / `wr_complete` / `wr_abort`) answers them:
 //! * `comp_mask` bits other than PD, CREATE_FLAGS and SEND_OPS_FLAGS, any `create_flags`, and `send_ops_flags`
 //!   beyond the QP type's set are `EOPNOTSUPP`; a missing PD is `EINVAL`. The sets: RC — RDMA WRITE (with
-//!   immediate), SEND (with immediate, with invalidate), RDMA READ, compare-and-swap, fetch-and-add; UC — RDMA
-//!   WRITE (with immediate), SEND (with immediate, with invalidate); UD — SEND (with immediate). rxe also offers
-//!   LOCAL_INV, BIND_MW and ATOMIC_WRITE: this RNIC has no memory windows and no atomic write, so those are
-//!   `EOPNOTSUPP` as on a provider without them;
+//!   immediate), SEND (with immediate, with invalidate), RDMA READ, compare-and-swap, fetch-and-add, LOCAL_INV,
+//!   BIND_MW, ATOMIC_WRITE; UC — RDMA WRITE (with immediate), SEND (with immediate, with invalidate), LOCAL_INV,
+//!   BIND_MW; UD — SEND (with immediate);
 //! * `ibv_wr_start` takes the QP's builder lock (rxe's send-queue spin lock); each `ibv_wr_<op>` starts a WR with
 //!   the `wr_id` and `wr_flags` the program set in the `ibv_qp_ex`, and the `ibv_wr_set_*` calls complete it; the
 //!   inline data is copied when it is set (the buffer may be reused at once, ibv_wr_post(3));
@@ -33,8 +32,14 @@ const WITH_SEND_WITH_IMM: u64 = 8;
 const WITH_RDMA_READ: u64 = 16;
 const WITH_ATOMIC_CMP_AND_SWP: u64 = 32;
 const WITH_ATOMIC_FETCH_AND_ADD: u64 = 64;
+const WITH_LOCAL_INV: u64 = 128;
+const WITH_BIND_MW: u64 = 256;
 const WITH_SEND_WITH_INV: u64 = 512;
+const WITH_ATOMIC_WRITE: u64 = 4096;
 const RC_OPS: u64 = WITH_RDMA_WRITE
+    | WITH_LOCAL_INV
+    | WITH_BIND_MW
+    | WITH_ATOMIC_WRITE
     | WITH_RDMA_WRITE_WITH_IMM
     | WITH_SEND
     | WITH_SEND_WITH_IMM
@@ -43,6 +48,8 @@ const RC_OPS: u64 = WITH_RDMA_WRITE
     | WITH_ATOMIC_FETCH_AND_ADD
     | WITH_SEND_WITH_INV;
 const UC_OPS: u64 = WITH_RDMA_WRITE
+    | WITH_LOCAL_INV
+    | WITH_BIND_MW
     | WITH_RDMA_WRITE_WITH_IMM
     | WITH_SEND
     | WITH_SEND_WITH_IMM
@@ -56,7 +63,10 @@ const IBV_WR_SEND_WITH_IMM: c_int = 3;
 const IBV_WR_RDMA_READ: c_int = 4;
 const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
 const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+const IBV_WR_LOCAL_INV: c_int = 7;
+const IBV_WR_BIND_MW: c_int = 8;
 const IBV_WR_SEND_WITH_INV: c_int = 9;
+const IBV_WR_ATOMIC_WRITE: c_int = 15;
 /// `enum ibv_qp_type`.
 const IBV_QPT_RC: c_int = 2;
 const IBV_QPT_UC: c_int = 3;
@@ -471,13 +481,32 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: Qx, rkey: u32, addr: u64, add: u64)
         )
     }
 }
-unsafe extern "C" fn wr_bind_mw(qp: Qx, _mw: *mut c_void, _rkey: u32, _info: *const c_void) {
+/// `ibv_wr_bind_mw(qp, mw, rkey, bind_info)`: a BIND_MW WR (`exports/mw.rs` has its rules; a NULL `bind_info`
+/// binds nothing: `EINVAL` at `ibv_wr_complete`).
+unsafe extern "C" fn wr_bind_mw(qp: Qx, mw: *mut c_void, rkey: u32, info: *const c_void) {
+    // SAFETY: the program's bind info (NULL: none).
+    let info = unsafe { info.cast::<IbvMwBindInfo>().as_ref() }.copied();
     // SAFETY: as `wr_atomic_cmp_swp`.
-    unsafe { unsupported(qp) }
+    unsafe {
+        start_wr(qp, WITH_BIND_MW, IBV_WR_BIND_MW, |w| {
+            w.bind_mw_tso = match info {
+                Some(i) => [
+                    mw as usize as u64,
+                    u64::from(rkey),
+                    i.mr as usize as u64,
+                    i.addr,
+                    i.length,
+                    u64::from(i.mw_access_flags),
+                ],
+                // A NULL window with a length is refused by the post.
+                None => [0, 0, 0, 0, 1, 0],
+            };
+        })
+    }
 }
-unsafe extern "C" fn wr_local_inv(qp: Qx, _rkey: u32) {
+unsafe extern "C" fn wr_local_inv(qp: Qx, rkey: u32) {
     // SAFETY: as `wr_atomic_cmp_swp`.
-    unsafe { unsupported(qp) }
+    unsafe { start_wr(qp, WITH_LOCAL_INV, IBV_WR_LOCAL_INV, |w| w.imm_data = rkey) }
 }
 /// The `wr.rdma` part: remote address and R_Key.
 fn rdma(addr: u64, rkey: u32) -> SendWrUnion {
@@ -546,9 +575,28 @@ unsafe extern "C" fn wr_set_xrc_srqn(qp: Qx, _srqn: u32) {
     // SAFETY: as `wr_atomic_cmp_swp`.
     unsafe { unsupported(qp) }
 }
-unsafe extern "C" fn wr_atomic_write(qp: Qx, _rkey: u32, _addr: u64, _data: *const c_void) {
+/// `ibv_wr_atomic_write(qp, rkey, remote_addr, atomic_wr)`: an ATOMIC_WRITE WR whose 8 bytes are copied from
+/// `atomic_wr` now (posted as its one inline SGE, which the post reads again at `ibv_wr_complete`).
+unsafe extern "C" fn wr_atomic_write(qp: Qx, rkey: u32, addr: u64, data: *const c_void) {
+    let bytes = if data.is_null() {
+        None
+    } else {
+        // SAFETY: the program's 8 bytes (ibv_wr_post(3)).
+        Some(unsafe { ptr::read_unaligned(data.cast::<[u8; 8]>()) })
+    };
     // SAFETY: as `wr_atomic_cmp_swp`.
-    unsafe { unsupported(qp) }
+    unsafe {
+        start_wr(qp, WITH_ATOMIC_WRITE, IBV_WR_ATOMIC_WRITE, |w| {
+            w.wr = rdma(addr, rkey)
+        })
+    }
+    // SAFETY: as `wr_atomic_cmp_swp`.
+    if let Some(w) = unsafe { last(qp) }
+        && w.wr.opcode == IBV_WR_ATOMIC_WRITE
+    {
+        // No bytes (NULL): no SGE, `EINVAL` at `ibv_wr_complete`.
+        w.inline = bytes.map(|b| b.to_vec());
+    }
 }
 unsafe extern "C" fn wr_set_ud_addr(qp: Qx, ah: *mut IbvAh, qpn: u32, qkey: u32) {
     // SAFETY: as `wr_atomic_cmp_swp`.

@@ -85,7 +85,7 @@ int main(void)
 	errno = 0;
 	CHECK(get_device_list_1_0(&n10) == NULL && errno == EOPNOTSUPP && n10 == 0);
 	errno = 0;
-	CHECK(ibv_import_device(-1) == NULL && errno == EOPNOTSUPP);
+	CHECK(ibv_import_device(-1) == NULL && errno == EBADF); /* tests/c/mw.c: the rest */
 
 	int num;
 	struct ibv_device **list = ibv_get_device_list(&num);
