@@ -1,0 +1,120 @@
+//! rdma_cm robustness under `rocev2 run` (issues #17 and #16): what happens to a connection request that meets a
+//! process whose connection manager has nothing for it, and to a server that rejected one. Linux's CM is always on
+//! (in the kernel): a REQ for a service nobody listens on is answered at once with a REJ, reason 8 (invalid service
+//! ID; Linux `cm.c` `cm_req_handler`), and the requester's rdma_cm reports `RDMA_CM_EVENT_REJECTED` with status 8
+//! (`cma.c` `cma_ib_handler`). Debian's unmodified tools, between two namespaces on 198.18.25.0/24; needs root,
+//! `ip netns`, `ibverbs-utils` and `rdmacm-utils`, otherwise skipped with the reason.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{NetnsPair, Proc, netns_unavailable, scratch, serial, strings, wait_socket};
+
+const IP_A: &str = "198.18.25.1";
+const IP_B: &str = "198.18.25.2";
+
+/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds both
+/// libraries beside `rocev2` (a no-op when fresh).
+fn libraries() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build -p roce-ibverbs -p roce-rdmacm failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = Path::new(common::bin()).parent().expect("bin dir");
+        for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
+            assert!(dir.join(lib).is_file(), "{lib} missing after the build");
+        }
+    });
+}
+
+/// `ip netns exec NS ROCEV2 run --ip IP -- ARGS...`.
+fn argv(ns: &str, ip: &str, args: &[&str]) -> Vec<String> {
+    let mut v = strings(&[
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        common::bin(),
+        "run",
+        "--ip",
+        ip,
+        "--",
+    ]);
+    v.extend(strings(args));
+    v
+}
+
+/// The namespaces, or `None` (with the reason printed) when this machine cannot run the test.
+fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
+    if let Some(why) = netns_unavailable() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    for (p, pkg) in programs {
+        common::need_program(p, pkg);
+    }
+    libraries();
+    let ns = NetnsPair::up(tag, IP_A, IP_B, 1500);
+    ns.wait_running();
+    Some(ns)
+}
+
+/// Finding (issue #17, "connect to a process whose CM hasn't started is never answered"): a process on the address
+/// that runs rocev2 but has no connection manager yet (here `ibv_rc_pingpong`, waiting for its TCP peer, which never
+/// uses rdma_cm) left a REQ unanswered in its QP 1 queue, and `rping -c` waited for the CM's 15 retries (more than a
+/// minute). Every rocev2 process now runs its device's CM from the start, so the REQ is rejected at once with
+/// reason 8, as Linux's always-on CM does, and rping reports `RDMA_CM_EVENT_REJECTED` and exits.
+#[test]
+fn a_request_to_a_process_without_listener_is_rejected_at_once() {
+    let _turn = serial();
+    let Some(ns) = setup(
+        "cmrej",
+        &[
+            ("rping", "rdmacm-utils"),
+            ("ibv_rc_pingpong", "ibverbs-utils"),
+        ],
+    ) else {
+        return;
+    };
+    let dir = scratch("rdmacm-no-listener");
+    let mut s = Proc::spawn(
+        "verbs-only",
+        &dir,
+        &argv(&ns.a, IP_A, &["ibv_rc_pingpong", "-g", "0", "-p", "18525"]),
+    );
+    wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+    let t0 = Instant::now();
+    let mut c = Proc::spawn(
+        "client",
+        &dir,
+        &argv(&ns.b, IP_B, &["rping", "-c", "-a", IP_A, "-C", "1", "-v"]),
+    );
+    let cf = c.wait(Duration::from_secs(40));
+    let took = t0.elapsed();
+    let out = format!("{}{}", cf.stdout, cf.stderr);
+    assert!(
+        !cf.status.success() && out.contains("RDMA_CM_EVENT_REJECTED") && out.contains("error 8"),
+        "rping should be rejected with reason 8:\n{cf}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the REJ should come at once, not after retries: {took:?}"
+    );
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
