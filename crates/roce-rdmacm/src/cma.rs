@@ -686,9 +686,14 @@ pub(crate) fn create_channel(st: &mut State) -> R<*mut RdmaEventChannel> {
     Ok(p)
 }
 
-/// Destroys a channel: its queued events are freed; threads waiting in [`get_event`] on it are woken (one eventfd
-/// count each) and return `ECANCELED`, the last of them closing the fd and freeing the block.
-pub(crate) fn destroy_channel(st: &mut State, ch: *mut RdmaEventChannel) {
+/// Destroys a channel: its queued events are freed. Threads waiting in [`get_event`] on it keep the fd and block
+/// open (the last of them to leave closes and frees them); with `wake` they are woken (one eventfd count each) and
+/// return `ECANCELED` — for the private channel of a synchronous id, destroyed with the id or by its migration,
+/// whose waiter is the library's own call. The program's `rdma_destroy_event_channel` does not wake them: as with
+/// Linux's librdmacm (a `read` of the closed rdma_cm fd stays blocked), a thread of the program left waiting on it
+/// stays blocked, and programs rely on that (rping's event thread exits the process on an error from
+/// `rdma_get_cm_event` while its main thread tears down).
+pub(crate) fn destroy_channel(st: &mut State, ch: *mut RdmaEventChannel, wake: bool) {
     let Some(q) = st.chans.remove(&(ch as usize)) else {
         return;
     };
@@ -700,9 +705,11 @@ pub(crate) fn destroy_channel(st: &mut State, ch: *mut RdmaEventChannel) {
     let waiting = st.waiters.get(&(ch as usize)).copied().unwrap_or(0);
     if waiting > 0 {
         st.closing.insert(ch as usize);
-        let n = u64::from(waiting);
-        // SAFETY: `ch` is still a live block (freed by the last waiter); writes 8 bytes to its eventfd.
-        unsafe { libc::write((*ch).fd, (&raw const n).cast(), 8) };
+        if wake {
+            let n = u64::from(waiting);
+            // SAFETY: `ch` is still a live block (freed by the last waiter); writes 8 bytes to its eventfd.
+            unsafe { libc::write((*ch).fd, (&raw const n).cast(), 8) };
+        }
         return;
     }
     // SAFETY: a live channel block of ours, removed from the table above, with no thread waiting on its fd.
@@ -734,10 +741,10 @@ fn leave(st: &mut State, ch: usize) {
     }
 }
 
-/// `rdma_get_cm_event`: waits on the channel's fd (or `EAGAIN` when the program made it non-blocking). A channel
-/// destroyed meanwhile (by another thread's `rdma_destroy_event_channel`, or with its synchronous id by
-/// `rdma_destroy_id` / `rdma_migrate_id`) ends the wait with `ECANCELED` (issue #17 finding: the waiter blocked for
-/// ever on the closed eventfd).
+/// `rdma_get_cm_event`: waits on the channel's fd (or `EAGAIN` when the program made it non-blocking). The private
+/// channel of a synchronous id destroyed meanwhile (with the id by `rdma_destroy_id`, or by `rdma_migrate_id`) ends
+/// the wait with `ECANCELED` (issue #17 finding: the waiter blocked for ever on the closed eventfd); see
+/// [`destroy_channel`] for the program's own channels.
 pub(crate) fn get_event(ch: *mut RdmaEventChannel) -> R<*mut RdmaCmEvent> {
     let key = ch as usize;
     let fd = {
@@ -1453,7 +1460,7 @@ pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
         st.ports.remove(&(i.ps, s.port()));
     }
     if i.sync {
-        destroy_channel(&mut st, i.chan as *mut RdmaEventChannel);
+        destroy_channel(&mut st, i.chan as *mut RdmaEventChannel, true);
     }
     // SAFETY: the id block was made by Box::into_raw in new_id and is no longer in the table.
     drop(unsafe { Box::from_raw(id) });
