@@ -118,3 +118,61 @@ fn a_request_to_a_process_without_listener_is_rejected_at_once() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #16/#17 finding: two rdma_cm programs could not share an address — the kernel's steering handed every QP 1
+/// datagram to the process of slot 0, so only it saw CM MADs (a client on the address never got its REP; a second
+/// server never got its REQs: the first server rejected them, and the REJ went back to slot 0 too). Now a REQ goes to
+/// the process that claimed its service ID with its listen, every other CM MAD to the process whose slot its comm
+/// ID carries (`docs/MULTIPROCESS.md`, QP 1). Two `rping` servers on one address (ports 7271, 7272) and a client to
+/// each on that same address, four processes in one namespace, all verify 20 pings. Skipped with the reason when the
+/// kernel refuses the steering (no CAP_BPF).
+#[test]
+fn rdma_cm_servers_and_clients_share_one_address() {
+    let _turn = serial();
+    let Some(ns) = setup("cmshare", &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-shared");
+    let rping = |role: &str, port: &str| {
+        argv(
+            &ns.a,
+            IP_A,
+            &[
+                "rping", role, "-a", IP_A, "-p", port, "-C", "20", "-v", "-V",
+            ],
+        )
+    };
+    let mut s1 = Proc::spawn("server1", &dir, &rping("-s", "7271"));
+    wait_socket(&mut s1, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+    let mut s2 = Proc::spawn("server2", &dir, &rping("-s", "7272"));
+    // The address's socket is there already: give the second server time to bind and listen.
+    std::thread::sleep(Duration::from_millis(1500));
+    if let Some(st) = s2.try_wait() {
+        let out = s2.wait(Duration::from_secs(1));
+        if out.stderr.contains("CAP_BPF") {
+            eprintln!("skipped: the kernel refuses the steering:\n{out}");
+            return;
+        }
+        panic!("the second server ended ({st}):\n{out}");
+    }
+    let mut c2 = Proc::spawn("client2", &dir, &rping("-c", "7272"));
+    let mut c1 = Proc::spawn("client1", &dir, &rping("-c", "7271"));
+    let results = [
+        ("client1", c1.wait(Duration::from_secs(60))),
+        ("client2", c2.wait(Duration::from_secs(60))),
+        ("server1", s1.wait(Duration::from_secs(30))),
+        ("server2", s2.wait(Duration::from_secs(30))),
+    ];
+    for (who, f) in &results {
+        let pings = f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert!(
+            f.status.success() && pings == 20,
+            "{who}: {pings} verified pings:\n{f}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
