@@ -176,3 +176,63 @@ fn rdma_cm_servers_and_clients_share_one_address() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The claims of a process that died (`SIGKILL`: nothing released) do not hold its port: the service entry it left
+/// names a process that is gone, so the next server on the port takes it over, and a client on the same address
+/// reaches that server (`docs/MULTIPROCESS.md`, QP 1, robustness). Another process must stay on the address
+/// meanwhile, or the kernel frees the maps with the last socket (then nothing is stale): here a third `rping` server
+/// on another port. Skipped with the reason when the kernel refuses the steering.
+#[test]
+fn a_killed_servers_port_is_taken_over_by_the_next_server() {
+    let _turn = serial();
+    let Some(ns) = setup("cmstale", &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-stale");
+    let rping = |role: &str, port: &str| {
+        argv(
+            &ns.a,
+            IP_A,
+            &["rping", role, "-a", IP_A, "-p", port, "-C", "5", "-v", "-V"],
+        )
+    };
+    let mut keep = Proc::spawn("keeper", &dir, &rping("-s", "7281"));
+    wait_socket(
+        &mut keep,
+        "udp",
+        ns.octets_a(),
+        4791,
+        Duration::from_secs(60),
+    );
+    let mut dead = Proc::spawn("killed", &dir, &rping("-s", "7282"));
+    std::thread::sleep(Duration::from_millis(1500));
+    if let Some(st) = dead.try_wait() {
+        let out = dead.wait(Duration::from_secs(1));
+        if out.stderr.contains("CAP_BPF") {
+            eprintln!("skipped: the kernel refuses the steering:\n{out}");
+            return;
+        }
+        panic!("the server ended ({st}):\n{out}");
+    }
+    drop(dead); // SIGKILL: its claim of port 7282 stays in the map
+    std::thread::sleep(Duration::from_millis(300));
+    let mut next = Proc::spawn("next", &dir, &rping("-s", "7282"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut c = Proc::spawn("client", &dir, &rping("-c", "7282"));
+    for (who, f) in [
+        ("client", c.wait(Duration::from_secs(60))),
+        ("next server", next.wait(Duration::from_secs(30))),
+    ] {
+        let pings = f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert!(
+            f.status.success() && pings == 5,
+            "{who}: {pings} verified pings:\n{f}"
+        );
+    }
+    drop(keep);
+    let _ = std::fs::remove_dir_all(&dir);
+}
