@@ -83,8 +83,12 @@ fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
 /// only then creates the listener for it: a client faster than the server (here about one run in three of
 /// `ib_send_bw -R` in the debug build: our address and route resolution answer at once, Linux's take a kernel
 /// round trip) is rejected with reason 8 ("invalid service ID", no listener yet — as Linux's CM answers then
-/// too), and perftest's own retry then fails on the ids it destroyed. Such a run (the client's own message says
-/// so) is started over, at most five times, with a note.
+/// too), and perftest's own retry then fails on the ids it destroyed: Debian's perftest 4.5-0.17
+/// (`rdma_cm_client_connection` retries after `rdma_cm_destroy_cma` freed its nodes; later perftest reallocates
+/// them), on Linux as here. The server is not hung by the REJ (`tests/rdmacm_robust.rs`
+/// `a_request_before_the_listen_is_rejected_and_the_next_one_accepted`); it waits for a client that gave up. Such a
+/// run (the client's own message says so) is started over, at most five times, with a note: what a user of these
+/// tools does on Linux too, not a retry of ours.
 fn pair(ns: &NetnsPair, name: &str, server: &[&str], client: &[&str]) -> (Finished, Finished) {
     let dir = scratch(&format!("rdmacm-{name}"));
     for attempt in 1.. {

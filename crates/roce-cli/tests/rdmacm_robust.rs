@@ -236,3 +236,98 @@ fn a_killed_servers_port_is_taken_over_by_the_next_server() {
     drop(keep);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #17, `ib_send_bw -R` race: a REQ that beats the server's listen is rejected with reason 8, as by Linux's
+/// CM — and neither side may hang on it. The client is told at once (`RDMA_CM_EVENT_REJECTED`, status 8) and
+/// exits; the process that rejected it keeps serving its own port, and a listen made afterwards on the rejected
+/// port accepts the next REQ. Here the rejecting process is an `rping` server on port 7291 (its CM runs, nothing
+/// listens on 7292); then a second server listens on 7292, on the same address, and a client connects to each. A
+/// guard, not a failing-first test: this held before (with one server per address).
+#[test]
+fn a_request_before_the_listen_is_rejected_and_the_next_one_accepted() {
+    let _turn = serial();
+    let Some(ns) = setup("cmlate", &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-late-listen");
+    let server = |port: &str| {
+        argv(
+            &ns.a,
+            IP_A,
+            &["rping", "-s", "-a", IP_A, "-p", port, "-C", "5", "-v", "-V"],
+        )
+    };
+    let client = |port: &str| {
+        argv(
+            &ns.b,
+            IP_B,
+            &["rping", "-c", "-a", IP_A, "-p", port, "-C", "5", "-v", "-V"],
+        )
+    };
+    let mut s1 = Proc::spawn("server7291", &dir, &server("7291"));
+    wait_socket(&mut s1, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let early = Proc::spawn("early", &dir, &client("7292")).wait(Duration::from_secs(30));
+    let out = format!("{}{}", early.stdout, early.stderr);
+    assert!(
+        !early.status.success()
+            && out.contains("RDMA_CM_EVENT_REJECTED")
+            && out.contains("error 8"),
+        "the early client is rejected with reason 8:\n{early}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let mut s2 = Proc::spawn("server7292", &dir, &server("7292"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut c2 = Proc::spawn("client7292", &dir, &client("7292"));
+    let mut c1 = Proc::spawn("client7291", &dir, &client("7291"));
+    for (who, f) in [
+        ("client 7292", c2.wait(Duration::from_secs(60))),
+        ("client 7291", c1.wait(Duration::from_secs(60))),
+        ("server 7292", s2.wait(Duration::from_secs(30))),
+        ("server 7291", s1.wait(Duration::from_secs(30))),
+    ] {
+        let pings = f
+            .stdout
+            .lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert!(
+            f.status.success() && pings == 5,
+            "{who}: {pings} verified pings:\n{f}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A REQ to an address where no rocev2 process runs (nothing bound on UDP 4791) is never answered; the requester's
+/// CM re-sends it after each CM response timeout ((2 × 2^16 + 2^20) × 4.096 µs ≈ 4.8 s: packet lifetime 16,
+/// response timeout 20), 15 times, then gives up, and rdma_cm reports `RDMA_CM_EVENT_UNREACHABLE` with status
+/// `-ETIMEDOUT` (-110), as Linux `cma.c` does for `IB_CM_REQ_ERROR`. So `rping -c` ends after about 77 s instead of
+/// waiting for ever. A guard (it held before); it takes that long.
+#[test]
+fn a_request_nobody_answers_ends_unreachable_after_the_cm_retries() {
+    let _turn = serial();
+    let Some(ns) = setup("cmunr", &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-unreachable");
+    let t0 = Instant::now();
+    let f = Proc::spawn(
+        "client",
+        &dir,
+        &argv(&ns.b, IP_B, &["rping", "-c", "-a", IP_A, "-C", "1", "-v"]),
+    )
+    .wait(Duration::from_secs(150));
+    let took = t0.elapsed();
+    let out = format!("{}{}", f.stdout, f.stderr);
+    assert!(
+        !f.status.success() && out.contains("RDMA_CM_EVENT_UNREACHABLE, error -110"),
+        "{f}"
+    );
+    assert!(
+        (Duration::from_secs(60)..Duration::from_secs(120)).contains(&took),
+        "after 16 sends 4.8 s apart: {took:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
