@@ -144,11 +144,11 @@ fn build_hint(dir: &Path) -> String {
 }
 
 /// A directory whose `libibverbs.so.1` is a link to `lib` (and `librdmacm.so.1` to `libroce_rdmacm.so` when that
-/// was built beside it): for the library beside `rocev2` (`named` false),
+/// was built beside it; the second result says whether it was): for the library beside `rocev2` (`named` false),
 /// `<dir of lib>/rocev2-ibverbs/` when writable; else, and always for a library named with [`ENV_LIB`] (nothing
 /// is created beside a path given from outside), this user's private `$TMPDIR/rocev2-ibverbs-<uid>/`. The link is
 /// replaced atomically (a rename), so concurrent runs never see it missing.
-fn library_dir(lib: &Path, named: bool) -> Result<PathBuf, String> {
+fn library_dir(lib: &Path, named: bool) -> Result<(PathBuf, bool), String> {
     let lib = lib
         .canonicalize()
         .map_err(|e| format!("{}: {e}", lib.display()))?;
@@ -189,12 +189,12 @@ fn library_dir(lib: &Path, named: bool) -> Result<PathBuf, String> {
         let rdmacm = lib.with_file_name("libroce_rdmacm.so");
         let mut made = link_into(&dir, &lib, "libibverbs.so.1");
         // A named library's sibling must pass the same ownership check as the library itself.
-        if made.is_ok() && rdmacm.is_file() && (!named || file_trusted(&rdmacm, &[uid, 0]).is_ok())
-        {
+        let with_rdmacm = rdmacm.is_file() && (!named || file_trusted(&rdmacm, &[uid, 0]).is_ok());
+        if made.is_ok() && with_rdmacm {
             made = link_into(&dir, &rdmacm, "librdmacm.so.1");
         }
         match made {
-            Ok(()) => return Ok(dir),
+            Ok(()) => return Ok((dir, with_rdmacm)),
             Err(e) => last = format!("{}: {e}", dir.display()),
         }
     }
@@ -228,7 +228,11 @@ fn exec(a: &RunArgs) -> Result<std::convert::Infallible, String> {
     // Check the address now, so a typo is reported here and not as "no devices" by the program.
     let spec = DeviceSpec::for_ip(ip, roce_link::RxMode::Socket)?;
     let (lib, named) = library()?;
-    let dir = library_dir(&lib, named)?;
+    let (dir, with_rdmacm) = library_dir(&lib, named)?;
+    let (prog, args) = a.program.split_first().ok_or("no program given")?;
+    if !with_rdmacm && names_librdmacm(prog) {
+        eprintln!("rocev2 run: {}", rdmacm_missing_note(&lib, prog));
+    }
     if !a.no_device_files {
         let tree = devfs::device_tree(&spec, devfs::net_parent(&spec.interface).as_deref());
         if let Err(e) = devfs::install(&tree) {
@@ -244,7 +248,6 @@ fn exec(a: &RunArgs) -> Result<std::convert::Infallible, String> {
         path.push(":");
         path.push(old);
     }
-    let (prog, args) = a.program.split_first().ok_or("no program given")?;
     let err = Command::new(prog)
         .args(args)
         .env("LD_LIBRARY_PATH", path)
@@ -252,4 +255,62 @@ fn exec(a: &RunArgs) -> Result<std::convert::Infallible, String> {
         .env(ENV_RX, &a.rx)
         .exec();
     Err(format!("executing {}: {err}", prog.to_string_lossy()))
+}
+
+/// Whether the program `prog` (found on `PATH` like `exec` finds it) names `librdmacm.so.1`: a program linked with
+/// librdmacm has the name in its dynamic string table (`DT_NEEDED`), and one that loads it with `dlopen` has it as a
+/// string too. A program that reaches librdmacm only through another library (a Python extension module, a UCX
+/// plug-in) is not recognised. At most the first 256 MiB of the file are read; unreadable means no.
+fn names_librdmacm(prog: &std::ffi::OsStr) -> bool {
+    const NAME: &[u8] = b"librdmacm.so.1";
+    let path = Path::new(prog);
+    let file = if path.components().count() > 1 {
+        Some(path.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(path))
+                .find(|f| f.is_file())
+        })
+    };
+    let Some(file) = file else { return false };
+    let Ok(f) = std::fs::File::open(&file) else {
+        return false;
+    };
+    let mut bytes = Vec::new();
+    if std::io::Read::read_to_end(&mut std::io::Read::take(f, 256 << 20), &mut bytes).is_err() {
+        return false;
+    }
+    bytes.windows(NAME.len()).any(|w| w == NAME)
+}
+
+/// The note for a program that uses librdmacm when rocev2's (`libroce_rdmacm.so` beside `lib`) is not there:
+/// without it the dynamic loader takes the system's librdmacm, which needs the kernel's rdma_cm
+/// (`/dev/infiniband/rdma_cm`), and the program's first rdma_cm call fails.
+fn rdmacm_missing_note(lib: &Path, prog: &std::ffi::OsStr) -> String {
+    let rdmacm = lib.with_file_name("libroce_rdmacm.so");
+    let build = match lib
+        .parent()
+        .and_then(|d| d.file_name())
+        .and_then(|n| n.to_str())
+    {
+        Some("debug") => "`cargo build -p roce-rdmacm`".to_string(),
+        Some("release") => "`cargo build --release -p roce-rdmacm`".to_string(),
+        _ => format!(
+            "`cargo build --release -p roce-rdmacm` in the rocev2 checkout and copy \
+             target/release/libroce_rdmacm.so to {}",
+            rdmacm.display()
+        ),
+    };
+    let why = if rdmacm.is_file() {
+        "is not owned by this user or root, or group or others may write to it"
+    } else {
+        "is missing"
+    };
+    format!(
+        "note: {} uses librdmacm, but rocev2's librdmacm.so.1 ({}) {why}: its rdma_cm calls will fail (\"failed to \
+         create RDMA CM event channel\"); build it with {build}",
+        prog.to_string_lossy(),
+        rdmacm.display()
+    )
 }

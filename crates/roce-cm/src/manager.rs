@@ -52,6 +52,11 @@ pub struct CmConfig {
     pub mra_on_duplicate_req: Option<u8>,
     /// Seed of the random comm IDs and transaction IDs.
     pub seed: u64,
+    /// The most significant byte of every local comm ID (SIDR request ID) this CM makes, the rest random; `None`:
+    /// all 32 bits random. Several processes sharing one address each put their QPN slot here, so the kernel's
+    /// steering program hands every CM MAD that names a comm ID of ours (REP, MRA, REJ, RTU, DREQ, DREP: the
+    /// `RemoteCommID`; SIDR_REP: the `RequestID`) to this process (`docs/MULTIPROCESS.md`, QP 1).
+    pub comm_id_prefix: Option<u8>,
 }
 
 impl Default for CmConfig {
@@ -69,6 +74,7 @@ impl Default for CmConfig {
             pkey: mad::DEFAULT_PKEY,
             mra_on_duplicate_req: Some(24),
             seed: 0,
+            comm_id_prefix: None,
         }
     }
 }
@@ -1372,8 +1378,13 @@ impl Cm {
         if self.live >= self.config.max_connections {
             return Err(CmError::NoResources);
         }
+        let prefix = self.config.comm_id_prefix;
         let local_id = loop {
-            let id = splitmix(&mut self.rng) as u32;
+            let r = splitmix(&mut self.rng) as u32;
+            let id = match prefix {
+                Some(p) => u32::from(p) << 24 | r & 0x00ff_ffff,
+                None => r,
+            };
             if id != 0 && !self.by_local.contains_key(&id) {
                 break id;
             }

@@ -513,3 +513,53 @@ fn stale_req_is_rejected_and_the_live_connection_kept() {
     assert!(drain(&mut e.b).is_empty());
     let _ = attr::REQ;
 }
+
+/// Processes sharing one address (`docs/MULTIPROCESS.md`, QP 1): with `comm_id_prefix`, every local comm ID this CM
+/// makes — active (REQ), passive (REP) and SIDR request IDs — has the prefix as its most significant byte, the byte
+/// the kernel's steering program reads from the `RemoteCommID` (`RequestID`) of the MADs that come back.
+#[test]
+fn local_comm_ids_carry_the_configured_prefix() {
+    let t0 = Instant::from_nanos(0);
+    let mut a = Cm::new(CmConfig {
+        comm_id_prefix: Some(0xab),
+        ..config(1, 0xa)
+    });
+    let mut b = Cm::new(CmConfig {
+        comm_id_prefix: Some(0x01),
+        ..config(2, 0xb)
+    });
+    b.listen(SID).expect("listen");
+    let mut seen_passive = 0;
+    for i in 0..64 {
+        // A QP of its own each time (the same remote QP again would be a stale connection).
+        let p = ConnectParams {
+            local_qpn: Qpn::new(0x100 + i),
+            ..connect_params()
+        };
+        let id = a.connect(t0, peer(2), &p).expect("connect");
+        assert_eq!(a.local_comm_id(id).map(|c| c >> 24), Some(0xab), "REQ {i}");
+        let s = a.sidr_request(t0, peer(2), SID, b"").expect("sidr");
+        assert_eq!(a.local_comm_id(s).map(|c| c >> 24), Some(0xab), "SIDR {i}");
+        let mut buf = [0u8; MAD_LEN];
+        while let Some(t) = a.poll_transmit(&mut buf) {
+            let _ = t;
+            b.handle_mad(t0, peer(1), &buf);
+        }
+        while let Some(ev) = b.poll_event() {
+            if let Event::ConnectRequest { id, .. } = ev {
+                assert_eq!(b.local_comm_id(id).map(|c| c >> 24), Some(0x01));
+                seen_passive += 1;
+            }
+        }
+    }
+    assert_eq!(seen_passive, 64);
+    // Without a prefix the IDs use all 32 bits.
+    let mut c = Cm::new(config(3, 0xc));
+    let tops: std::collections::HashSet<u32> = (0..64)
+        .filter_map(|_| {
+            let id = c.connect(t0, peer(2), &connect_params()).ok()?;
+            c.local_comm_id(id).map(|v| v >> 24)
+        })
+        .collect();
+    assert!(tops.len() > 8, "{tops:?}");
+}

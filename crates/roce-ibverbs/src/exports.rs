@@ -198,6 +198,8 @@ impl CtxBlock {
                 .inspect(|rt| {
                     // Engine events reach `ibv_get_async_event` (module `async_events`).
                     let _ = rt.set_async_handler(Box::new(async_events::deliver));
+                    // The device's connection manager answers on QP 1 from the start, as the kernel's does.
+                    cm_bridge::start(rt);
                     shared.rt = Some(rt.clone());
                     shared.contexts = 1;
                 })

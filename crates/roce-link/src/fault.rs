@@ -520,6 +520,10 @@ impl<L: Link> Link for Faulty<L> {
     fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
         self.inner.counters(f)
     }
+
+    fn steer_service(&self, service_id: u64, listen: bool) -> std::io::Result<()> {
+        self.inner.steer_service(service_id, listen)
+    }
 }
 
 // ------------------------------------------------------------------------------------------------ frame edits

@@ -162,6 +162,17 @@ pub trait Link {
         let _ = f;
     }
 
+    /// Steers the connection requests (CM REQ and SIDR_REQ MADs on QP 1) for `service_id` to this link's process
+    /// (`listen` true: a listen starts) or ends that (`listen` false), on an address several processes share
+    /// ([`reuseport`]: [`reuseport::Joined::claim_service`], `docs/MULTIPROCESS.md`, QP 1). Control path. The default,
+    /// for links that receive everything sent to their address, has nothing to steer; a decorator passes it on.
+    ///
+    /// Errors: `AddrInUse` when another running process of the address listens on `service_id`.
+    fn steer_service(&self, service_id: u64, listen: bool) -> std::io::Result<()> {
+        let _ = (service_id, listen);
+        Ok(())
+    }
+
     /// Queues a gathered frame ([`roce_proto::Engine::poll_transmit_gather`]): the first `g.head` bytes of the
     /// buffer from the last [`tx_buf`](Self::tx_buf), then `segs[..g.segs]`, then `g.tail` bytes of the buffer at
     /// offset `g.head`. The default linearises it into the buffer (one copy of the payload) and calls
@@ -239,6 +250,9 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
         (**self).counters(f)
+    }
+    fn steer_service(&self, service_id: u64, listen: bool) -> std::io::Result<()> {
+        (**self).steer_service(service_id, listen)
     }
 }
 

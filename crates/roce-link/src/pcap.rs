@@ -206,6 +206,10 @@ impl<L: Link, W: Write> Link for Pcap<L, W> {
         self.inner.counters(f);
         f("pcap_write_errors", self.write_errors);
     }
+
+    fn steer_service(&self, service_id: u64, listen: bool) -> std::io::Result<()> {
+        self.inner.steer_service(service_id, listen)
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,11 @@
 //! name ([`map_name`]) among the host's BPF maps, or made, under a lock (a file lock in a directory only the joining
 //! user controls, see `Lock`) so concurrent starts agree on one map.
 //!
+//! QP 1 (the CM's MADs) is one QPN for all processes: the program hands a CM REQ or SIDR_REQ to the slot that
+//! claimed its ServiceID in the address's services map ([`Joined::claim_service`], made by a listen), and every
+//! other CM MAD to the slot in the first byte of the comm ID it names (each process's CM makes its comm IDs with its
+//! slot there, `roce_cm::CmConfig::comm_id_prefix`); `docs/MULTIPROCESS.md`, "QP 1".
+//!
 //! The program is hand-assembled (`docs/MULTIPROCESS.md` §6: aya loads only ELF objects, and building one needs a
 //! BPF toolchain this project does not have) and loaded with the `bpf(2)` system call. Everything here needs
 //! `CAP_BPF` + `CAP_NET_ADMIN` (or `CAP_SYS_ADMIN`); [`ReuseportError`] says so when the kernel refuses.
@@ -27,19 +32,27 @@ pub const QPN_SHIFT: u32 = 16;
 
 // bpf(2) commands and constants (Linux include/uapi/linux/bpf.h).
 const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_MAP_GET_NEXT_ID: libc::c_long = 12;
 const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_MAP_TYPE_HASH: u32 = 1;
 const BPF_MAP_TYPE_REUSEPORT_SOCKARRAY: u32 = 20;
 const BPF_PROG_TYPE_SK_REUSEPORT: u32 = 21;
+const BPF_ANY: u64 = 0;
 const BPF_NOEXIST: u64 = 1;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
+const BPF_FUNC_MAP_LOOKUP_ELEM: i32 = 1;
 const BPF_FUNC_SKB_LOAD_BYTES: i32 = 26;
 const BPF_FUNC_SK_SELECT_REUSEPORT: i32 = 82;
 /// `SO_ATTACH_REUSEPORT_EBPF` (include/uapi/asm-generic/socket.h).
 const SO_ATTACH_REUSEPORT_EBPF: libc::c_int = 52;
+
+/// Listens (service IDs) the services map holds per address: a `listen` beyond it is not steered (module docs).
+pub const MAX_SERVICES: u32 = 4096;
 
 /// One eBPF instruction (`struct bpf_insn`): opcode, destination and source registers, offset, immediate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,39 +77,131 @@ const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
     }
 }
 
-/// The steering program for map `map_fd` (20 instruction slots; `docs/MULTIPROCESS.md` lists it as assembly):
-/// load BTH bytes 4..8 (UDP offset 12) to the stack, key = `DestQP[23:16]`, `bpf_sk_select_reuseport(ctx, map, &key,
-/// 0)`, return `SK_PASS` (a failed load or selection leaves the choice to the kernel's hash).
-pub fn program(map_fd: RawFd) -> [Insn; 20] {
+/// An instruction of [`program`] before assembly: an instruction, a jump to a label, or a label.
+enum Op {
+    I(Insn),
+    /// Conditional (or, with code 0x05, unconditional) jump: code, register, immediate, target label.
+    J(u8, u8, i32, &'static str),
+    L(&'static str),
+}
+
+/// The steering program for the sockets map `map_fd` and the services map `services_fd` (`docs/MULTIPROCESS.md`
+/// lists it as assembly). For every datagram it loads BTH bytes 4..8 (UDP offset 12):
+///
+/// * DestQP ≠ 1: the key is `DestQP[23:16]`, the slot of the QP's process;
+/// * DestQP = 1 (QP 1, the GSI) and a MAD of the CM class (0x07; the MAD starts at UDP offset 28, after the BTH and
+///   the DETH): for a REQ or SIDR_REQ the key is the slot the services map holds for its ServiceID (MAD data bytes
+///   8..16, UDP offset 60: the process listening on it); for a SIDR_REP the first byte of its RequestID (UDP offset
+///   52), for every other CM MAD the first byte of its RemoteCommID (UDP offset 56) — the receiver's own comm ID,
+///   whose first byte is its slot (`roce_cm::CmConfig::comm_id_prefix`);
+///
+/// then `bpf_sk_select_reuseport(ctx, map, &key, 0)` and `SK_PASS`. A failed load, another class, a service nobody
+/// steers, or a slot nobody holds leave the choice to the kernel's hash (any process of the address: its CM answers
+/// what it cannot match, a REJ "invalid service ID" for a REQ, as any RNIC's CM would).
+pub fn program(map_fd: RawFd, services_fd: RawFd) -> Vec<Insn> {
     const R0: u8 = 0;
     const R1: u8 = 1;
     const R2: u8 = 2;
     const R3: u8 = 3;
     const R4: u8 = 4;
     const R6: u8 = 6;
+    const R7: u8 = 7;
     const R10: u8 = 10;
-    [
-        insn(0xbf, R6, R1, 0, 0),                          // r6 = r1 (ctx)
-        insn(0xb7, R2, 0, 0, 12),                          // r2 = 12: UDP header + BTH bytes 0..3
-        insn(0xbf, R3, R10, 0, 0),                         // r3 = r10
-        insn(0x07, R3, 0, 0, -8),                          // r3 += -8
-        insn(0xb7, R4, 0, 0, 4),                           // r4 = 4
-        insn(0x85, 0, 0, 0, BPF_FUNC_SKB_LOAD_BYTES),      // call bpf_skb_load_bytes
-        insn(0x55, R0, 0, 11, 0),                          // if r0 != 0 goto pass
-        insn(0x61, R0, R10, -8, 0),                        // r0 = *(u32 *)(r10 - 8)
-        insn(0x77, R0, 0, 0, 8),                           // r0 >>= 8
-        insn(0x57, R0, 0, 0, 0xff),                        // r0 &= 0xff: DestQP[23:16]
-        insn(0x63, R10, R0, -4, 0),                        // *(u32 *)(r10 - 4) = r0
-        insn(0xbf, R1, R6, 0, 0),                          // r1 = ctx
-        insn(0x18, R2, BPF_PSEUDO_MAP_FD, 0, map_fd),      // r2 = map (ld_imm64, low half)
-        insn(0x00, 0, 0, 0, 0),                            //          (high half)
-        insn(0xbf, R3, R10, 0, 0),                         // r3 = r10
-        insn(0x07, R3, 0, 0, -4),                          // r3 += -4: &key
-        insn(0xb7, R4, 0, 0, 0),                           // r4 = 0
-        insn(0x85, 0, 0, 0, BPF_FUNC_SK_SELECT_REUSEPORT), // call bpf_sk_select_reuseport
-        insn(0xb7, R0, 0, 0, 1),                           // pass: r0 = SK_PASS
-        insn(0x95, 0, 0, 0, 0),                            // exit
-    ]
+    use Op::{I, J, L};
+    // Stack: fp-40..-16 the MAD header, fp-16..-8 a ServiceID, fp-8..-4 BTH bytes 4..8 or a comm ID, fp-4 the key.
+    let load = |off: i32, at: i32, len: i32| {
+        [
+            I(insn(0xbf, R1, R6, 0, 0)),                     // r1 = ctx
+            I(insn(0xb7, R2, 0, 0, off)),                    // r2 = UDP offset
+            I(insn(0xbf, R3, R10, 0, 0)),                    // r3 = r10
+            I(insn(0x07, R3, 0, 0, at)),                     // r3 += at
+            I(insn(0xb7, R4, 0, 0, len)),                    // r4 = len
+            I(insn(0x85, 0, 0, 0, BPF_FUNC_SKB_LOAD_BYTES)), // call bpf_skb_load_bytes
+            J(0x55, R0, 0, "pass"),                          // if r0 != 0 goto pass
+        ]
+    };
+    let mut ops = vec![I(insn(0xbf, R6, R1, 0, 0))]; // r6 = ctx
+    ops.extend(load(12, -8, 4)); // BTH bytes 4..8: resv8a, DestQP[23:16], DestQP[15:8], DestQP[7:0]
+    ops.extend([
+        I(insn(0x61, R0, R10, -8, 0)), // r0 = *(u32 *)(r10 - 8)
+        I(insn(0xbf, R7, R0, 0, 0)),   // r7 = r0
+        I(insn(0x77, R7, 0, 0, 8)),    // r7 >>= 8: DestQP, bytes reversed
+        J(0x15, R7, 0x01_0000, "qp1"), // if DestQP == 1 goto qp1
+        I(insn(0x77, R0, 0, 0, 8)),    // r0 >>= 8
+        I(insn(0x57, R0, 0, 0, 0xff)), // r0 &= 0xff: DestQP[23:16]
+        L("select"),                   // r0 = slot
+        I(insn(0x63, R10, R0, -4, 0)), // *(u32 *)(r10 - 4) = r0
+        I(insn(0xbf, R1, R6, 0, 0)),   // r1 = ctx
+        I(insn(0x18, R2, BPF_PSEUDO_MAP_FD, 0, map_fd)), // r2 = map (ld_imm64, low half)
+        I(insn(0x00, 0, 0, 0, 0)),     //          (high half)
+        I(insn(0xbf, R3, R10, 0, 0)),  // r3 = r10
+        I(insn(0x07, R3, 0, 0, -4)),   // r3 += -4: &key
+        I(insn(0xb7, R4, 0, 0, 0)),    // r4 = 0
+        I(insn(0x85, 0, 0, 0, BPF_FUNC_SK_SELECT_REUSEPORT)), // call bpf_sk_select_reuseport
+        L("pass"),
+        I(insn(0xb7, R0, 0, 0, 1)), // r0 = SK_PASS
+        I(insn(0x95, 0, 0, 0, 0)),  // exit
+        L("qp1"),
+    ]);
+    ops.extend(load(28, -40, 24)); // the MAD header
+    ops.extend([
+        I(insn(0x71, R0, R10, -39, 0)), // r0 = *(u8 *)(r10 - 39): MgmtClass
+        J(0x55, R0, 0x07, "pass"),      // not the CM class: pass
+        I(insn(0x69, R7, R10, -24, 0)), // r7 = *(u16 *)(r10 - 24): AttributeID, bytes reversed
+        J(0x15, R7, 0x1000, "service"), // REQ (0x0010)
+        J(0x15, R7, 0x1700, "service"), // SIDR_REQ (0x0017)
+        I(insn(0xb7, R2, 0, 0, 56)),    // r2 = 56: RemoteCommID
+        J(0x55, R7, 0x1800, "commid"),  // not SIDR_REP (0x0018)
+        I(insn(0xb7, R2, 0, 0, 52)),    // r2 = 52: RequestID
+        L("commid"),
+        I(insn(0xbf, R1, R6, 0, 0)),                     // r1 = ctx
+        I(insn(0xbf, R3, R10, 0, 0)),                    // r3 = r10
+        I(insn(0x07, R3, 0, 0, -8)),                     // r3 += -8
+        I(insn(0xb7, R4, 0, 0, 4)),                      // r4 = 4
+        I(insn(0x85, 0, 0, 0, BPF_FUNC_SKB_LOAD_BYTES)), // call bpf_skb_load_bytes
+        J(0x55, R0, 0, "pass"),                          // if r0 != 0 goto pass
+        I(insn(0x71, R0, R10, -8, 0)), // r0 = *(u8 *)(r10 - 8): the comm ID's first byte
+        J(0x05, 0, 0, "select"),       // goto select
+        L("service"),
+    ]);
+    ops.extend(load(60, -16, 8)); // ServiceID (big-endian, as the map's keys)
+    ops.extend([
+        I(insn(0x18, R1, BPF_PSEUDO_MAP_FD, 0, services_fd)), // r1 = services (ld_imm64, low half)
+        I(insn(0x00, 0, 0, 0, 0)),                            //               (high half)
+        I(insn(0xbf, R2, R10, 0, 0)),                         // r2 = r10
+        I(insn(0x07, R2, 0, 0, -16)),                         // r2 += -16: &service ID
+        I(insn(0x85, 0, 0, 0, BPF_FUNC_MAP_LOOKUP_ELEM)),     // call bpf_map_lookup_elem
+        J(0x15, R0, 0, "pass"),                               // nobody steers it: pass
+        I(insn(0x61, R0, R0, 0, 0)),                          // r0 = *(u32 *)(r0 + 0): its slot
+        J(0x05, 0, 0, "select"),                              // goto select
+    ]);
+    assemble(&ops)
+}
+
+/// Resolves [`Op`] labels into jump offsets (relative to the next instruction).
+fn assemble(ops: &[Op]) -> Vec<Insn> {
+    let mut at = std::collections::HashMap::new();
+    let mut n = 0usize;
+    for op in ops {
+        match op {
+            Op::L(l) => {
+                at.insert(*l, n);
+            }
+            _ => n += 1,
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for op in ops {
+        match *op {
+            Op::I(i) => out.push(i),
+            Op::J(code, dst, imm, l) => {
+                let off = at[l] as i64 - (out.len() as i64 + 1);
+                out.push(insn(code, dst, 0, off as i16, imm));
+            }
+            Op::L(_) => {}
+        }
+    }
+    out
 }
 
 /// `rocev2_` + 8 hex digits of a hash of `local` and the network namespace `netns` (its inode number): BPF maps are
@@ -232,8 +337,24 @@ fn create_map(name: &str) -> io::Result<OwnedFd> {
     bpf(BPF_MAP_CREATE, &mut a).map(fd_of)
 }
 
-fn load_program(map: &OwnedFd) -> io::Result<OwnedFd> {
-    let prog = program(map.as_raw_fd());
+/// The services map of the address whose sockets map is `name`: `rocecm_` + the same 8 hex digits.
+fn services_name(name: &str) -> String {
+    format!("rocecm_{}", &name[name.len().saturating_sub(8)..])
+}
+
+/// A hash map ServiceID (8 bytes, big-endian as on the wire) → [`ServiceEntry`] (16 bytes).
+fn create_services(name: &str) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, BPF_MAP_TYPE_HASH)
+        .u32(4, 8)
+        .u32(8, 16)
+        .u32(12, MAX_SERVICES)
+        .bytes(28, name.as_bytes());
+    bpf(BPF_MAP_CREATE, &mut a).map(fd_of)
+}
+
+fn load_program(map: &OwnedFd, services: &OwnedFd) -> io::Result<OwnedFd> {
+    let prog = program(map.as_raw_fd(), services.as_raw_fd());
     let license = c"MIT OR Apache-2.0";
     let mut a = Attr::new();
     a.u32(0, BPF_PROG_TYPE_SK_REUSEPORT)
@@ -340,7 +461,56 @@ pub struct Joined {
     /// Its slot: its process numbers its QPs from `slot << QPN_SHIFT`.
     pub slot: u8,
     _map: OwnedFd,
+    services: OwnedFd,
+    /// The sockets map's name (the lock name of the address).
+    name: String,
     _prog: OwnedFd,
+}
+
+/// A value of the services map: the slot the steering program reads (first 4 bytes), and who claimed it — a
+/// process id and that process's start time (`/proc/<pid>/stat` field 22), so an entry left by a process that
+/// exited is recognised as stale even when its pid is reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ServiceEntry {
+    slot: u32,
+    pid: u32,
+    start: u64,
+}
+
+impl ServiceEntry {
+    fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0; 16];
+        b[..4].copy_from_slice(&self.slot.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.pid.to_ne_bytes());
+        b[8..].copy_from_slice(&self.start.to_ne_bytes());
+        b
+    }
+    fn from_bytes(b: [u8; 16]) -> ServiceEntry {
+        let w = |r: std::ops::Range<usize>| {
+            let mut x = [0; 4];
+            x.copy_from_slice(&b[r]);
+            u32::from_ne_bytes(x)
+        };
+        let mut st = [0; 8];
+        st.copy_from_slice(&b[8..]);
+        ServiceEntry {
+            slot: w(0..4),
+            pid: w(4..8),
+            start: u64::from_ne_bytes(st),
+        }
+    }
+    /// Whether the process that made the entry still runs.
+    fn alive(self) -> bool {
+        start_time(self.pid).is_some_and(|s| s == self.start)
+    }
+}
+
+/// The start time of process `pid` (clock ticks after boot, `/proc/<pid>/stat` field 22), `None` if it is gone.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count fields after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Joined {
@@ -348,6 +518,76 @@ impl Joined {
     /// as `roce_proto::FIRST_QPN`).
     pub fn first_qpn(&self) -> u32 {
         (u32::from(self.slot) << QPN_SHIFT).max(0x11)
+    }
+
+    fn lookup(&self, key: &[u8; 8]) -> io::Result<Option<ServiceEntry>> {
+        let mut v = [0u8; 16];
+        let mut a = Attr::new();
+        a.u32(0, self.services.as_raw_fd() as u32)
+            .u64(8, key.as_ptr() as u64)
+            .u64(16, v.as_mut_ptr() as u64);
+        match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
+            Ok(_) => Ok(Some(ServiceEntry::from_bytes(v))),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn update(&self, key: &[u8; 8], e: ServiceEntry, flags: u64) -> io::Result<()> {
+        let v = e.to_bytes();
+        let mut a = Attr::new();
+        a.u32(0, self.services.as_raw_fd() as u32)
+            .u64(8, key.as_ptr() as u64)
+            .u64(16, v.as_ptr() as u64)
+            .u64(24, flags);
+        bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(|_| ())
+    }
+
+    /// Steers the REQs and SIDR_REQs for `service_id` on this address to this socket's slot ([`program`]): the
+    /// process listens on it. Connection MADs need no claim (their comm IDs name the slot).
+    ///
+    /// Errors: `AddrInUse` when a running process (another slot) claimed it first — one listener per service and
+    /// address, as Linux's CM refuses a second `ib_cm_listen` on a service ID; `OutOfMemory`-like kernel errors
+    /// (`E2BIG`/`ENOMEM`) when [`MAX_SERVICES`] are claimed. An entry of a process that exited (or of this slot's
+    /// earlier holder) is taken over.
+    pub fn claim_service(&self, service_id: u64) -> io::Result<()> {
+        let key = service_id.to_be_bytes();
+        let pid = std::process::id();
+        let mine = ServiceEntry {
+            slot: u32::from(self.slot),
+            pid,
+            start: start_time(pid).unwrap_or(0),
+        };
+        match self.update(&key, mine, BPF_NOEXIST) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            r => return r,
+        }
+        // Taken: by a live process, or stale. Decide and replace under the address's lock, so two processes taking
+        // over one stale entry do not both believe they own it.
+        let _lock = Lock::take(&self.name)?;
+        match self.lookup(&key)? {
+            Some(e) if e.pid != pid && e.alive() => Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "service ID {service_id:#x} is listened on by process {} on this address",
+                    e.pid
+                ),
+            )),
+            _ => self.update(&key, mine, BPF_ANY),
+        }
+    }
+
+    /// Ends the steering of `service_id` to this process (the listen ended); an entry of another process is left.
+    pub fn release_service(&self, service_id: u64) {
+        let key = service_id.to_be_bytes();
+        if let Ok(Some(e)) = self.lookup(&key)
+            && e.pid == std::process::id()
+        {
+            let mut a = Attr::new();
+            a.u32(0, self.services.as_raw_fd() as u32)
+                .u64(8, key.as_ptr() as u64);
+            let _ = bpf(BPF_MAP_DELETE_ELEM, &mut a);
+        }
     }
 }
 
@@ -363,7 +603,12 @@ pub fn join(socket: BorrowedFd<'_>, local: SocketAddr) -> Result<Joined, Reusepo
         Some(m) => m,
         None => create_map(&name).map_err(fail("creating a REUSEPORT_SOCKARRAY map"))?,
     };
-    let prog = load_program(&map).map_err(fail("loading the SK_REUSEPORT program"))?;
+    let sname = services_name(&name);
+    let services = match find_map(&sname).map_err(fail("looking for the address's services map"))? {
+        Some(m) => m,
+        None => create_services(&sname).map_err(fail("creating the services map"))?,
+    };
+    let prog = load_program(&map, &services).map_err(fail("loading the SK_REUSEPORT program"))?;
     let pfd: libc::c_int = prog.as_raw_fd();
     // SAFETY: `socket` is an open socket; the option value is a c_int that lives across the call.
     let r = unsafe {
@@ -394,6 +639,8 @@ pub fn join(socket: BorrowedFd<'_>, local: SocketAddr) -> Result<Joined, Reusepo
                 return Ok(Joined {
                     slot: slot as u8,
                     _map: map,
+                    services,
+                    name,
                     _prog: prog,
                 });
             }
@@ -420,16 +667,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_program_jumps_to_pass_and_names_the_map() {
-        let p = program(7);
-        // The conditional jump after the load lands on `r0 = SK_PASS`.
+    fn the_program_jumps_to_pass_and_names_the_maps() {
+        let p = program(7, 9);
+        // The conditional jump after the first load lands on `r0 = SK_PASS; exit`.
         let j = p.iter().position(|i| i.code == 0x55).expect("jne");
         let target = j + 1 + p[j].off as usize;
         assert_eq!(p[target], insn(0xb7, 0, 0, 0, 1));
-        assert_eq!(p.last().map(|i| i.code), Some(0x95));
-        let ld = p.iter().find(|i| i.code == 0x18).expect("ld_imm64");
-        assert_eq!((ld.imm, ld.regs >> 4), (7, BPF_PSEUDO_MAP_FD));
+        assert_eq!(p[target + 1].code, 0x95);
+        // Every jump lands inside the program.
+        for (k, i) in p.iter().enumerate() {
+            if matches!(i.code, 0x05 | 0x15 | 0x55) {
+                let t = k as i64 + 1 + i64::from(i.off);
+                assert!((0..p.len() as i64).contains(&t), "jump {k} to {t}");
+            }
+        }
+        let maps: Vec<i32> = p
+            .iter()
+            .filter(|i| i.code == 0x18 && i.regs >> 4 == BPF_PSEUDO_MAP_FD)
+            .map(|i| i.imm)
+            .collect();
+        assert_eq!(maps, [7, 9]);
+        assert_eq!(p.len(), 62, "docs/MULTIPROCESS.md gives the count");
         assert_eq!(size_of::<Insn>(), 8);
+    }
+
+    #[test]
+    fn service_entries_round_trip_and_this_process_is_alive() {
+        let e = ServiceEntry {
+            slot: 3,
+            pid: std::process::id(),
+            start: start_time(std::process::id()).expect("own start time"),
+        };
+        assert_eq!(ServiceEntry::from_bytes(e.to_bytes()), e);
+        assert_eq!(
+            e.to_bytes()[..4],
+            3u32.to_ne_bytes(),
+            "the program reads the slot first"
+        );
+        assert!(e.alive());
+        assert!(
+            !ServiceEntry {
+                start: e.start + 1,
+                ..e
+            }
+            .alive(),
+            "a reused pid"
+        );
+        assert_eq!(services_name("rocev2_0123abcd"), "rocecm_0123abcd");
     }
 
     #[test]

@@ -2198,6 +2198,19 @@ impl Link for UdpLink {
             f(n, v);
         }
     }
+
+    /// On a shared address ([`UdpConfig::share`]) the claim or release of `service_id` in the address's services
+    /// map ([`reuseport::Joined::claim_service`]); alone on the address, nothing to steer.
+    fn steer_service(&self, service_id: u64, listen: bool) -> io::Result<()> {
+        match &self.shared {
+            Some(j) if listen => j.claim_service(service_id),
+            Some(j) => {
+                j.release_service(service_id);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -183,3 +183,85 @@ fn a_squatted_lock_name_does_not_block_joining() {
     }
     assert!(took < Duration::from_secs(2), "join took {took:?}");
 }
+
+/// A CM MAD on QP 1 shaped as on the wire: BTH (12 bytes, SEND_ONLY to QP 1), DETH (8), the MAD header (24: class
+/// `class`, attribute `attr`), then MAD data with `comm` at bytes 0..4 (LocalCommID / RequestID), `remote` at 4..8
+/// (RemoteCommID) and `service` at 8..16 (a REQ's / SIDR_REQ's ServiceID); the marker `n` last.
+fn mad(class: u8, attr: u16, comm: u32, remote: u32, service: u64, n: u8) -> Vec<u8> {
+    let mut p = vec![0x64, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 1]; // BTH: UD SEND_ONLY, DestQP 1
+    p.extend([0x80, 0x01, 0, 0, 0, 0, 0, 1]); // DETH: GSI Q_Key, SrcQP 1
+    let mut h = [0u8; 24];
+    h[0] = 1;
+    h[1] = class;
+    h[2] = 2;
+    h[3] = 3;
+    h[16..18].copy_from_slice(&attr.to_be_bytes());
+    p.extend(h);
+    p.extend(comm.to_be_bytes());
+    p.extend(remote.to_be_bytes());
+    p.extend(service.to_be_bytes());
+    p.push(n);
+    p
+}
+
+/// QP 1 on a shared address (`docs/MULTIPROCESS.md`, QP 1): a REQ or SIDR_REQ reaches the socket whose process
+/// claimed its ServiceID; every other CM MAD the socket whose slot is the first byte of its RemoteCommID (SIDR_REP:
+/// RequestID); a REQ for a service nobody claimed, and a MAD of another class, still arrive once (the kernel's
+/// choice). A second claim of a claimed service by a live process is refused; after a release another socket may
+/// claim it.
+#[test]
+fn cm_mads_on_qp1_reach_the_process_owning_their_service_or_comm_id() {
+    const REQ: u16 = 0x0010;
+    const REP: u16 = 0x0013;
+    const DREQ: u16 = 0x0015;
+    const SIDR_REQ: u16 = 0x0017;
+    const SIDR_REP: u16 = 0x0018;
+    let first = bind("127.0.203.41:0".parse().expect("addr"));
+    let local = first.local_addr().expect("local");
+    let j0 = match reuseport::join(first.as_fd(), local) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    let second = bind(local);
+    let third = bind(local);
+    let j1 = reuseport::join(second.as_fd(), local).expect("join 2");
+    let j2 = reuseport::join(third.as_fd(), local).expect("join 3");
+    assert_eq!([j0.slot, j1.slot, j2.slot], [0, 1, 2]);
+    let socks = [&first, &second, &third];
+    let (s1, s2) = (0x0106_1c6f_u64, 0x0106_1c70_u64); // RDMA_PS_TCP ports 7279, 7280
+    j1.claim_service(s1).expect("claim s1");
+    j2.claim_service(s2).expect("claim s2");
+
+    let tx = UdpSocket::bind("127.0.203.42:0").expect("sender");
+    let send = |p: Vec<u8>| {
+        tx.send_to(&p, local).expect("send");
+    };
+    send(mad(7, REQ, 0xdead_0001, 0, s1, 1));
+    send(mad(7, SIDR_REQ, 0xdead_0002, 0, s2, 2));
+    send(mad(7, REQ, 0xdead_0003, 0, s2, 3));
+    send(mad(7, REP, 0xbeef_0001, 0x0200_1234, 0, 4));
+    send(mad(7, DREQ, 0xbeef_0002, 0x0100_5678, 0, 5));
+    send(mad(7, SIDR_REP, 0x0200_9abc, 0, 0, 6));
+    send(mad(7, REP, 0xbeef_0003, 0x0000_4321, 0, 7));
+    let got: Vec<Vec<u8>> = socks.iter().map(|s| drain(s)).collect();
+    assert_eq!(got, [vec![7], vec![1, 5], vec![2, 3, 4, 6]]);
+
+    // A service nobody claimed, another class, another QP's slot: once each, somewhere.
+    send(mad(7, REQ, 0xdead_0004, 0, 0x0106_0001, 8));
+    send(mad(4, REQ, 0xdead_0005, 0, s1, 9));
+    let mut all: Vec<u8> = socks.iter().flat_map(|s| drain(s)).collect();
+    all.sort_unstable();
+    assert_eq!(all, [8, 9]);
+
+    // One process: its own slot's claim again is fine; the service moves when its claimer releases it.
+    j1.claim_service(s1).expect("claim again");
+    j1.release_service(s1);
+    j2.claim_service(s1).expect("claim after release");
+    send(mad(7, REQ, 0xdead_0006, 0, s1, 10));
+    assert_eq!(drain(&third), [10]);
+    j2.release_service(s1);
+    j2.release_service(s2);
+}

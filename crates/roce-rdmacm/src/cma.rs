@@ -182,6 +182,12 @@ pub(crate) struct State {
     pub listens: HashMap<u64, usize>,
     pub ports: HashSet<(c_int, u16)>,
     pub dispatcher: bool,
+    /// Threads inside [`get_event`] per channel (a blocking read of its eventfd).
+    pub waiters: HashMap<usize, u32>,
+    /// Channels destroyed while threads waited on them: their fd and block are released by the last waiter to
+    /// leave (closing the fd under a blocked `read` would not wake it, and a freed block's address could name a
+    /// new channel).
+    pub closing: HashSet<usize>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -825,7 +831,14 @@ pub(crate) fn create_channel(st: &mut State) -> R<*mut RdmaEventChannel> {
     Ok(p)
 }
 
-pub(crate) fn destroy_channel(st: &mut State, ch: *mut RdmaEventChannel) {
+/// Destroys a channel: its queued events are freed. Threads waiting in [`get_event`] on it keep the fd and block
+/// open (the last of them to leave closes and frees them); with `wake` they are woken (one eventfd count each) and
+/// return `ECANCELED` — for the private channel of a synchronous id, destroyed with the id or by its migration,
+/// whose waiter is the library's own call. The program's `rdma_destroy_event_channel` does not wake them: as with
+/// Linux's librdmacm (a `read` of the closed rdma_cm fd stays blocked), a thread of the program left waiting on it
+/// stays blocked, and programs rely on that (rping's event thread exits the process on an error from
+/// `rdma_get_cm_event` while its main thread tears down).
+pub(crate) fn destroy_channel(st: &mut State, ch: *mut RdmaEventChannel, wake: bool) {
     let Some(q) = st.chans.remove(&(ch as usize)) else {
         return;
     };
@@ -834,33 +847,73 @@ pub(crate) fn destroy_channel(st: &mut State, ch: *mut RdmaEventChannel) {
         // SAFETY: queued blocks were made by Box::into_raw in push_event and not handed out.
         drop(unsafe { Box::from_raw(e as *mut EventBlock) });
     }
-    // SAFETY: a live channel block of ours, removed from the table above.
+    let waiting = st.waiters.get(&(ch as usize)).copied().unwrap_or(0);
+    if waiting > 0 {
+        st.closing.insert(ch as usize);
+        if wake {
+            let n = u64::from(waiting);
+            // SAFETY: `ch` is still a live block (freed by the last waiter); writes 8 bytes to its eventfd.
+            unsafe { libc::write((*ch).fd, (&raw const n).cast(), 8) };
+        }
+        return;
+    }
+    // SAFETY: a live channel block of ours, removed from the table above, with no thread waiting on its fd.
     unsafe {
         libc::close((*ch).fd);
         drop(Box::from_raw(ch));
     }
 }
 
-/// `rdma_get_cm_event`: waits on the channel's fd (or `EAGAIN` when the program made it non-blocking).
+/// A thread leaves [`get_event`] on `ch` (under the lock): the last one out of a destroyed channel releases it.
+fn leave(st: &mut State, ch: usize) {
+    let left = match st.waiters.get_mut(&ch) {
+        Some(n) => {
+            *n -= 1;
+            *n
+        }
+        None => return,
+    };
+    if left == 0 {
+        st.waiters.remove(&ch);
+        if st.closing.remove(&ch) {
+            let ch = ch as *mut RdmaEventChannel;
+            // SAFETY: a destroyed channel's block, kept for its waiters; this was the last of them.
+            unsafe {
+                libc::close((*ch).fd);
+                drop(Box::from_raw(ch));
+            }
+        }
+    }
+}
+
+/// `rdma_get_cm_event`: waits on the channel's fd (or `EAGAIN` when the program made it non-blocking). The private
+/// channel of a synchronous id destroyed meanwhile (with the id by `rdma_destroy_id`, or by `rdma_migrate_id`) ends
+/// the wait with `ECANCELED` (issue #17 finding: the waiter blocked for ever on the closed eventfd); see
+/// [`destroy_channel`] for the program's own channels.
 pub(crate) fn get_event(ch: *mut RdmaEventChannel) -> R<*mut RdmaCmEvent> {
+    let key = ch as usize;
     let fd = {
-        let st = lock();
-        if !st.chans.contains_key(&(ch as usize)) {
+        let mut st = lock();
+        if !st.chans.contains_key(&key) {
             return Err(libc::EINVAL);
         }
+        *st.waiters.entry(key).or_insert(0) += 1;
         // SAFETY: a live channel.
         unsafe { (*ch).fd }
     };
     loop {
         let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into `v`.
+        // SAFETY: reads 8 bytes into `v`; the fd stays open while this thread counts as a waiter.
         let n = unsafe { libc::read(fd, (&raw mut v).cast(), 8) };
-        if n < 0 {
-            return Err(errno());
-        }
         let mut st = lock();
-        let Some(q) = st.chans.get_mut(&(ch as usize)) else {
-            return Err(libc::EINVAL);
+        if n < 0 {
+            let e = errno();
+            leave(&mut st, key);
+            return Err(e);
+        }
+        let Some(q) = st.chans.get_mut(&key) else {
+            leave(&mut st, key);
+            return Err(libc::ECANCELED);
         };
         let Some(e) = q.pop_front() else {
             continue;
@@ -876,6 +929,7 @@ pub(crate) fn get_event(ch: *mut RdmaEventChannel) -> R<*mut RdmaCmEvent> {
         if let Some(i) = st.ids.get_mut(&owner) {
             i.unacked += 1;
         }
+        leave(&mut st, key);
         return Ok(e as *mut RdmaCmEvent);
     }
 }
@@ -1711,7 +1765,7 @@ pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
         st.ports.remove(&(i.ps, s.port()));
     }
     if i.sync {
-        destroy_channel(&mut st, i.chan as *mut RdmaEventChannel);
+        destroy_channel(&mut st, i.chan as *mut RdmaEventChannel, true);
     }
     // SAFETY: the id block was made by Box::into_raw in new_id and is no longer in the table.
     drop(unsafe { Box::from_raw(id) });

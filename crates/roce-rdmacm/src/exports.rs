@@ -94,7 +94,7 @@ pub extern "C" fn rocev2_rdma_create_event_channel() -> *mut RdmaEventChannel {
 /// `ch` is NULL or a channel this library made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rocev2_rdma_destroy_event_channel(ch: *mut RdmaEventChannel) {
-    guard((), || cma::destroy_channel(&mut lock(), ch))
+    guard((), || cma::destroy_channel(&mut lock(), ch, false))
 }
 
 /// # Safety
@@ -388,7 +388,7 @@ pub unsafe extern "C" fn rocev2_rdma_migrate_id(
             // SAFETY: a live id block.
             unsafe { (*id).channel = new as *mut RdmaEventChannel };
             if old_sync && old != new {
-                cma::destroy_channel(&mut st, old as *mut RdmaEventChannel);
+                cma::destroy_channel(&mut st, old as *mut RdmaEventChannel, true);
             }
             Ok(())
         })())

@@ -98,6 +98,32 @@ fn c_program_meets_the_rdma_cm_edge_semantics() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Finding (issue #17): a thread waiting in a synchronous call (`rdma_get_request`, `rdma_connect` on an id made
+/// without a channel) blocked for ever when another thread destroyed or migrated the id: it read the eventfd of a
+/// channel that had been closed under it. `tests/c/waiters.c` checks that the waiter returns -1 with `ECANCELED`
+/// within 5 s in the three cases its header lists. Binds UDP 4791 on 127.0.203.1; 127.0.203.9 stays silent.
+#[test]
+fn a_synchronous_waiter_returns_when_its_id_is_destroyed_or_migrated() {
+    let (prog, dir) = build("waiters", &["-lrdmacm", "-libverbs", "-lpthread"]);
+    // Bounded: the defect was a waiter that never returned (the program then never exits).
+    let out = Command::new("timeout")
+        .args(["60"])
+        .arg(&prog)
+        .args(["127.0.203.1", "127.0.203.9"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROCEV2_IBV_IP", "127.0.203.1")
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn structure_layouts_match_the_installed_header() {
     let (prog, dir) = build("layout", &[]);

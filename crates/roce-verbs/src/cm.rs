@@ -284,6 +284,32 @@ pub(crate) struct DevCm {
     buf: [u8; MAD_LEN],
     /// A MAD the GSI's send queue had no room for (retried first in the next pass).
     held: Option<(MadDest, [u8; MAD_LEN])>,
+    /// The service ID of each listen (to end its steering, [`roce_link::Link::steer_service`]).
+    listens: HashMap<ListenId, u64>,
+}
+
+/// Listens on `service_id` and steers its requests to this process ([`roce_link::Link::steer_service`]: on an
+/// address several processes share, the kernel hands REQs and SIDR_REQs to the process that claimed the service).
+/// A service another running process of the address listens on is [`roce_cm::CmError::ServiceIdInUse`] (as a second
+/// listen in one CM); other steering failures are logged and the listen stays (its requests then reach this process
+/// only when the kernel's hash picks it).
+fn listen_steered(
+    cm: &mut DevCm,
+    link: &(dyn roce_link::Link + Send),
+    service_id: u64,
+) -> Result<ListenId, roce_cm::CmError> {
+    let l = cm.cm.listen(service_id)?;
+    match link.steer_service(service_id, true) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            tracing::warn!(error = %e, "listen refused");
+            cm.cm.stop_listen(l);
+            return Err(roce_cm::CmError::ServiceIdInUse);
+        }
+        Err(e) => tracing::warn!(error = %e, service_id, "the listen's requests are not steered"),
+    }
+    cm.listens.insert(l, service_id);
+    Ok(l)
 }
 
 impl DevCm {
@@ -403,9 +429,12 @@ impl ConnectionManager {
         let waiter = Arc::new(Waiter::new().map_err(Error::Spawn)?);
         let (shared, listened) = ctx.call(move |d| {
             if let Some(cm) = &mut d.cm {
-                let l = listen.map(|sid| cm.cm.listen(sid));
+                let l = listen.map(|sid| listen_steered(cm, &*d.link, sid));
                 return (cm.shared.clone(), l);
             }
+            // On a shared address the first byte of every comm ID is this process's slot, so the kernel hands the
+            // MADs naming them to this process (`CmConfig::comm_id_prefix`, docs/MULTIPROCESS.md).
+            let prefix = d.link.caps().first_qpn.map(|q| (q >> 16) as u8);
             let mac = d.engine.config().mac;
             // The CA GUID as an EUI-64 of the port MAC (IBTA Annex A17 / RoCE practice: FF:FE in the middle).
             let guid = u64::from_be_bytes([
@@ -426,16 +455,18 @@ impl ConnectionManager {
                     cfg.local_ca_guid
                 },
                 seed: if cfg.seed == 0 { seed } else { cfg.seed },
+                comm_id_prefix: cfg.comm_id_prefix.or(prefix),
                 ..cfg
             };
-            let mut cm = Cm::new(cfg);
-            let l = listen.map(|sid| cm.listen(sid));
-            d.cm = Some(Box::new(DevCm {
-                cm,
+            let mut cm = Box::new(DevCm {
+                cm: Cm::new(cfg),
                 shared: fresh.clone(),
                 buf: [0; MAD_LEN],
                 held: None,
-            }));
+                listens: HashMap::new(),
+            });
+            let l = listen.map(|sid| listen_steered(&mut cm, &*d.link, sid));
+            d.cm = Some(cm);
             (fresh, l)
         })?;
         let cm = ConnectionManager {
@@ -474,14 +505,25 @@ impl ConnectionManager {
 
     /// Listens on `service_id` (exact match; rdma_cm builds it as `port space << 16 | port`).
     ///
-    /// Errors: [`Error::Cm`] with `ServiceIdInUse` or `NoResources`.
+    /// Errors: [`Error::Cm`] with `ServiceIdInUse` (also when another process on a shared address listens on it)
+    /// or `NoResources`.
     pub fn listen(&self, service_id: u64) -> Result<ListenId, Error> {
-        Ok(self.with_cm(|cm, _| cm.listen(service_id))??)
+        self.ctx.call(move |d| {
+            let cm = d.cm.as_deref_mut().ok_or(Error::EngineGone)?;
+            Ok(listen_steered(cm, &*d.link, service_id)?)
+        })?
     }
 
-    /// Stops listening (connections already requested are not affected).
+    /// Stops listening (connections already requested are not affected) and ends the steering of its requests.
     pub fn stop_listen(&self, id: ListenId) -> Result<(), Error> {
-        self.with_cm(|cm, _| cm.stop_listen(id))
+        self.ctx.call(move |d| {
+            let cm = d.cm.as_deref_mut().ok_or(Error::EngineGone)?;
+            cm.cm.stop_listen(id);
+            if let Some(sid) = cm.listens.remove(&id) {
+                let _ = d.link.steer_service(sid, false);
+            }
+            Ok(())
+        })?
     }
 
     /// Sends a REQ for `service_id` to the port `dest_gid` (MAC `dest_mac`) offering `qp` (RC or UC, in RESET)

@@ -282,6 +282,18 @@ unsafe fn bytes<'a>(p: *const u8, len: u32) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(p, len as usize) }
 }
 
+/// Starts the connection manager of a device whose runtime just opened (`CtxBlock::runtime`): every rocev2
+/// process answers CM MADs from its first verbs object on, as Linux's always-on CM (in the kernel) does, so a REQ
+/// for a service nobody listens on is rejected at once with reason 8 (invalid service ID; IBTA Vol 1 §12.6.7,
+/// Linux `cm.c` `cm_req_handler`) instead of waiting unanswered in QP 1's receive queue until the requester's
+/// retries run out (issue #17 finding). The CM then lives in the device; later `open`s share it. A failure (no
+/// eventfd) is said once and leaves the CM to start on the first rdma_cm call, as before.
+pub(crate) fn start(rt: &roce_verbs::Context) {
+    if let Err(e) = ConnectionManager::open(rt) {
+        eprintln!("rocev2 libibverbs: the connection manager did not start: {e}");
+    }
+}
+
 unsafe extern "C" fn bridge_open(ctx: *mut IbvContext) -> c_int {
     guard(
         "rocev2_private_v1.open",
