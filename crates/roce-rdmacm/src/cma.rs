@@ -327,13 +327,13 @@ pub(crate) fn load_devices(st: &mut State) {
     }
 }
 
-/// The device with address `ip`; with one device, a loopback or unknown `ip` also names it when `fallback`.
+/// The device with address `ip`; with one device, an unknown `ip` also names it when `fallback`.
 fn find_dev(st: &mut State, ip: IpAddr, fallback: bool) -> R<usize> {
     load_devices(st);
     if let Some(i) = st.devs.iter().position(|d| d.ip == ip) {
         return Ok(i);
     }
-    if st.devs.len() == 1 && (fallback || ip.is_loopback()) {
+    if st.devs.len() == 1 && fallback {
         return Ok(0);
     }
     Err(if st.devs.is_empty() {
@@ -879,7 +879,10 @@ fn ephemeral_port(st: &State, ps: c_int) -> R<u16> {
         .ok_or(libc::EADDRNOTAVAIL)
 }
 
-/// `rdma_bind_addr` under the lock.
+/// `rdma_bind_addr` under the lock. The wildcard, and a loopback address that is no device's, bind without a device
+/// (`id->verbs` stays NULL): libfabric's verbs provider binds "localhost" for a passive endpoint without an address
+/// and then takes the devices' own addresses when `id->verbs` is NULL (`prov/verbs/src/verbs_info.c`
+/// `vrb_fill_addr`); binding it to the device made libfabric advertise 127.0.0.1 to its peer.
 pub(crate) fn bind(st: &mut State, id: usize, a: SocketAddr) -> R<()> {
     let i = &st.ids[&id];
     if i.st != St::Idle {
@@ -888,6 +891,9 @@ pub(crate) fn bind(st: &mut State, id: usize, a: SocketAddr) -> R<()> {
     let (ps, reuse) = (i.ps, i.reuseaddr);
     let dev = if a.ip().is_unspecified() {
         None
+    } else if a.ip().is_loopback() {
+        load_devices(st);
+        st.devs.iter().position(|d| d.ip == a.ip())
     } else {
         Some(find_dev(st, a.ip(), false)?)
     };

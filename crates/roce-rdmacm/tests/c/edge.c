@@ -1,6 +1,7 @@
 /* rdma_cm edge semantics on rocev2's librdmacm.so.1 (run by tests/c_edge.rs with the device on an address given in
  * ROCEV2_IBV_IP, argv[1]; a listener and a client in this one process, each id on its own channel):
  *
+ *  - a loopback address that is no device's binds without a device (id->verbs NULL);
  *  - invalid pointers and arguments are EINVAL (NULL out-pointers, foreign ids and events, a NULL channel for
  *    rdma_get_cm_event), an AF_UNIX address is EAFNOSUPPORT, an unknown option ENOSYS;
  *  - a channel whose fd the program made O_NONBLOCK answers rdma_get_cm_event with EAGAIN when empty, and its fd
@@ -103,6 +104,22 @@ int main(int argc, char **argv)
 	CHECK(rdma_get_cm_event(sch, NULL) == -1 && errno == EINVAL);
 	free(fake);
 	free(fake_ev);
+
+	/* A loopback address that is no device's (the device is on argv[1]): bound without a device, id->verbs NULL,
+	 * as libfabric's verbs provider expects when it binds "localhost" for a passive endpoint without an address
+	 * (vrb_fill_addr then takes the devices' own addresses); rocev2 had bound it to the device and libfabric
+	 * advertised 127.0.0.1 to the peer. */
+	if (strcmp(argv[1], "127.0.0.1") != 0) {
+		struct rdma_cm_id *lo = NULL;
+		struct sockaddr_in loa = {.sin_family = AF_INET};
+		CHECK(inet_pton(AF_INET, "127.0.0.1", &loa.sin_addr) == 1);
+		CHECK(rdma_create_id(sch, &lo, NULL, RDMA_PS_TCP) == 0);
+		if (lo) {
+			CHECK(rdma_bind_addr(lo, (struct sockaddr *)&loa) == 0);
+			CHECK(lo->verbs == NULL);
+			CHECK(rdma_destroy_id(lo) == 0);
+		}
+	}
 
 	/* The listener. */
 	struct rdma_cm_id *listener = NULL;
