@@ -67,6 +67,10 @@ pub(crate) struct Dev {
     pub cm_fd: c_int,
     /// The PD `rdma_create_qp` uses when given none (made on first use).
     pub pd: usize,
+    /// `max_qp_rd_atom` / `max_qp_init_rd_atom` of `ibv_query_device` (at most 255): what `RDMA_MAX_RESP_RES` /
+    /// `RDMA_MAX_INIT_DEPTH` stand for, and the bounds of other values (rdma-core `librdmacm/cma.c`).
+    pub max_rd: u8,
+    pub max_init_rd: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,6 +318,13 @@ pub(crate) fn load_devices(st: &mut State) {
             } else {
                 3
             };
+            let mut da: IbvDeviceAttr = core::mem::zeroed();
+            let (max_rd, max_init_rd) = if bridge::ibv_query_device(ctx, &mut da) == 0 {
+                let clamp = |v: c_int| v.clamp(0, 255) as u8;
+                (clamp(da.max_qp_rd_atom), clamp(da.max_qp_init_rd_atom))
+            } else {
+                (DEFAULT_RD_ATOMIC, DEFAULT_RD_ATOMIC)
+            };
             st.devs.push(Dev {
                 ctx: ctx as usize,
                 gid,
@@ -321,6 +332,8 @@ pub(crate) fn load_devices(st: &mut State) {
                 mtu,
                 cm_fd: -1,
                 pd: 0,
+                max_rd,
+                max_init_rd,
             });
         }
         bridge::ibv_free_device_list(list);
@@ -1176,10 +1189,11 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
         req[CMA_HDR_LEN..CMA_HDR_LEN + plen]
             .copy_from_slice(unsafe { core::slice::from_raw_parts(pdata, plen) });
     }
+    let (max_rd, max_init_rd) = (st.devs[dev].max_rd, st.devs[dev].max_init_rd);
     let (rr, idepth, retry, rnr) = match param {
         Some(p) => (
-            p.responder_resources,
-            p.initiator_depth,
+            rd_param(p.responder_resources, max_rd, max_rd)?,
+            rd_param(p.initiator_depth, max_init_rd, max_init_rd)?,
             p.retry_count,
             p.rnr_retry_count,
         ),
@@ -1221,6 +1235,17 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
     Ok(())
 }
 
+/// A `rdma_conn_param` responder-resources or initiator-depth value (rdma-core `librdmacm/cma.c`
+/// `ucma_valid_param`, `rdma_connect`, `rdma_accept`, read for facts): `RDMA_MAX_RD` (0xff) stands for `max_value`;
+/// another value is taken as is when at most the device's `max`, else `EINVAL`.
+fn rd_param(v: u8, max: u8, max_value: u8) -> R<u8> {
+    match v {
+        RDMA_MAX_RD => Ok(max_value),
+        v if v <= max => Ok(v),
+        _ => Err(libc::EINVAL),
+    }
+}
+
 /// `rdma_accept` under the lock.
 pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -> R<()> {
     let i = &st.ids[&id];
@@ -1241,9 +1266,21 @@ pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -
         return Err(libc::EINVAL);
     }
     if let Some(p) = param {
+        let (max_rd, max_init_rd) = (st.devs[dev].max_rd, st.devs[dev].max_init_rd);
+        let i = &st.ids[&id];
+        let rr = rd_param(
+            p.responder_resources,
+            max_rd,
+            i.responder_resources.min(max_rd),
+        )?;
+        let idepth = rd_param(
+            p.initiator_depth,
+            max_init_rd,
+            i.initiator_depth.min(max_init_rd),
+        )?;
         let i = st.ids.get_mut(&id).expect("live");
-        i.responder_resources = p.responder_resources;
-        i.initiator_depth = p.initiator_depth.min(i.initiator_depth);
+        i.responder_resources = rr;
+        i.initiator_depth = idepth;
     }
     // SAFETY: a live id block.
     let qp = unsafe { (*(id as *mut RdmaCmId)).qp };

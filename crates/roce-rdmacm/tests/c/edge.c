@@ -10,6 +10,9 @@
  *  - a connect request carries the program's private data after the 36-byte address header (56 bytes offered),
  *    names the listener as listen_id, and rdma_reject's private data and reason (28, consumer reject) reach the
  *    requester's REJECTED event;
+ *  - responder resources / initiator depth 0xff (RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH) in rdma_connect and
+ *    rdma_accept stand for the device's maximum (accept: the smaller of it and the peer's), a larger value than the
+ *    device's maximum is EINVAL;
  *  - rdma_accept with library-made CQs (rdma_create_qp with none given) and private data: ESTABLISHED on both sides
  *    (the REP's private data on the active one), rdma_init_qp_attr names the peer's QP, a SEND carries data;
  *  - rdma_disconnect: DISCONNECTED on both sides;
@@ -204,6 +207,9 @@ int main(int argc, char **argv)
 	CHECK(rdma_create_qp(c2, NULL, &qa) == 0);
 	CHECK(c2->qp && c2->send_cq && c2->recv_cq && c2->recv_cq_channel);
 	cp.qp_num = 0;
+	/* The largest the device allows, as libfabric's verbs provider asks (RDMA_MAX_RESP_RES, RDMA_MAX_INIT_DEPTH). */
+	cp.responder_resources = RDMA_MAX_RESP_RES;
+	cp.initiator_depth = RDMA_MAX_INIT_DEPTH;
 	CHECK(rdma_connect(c2, &cp) == 0);
 	ev = expect(sch, RDMA_CM_EVENT_CONNECT_REQUEST);
 	struct rdma_cm_id *s2 = ev ? ev->id : NULL;
@@ -220,9 +226,26 @@ int main(int argc, char **argv)
 		rmr = rdma_reg_msgs(s2, rbuf, sizeof(rbuf));
 		CHECK(rmr != NULL);
 		CHECK(rdma_post_recv(s2, NULL, rbuf, sizeof(rbuf), rmr) == 0);
+		struct ibv_device_attr da;
+		CHECK(ibv_query_device(s2->verbs, &da) == 0);
+		/* Above the device's maximum: EINVAL, and the request can still be accepted. */
 		struct rdma_conn_param ap = {.private_data = "welcome", .private_data_len = 8,
-					     .responder_resources = 1, .initiator_depth = 1, .rnr_retry_count = 7};
+					     .responder_resources = 200, .initiator_depth = 1, .rnr_retry_count = 7};
+		if (da.max_qp_rd_atom < 200) {
+			errno = 0;
+			CHECK(rdma_accept(s2, &ap) == -1 && errno == EINVAL);
+		}
+		ap.responder_resources = RDMA_MAX_RESP_RES;
+		ap.initiator_depth = RDMA_MAX_INIT_DEPTH;
 		CHECK(rdma_accept(s2, &ap) == 0);
+		/* 0xff: the smaller of the peer's request (the device's maximum here) and the device's maximum. */
+		struct ibv_qp_attr qattr;
+		struct ibv_qp_init_attr qinit;
+		CHECK(ibv_query_qp(s2->qp, &qattr, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MAX_QP_RD_ATOMIC, &qinit) == 0);
+		CHECK(qattr.max_dest_rd_atomic == (da.max_qp_rd_atom < da.max_qp_init_rd_atom ? da.max_qp_rd_atom
+											: da.max_qp_init_rd_atom));
+		CHECK(qattr.max_rd_atomic == (da.max_qp_rd_atom < da.max_qp_init_rd_atom ? da.max_qp_rd_atom
+										     : da.max_qp_init_rd_atom));
 	}
 	ev = expect(cch, RDMA_CM_EVENT_ESTABLISHED);
 	if (ev) {
