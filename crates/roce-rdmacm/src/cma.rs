@@ -827,6 +827,21 @@ pub(crate) fn check_id(st: &State, id: *mut RdmaCmId) -> R<()> {
     }
 }
 
+/// The library's PD of device `dev`, allocated on first use and kept while the process runs: every id bound to the
+/// device shows it in `id->pd` and `rdma_create_qp` without a PD uses it (rdma-core `librdmacm/cma.c`
+/// `ucma_get_device`; UCX's rdmacm CM makes a UD QP on `id->pd`). Errors: `ibv_alloc_pd`'s errno.
+fn device_pd(st: &mut State, dev: usize) -> R<*mut c_void> {
+    if st.devs[dev].pd == 0 {
+        // SAFETY: a context this library opened.
+        let p = unsafe { bridge::ibv_alloc_pd(st.devs[dev].ctx as *mut c_void) };
+        if p.is_null() {
+            return Err(errno());
+        }
+        st.devs[dev].pd = p as usize;
+    }
+    Ok(st.devs[dev].pd as *mut c_void)
+}
+
 /// Writes the addresses, GIDs and path record of `id` (`id->route`, Linux `cma_resolve_iboe_route` for the path).
 fn fill_route(
     st: &mut State,
@@ -840,10 +855,14 @@ fn fill_route(
         let d = &st.devs[dev];
         (d.ctx, d.gid, d.mtu)
     };
+    let pd = device_pd(st, dev).unwrap_or(core::ptr::null_mut());
     let i = st.ids.get_mut(&id).expect("live");
     // SAFETY: `id` is a live id block.
     let c = unsafe { &mut *(id as *mut RdmaCmId) };
     c.verbs = ctx as *mut c_void;
+    if c.pd.is_null() {
+        c.pd = pd;
+    }
     if let Some(s) = src {
         write_sockaddr(&mut c.route.addr.src, s);
     }
@@ -1475,15 +1494,7 @@ pub(crate) fn create_qp(
     } else if !c.pd.is_null() {
         c.pd
     } else {
-        if st.devs[dev].pd == 0 {
-            // SAFETY: a context this library opened.
-            let p = unsafe { bridge::ibv_alloc_pd(c.verbs) };
-            if p.is_null() {
-                return Err(errno());
-            }
-            st.devs[dev].pd = p as usize;
-        }
-        st.devs[dev].pd as *mut c_void
+        device_pd(st, dev)?
     };
     let mut own = false;
     if attr.send_cq.is_null() || attr.recv_cq.is_null() {

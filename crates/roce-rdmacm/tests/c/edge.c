@@ -1,7 +1,8 @@
 /* rdma_cm edge semantics on rocev2's librdmacm.so.1 (run by tests/c_edge.rs with the device on an address given in
  * ROCEV2_IBV_IP, argv[1]; a listener and a client in this one process, each id on its own channel):
  *
- *  - a loopback address that is no device's binds without a device (id->verbs NULL);
+ *  - a loopback address that is no device's binds without a device (id->verbs NULL); an id bound to a device has
+ *    the library's PD of it in id->pd (a UD QP can be made on it, as UCX does);
  *  - invalid pointers and arguments are EINVAL (NULL out-pointers, foreign ids and events, a NULL channel for
  *    rdma_get_cm_event), an AF_UNIX address is EAFNOSUPPORT, an unknown option ENOSYS;
  *  - a channel whose fd the program made O_NONBLOCK answers rdma_get_cm_event with EAGAIN when empty, and its fd
@@ -134,6 +135,21 @@ int main(int argc, char **argv)
 	CHECK(rdma_bind_addr(listener, NULL) == -1 && errno == EINVAL);
 	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&addr) == 0);
 	CHECK(rdma_get_src_port(listener) == htons(7471));
+	/* An id bound to a device has the library's PD of that device (id->pd), as librdmacm's ucma_get_device sets
+	 * it: UCX's rdmacm CM creates a "dummy" UD QP on id->pd for the QP number of its REQ. */
+	CHECK(listener->verbs && listener->pd && listener->pd->context == listener->verbs);
+	if (listener->verbs && listener->pd) {
+		struct ibv_cq *dcq = ibv_create_cq(listener->verbs, 4, NULL, NULL, 0);
+		struct ibv_qp_init_attr dqa = {.send_cq = dcq, .recv_cq = dcq, .qp_type = IBV_QPT_UD,
+					       .cap = {.max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1,
+						       .max_recv_sge = 1}};
+		struct ibv_qp *dqp = dcq ? ibv_create_qp(listener->pd, &dqa) : NULL;
+		CHECK(dqp != NULL);
+		if (dqp)
+			CHECK(ibv_destroy_qp(dqp) == 0);
+		if (dcq)
+			CHECK(ibv_destroy_cq(dcq) == 0);
+	}
 	CHECK(rdma_listen(listener, 4) == 0);
 	uint8_t tos = 32;
 	CHECK(rdma_set_option(listener, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0);
