@@ -911,10 +911,13 @@ fn ephemeral_port(st: &State, ps: c_int) -> R<u16> {
         .ok_or(libc::EADDRNOTAVAIL)
 }
 
-/// `rdma_bind_addr` under the lock. The wildcard, and a loopback address that is no device's, bind without a device
-/// (`id->verbs` stays NULL): libfabric's verbs provider binds "localhost" for a passive endpoint without an address
-/// and then takes the devices' own addresses when `id->verbs` is NULL (`prov/verbs/src/verbs_info.c`
-/// `vrb_fill_addr`); binding it to the device made libfabric advertise 127.0.0.1 to its peer.
+/// `rdma_bind_addr` under the lock. The wildcard binds without a device (`id->verbs` stays NULL). A loopback
+/// address names the device that has it, else a device on a loopback address (the loopback interface's addresses
+/// are all that device's, as an rxe device on `lo` has them in its GID table: pyverbs' rdmacm tests bind the
+/// netdev's first address, 127.0.0.1, for a device on 127.0.203.1), else no device: libfabric's verbs provider
+/// binds "localhost" for a passive endpoint without an address and then takes the devices' own addresses when
+/// `id->verbs` is NULL (`prov/verbs/src/verbs_info.c` `vrb_fill_addr`); binding it to a device on another
+/// interface made libfabric advertise 127.0.0.1 to its peer.
 pub(crate) fn bind(st: &mut State, id: usize, a: SocketAddr) -> R<()> {
     let i = &st.ids[&id];
     if i.st != St::Idle {
@@ -925,7 +928,10 @@ pub(crate) fn bind(st: &mut State, id: usize, a: SocketAddr) -> R<()> {
         None
     } else if a.ip().is_loopback() {
         load_devices(st);
-        st.devs.iter().position(|d| d.ip == a.ip())
+        st.devs
+            .iter()
+            .position(|d| d.ip == a.ip())
+            .or_else(|| st.devs.iter().position(|d| d.ip.is_loopback()))
     } else {
         Some(find_dev(st, a.ip(), false)?)
     };
