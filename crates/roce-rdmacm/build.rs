@@ -22,6 +22,7 @@ fn main() {
         "ibv_open_device",
         "ibv_query_gid",
         "ibv_query_port",
+        "ibv_query_device",
         "ibv_alloc_pd",
         "ibv_create_cq",
         "ibv_destroy_cq",

@@ -2,11 +2,11 @@
 //! namespaces, both ends under `rocev2 run`, through rocev2's `librdmacm.so.1` (crate `roce-rdmacm`) over the IB CM
 //! on QP 1 — no kernel rdma_cm, no `/dev/infiniband/rdma_cm`. Each program is judged by its own success criteria:
 //! its exit status and the output it prints on success (rping's verified data, ucmatose's `return status 0`,
-//! rdma_server/rdma_client's `end 0`, perftest's result row).
+//! rdma_server/rdma_client's `end 0`, perftest's result row, libfabric's `fi_pingpong` table with its data checks).
 //!
 //! A server is ready when its process has bound UDP 4791 on its address: `rdma_listen` starts the runtime (which
 //! binds the port) and registers the listen in the same call. Needs root, `ip netns` and Debian's `rdmacm-utils`
-//! / `perftest`; otherwise skipped with the reason.
+//! / `perftest` / `libfabric-bin`; otherwise skipped with the reason.
 
 mod common;
 
@@ -67,11 +67,11 @@ fn argv(ns: &str, ip: &str, args: &[&str]) -> Vec<String> {
 
 /// The namespaces, or `None` (with the reason printed) when this machine cannot run the test.
 fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
-    setup_on(tag, programs, IP_A, IP_B)
+    setup_at(tag, IP_A, IP_B, programs)
 }
 
-/// [`setup`] with the namespaces' addresses.
-fn setup_on(tag: &str, programs: &[(&str, &str)], ip_a: &str, ip_b: &str) -> Option<NetnsPair> {
+/// [`setup`] with the namespaces' addresses given.
+fn setup_at(tag: &str, ip_a: &str, ip_b: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
     if let Some(why) = netns_unavailable() {
         eprintln!("skipped: {why}");
         return None;
@@ -186,7 +186,7 @@ fn udaddy_four_ud_ids_between_namespaces() {
         eprintln!("skipped: {why}");
         return;
     }
-    let Some(ns) = setup_on("udaddy", &[], UD_IP_A, UD_IP_B) else {
+    let Some(ns) = setup_at("udaddy", UD_IP_A, UD_IP_B, &[]) else {
         return;
     };
     // RDMA_PS_UDP: four UD ids resolve the server's UD QPs with SIDR (ESTABLISHED with param.ud, an AH from its
@@ -217,7 +217,7 @@ fn sidr_accept_reject_and_no_listener_through_the_library() {
         Path::new("/usr/include/rdma/rdma_cma.h").is_file(),
         "<rdma/rdma_cma.h> missing: install Debian's librdmacm-dev (.ci/run does)"
     );
-    let Some(ns) = setup_on("sidr", &[], UD_IP_A, UD_IP_B) else {
+    let Some(ns) = setup_at("sidr", UD_IP_A, UD_IP_B, &[]) else {
         return;
     };
     let dir = scratch("rdmacm-sidr");
@@ -459,5 +459,84 @@ fn run_names_the_build_command_when_librdmacm_is_missing() {
         !err.contains("uses librdmacm"),
         "the library is there:\n{err}"
     );
+}
+
+/// `fi_pingpong`'s sizes without `-S`: one result row each.
+const FI_SIZES: [&str; 6] = ["64", "256", "1k", "4k", "64k", "1m"];
+
+/// libfabric (Debian's libfabric 1.17, `fi_pingpong`) over its `verbs` provider, which opens the device through
+/// librdmacm (`rdma_getaddrinfo`, `rdma_create_ep`, `rdma_bind_addr` on "localhost" for a passive endpoint without
+/// an address, `rdma_accept` with 0xff responder resources, `rdma_get_local_addr`) and libibverbs: reliable datagram
+/// endpoints of the `ofi_rxm` utility provider over verbs RC connections (`-e rdm`, messages and tagged messages)
+/// and the verbs provider's own connected endpoints (`-e msg`), 30 iterations of every size up to 1 MiB with
+/// `fi_pingpong`'s data checks (`-c`). `-e rdm` is needed: `fi_pingpong`'s default endpoint type is `dgram`, which
+/// `ofi_rxm` does not offer (libfabric answers `fi_getinfo` with ENODATA then, whatever the device). The server
+/// waits on its control port (TCP 47592) until the client connects; the two also exchange their rdma_cm addresses
+/// there. Addresses 198.18.24.1/2.
+#[test]
+fn fi_pingpong_over_libfabric_verbs_and_rxm_between_namespaces() {
+    let _turn = serial();
+    let (ip_a, ip_b) = ("198.18.24.1", "198.18.24.2");
+    let Some(ns) = setup_at("fipp", ip_a, ip_b, &[("fi_pingpong", "libfabric-bin")]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-fi_pingpong");
+    for (prov, ep, mode) in [
+        ("verbs;ofi_rxm", "rdm", "msg"),
+        ("verbs;ofi_rxm", "rdm", "tagged"),
+        ("verbs", "msg", "msg"),
+    ] {
+        let what = format!("fi_pingpong -p {prov} -e {ep} -m {mode}");
+        let args = [
+            "fi_pingpong",
+            "-p",
+            prov,
+            "-e",
+            ep,
+            "-m",
+            mode,
+            "-c",
+            "-I",
+            "30",
+        ];
+        let before = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b);
+        let mut s = Proc::spawn("server", &dir, &argv(&ns.a, ip_a, &args));
+        wait_socket(&mut s, "tcp", ns.octets_a(), 47592, Duration::from_secs(60));
+        let mut client = args.to_vec();
+        client.push(ip_a);
+        let mut c = Proc::spawn("client", &dir, &argv(&ns.b, ip_b, &client));
+        let cf = c.wait(Duration::from_secs(120));
+        let sf = s.wait(Duration::from_secs(30));
+        let datagrams = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b) - before;
+        assert!(
+            cf.status.success(),
+            "{what}: client failed:\n{cf}\nserver:\n{sf}"
+        );
+        assert!(
+            sf.status.success(),
+            "{what}: server failed:\n{sf}\nclient:\n{cf}"
+        );
+        for (who, f) in [("client", &cf), ("server", &sf)] {
+            // "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec", then "64 30 =30 3.8k ..." per size.
+            let rows: Vec<Vec<&str>> = f
+                .stdout
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .filter(|r| r.len() == 8 && FI_SIZES.contains(&r[0]))
+                .collect();
+            let sizes: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+            assert_eq!(sizes, FI_SIZES, "{what} {who}:\n{f}");
+            for r in &rows {
+                assert_eq!((r[1], r[2]), ("30", "=30"), "{what} {who}: {r:?}\n{f}");
+            }
+            assert!(!f.stderr.contains("rocev2 librdmacm"), "{what} {who}:\n{f}");
+        }
+        // Every message and its answer went over rocev2 (RoCE v2 frames in UDP), not another provider.
+        assert!(
+            datagrams >= 2 * 30 * FI_SIZES.len() as u64,
+            "{what}: only {datagrams} UDP datagrams"
+        );
+        eprintln!("{what}: ok ({datagrams} UDP datagrams)");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

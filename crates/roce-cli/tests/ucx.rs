@@ -15,7 +15,8 @@
 //! defaults run therefore gives each side its own IPC and PID namespaces too (`unshare --ipc --pid --fork`), as two
 //! hosts or two containers look to UCX, and UCX then picks `rc_verbs` on rocev2 by itself; a fourth test keeps the
 //! one-host set-up (shared memory, rocev2's device opened and an `rc_verbs` lane configured beside it) and checks that
-//! both sides complete (`tag_lat`, `tag_bw`). Needs root, `ip netns`, `unshare` and Debian's `ucx-utils` (installed by
+//! both sides complete (`tag_lat`, `tag_bw`). A fifth connects through a socket address with UCX's `rdmacm`
+//! connection manager on rocev2's `librdmacm.so.1` (`io_demo`; `ucx_perftest` has no such mode). Needs root, `ip netns`, `unshare` and Debian's `ucx-utils` (installed by
 //! `.ci/run`); otherwise skipped with the reason.
 
 mod common;
@@ -231,4 +232,88 @@ fn ucx_perftest_with_ucx_defaults_between_namespaces_of_one_host() {
         let what = format!("UCX defaults, one host, {test}");
         run(&ns, Mode::DefaultsOneHost, &what, &["-t", test], 200);
     }
+}
+
+/// UCX's client-server connections through a socket address (`ucp_listener_create` / `ucp_ep_create` with
+/// `UCP_EP_PARAM_FIELD_SOCK_ADDR`), the path that goes through a connection manager — UCX 1.13's default
+/// `UCX_SOCKADDR_TLS_PRIORITY=rdmacm,tcp,sockcm` takes the `rdmacm` component, i.e. rocev2's `librdmacm.so.1`.
+/// `ucx_perftest` 1.13 has no such mode (it exchanges worker addresses over its own TCP socket), so the program is
+/// `io_demo`, UCX's own client-server demo in the same `ucx-utils` package: the server listens on TCP port 20001's
+/// address, the client connects to it and runs 200 read and write transactions of 1 KiB–64 KiB with io_demo's data
+/// and transaction checks (`-q`), then must print `Client exit with status 'OK'` and exit 0. No UCX_* variable
+/// chooses anything: `UCX_LOG_LEVEL=debug` on the client only makes UCX say which CM it used, and the client must
+/// have used `cm rdmacm` (not the `tcp` CM fallback). Addresses 198.18.24.5/6.
+#[test]
+fn ucx_io_demo_connects_through_rdmacm_sockaddr_between_namespaces() {
+    if let Some(why) = unavailable().or_else(|| common::program_missing("io_demo", "ucx-utils")) {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    common::rdmacm_library();
+    let _turn = serial();
+    let ns = NetnsPair::up("ucxcm", "198.18.24.5", "198.18.24.6", 1500);
+    ns.wait_running();
+    let dir = scratch("ucx-io_demo");
+    let io_demo = |ns_name: &str, env: &[&str], args: &[&str]| {
+        let mut v = strings(&["ip", "netns", "exec", ns_name, "env"]);
+        for (k, _) in std::env::vars_os() {
+            if let Some(k) = k.to_str().filter(|k| k.starts_with("UCX_")) {
+                v.extend(strings(&["-u", k]));
+            }
+        }
+        v.extend(strings(env));
+        v.extend(strings(&[common::bin(), "run", "--", "io_demo"]));
+        v.extend(strings(args));
+        v
+    };
+    let common_args = [
+        "-p",
+        "20001",
+        "-q",
+        "-o",
+        "read,write",
+        "-d",
+        "1024:65536",
+        "-i",
+        "200",
+    ];
+    let mut server = Proc::spawn("server", &dir, &io_demo(&ns.a, &[], &common_args));
+    let t0 = Instant::now();
+    while !server.output_so_far().contains("started listener") {
+        assert!(
+            server.try_wait().is_none() && t0.elapsed() < Duration::from_secs(60),
+            "io_demo server did not listen:\n{}",
+            server.output_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b);
+    let mut args = common_args.to_vec();
+    args.push(&ns.ip_a);
+    let mut client = Proc::spawn(
+        "client",
+        &dir,
+        &io_demo(&ns.b, &["UCX_LOG_LEVEL=debug"], &args),
+    );
+    let c = client.wait(Duration::from_secs(60));
+    let datagrams = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b) - before;
+    let server_out = server.output_so_far();
+    drop(server);
+    assert!(
+        c.status.success(),
+        "io_demo client failed:\n{c}\nserver:\n{server_out}"
+    );
+    assert!(c.stdout.contains("Client exit with status 'OK'"), "{c}");
+    let all = format!("{}{}", c.stdout, c.stderr);
+    assert!(
+        all.contains("lane[0]: cm rdmacm") && all.contains("created an endpoint on rdmacm"),
+        "the client did not connect through UCX's rdmacm CM:\n{c}"
+    );
+    assert!(!all.contains(" ERROR "), "UCX reported an error:\n{c}");
+    assert!(
+        datagrams >= 200,
+        "only {datagrams} UDP datagrams: not over rocev2?\n{c}"
+    );
+    eprintln!("io_demo over rdmacm: ok ({datagrams} UDP datagrams)");
+    let _ = std::fs::remove_dir_all(&dir);
 }

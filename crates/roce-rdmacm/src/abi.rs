@@ -278,6 +278,21 @@ pub struct IbvPortAttr {
     pub rest: [u8; 40],
 }
 
+/// `struct ibv_device_attr` (232 bytes); only `max_qp_rd_atom` and `max_qp_init_rd_atom` are read.
+#[repr(C)]
+pub struct IbvDeviceAttr {
+    pub head: [u8; 144],
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub rest: [u64; 9],
+}
+
+/// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH` (`<rdma/rdma_cma.h>`): a `rdma_conn_param` value asking for the
+/// device's maximum (`rdma_connect`) or the smaller of the peer's request and the device's maximum (`rdma_accept`).
+pub const RDMA_MAX_RD: u8 = 0xff;
+
 // `enum ibv_qp_state`.
 pub const IBV_QPS_RESET: c_int = 0;
 pub const IBV_QPS_INIT: c_int = 1;
@@ -404,5 +419,8 @@ const _: () = {
     assert!(offset_of!(IbvQpInitAttrEx, comp_mask) == 60);
     assert!(offset_of!(IbvQpInitAttrEx, pd) == 64);
     assert!(size_of::<IbvPortAttr>() == 52);
+    assert!(size_of::<IbvDeviceAttr>() == 232);
+    assert!(offset_of!(IbvDeviceAttr, max_qp_rd_atom) == 144);
+    assert!(offset_of!(IbvDeviceAttr, max_qp_init_rd_atom) == 156);
     assert!(offset_of!(IbvPortAttr, active_mtu) == 8);
 };

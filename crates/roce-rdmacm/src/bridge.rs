@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use libc::c_int;
 
-use crate::abi::{IbvPortAttr, IbvQp, IbvQpAttr, IbvQpInitAttr};
+use crate::abi::{IbvDeviceAttr, IbvPortAttr, IbvQp, IbvQpAttr, IbvQpInitAttr};
 
 /// `PRIVATE_VERSION` of the table this library was built for.
 pub const PRIVATE_VERSION: u32 = 2;
@@ -190,6 +190,7 @@ unsafe extern "C" {
     pub fn ibv_open_device(dev: *mut ibv_device) -> Ctx;
     pub fn ibv_query_gid(ctx: Ctx, port: u8, index: c_int, gid: *mut [u8; 16]) -> c_int;
     pub fn ibv_query_port(ctx: Ctx, port: u8, attr: *mut IbvPortAttr) -> c_int;
+    pub fn ibv_query_device(ctx: Ctx, attr: *mut IbvDeviceAttr) -> c_int;
     pub fn ibv_alloc_pd(ctx: Ctx) -> *mut c_void;
     pub fn ibv_create_comp_channel(ctx: Ctx) -> *mut c_void;
     pub fn ibv_destroy_comp_channel(ch: *mut c_void) -> c_int;

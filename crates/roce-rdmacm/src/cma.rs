@@ -85,6 +85,10 @@ pub(crate) struct Dev {
     pub cm_fd: c_int,
     /// The PD `rdma_create_qp` uses when given none (made on first use).
     pub pd: usize,
+    /// `max_qp_rd_atom` / `max_qp_init_rd_atom` of `ibv_query_device` (at most 255): what `RDMA_MAX_RESP_RES` /
+    /// `RDMA_MAX_INIT_DEPTH` stand for, and the bounds of other values (rdma-core `librdmacm/cma.c`).
+    pub max_rd: u8,
+    pub max_init_rd: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,6 +352,13 @@ pub(crate) fn load_devices(st: &mut State) {
             } else {
                 3
             };
+            let mut da: IbvDeviceAttr = core::mem::zeroed();
+            let (max_rd, max_init_rd) = if bridge::ibv_query_device(ctx, &mut da) == 0 {
+                let clamp = |v: c_int| v.clamp(0, 255) as u8;
+                (clamp(da.max_qp_rd_atom), clamp(da.max_qp_init_rd_atom))
+            } else {
+                (DEFAULT_RD_ATOMIC, DEFAULT_RD_ATOMIC)
+            };
             st.devs.push(Dev {
                 ctx: ctx as usize,
                 gid,
@@ -355,19 +366,21 @@ pub(crate) fn load_devices(st: &mut State) {
                 mtu,
                 cm_fd: -1,
                 pd: 0,
+                max_rd,
+                max_init_rd,
             });
         }
         bridge::ibv_free_device_list(list);
     }
 }
 
-/// The device with address `ip`; with one device, a loopback or unknown `ip` also names it when `fallback`.
+/// The device with address `ip`; with one device, an unknown `ip` also names it when `fallback`.
 fn find_dev(st: &mut State, ip: IpAddr, fallback: bool) -> R<usize> {
     load_devices(st);
     if let Some(i) = st.devs.iter().position(|d| d.ip == ip) {
         return Ok(i);
     }
-    if st.devs.len() == 1 && (fallback || ip.is_loopback()) {
+    if st.devs.len() == 1 && fallback {
         return Ok(0);
     }
     Err(if st.devs.is_empty() {
@@ -1033,6 +1046,21 @@ pub(crate) fn check_id(st: &State, id: *mut RdmaCmId) -> R<()> {
     }
 }
 
+/// The library's PD of device `dev`, allocated on first use and kept while the process runs: every id bound to the
+/// device shows it in `id->pd` and `rdma_create_qp` without a PD uses it (rdma-core `librdmacm/cma.c`
+/// `ucma_get_device`; UCX's rdmacm CM makes a UD QP on `id->pd`). Errors: `ibv_alloc_pd`'s errno.
+fn device_pd(st: &mut State, dev: usize) -> R<*mut c_void> {
+    if st.devs[dev].pd == 0 {
+        // SAFETY: a context this library opened.
+        let p = unsafe { bridge::ibv_alloc_pd(st.devs[dev].ctx as *mut c_void) };
+        if p.is_null() {
+            return Err(errno());
+        }
+        st.devs[dev].pd = p as usize;
+    }
+    Ok(st.devs[dev].pd as *mut c_void)
+}
+
 /// Writes the addresses, GIDs and path record of `id` (`id->route`, Linux `cma_resolve_iboe_route` for the path).
 fn fill_route(
     st: &mut State,
@@ -1046,10 +1074,14 @@ fn fill_route(
         let d = &st.devs[dev];
         (d.ctx, d.gid, d.mtu)
     };
+    let pd = device_pd(st, dev).unwrap_or(core::ptr::null_mut());
     let i = st.ids.get_mut(&id).expect("live");
     // SAFETY: `id` is a live id block.
     let c = unsafe { &mut *(id as *mut RdmaCmId) };
     c.verbs = ctx as *mut c_void;
+    if c.pd.is_null() {
+        c.pd = pd;
+    }
     if let Some(s) = src {
         write_sockaddr(&mut c.route.addr.src, s);
     }
@@ -1098,7 +1130,13 @@ fn ephemeral_port(st: &State, ps: c_int) -> R<u16> {
         .ok_or(libc::EADDRNOTAVAIL)
 }
 
-/// `rdma_bind_addr` under the lock.
+/// `rdma_bind_addr` under the lock. The wildcard binds without a device (`id->verbs` stays NULL). A loopback
+/// address names the device that has it, else a device on a loopback address (the loopback interface's addresses
+/// are all that device's, as an rxe device on `lo` has them in its GID table: pyverbs' rdmacm tests bind the
+/// netdev's first address, 127.0.0.1, for a device on 127.0.203.1), else no device: libfabric's verbs provider
+/// binds "localhost" for a passive endpoint without an address and then takes the devices' own addresses when
+/// `id->verbs` is NULL (`prov/verbs/src/verbs_info.c` `vrb_fill_addr`); binding it to a device on another
+/// interface made libfabric advertise 127.0.0.1 to its peer.
 pub(crate) fn bind(st: &mut State, id: usize, a: SocketAddr) -> R<()> {
     let i = &st.ids[&id];
     if i.st != St::Idle {
@@ -1107,6 +1145,12 @@ pub(crate) fn bind(st: &mut State, id: usize, a: SocketAddr) -> R<()> {
     let (ps, reuse) = (i.ps, i.reuseaddr);
     let dev = if a.ip().is_unspecified() {
         None
+    } else if a.ip().is_loopback() {
+        load_devices(st);
+        st.devs
+            .iter()
+            .position(|d| d.ip == a.ip())
+            .or_else(|| st.devs.iter().position(|d| d.ip.is_loopback()))
     } else {
         Some(find_dev(st, a.ip(), false)?)
     };
@@ -1394,10 +1438,11 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
         req[CMA_HDR_LEN..CMA_HDR_LEN + plen]
             .copy_from_slice(unsafe { core::slice::from_raw_parts(pdata, plen) });
     }
+    let (max_rd, max_init_rd) = (st.devs[dev].max_rd, st.devs[dev].max_init_rd);
     let (rr, idepth, retry, rnr) = match param {
         Some(p) => (
-            p.responder_resources,
-            p.initiator_depth,
+            rd_param(p.responder_resources, max_rd, max_rd)?,
+            rd_param(p.initiator_depth, max_init_rd, max_init_rd)?,
             p.retry_count,
             p.rnr_retry_count,
         ),
@@ -1493,6 +1538,17 @@ fn sidr_connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -> R<(
     Ok(())
 }
 
+/// A `rdma_conn_param` responder-resources or initiator-depth value (rdma-core `librdmacm/cma.c`
+/// `ucma_valid_param`, `rdma_connect`, `rdma_accept`, read for facts): `RDMA_MAX_RD` (0xff) stands for `max_value`;
+/// another value is taken as is when at most the device's `max`, else `EINVAL`.
+fn rd_param(v: u8, max: u8, max_value: u8) -> R<u8> {
+    match v {
+        RDMA_MAX_RD => Ok(max_value),
+        v if v <= max => Ok(v),
+        _ => Err(libc::EINVAL),
+    }
+}
+
 /// `rdma_accept` under the lock.
 pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -> R<()> {
     let i = &st.ids[&id];
@@ -1516,9 +1572,21 @@ pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -
         return Err(libc::EINVAL);
     }
     if let Some(p) = param {
+        let (max_rd, max_init_rd) = (st.devs[dev].max_rd, st.devs[dev].max_init_rd);
+        let i = &st.ids[&id];
+        let rr = rd_param(
+            p.responder_resources,
+            max_rd,
+            i.responder_resources.min(max_rd),
+        )?;
+        let idepth = rd_param(
+            p.initiator_depth,
+            max_init_rd,
+            i.initiator_depth.min(max_init_rd),
+        )?;
         let i = st.ids.get_mut(&id).expect("live");
-        i.responder_resources = p.responder_resources;
-        i.initiator_depth = p.initiator_depth.min(i.initiator_depth);
+        i.responder_resources = rr;
+        i.initiator_depth = idepth;
     }
     // SAFETY: a live id block.
     let qp = unsafe { (*(id as *mut RdmaCmId)).qp };
@@ -1791,15 +1859,7 @@ pub(crate) fn create_qp(
     } else if !c.pd.is_null() {
         c.pd
     } else {
-        if st.devs[dev].pd == 0 {
-            // SAFETY: a context this library opened.
-            let p = unsafe { bridge::ibv_alloc_pd(c.verbs) };
-            if p.is_null() {
-                return Err(errno());
-            }
-            st.devs[dev].pd = p as usize;
-        }
-        st.devs[dev].pd as *mut c_void
+        device_pd(st, dev)?
     };
     let mut own = false;
     if attr.send_cq.is_null() || attr.recv_cq.is_null() {

@@ -130,3 +130,25 @@ fn structure_layouts_match_the_installed_header() {
     assert!(prog.is_file());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `tests/c/addrinfo.c`: `rdma_getaddrinfo` answers as rdma-core's `librdmacm/addrinfo.c` does, including the call
+/// with neither node nor service (only hints with the addresses) that libfabric's verbs provider makes for every
+/// passive endpoint (`vrb_get_rdmacm_rai`; `fi_pingpong -e rdm -p "verbs;ofi_rxm"` failed there with EINVAL).
+#[test]
+fn rdma_getaddrinfo_answers_as_librdmacm() {
+    let (prog, dir) = build("addrinfo", &["-lrdmacm"]);
+    let out = Command::new("timeout")
+        .args(["30"])
+        .arg(&prog)
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -533,6 +533,32 @@ pub fn ibverbs_library() {
     });
 }
 
+/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds
+/// current `libroce_ibverbs.so` and `libroce_rdmacm.so` beside `rocev2` (a no-op when fresh).
+pub fn rdmacm_library() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build -p roce-ibverbs -p roce-rdmacm");
+        assert!(
+            out.status.success(),
+            "cargo build -p roce-ibverbs -p roce-rdmacm failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = Path::new(bin()).parent().expect("bin dir");
+        for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
+            assert!(dir.join(lib).is_file(), "{lib} missing after the build");
+        }
+    });
+}
+
 /// Why a test needing `program` cannot run, naming the Debian `package` that has it, when it is not on `PATH`
 /// (`.ci/run` installs them); `None` when it is there.
 pub fn program_missing(program: &str, package: &str) -> Option<String> {

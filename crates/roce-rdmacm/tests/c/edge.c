@@ -1,6 +1,8 @@
 /* rdma_cm edge semantics on rocev2's librdmacm.so.1 (run by tests/c_edge.rs with the device on an address given in
  * ROCEV2_IBV_IP, argv[1]; a listener and a client in this one process, each id on its own channel):
  *
+ *  - with the device on a loopback address, another loopback address binds to it too; an id bound to a device has
+ *    the library's PD of it in id->pd (a UD QP can be made on it, as UCX does);
  *  - invalid pointers and arguments are EINVAL (NULL out-pointers, foreign ids and events, a NULL channel for
  *    rdma_get_cm_event), an AF_UNIX address is EAFNOSUPPORT, an unknown option ENOSYS;
  *  - a channel whose fd the program made O_NONBLOCK answers rdma_get_cm_event with EAGAIN when empty, and its fd
@@ -9,6 +11,9 @@
  *  - a connect request carries the program's private data after the 36-byte address header (56 bytes offered),
  *    names the listener as listen_id, and rdma_reject's private data and reason (28, consumer reject) reach the
  *    requester's REJECTED event;
+ *  - responder resources / initiator depth 0xff (RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH) in rdma_connect and
+ *    rdma_accept stand for the device's maximum (accept: the smaller of it and the peer's), a larger value than the
+ *    device's maximum is EINVAL;
  *  - rdma_accept with library-made CQs (rdma_create_qp with none given) and private data: ESTABLISHED on both sides
  *    (the REP's private data on the active one), rdma_init_qp_attr names the peer's QP, a SEND carries data;
  *  - rdma_disconnect: DISCONNECTED on both sides;
@@ -104,6 +109,22 @@ int main(int argc, char **argv)
 	free(fake);
 	free(fake_ev);
 
+	/* A loopback address that is not the device's own, with the device on a loopback address (argv[1]): the
+	 * loopback interface's addresses are the device's (as an rxe device on lo has them), so the id is bound to it;
+	 * pyverbs' rdmacm tests bind 127.0.0.1, the netdev's first address. (With the device on another interface it
+	 * binds without a device: crates/roce-cli/tests/rdmacm.rs, libfabric's fi_pingpong.) */
+	if (strcmp(argv[1], "127.0.0.1") != 0 && strncmp(argv[1], "127.", 4) == 0) {
+		struct rdma_cm_id *lo = NULL;
+		struct sockaddr_in loa = {.sin_family = AF_INET};
+		CHECK(inet_pton(AF_INET, "127.0.0.1", &loa.sin_addr) == 1);
+		CHECK(rdma_create_id(sch, &lo, NULL, RDMA_PS_TCP) == 0);
+		if (lo) {
+			CHECK(rdma_bind_addr(lo, (struct sockaddr *)&loa) == 0);
+			CHECK(lo->verbs != NULL && lo->pd != NULL);
+			CHECK(rdma_destroy_id(lo) == 0);
+		}
+	}
+
 	/* The listener. */
 	struct rdma_cm_id *listener = NULL;
 	CHECK(rdma_create_id(sch, &listener, (void *)0x5157, RDMA_PS_TCP) == 0);
@@ -114,6 +135,21 @@ int main(int argc, char **argv)
 	CHECK(rdma_bind_addr(listener, NULL) == -1 && errno == EINVAL);
 	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&addr) == 0);
 	CHECK(rdma_get_src_port(listener) == htons(7471));
+	/* An id bound to a device has the library's PD of that device (id->pd), as librdmacm's ucma_get_device sets
+	 * it: UCX's rdmacm CM creates a "dummy" UD QP on id->pd for the QP number of its REQ. */
+	CHECK(listener->verbs && listener->pd && listener->pd->context == listener->verbs);
+	if (listener->verbs && listener->pd) {
+		struct ibv_cq *dcq = ibv_create_cq(listener->verbs, 4, NULL, NULL, 0);
+		struct ibv_qp_init_attr dqa = {.send_cq = dcq, .recv_cq = dcq, .qp_type = IBV_QPT_UD,
+					       .cap = {.max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1,
+						       .max_recv_sge = 1}};
+		struct ibv_qp *dqp = dcq ? ibv_create_qp(listener->pd, &dqa) : NULL;
+		CHECK(dqp != NULL);
+		if (dqp)
+			CHECK(ibv_destroy_qp(dqp) == 0);
+		if (dcq)
+			CHECK(ibv_destroy_cq(dcq) == 0);
+	}
 	CHECK(rdma_listen(listener, 4) == 0);
 	uint8_t tos = 32;
 	CHECK(rdma_set_option(listener, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0);
@@ -187,6 +223,9 @@ int main(int argc, char **argv)
 	CHECK(rdma_create_qp(c2, NULL, &qa) == 0);
 	CHECK(c2->qp && c2->send_cq && c2->recv_cq && c2->recv_cq_channel);
 	cp.qp_num = 0;
+	/* The largest the device allows, as libfabric's verbs provider asks (RDMA_MAX_RESP_RES, RDMA_MAX_INIT_DEPTH). */
+	cp.responder_resources = RDMA_MAX_RESP_RES;
+	cp.initiator_depth = RDMA_MAX_INIT_DEPTH;
 	CHECK(rdma_connect(c2, &cp) == 0);
 	ev = expect(sch, RDMA_CM_EVENT_CONNECT_REQUEST);
 	struct rdma_cm_id *s2 = ev ? ev->id : NULL;
@@ -203,9 +242,26 @@ int main(int argc, char **argv)
 		rmr = rdma_reg_msgs(s2, rbuf, sizeof(rbuf));
 		CHECK(rmr != NULL);
 		CHECK(rdma_post_recv(s2, NULL, rbuf, sizeof(rbuf), rmr) == 0);
+		struct ibv_device_attr da;
+		CHECK(ibv_query_device(s2->verbs, &da) == 0);
+		/* Above the device's maximum: EINVAL, and the request can still be accepted. */
 		struct rdma_conn_param ap = {.private_data = "welcome", .private_data_len = 8,
-					     .responder_resources = 1, .initiator_depth = 1, .rnr_retry_count = 7};
+					     .responder_resources = 200, .initiator_depth = 1, .rnr_retry_count = 7};
+		if (da.max_qp_rd_atom < 200) {
+			errno = 0;
+			CHECK(rdma_accept(s2, &ap) == -1 && errno == EINVAL);
+		}
+		ap.responder_resources = RDMA_MAX_RESP_RES;
+		ap.initiator_depth = RDMA_MAX_INIT_DEPTH;
 		CHECK(rdma_accept(s2, &ap) == 0);
+		/* 0xff: the smaller of the peer's request (the device's maximum here) and the device's maximum. */
+		struct ibv_qp_attr qattr;
+		struct ibv_qp_init_attr qinit;
+		CHECK(ibv_query_qp(s2->qp, &qattr, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MAX_QP_RD_ATOMIC, &qinit) == 0);
+		CHECK(qattr.max_dest_rd_atomic == (da.max_qp_rd_atom < da.max_qp_init_rd_atom ? da.max_qp_rd_atom
+											: da.max_qp_init_rd_atom));
+		CHECK(qattr.max_rd_atomic == (da.max_qp_rd_atom < da.max_qp_init_rd_atom ? da.max_qp_rd_atom
+										     : da.max_qp_init_rd_atom));
 	}
 	ev = expect(cch, RDMA_CM_EVENT_ESTABLISHED);
 	if (ev) {

@@ -59,6 +59,9 @@ AT(ibv_qp_init_attr_ex, comp_mask, 60);
 AT(ibv_qp_init_attr_ex, pd, 64);
 SIZE(ibv_port_attr, 52);
 AT(ibv_port_attr, active_mtu, 8);
+SIZE(ibv_device_attr, 232);
+AT(ibv_device_attr, max_qp_rd_atom, 144);
+AT(ibv_device_attr, max_qp_init_rd_atom, 156);
 _Static_assert(RDMA_OPTION_ID == 0 && RDMA_OPTION_ID_TOS == 0 && RDMA_OPTION_ID_REUSEADDR == 1 &&
 		       RDMA_OPTION_ID_AFONLY == 2 && RDMA_OPTION_ID_ACK_TIMEOUT == 3,
 	       "rdma_set_option names");
