@@ -225,6 +225,10 @@ pub struct Sim {
     /// Engine-timer entries skipped because the host had re-armed its timer earlier since (not counted in
     /// `events`).
     pub stale_timers: u64,
+    /// Per host, when [`Sim::log_tx`] enabled it: (ns, frame bytes) of every request frame (opcode ≤ 0x1f) its NIC
+    /// put on the link — the transmissions its QPs' DCQCN byte counters count (`DCQCN.md` R4, TB7), for the oracle's
+    /// `--tx-json`.
+    pub tx_log: Option<Vec<Vec<(u64, u32)>>>,
 }
 
 fn ms_to_ns(ms: f64) -> u64 {
@@ -395,6 +399,7 @@ impl Sim {
             switch: SwitchCounters::default(),
             events: 0,
             stale_timers: 0,
+            tx_log: None,
         };
         for (fi, f) in sc.flows.iter().enumerate() {
             sim.push(ms_to_ns(f.start_ms), Ev::FlowStart(fi as u32));
@@ -412,6 +417,12 @@ impl Sim {
             sim.push(0, Ev::RcSample);
         }
         Ok(sim)
+    }
+
+    /// Records every host's request frames from now on into [`Sim::tx_log`].
+    pub fn log_tx(&mut self) {
+        self.tx_log
+            .get_or_insert_with(|| vec![Vec::new(); self.hosts.len()]);
     }
 
     /// Virtual time now, ns.
@@ -701,6 +712,12 @@ impl Sim {
         self.lens[b as usize] = meta.len as u32;
         if h == self.receiver {
             self.observe_cnp_sent(b);
+        }
+        if let Some(log) = self.tx_log.as_mut()
+            && meta.len > BTH_OFF
+            && self.bufs[b as usize][BTH_OFF] <= 0x1f
+        {
+            log[h].push((self.now, meta.len as u32));
         }
         let bits = (meta.len as u64 + self.overhead) * 8;
         let (done, arrive) = self.hosts[h]
