@@ -19,15 +19,16 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use roce_proto::cc::{DcqcnConfig, Profile};
 use roce_proto::{
-    AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, FIRST_QPN, Gid, Instant, MrInfo, Mtu,
-    PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, SchedConfig, SendOp,
-    SendWr, Sge, Wc, WcStatus,
+    AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, FIRST_QPN, Gid, Instant, MemoryFault,
+    MrInfo, MrMemory, Mtu, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn,
+    SchedConfig, SendOp, SendWr, Sge, Wc, WcStatus,
 };
 
 use crate::scenario::{MarkAt, Scenario, ScenarioError};
@@ -136,6 +137,8 @@ struct Host {
     pd: PdHandle,
     /// Flow index by local QPN − FIRST_QPN.
     flow_of: Vec<u32>,
+    /// The host's one MR (all its QPs' WRs read from it, or peers write into it), registered at its first flow.
+    mr: Option<MrInfo>,
     /// PFC: the switch has paused this host's link.
     paused: bool,
 }
@@ -304,16 +307,29 @@ impl Sim {
                 cq,
                 pd,
                 flow_of: Vec::new(),
+                mr: None,
                 paused: false,
             });
         }
         let mut flows = Vec::with_capacity(sc.flows.len());
+        let msg = sc.host.message_bytes as usize;
+        // One send buffer for every sender (its content is never read by anything but the engines' gather).
+        let payload: Arc<[u8]> = vec![0u8; msg].into();
         for (fi, f) in sc.flows.iter().enumerate() {
-            let msg = sc.host.message_bytes as usize;
-            let (sq, src) = make_qp(&mut hosts[f.sender], msg, sc.host.wr_depth, fi)
-                .map_err(|e| err(format!("flow {fi}: {e}")))?;
-            let (rq, dst) = make_qp(&mut hosts[receiver], msg, sc.host.wr_depth, fi)
-                .map_err(|e| err(format!("flow {fi}: {e}")))?;
+            let (sq, src) = make_qp(
+                &mut hosts[f.sender],
+                Buffer::Send(&payload),
+                sc.host.wr_depth,
+                fi,
+            )
+            .map_err(|e| err(format!("flow {fi}: {e}")))?;
+            let (rq, dst) = make_qp(
+                &mut hosts[receiver],
+                Buffer::Receive(msg),
+                sc.host.wr_depth,
+                fi,
+            )
+            .map_err(|e| err(format!("flow {fi}: {e}")))?;
             let spsn = hosts[f.sender].engine.random_psn();
             let rpsn = hosts[receiver].engine.random_psn();
             bring_up(
@@ -952,13 +968,55 @@ fn fix_ipv4_checksum(h: &mut [u8]) {
     h[10..12].copy_from_slice(&c.to_be_bytes());
 }
 
-fn make_qp(host: &mut Host, msg: usize, depth: u32, flow: usize) -> Result<(Qpn, MrInfo), String> {
+/// A sender's MR: the simulation's one read-only send buffer, shared by every sender host's engine (each engine
+/// registers it as its own MR). Sharing keeps the senders' gathers in one cache-resident buffer instead of one per
+/// host; the frames' bytes are the same (zeros). The engine never writes a send buffer (its MR has no write access);
+/// a write would be a [`MemoryFault`].
+struct SendBuffer(Arc<[u8]>);
+
+impl MrMemory for SendBuffer {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryFault> {
+        let src = self.0.get(offset..offset + dst.len()).ok_or(MemoryFault)?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+    fn write_at(&mut self, _offset: usize, _src: &[u8]) -> Result<(), MemoryFault> {
+        Err(MemoryFault)
+    }
+    fn base_ptr(&self) -> Option<*const u8> {
+        Some(self.0.as_ptr())
+    }
+}
+
+/// The MR a flow's QP uses on its host.
+enum Buffer<'a> {
+    /// The shared send buffer (sender side).
+    Send(&'a Arc<[u8]>),
+    /// A receive buffer of this many bytes, one per host shared by its QPs (peers RDMA WRITE into it).
+    Receive(usize),
+}
+
+/// A QP for `flow` on `host` with room for `depth` WRs, and the host's MR (registered at its first flow).
+fn make_qp(host: &mut Host, buf: Buffer, depth: u32, flow: usize) -> Result<(Qpn, MrInfo), String> {
     let pd = host.pd;
     let e = &mut host.engine;
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mr = e
-        .reg_mr(pd, vec![0u8; msg], access)
-        .map_err(|x| format!("reg_mr: {x}"))?;
+    let mr = match (host.mr, buf) {
+        (Some(mr), _) => mr,
+        (None, Buffer::Send(p)) => e
+            .reg_mr(pd, SendBuffer(p.clone()), AccessFlags::EMPTY)
+            .map_err(|x| format!("reg_mr: {x}"))?,
+        (None, Buffer::Receive(n)) => e
+            .reg_mr(
+                pd,
+                vec![0u8; n],
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .map_err(|x| format!("reg_mr: {x}"))?,
+    };
+    host.mr = Some(mr);
     let (qpn, _) = e
         .create_qp(&QpInitAttr {
             qp_type: QpType::Rc,
