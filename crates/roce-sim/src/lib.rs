@@ -6,7 +6,8 @@
 //! * [`scenario`]: scenarios as data (TOML or JSON): N senders → switch → 1 receiver, link rate and delay, switch
 //!   buffer and ECN ramp, CC profile and parameters, flows, seed, duration. `scenarios/` ships E1–E8 of
 //!   `DCQCN.md` §6.
-//! * [`net`]: the event loop (virtual time in ns, a binary heap, seeded randomness only, no wall clock), hosts,
+//! * [`net`]: the event loop (virtual time in ns, the [`queue`] of pending events, seeded randomness only, no wall
+//!   clock), hosts,
 //!   links that serialise frames, the switch (strict-priority CNP queue, ECN ramp at enqueue or dequeue, tail drop,
 //!   optional PFC pause).
 //! * [`stats`]: per-flow throughput, Jain fairness, queue statistics, CNPs, marks, convergence; CSV series.
@@ -35,6 +36,7 @@
 
 pub mod net;
 pub mod ns3;
+pub mod queue;
 pub mod scenario;
 pub mod stats;
 

@@ -1,10 +1,10 @@
 //! The event loop, the hosts, the links and the switch.
 //!
-//! * **Events** sit in one binary heap ordered by (virtual time in ns, insertion sequence), so two events of the same
-//!   instant run in the order they were scheduled and a run is a pure function of the scenario and its seed.
+//! * **Events** sit in one [`EventQueue`] ordered by (virtual time in ns, insertion sequence), so two events of the
+//!   same instant run in the order they were scheduled and a run is a pure function of the scenario and its seed.
 //! * **Hosts** are real [`roce_proto::Engine`]s. A host's NIC link is polled ([`Engine::poll_transmit`]) only when it
 //!   is free, so the link serialises frames and the engine's scheduler (CNPs and ACKs first, then per-QP shapers at
-//!   the DCQCN rate RC) decides what goes next. A host's engine timer is one heap entry, re-armed from
+//!   the DCQCN rate RC) decides what goes next. A host's engine timer is one queue entry, re-armed from
 //!   [`Engine::poll_timeout`] after every input (stale entries are skipped on pop).
 //! * **Links** have a rate and a propagation delay. A frame occupies a link for (frame + overhead)·8 / rate; busy
 //!   periods are kept in picoseconds so back-to-back frames keep the exact line rate (events are rounded up to ns).
@@ -17,8 +17,7 @@
 //!
 //! Frames live in a pool of fixed buffers recycled through a free list: the steady state allocates nothing per frame.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +30,7 @@ use roce_proto::{
     SchedConfig, SendOp, SendWr, Sge, Wc, WcStatus,
 };
 
+use crate::queue::{Entry, EventQueue};
 use crate::scenario::{MarkAt, Scenario, ScenarioError};
 use crate::stats::Recorder;
 
@@ -78,24 +78,6 @@ enum Ev {
     Pfc(u32, bool),
     /// Flow `.0` gets its next data packet CE-marked.
     ForceCe(u32),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Entry {
-    at: u64,
-    seq: u64,
-    ev: Ev,
-}
-
-impl Ord for Entry {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
 }
 
 /// A link's serialiser: exact busy-until time in picoseconds.
@@ -186,8 +168,7 @@ pub struct SwitchCounters {
 /// display), then read [`Sim::recorder`].
 pub struct Sim {
     now: u64,
-    seq: u64,
-    heap: BinaryHeap<Reverse<Entry>>,
+    queue: EventQueue<Ev>,
     hosts: Vec<Host>,
     flows: Vec<Flow>,
     ports: Vec<Port>,
@@ -380,8 +361,7 @@ impl Sim {
         let bin_ns = ms_to_ns(sc.bin_ms).max(1);
         let mut sim = Sim {
             now: 0,
-            seq: 0,
-            heap: BinaryHeap::new(),
+            queue: EventQueue::new(),
             hosts,
             flows,
             ports,
@@ -469,12 +449,7 @@ impl Sim {
     }
 
     fn push(&mut self, at: u64, ev: Ev) {
-        self.seq += 1;
-        self.heap.push(Reverse(Entry {
-            at,
-            seq: self.seq,
-            ev,
-        }));
+        self.queue.push(at, ev);
     }
 
     /// Runs to the scenario's end.
@@ -485,11 +460,11 @@ impl Sim {
     /// Runs every event before or at `t` ns (capped at the end). Returns whether the end has been reached.
     pub fn run_until(&mut self, t: u64) -> bool {
         let t = t.min(self.end);
-        while let Some(Reverse(e)) = self.heap.peek().copied() {
+        while let Some(e) = self.queue.peek() {
             if e.at > t {
                 break;
             }
-            self.heap.pop();
+            self.queue.pop();
             self.now = e.at;
             if let Ev::HostTimer(h) = e.ev
                 && self.hosts[h as usize].timer_at != Some(e.at)
@@ -512,7 +487,7 @@ impl Sim {
         self.ports[self.receiver].lo_bytes
     }
 
-    fn handle(&mut self, e: Entry) {
+    fn handle(&mut self, e: Entry<Ev>) {
         match e.ev {
             Ev::HostTimer(h) => {
                 let h = h as usize;
