@@ -15,7 +15,8 @@
 //!   TOS byte, `ROCEV2.md §3`), so the frame stays valid. With `switch.pfc` it pauses a sender whose ingress port
 //!   holds more than XOFF bytes and resumes it below XON ([`crate::scenario::PfcSpec`]).
 //!
-//! Frames live in a pool of fixed buffers recycled through a free list: the steady state allocates nothing per frame.
+//! Frames live in a pool of buffers of the largest frame the path MTU allows, recycled through a free list: the steady
+//! state allocates nothing per frame.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use std::time::Duration;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use roce_proto::cc::{DcqcnConfig, Profile};
+use roce_proto::sched::MAX_FRAME_OVERHEAD;
 use roce_proto::{
     AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, FIRST_QPN, Gid, Instant, MemoryFault,
     MrInfo, MrMemory, Mtu, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn,
@@ -34,8 +36,6 @@ use crate::queue::{Entry, EventQueue};
 use crate::scenario::{MarkAt, Scenario, ScenarioError};
 use crate::stats::Recorder;
 
-/// Largest frame a pool buffer holds (MTU 4096 + headers, with room to spare).
-const FRAME_MAX: usize = 4352;
 /// IPv4 DSCP of CNPs (`EngineConfig::cnp_dscp` default, `DCQCN.md` §2.2 N4).
 const CNP_DSCP: u8 = 48;
 /// BTH opcode of a CNP (RoCEv2 Annex A17).
@@ -173,6 +173,9 @@ pub struct Sim {
     flows: Vec<Flow>,
     ports: Vec<Port>,
     bufs: Vec<Box<[u8]>>,
+    /// Size of a pool buffer: the largest frame a QP of the scenario's path MTU sends (MTU +
+    /// `sched::MAX_FRAME_OVERHEAD`).
+    frame_max: usize,
     lens: Vec<u32>,
     free: Vec<u32>,
     buffer_used: u64,
@@ -366,6 +369,7 @@ impl Sim {
             flows,
             ports,
             bufs: Vec::new(),
+            frame_max: (sc.host.mtu + MAX_FRAME_OVERHEAD) as usize,
             lens: Vec::new(),
             free: Vec::new(),
             buffer_used: 0,
@@ -684,7 +688,7 @@ impl Sim {
         if let Some(b) = self.free.pop() {
             return b;
         }
-        self.bufs.push(vec![0u8; FRAME_MAX].into_boxed_slice());
+        self.bufs.push(vec![0u8; self.frame_max].into_boxed_slice());
         self.lens.push(0);
         self.ingress.push(0);
         (self.bufs.len() - 1) as u32
