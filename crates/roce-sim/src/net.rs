@@ -464,11 +464,7 @@ impl Sim {
     /// Runs every event before or at `t` ns (capped at the end). Returns whether the end has been reached.
     pub fn run_until(&mut self, t: u64) -> bool {
         let t = t.min(self.end);
-        while let Some(e) = self.queue.peek() {
-            if e.at > t {
-                break;
-            }
-            self.queue.pop();
+        while let Some(e) = self.queue.pop_due(t) {
             self.now = e.at;
             if let Ev::HostTimer(h) = e.ev
                 && self.hosts[h as usize].timer_at != Some(e.at)

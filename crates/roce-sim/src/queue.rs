@@ -179,6 +179,12 @@ impl<E: Copy> EventQueue<E> {
 
     /// Removes and returns the next event; its instant becomes the queue's present.
     pub fn pop(&mut self) -> Option<Entry<E>> {
+        self.pop_due(u64::MAX)
+    }
+
+    /// Removes and returns the next event if it is due at or before `t` ns (one search of the wheel, where
+    /// [`peek`](Self::peek) then [`pop`](Self::pop) make two).
+    pub fn pop_due(&mut self, t: u64) -> Option<Entry<E>> {
         let slot = self.first_slot();
         let wheel = slot.map(|s| self.nodes[self.slots[s].0 as usize].entry);
         let take_far = match (wheel, self.far.peek()) {
@@ -187,9 +193,15 @@ impl<E: Copy> EventQueue<E> {
             (_, None) => false,
         };
         let e = if take_far {
+            if self.far.peek()?.0.0.at > t {
+                return None;
+            }
             self.far.pop().map(|r| r.0.0)
         } else {
             let s = slot?;
+            if wheel?.at > t {
+                return None;
+            }
             let n = self.slots[s].0;
             let next = self.nodes[n as usize].next;
             if next == NIL {
@@ -238,8 +250,21 @@ mod tests {
                     q.push(now + d, i);
                     heap.push(Reverse((now + d, seq, i)));
                 }
+                if rng.random_range(0..5) == 0 {
+                    // Not due yet: nothing is taken.
+                    if let Some(&Reverse((at, _, _))) = heap.peek()
+                        && at > now
+                    {
+                        assert_eq!(q.pop_due(at - 1), None);
+                    }
+                }
                 if rng.random_range(0..5) < 2 {
-                    let a = q.pop().map(|e| (e.at, e.seq, e.ev));
+                    let a = if rng.random_range(0..2) == 0 {
+                        q.pop()
+                    } else {
+                        q.pop_due(heap.peek().map_or(0, |r: &Reverse<(u64, u64, u32)>| r.0.0))
+                    }
+                    .map(|e| (e.at, e.seq, e.ev));
                     let b = heap.pop().map(|r| r.0);
                     assert_eq!(a, b, "seed {seed} step {i}");
                     if let Some(e) = a {
