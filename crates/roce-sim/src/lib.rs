@@ -23,7 +23,7 @@
 //! ```
 //!
 //! The scenario files are the §6 setups at full scale (40 Gb/s, 1 µs links, 20–100 ms): nothing was scaled down,
-//! each runs in about a second on one core in a release build (2–3 million events per second of CPU time;
+//! each runs in about a second on one core in a release build (3–6 million events per second of CPU time on the development VM;
 //! `benches/speed.rs` and `BENCHMARKS.md`). One deviation
 //! from §6: data packets are 1082 B frames (PMTU 1024 + headers; 1106 B on the wire) rather than 1000 B.
 //! `cargo test --release -p roce-sim --test scenarios` asserts the §6 bands (`tests/scenarios.rs` says which fail
