@@ -1593,7 +1593,9 @@ impl Engine {
                 return sched;
             };
             let qt = Self::qp_timers(&mut self.qps, self.cfg.first_qpn, q);
-            if self.timers.settle(qt, Instant::ZERO, false) == Settle::Pending {
+            if self.timers.head_is_pending(qt.as_deref())
+                || self.timers.settle(qt, Instant::ZERO, false) == Settle::Pending
+            {
                 return Some(sched.map_or(at, |s| s.min(at)));
             }
         }

@@ -6,7 +6,8 @@
 //! * [`scenario`]: scenarios as data (TOML or JSON): N senders → switch → 1 receiver, link rate and delay, switch
 //!   buffer and ECN ramp, CC profile and parameters, flows, seed, duration. `scenarios/` ships E1–E8 of
 //!   `DCQCN.md` §6.
-//! * [`net`]: the event loop (virtual time in ns, a binary heap, seeded randomness only, no wall clock), hosts,
+//! * [`net`]: the event loop (virtual time in ns, the [`queue`] of pending events, seeded randomness only, no wall
+//!   clock), hosts,
 //!   links that serialise frames, the switch (strict-priority CNP queue, ECN ramp at enqueue or dequeue, tail drop,
 //!   optional PFC pause).
 //! * [`stats`]: per-flow throughput, Jain fairness, queue statistics, CNPs, marks, convergence; CSV series.
@@ -22,7 +23,7 @@
 //! ```
 //!
 //! The scenario files are the §6 setups at full scale (40 Gb/s, 1 µs links, 20–100 ms): nothing was scaled down,
-//! each runs in about a second on one core in a release build (2–3 million events per second of CPU time;
+//! each runs in about a second on one core in a release build (3–6 million events per second of CPU time on the development VM;
 //! `benches/speed.rs` and `BENCHMARKS.md`). One deviation
 //! from §6: data packets are 1082 B frames (PMTU 1024 + headers; 1106 B on the wire) rather than 1000 B.
 //! `cargo test --release -p roce-sim --test scenarios` asserts the §6 bands (`tests/scenarios.rs` says which fail
@@ -35,6 +36,7 @@
 
 pub mod net;
 pub mod ns3;
+pub mod queue;
 pub mod scenario;
 pub mod stats;
 

@@ -1,10 +1,10 @@
 //! The event loop, the hosts, the links and the switch.
 //!
-//! * **Events** sit in one binary heap ordered by (virtual time in ns, insertion sequence), so two events of the same
-//!   instant run in the order they were scheduled and a run is a pure function of the scenario and its seed.
+//! * **Events** sit in one [`EventQueue`] ordered by (virtual time in ns, insertion sequence), so two events of the
+//!   same instant run in the order they were scheduled and a run is a pure function of the scenario and its seed.
 //! * **Hosts** are real [`roce_proto::Engine`]s. A host's NIC link is polled ([`Engine::poll_transmit`]) only when it
 //!   is free, so the link serialises frames and the engine's scheduler (CNPs and ACKs first, then per-QP shapers at
-//!   the DCQCN rate RC) decides what goes next. A host's engine timer is one heap entry, re-armed from
+//!   the DCQCN rate RC) decides what goes next. A host's engine timer is one queue entry, re-armed from
 //!   [`Engine::poll_timeout`] after every input (stale entries are skipped on pop).
 //! * **Links** have a rate and a propagation delay. A frame occupies a link for (frame + overhead)·8 / rate; busy
 //!   periods are kept in picoseconds so back-to-back frames keep the exact line rate (events are rounded up to ns).
@@ -15,26 +15,27 @@
 //!   TOS byte, `ROCEV2.md §3`), so the frame stays valid. With `switch.pfc` it pauses a sender whose ingress port
 //!   holds more than XOFF bytes and resumes it below XON ([`crate::scenario::PfcSpec`]).
 //!
-//! Frames live in a pool of fixed buffers recycled through a free list: the steady state allocates nothing per frame.
+//! Frames live in a pool of buffers of the largest frame the path MTU allows, recycled through a free list: the steady
+//! state allocates nothing per frame.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use roce_proto::cc::{DcqcnConfig, Profile};
+use roce_proto::sched::MAX_FRAME_OVERHEAD;
 use roce_proto::{
-    AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, FIRST_QPN, Gid, Instant, MrInfo, Mtu,
-    PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, SchedConfig, SendOp,
-    SendWr, Sge, Wc, WcStatus,
+    AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, FIRST_QPN, Gid, Instant, MemoryFault,
+    MrInfo, MrMemory, Mtu, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn,
+    SchedConfig, SendOp, SendWr, Sge, Wc, WcStatus,
 };
 
+use crate::queue::{Entry, EventQueue};
 use crate::scenario::{MarkAt, Scenario, ScenarioError};
 use crate::stats::Recorder;
 
-/// Largest frame a pool buffer holds (MTU 4096 + headers, with room to spare).
-const FRAME_MAX: usize = 4352;
 /// IPv4 DSCP of CNPs (`EngineConfig::cnp_dscp` default, `DCQCN.md` §2.2 N4).
 const CNP_DSCP: u8 = 48;
 /// BTH opcode of a CNP (RoCEv2 Annex A17).
@@ -79,24 +80,6 @@ enum Ev {
     ForceCe(u32),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Entry {
-    at: u64,
-    seq: u64,
-    ev: Ev,
-}
-
-impl Ord for Entry {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-
 /// A link's serialiser: exact busy-until time in picoseconds.
 #[derive(Clone, Copy, Debug, Default)]
 struct Wire {
@@ -136,6 +119,8 @@ struct Host {
     pd: PdHandle,
     /// Flow index by local QPN − FIRST_QPN.
     flow_of: Vec<u32>,
+    /// The host's one MR (all its QPs' WRs read from it, or peers write into it), registered at its first flow.
+    mr: Option<MrInfo>,
     /// PFC: the switch has paused this host's link.
     paused: bool,
 }
@@ -183,12 +168,14 @@ pub struct SwitchCounters {
 /// display), then read [`Sim::recorder`].
 pub struct Sim {
     now: u64,
-    seq: u64,
-    heap: BinaryHeap<Reverse<Entry>>,
+    queue: EventQueue<Ev>,
     hosts: Vec<Host>,
     flows: Vec<Flow>,
     ports: Vec<Port>,
     bufs: Vec<Box<[u8]>>,
+    /// Size of a pool buffer: the largest frame a QP of the scenario's path MTU sends (MTU +
+    /// `sched::MAX_FRAME_OVERHEAD`).
+    frame_max: usize,
     lens: Vec<u32>,
     free: Vec<u32>,
     buffer_used: u64,
@@ -225,6 +212,10 @@ pub struct Sim {
     /// Engine-timer entries skipped because the host had re-armed its timer earlier since (not counted in
     /// `events`).
     pub stale_timers: u64,
+    /// Per host, when [`Sim::log_tx`] enabled it: (ns, frame bytes) of every request frame (opcode ≤ 0x1f) its NIC
+    /// put on the link — the transmissions its QPs' DCQCN byte counters count (`DCQCN.md` R4, TB7), for the oracle's
+    /// `--tx-json`.
+    pub tx_log: Option<Vec<Vec<(u64, u32)>>>,
 }
 
 fn ms_to_ns(ms: f64) -> u64 {
@@ -300,16 +291,29 @@ impl Sim {
                 cq,
                 pd,
                 flow_of: Vec::new(),
+                mr: None,
                 paused: false,
             });
         }
         let mut flows = Vec::with_capacity(sc.flows.len());
+        let msg = sc.host.message_bytes as usize;
+        // One send buffer for every sender (its content is never read by anything but the engines' gather).
+        let payload: Arc<[u8]> = vec![0u8; msg].into();
         for (fi, f) in sc.flows.iter().enumerate() {
-            let msg = sc.host.message_bytes as usize;
-            let (sq, src) = make_qp(&mut hosts[f.sender], msg, sc.host.wr_depth, fi)
-                .map_err(|e| err(format!("flow {fi}: {e}")))?;
-            let (rq, dst) = make_qp(&mut hosts[receiver], msg, sc.host.wr_depth, fi)
-                .map_err(|e| err(format!("flow {fi}: {e}")))?;
+            let (sq, src) = make_qp(
+                &mut hosts[f.sender],
+                Buffer::Send(&payload),
+                sc.host.wr_depth,
+                fi,
+            )
+            .map_err(|e| err(format!("flow {fi}: {e}")))?;
+            let (rq, dst) = make_qp(
+                &mut hosts[receiver],
+                Buffer::Receive(msg),
+                sc.host.wr_depth,
+                fi,
+            )
+            .map_err(|e| err(format!("flow {fi}: {e}")))?;
             let spsn = hosts[f.sender].engine.random_psn();
             let rpsn = hosts[receiver].engine.random_psn();
             bring_up(
@@ -360,12 +364,12 @@ impl Sim {
         let bin_ns = ms_to_ns(sc.bin_ms).max(1);
         let mut sim = Sim {
             now: 0,
-            seq: 0,
-            heap: BinaryHeap::new(),
+            queue: EventQueue::new(),
             hosts,
             flows,
             ports,
             bufs: Vec::new(),
+            frame_max: (sc.host.mtu + MAX_FRAME_OVERHEAD) as usize,
             lens: Vec::new(),
             free: Vec::new(),
             buffer_used: 0,
@@ -395,6 +399,7 @@ impl Sim {
             switch: SwitchCounters::default(),
             events: 0,
             stale_timers: 0,
+            tx_log: None,
         };
         for (fi, f) in sc.flows.iter().enumerate() {
             sim.push(ms_to_ns(f.start_ms), Ev::FlowStart(fi as u32));
@@ -412,6 +417,12 @@ impl Sim {
             sim.push(0, Ev::RcSample);
         }
         Ok(sim)
+    }
+
+    /// Records every host's request frames from now on into [`Sim::tx_log`].
+    pub fn log_tx(&mut self) {
+        self.tx_log
+            .get_or_insert_with(|| vec![Vec::new(); self.hosts.len()]);
     }
 
     /// Virtual time now, ns.
@@ -442,12 +453,7 @@ impl Sim {
     }
 
     fn push(&mut self, at: u64, ev: Ev) {
-        self.seq += 1;
-        self.heap.push(Reverse(Entry {
-            at,
-            seq: self.seq,
-            ev,
-        }));
+        self.queue.push(at, ev);
     }
 
     /// Runs to the scenario's end.
@@ -458,11 +464,7 @@ impl Sim {
     /// Runs every event before or at `t` ns (capped at the end). Returns whether the end has been reached.
     pub fn run_until(&mut self, t: u64) -> bool {
         let t = t.min(self.end);
-        while let Some(Reverse(e)) = self.heap.peek().copied() {
-            if e.at > t {
-                break;
-            }
-            self.heap.pop();
+        while let Some(e) = self.queue.pop_due(t) {
             self.now = e.at;
             if let Ev::HostTimer(h) = e.ev
                 && self.hosts[h as usize].timer_at != Some(e.at)
@@ -485,7 +487,7 @@ impl Sim {
         self.ports[self.receiver].lo_bytes
     }
 
-    fn handle(&mut self, e: Entry) {
+    fn handle(&mut self, e: Entry<Ev>) {
         match e.ev {
             Ev::HostTimer(h) => {
                 let h = h as usize;
@@ -682,7 +684,7 @@ impl Sim {
         if let Some(b) = self.free.pop() {
             return b;
         }
-        self.bufs.push(vec![0u8; FRAME_MAX].into_boxed_slice());
+        self.bufs.push(vec![0u8; self.frame_max].into_boxed_slice());
         self.lens.push(0);
         self.ingress.push(0);
         (self.bufs.len() - 1) as u32
@@ -701,6 +703,12 @@ impl Sim {
         self.lens[b as usize] = meta.len as u32;
         if h == self.receiver {
             self.observe_cnp_sent(b);
+        }
+        if let Some(log) = self.tx_log.as_mut()
+            && meta.len > BTH_OFF
+            && self.bufs[b as usize][BTH_OFF] <= 0x1f
+        {
+            log[h].push((self.now, meta.len as u32));
         }
         let bits = (meta.len as u64 + self.overhead) * 8;
         let (done, arrive) = self.hosts[h]
@@ -935,13 +943,55 @@ fn fix_ipv4_checksum(h: &mut [u8]) {
     h[10..12].copy_from_slice(&c.to_be_bytes());
 }
 
-fn make_qp(host: &mut Host, msg: usize, depth: u32, flow: usize) -> Result<(Qpn, MrInfo), String> {
+/// A sender's MR: the simulation's one read-only send buffer, shared by every sender host's engine (each engine
+/// registers it as its own MR). Sharing keeps the senders' gathers in one cache-resident buffer instead of one per
+/// host; the frames' bytes are the same (zeros). The engine never writes a send buffer (its MR has no write access);
+/// a write would be a [`MemoryFault`].
+struct SendBuffer(Arc<[u8]>);
+
+impl MrMemory for SendBuffer {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryFault> {
+        let src = self.0.get(offset..offset + dst.len()).ok_or(MemoryFault)?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+    fn write_at(&mut self, _offset: usize, _src: &[u8]) -> Result<(), MemoryFault> {
+        Err(MemoryFault)
+    }
+    fn base_ptr(&self) -> Option<*const u8> {
+        Some(self.0.as_ptr())
+    }
+}
+
+/// The MR a flow's QP uses on its host.
+enum Buffer<'a> {
+    /// The shared send buffer (sender side).
+    Send(&'a Arc<[u8]>),
+    /// A receive buffer of this many bytes, one per host shared by its QPs (peers RDMA WRITE into it).
+    Receive(usize),
+}
+
+/// A QP for `flow` on `host` with room for `depth` WRs, and the host's MR (registered at its first flow).
+fn make_qp(host: &mut Host, buf: Buffer, depth: u32, flow: usize) -> Result<(Qpn, MrInfo), String> {
     let pd = host.pd;
     let e = &mut host.engine;
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mr = e
-        .reg_mr(pd, vec![0u8; msg], access)
-        .map_err(|x| format!("reg_mr: {x}"))?;
+    let mr = match (host.mr, buf) {
+        (Some(mr), _) => mr,
+        (None, Buffer::Send(p)) => e
+            .reg_mr(pd, SendBuffer(p.clone()), AccessFlags::EMPTY)
+            .map_err(|x| format!("reg_mr: {x}"))?,
+        (None, Buffer::Receive(n)) => e
+            .reg_mr(
+                pd,
+                vec![0u8; n],
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .map_err(|x| format!("reg_mr: {x}"))?,
+    };
+    host.mr = Some(mr);
     let (qpn, _) = e
         .create_qp(&QpInitAttr {
             qp_type: QpType::Rc,
