@@ -16,8 +16,9 @@
 //!   moves it, `rdma_init_qp_attr`, `rdma_set_option` (TOS, REUSEADDR, AFONLY, ACK timeout), `rdma_migrate_id`;
 //!   `rdma_create_ep` / `rdma_get_request` / `rdma_destroy_ep` (module `exports`); `rdma_getaddrinfo` (module
 //!   `addrinfo`).
-//! * Not implemented (`ENOSYS`): SIDR / UD port spaces, multicast, ECE, `rdma_notify`, SRQs on an id, rsockets
-//!   (except `rpoll` / `rselect` over plain descriptors).
+//! * rsockets (module `rsocket`): stream sockets with librdmacm's wire protocol; datagram rsockets and the iomap
+//!   calls are not implemented (`ENOTSUP` / `ENOSYS`).
+//! * Not implemented (`ENOSYS`): SIDR / UD port spaces, multicast, ECE, `rdma_notify`, SRQs on an id.
 
 /// Default versions: `.symver rocev2_<name>, <name>@@<node>` for each listed symbol.
 macro_rules! versioned {
@@ -34,6 +35,7 @@ mod bridge;
 mod cma;
 mod exports;
 mod route;
+mod rsocket;
 
 versioned! {
     "RDMACM_1.0": [rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id,
