@@ -423,3 +423,56 @@ fn rstream_verified_in_every_calling_style_between_namespaces() {
         }
     }
 }
+
+/// `tests/c/rsocket_edge.c` (compiled with `cc` against the system `<rdma/rsocket.h>`, linked with `-lrdmacm` like
+/// any rsocket program) as server in A and client in B: rselect and rpoll over an rsocket and a pipe, the peer's
+/// and own addresses, MSG_PEEK / MSG_WAITALL, rsendmsg/rwritev and rrecvmsg/rreadv, a half close (SHUT_WR: the
+/// reader sees the end of the stream after the data, the writer gets EPIPE, the other direction still works),
+/// option round trips and the clear refusals (SOCK_DGRAM, riomap, a bad descriptor). Each side prints `ok`.
+#[test]
+fn rsocket_edge_semantics_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = rsocket_setup("rsedge") else {
+        return;
+    };
+    assert!(
+        Path::new("/usr/include/rdma/rsocket.h").is_file(),
+        "<rdma/rsocket.h> missing: install Debian's librdmacm-dev (.ci/run does)"
+    );
+    let dir = scratch("rsocket-edge");
+    let prog = dir.join("rsocket_edge");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rsocket_edge.c");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = prog.to_str().expect("UTF-8 path");
+    let mut s = Proc::spawn(
+        "server",
+        &dir,
+        &argv(&ns.a, RS_IP_A, &[p, "server", RS_IP_A, "7472"]),
+    );
+    wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = Proc::spawn(
+        "client",
+        &dir,
+        &argv(&ns.b, RS_IP_B, &[p, "client", RS_IP_A, "7472"]),
+    );
+    let cf = c.wait(Duration::from_secs(120));
+    let sf = s.wait(Duration::from_secs(60));
+    for (who, f) in [("client", &cf), ("server", &sf)] {
+        assert!(
+            f.status.success() && f.stdout.lines().last() == Some("ok"),
+            "{who} failed:\n{cf}\nserver:\n{sf}"
+        );
+    }
+}

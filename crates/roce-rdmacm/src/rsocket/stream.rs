@@ -628,6 +628,11 @@ impl Rs {
         if self.conn.is_none() {
             return Err(libc::ENOTCONN);
         }
+        // After our own shutdown of the sending side (rsocket.c would still send while credits last; the peer
+        // has been told the stream ended), as TCP answers.
+        if self.state & st::CONNECTED != 0 && self.state & st::WRITABLE == 0 {
+            return Err(libc::EPIPE);
+        }
         let mut left = len;
         let mut off = 0usize;
         let mut olen = OLAP_START_SIZE;
