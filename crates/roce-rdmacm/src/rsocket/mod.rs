@@ -11,9 +11,8 @@
 //!   `rgetsockopt` (`SO_REUSEADDR`, `SO_RCVBUF`, `SO_SNDBUF`, `SO_KEEPALIVE`, `SO_LINGER`, `SO_OOBINLINE`,
 //!   `SO_ERROR`, `TCP_NODELAY`, `TCP_KEEPIDLE`/`KEEPCNT`/`KEEPINTVL`, `TCP_MAXSEG`, `IP_TOS`, `IPV6_V6ONLY`,
 //!   `SOL_RDMA` `RDMA_SQSIZE`/`RDMA_RQSIZE`/`RDMA_INLINE`/`RDMA_IOMAPSIZE`).
-//! * Differences from rsocket.c: `rconnect` completes the connection before it returns even on a non-blocking
-//!   socket (it never answers `EINPROGRESS`; the connection takes a few milliseconds), and `raccept` accepts a
-//!   waiting request in the caller's thread (rsocket.c uses a service thread); keepalive is recorded but no
+//! * Differences from rsocket.c: `raccept` accepts a waiting request in the caller's thread (rsocket.c uses a
+//!   service thread, so there a connect to a listener of the same thread completes); keepalive is recorded but no
 //!   `RS_CTRL_KEEPALIVE` is sent (the RC transport's own retries detect a dead peer); `rpoll` reports a peer's
 //!   disconnect (`POLLHUP`) only once the data received before it is read. One thread at a time per rsocket: a
 //!   call that waits holds that socket.
@@ -230,13 +229,26 @@ fn conn_param(data: &[u8; CONN_DATA_LEN]) -> RdmaConnParam {
     }
 }
 
+/// `rconnect`: resolves the address and route, creates the QP and buffers and sends the REQ with our connection
+/// data; a blocking socket then waits for the REP, a non-blocking one answers `EINPROGRESS` and completes in a
+/// later call ([`finish_connect`]: `rpoll`, `rsend`, `rrecv`, `rconnect`), as rsocket.c's `rs_do_connect`.
 fn rs_connect(fd: c_int, addr: *const sockaddr) -> R<()> {
     let s = sock(fd)?;
     let mut rs = lock(&s);
     if rs.state & st::CONNECTED != 0 {
         return Err(libc::EISCONN);
     }
-    if rs.state & (st::LISTENING | st::OPENING) != 0 || rs.conn.is_some() {
+    if rs.state & st::OPENING != 0 {
+        let block = rs.fs_flags & libc::O_NONBLOCK == 0;
+        return finish_connect(&mut rs, block).map_err(|e| {
+            if e == libc::EAGAIN {
+                libc::EINPROGRESS
+            } else {
+                e
+            }
+        });
+    }
+    if rs.state & st::LISTENING != 0 || rs.conn.is_some() {
         return Err(libc::EINVAL);
     }
     let id = rs.id;
@@ -261,18 +273,53 @@ fn rs_connect(fd: c_int, addr: *const sockaddr) -> R<()> {
             .emit(&mut data)
             .map_err(|_| libc::EINVAL)?;
         let param = conn_param(&data);
-        {
-            let mut c = cma::lock();
-            cma::check_id(&c, id)?;
-            cma::connect(&mut c, id as usize, Some(&param))?;
-        }
-        let rep = wait_cm(id, EV_ESTABLISHED)?;
-        let peer = ConnData::parse(&rep).map_err(|_| libc::ENOTSUP)?;
-        rs.save_conn_data(&peer);
-        Ok(())
+        let mut c = cma::lock();
+        cma::check_id(&c, id)?;
+        cma::connect(&mut c, id as usize, Some(&param))
     })();
+    if let Err(e) = r {
+        rs.state = st::CONNECT_ERROR;
+        rs.err = e;
+        return Err(e);
+    }
+    rs.state = st::CONNECTING;
+    let block = rs.fs_flags & libc::O_NONBLOCK == 0;
+    finish_connect(&mut rs, block).map_err(|e| {
+        if e == libc::EAGAIN {
+            libc::EINPROGRESS
+        } else {
+            e
+        }
+    })
+}
+
+/// Completes a connection in progress with the REP's connection data: `EAGAIN` while it has not come (when not
+/// `block`); a refusal or a bad REP leaves the socket in the connect-error state with `SO_ERROR` set.
+fn finish_connect(rs: &mut Rs, block: bool) -> R<()> {
+    if rs.state != st::CONNECTING {
+        return if rs.state & st::CONNECTED != 0 {
+            Ok(())
+        } else {
+            Err(libc::ENOTCONN)
+        };
+    }
+    let id = rs.id;
+    if !block {
+        let mut p = libc::pollfd {
+            fd: chan_fd(id),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd.
+        if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
+            return Err(libc::EAGAIN);
+        }
+    }
+    let r = wait_cm(id, EV_ESTABLISHED)
+        .and_then(|rep| ConnData::parse(&rep).map_err(|_| libc::ENOTSUP));
     match r {
-        Ok(()) => {
+        Ok(peer) => {
+            rs.save_conn_data(&peer);
             rs.state = st::CONNECT_RDWR;
             Ok(())
         }
@@ -399,6 +446,10 @@ fn name(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bool) -> R<()
 fn rs_send(fd: c_int, buf: *const u8, len: usize, flags: c_int) -> R<isize> {
     let s = sock(fd)?;
     let mut rs = lock(&s);
+    if rs.state & st::OPENING != 0 {
+        let block = !rs.nonblocking(flags);
+        finish_connect(&mut rs, block)?;
+    }
     if len > 0 && buf.is_null() {
         return Err(libc::EFAULT);
     }
@@ -408,6 +459,10 @@ fn rs_send(fd: c_int, buf: *const u8, len: usize, flags: c_int) -> R<isize> {
 fn rs_recv(fd: c_int, buf: *mut u8, len: usize, flags: c_int) -> R<isize> {
     let s = sock(fd)?;
     let mut rs = lock(&s);
+    if rs.state & st::OPENING != 0 {
+        let block = !rs.nonblocking(flags);
+        finish_connect(&mut rs, block)?;
+    }
     if len > 0 && buf.is_null() {
         return Err(libc::EFAULT);
     }
@@ -485,6 +540,9 @@ fn rs_close(fd: c_int) -> R<()> {
 /// Readiness of one rsocket for `events` (rsocket.c `rs_poll_rs`), progressing it without blocking.
 fn poll_rs(rs: &mut Rs, events: i16) -> i16 {
     let mut rev = 0i16;
+    if rs.state & st::OPENING != 0 {
+        let _ = finish_connect(rs, false);
+    }
     if rs.conn.is_some()
         && (rs.state & st::CONNECTED != 0 || rs.state & (st::DISCONNECTED | st::ERROR) != 0)
     {
@@ -564,7 +622,10 @@ fn rs_poll(fds: &mut [libc::pollfd], timeout: c_int) -> R<c_int> {
             let (fd, ev) = match lookup(f.fd) {
                 Some(s) => {
                     let mut rs = lock(&s);
-                    if let Some(c) = rs.conn.as_mut() {
+                    if rs.state & st::OPENING != 0 {
+                        // A connection in progress: its REP arrives on the id's channel.
+                        (chan_fd(rs.id), libc::POLLIN)
+                    } else if let Some(c) = rs.conn.as_mut() {
                         if !c.cq_armed {
                             // SAFETY: the connection's CQ.
                             unsafe { verbs::req_notify_cq(c.cq) };

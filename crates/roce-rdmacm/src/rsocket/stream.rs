@@ -52,6 +52,8 @@ pub mod st {
     pub const BOUND: u32 = 0x1;
     pub const LISTENING: u32 = 0x2;
     pub const OPENING: u32 = 0x4;
+    /// REQ sent, waiting for the REP (rsocket.c `rs_connecting`).
+    pub const CONNECTING: u32 = OPENING | 0x40;
     pub const CONNECTED: u32 = 0x100;
     pub const WRITABLE: u32 = 0x200;
     pub const READABLE: u32 = 0x400;
