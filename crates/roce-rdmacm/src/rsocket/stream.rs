@@ -469,10 +469,11 @@ impl Rs {
             return Err(libc::ENOTCONN);
         };
         let mut rcnt = 0u32;
-        let mut wcs = [IbvWc::default(); 16];
+        // One completion at a time, as rsocket.c: a disconnect message ends the loop and leaves the rest queued.
+        let mut wcs = [IbvWc::default(); 1];
         loop {
-            // SAFETY: the connection's CQ; 16 entries.
-            let n = unsafe { verbs::poll_cq(c.cq, 16, wcs.as_mut_ptr()) };
+            // SAFETY: the connection's CQ; one entry.
+            let n = unsafe { verbs::poll_cq(c.cq, 1, wcs.as_mut_ptr()) };
             if n < 0 {
                 self.state = st::ERROR;
                 self.err = libc::EIO;
