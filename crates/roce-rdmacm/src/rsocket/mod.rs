@@ -14,8 +14,9 @@
 //! * Differences from rsocket.c: `raccept` accepts a waiting request in the caller's thread (rsocket.c uses a
 //!   service thread, so there a connect to a listener of the same thread completes); keepalive is recorded but no
 //!   `RS_CTRL_KEEPALIVE` is sent (the RC transport's own retries detect a dead peer); `rpoll` reports a peer's
-//!   disconnect (`POLLHUP`) only once the data received before it is read. One thread at a time per rsocket: a
-//!   call that waits holds that socket.
+//!   disconnect (`POLLHUP`) only once the data received before it is read. A blocking `rsend`/`rrecv` waits
+//!   without holding its socket, so another thread may use it meanwhile; `raccept`, a blocking `rconnect` and
+//!   `rshutdown` hold it while they wait.
 //! * Not implemented (`-1` with `errno`): datagram rsockets (`SOCK_DGRAM`: `ENOTSUP` from `rsocket`), the iomap
 //!   calls `riomap` / `riounmap` / `riowrite` (`ENOSYS`; the connection data advertises no iomap), `RDMA_ROUTE`
 //!   (`ENOTSUP`), `AF_IB`.
@@ -25,6 +26,7 @@ mod verbs;
 
 use core::ffi::c_void;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -43,7 +45,14 @@ const RDMA_INLINE: c_int = 2;
 const RDMA_IOMAPSIZE: c_int = 3;
 const RDMA_ROUTE: c_int = 4;
 
-type Sock = Arc<Mutex<Rs>>;
+/// An rsocket and whether a thread waits for its completion events in `ibv_get_cq_event` (the one that drives
+/// the device meanwhile; others poll the channel and look again every millisecond).
+struct SockInner {
+    rs: Mutex<Rs>,
+    leader: AtomicBool,
+}
+
+type Sock = Arc<SockInner>;
 
 static TABLE: Mutex<Option<HashMap<c_int, Sock>>> = Mutex::new(None);
 
@@ -54,8 +63,13 @@ fn lookup(fd: c_int) -> Option<Sock> {
 
 fn insert(fd: c_int, rs: Rs) {
     let mut t = TABLE.lock().unwrap_or_else(|p| p.into_inner());
-    t.get_or_insert_with(HashMap::new)
-        .insert(fd, Arc::new(Mutex::new(rs)));
+    t.get_or_insert_with(HashMap::new).insert(
+        fd,
+        Arc::new(SockInner {
+            rs: Mutex::new(rs),
+            leader: AtomicBool::new(false),
+        }),
+    );
 }
 
 fn remove(fd: c_int) -> Option<Sock> {
@@ -64,7 +78,7 @@ fn remove(fd: c_int) -> Option<Sock> {
 }
 
 fn lock(s: &Sock) -> std::sync::MutexGuard<'_, Rs> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
+    s.rs.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn set_errno(e: c_int) {
@@ -443,30 +457,140 @@ fn name(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bool) -> R<()
     Ok(())
 }
 
+/// What one attempt of a blocking call found.
+enum Step<T> {
+    Done(R<T>),
+    Wait,
+}
+
+/// Runs `attempt` (never blocking, under the socket's lock) until it is done; between attempts the socket's lock
+/// is released while the thread waits for a completion event, so another thread can use the socket meanwhile
+/// (rsocket.c: its `cq_lock` / `cq_wait_lock` pair). One waiter sits in `ibv_get_cq_event` (rocev2's libibverbs
+/// drives the device while a thread waits there); the others poll the channel and look again after 1 ms.
+fn blocking<T>(s: &Sock, mut attempt: impl FnMut(&mut Rs) -> Step<T>) -> R<T> {
+    loop {
+        let chan = {
+            let mut rs = lock(s);
+            if let Step::Done(r) = attempt(&mut rs) {
+                return r;
+            }
+            if rs.state & st::OPENING != 0 {
+                // A connection in progress: its REP comes on the id's channel (left for `finish_connect`).
+                let mut p = libc::pollfd {
+                    fd: chan_fd(rs.id),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                drop(rs);
+                // SAFETY: one pollfd.
+                unsafe { libc::poll(&mut p, 1, 100) };
+                continue;
+            }
+            rs.drain_cm();
+            if !rs.arm() {
+                // Armed just now: completions that came before are looked at first.
+                continue;
+            }
+            match rs.wait_chan() {
+                Some(c) => c,
+                None => return Err(libc::ENOTCONN),
+            }
+        };
+        if s.leader
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let took = stream::wait_cq_event(chan);
+            s.leader.store(false, Ordering::Release);
+            if took {
+                lock(s).took_event();
+            }
+        } else {
+            let mut p = libc::pollfd {
+                // SAFETY: the channel of a live connection (a program closing the socket while another thread
+                // uses it is its error, as with rsocket.c).
+                fd: unsafe { (*chan).fd },
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd.
+            unsafe { libc::poll(&mut p, 1, 1) };
+        }
+    }
+}
+
 fn rs_send(fd: c_int, buf: *const u8, len: usize, flags: c_int) -> R<isize> {
     let s = sock(fd)?;
-    let mut rs = lock(&s);
-    if rs.state & st::OPENING != 0 {
-        let block = !rs.nonblocking(flags);
-        finish_connect(&mut rs, block)?;
-    }
     if len > 0 && buf.is_null() {
         return Err(libc::EFAULT);
     }
-    rs.send(buf, len, flags).map(|n| n as isize)
+    let mut done = 0usize;
+    blocking(&s, |rs| {
+        let nonblock = rs.nonblocking(flags);
+        if rs.state & st::OPENING != 0 {
+            match finish_connect(rs, false) {
+                Ok(()) => {}
+                Err(libc::EAGAIN) if !nonblock => return Step::Wait,
+                Err(e) => return Step::Done(Err(e)),
+            }
+        }
+        // SAFETY: `done <= len`: within the caller's buffer.
+        let at = unsafe { buf.add(done) };
+        match rs.send(at, len - done, flags | libc::MSG_DONTWAIT) {
+            Ok(n) => {
+                done += n;
+                if done == len || nonblock {
+                    Step::Done(Ok(done as isize))
+                } else {
+                    Step::Wait
+                }
+            }
+            Err(libc::EWOULDBLOCK) if !nonblock => Step::Wait,
+            Err(e) if done > 0 => {
+                let _ = e;
+                Step::Done(Ok(done as isize))
+            }
+            Err(e) => Step::Done(Err(e)),
+        }
+    })
 }
 
 fn rs_recv(fd: c_int, buf: *mut u8, len: usize, flags: c_int) -> R<isize> {
     let s = sock(fd)?;
-    let mut rs = lock(&s);
-    if rs.state & st::OPENING != 0 {
-        let block = !rs.nonblocking(flags);
-        finish_connect(&mut rs, block)?;
-    }
     if len > 0 && buf.is_null() {
         return Err(libc::EFAULT);
     }
-    rs.recv(buf, len, flags).map(|n| n as isize)
+    let mut done = 0usize;
+    blocking(&s, |rs| {
+        let nonblock = rs.nonblocking(flags);
+        if rs.state & st::OPENING != 0 {
+            match finish_connect(rs, false) {
+                Ok(()) => {}
+                Err(libc::EAGAIN) if !nonblock => return Step::Wait,
+                Err(e) => return Step::Done(Err(e)),
+            }
+        }
+        // SAFETY: `done <= len`: within the caller's buffer.
+        let at = unsafe { buf.add(done) };
+        match rs.recv(at, len - done, flags | libc::MSG_DONTWAIT) {
+            Ok(0) => Step::Done(Ok(done as isize)),
+            Ok(n) => {
+                done += n;
+                let more = flags & libc::MSG_WAITALL != 0
+                    && flags & libc::MSG_PEEK == 0
+                    && done < len
+                    && rs.state & st::READABLE != 0;
+                if more && !nonblock {
+                    Step::Wait
+                } else {
+                    Step::Done(Ok(done as isize))
+                }
+            }
+            Err(libc::EWOULDBLOCK) if !nonblock => Step::Wait,
+            Err(_) if done > 0 => Step::Done(Ok(done as isize)),
+            Err(e) => Step::Done(Err(e)),
+        }
+    })
 }
 
 /// # Safety

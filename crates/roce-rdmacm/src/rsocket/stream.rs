@@ -598,6 +598,35 @@ impl Rs {
         c.wait_cq_event()
     }
 
+    /// Arms the CQ for a waiter outside the lock: `false` when it was armed just now (look at the CQ once more
+    /// before waiting), `true` when it already was.
+    pub fn arm(&mut self) -> bool {
+        let Some(c) = self.conn.as_mut() else {
+            return true;
+        };
+        if c.cq_armed {
+            return true;
+        }
+        // SAFETY: the connection's CQ.
+        unsafe { verbs::req_notify_cq(c.cq) };
+        c.cq_armed = true;
+        false
+    }
+
+    /// The completion channel a waiter waits on.
+    pub fn wait_chan(&self) -> Option<*mut IbvCompChannel> {
+        self.conn.as_ref().map(|c| c.chan)
+    }
+
+    /// A waiter took one completion event (outside the lock).
+    pub fn took_event(&mut self) {
+        if let Some(c) = self.conn.as_mut() {
+            c.cq_armed = false;
+            c.unack_cqe += 1;
+            c.get_cq_event();
+        }
+    }
+
     /// rsocket.c `rs_process_cq`: takes completions and grants credits until `test` holds, or `EWOULDBLOCK`
     /// when `nonblock`; blocking waits on the completion channel (armed first).
     pub fn process_cq(&mut self, nonblock: bool, test: fn(&Rs) -> bool) -> R<()> {
@@ -1026,30 +1055,15 @@ impl Conn {
         unsafe { (*self.chan).fd }
     }
 
-    /// Blocks in `ibv_get_cq_event` for the next completion event (the channel is made blocking for the call).
+    /// Blocks in `ibv_get_cq_event` for the next completion event.
     fn wait_cq_event(&mut self) -> R<()> {
-        let fd = self.chan_fd();
-        let (mut cq, mut ctx) = (core::ptr::null_mut(), core::ptr::null_mut());
-        // SAFETY: fcntl on the channel's descriptor; the connection's channel.
-        let r = unsafe {
-            let f = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, f & !libc::O_NONBLOCK);
-            let r = verbs::ibv_get_cq_event(self.chan, &mut cq, &mut ctx);
-            let e = errno();
-            libc::fcntl(fd, libc::F_SETFL, f | libc::O_NONBLOCK);
-            if r == 0 { Ok(()) } else { Err(e) }
-        };
-        match r {
-            Ok(()) => {
-                self.cq_armed = false;
-                self.unack_cqe += 1;
-                // Others that came meanwhile, and the batched acknowledgement.
-                self.get_cq_event();
-                Ok(())
-            }
-            Err(libc::EINTR) | Err(libc::EAGAIN) => Ok(()),
-            Err(e) => Err(e),
+        if wait_cq_event(self.chan) {
+            self.cq_armed = false;
+            self.unack_cqe += 1;
+            // Others that came meanwhile, and the batched acknowledgement.
+            self.get_cq_event();
         }
+        Ok(())
     }
 
     /// Takes a completion channel event without blocking (the fd is non-blocking), acknowledging in batches.
@@ -1101,5 +1115,21 @@ impl Conn {
             (*id).send_cq = core::ptr::null_mut();
             (*id).recv_cq = core::ptr::null_mut();
         }
+    }
+}
+
+/// Blocks in `ibv_get_cq_event` on `chan` (made blocking for the call; it is non-blocking otherwise) for one
+/// completion event; `true` when one was taken (the caller counts it for `ibv_ack_cq_events`), `false` after a
+/// signal or an error.
+pub(crate) fn wait_cq_event(chan: *mut IbvCompChannel) -> bool {
+    let (mut cq, mut ctx) = (core::ptr::null_mut(), core::ptr::null_mut());
+    // SAFETY: a live completion channel of an rsocket; fcntl on its descriptor.
+    unsafe {
+        let fd = (*chan).fd;
+        let f = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, f & !libc::O_NONBLOCK);
+        let r = verbs::ibv_get_cq_event(chan, &mut cq, &mut ctx);
+        libc::fcntl(fd, libc::F_SETFL, f | libc::O_NONBLOCK);
+        r == 0
     }
 }
