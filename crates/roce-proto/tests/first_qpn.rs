@@ -71,7 +71,7 @@ fn a_destroyed_qpn_is_not_reused_at_once() {
         },
         sq_sig_all: false,
     };
-    let mut new = |e: &mut Engine| e.create_qp(&init).expect("qp").0;
+    let new = |e: &mut Engine| e.create_qp(&init).expect("qp").0;
     let a = new(&mut e);
     e.destroy_qp(a).expect("destroy");
     let b = new(&mut e);
