@@ -156,6 +156,8 @@ pub(crate) struct Rs {
     pub ipv6_opts: u64,
     pub ip_tos: c_int,
     pub keepalive_time: c_int,
+    /// `rshutdown` closed our sending side.
+    pub wr_shut: bool,
     pub conn: Option<Box<Conn>>,
 }
 
@@ -189,6 +191,7 @@ impl Rs {
             ipv6_opts: 0,
             ip_tos: 0,
             keepalive_time: 0,
+            wr_shut: false,
             conn: None,
         };
         if let Some(p) = parent {
@@ -660,10 +663,13 @@ impl Rs {
         if self.conn.is_none() {
             return Err(libc::ENOTCONN);
         }
-        // After our own shutdown of the sending side (rsocket.c would still send while credits last; the peer
-        // has been told the stream ended), as TCP answers.
-        if self.state & st::CONNECTED != 0 && self.state & st::WRITABLE == 0 {
+        // Not after our own shutdown of the sending side (EPIPE) or the peer's disconnect (ECONNRESET), as TCP
+        // answers: rsocket.c would still send while credits last, though the stream has ended.
+        if self.wr_shut {
             return Err(libc::EPIPE);
+        }
+        if self.state & (st::DISCONNECTED | st::ERROR) != 0 {
+            return Err(libc::ECONNRESET);
         }
         let mut left = len;
         let mut off = 0usize;
@@ -848,6 +854,9 @@ impl Rs {
     /// rsocket.c `rshutdown` for a connected stream socket.
     pub fn shutdown(&mut self, how: c_int) -> R<()> {
         if self.state & st::CONNECTED != 0 {
+            if how == libc::SHUT_RDWR || how == libc::SHUT_WR {
+                self.wr_shut = true;
+            }
             let ctrl = if how == libc::SHUT_RDWR {
                 self.state &= !(st::READABLE | st::WRITABLE);
                 CTRL_DISCONNECT
