@@ -593,9 +593,9 @@ fn unanswered_dreq_times_out_into_timewait() {
 
 /// A REQ from the QP of a connection the passive side still holds in timewait is a new connection, not a stale
 /// one: Linux `cm_enter_timewait` takes the connection's remote QPN (and id) out of its tables
-/// (`cm_cleanup_timewait`), so only live connections make a REQ stale. A QP number comes back at once when a
-/// program closes one connection and opens the next (rocev2's engine reuses the freed slot; librdmacm's `rstream`
-/// does exactly this between its latency and bandwidth runs).
+/// (`cm_cleanup_timewait`), so only live connections make a REQ stale. A peer may reuse a QP number soon (rocev2's
+/// engine did at once until it allocated QPNs cyclically; librdmacm's `rstream` closes a connection and opens the
+/// next between its latency and bandwidth runs).
 #[test]
 fn reconnect_from_the_same_qp_while_the_peer_is_in_timewait() {
     let mut p = pair(12, ChannelConfig::default());
