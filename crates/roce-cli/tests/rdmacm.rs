@@ -540,3 +540,143 @@ fn fi_pingpong_over_libfabric_verbs_and_rxm_between_namespaces() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// rsockets: Debian's unmodified `rstream` (rdmacm-utils) over rocev2's librdmacm rsockets, in their own subnet.
+
+const RS_IP_A: &str = "198.18.23.1";
+const RS_IP_B: &str = "198.18.23.2";
+
+/// Runs `rstream ARGS` as the server in namespace A and, once it listens, `rstream -s RS_IP_A ARGS` in B; both
+/// must exit 0 without a complaint of the library.
+fn rstream_pair(ns: &NetnsPair, name: &str, args: &[&str]) -> (Finished, Finished) {
+    let dir = scratch(&format!("rsocket-{name}"));
+    let mut server = vec!["rstream"];
+    server.extend_from_slice(args);
+    let mut client = vec!["rstream", "-s", RS_IP_A];
+    client.extend_from_slice(args);
+    let mut s = Proc::spawn("server", &dir, &argv(&ns.a, RS_IP_A, &server));
+    wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = Proc::spawn("client", &dir, &argv(&ns.b, RS_IP_B, &client));
+    let cf = c.wait(Duration::from_secs(300));
+    let sf = s.wait(Duration::from_secs(60));
+    for (who, f) in [("client", &cf), ("server", &sf)] {
+        assert!(
+            f.status.success(),
+            "{name}: {who} failed:\n{cf}\nserver:\n{sf}"
+        );
+        assert!(
+            !f.stderr.contains("rocev2 librdmacm"),
+            "{name}: the library complained:\n{f}"
+        );
+    }
+    (cf, sf)
+}
+
+fn rsocket_setup(tag: &str) -> Option<NetnsPair> {
+    setup_at(tag, RS_IP_A, RS_IP_B, &[("rstream", "rdmacm-utils")])
+}
+
+/// rstream's default test: a latency run (64 B .. 1 MiB, 100 000 .. 100 round trips) on one connection, then a
+/// bandwidth run on a second one (the listening rsocket accepts again), non-blocking calls. rstream prints a
+/// row only for a size whose transfers all completed, so both sides must print all eight.
+#[test]
+fn rstream_default_run_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = rsocket_setup("rsdef") else {
+        return;
+    };
+    let (c, s) = rstream_pair(&ns, "default", &[]);
+    for (who, f) in [("client", &c), ("server", &s)] {
+        for row in [
+            "64_lat", "4k_lat", "64k_lat", "1m_lat", "64_bw", "4k_bw", "64k_bw", "1m_bw",
+        ] {
+            assert!(
+                f.stdout.lines().any(|l| l.starts_with(row)),
+                "{who}: no {row} row:\n{f}"
+            );
+        }
+    }
+}
+
+/// Custom runs with rstream's data check (`-T v`: each side verifies every byte it reads, exit 1 on a mismatch)
+/// in the three calling styles: non-blocking calls (the default), blocking calls (`-T b`: MSG_WAITALL) and
+/// asynchronous (`-T a`: rpoll before each call); 100 KB messages cross the 2-segment staging ring and the
+/// peer's receive-buffer halves many times.
+#[test]
+fn rstream_verified_in_every_calling_style_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = rsocket_setup("rsver") else {
+        return;
+    };
+    for style in [
+        &["-T", "v"][..],
+        &["-T", "b", "-T", "v"],
+        &["-T", "a", "-T", "v"],
+    ] {
+        let mut args = vec!["-S", "100000", "-C", "200"];
+        args.extend_from_slice(style);
+        let (c, s) = rstream_pair(&ns, &style.join(""), &args);
+        for (who, f) in [("client", &c), ("server", &s)] {
+            let row = f.stdout.lines().find(|l| l.starts_with("custom"));
+            assert!(
+                row.is_some_and(|r| r.split_whitespace().nth(2) == Some("200")),
+                "{who} {style:?}: no custom row of 200 transfers:\n{f}"
+            );
+        }
+    }
+}
+
+/// `tests/c/rsocket_edge.c` (compiled with `cc` against the system `<rdma/rsocket.h>`, linked with `-lrdmacm` like
+/// any rsocket program) as server in A and client in B: rselect and rpoll over an rsocket and a pipe, the peer's
+/// and own addresses, MSG_PEEK / MSG_WAITALL, rsendmsg/rwritev and rrecvmsg/rreadv, a half close (SHUT_WR: the
+/// reader sees the end of the stream after the data, the writer gets EPIPE, the other direction still works),
+/// option round trips and the clear refusals (SOCK_DGRAM, riomap, a bad descriptor). Each side prints `ok`.
+#[test]
+fn rsocket_edge_semantics_between_namespaces() {
+    let _turn = serial();
+    let Some(ns) = rsocket_setup("rsedge") else {
+        return;
+    };
+    assert!(
+        Path::new("/usr/include/rdma/rsocket.h").is_file(),
+        "<rdma/rsocket.h> missing: install Debian's librdmacm-dev (.ci/run does)"
+    );
+    let dir = scratch("rsocket-edge");
+    let prog = dir.join("rsocket_edge");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rsocket_edge.c");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = prog.to_str().expect("UTF-8 path");
+    let mut s = Proc::spawn(
+        "server",
+        &dir,
+        &argv(&ns.a, RS_IP_A, &[p, "server", RS_IP_A, "7472"]),
+    );
+    wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = Proc::spawn(
+        "client",
+        &dir,
+        &argv(&ns.b, RS_IP_B, &[p, "client", RS_IP_A, "7472"]),
+    );
+    let cf = c.wait(Duration::from_secs(120));
+    let sf = s.wait(Duration::from_secs(60));
+    for (who, f) in [("client", &cf), ("server", &sf)] {
+        assert!(
+            f.status.success() && f.stdout.lines().last() == Some("ok"),
+            "{who} failed:\n{cf}\nserver:\n{sf}"
+        );
+    }
+}

@@ -75,8 +75,9 @@
 //!   DREQ that names no connection (we already left timewait) with a DREP
 //!   built from it (Linux `cm_issue_drep`), so the peer completes.
 //! * **Stale connections** (IBTA Vol 1 ch. 12; Linux `cm_insert_remote_qpn`):
-//!   a REQ from a (GID, CA GUID, QPN) that a live or timewait connection here
-//!   still uses, or a repeated REQ of a connection in timewait, is answered
+//!   a REQ from a (GID, CA GUID, QPN) that a live connection here still uses
+//!   (not one in timewait: Linux `cm_cleanup_timewait` frees it then), or a
+//!   repeated REQ of a connection in timewait, is answered
 //!   with a REJ reason stale connection (10); a REP naming such a remote QP
 //!   makes the active side reject it the same way. The live connection is not
 //!   touched.

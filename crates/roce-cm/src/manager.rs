@@ -1336,6 +1336,11 @@ impl Cm {
         let conn = self.slots[slot].as_mut().expect("live");
         conn.retry = None;
         conn.timewait = t;
+        // The peer's QP is free again: a REQ from it is a new connection (Linux `cm_enter_timewait` →
+        // `cm_cleanup_timewait` takes the remote QPN out of the table; only live connections make a REQ stale).
+        if let Some(k) = conn.qpn_key.take() {
+            self.by_remote_qpn.remove(&k);
+        }
         self.set_state(slot, State::Timewait);
         self.arm(slot, now + t, TimerKind::Timewait);
     }

@@ -590,3 +590,54 @@ fn unanswered_dreq_times_out_into_timewait() {
     // B still waits for its application's DREP.
     assert_eq!(p.b.connections(), 1);
 }
+
+/// A REQ from the QP of a connection the passive side still holds in timewait is a new connection, not a stale
+/// one: Linux `cm_enter_timewait` takes the connection's remote QPN (and id) out of its tables
+/// (`cm_cleanup_timewait`), so only live connections make a REQ stale. A peer may reuse a QP number soon (rocev2's
+/// engine did at once until it allocated QPNs cyclically; librdmacm's `rstream` closes a connection and opens the
+/// next between its latency and bandwidth runs).
+#[test]
+fn reconnect_from_the_same_qp_while_the_peer_is_in_timewait() {
+    let mut p = pair(12, ChannelConfig::default());
+    p.b.listen(SID).unwrap();
+    let (now, b_peer) = (p.now, p.b_peer);
+    p.a.connect(now, b_peer, &connect_params(b"")).unwrap();
+    let mut round = 0;
+    p.run(Instant::from_millis(1000), |side, cm, now, ev| {
+        match (side, ev) {
+            (Side::B, Event::ConnectRequest { id, .. }) => {
+                cm.accept(now, *id, &accept_params(b"")).unwrap()
+            }
+            (Side::A, Event::Reply { id, .. }) => cm.rtu(now, *id, b"").unwrap(),
+            (Side::A, Event::Established { id }) => {
+                round += 1;
+                if round == 1 {
+                    cm.disconnect(now, *id, b"").unwrap();
+                }
+            }
+            (
+                Side::B,
+                Event::Disconnected {
+                    id,
+                    cause: Disconnect::Request(_),
+                },
+            ) => cm.disconnect(now, *id, b"").unwrap(),
+            // A got B's DREP: B is in timewait now; connect again from the same QP.
+            (Side::A, Event::Disconnected { .. }) => {
+                cm.connect(now, b_peer, &connect_params(b"")).unwrap();
+            }
+            _ => {}
+        }
+    });
+    assert_eq!(
+        kinds(&p, Side::B)
+            .into_iter()
+            .filter(|k| *k == "ConnectRequest")
+            .count(),
+        2,
+        "B: {:?}",
+        kinds(&p, Side::B)
+    );
+    assert_eq!(round, 2, "A: {:?}", kinds(&p, Side::A));
+    assert!(!kinds(&p, Side::A).contains(&"Rejected"));
+}

@@ -788,12 +788,19 @@ impl Engine {
         if srq.is_none() {
             cap.max_recv_sge = cap.max_recv_sge.max(1);
         }
-        let idx = match self.qp_free.pop() {
-            Some(i) => i as usize,
-            None => {
-                self.qps.push(None);
-                self.qps.len() - 1
-            }
+        // A destroyed QP's number is not handed out again at once: fresh slots first, then the slot freed longest
+        // ago (rxe allocates QPNs cyclically too). The IB CM takes a REQ from a QPN that a live connection at the
+        // peer still uses for a stale connection and rejects it (IBTA Vol 1 ch. 12; Linux `cm_req_handler`), so a
+        // program closing one connection and opening the next to the same peer must not reuse the number.
+        // (Slot 0, QPN 1, is free only while `Engine::new` opens the GSI on it.)
+        let fresh = self.qps.len() - 1 < self.cfg.device.max_qp as usize;
+        let idx = if self.qp_free.first() == Some(&0) {
+            self.qp_free.remove(0) as usize
+        } else if fresh || self.qp_free.is_empty() {
+            self.qps.push(None);
+            self.qps.len() - 1
+        } else {
+            self.qp_free.remove(0) as usize
         };
         let qpn = Qpn::new(slot_qpn(self.cfg.first_qpn, idx));
         let qp = Qp {

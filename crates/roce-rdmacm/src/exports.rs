@@ -3,11 +3,11 @@
 //! calls that return pointers). No panic crosses the C boundary ([`guard`]: `-1`/`EIO`).
 //!
 //! Not implemented (`-1`/`ENOSYS`, NULL/`ENOSYS`; `docs/RDMACM.md` §2): multicast, ECE, `rdma_notify`, SRQs on an
-//! id, `rdma_connect` / `rdma_accept` in the IPoIB port space (its Q_Key is a multicast group's), and rsockets
-//! except `rpoll` / `rselect` (over plain descriptors they are `poll` / `select`).
+//! id, `rdma_connect` / `rdma_accept` in the IPoIB port space (its Q_Key is a multicast group's). The rsocket calls
+//! are in module `rsocket`.
 
 use core::ffi::c_void;
-use libc::{c_char, c_int, size_t, sockaddr, socklen_t, ssize_t};
+use libc::{c_char, c_int, size_t, sockaddr};
 
 use crate::abi::*;
 use crate::cma::{self, R, lock};
@@ -730,32 +730,6 @@ pub unsafe extern "C" fn rocev2_rdma_get_request(
     })
 }
 
-/// # Safety
-/// `fds` is NULL or `nfds` pollfds.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn rocev2_rpoll(
-    fds: *mut libc::pollfd,
-    nfds: libc::nfds_t,
-    timeout: c_int,
-) -> c_int {
-    // SAFETY: per the contract; over plain descriptors rpoll is poll (rsocket.c does the same for non-rsockets).
-    unsafe { libc::poll(fds, nfds, timeout) }
-}
-
-/// # Safety
-/// The sets are NULL or valid `fd_set`s; `timeout` NULL or valid.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn rocev2_rselect(
-    nfds: c_int,
-    r: *mut libc::fd_set,
-    w: *mut libc::fd_set,
-    e: *mut libc::fd_set,
-    timeout: *mut libc::timeval,
-) -> c_int {
-    // SAFETY: per the contract.
-    unsafe { libc::select(nfds, r, w, e, timeout) }
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Not implemented: -1 / NULL with ENOSYS (module docs), each with its C signature.
 
@@ -815,167 +789,6 @@ pub extern "C" fn rocev2_rdma_create_srq_ex(_id: *mut RdmaCmId, _attr: *mut c_vo
 pub extern "C" fn rocev2_rdma_destroy_srq(_id: *mut RdmaCmId) {
     set_errno(libc::ENOSYS);
 }
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rsocket(_domain: c_int, _ty: c_int, _proto: c_int) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rbind(_s: c_int, _addr: *const sockaddr, _len: socklen_t) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rlisten(_s: c_int, _backlog: c_int) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_raccept(_s: c_int, _addr: *mut sockaddr, _len: *mut socklen_t) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rconnect(_s: c_int, _addr: *const sockaddr, _len: socklen_t) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rshutdown(_s: c_int, _how: c_int) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rclose(_s: c_int) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rrecv(
-    _s: c_int,
-    _buf: *mut c_void,
-    _len: size_t,
-    _flags: c_int,
-) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rrecvfrom(
-    _s: c_int,
-    _buf: *mut c_void,
-    _len: size_t,
-    _flags: c_int,
-    _src: *mut sockaddr,
-    _alen: *mut socklen_t,
-) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rrecvmsg(_s: c_int, _msg: *mut libc::msghdr, _flags: c_int) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rsend(
-    _s: c_int,
-    _buf: *const c_void,
-    _len: size_t,
-    _flags: c_int,
-) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rsendto(
-    _s: c_int,
-    _buf: *const c_void,
-    _len: size_t,
-    _flags: c_int,
-    _dst: *const sockaddr,
-    _alen: socklen_t,
-) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rsendmsg(_s: c_int, _msg: *const libc::msghdr, _flags: c_int) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rread(_s: c_int, _buf: *mut c_void, _count: size_t) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rreadv(_s: c_int, _iov: *const libc::iovec, _n: c_int) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rwrite(_s: c_int, _buf: *const c_void, _count: size_t) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rwritev(_s: c_int, _iov: *const libc::iovec, _n: c_int) -> ssize_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rgetpeername(
-    _s: c_int,
-    _addr: *mut sockaddr,
-    _len: *mut socklen_t,
-) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rgetsockname(
-    _s: c_int,
-    _addr: *mut sockaddr,
-    _len: *mut socklen_t,
-) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rsetsockopt(
-    _s: c_int,
-    _level: c_int,
-    _name: c_int,
-    _val: *const c_void,
-    _len: socklen_t,
-) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rgetsockopt(
-    _s: c_int,
-    _level: c_int,
-    _name: c_int,
-    _val: *mut c_void,
-    _len: *mut socklen_t,
-) -> c_int {
-    nosys(-1)
-}
-/// `int rfcntl(int socket, int cmd, ... /* arg */)`: the variadic argument is not read (x86-64 SysV passes it
-/// in a register either way).
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rfcntl(_s: c_int, _cmd: c_int) -> c_int {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_riomap(
-    _s: c_int,
-    _buf: *mut c_void,
-    _len: size_t,
-    _prot: c_int,
-    _flags: c_int,
-    _offset: libc::off_t,
-) -> libc::off_t {
-    nosys(-1)
-}
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_riounmap(_s: c_int, _buf: *mut c_void, _len: size_t) -> c_int {
-    nosys(-1)
-}
-/// Returns `(size_t)-1` with `ENOSYS`.
-#[unsafe(no_mangle)]
-pub extern "C" fn rocev2_riowrite(
-    _s: c_int,
-    _buf: *const c_void,
-    _count: size_t,
-    _offset: libc::off_t,
-    _flags: c_int,
-) -> size_t {
-    nosys(size_t::MAX)
-}
-
 fn errno() -> c_int {
     std::io::Error::last_os_error()
         .raw_os_error()

@@ -17,8 +17,9 @@
 //!   `rdma_create_ep` / `rdma_get_request` / `rdma_destroy_ep` (module `exports`); `rdma_getaddrinfo` (module
 //!   `addrinfo`); UD ids of `RDMA_PS_UDP` over SIDR (`udaddy`: `rdma_connect` → ESTABLISHED with `param.ud`,
 //!   CONNECT_REQUEST / `rdma_accept` / `rdma_reject` on the listener's side).
-//! * Not implemented (`ENOSYS`): the IPoIB port space's SIDR, multicast, ECE, `rdma_notify`, SRQs on an id,
-//!   rsockets (except `rpoll` / `rselect` over plain descriptors).
+//! * Not implemented (`ENOSYS`): the IPoIB port space's SIDR, multicast, ECE, `rdma_notify`, SRQs on an id.
+//! * rsockets (module `rsocket`): stream sockets with librdmacm's wire protocol; datagram rsockets and the iomap
+//!   calls are not implemented (`ENOTSUP` / `ENOSYS`).
 
 /// Default versions: `.symver rocev2_<name>, <name>@@<node>` for each listed symbol.
 macro_rules! versioned {
@@ -35,6 +36,7 @@ mod bridge;
 mod cma;
 mod exports;
 mod route;
+mod rsocket;
 
 versioned! {
     "RDMACM_1.0": [rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id,

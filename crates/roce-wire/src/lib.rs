@@ -163,6 +163,7 @@ pub mod mad;
 pub mod opcode;
 pub mod pretty;
 pub mod reth;
+pub mod rsocket;
 pub mod template;
 pub mod types;
 pub mod udp;
