@@ -43,8 +43,9 @@ pub fn open_or_explain(tool: &str, local: IpAddr, peer: IpAddr) -> Option<XdpLin
                 );
             }
             eprintln!(
-                "{tool}: AF_XDP link on {} queue 0 ({} mode)",
+                "{tool}: AF_XDP link on {} ({} receive queue(s), {} mode)",
                 l.interface(),
+                l.queues(),
                 if l.zero_copy() { "zero-copy" } else { "copy" }
             );
             Some(l)

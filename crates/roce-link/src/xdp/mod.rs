@@ -4,8 +4,13 @@
 //!
 //! # Pieces
 //!
-//! * **UMEM**: one anonymous mapping of [`XdpConfig::frames`] chunks of [`XdpConfig::frame_size`] bytes (aligned
-//!   mode). The first half is lent to the kernel for receive (fill ring), the second half is the transmit pool.
+//! * **Sockets**: one per receive queue of the interface (`ETHTOOL_GCHANNELS`; veth has one per CPU by default),
+//!   because a frame can only be redirected to the socket bound to the queue it arrived on, and a peer that sends
+//!   through the kernel (a UDP link, rxe) spreads its flows over the queues. Queue 0's socket also transmits;
+//!   the others only receive. With more than one, an `epoll` set of all of them is the link's [`Link::wait_fd`].
+//! * **UMEM**: one anonymous mapping per socket of [`XdpConfig::frames`] chunks (receive-only sockets:
+//!   [`XdpConfig::ring_size`]) of [`XdpConfig::frame_size`] bytes (aligned mode). The first `ring_size` chunks are
+//!   lent to the kernel for receive (fill ring), the rest are the transmit pool.
 //! * **Rings**: fill, completion, RX and TX, each [`XdpConfig::ring_size`] entries, mapped from the socket. A
 //!   producer writes descriptors, then publishes its index with a release store; a consumer reads the other index
 //!   with an acquire load (`af_xdp.rst`, "Rings").
@@ -30,8 +35,8 @@
 //! # Limits
 //!
 //! * IPv4 only (the program matches IPv4; an IPv6 [`XdpConfig::local`] is refused with a clear error).
-//! * One queue ([`XdpConfig::queue`], default 0): frames the interface receives on other queues pass to the
-//!   kernel (veth has one queue unless created with more).
+//! * At most [`MAX_QUEUES`] receive queues are bound (frames on higher queues pass to the kernel); the program
+//!   is attached when the link opens, so a queue count changed later (`ethtool -L`) is not followed.
 //! * No multi-buffer: a frame must fit one chunk (receive: `frame_size` − 256 B of XDP headroom), so with the
 //!   default 4 KiB chunks the link's MTU is at most 3840 B; a jumbo MTU needs `XDP_USE_SG` and a frags-aware
 //!   program, not done.
@@ -65,6 +70,8 @@ pub const NEIGH_TTL_NS: u64 = 1_000_000_000;
 const SOLICIT_EVERY_NS: u64 = 100_000_000;
 /// `XDP_PACKET_HEADROOM`: bytes the kernel leaves in front of a received frame in its chunk.
 const XDP_HEADROOM: usize = 256;
+/// How soon a flush that left frames on the TX ring is retried ([`Link::poll_at`]).
+const TX_RETRY: std::time::Duration = std::time::Duration::from_micros(20);
 /// Frames the kernel sends per `sendto` in copy mode (`xsk_generic_xmit`'s default budget).
 const COPY_TX_BUDGET: usize = 32;
 
@@ -110,8 +117,6 @@ pub struct XdpConfig {
     pub interface: Option<String>,
     /// UDP destination port steered to the socket (default 4791, `ROCEV2.md §1.4`).
     pub port: u16,
-    /// Receive queue to bind (default 0).
-    pub queue: u32,
     /// UMEM chunks (default 4096; half receive, half transmit).
     pub frames: u32,
     /// Bytes per chunk, a power of two from 2048 to the page size (default 4096).
@@ -129,7 +134,6 @@ impl XdpConfig {
             local,
             interface: None,
             port: roce_wire::ROCE_V2_PORT,
-            queue: 0,
             frames: 4096,
             frame_size: 4096,
             ring_size: 2048,
@@ -155,6 +159,9 @@ pub struct XdpStats {
     pub tx_busy: u64,
     /// Wake-up system calls (`sendto` for TX, `recvfrom` for the fill ring).
     pub wakeups: u64,
+    /// Flushes that left frames on the TX ring (the device was busy: veth's peer queue full, no skb); they go
+    /// with a later flush, which [`Link::poll_at`] asks for.
+    pub tx_left_pending: u64,
 }
 
 /// One mapped ring (`struct xdp_ring_offset`); `D` is the descriptor: `u64` (fill, completion) or
@@ -299,20 +306,262 @@ struct Neigh {
     solicited: u64,
 }
 
-/// RoCE v2 over an `AF_XDP` socket (see the module docs).
-pub struct XdpLink {
-    cfg: XdpConfig,
-    // Field order is drop order: rings before the socket, the socket before the UMEM, the program last.
+/// One `AF_XDP` socket bound to one receive queue, with its own UMEM and rings.
+struct Xsk {
+    // Field order is drop order: rings before the socket, the socket before the UMEM.
     rx: Ring<libc::xdp_desc>,
-    tx: Ring<libc::xdp_desc>,
+    /// Only the socket of the first queue transmits.
+    tx: Option<Ring<libc::xdp_desc>>,
     fill: Ring<u64>,
     comp: Ring<u64>,
-    xsk: OwnedFd,
+    fd: OwnedFd,
     umem: NonNull<u8>,
     umem_len: usize,
     /// Unmaps the UMEM when dropped (after the rings and the socket above).
     _umem_map: UmemGuard,
-    /// Holds the XSKMAP, the program and its `bpf_link`; dropping it detaches the program.
+}
+
+impl Xsk {
+    /// Opens a socket with a UMEM of `frames` chunks: the first `ring_size` go to the fill ring, the rest are
+    /// returned as the transmit pool (only with `tx`). Not bound yet.
+    fn open(cfg: &XdpConfig, frames: u32, tx: bool) -> Result<(Xsk, Vec<u64>), LinkError> {
+        // The socket first: it is the step that fails without privilege or kernel support.
+        // SAFETY: plain socket(2); checked below.
+        let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(os("opening an AF_XDP socket").into());
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let xsk = unsafe { OwnedFd::from_raw_fd(fd) };
+
+        let umem_len = frames as usize * cfg.frame_size as usize;
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                umem_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os("mapping the UMEM").into());
+        }
+        // SAFETY: mmap succeeded.
+        let umem = unsafe { NonNull::new_unchecked(p.cast::<u8>()) };
+        let umem_guard = UmemGuard {
+            p: umem,
+            len: umem_len,
+        };
+
+        let reg = libc::xdp_umem_reg {
+            addr: p as u64,
+            len: umem_len as u64,
+            chunk_size: cfg.frame_size,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        setsockopt(
+            fd,
+            libc::XDP_UMEM_REG,
+            &reg,
+            "registering the UMEM (XDP_UMEM_REG)",
+        )?;
+        let n = cfg.ring_size;
+        setsockopt(fd, libc::XDP_UMEM_FILL_RING, &n, "sizing the fill ring")?;
+        setsockopt(
+            fd,
+            libc::XDP_UMEM_COMPLETION_RING,
+            &n,
+            "sizing the completion ring",
+        )?;
+        setsockopt(fd, libc::XDP_RX_RING, &n, "sizing the RX ring")?;
+        if tx {
+            setsockopt(fd, libc::XDP_TX_RING, &n, "sizing the TX ring")?;
+        }
+        // SAFETY: all-zero is a valid `xdp_mmap_offsets`.
+        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+        let mut olen = size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+        // SAFETY: `off` is writable for `olen` bytes.
+        if unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_XDP,
+                libc::XDP_MMAP_OFFSETS,
+                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
+                &mut olen,
+            )
+        } < 0
+        {
+            return Err(os("reading the ring offsets (XDP_MMAP_OFFSETS)").into());
+        }
+        let mut fill = Ring::<u64>::map(
+            fd,
+            &off.fr,
+            n,
+            libc::XDP_UMEM_PGOFF_FILL_RING as libc::off_t,
+        )?;
+        let comp = Ring::<u64>::map(
+            fd,
+            &off.cr,
+            n,
+            libc::XDP_UMEM_PGOFF_COMPLETION_RING as libc::off_t,
+        )?;
+        let rx = Ring::<libc::xdp_desc>::map(fd, &off.rx, n, libc::XDP_PGOFF_RX_RING)?;
+        let txr = if tx {
+            Some(Ring::<libc::xdp_desc>::map(
+                fd,
+                &off.tx,
+                n,
+                libc::XDP_PGOFF_TX_RING,
+            )?)
+        } else {
+            None
+        };
+        // Receive chunks: the first `ring_size`, all lent to the kernel now.
+        for i in 0..n {
+            fill.push(u64::from(i) * u64::from(cfg.frame_size));
+        }
+        fill.submit();
+        let mut tx_free = Vec::new();
+        if tx {
+            // Capacity exactly the pool: `reap` never grows it (no allocation per packet).
+            tx_free.reserve_exact((frames - n) as usize);
+            tx_free.extend((n..frames).map(|i| u64::from(i) * u64::from(cfg.frame_size)));
+        }
+        Ok((
+            Xsk {
+                rx,
+                tx: txr,
+                fill,
+                comp,
+                fd: xsk,
+                umem,
+                umem_len,
+                _umem_map: umem_guard,
+            },
+            tx_free,
+        ))
+    }
+
+    /// Binds to `ifindex` queue `queue` with `flags` (`XDP_ZEROCOPY` or `XDP_COPY`) and need-wakeup.
+    fn bind(&self, ifindex: u32, queue: u32, flags: u16) -> io::Result<()> {
+        let sa = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: flags | libc::XDP_USE_NEED_WAKEUP,
+            sxdp_ifindex: ifindex,
+            sxdp_queue_id: queue,
+            sxdp_shared_umem_fd: 0,
+        };
+        // SAFETY: `sa` is a valid `sockaddr_xdp` of the length given.
+        let r = unsafe {
+            libc::bind(
+                self.fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_xdp).cast(),
+                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            Err(os("binding the AF_XDP socket to the interface queue"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The chunk at UMEM offset `addr`, `len` bytes, if inside the UMEM.
+    fn chunk(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
+        let a = usize::try_from(addr).ok()?;
+        if a.checked_add(len)? > self.umem_len {
+            return None;
+        }
+        // SAFETY: `a .. a + len` lies inside the UMEM mapping (checked); the kernel does not write a chunk while
+        // we own it (an RX chunk until it returns to the fill ring, a TX chunk until it is on the TX ring), and
+        // `&mut self` makes this the only borrow.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.umem.as_ptr().add(a), len) })
+    }
+
+    /// Lends up to `max` received frames to `sink` and returns their chunks to the fill ring; `(taken,
+    /// delivered, bad descriptors, wake-ups)`.
+    fn rx_burst(
+        &mut self,
+        frame_size: u32,
+        max: u32,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> (u32, u64, u64, u64) {
+        let ready = self.rx.ready().min(max);
+        let fs = u64::from(frame_size);
+        let (mut delivered, mut bad, mut wakeups) = (0, 0, 0);
+        for i in 0..ready {
+            let d = self.rx.peek(i);
+            match self.chunk(d.addr, d.len as usize) {
+                Some(frame) => {
+                    sink(frame);
+                    delivered += 1;
+                }
+                None => bad += 1,
+            }
+            // The chunk goes back to the kernel (the fill ring has room: it and the RX ring share `ring_size`
+            // chunks).
+            self.fill.push(d.addr - d.addr % fs);
+        }
+        if ready > 0 {
+            self.rx.release(ready);
+            self.fill.submit();
+        }
+        if self.fill.needs_wakeup() {
+            wakeups += 1;
+            // SAFETY: a zero-length, non-blocking receive on our socket: only a wake-up for the driver.
+            unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+        }
+        (ready, delivered, bad, wakeups)
+    }
+
+    fn kernel_stats(&self) -> io::Result<libc::xdp_statistics> {
+        // SAFETY: all-zero is a valid value.
+        let mut s: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+        let mut len = size_of::<libc::xdp_statistics>() as libc::socklen_t;
+        // SAFETY: `s` is writable for `len` bytes.
+        if unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_XDP,
+                libc::XDP_STATISTICS,
+                (&mut s as *mut libc::xdp_statistics).cast(),
+                &mut len,
+            )
+        } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}
+
+/// RoCE v2 over `AF_XDP` sockets, one per receive queue of the interface (see the module docs).
+pub struct XdpLink {
+    cfg: XdpConfig,
+    /// The socket of queue 0 (receives and transmits).
+    main: Xsk,
+    /// The sockets of the other receive queues (receive only), preallocated at bind.
+    others: Vec<Xsk>,
+    /// Readable when any socket has a frame (`epoll`, level-triggered), when there is more than one socket.
+    epoll: Option<OwnedFd>,
+    /// The socket `rx_burst` starts with (rotates, so no queue starves).
+    rx_next: usize,
+    /// Holds the XSKMAP, the program and its `bpf_link`; dropping it detaches the program. Declared after the
+    /// sockets, so the program goes last.
     _attached: bpf::Attached,
     neigh: neigh::Neighbours,
     cache: [Option<Neigh>; NEIGH_SLOTS],
@@ -321,10 +570,12 @@ pub struct XdpLink {
     ifmac: [u8; 6],
     mtu: usize,
     zero_copy: bool,
-    /// Free transmit chunks (UMEM offsets), a stack preallocated to the transmit pool's size.
+    /// Free transmit chunks (UMEM offsets of `main`), a stack preallocated to the transmit pool's size.
     tx_free: Vec<u64>,
     /// The chunk lent by the last `tx_buf`, not committed yet.
     tx_held: Option<u64>,
+    /// When frames were left on the TX ring: the instant of the next flush the driver should make.
+    retry_at: Option<Instant>,
     stats: XdpStats,
 }
 
@@ -384,132 +635,35 @@ impl XdpLink {
         }
         let (ifmac, ifmtu) = neigh::mac_and_mtu(&ifname)?;
 
-        // The socket first: it is the step that fails without privilege or kernel support.
-        // SAFETY: plain socket(2); checked below.
-        let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(os("opening an AF_XDP socket").into());
+        let queues = rx_queues(&ifname).clamp(1, MAX_QUEUES);
+        let (main, tx_free) = Xsk::open(&cfg, cfg.frames, true)?;
+        let mut others = Vec::with_capacity(queues as usize - 1);
+        for _ in 1..queues {
+            others.push(Xsk::open(&cfg, cfg.ring_size, false)?.0);
         }
-        // SAFETY: a new descriptor nothing else owns.
-        let xsk = unsafe { OwnedFd::from_raw_fd(fd) };
-
-        let umem_len = cfg.frames as usize * cfg.frame_size as usize;
-        // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                umem_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os("mapping the UMEM").into());
-        }
-        // SAFETY: mmap succeeded.
-        let umem = unsafe { NonNull::new_unchecked(p.cast::<u8>()) };
-        let umem_guard = UmemGuard {
-            p: umem,
-            len: umem_len,
-        };
-
-        let reg = libc::xdp_umem_reg {
-            addr: p as u64,
-            len: umem_len as u64,
-            chunk_size: cfg.frame_size,
-            headroom: 0,
-            flags: 0,
-            tx_metadata_len: 0,
-        };
-        setsockopt(
-            fd,
-            libc::XDP_UMEM_REG,
-            &reg,
-            "registering the UMEM (XDP_UMEM_REG)",
-        )?;
-        let n = cfg.ring_size;
-        setsockopt(fd, libc::XDP_UMEM_FILL_RING, &n, "sizing the fill ring")?;
-        setsockopt(
-            fd,
-            libc::XDP_UMEM_COMPLETION_RING,
-            &n,
-            "sizing the completion ring",
-        )?;
-        setsockopt(fd, libc::XDP_RX_RING, &n, "sizing the RX ring")?;
-        setsockopt(fd, libc::XDP_TX_RING, &n, "sizing the TX ring")?;
-        // SAFETY: all-zero is a valid `xdp_mmap_offsets`.
-        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-        let mut olen = size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
-        // SAFETY: `off` is writable for `olen` bytes.
-        if unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_XDP,
-                libc::XDP_MMAP_OFFSETS,
-                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
-                &mut olen,
-            )
-        } < 0
-        {
-            return Err(os("reading the ring offsets (XDP_MMAP_OFFSETS)").into());
-        }
-        let mut fill = Ring::<u64>::map(
-            fd,
-            &off.fr,
-            n,
-            libc::XDP_UMEM_PGOFF_FILL_RING as libc::off_t,
-        )?;
-        let comp = Ring::<u64>::map(
-            fd,
-            &off.cr,
-            n,
-            libc::XDP_UMEM_PGOFF_COMPLETION_RING as libc::off_t,
-        )?;
-        let rx = Ring::<libc::xdp_desc>::map(fd, &off.rx, n, libc::XDP_PGOFF_RX_RING)?;
-        let tx = Ring::<libc::xdp_desc>::map(fd, &off.tx, n, libc::XDP_PGOFF_TX_RING)?;
-
-        // Receive chunks: the first `ring_size`, all lent to the kernel now.
-        for i in 0..n {
-            fill.push(u64::from(i) * u64::from(cfg.frame_size));
-        }
-        fill.submit();
-        let tx_free: Vec<u64> = (n..cfg.frames)
-            .map(|i| u64::from(i) * u64::from(cfg.frame_size))
-            .collect();
-
-        let attached = bpf::Attached::attach(ifindex, cfg.queue + 1, local4, cfg.port)?;
-        let bind = |flags: u16| {
-            let sa = libc::sockaddr_xdp {
-                sxdp_family: libc::AF_XDP as u16,
-                sxdp_flags: flags | libc::XDP_USE_NEED_WAKEUP,
-                sxdp_ifindex: ifindex,
-                sxdp_queue_id: cfg.queue,
-                sxdp_shared_umem_fd: 0,
-            };
-            // SAFETY: `sa` is a valid `sockaddr_xdp` of the length given.
-            let r = unsafe {
-                libc::bind(
-                    fd,
-                    (&sa as *const libc::sockaddr_xdp).cast(),
-                    size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-                )
-            };
-            if r < 0 {
-                Err(os("binding the AF_XDP socket to the interface queue"))
-            } else {
-                Ok(())
-            }
-        };
-        let zero_copy = match bind(libc::XDP_ZEROCOPY) {
+        let attached = bpf::Attached::attach(ifindex, queues, local4, cfg.port)?;
+        let zero_copy = match main.bind(ifindex, 0, libc::XDP_ZEROCOPY) {
             Ok(()) => true,
             Err(_) => {
-                bind(libc::XDP_COPY)?;
+                main.bind(ifindex, 0, libc::XDP_COPY)?;
                 false
             }
         };
-        attached.insert(cfg.queue, fd)?;
+        let mode = if zero_copy {
+            libc::XDP_ZEROCOPY
+        } else {
+            libc::XDP_COPY
+        };
+        attached.insert(0, main.fd.as_raw_fd())?;
+        for (q, x) in (1..).zip(&others) {
+            x.bind(ifindex, q, mode)?;
+            attached.insert(q, x.fd.as_raw_fd())?;
+        }
+        let epoll = if others.is_empty() {
+            None
+        } else {
+            Some(epoll_of(std::iter::once(&main).chain(&others))?)
+        };
         let neigh = neigh::Neighbours::open(ifindex).map_err(|e| {
             LinkError::Io(io::Error::new(
                 e.kind(),
@@ -519,14 +673,10 @@ impl XdpLink {
         let mtu = (ifmtu + 14).min(cfg.frame_size as usize - XDP_HEADROOM);
         Ok(XdpLink {
             cfg,
-            rx,
-            tx,
-            fill,
-            comp,
-            xsk,
-            umem,
-            umem_len,
-            _umem_map: umem_guard,
+            main,
+            others,
+            epoll,
+            rx_next: 0,
             _attached: attached,
             neigh,
             cache: [None; NEIGH_SLOTS],
@@ -537,6 +687,7 @@ impl XdpLink {
             zero_copy,
             tx_free,
             tx_held: None,
+            retry_at: None,
             stats: XdpStats::default(),
         })
     }
@@ -561,65 +712,62 @@ impl XdpLink {
         self.stats
     }
 
-    /// The kernel's socket statistics (`XDP_STATISTICS`): receive drops, ring-full and fill-empty events.
+    /// The kernel's socket statistics (`XDP_STATISTICS`) summed over the sockets: receive drops, ring-full and
+    /// fill-empty events, invalid descriptors.
     pub fn kernel_stats(&self) -> io::Result<libc::xdp_statistics> {
-        // SAFETY: all-zero is a valid value.
-        let mut s: libc::xdp_statistics = unsafe { std::mem::zeroed() };
-        let mut len = size_of::<libc::xdp_statistics>() as libc::socklen_t;
-        // SAFETY: `s` is writable for `len` bytes.
-        if unsafe {
-            libc::getsockopt(
-                self.xsk.as_raw_fd(),
-                libc::SOL_XDP,
-                libc::XDP_STATISTICS,
-                (&mut s as *mut libc::xdp_statistics).cast(),
-                &mut len,
-            )
-        } < 0
-        {
-            return Err(io::Error::last_os_error());
+        let mut t = self.main.kernel_stats()?;
+        for x in &self.others {
+            let s = x.kernel_stats()?;
+            t.rx_dropped += s.rx_dropped;
+            t.rx_invalid_descs += s.rx_invalid_descs;
+            t.tx_invalid_descs += s.tx_invalid_descs;
+            t.rx_ring_full += s.rx_ring_full;
+            t.rx_fill_ring_empty_descs += s.rx_fill_ring_empty_descs;
+            t.tx_ring_empty_descs += s.tx_ring_empty_descs;
         }
-        Ok(s)
+        Ok(t)
     }
 
-    /// The chunk at UMEM offset `addr`, `len` bytes, if inside the UMEM.
-    fn chunk(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
-        let a = usize::try_from(addr).ok()?;
-        if a.checked_add(len)? > self.umem_len {
-            return None;
-        }
-        // SAFETY: `a .. a + len` lies inside the UMEM mapping (checked); the kernel does not write a chunk while
-        // we own it (an RX chunk until it returns to the fill ring, a TX chunk until it is on the TX ring), and
-        // `&mut self` makes this the only borrow.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.umem.as_ptr().add(a), len) })
+    /// Number of sockets (= receive queues bound).
+    pub fn queues(&self) -> usize {
+        1 + self.others.len()
     }
 
     /// Moves completed transmit chunks back to the free stack.
     fn reap(&mut self) {
-        let n = self.comp.ready();
+        let comp = &mut self.main.comp;
+        let n = comp.ready();
         for i in 0..n {
-            let a = self.comp.peek(i);
+            let a = comp.peek(i);
             if self.tx_free.len() < self.tx_free.capacity() {
                 self.tx_free.push(a);
             }
         }
         if n > 0 {
-            self.comp.release(n);
+            comp.release(n);
         }
+    }
+
+    /// Frames on the TX ring the kernel has not taken yet.
+    fn tx_pending(&self) -> u32 {
+        self.main.tx.as_ref().map_or(0, Ring::pending)
     }
 
     /// Kicks the kernel to send what is on the TX ring (copy mode: in budgets of 32 frames).
     fn kick_tx(&mut self) -> Result<(), LinkError> {
-        let rounds = (self.tx.size as usize).div_ceil(COPY_TX_BUDGET) + 1;
+        let Some(tx) = self.main.tx.as_ref() else {
+            return Ok(());
+        };
+        let rounds = (tx.size as usize).div_ceil(COPY_TX_BUDGET) + 1;
         for _ in 0..rounds {
-            if self.tx.pending() == 0 || (self.zero_copy && !self.tx.needs_wakeup()) {
+            if tx.pending() == 0 || (self.zero_copy && !tx.needs_wakeup()) {
                 return Ok(());
             }
             self.stats.wakeups += 1;
             // SAFETY: a zero-length send on our socket with no buffer and no address.
             let r = unsafe {
                 libc::sendto(
-                    self.xsk.as_raw_fd(),
+                    self.main.fd.as_raw_fd(),
                     std::ptr::null(),
                     0,
                     libc::MSG_DONTWAIT,
@@ -747,41 +895,29 @@ impl Link for XdpLink {
         max: usize,
         sink: &mut dyn FnMut(&mut [u8]),
     ) -> Result<usize, LinkError> {
-        let ready = self.rx.ready().min(u32::try_from(max).unwrap_or(u32::MAX));
-        let fs = u64::from(self.cfg.frame_size);
-        let mut delivered = 0;
-        for i in 0..ready {
-            let d = self.rx.peek(i);
-            match self.chunk(d.addr, d.len as usize) {
-                Some(frame) => {
-                    sink(frame);
-                    delivered += 1;
-                }
-                None => self.stats.rx_bad_desc += 1,
+        let mut left = u32::try_from(max).unwrap_or(u32::MAX);
+        let n = 1 + self.others.len();
+        let start = self.rx_next;
+        self.rx_next = (start + 1) % n;
+        let mut taken = 0usize;
+        for k in 0..n {
+            if left == 0 {
+                break;
             }
-            // The chunk goes back to the kernel (fill ring has room: it and the RX ring share `ring_size` chunks).
-            self.fill.push(d.addr - d.addr % fs);
-        }
-        if ready > 0 {
-            self.rx.release(ready);
-            self.fill.submit();
-            self.stats.rx_frames += delivered;
-        }
-        if self.fill.needs_wakeup() {
-            self.stats.wakeups += 1;
-            // SAFETY: a zero-length, non-blocking receive on our socket: only a wake-up for the driver.
-            unsafe {
-                libc::recvfrom(
-                    self.xsk.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    0,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                )
+            let q = (start + k) % n;
+            let x = if q == 0 {
+                &mut self.main
+            } else {
+                &mut self.others[q - 1]
             };
+            let (t, delivered, bad, wakeups) = x.rx_burst(self.cfg.frame_size, left, sink);
+            left -= t;
+            taken += t as usize;
+            self.stats.rx_frames += delivered;
+            self.stats.rx_bad_desc += bad;
+            self.stats.wakeups += wakeups;
         }
-        Ok(ready as usize)
+        Ok(taken)
     }
 
     fn tx_buf(&mut self, _now: Instant) -> Result<&mut [u8], LinkError> {
@@ -791,7 +927,7 @@ impl Link for XdpLink {
                 if self.tx_free.is_empty() {
                     self.reap();
                 }
-                if self.tx.free() == 0 {
+                if self.main.tx.as_ref().is_none_or(|t| t.free() == 0) {
                     self.stats.tx_busy += 1;
                     return Err(LinkError::Busy);
                 }
@@ -804,7 +940,7 @@ impl Link for XdpLink {
             }
         };
         let len = self.cfg.frame_size as usize;
-        self.chunk(addr, len).ok_or(LinkError::NoTxBuffer)
+        self.main.chunk(addr, len).ok_or(LinkError::NoTxBuffer)
     }
 
     fn tx_commit(&mut self, now: Instant, len: usize) -> Result<(), LinkError> {
@@ -815,7 +951,7 @@ impl Link for XdpLink {
             return Err(LinkError::TooLong { len, mtu: self.mtu });
         }
         let (dst, ok) = {
-            let f = self.chunk(addr, len).ok_or(LinkError::NoTxBuffer)?;
+            let f = self.main.chunk(addr, len).ok_or(LinkError::NoTxBuffer)?;
             dest_ip(f)
         };
         let Some(dst) = dst.filter(|_| ok) else {
@@ -831,10 +967,13 @@ impl Link for XdpLink {
             return Ok(());
         };
         let ifmac = self.ifmac;
-        let f = self.chunk(addr, len).ok_or(LinkError::NoTxBuffer)?;
+        let f = self.main.chunk(addr, len).ok_or(LinkError::NoTxBuffer)?;
         f[0..6].copy_from_slice(&mac);
         f[6..12].copy_from_slice(&ifmac);
-        self.tx.push(libc::xdp_desc {
+        let Some(tx) = self.main.tx.as_mut() else {
+            return Err(LinkError::NoTxBuffer);
+        };
+        tx.push(libc::xdp_desc {
             addr,
             len: len as u32,
             options: 0,
@@ -844,27 +983,38 @@ impl Link for XdpLink {
         Ok(())
     }
 
-    fn flush(&mut self, _now: Instant) -> Result<(), LinkError> {
+    fn flush(&mut self, now: Instant) -> Result<(), LinkError> {
         if let Some(a) = self.tx_held.take() {
             self.tx_free.push(a);
         }
-        self.tx.submit();
+        if let Some(tx) = self.main.tx.as_ref() {
+            tx.submit();
+        }
         let r = self.kick_tx();
         self.reap();
+        self.retry_at = if self.tx_pending() != 0 {
+            self.stats.tx_left_pending += 1;
+            Some(now.saturating_add(TX_RETRY))
+        } else {
+            None
+        };
         r
     }
 
     fn poll_at(&self) -> Option<Instant> {
-        None
+        self.retry_at
     }
 
     fn wait_fd(&self) -> Option<RawFd> {
         // Frames still on the TX ring need another flush; a wait on the descriptor would not announce that.
-        if self.tx.pending() != 0 {
-            None
-        } else {
-            Some(self.xsk.as_raw_fd())
+        if self.tx_pending() != 0 {
+            return None;
         }
+        Some(
+            self.epoll
+                .as_ref()
+                .map_or(self.main.fd.as_raw_fd(), |e| e.as_raw_fd()),
+        )
     }
 
     fn counters(&self, f: &mut dyn FnMut(&'static str, u64)) {
@@ -876,6 +1026,7 @@ impl Link for XdpLink {
         f("xdp_rx_bad_desc", s.rx_bad_desc);
         f("xdp_tx_busy", s.tx_busy);
         f("xdp_wakeups", s.wakeups);
+        f("xdp_tx_left_pending", s.tx_left_pending);
         if let Ok(k) = self.kernel_stats() {
             f("xdp_rx_dropped", k.rx_dropped);
             f("xdp_rx_ring_full", k.rx_ring_full);
@@ -883,6 +1034,73 @@ impl Link for XdpLink {
             f("xdp_tx_invalid_descs", k.tx_invalid_descs);
         }
     }
+}
+
+/// Most receive queues bound (one socket and UMEM each).
+pub const MAX_QUEUES: u32 = 64;
+
+/// Receive queues of `ifname` (`ETHTOOL_GCHANNELS`: rx + combined channels; veth reports its real queue
+/// count); 1 when the driver does not say.
+fn rx_queues(ifname: &str) -> u32 {
+    /// `struct ethtool_channels` (`include/uapi/linux/ethtool.h`).
+    #[repr(C)]
+    #[derive(Default)]
+    struct Channels {
+        cmd: u32,
+        max_rx: u32,
+        max_tx: u32,
+        max_other: u32,
+        max_combined: u32,
+        rx_count: u32,
+        tx_count: u32,
+        other_count: u32,
+        combined_count: u32,
+    }
+    const ETHTOOL_GCHANNELS: u32 = 0x3c;
+    let Ok(s) = std::net::UdpSocket::bind("0.0.0.0:0") else {
+        return 1;
+    };
+    let mut ch = Channels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..Channels::default()
+    };
+    // SAFETY: `ifreq` is plain old data; all-zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = ifname.as_bytes();
+    if name.len() >= req.ifr_name.len() {
+        return 1;
+    }
+    for (d, &b) in req.ifr_name.iter_mut().zip(name) {
+        *d = b as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut ch as *mut Channels).cast();
+    // SAFETY: `req` names the interface and points at a valid `ethtool_channels`, which lives across the call.
+    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCETHTOOL, &mut req) } < 0 {
+        return 1;
+    }
+    (ch.rx_count + ch.combined_count).max(1)
+}
+
+/// An epoll descriptor that is readable when any of `socks` has a received frame (level-triggered).
+fn epoll_of<'a>(socks: impl Iterator<Item = &'a Xsk>) -> Result<OwnedFd, LinkError> {
+    // SAFETY: plain epoll_create1(2); checked below.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(os("creating the epoll set of the AF_XDP sockets").into());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let ep = unsafe { OwnedFd::from_raw_fd(fd) };
+    for x in socks {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: x.fd.as_raw_fd() as u64,
+        };
+        // SAFETY: both descriptors are open; `ev` is a valid event for the call.
+        if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, x.fd.as_raw_fd(), &mut ev) } < 0 {
+            return Err(os("adding an AF_XDP socket to the epoll set").into());
+        }
+    }
+    Ok(ep)
 }
 
 /// The destination IP of an Ethernet frame (untagged IPv4 or IPv6), and whether the frame is long enough to
