@@ -30,6 +30,10 @@ const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 const BPF_FUNC_REDIRECT_MAP: i32 = 51;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
+/// `XDP_FLAGS_SKB_MODE`: the program runs in the kernel's generic receive path (`include/uapi/linux/if_link.h`).
+pub(super) const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
+/// `XDP_FLAGS_DRV_MODE`: the program runs in the driver.
+pub(super) const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 /// `XDP_PASS` (`enum xdp_action`).
 const XDP_PASS: i32 = 2;
 /// `sizeof(union bpf_attr)` on Linux 6.x; the kernel accepts a shorter or equal size with zeroed tail.
@@ -154,12 +158,13 @@ pub(super) struct Attached {
 
 impl Attached {
     /// Creates an XSKMAP of `queues` entries, loads the program for `local`:`port` and attaches it to `ifindex`
-    /// (driver mode where the driver has XDP, generic otherwise: `flags` 0, Linux `dev_xdp_mode`).
+    /// in the mode `flags` asks for ([`XDP_FLAGS_DRV_MODE`] or [`XDP_FLAGS_SKB_MODE`], `include/uapi/linux/if_link.h`).
     pub(super) fn attach(
         ifindex: u32,
         queues: u32,
         local: Ipv4Addr,
         port: u16,
+        flags: u32,
     ) -> io::Result<Attached> {
         let mut a = [0u8; ATTR_LEN];
         put32(&mut a, 0, BPF_MAP_TYPE_XSKMAP);
@@ -204,6 +209,7 @@ impl Attached {
         put32(&mut a, 0, prog_fd.as_raw_fd() as u32);
         put32(&mut a, 4, ifindex);
         put32(&mut a, 8, BPF_XDP);
+        put32(&mut a, 12, flags);
         let link = bpf_fd(
             BPF_LINK_CREATE,
             &mut a,
