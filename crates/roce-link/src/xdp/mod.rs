@@ -658,9 +658,10 @@ impl XdpLink {
         }
         // Zero-copy needs the program in the driver. In copy mode it runs in generic (skb) mode: the frame then
         // takes the kernel's per-CPU receive path in the sender's context, as a UDP datagram does, instead of
-        // waiting for the driver's NAPI poll, which on veth runs on the CPU that scheduled it first and, when that
-        // CPU is busy with a busy-polling (nice -20) thread, can be starved for seconds (measured: a write-bw run
-        // fell from 0.06 to 0.001 Mpps in driver mode).
+        // waiting for the driver's NAPI poll. Measured on veth (BENCHMARKS.md, "AF_XDP link"): in driver mode one
+        // write-bw repetition of five stalled for seconds (0.06 → 0.001 Mpps, no packet lost); in generic mode
+        // none of seven did. The likely cause, not proven: veth's NAPI poll runs on the CPU that scheduled it
+        // and waits there behind a busy-polling nice -20 thread.
         let attach_flags = if zero_copy {
             bpf::XDP_FLAGS_DRV_MODE
         } else {
