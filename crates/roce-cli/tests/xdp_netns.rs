@@ -34,6 +34,10 @@ fn skip(name: &str) -> bool {
         eprintln!("SKIPPED ({name}): {why}; these tests need root and `ip netns`");
         return true;
     }
+    if let Err(e) = roce_link::xdp::probe() {
+        eprintln!("SKIPPED ({name}): no AF_XDP here: {e}");
+        return true;
+    }
     false
 }
 

@@ -108,6 +108,19 @@ fn os(what: &'static str) -> io::Error {
     io::Error::new(err.kind(), OsCause { what, err })
 }
 
+/// Whether this process can open an `AF_XDP` socket here (kernel support and privilege): `Err` names the cause
+/// as [`XdpLink::bind`] would. Opens and closes one socket; nothing is bound.
+pub fn probe() -> io::Result<()> {
+    // SAFETY: plain socket(2); the descriptor is closed right away.
+    let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(os("opening an AF_XDP socket"));
+    }
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    Ok(())
+}
+
 /// Configuration of an [`XdpLink`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct XdpConfig {
