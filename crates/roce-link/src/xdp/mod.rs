@@ -14,7 +14,7 @@
 //! * **Rings**: fill, completion, RX and TX, each [`XdpConfig::ring_size`] entries, mapped from the socket. A
 //!   producer writes descriptors, then publishes its index with a release store; a consumer reads the other index
 //!   with an acquire load (`af_xdp.rst`, "Rings").
-//! * **XDP program** ([`bpf`]): steers IPv4 UDP to [`XdpConfig::local`]:[`XdpConfig::port`] into the socket through an
+//! * **XDP program** (module `bpf`): steers IPv4 UDP to [`XdpConfig::local`]:[`XdpConfig::port`] into the socket through an
 //!   XSKMAP and passes every other frame (ARP, ICMP, TCP) to the kernel. Attached as a `bpf_link`, so it is
 //!   detached when the link is dropped or the process dies. Driver (native) mode with zero-copy; generic (skb)
 //!   mode with copy mode, see the comment in [`XdpLink::bind`] for why (veth's NAPI starvation).
@@ -27,7 +27,7 @@
 //! The engine writes whole frames (its per-QP header template: Ethernet, IPv4 with ID 0 + DF and its checksum,
 //! UDP with checksum 0, BTH .. ICRC). On transmit the link replaces only the MAC addresses, which are outside
 //! the ICRC (`ROCEV2.md §3`): the source with the interface's MAC, the destination with the kernel's neighbour
-//! entry for the frame's destination IP ([`neigh`]: rtnetlink, so IPv6 entries would be found too). A frame
+//! entry for the frame's destination IP (module `neigh`: rtnetlink, so IPv6 entries would be found too). A frame
 //! whose neighbour is not resolved yet is dropped and counted (`tx_no_neighbour`) while the kernel is asked to
 //! resolve it; RC retransmits it. Entries are re-read every [`NEIGH_TTL_NS`] of engine time. Received frames
 //! reach the engine byte for byte as they arrived (real MACs); the engine verifies the ICRC.
