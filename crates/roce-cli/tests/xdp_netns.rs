@@ -8,6 +8,9 @@
 //! (almost) none of the RoCE packets (`Udp: InDatagrams`, so the XDP program really steered them to the socket);
 //! the client's `--pcap` capture passes `testdata/tools/check_pcap.py --strict --pmtu 1024`.
 //!
+//! Loss: RC write-bw and send-bw under 5 % loss on both sides (`--loss 0.05`) over AF_XDP complete with verified
+//! data.
+//!
 //! Interoperation: an AF_XDP client against a server on the UDP link (kernel UDP stack), same checks on the
 //! client's side.
 //!
@@ -75,11 +78,20 @@ fn perf_over_xdp(
     port: u16,
     (test, size, iters): (&str, u64, u64),
     server_link: &str,
+    loss: Option<f64>,
 ) {
-    let label = format!("{test}-s{size}-server-{server_link}");
+    let label = format!(
+        "{test}-s{size}-server-{server_link}-loss{}",
+        loss.unwrap_or(0.0)
+    );
+    let lossy = |seed: &str| -> Vec<String> {
+        loss.map_or(vec![], |l| {
+            strings(&["--loss", &l.to_string(), "--seed", seed])
+        })
+    };
     let port_s = port.to_string();
     let udp_before = udp_in_datagrams(&ns.a);
-    let srv = strings(&[
+    let mut srv = strings(&[
         "perf",
         test,
         "--ip",
@@ -91,6 +103,7 @@ fn perf_over_xdp(
         "--link",
         server_link,
     ]);
+    srv.extend(lossy("11"));
     let mut server = Proc::spawn(
         &format!("server-{label}"),
         dir,
@@ -127,6 +140,7 @@ fn perf_over_xdp(
         "--pcap",
     ]);
     cli.push(pcap.to_string_lossy().into_owned());
+    cli.extend(lossy("12"));
     let client = Proc::spawn(
         &format!("client-{label}"),
         dir,
@@ -147,6 +161,13 @@ fn perf_over_xdp(
         if side == "client" || server_link == "xdp" {
             assert_xdp_used(&label, side, f);
         }
+    }
+    if loss.is_some() {
+        let eng = stats_section(&client.stderr, "engine counters (client):");
+        assert!(
+            eng.get("retransmitted_pkts").copied().unwrap_or(0) > 0,
+            "{label}: no retransmission under loss: {eng:?}"
+        );
     }
     // Every iteration moves at least one message's data packets through the client.
     let captured = check_pcap(&pcap, Some(PMTU));
@@ -176,9 +197,19 @@ fn perf_send_bw_write_bw_read_lat_over_xdp() {
     let ns = NetnsPair::up("xdp1", IP_A, IP_B, 1500);
     ns.wait_running();
     let dir = scratch("xdp_netns_perf");
-    perf_over_xdp(&ns, &dir, 19261, ("send-bw", 4096, 2000), "xdp");
-    perf_over_xdp(&ns, &dir, 19262, ("write-bw", 4096, 2000), "xdp");
-    perf_over_xdp(&ns, &dir, 19263, ("read-lat", 2048, 500), "xdp");
+    perf_over_xdp(&ns, &dir, 19261, ("send-bw", 4096, 2000), "xdp", None);
+    perf_over_xdp(&ns, &dir, 19262, ("write-bw", 4096, 2000), "xdp", None);
+    perf_over_xdp(&ns, &dir, 19263, ("read-lat", 2048, 500), "xdp", None);
+    // 5 % loss on both sides (fault injection over the AF_XDP link): go-back-N recovers, data verified.
+    perf_over_xdp(
+        &ns,
+        &dir,
+        19268,
+        ("write-bw", 4096, 1000),
+        "xdp",
+        Some(0.05),
+    );
+    perf_over_xdp(&ns, &dir, 19269, ("send-bw", 4096, 1000), "xdp", Some(0.05));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -207,10 +238,10 @@ fn xdp_client_against_a_udp_server() {
     }
     ns.wait_running();
     let dir = scratch("xdp_netns_mixed");
-    perf_over_xdp(&ns, &dir, 19266, ("write-bw", 4096, 2000), "udp");
-    perf_over_xdp(&ns, &dir, 19267, ("send-lat", 64, 500), "udp");
+    perf_over_xdp(&ns, &dir, 19266, ("write-bw", 4096, 2000), "udp", None);
+    perf_over_xdp(&ns, &dir, 19267, ("send-lat", 64, 500), "udp", None);
     if two_queues {
-        let err = std::fs::read_to_string(dir.join("client-send-lat-s64-server-udp.err"))
+        let err = std::fs::read_to_string(dir.join("client-send-lat-s64-server-udp-loss0.err"))
             .expect("client stderr");
         assert!(
             err.contains("(2 receive queue(s)"),
