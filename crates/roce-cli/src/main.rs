@@ -36,6 +36,7 @@ mod run;
 mod rxmode;
 mod sim;
 mod stat;
+mod xdplink;
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -170,9 +170,22 @@ pub struct PingpongArgs {
     /// Write every RoCE frame sent and received to this pcap file.
     #[arg(long)]
     pcap: Option<PathBuf>,
+    /// Link: `udp` (kernel UDP sockets) or `xdp` (AF_XDP on the interface that owns --ip; when it cannot be used,
+    /// a message names the cause and the UDP link is used).
+    #[arg(long, value_enum, default_value_t = PingLink::Udp)]
+    link: PingLink,
     /// Seconds to wait for a client, the exchange, or the next completion before giving up.
     #[arg(long, default_value_t = 20.0)]
     timeout: f64,
+}
+
+/// `--link` of `rocev2 pingpong`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PingLink {
+    /// Kernel UDP sockets on port 4791 (`UdpLink`).
+    Udp,
+    /// AF_XDP (`XdpLink`), falling back to UDP with a message naming the cause.
+    Xdp,
 }
 
 /// Parameters after validation.
@@ -475,8 +488,17 @@ fn open_device(a: &PingpongArgs, local: IpAddr, peer: IpAddr) -> Result<(Context
             seed,
             ..EngineConfig::default()
         };
+        let xdp = a.link == PingLink::Xdp;
         Context::open(cfg, RuntimeConfig::with_mode(a.progress), move || {
-            let mut l: SendLink = Box::new(UdpLink::bind(ucfg)?);
+            let xdp = if xdp {
+                crate::xdplink::open_or_explain("rocev2 pingpong", local, peer)
+            } else {
+                None
+            };
+            let mut l: SendLink = match xdp {
+                Some(x) => Box::new(x),
+                None => Box::new(UdpLink::bind(ucfg)?),
+            };
             if let Some(p) = pcap {
                 let file = File::create(&p).map_err(|e| {
                     LinkError::Io(std::io::Error::new(

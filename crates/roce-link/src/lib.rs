@@ -44,6 +44,7 @@ pub mod reuseport;
 pub mod sim;
 pub mod udp;
 pub mod wait;
+pub mod xdp;
 
 pub use fault::{Fault, FaultConfig, FaultStats, Faulty, GilbertElliott};
 pub use null::{NullLink, NullStats};
@@ -53,6 +54,7 @@ pub use roce_proto::{TxGather, TxSeg};
 pub use sim::{SimConfig, SimNet, SimPort, SimStats};
 pub use udp::{IpIdPolicy, RxMode, UdpConfig, UdpLink, UdpStats};
 pub use wait::{MAX_WAIT_FDS, Semaphore, Waiter, Woken};
+pub use xdp::{XdpConfig, XdpLink, XdpStats};
 
 /// What the backend does about the RoCE v2 ICRC (`STYLE.md` W6, `ROCEV2.md §3`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

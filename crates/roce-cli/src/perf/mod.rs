@@ -191,6 +191,9 @@ pub enum LinkKind {
     Udp,
     /// The in-memory simulated segment (100 Gb/s, 1 µs), one engine thread for both ends.
     Sim,
+    /// AF_XDP on the interface that owns `--ip` (`XdpLink`: an XDP program steers UDP 4791 to the socket); when
+    /// it cannot be used (privilege, kernel, interface), a message names the cause and the UDP link is used.
+    Xdp,
 }
 
 /// `rocev2 perf` arguments.
@@ -319,7 +322,8 @@ pub struct PerfArgs {
     /// whose RoCE port 4791 is free, so runs at the same time do not collide).
     #[arg(long = "loopback-ips", value_delimiter = ',')]
     pub loopback_ips: Option<Vec<IpAddr>>,
-    /// Link of --loopback.
+    /// Link: `udp` (kernel UDP sockets), `xdp` (AF_XDP, falls back to udp with a message naming the cause), `sim`
+    /// (--loopback only: the simulated segment).
     #[arg(long, value_enum, default_value = "udp")]
     pub link: LinkKind,
     /// Local address to bind (client: TCP source and RoCE address; server: TCP listen address).
@@ -1113,8 +1117,17 @@ fn open_udp(
         };
         let tap_stats = Arc::clone(&link_stats);
         let pcap = pcap.clone();
+        let xdp = a.link == LinkKind::Xdp;
         Context::open(cfg.clone(), runtime_cfg(a), move || {
-            let base: SendLink = Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats));
+            let xdp = if xdp {
+                crate::xdplink::open_or_explain("rocev2 perf", local, peer)
+            } else {
+                None
+            };
+            let base: SendLink = match xdp {
+                Some(l) => Box::new(l),
+                None => Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats)),
+            };
             wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
         })
     };
