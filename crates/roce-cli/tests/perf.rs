@@ -146,6 +146,30 @@ fn two_thousand_qps_share_the_transmit_sockets() {
     check_bw(&v[0], "write-bw", 4096, 2048 * 20);
 }
 
+/// `-q` 4,096 and 16,384 (perftest's and the device's limit) fit one CQ within `max_cqe` (1 Mi): the send side is
+/// sized by the moderation (`-Q`), a SEND receiver's ring shrinks when `-q` × 256 receives would not fit (issue #21:
+/// these failed creating the CQ). Small messages, shallow `-t` and `-u 16` keep the load (and the memory, ~0.5 GB
+/// for both sides of the 16,384-QP runs) within what a shared test machine gives.
+#[test]
+fn sixteen_thousand_qps_fit_the_cq() {
+    let _serial = serial();
+    let ips = "127.0.202.31,127.0.202.32";
+    for (test, q) in [
+        ("write-bw", 4096u64),
+        ("send-bw", 4096),
+        ("write-bw", 16384),
+        ("send-bw", 16384),
+    ] {
+        let qs = q.to_string();
+        let v = loopback_json_at(
+            test,
+            ips,
+            &["-q", &qs, "-t", "2", "-u", "16", "-s", "64", "-n", "6"],
+        );
+        check_bw(&v[0], test, 64, q * 6);
+    }
+}
+
 #[test]
 fn every_lat_test_verifies_over_loopback() {
     let _serial = serial();
