@@ -267,8 +267,9 @@ struct QpBlock {
     ex: UnsafeCell<qp_ex::QpExTail>,
     /// The WRs of an `ibv_wr_start` … `ibv_wr_complete` sequence, under `building`.
     batch: UnsafeCell<qp_ex::WrBatch>,
-    /// The `ibv_qp_ex` builder lock: held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`.
-    building: AtomicBool,
+    /// The `ibv_qp_ex` builder lock: held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`; the holding
+    /// thread's token (`qp_ex::thread_token`), 0 when free.
+    building: std::sync::atomic::AtomicUsize,
     rust: roce_verbs::Qp,
     sq_sig_all: bool,
     /// The PD and CQs (`ibv_pd *` / `ibv_cq *`) this QP counts as a user of: the library's own record, not the
@@ -2057,7 +2058,7 @@ unsafe fn rocev2_ibv_create_qp_inner(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -
         }),
         ex: UnsafeCell::new(qp_ex::QpExTail::NONE),
         batch: UnsafeCell::new(qp_ex::WrBatch::default()),
-        building: AtomicBool::new(false),
+        building: std::sync::atomic::AtomicUsize::new(0),
         rust: qp,
         sq_sig_all: a.sq_sig_all != 0,
         pd: pd as usize,

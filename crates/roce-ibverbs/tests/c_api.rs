@@ -58,7 +58,8 @@
 //!
 //! * `tests/c/qp_ex.c` with the device on 127.0.201.62: extended QPs and the `ibv_wr_*` post-send API (RC SEND,
 //!   SEND_WITH_IMM inline, RDMA WRITE/READ, atomics, UD with `ibv_wr_set_ud_addr`; rxe's refusals; a batch with an
-//!   operation outside the QP's `send_ops_flags` posts nothing).
+//!   operation outside the QP's `send_ops_flags` posts nothing; a second `ibv_wr_start` inside a batch is `EINVAL`
+//!   at `ibv_wr_complete`, never a hang).
 //!
 //! Binds UDP 4791 on 127.0.201.1 to 127.0.201.10, 127.0.201.16, 127.0.201.61, 127.0.201.62 and ::1 (run under the network lock with the other loopback tests).
 
