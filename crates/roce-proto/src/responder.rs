@@ -673,9 +673,17 @@ impl Engine {
                     }
                 }
             }
-            op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD if qp.resp.res.is_empty() => {
-                // No responder resources (`max_dest_rd_atomic` 0): NAK invalid request (IBTA; rxe `check_resource`
-                // → RESPST_ERR_TOO_MANY_RDMA_ATM_REQ; siw "zero-sized Read and Receive Queues", 2020).
+            op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD
+                if owed_rd_atomic(&qp.resp) >= qp.resp.res.len() =>
+            {
+                // More READ/atomic requests outstanding than the responder resources (`max_dest_rd_atomic`): NAK
+                // invalid request. With no resources at all this is every READ/atomic (IBTA; rxe `check_resource` →
+                // RESPST_ERR_TOO_MANY_RDMA_ATM_REQ; siw "zero-sized Read and Receive Queues", 2020). Otherwise all
+                // of them still have a response queued here, unsent: a requester within its initiator depth
+                // (`ROCEV2.md §4.5`, at most the responder's resources, IBTA 9.7.5.1) has received the response
+                // of the request `max_dest_rd_atomic` back before it sends a new one, so this is a requester that
+                // ignores the limit (issue #21). Recycling the oldest resource instead (rxe) would drop a result
+                // still owed, or queue responses without bound within one receive burst.
                 Exec::Fatal {
                     syndrome: NAK_INV_REQ,
                     wc: None,
@@ -1279,6 +1287,16 @@ fn supersede_from(resp: &mut crate::qp::RespCtx, p: Psn, res: Option<u32>) {
         };
         !same && psn.diff(p) < 0
     });
+}
+
+/// READ streams and ATOMIC ACKs queued and not yet (fully) sent: the READ/atomic requests this responder still
+/// owes a response, at most one per resource. A scan of this QP's response queue (at most
+/// [`RespCtx::out_room`](crate::qp::RespCtx::out_room) items), not of other QPs.
+fn owed_rd_atomic(resp: &crate::qp::RespCtx) -> usize {
+    resp.out
+        .iter()
+        .filter(|it| matches!(it, RespItem::Read { .. } | RespItem::AtomicAck { .. }))
+        .count()
 }
 
 /// Picks the responder resource for a new (in-sequence) READ/atomic: always the ring's next slot, i.e. the oldest
