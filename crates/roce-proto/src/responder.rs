@@ -680,9 +680,9 @@ impl Engine {
                 // invalid request. With no resources at all this is every READ/atomic (IBTA; rxe `check_resource` →
                 // RESPST_ERR_TOO_MANY_RDMA_ATM_REQ; siw "zero-sized Read and Receive Queues", 2020). Otherwise all
                 // of them still have a response queued here, unsent: a requester within its initiator depth
-                // (`ROCEV2.md §4.5`, at most the responder's resources, IBTA 9.7.5.1) has received the response
-                // of the request `max_dest_rd_atomic` back before it sends a new one, so this is a requester that
-                // ignores the limit (issue #21). Recycling the oldest resource instead (rxe) would drop a result
+                // (`ROCEV2.md §4.2` `max_rd_atomic`, set no higher than the peer's responder resources) has
+                // received the response of the request `max_dest_rd_atomic` back before it sends a new one, so
+                // this is a requester that ignores the limit (issue #21). Recycling the oldest resource instead (rxe) would drop a result
                 // still owed, or queue responses without bound within one receive burst.
                 Exec::Fatal {
                     syndrome: NAK_INV_REQ,

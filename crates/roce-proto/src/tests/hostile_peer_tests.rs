@@ -1098,8 +1098,8 @@ fn assert_fifth_is_nak_invalid_request(r: &Rig, epsn: u32, after: &[roce_wire::R
 
 /// A requester that ignores the responder's resources: 64 FETCH_ADDs in one burst against 4 granted responder
 /// resources (`max_dest_rd_atomic`). The requester may have at most that many READ/atomic requests outstanding
-/// (`ROCEV2.md §4.5`, IBTA 9.7.5.1: the initiator depth is bounded by the responder's resources); a new one while
-/// all four responses are still owed is more than that, NAK invalid request (IBTA 9.7.5.2.2, rxe's
+/// (`ROCEV2.md §4.2` `max_rd_atomic`: the initiator depth, set no higher than the responder's resources); a new one
+/// while all four responses are still owed is more than that, NAK invalid request (rxe's
 /// `RESPST_ERR_TOO_MANY_RDMA_ATM_REQ`). The first four execute once each with the right ATOMIC ACK values, the
 /// fifth is NAKed, nothing after it executes, and the response queue never grows past its reserved room (issue #21:
 /// it used to hold all 64 ATOMIC ACKs of the burst, recycling resources whose results were still unsent).
