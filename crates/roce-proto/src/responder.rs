@@ -390,6 +390,7 @@ impl Engine {
                     psn: p,
                     offset: skip,
                     first: true,
+                    replay: true,
                 });
             }
             op::COMPARE_SWAP | op::FETCH_ADD => {
@@ -405,6 +406,7 @@ impl Engine {
                         psn: p,
                         orig: r.orig,
                         msn: r.msn,
+                        replay: true,
                     });
                 }
             }
@@ -741,6 +743,7 @@ impl Engine {
                     psn: pkt.psn,
                     offset: 0,
                     first: true,
+                    replay: false,
                 });
                 qp.counters.rx_read_requests += 1;
                 stats.rx_read_requests += 1;
@@ -809,6 +812,7 @@ impl Engine {
                     psn: pkt.psn,
                     orig,
                     msn,
+                    replay: false,
                 });
                 qp.counters.rx_atomic_requests += 1;
                 stats.rx_atomic_requests += 1;
@@ -1081,7 +1085,7 @@ impl Engine {
                     hdr.psn = *psn;
                     ext.aeth = Some((*syndrome, *msn));
                 }
-                Some(RespItem::AtomicAck { psn, orig, msn }) => {
+                Some(RespItem::AtomicAck { psn, orig, msn, .. }) => {
                     hdr.opcode = op::ATOMIC_ACKNOWLEDGE;
                     hdr.psn = *psn;
                     ext.aeth = Some((SYN_ACK, *msn));
@@ -1156,6 +1160,7 @@ impl Engine {
             psn,
             offset,
             first,
+            ..
         }) = qp.resp.out.front().copied()
         else {
             return Ok(None);
@@ -1289,13 +1294,20 @@ fn supersede_from(resp: &mut crate::qp::RespCtx, p: Psn, res: Option<u32>) {
     });
 }
 
-/// READ streams and ATOMIC ACKs queued and not yet (fully) sent: the READ/atomic requests this responder still
-/// owes a response, at most one per resource. A scan of this QP's response queue (at most
-/// [`RespCtx::out_room`](crate::qp::RespCtx::out_room) items), not of other QPs.
+/// READ streams and ATOMIC ACKs queued and not yet (fully) sent for new requests: the READ/atomic requests the
+/// requester still has outstanding for certain (it cannot have completed one whose response was never sent).
+/// Replays for duplicates are left out: a late duplicate (a spurious retransmission, a duplicated packet) can ask
+/// again for a request the requester completed long ago. A scan of this QP's response queue (at most
+/// [`RespCtx::out_room`](crate::qp::RespCtx::out_room) items and a few replays), not of other QPs.
 fn owed_rd_atomic(resp: &crate::qp::RespCtx) -> usize {
     resp.out
         .iter()
-        .filter(|it| matches!(it, RespItem::Read { .. } | RespItem::AtomicAck { .. }))
+        .filter(|it| {
+            matches!(
+                it,
+                RespItem::Read { replay: false, .. } | RespItem::AtomicAck { replay: false, .. }
+            )
+        })
         .count()
 }
 

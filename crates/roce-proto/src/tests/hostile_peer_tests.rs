@@ -1141,3 +1141,60 @@ fn reads_beyond_the_granted_resources_are_nak_invalid_request() {
     assert_eq!(r.p.b.counters().rx_read_requests, 4);
     r.assert_memory_intact(false);
 }
+
+/// The limit counts the requester's requests, not replays for duplicates: a requester within its 4 READs (READs 0..3
+/// answered, then a late duplicate of READ 3 arrives, as after a spurious retransmission, and READs 4..7 follow in
+/// the same burst) is answered in full and its QP goes on, although the queue then holds a replay beside three
+/// fresh streams.
+#[test]
+fn a_replay_for_a_duplicate_does_not_count_against_the_requester() {
+    let o = ConnOpts {
+        max_dest_rd_atomic: 4,
+        ..ConnOpts::default()
+    };
+    let mut r = rig_with(&o);
+    let tpl = r.a_to_b_template();
+    let epsn = r.epsn();
+    let now = r.p.now;
+    let read = |r: &Rig, i: u32| {
+        craft(
+            &tpl,
+            0x0C,
+            (epsn + i) & 0xFF_FFFF,
+            roce_wire::ExtRepr {
+                reth: Some(roce_wire::RethRepr {
+                    va: BASE + 64 * u64::from(i),
+                    rkey: r.target.rkey.0,
+                    dma_len: 64,
+                }),
+                ..roce_wire::ExtRepr::NONE
+            },
+            &[],
+        )
+    };
+    for i in 0..4 {
+        let f = read(&r, i);
+        r.p.b.handle_frame(now, &f);
+    }
+    r.p.transmit();
+    let before = r.p.captured.len();
+    for i in [3, 4, 5, 6, 7] {
+        let f = read(&r, i);
+        r.p.b.handle_frame(now, &f);
+    }
+    r.p.transmit();
+    let psns: Vec<(u8, u32)> = r.p.captured[before..]
+        .iter()
+        .filter(|c| c.1 == Dir::BtoA)
+        .map(|c| {
+            let rep = roce_wire::RoceRepr::parse(&c.2).unwrap().repr;
+            (
+                rep.bth.opcode.0,
+                rep.bth.psn.value().wrapping_sub(epsn) & 0xFF_FFFF,
+            )
+        })
+        .collect();
+    assert_eq!(psns, [(0x10, 4), (0x10, 5), (0x10, 6), (0x10, 7)]);
+    assert_eq!(r.p.b.query_qp(r.b.qpn).unwrap().qp_state, QpState::Rts);
+    assert_eq!(r.p.b.counters().rx_read_requests, 8);
+}
