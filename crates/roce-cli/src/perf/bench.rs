@@ -401,8 +401,8 @@ fn rx_ring(test: Test, is_client: bool, bidir: bool) -> u32 {
 }
 
 /// How deep this side's CQ is and how many receives each QP keeps posted. The CQ holds every completion that can be
-/// queued at once, so it never overruns (an overrun is a CQ error that takes its QPs to the error state, IBTA
-/// 11.4.2.1 / issue #21): per QP, the signalled send WRs in flight plus the posted receives. The bandwidth loop signals
+/// queued at once, so it never overruns (an overrun is a CQ error that takes its QPs to the error state, issue
+/// #21): per QP, the signalled send WRs in flight plus the posted receives. The bandwidth loop signals
 /// one WR in `cq_mod` ([`client_bw`]: at most `tx_depth / cq_mod + 2` signalled WRs among the `tx_depth` in flight,
 /// the `+ 2` for a window straddling two multiples and the run's last WR); the other loops signal every WR (at
 /// most the send queue, `tx_depth` but 16 at least). When `-q` QPs with [`RX_DEPTH`] receives each would need more
