@@ -246,8 +246,9 @@ struct CqBlock {
     ex: UnsafeCell<cq_ex::CqExTail>,
     /// The completion an `ibv_cq_ex` poll took last (read by `ibv_wc_read_*`), under `polling`.
     cur: UnsafeCell<IbvWc>,
-    /// The `ibv_cq_ex` poll lock: held from a successful `ibv_start_poll` to `ibv_end_poll`.
-    polling: AtomicBool,
+    /// The `ibv_cq_ex` poll lock: held from a successful `ibv_start_poll` to `ibv_end_poll`; the holding thread's
+    /// token (`qp_ex::thread_token`), 0 when free.
+    polling: std::sync::atomic::AtomicUsize,
     rust: roce_verbs::Cq,
     /// Completion events `ibv_get_cq_event` handed out for this CQ (counted under the channel's `cqs` lock):
     /// `ibv_destroy_cq` waits until `comp_events_completed` has caught up (ibv_get_cq_event(3)).
@@ -1659,7 +1660,7 @@ unsafe fn rocev2_ibv_create_cq_inner(
         }),
         ex: UnsafeCell::new(cq_ex::CqExTail::NONE),
         cur: UnsafeCell::new(IbvWc::default()),
-        polling: AtomicBool::new(false),
+        polling: std::sync::atomic::AtomicUsize::new(0),
         rust: cq,
         users: AtomicU32::new(0),
         events_handed: AtomicU32::new(0),
