@@ -18,7 +18,9 @@
 //!   "multithreading violation"). Here it never hangs and posts nothing the program did not complete: it keeps the
 //!   open batch and marks it `EINVAL`, so `ibv_wr_complete` posts none of its WRs and answers `EINVAL` (the
 //!   all-or-nothing answer of any misuse inside a batch, below) and `ibv_wr_abort` drops them; either releases the
-//!   lock (issue #21). Each `ibv_wr_<op>` starts a WR with
+//!   lock (issue #21). Builder calls, `ibv_wr_complete` and `ibv_wr_abort` from a thread that does not hold the
+//!   lock (no `ibv_wr_start` before) touch nothing; `ibv_wr_complete` then answers `EINVAL`. Each `ibv_wr_<op>`
+//!   starts a WR with
 //!   the `wr_id` and `wr_flags` the program set in the `ibv_qp_ex`, and the `ibv_wr_set_*` calls complete it; the
 //!   inline data is copied when it is set (the buffer may be reused at once, ibv_wr_post(3));
 //! * `ibv_wr_complete` posts the WRs (exactly as `ibv_post_send` would post the same chain: the same checks and
@@ -297,14 +299,19 @@ pub unsafe extern "C" fn rocev2_ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut IbvQp {
     })
 }
 
-/// The QP's batch, for a builder call between `ibv_wr_start` and `ibv_wr_complete` / `ibv_wr_abort`.
+/// The QP's batch, for a builder call between `ibv_wr_start` and `ibv_wr_complete` / `ibv_wr_abort`; `None` when
+/// this thread does not hold the QP's builder lock (a builder, complete or abort without `ibv_wr_start`, or while
+/// another thread builds): the call is then refused instead of touching a batch another thread may be writing.
 ///
 /// # Safety
-/// `qp` is one of our extended QPs whose builder lock this thread holds.
+/// `qp` is one of our extended QPs.
 unsafe fn batch<'a>(qp: Qx) -> Option<(&'a QpBlock, &'a mut WrBatch)> {
     // SAFETY: per the contract.
     let q = unsafe { block::<QpBlock, _>(qp) }?;
-    // SAFETY: the builder lock makes this thread the only user of the batch.
+    if q.building.load(Ordering::Acquire) != thread_token() {
+        return None;
+    }
+    // SAFETY: the builder lock, held by this thread (checked above), makes it the only user of the batch.
     Some((q, unsafe { &mut *q.batch.get() }))
 }
 

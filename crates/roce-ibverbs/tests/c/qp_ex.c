@@ -9,7 +9,8 @@
  *    ibv_wr_complete, each completing with the wr_id and flags set in the ibv_qp_ex;
  *  - an operation outside the QP's send_ops_flags makes ibv_wr_complete return EOPNOTSUPP and posts nothing;
  *    ibv_wr_abort posts nothing; a second ibv_wr_start inside a batch never hangs: ibv_wr_complete answers EINVAL
- *    and posts nothing; a UD QP's ibv_wr_set_ud_addr reaches the peer;
+ *    and posts nothing; without ibv_wr_start, builders do nothing and ibv_wr_complete is EINVAL; a UD QP's
+ *    ibv_wr_set_ud_addr reaches the peer;
  *  - a receive queue takes exactly max_recv_wr receives, the next ibv_post_recv is ENOMEM.
  * Prints every failed check, "ok" and exits 0 when all pass. */
 #include <arpa/inet.h>
@@ -230,6 +231,12 @@ int main(void)
 	ibv_wr_start(bx);
 	ibv_wr_abort(bx);
 	alarm(0);
+	/* Builder calls and ibv_wr_complete without ibv_wr_start: nothing is built or posted, complete is EINVAL. */
+	bx->wr_id = 12;
+	ibv_wr_send(bx);
+	ibv_wr_set_sge(bx, bmr->lkey, (uintptr_t)bbytes, 8);
+	CHECK(ibv_wr_complete(bx) == EINVAL);
+	ibv_wr_abort(bx);
 	CHECK(ibv_poll_cq(bcq, 1, &wc) == 0 && ibv_poll_cq(acq, 1, &wc) == 0);
 	ibv_wr_start(bx);
 	bx->wr_id = 8;
