@@ -557,6 +557,68 @@ fn six_tests_rocev2_to_rocev2_through_a_checking_relay() {
     }
 }
 
+/// Many QPs in the compatible mode (issue #21): `write-bw -q 8192` with perftest's default `-t` 128 and `-Q` 100.
+/// The CQ was sized 8,192 × (128 + 1) + 64 entries, past the device's `max_cqe` (1 Mi), and `create_cq` failed; sized
+/// from the moderation (at most `-t` / `-Q` + 2 signalled sends in flight per QP) it is 8,192 × (3 + 1) + 64. Two
+/// processes on 127.0.202.51 / .52, rocev2 on both ends; `-u 16` because 8,192 QPs' first WRITEs overflow the
+/// receive socket and a loaded machine may not run a side within the default 67 ms ACK timeout.
+#[test]
+fn eight_thousand_qps_fit_the_cq() {
+    let _s = serial();
+    let (srv_ip, cli_ip) = (
+        Ipv4Addr::new(127, 0, 202, 51),
+        Ipv4Addr::new(127, 0, 202, 52),
+    );
+    let port = free_port(srv_ip);
+    let args = |ip: Ipv4Addr, server: Option<Ipv4Addr>| -> Vec<String> {
+        let mut v: Vec<String> = vec!["perf".into(), "write-bw".into()];
+        v.extend(server.map(|a| a.to_string()));
+        v.extend(
+            [
+                "--perftest-compat",
+                "--ip",
+                &ip.to_string(),
+                "-p",
+                &port.to_string(),
+                "--json",
+                "--timeout",
+                "60",
+                "-q",
+                "8192",
+                "-u",
+                "16",
+                "-s",
+                "64",
+                "-n",
+                "5",
+            ]
+            .map(String::from),
+        );
+        v
+    };
+    let srv = spawn(&args(srv_ip, None));
+    // The client does not retry a refused connection: wait until the server listens (binding its port fails).
+    let t0 = Instant::now();
+    while TcpListener::bind((srv_ip, port)).is_ok() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cli = spawn(&args(cli_ip, Some(srv_ip)));
+    let c = wait(cli, Duration::from_secs(90));
+    let s = wait(srv, Duration::from_secs(30));
+    for (who, o) in [("client", &c), ("server", &s)] {
+        assert!(
+            o.status.success(),
+            "{who}: {:?}\n{}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let out = String::from_utf8_lossy(&c.stdout);
+    let j: Value = serde_json::from_str(out.lines().last().unwrap_or("")).expect("JSON");
+    assert_eq!(j["iterations"], 8192 * 5, "{j}");
+}
+
 #[test]
 fn mismatched_flags_are_detected_at_the_barriers() {
     let _s = serial();

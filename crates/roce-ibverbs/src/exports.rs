@@ -250,8 +250,9 @@ struct CqBlock {
     ex: UnsafeCell<cq_ex::CqExTail>,
     /// The completion an `ibv_cq_ex` poll took last (read by `ibv_wc_read_*`), under `polling`.
     cur: UnsafeCell<IbvWc>,
-    /// The `ibv_cq_ex` poll lock: held from a successful `ibv_start_poll` to `ibv_end_poll`.
-    polling: AtomicBool,
+    /// The `ibv_cq_ex` poll lock: held from a successful `ibv_start_poll` to `ibv_end_poll`; the holding thread's
+    /// token (`qp_ex::thread_token`), 0 when free.
+    polling: std::sync::atomic::AtomicUsize,
     rust: roce_verbs::Cq,
     /// Completion events `ibv_get_cq_event` handed out for this CQ (counted under the channel's `cqs` lock):
     /// `ibv_destroy_cq` waits until `comp_events_completed` has caught up (ibv_get_cq_event(3)).
@@ -271,8 +272,9 @@ struct QpBlock {
     ex: UnsafeCell<qp_ex::QpExTail>,
     /// The WRs of an `ibv_wr_start` … `ibv_wr_complete` sequence, under `building`.
     batch: UnsafeCell<qp_ex::WrBatch>,
-    /// The `ibv_qp_ex` builder lock: held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`.
-    building: AtomicBool,
+    /// The `ibv_qp_ex` builder lock: held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`; the holding
+    /// thread's token (`qp_ex::thread_token`), 0 when free.
+    building: std::sync::atomic::AtomicUsize,
     rust: roce_verbs::Qp,
     sq_sig_all: bool,
     /// The PD and CQs (`ibv_pd *` / `ibv_cq *`) this QP counts as a user of: the library's own record, not the
@@ -1665,7 +1667,7 @@ unsafe fn rocev2_ibv_create_cq_inner(
         }),
         ex: UnsafeCell::new(cq_ex::CqExTail::NONE),
         cur: UnsafeCell::new(IbvWc::default()),
-        polling: AtomicBool::new(false),
+        polling: std::sync::atomic::AtomicUsize::new(0),
         rust: cq,
         users: AtomicU32::new(0),
         events_handed: AtomicU32::new(0),
@@ -2064,7 +2066,7 @@ unsafe fn rocev2_ibv_create_qp_inner(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -
         }),
         ex: UnsafeCell::new(qp_ex::QpExTail::NONE),
         batch: UnsafeCell::new(qp_ex::WrBatch::default()),
-        building: AtomicBool::new(false),
+        building: std::sync::atomic::AtomicUsize::new(0),
         rust: qp,
         sq_sig_all: a.sq_sig_all != 0,
         pd: pd as usize,

@@ -58,7 +58,8 @@
 //!
 //! * `tests/c/qp_ex.c` with the device on 127.0.201.62: extended QPs and the `ibv_wr_*` post-send API (RC SEND,
 //!   SEND_WITH_IMM inline, RDMA WRITE/READ, atomics, UD with `ibv_wr_set_ud_addr`; rxe's refusals; a batch with an
-//!   operation outside the QP's `send_ops_flags` posts nothing).
+//!   operation outside the QP's `send_ops_flags` posts nothing; a second `ibv_wr_start` inside a batch is `EINVAL`
+//!   at `ibv_wr_complete`, never a hang).
 //!
 //! * `tests/c/mw.c` with the device on 127.0.204.2: memory windows of type 1 (`ibv_bind_mw`) and 2 (`IBV_WR_BIND_MW`)
 //!   carrying RDMA WRITEs into an MR without remote rights, SEND_WITH_INV and LOCAL_INV of a type 2 window, a

@@ -37,7 +37,12 @@
 //!   silently sharing its traffic. The range 0xC000..=0xFFFF overlaps Linux's default ephemeral ports
 //!   (32768..=60999); reserve it on hosts that run other UDP/TCP clients
 //!   (`sysctl net.ipv4.ip_local_reserved_ports=49152-65535`). [`UdpConfig::max_tx_sockets`] bounds the number
-//!   of file descriptors. A new
+//!   of file descriptors (default 1024, within the common `ulimit -n` of a C program and `select`'s `FD_SETSIZE`):
+//!   once that many are open, a frame with a new source port leaves from an existing socket chosen by its port
+//!   (`1 + port mod max_tx_sockets`, cached, so each QP still keeps one port for its life); the link writes that
+//!   socket's port into the UDP header and recomputes the ICRC (gathered payload is copied first), counted in
+//!   [`UdpStats::tx_sport_shared`]. So any number of QPs send, with up to `max_tx_sockets` distinct ports of ECMP
+//!   entropy, and a QP's packets stay on one path and in order (`ROCEV2.md §1.4`). A new
 //!   socket is created in the calling thread's network namespace, so a link bound inside a namespace (`setns`)
 //!   must commit frames with new source ports from a thread in that namespace; otherwise `tx_commit` fails with
 //!   a "wrong network namespace" [`LinkError::Io`] instead of binding in the wrong one.
@@ -198,7 +203,8 @@ pub struct UdpConfig {
     pub verify_rx_icrc: bool,
     /// Handling of transmitted frames with IPv4 ID ≠ 0 or DF clear.
     pub ip_id: IpIdPolicy,
-    /// Most per-source-port transmit sockets to open (file descriptors); default 1024.
+    /// Most per-source-port transmit sockets to open (file descriptors); default 1024. Past it, new source ports
+    /// share the open sockets (module docs, "UDP source port"); 0 = no transmit sockets (every send fails).
     pub max_tx_sockets: usize,
     /// `SO_RCVBUF` / `SO_SNDBUF` in bytes, if set (default 4 MiB). The receive buffer is set with
     /// `SO_RCVBUFFORCE` when the process may (CAP_NET_ADMIN), so it is not capped by `net.core.rmem_max`; otherwise
@@ -267,8 +273,13 @@ pub struct UdpStats {
     /// [`MAX_GATHER`] pieces, frames it repaired ([`IpIdPolicy::Repair`]), and frames still queued when `flush`
     /// returned (socket full), which must not keep pointers into registered memory.
     pub tx_linearized_bytes: u64,
-    /// Transmit sockets currently open (one per source port in use, plus the receive socket).
+    /// Transmit sockets currently open (one per source port in use, plus the receive socket; at most
+    /// [`UdpConfig::max_tx_sockets`] + 1).
     pub tx_sockets: u64,
+    /// Frames sent from a shared socket because their source port found [`UdpConfig::max_tx_sockets`] reached:
+    /// their UDP source port was rewritten to the shared socket's and their ICRC recomputed (gathered payload
+    /// copied into the link's buffer first, counted in [`UdpStats::tx_linearized_bytes`]).
+    pub tx_sport_shared: u64,
     /// Frames delivered to the receive sink.
     pub rx_frames: u64,
     /// Bytes (rebuilt frames) delivered to the receive sink.
@@ -400,8 +411,11 @@ pub struct UdpLink {
     hdr: usize,
     /// `socks[0]` receives (bound to `local:port`); the others send from one source port each.
     socks: Vec<Socket>,
-    /// Source port → index into `socks` + 1 (0 = none yet).
+    /// Source port → index into `socks` + 1 (0 = none yet). Past [`UdpConfig::max_tx_sockets`] a new source port
+    /// maps to an existing socket (see [`UdpLink::sock_for`]).
     port_map: Vec<u16>,
+    /// Index into `socks` → the UDP port that socket is bound to (what the kernel writes as source port).
+    sock_port: Vec<u16>,
     tx_data: Vec<u8>,
     tx_meta: Vec<TxMeta>,
     /// Free transmit slots (a stack; the top is the slot `tx_buf` lends). Capacity `burst`, never grows.
@@ -1087,6 +1101,7 @@ impl UdpLink {
             hdr,
             socks: vec![rx],
             port_map: vec![0; 65536],
+            sock_port: vec![cfg.port],
             tx_data: vec![0; burst * cfg.mtu],
             tx_meta: vec![
                 TxMeta {
@@ -1448,6 +1463,26 @@ impl UdpLink {
                 return Err(e);
             }
         };
+        let bound = self.sock_port[usize::from(sock)];
+        if bound != p.sport {
+            // A shared socket (max_tx_sockets reached): the kernel writes its port, and the ICRC covers the UDP
+            // source port (`ROCEV2.md §3`), so the frame gets that port and a fresh ICRC.
+            if let Some(g) = gather.take() {
+                let plen = len - g.head - g.tail;
+                let at = i * mtu + g.head;
+                // SAFETY: the pieces are readable (caller) and `tx_data` is the link's own memory.
+                unsafe { copy_pieces(&mut self.tx_data[at..at + plen], pieces) };
+                self.stats.tx_linearized_bytes += plen as u64;
+            }
+            let ip = &mut self.tx_data[i * mtu + p.ip_off..i * mtu + len];
+            let udp_at = p.off - udp::HEADER_LEN - p.ip_off;
+            UdpPacket::new_unchecked(&mut ip[udp_at..]).set_src_port(bound);
+            if icrc::fill(ip).is_err() {
+                self.stats.tx_invalid += 1;
+                return Ok(());
+            }
+            self.stats.tx_sport_shared += 1;
+        }
         if let Some(g) = gather {
             self.tx_segs[i * MAX_GATHER..i * MAX_GATHER + g.segs].copy_from_slice(pieces);
             self.stats.tx_gathered_bytes += (len - g.head - g.tail) as u64;
@@ -1466,20 +1501,31 @@ impl UdpLink {
         Ok(())
     }
 
-    /// Index of the socket bound to `sport`, creating it on first use.
+    /// Index of the socket frames with UDP source port `sport` leave from: the socket bound to `sport`, created
+    /// on first use; once [`UdpConfig::max_tx_sockets`] transmit sockets are open, an existing one chosen by
+    /// `sport` (`1 + sport mod max_tx_sockets`), whose port the frame then carries. Either way the choice is cached
+    /// in `port_map`, so a QP keeps one source port for its life and its packets one ECMP path and their order
+    /// (`ROCEV2.md §1.4`); with N sockets the link keeps up to N distinct ports of entropy. O(1), no allocation
+    /// once cached.
     fn sock_for(&mut self, sport: u16) -> Result<u16, LinkError> {
         let m = self.port_map[usize::from(sport)];
         if m != 0 {
             return Ok(m - 1);
         }
-        if self.socks.len() > self.cfg.max_tx_sockets {
-            return Err(io_ctx(
-                io::Error::other("too many source ports"),
-                format_args!(
-                    "UdpLink: source port {sport} would exceed max_tx_sockets {}",
-                    self.cfg.max_tx_sockets
-                ),
-            ));
+        let max = self.cfg.max_tx_sockets;
+        if self.socks.len() > max {
+            if max == 0 {
+                return Err(io_ctx(
+                    io::Error::other("no transmit sockets allowed"),
+                    format_args!(
+                        "UdpLink: source port {sport} needs a socket, max_tx_sockets is 0"
+                    ),
+                ));
+            }
+            // `socks[1..=max]` are all transmit sockets (the receive socket is index 0).
+            let idx = 1 + (usize::from(sport) % max) as u16;
+            self.port_map[usize::from(sport)] = idx + 1;
+            return Ok(idx);
         }
         if current_netns() != self.netns {
             return Err(io_ctx(
@@ -1492,6 +1538,7 @@ impl UdpLink {
         }
         let s = Self::socket(&self.cfg, sport, false)?;
         self.socks.push(s);
+        self.sock_port.push(sport);
         self.stats.tx_sockets += 1;
         let idx = (self.socks.len() - 1) as u16;
         self.port_map[usize::from(sport)] = idx + 1;

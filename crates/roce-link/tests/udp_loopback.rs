@@ -547,3 +547,78 @@ fn time_in_the_receive_socket_is_measured() {
     let w = b.stats().rx_wait_max_us;
     assert!((50_000..60_000_000).contains(&w), "waited {w} µs");
 }
+
+/// Issue #21: past `max_tx_sockets` a new source port used to fail every frame (`tx_errors`), so a process with more
+/// QPs than sockets could not send. Now the new ports share the open sockets: every frame arrives with a valid ICRC,
+/// from one of the `max_tx_sockets` bound ports, and each original port always leaves from the same one (a QP keeps
+/// its ECMP path, `ROCEV2.md §1.4`).
+#[test]
+fn source_ports_past_max_tx_sockets_share_sockets() {
+    let (a_ip, b_ip) = (v4(202, 1), v4(202, 2));
+    let mut ca = cfg(a_ip, 0xa);
+    ca.max_tx_sockets = 4;
+    let mut a = UdpLink::bind(ca).expect("bind a");
+    let mut b = UdpLink::bind(cfg(b_ip, 0xb)).expect("bind b");
+    // 20 distinct ports, each sent twice (second round after the cap was reached), payload byte = port index.
+    let ports: Vec<u16> = (0..20u16).map(|k| 0xc000 + k * 0x2b1).collect();
+    let mut sent = Vec::new();
+    for round in 0..2u32 {
+        for (k, &sport) in ports.iter().enumerate() {
+            let f = frame(
+                &F {
+                    src: a_ip,
+                    dst: b_ip,
+                    dst_mac: 0xb,
+                    sport,
+                    dscp: 0,
+                    ecn: Ecn::NotEct,
+                    ident: 0,
+                    ttl: 64,
+                    psn: round * 100 + k as u32,
+                },
+                &[k as u8; 40],
+            );
+            a.transmit(T0, &f).expect("transmit");
+            sent.push(f);
+            if a.queued() >= 16 {
+                a.flush(T0).expect("flush");
+            }
+        }
+    }
+    a.flush(T0).expect("flush");
+    let sa = a.stats();
+    assert_eq!(sa.tx_errors, 0, "{sa:?}");
+    assert_eq!(sa.tx_frames, sent.len() as u64, "{sa:?}");
+    assert_eq!(sa.tx_sockets, 1 + 4, "{sa:?}");
+    assert_eq!(sa.tx_sport_shared, 2 * 16, "{sa:?}");
+    let got = recv(&mut b, sent.len());
+    assert_eq!(got.len(), sent.len(), "{:?}", b.stats());
+    assert_eq!(b.stats().rx_icrc_bad, 0);
+    let mut wire_port: Vec<Option<u16>> = vec![None; ports.len()];
+    for g in &got {
+        icrc::verify(&g[14..]).expect("icrc");
+        let k = usize::from(g[14 + 20 + 8 + 12]);
+        let p = u16::from_be_bytes([g[34], g[35]]);
+        assert!(
+            ports[..4].contains(&p),
+            "port {p:#x} is not a bound socket's"
+        );
+        if k < 4 {
+            assert_eq!(p, ports[k], "the first ports keep their own sockets");
+        }
+        assert_eq!(
+            *wire_port[k].get_or_insert(p),
+            p,
+            "port index {k} changed socket"
+        );
+    }
+    // The payload and BTH are untouched by the rewrite.
+    for g in &got {
+        let k = usize::from(g[14 + 20 + 8 + 12]);
+        assert!(
+            g[14 + 20 + 8 + 12..g.len() - 4]
+                .iter()
+                .all(|&x| x == k as u8)
+        );
+    }
+}

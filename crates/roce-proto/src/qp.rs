@@ -282,15 +282,22 @@ impl ReqCtx {
 pub(crate) enum RespItem {
     /// ACK (syndrome 0x1F) or NAK/RNR NAK for `psn`.
     Ack { psn: Psn, syndrome: u8, msn: u32 },
-    /// READ response packets from `psn`, `offset` bytes into resource `res`, up to its end.
+    /// READ response packets from `psn`, `offset` bytes into resource `res`, up to its end. `replay`: answers a
+    /// duplicate request (the requester may have completed it already), not counted against its initiator depth.
     Read {
         res: u32,
         psn: Psn,
         offset: u64,
         first: bool,
+        replay: bool,
     },
-    /// ATOMIC ACKNOWLEDGE.
-    AtomicAck { psn: Psn, orig: u64, msn: u32 },
+    /// ATOMIC ACKNOWLEDGE; `replay` as for `Read`.
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+        replay: bool,
+    },
 }
 
 impl RespItem {

@@ -390,6 +390,7 @@ impl Engine {
                     psn: p,
                     offset: skip,
                     first: true,
+                    replay: true,
                 });
             }
             op::COMPARE_SWAP | op::FETCH_ADD => {
@@ -405,6 +406,7 @@ impl Engine {
                         psn: p,
                         orig: r.orig,
                         msn: r.msn,
+                        replay: true,
                     });
                 }
             }
@@ -720,9 +722,17 @@ impl Engine {
                     msg_end: true,
                 }
             }
-            op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD if qp.resp.res.is_empty() => {
-                // No responder resources (`max_dest_rd_atomic` 0): NAK invalid request (IBTA; rxe `check_resource`
-                // → RESPST_ERR_TOO_MANY_RDMA_ATM_REQ; siw "zero-sized Read and Receive Queues", 2020).
+            op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD
+                if owed_rd_atomic(&qp.resp) >= qp.resp.res.len() =>
+            {
+                // More READ/atomic requests outstanding than the responder resources (`max_dest_rd_atomic`): NAK
+                // invalid request. With no resources at all this is every READ/atomic (IBTA; rxe `check_resource` →
+                // RESPST_ERR_TOO_MANY_RDMA_ATM_REQ; siw "zero-sized Read and Receive Queues", 2020). Otherwise all
+                // of them still have a response queued here, unsent: a requester within its initiator depth
+                // (`ROCEV2.md §4.2` `max_rd_atomic`, set no higher than the peer's responder resources) has
+                // received the response of the request `max_dest_rd_atomic` back before it sends a new one, so
+                // this is a requester that ignores the limit (issue #21). Recycling the oldest resource instead (rxe) would drop a result
+                // still owed, or queue responses without bound within one receive burst.
                 Exec::Fatal {
                     syndrome: NAK_INV_REQ,
                     wc: None,
@@ -781,6 +791,7 @@ impl Engine {
                     psn: pkt.psn,
                     offset: 0,
                     first: true,
+                    replay: false,
                 });
                 qp.counters.rx_read_requests += 1;
                 stats.rx_read_requests += 1;
@@ -850,6 +861,7 @@ impl Engine {
                     psn: pkt.psn,
                     orig,
                     msn,
+                    replay: false,
                 });
                 qp.counters.rx_atomic_requests += 1;
                 stats.rx_atomic_requests += 1;
@@ -1122,7 +1134,7 @@ impl Engine {
                     hdr.psn = *psn;
                     ext.aeth = Some((*syndrome, *msn));
                 }
-                Some(RespItem::AtomicAck { psn, orig, msn }) => {
+                Some(RespItem::AtomicAck { psn, orig, msn, .. }) => {
                     hdr.opcode = op::ATOMIC_ACKNOWLEDGE;
                     hdr.psn = *psn;
                     ext.aeth = Some((SYN_ACK, *msn));
@@ -1197,6 +1209,7 @@ impl Engine {
             psn,
             offset,
             first,
+            ..
         }) = qp.resp.out.front().copied()
         else {
             return Ok(None);
@@ -1329,6 +1342,23 @@ fn supersede_from(resp: &mut crate::qp::RespCtx, p: Psn, res: Option<u32>) {
         };
         !same && psn.diff(p) < 0
     });
+}
+
+/// READ streams and ATOMIC ACKs queued and not yet (fully) sent for new requests: the READ/atomic requests the
+/// requester still has outstanding for certain (it cannot have completed one whose response was never sent).
+/// Replays for duplicates are left out: a late duplicate (a spurious retransmission, a duplicated packet) can ask
+/// again for a request the requester completed long ago. A scan of this QP's response queue (at most
+/// [`RespCtx::out_room`](crate::qp::RespCtx::out_room) items and a few replays), not of other QPs.
+fn owed_rd_atomic(resp: &crate::qp::RespCtx) -> usize {
+    resp.out
+        .iter()
+        .filter(|it| {
+            matches!(
+                it,
+                RespItem::Read { replay: false, .. } | RespItem::AtomicAck { replay: false, .. }
+            )
+        })
+        .count()
 }
 
 /// Picks the responder resource for a new (in-sequence) READ/atomic: always the ring's next slot, i.e. the oldest

@@ -400,6 +400,57 @@ fn rx_ring(test: Test, is_client: bool, bidir: bool) -> u32 {
     }
 }
 
+/// How deep this side's CQ is and how many receives each QP keeps posted. The CQ holds every completion that can be
+/// queued at once, so it never overruns (an overrun is a CQ error that takes its QPs to the error state, issue
+/// #21): per QP, the signalled send WRs in flight plus the posted receives. The bandwidth loop signals
+/// one WR in `cq_mod` ([`client_bw`]: at most `tx_depth / cq_mod + 2` signalled WRs among the `tx_depth` in flight,
+/// the `+ 2` for a window straddling two multiples and the run's last WR); the other loops signal every WR (at
+/// most the send queue, `tx_depth` but 16 at least). When `-q` QPs with [`RX_DEPTH`] receives each would need more
+/// than the device's `max_cqe`, the receive ring shrinks to fit (as moderation shrinks the send side, perftest's
+/// way of sizing one CQ for many QPs); a RC sender meets a short ring with RNR NAKs and retries, UC/UD lose what
+/// finds no receive (counted as loss, as always).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CqPlan {
+    /// CQ entries to create (within `max_cqe`).
+    depth: u32,
+    /// Receive WRs each QP keeps posted (0: this side receives nothing).
+    rx_ring: u32,
+}
+
+impl CqPlan {
+    /// The plan for `p` on this side (`is_client`) of a device with `max_cqe` entries per CQ.
+    ///
+    /// # Errors
+    /// When even one receive per QP (or none, for a side that does not receive) does not fit: the message names
+    /// `-q`, `-t` and `-Q`.
+    fn new(p: &Params, is_client: bool, max_cqe: u32) -> Result<CqPlan, String> {
+        const SLACK: u64 = 64;
+        let sq = u64::from(p.tx_depth.max(16));
+        let send = if p.test.is_bw() {
+            (u64::from(p.tx_depth) / u64::from(p.cq_mod.max(1)) + 2).min(sq)
+        } else {
+            sq
+        };
+        let qps = u64::from(p.qps.max(1));
+        let want = u64::from(rx_ring(p.test, is_client, p.bidir));
+        let room = u64::from(max_cqe).saturating_sub(SLACK) / qps;
+        let rx = want.min(room.saturating_sub(send));
+        if room < send || (want > 0 && rx == 0) {
+            return Err(format!(
+                "-q {} with -t {} and -Q {}: {} completions per QP do not fit one CQ of the device's max_cqe {max_cqe}",
+                p.qps,
+                p.tx_depth,
+                p.cq_mod,
+                send + want.min(1)
+            ));
+        }
+        Ok(CqPlan {
+            depth: (qps * (send + rx) + SLACK) as u32,
+            rx_ring: rx as u32,
+        })
+    }
+}
+
 fn setup(
     ctx: &Context,
     p: &Params,
@@ -420,8 +471,9 @@ fn setup(
     let r = (max + GRH).div_ceil(64) * 64;
     let k = (SLOT_BYTES / r).clamp(1, MAX_SLOTS);
     let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
-    let rx_depth = if p.test.is_bw() { RX_DEPTH } else { 16 };
-    let depth = p.qps * (p.tx_depth.max(16) + rx_depth) + 64;
+    let plan = CqPlan::new(p, is_client, ctx.query_device().max_cqe)?;
+    let rx_depth = plan.rx_ring.max(1);
+    let depth = plan.depth;
     let chan = out.events.map(|_| Arc::new(CompChannel::new()));
     let cq = ctx
         .create_cq(depth, chan.as_ref(), out.events.unwrap_or_default())
@@ -559,7 +611,7 @@ fn setup(
     };
     // The receive ring, once for the whole run (module docs, "Receive WRs"), before the peer may send.
     for q in 0..s.qps.len() {
-        for slot in 0..u64::from(rx_ring(p.test, is_client, p.bidir)) {
+        for slot in 0..u64::from(plan.rx_ring) {
             s.post_recv(q, slot)
                 .map_err(|e| format!("post_recv: {e}"))?;
         }

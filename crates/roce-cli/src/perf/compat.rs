@@ -449,19 +449,34 @@ fn session(
     let test = p.test;
     let q = g.q;
     let sends = matches!(test, Test::SendBw | Test::SendLat);
-    let rx_depth = if sends {
+    let rx_want = if sends {
         RX_DEPTH.min(p.iters).max(1) as u32
     } else {
         1
     };
     let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
     let tx_depth = p.tx_depth.max(1);
+    // The CQ holds what can be queued at once (as `bench::CqPlan`, issue #21): per QP the signalled sends in flight
+    // (`bw_client` signals one in `-Q`: at most `tx_depth / cq_mod + 2`; the latency loops every one) plus the
+    // receives posted, within `max_cqe`; a SEND receiver's ring shrinks to fit (the sender meets it with RNR).
+    let send = if test.is_bw() {
+        (tx_depth / p.cq_mod.clamp(1, tx_depth) + 2).min(tx_depth)
+    } else {
+        tx_depth
+    };
+    let max_cqe = ctx.query_device().max_cqe;
+    let room = max_cqe.saturating_sub(64) / (q as u32).max(1);
+    let rx_depth = rx_want.min(room.saturating_sub(send));
+    if rx_depth == 0 {
+        return Err(format!(
+            "-q {q} with -t {tx_depth} and -Q {}: {} completions per QP do not fit one CQ of the device's max_cqe \
+             {max_cqe}",
+            p.cq_mod,
+            send + 1
+        ));
+    }
     let cq = ctx
-        .create_cq(
-            q as u32 * (tx_depth + rx_depth) + 64,
-            None,
-            Default::default(),
-        )
+        .create_cq(q as u32 * (send + rx_depth) + 64, None, Default::default())
         .map_err(e("create_cq"))?;
     let buf =
         MrBuf::new(g.mr_len() as usize).map_err(|e| format!("allocating the test buffer: {e}"))?;

@@ -14,7 +14,10 @@
 //!   (rxe `rxe_create_cq` refuses any flag), unknown bits `EINVAL` (the kernel's check);
 //! * `cqe` and `comp_vector` are checked as `ibv_create_cq`'s;
 //! * `ibv_start_poll` takes the oldest completion (or `ENOENT`, returned and in `errno`, with nothing held), sets
-//!   `status` and `wr_id` and holds the CQ's poll lock until `ibv_end_poll` (rxe's spin lock); `ibv_next_poll`
+//!   `status` and `wr_id` and holds the CQ's poll lock until `ibv_end_poll` (rxe's spin lock; another thread's
+//!   `ibv_start_poll` waits for it). A second `ibv_start_poll` by the thread that holds it spins for ever on rxe
+//!   (`pthread_spin_lock` on the CQ's lock); here it answers `EINVAL` and takes nothing, so the completion in hand
+//!   stays current and none is lost (issue #21); `ibv_next_poll`
 //!   takes the next one (or `ENOENT`); the `ibv_wc_read_*` functions read the completion taken last, with the values
 //!   `ibv_poll_cq` would give (`sl` included: 2 for IPv4, 1 for IPv6 on UD receives).
 
@@ -202,18 +205,23 @@ unsafe extern "C" fn start_poll(cq: *mut IbvCq, attr: *mut IbvPollCqAttr) -> c_i
     if unsafe { attr.as_ref() }.is_some_and(|a| a.comp_mask != 0) {
         return libc::EINVAL;
     }
-    while c
-        .polling
-        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        std::hint::spin_loop();
+    let me = qp_ex::thread_token();
+    loop {
+        match c
+            .polling
+            .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => break,
+            // A second start inside this thread's own poll (module docs): refused, the poll goes on.
+            Err(holder) if holder == me => return libc::EINVAL,
+            Err(_) => std::hint::spin_loop(),
+        }
     }
     // SAFETY: the poll lock is held.
     let r = unsafe { take_one(c) };
     if r != 0 {
         // Nothing taken: the poll ends here, without `ibv_end_poll` (ibv_create_cq_ex(3)).
-        c.polling.store(false, Ordering::Release);
+        c.polling.store(0, Ordering::Release);
     }
     r
 }
@@ -230,7 +238,7 @@ unsafe extern "C" fn next_poll(cq: *mut IbvCq) -> c_int {
 unsafe extern "C" fn end_poll(cq: *mut IbvCq) {
     // SAFETY: as `start_poll`.
     if let Some(c) = unsafe { block::<CqBlock, _>(cq) } {
-        c.polling.store(false, Ordering::Release);
+        c.polling.store(0, Ordering::Release);
     }
 }
 

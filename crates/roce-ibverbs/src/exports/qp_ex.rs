@@ -11,7 +11,15 @@
 //!   immediate), SEND (with immediate, with invalidate), RDMA READ, compare-and-swap, fetch-and-add, LOCAL_INV,
 //!   BIND_MW, ATOMIC_WRITE; UC — RDMA WRITE (with immediate), SEND (with immediate, with invalidate), LOCAL_INV,
 //!   BIND_MW; UD — SEND (with immediate);
-//! * `ibv_wr_start` takes the QP's builder lock (rxe's send-queue spin lock); each `ibv_wr_<op>` starts a WR with
+//! * `ibv_wr_start` takes the QP's builder lock (rxe's send-queue spin lock; another thread's `ibv_wr_start` waits
+//!   for it). A second `ibv_wr_start` by the thread that holds it, before `ibv_wr_complete` / `ibv_wr_abort`, spins
+//!   for ever on rxe and mlx5 (`pthread_spin_lock` on `sq.lock`; mlx5's single-threaded mode aborts with
+//!   "multithreading violation"). Here it never hangs and posts nothing the program did not complete: it keeps the
+//!   open batch and marks it `EINVAL`, so `ibv_wr_complete` posts none of its WRs and answers `EINVAL` (the
+//!   all-or-nothing answer of any misuse inside a batch, below) and `ibv_wr_abort` drops them; either releases the
+//!   lock (issue #21). Builder calls, `ibv_wr_complete` and `ibv_wr_abort` from a thread that does not hold the
+//!   lock (no `ibv_wr_start` before) touch nothing; `ibv_wr_complete` then answers `EINVAL`. Each `ibv_wr_<op>`
+//!   starts a WR with
 //!   the `wr_id` and `wr_flags` the program set in the `ibv_qp_ex`, and the `ibv_wr_set_*` calls complete it; the
 //!   inline data is copied when it is set (the buffer may be reused at once, ibv_wr_post(3));
 //! * `ibv_wr_complete` posts the WRs (exactly as `ibv_post_send` would post the same chain: the same checks and
@@ -301,14 +309,19 @@ pub unsafe extern "C" fn rocev2_ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut IbvQp {
     })
 }
 
-/// The QP's batch, for a builder call between `ibv_wr_start` and `ibv_wr_complete` / `ibv_wr_abort`.
+/// The QP's batch, for a builder call between `ibv_wr_start` and `ibv_wr_complete` / `ibv_wr_abort`; `None` when
+/// this thread does not hold the QP's builder lock (a builder, complete or abort without `ibv_wr_start`, or while
+/// another thread builds): the call is then refused instead of touching a batch another thread may be writing.
 ///
 /// # Safety
-/// `qp` is one of our extended QPs whose builder lock this thread holds.
+/// `qp` is one of our extended QPs.
 unsafe fn batch<'a>(qp: Qx) -> Option<(&'a QpBlock, &'a mut WrBatch)> {
     // SAFETY: per the contract.
     let q = unsafe { block::<QpBlock, _>(qp) }?;
-    // SAFETY: the builder lock makes this thread the only user of the batch.
+    if q.building.load(Ordering::Acquire) != thread_token() {
+        return None;
+    }
+    // SAFETY: the builder lock, held by this thread (checked above), makes it the only user of the batch.
     Some((q, unsafe { &mut *q.batch.get() }))
 }
 
@@ -383,17 +396,37 @@ unsafe fn unsupported(qp: Qx) {
     }
 }
 
+/// This thread's builder-lock token: the address of a thread-local, unique among live threads and never 0.
+pub(super) fn thread_token() -> usize {
+    thread_local! {
+        static TOKEN: u8 = const { 0 };
+    }
+    TOKEN.with(|t| t as *const u8 as usize)
+}
+
 unsafe extern "C" fn wr_start(qp: Qx) {
     // SAFETY: the inline `ibv_wr_start` passes one of our extended QPs.
     let Some(q) = (unsafe { block::<QpBlock, _>(qp) }) else {
         return;
     };
-    while q
-        .building
-        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        std::hint::spin_loop();
+    let me = thread_token();
+    loop {
+        match q
+            .building
+            .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => break,
+            Err(holder) if holder == me => {
+                // A second start inside this thread's own batch (module docs): keep the batch, fail it.
+                // SAFETY: this thread holds the builder lock.
+                let b = unsafe { &mut *q.batch.get() };
+                if b.err == 0 {
+                    b.err = libc::EINVAL;
+                }
+                return;
+            }
+            Err(_) => std::hint::spin_loop(),
+        }
     }
     // SAFETY: the builder lock is held now.
     let b = unsafe { &mut *q.batch.get() };
@@ -408,7 +441,7 @@ unsafe extern "C" fn wr_complete(qp: Qx) -> c_int {
     };
     let mut wrs = std::mem::take(&mut b.wrs);
     let err = std::mem::take(&mut b.err);
-    q.building.store(false, Ordering::Release);
+    q.building.store(0, Ordering::Release);
     if err != 0 || wrs.is_empty() {
         return err;
     }
@@ -441,7 +474,7 @@ unsafe extern "C" fn wr_abort(qp: Qx) {
     if let Some((q, b)) = unsafe { batch(qp) } {
         b.wrs.clear();
         b.err = 0;
-        q.building.store(false, Ordering::Release);
+        q.building.store(0, Ordering::Release);
     }
 }
 

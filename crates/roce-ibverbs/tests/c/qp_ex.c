@@ -8,7 +8,9 @@
  *    lists, ibv_wr_atomic_fetch_add and ibv_wr_atomic_cmp_swp, several WRs in one ibv_wr_start …
  *    ibv_wr_complete, each completing with the wr_id and flags set in the ibv_qp_ex;
  *  - an operation outside the QP's send_ops_flags makes ibv_wr_complete return EOPNOTSUPP and posts nothing;
- *    ibv_wr_abort posts nothing; a UD QP's ibv_wr_set_ud_addr reaches the peer;
+ *    ibv_wr_abort posts nothing; a second ibv_wr_start inside a batch never hangs: ibv_wr_complete answers EINVAL
+ *    and posts nothing; without ibv_wr_start, builders do nothing and ibv_wr_complete is EINVAL; a UD QP's
+ *    ibv_wr_set_ud_addr reaches the peer;
  *  - a receive queue takes exactly max_recv_wr receives, the next ibv_post_recv is ENOMEM.
  * Prints every failed check, "ok" and exits 0 when all pass. */
 #include <arpa/inet.h>
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -209,6 +212,32 @@ int main(void)
 	ibv_wr_start(bx);
 	ibv_wr_send(bx);
 	ibv_wr_set_sge(bx, bmr->lkey, (uintptr_t)bbytes, 8);
+	ibv_wr_abort(bx);
+	CHECK(ibv_poll_cq(bcq, 1, &wc) == 0 && ibv_poll_cq(acq, 1, &wc) == 0);
+	/* A second ibv_wr_start before ibv_wr_complete / ibv_wr_abort (issue #21): rxe and mlx5 spin on the QP's lock
+	 * for ever there (mlx5's single-threaded mode aborts). Here it never hangs and posts nothing unasked: the
+	 * misuse is EINVAL at ibv_wr_complete, nothing of the batch is posted (the next batch's completions below come
+	 * first), and the QP takes the next batch. alarm() turns a hang into a failure. */
+	alarm(20);
+	ibv_wr_start(bx);
+	bx->wr_id = 10;
+	ibv_wr_send(bx);
+	ibv_wr_set_sge(bx, bmr->lkey, (uintptr_t)bbytes, 8);
+	ibv_wr_start(bx);
+	bx->wr_id = 11;
+	ibv_wr_send(bx);
+	ibv_wr_set_sge(bx, bmr->lkey, (uintptr_t)bbytes, 8);
+	CHECK(ibv_wr_complete(bx) == EINVAL);
+	/* Twice then abort: the lock is released as well. */
+	ibv_wr_start(bx);
+	ibv_wr_start(bx);
+	ibv_wr_abort(bx);
+	alarm(0);
+	/* Builder calls and ibv_wr_complete without ibv_wr_start: nothing is built or posted, complete is EINVAL. */
+	bx->wr_id = 12;
+	ibv_wr_send(bx);
+	ibv_wr_set_sge(bx, bmr->lkey, (uintptr_t)bbytes, 8);
+	CHECK(ibv_wr_complete(bx) == EINVAL);
 	ibv_wr_abort(bx);
 	CHECK(ibv_poll_cq(bcq, 1, &wc) == 0 && ibv_poll_cq(acq, 1, &wc) == 0);
 	ibv_wr_start(bx);

@@ -1028,13 +1028,9 @@ fn random_datagram_flood_during_a_verified_run() {
     assert_counters_add_up(&r.p.b);
 }
 
-/// A requester that ignores the responder's resources: 64 FETCH_ADDs in one burst (in sequence, from the peer's
-/// address) to a responder that granted `max_dest_rd_atomic` 4. As rxe (`rxe_resp.c` `check_resource`: "it is the
-/// requesters job to not send too many read/atomic ops, we just recycle the responder resource queue"), the
-/// responder recycles its oldest resource: every request executes exactly once, in order, and each gets its ATOMIC
-/// ACK with the value before its own add; nothing outside the 8 bytes changes, and the QP goes on.
-#[test]
-fn atomics_beyond_the_granted_resources_execute_once_in_order() {
+/// 64 requests of `opcode` (READ 0x0C or FETCH_ADD 0x14) in one burst, in sequence from the peer's address, against
+/// a responder that granted `max_dest_rd_atomic` 4; returns the rig, B's ePSN before the burst and B's answers.
+fn rd_atomic_burst(opcode: u8) -> (Rig, u32, Vec<roce_wire::RoceRepr>) {
     let o = ConnOpts {
         max_dest_rd_atomic: 4,
         ..ConnOpts::default()
@@ -1045,10 +1041,16 @@ fn atomics_beyond_the_granted_resources_execute_once_in_order() {
     let now = r.p.now;
     let before = r.p.captured.len();
     for i in 0..64u32 {
-        let f = craft(
-            &tpl,
-            0x14,
-            (epsn + i) & 0xFF_FFFF,
+        let ext = if opcode == 0x0C {
+            roce_wire::ExtRepr {
+                reth: Some(roce_wire::RethRepr {
+                    va: BASE + 64 * u64::from(i % 16),
+                    rkey: r.target.rkey.0,
+                    dma_len: 64,
+                }),
+                ..roce_wire::ExtRepr::NONE
+            }
+        } else {
             roce_wire::ExtRepr {
                 atomic_eth: Some(roce_wire::AtomicEthRepr {
                     va: BASE + 8,
@@ -1057,35 +1059,142 @@ fn atomics_beyond_the_granted_resources_execute_once_in_order() {
                     compare: 0,
                 }),
                 ..roce_wire::ExtRepr::NONE
+            }
+        };
+        let f = craft(&tpl, opcode, (epsn + i) & 0xFF_FFFF, ext, &[]);
+        r.p.b.handle_frame(now, &f);
+        // The response queue never outgrows the room reserved for the resources (no allocation per packet).
+        let q = r.p.b.qp(r.b.qpn).expect("B's QP");
+        assert!(
+            q.resp.out.len() <= qp::RespCtx::out_room(4),
+            "response queue {} after request {i}",
+            q.resp.out.len()
+        );
+    }
+    r.p.transmit();
+    let answers = r.p.captured[before..]
+        .iter()
+        .filter(|c| c.1 == Dir::BtoA)
+        .map(|c| roce_wire::RoceRepr::parse(&c.2).unwrap().repr)
+        .collect();
+    (r, epsn, answers)
+}
+
+/// B's answers after the four granted requests: one NAK invalid request for the fifth PSN, and the QP in ERR.
+fn assert_fifth_is_nak_invalid_request(r: &Rig, epsn: u32, after: &[roce_wire::RoceRepr]) {
+    assert_eq!(after.len(), 1, "one NAK, nothing after it: {after:?}");
+    assert_eq!(after[0].bth.opcode.0, 0x11, "ACKNOWLEDGE");
+    assert_eq!(after[0].bth.psn.value(), (epsn + 4) & 0xFF_FFFF);
+    assert_eq!(
+        after[0].ext.aeth.unwrap().syndrome,
+        roce_wire::AethSyndrome::Nak(roce_wire::NakCode::InvalidRequest)
+    );
+    assert_eq!(
+        r.p.b.query_qp(r.b.qpn).unwrap().qp_state,
+        QpState::Err,
+        "class C error: the responder QP goes to ERR"
+    );
+}
+
+/// A requester that ignores the responder's resources: 64 FETCH_ADDs in one burst against 4 granted responder
+/// resources (`max_dest_rd_atomic`). The requester may have at most that many READ/atomic requests outstanding
+/// (`ROCEV2.md §4.2` `max_rd_atomic`: the initiator depth, set no higher than the responder's resources); a new one
+/// while all four responses are still owed is more than that, NAK invalid request (rxe's
+/// `RESPST_ERR_TOO_MANY_RDMA_ATM_REQ`). The first four execute once each with the right ATOMIC ACK values, the
+/// fifth is NAKed, nothing after it executes, and the response queue never grows past its reserved room (issue #21:
+/// it used to hold all 64 ATOMIC ACKs of the burst, recycling resources whose results were still unsent).
+#[test]
+fn atomics_beyond_the_granted_resources_are_nak_invalid_request() {
+    let (r, epsn, ans) = rd_atomic_burst(0x14);
+    assert!(ans.len() >= 4, "{ans:?}");
+    let mut sum = 0u64;
+    for (i, a) in ans[..4].iter().enumerate() {
+        assert_eq!(a.bth.opcode.0, 0x12, "ATOMIC ACKNOWLEDGE {i}");
+        assert_eq!(a.bth.psn.value(), (epsn + i as u32) & 0xFF_FFFF);
+        assert_eq!(
+            a.ext.atomic_ack_eth.unwrap().orig_value,
+            sum,
+            "ATOMIC ACK {i}"
+        );
+        sum += i as u64 + 1;
+    }
+    assert_fifth_is_nak_invalid_request(&r, epsn, &ans[4..]);
+    let t = r.p.b.mr_bytes(r.target.lkey).unwrap();
+    assert_eq!(u64::from_le_bytes(t[8..16].try_into().unwrap()), sum);
+    assert!(t[..8].iter().chain(&t[16..]).all(|&b| b == 0));
+    assert_eq!(r.p.b.counters().rx_atomic_requests, 4);
+    r.assert_memory_intact(true);
+}
+
+/// The same for RDMA READs: 64 one-packet READs in one burst against 4 resources. The four granted ones are answered
+/// in full and in order, the fifth is NAK invalid request (before, the ring recycled the oldest resource and dropped
+/// its queued response, so the first 60 READs went unanswered without a word).
+#[test]
+fn reads_beyond_the_granted_resources_are_nak_invalid_request() {
+    let (r, epsn, ans) = rd_atomic_burst(0x0C);
+    assert!(ans.len() >= 4, "{ans:?}");
+    for (i, a) in ans[..4].iter().enumerate() {
+        assert_eq!(a.bth.opcode.0, 0x10, "RDMA READ response only {i}");
+        assert_eq!(a.bth.psn.value(), (epsn + i as u32) & 0xFF_FFFF);
+    }
+    assert_fifth_is_nak_invalid_request(&r, epsn, &ans[4..]);
+    assert_eq!(r.p.b.counters().rx_read_requests, 4);
+    r.assert_memory_intact(false);
+}
+
+/// The limit counts the requester's requests, not replays for duplicates: a requester within its 4 READs (READs 0..3
+/// answered, then a late duplicate of READ 3 arrives, as after a spurious retransmission, and READs 4..7 follow in
+/// the same burst) is answered in full and its QP goes on, although the queue then holds a replay beside three
+/// fresh streams.
+#[test]
+fn a_replay_for_a_duplicate_does_not_count_against_the_requester() {
+    let o = ConnOpts {
+        max_dest_rd_atomic: 4,
+        ..ConnOpts::default()
+    };
+    let mut r = rig_with(&o);
+    let tpl = r.a_to_b_template();
+    let epsn = r.epsn();
+    let now = r.p.now;
+    let read = |r: &Rig, i: u32| {
+        craft(
+            &tpl,
+            0x0C,
+            (epsn + i) & 0xFF_FFFF,
+            roce_wire::ExtRepr {
+                reth: Some(roce_wire::RethRepr {
+                    va: BASE + 64 * u64::from(i),
+                    rkey: r.target.rkey.0,
+                    dma_len: 64,
+                }),
+                ..roce_wire::ExtRepr::NONE
             },
             &[],
-        );
+        )
+    };
+    for i in 0..4 {
+        let f = read(&r, i);
         r.p.b.handle_frame(now, &f);
     }
     r.p.transmit();
-    let acks: Vec<(u32, u64)> = r.p.captured[before..]
+    let before = r.p.captured.len();
+    for i in [3, 4, 5, 6, 7] {
+        let f = read(&r, i);
+        r.p.b.handle_frame(now, &f);
+    }
+    r.p.transmit();
+    let psns: Vec<(u8, u32)> = r.p.captured[before..]
         .iter()
         .filter(|c| c.1 == Dir::BtoA)
         .map(|c| {
             let rep = roce_wire::RoceRepr::parse(&c.2).unwrap().repr;
-            assert_eq!(rep.bth.opcode.0, 0x12, "ATOMIC ACKNOWLEDGE");
             (
-                rep.bth.psn.value(),
-                rep.ext.atomic_ack_eth.unwrap().orig_value,
+                rep.bth.opcode.0,
+                rep.bth.psn.value().wrapping_sub(epsn) & 0xFF_FFFF,
             )
         })
         .collect();
-    assert_eq!(acks.len(), 64);
-    let mut sum = 0u64;
-    for (i, &(psn, orig)) in acks.iter().enumerate() {
-        assert_eq!(psn, (epsn + i as u32) & 0xFF_FFFF);
-        assert_eq!(orig, sum, "ATOMIC ACK {i}");
-        sum += i as u64 + 1;
-    }
-    let t = r.p.b.mr_bytes(r.target.lkey).unwrap();
-    assert_eq!(u64::from_le_bytes(t[8..16].try_into().unwrap()), sum);
-    assert!(t[..8].iter().chain(&t[16..]).all(|&b| b == 0));
-    assert_eq!(r.p.b.counters().rx_atomic_requests, 64);
-    r.assert_memory_intact(true);
+    assert_eq!(psns, [(0x10, 4), (0x10, 5), (0x10, 6), (0x10, 7)]);
     assert_eq!(r.p.b.query_qp(r.b.qpn).unwrap().qp_state, QpState::Rts);
+    assert_eq!(r.p.b.counters().rx_read_requests, 8);
 }
