@@ -28,6 +28,19 @@
 //! `rdma_destroy_id` waits (at most [`DESTROY_WAIT`], then says so on stderr) for the acknowledgement of every event
 //! `rdma_get_cm_event` handed out for the id; events still queued for it are dropped when a reader reaches them.
 //!
+//! # Process exit
+//!
+//! Linux's kernel destroys the rdma_cm ids of a process whose `/dev/infiniband/rdma_cm` descriptor closes (`ucma_close`
+//! → `rdma_destroy_id` → `cm_destroy_id` in `drivers/infiniband/core/{ucma,cma,cm}.c`): an established connection
+//! sends its DREQ, a request not yet answered or our own pending REQ a REJ, a listen stops. Here the ids live in
+//! the process, so the library registers an `atexit` handler when it starts a device's CM ([`at_exit`]): on
+//! `exit()` or a return from `main` it does that for every live id (the runtime's `destroy`, as `rdma_destroy_id`
+//! without the wait for acknowledgements) and drives the devices until those MADs have left through QP 1, at most
+//! [`EXIT_FLUSH`] in all. A process ended by a signal runs no handler (SIGTERM's and SIGINT's default action, and
+//! SIGKILL, end it without user code; installing handlers would change the program's behaviour): its peer learns of
+//! the end when its own DREQ (at its `rdma_disconnect`) goes unanswered after the CM's retries — reported as
+//! DISCONNECTED, as Linux `cma.c` does for `IB_CM_DREQ_ERROR` — or when its QP's transport retries run out.
+//!
 //! # State
 //!
 //! One table under one lock (control path only): ids, channels, outstanding events, connection and listen handles,
@@ -46,6 +59,8 @@ use crate::abi::*;
 use crate::bridge::{self, CmEventC, ConnectC, PrivateV1, kind, table};
 use crate::route;
 
+/// How long the exit handler ([`at_exit`]) waits in all for the lock and for its MADs to leave.
+pub const EXIT_FLUSH: Duration = Duration::from_millis(100);
 /// How long `rdma_destroy_id` waits for unacknowledged events of the id.
 pub const DESTROY_WAIT: Duration = Duration::from_secs(2);
 /// Private data a REQ leaves the program after the 36-byte `cma_hdr` (92 − 36; Linux `cma.c`).
@@ -404,8 +419,63 @@ pub(crate) fn ensure_cm(st: &mut State, dev: usize) -> R<&'static PrivateV1> {
     if !st.dispatcher {
         start_dispatcher()?;
         st.dispatcher = true;
+        // SAFETY: registers a handler with C linkage that takes no arguments; it runs once, at `exit`.
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            eprintln!(
+                "rocev2 librdmacm: atexit failed: connected ids send no DREQ at process exit"
+            );
+        }
     }
     Ok(t)
+}
+
+/// The `atexit` handler (module docs, "Process exit"): every live id ends as `rdma_destroy_id` would end it —
+/// listens stop, connections send what Linux `cm_destroy_id` sends (DREQ, REJ) — and each device is driven until
+/// those MADs have left, at most [`EXIT_FLUSH`] in all. The ids themselves are not freed (the process is ending;
+/// other threads may still hold them). Never unwinds into C.
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| end_all_ids(EXIT_FLUSH));
+}
+
+fn end_all_ids(budget: Duration) {
+    let deadline = Instant::now() + budget;
+    let Some(t) = table() else { return };
+    // Another thread may hold the lock (a program thread in a call): wait for it within the budget only.
+    let mut guard = loop {
+        match STATE.try_lock() {
+            Ok(g) => break g,
+            Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        }
+    };
+    let Some(st) = guard.as_mut() else { return };
+    let mut used = HashSet::new();
+    for i in st.ids.values_mut() {
+        let Some(dev) = i.dev.or(if st.devs.is_empty() { None } else { Some(0) }) else {
+            continue;
+        };
+        let ctx = st.devs[dev].ctx as *mut c_void;
+        // SAFETY (both): a context this library opened; the handles are this library's.
+        if let Some(h) = i.listen.take() {
+            unsafe { (t.stop_listen)(ctx, h) };
+        }
+        if let Some(h) = i.conn.take() {
+            unsafe { (t.destroy)(ctx, h) };
+            used.insert(st.devs[dev].ctx);
+        }
+    }
+    st.listens.clear();
+    st.conns.clear();
+    // The dispatcher thread may need the lock while the devices are driven.
+    drop(guard);
+    for ctx in used {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: a context this library opened.
+        unsafe { (t.flush)(ctx as *mut c_void, left.as_millis() as u32) };
+    }
 }
 
 fn start_dispatcher() -> R<()> {
