@@ -143,6 +143,8 @@ pub struct PrivateV1 {
     ) -> c_int,
     pub destroy: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
     pub flush: unsafe extern "C" fn(ctx: Ctx, timeout_ms: u32) -> c_int,
+    pub set_cm_ids:
+        unsafe extern "C" fn(cb: unsafe extern "C" fn(out: *mut u8, cap: usize) -> usize) -> c_int,
 }
 
 /// The table, or `None` (said once on stderr) when the loaded libibverbs is not rocev2's or not of this version.

@@ -157,6 +157,9 @@ pub(crate) struct Id {
     pub own_cqs: bool,
     /// `rdma_create_ep` on a passive endpoint: the QP attributes (and PD) for each `rdma_get_request`.
     pub ep_qp: Option<EpQp>,
+    /// The QPN of the id's QP (`rdma_create_qp`) or of the one its `rdma_connect` / `rdma_accept` named: what
+    /// `rocev2 stat` shows as lqpn (recorded, so the stats reader never reads a QP the program may have freed).
+    pub lqpn: Option<u32>,
 }
 
 impl Id {
@@ -425,8 +428,87 @@ pub(crate) fn ensure_cm(st: &mut State, dev: usize) -> R<&'static PrivateV1> {
                 "rocev2 librdmacm: atexit failed: connected ids send no DREQ at process exit"
             );
         }
+        // SAFETY: `cm_ids_json` writes at most `cap` bytes to `out`, as the table's contract says.
+        unsafe { (t.set_cm_ids)(cm_ids_json) };
     }
     Ok(t)
+}
+
+/// The rdma_cm state name of an id as Linux's `enum rdma_cm_state` (`cma_priv.h`) and `rdma resource show cm_id`
+/// (iproute2 `rdma/res-cmid.c`) spell it: a connection is CONNECT from the request until a disconnect.
+fn state_name(st: St) -> &'static str {
+    match st {
+        St::Idle => "IDLE",
+        St::Bound => "ADDR_BOUND",
+        St::AddrResolved => "ADDR_RESOLVED",
+        St::RouteResolved => "ROUTE_RESOLVED",
+        St::Listening => "LISTEN",
+        St::Connecting
+        | St::ConnectResponse
+        | St::ReqRcvd
+        | St::Accepting
+        | St::Connected
+        | St::Rejected
+        | St::Failed => "CONNECT",
+        St::Disconnected => "DISCONNECT",
+    }
+}
+
+fn ps_name(ps: c_int) -> &'static str {
+    match ps {
+        RDMA_PS_TCP => "TCP",
+        RDMA_PS_UDP => "UDP",
+        RDMA_PS_IB => "IB",
+        RDMA_PS_IPOIB => "IPOIB",
+        _ => "?",
+    }
+}
+
+/// The ids of this process as a JSON array (`roce_verbs::endpoint`'s `cm_ids`: dev, state, ps, qp_type, lqpn, src,
+/// dst), in the order the ids were made.
+pub(crate) fn cm_ids_text(st: &State) -> String {
+    use std::fmt::Write as _;
+    let addr = |a: Option<SocketAddr>| a.map_or_else(|| "null".to_owned(), |a| format!("\"{a}\""));
+    let mut ids: Vec<(&usize, &Id)> = st.ids.iter().collect();
+    ids.sort_by_key(|(k, _)| **k);
+    let mut o = String::from("[");
+    for (n, (&key, i)) in ids.into_iter().enumerate() {
+        // SAFETY: an id in the table is a live block (this library's allocation).
+        let qp_type = unsafe { (*(key as *const RdmaCmId)).qp_type };
+        let lqpn = i.lqpn.map_or_else(|| "null".to_owned(), |q| q.to_string());
+        let qt = match qp_type {
+            2 => "\"RC\"",
+            3 => "\"UC\"",
+            4 => "\"UD\"",
+            _ => "null",
+        };
+        let _ = write!(
+            o,
+            "{}{{\"dev\":{},\"state\":\"{}\",\"ps\":\"{}\",\"qp_type\":{qt},\"lqpn\":{lqpn},\"src\":{},\"dst\":{}}}",
+            if n > 0 { "," } else { "" },
+            i.dev.map_or_else(|| "null".to_owned(), |d| d.to_string()),
+            state_name(i.st),
+            ps_name(i.ps),
+            addr(i.src),
+            addr(i.dst),
+        );
+    }
+    o.push(']');
+    o
+}
+
+/// `rocev2_private_v1.set_cm_ids`' callback (called on the stats endpoint's thread): [`cm_ids_text`] into `out` when
+/// it fits in `cap` bytes; the length it needs either way (0 after a panic: an empty answer, which is left out).
+unsafe extern "C" fn cm_ids_json(out: *mut u8, cap: usize) -> usize {
+    std::panic::catch_unwind(|| {
+        let text = cm_ids_text(&lock());
+        if text.len() <= cap && !out.is_null() {
+            // SAFETY: the caller gives `cap` writable bytes at `out`.
+            unsafe { core::ptr::copy_nonoverlapping(text.as_ptr(), out, text.len()) };
+        }
+        text.len()
+    })
+    .unwrap_or(0)
 }
 
 /// The `atexit` handler (module docs, "Process exit"): every live id ends as `rdma_destroy_id` would end it —
@@ -1103,6 +1185,7 @@ pub(crate) fn new_id(
             path,
             own_cqs: false,
             ep_qp: None,
+            lqpn: None,
         },
     );
     p
@@ -1551,6 +1634,7 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
     i.retry_count = retry;
     i.timeout = timeout;
     i.st = St::Connecting;
+    i.lqpn = Some(qpn);
     Ok(())
 }
 
@@ -1669,6 +1753,7 @@ pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -
     } else {
         return Err(libc::EINVAL);
     };
+    st.ids.get_mut(&id).expect("live").lqpn = Some(qpn);
     let i = &st.ids[&id];
     // SAFETY: a context this library opened; the private data is `plen` readable bytes.
     let e = unsafe {
@@ -1721,6 +1806,7 @@ fn sidr_accept(
     } else {
         return Err(libc::EINVAL);
     };
+    st.ids.get_mut(&id).expect("live").lqpn = Some(qpn);
     // SAFETY: a context this library opened; the private data is `plen` readable bytes.
     let e = unsafe {
         (t.sidr_accept)(
@@ -2020,7 +2106,10 @@ pub(crate) fn create_qp(
     }
     c.qp = qp;
     c.pd = pd;
-    st.ids.get_mut(&id).expect("live").own_cqs = own;
+    let i = st.ids.get_mut(&id).expect("live");
+    i.own_cqs = own;
+    // SAFETY: the QP just made.
+    i.lqpn = Some(unsafe { (*qp).qp_num });
     Ok(())
 }
 
@@ -2053,6 +2142,7 @@ pub(crate) fn destroy_qp(st: &mut State, id: usize) {
         c.qp = core::ptr::null_mut();
     }
     let i = st.ids.get_mut(&id).expect("live");
+    i.lqpn = None;
     if i.own_cqs {
         i.own_cqs = false;
         destroy_cqs(c);

@@ -10,7 +10,8 @@
 //!
 //! Version 2 added SIDR (UD port spaces, IBTA Vol 1 §12.11): `sidr_resolve` / `sidr_accept` / `sidr_reject` at
 //! the end of the table, the event kinds `SIDR_REQUEST` / `SIDR_RESOLVED` / `SIDR_REJECTED`, `CmEventC::qkey`,
-//! and `destroy`. Version 3 added `flush` (librdmacm's exit handler: its DREQs leave before the process ends).
+//! and `destroy`. Version 3 added `flush` (librdmacm's exit handler: its DREQs leave before the process ends) and
+//! `set_cm_ids` (the library's ids in the stats endpoint's answer, `rocev2 stat`).
 //!
 //! Connections and listens are named by `u64` handles (never reused within the process); every function answers
 //! `0` or a negative errno (`-EINVAL` for a context this library did not open or a stale handle), never panics.
@@ -209,7 +210,14 @@ pub struct PrivateV1 {
     /// Drives the device until the CM's queued MADs have left through QP 1, at most `timeout_ms`
     /// (`ConnectionManager::flush`): 1 when they have, 0 when the time ran out. For librdmacm's exit handler.
     pub flush: unsafe extern "C" fn(ctx: *mut IbvContext, timeout_ms: u32) -> c_int,
+    /// Registers the library's list of rdma_cm ids for the stats endpoint (`roce_verbs::endpoint::set_cm_id_source`):
+    /// `cb(out, cap)` writes the ids as a JSON array (UTF-8, no NUL) into `out` when it fits in `cap` bytes and
+    /// returns the length it needs either way. Answers 0.
+    pub set_cm_ids: unsafe extern "C" fn(cb: CmIdsFn) -> c_int,
 }
+
+/// The callback of `set_cm_ids`.
+pub type CmIdsFn = unsafe extern "C" fn(out: *mut u8, cap: usize) -> usize;
 
 #[derive(Default)]
 struct Handles {
@@ -663,6 +671,30 @@ unsafe extern "C" fn bridge_flush(ctx: *mut IbvContext, timeout_ms: u32) -> c_in
     )
 }
 
+unsafe extern "C" fn bridge_set_cm_ids(cb: CmIdsFn) -> c_int {
+    guard(
+        "rocev2_private_v1.set_cm_ids",
+        || -libc::EIO,
+        || {
+            roce_verbs::endpoint::set_cm_id_source(Box::new(move || {
+                let mut buf = vec![0u8; 4096];
+                // Twice at most: the list may grow between the calls; a third size is not chased.
+                for _ in 0..2 {
+                    // SAFETY: `buf` is writable for its length; the callback writes at most `cap` bytes.
+                    let n = unsafe { cb(buf.as_mut_ptr(), buf.len()) };
+                    if n <= buf.len() {
+                        buf.truncate(n);
+                        return String::from_utf8(buf).ok();
+                    }
+                    buf.resize(n, 0);
+                }
+                None
+            }));
+            0
+        },
+    )
+}
+
 fn fill(out: &mut CmEventC, pd: &[u8]) {
     let n = pd.len().min(EVENT_PRIVATE_MAX);
     out.private_data[..n].copy_from_slice(&pd[..n]);
@@ -829,6 +861,7 @@ static TABLE: PrivateV1 = PrivateV1 {
     sidr_reject: bridge_sidr_reject,
     destroy: bridge_destroy,
     flush: bridge_flush,
+    set_cm_ids: bridge_set_cm_ids,
 };
 
 /// `rocev2_private_v1@@ROCEV2_PRIVATE`: the table (module docs). For rocev2's own `librdmacm.so.1` only.
