@@ -198,6 +198,8 @@ fn a_peer_sees_disconnected_when_the_server_process_exits_without_rdma_disconnec
             String::from_utf8_lossy(&sout.stderr)
         );
         assert!(sout.status.success(), "server ({how}): {:?}", sout.status);
+        // "ok <ms>": the time from the client's ESTABLISHED to its DISCONNECTED.
+        eprintln!("server ending by {how}: client {}", stdout.trim());
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
