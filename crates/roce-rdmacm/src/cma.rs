@@ -36,10 +36,11 @@
 //! the process, so the library registers an `atexit` handler when it starts a device's CM ([`at_exit`]): on
 //! `exit()` or a return from `main` it does that for every live id (the runtime's `destroy`, as `rdma_destroy_id`
 //! without the wait for acknowledgements) and drives the devices until those MADs have left through QP 1, at most
-//! [`EXIT_FLUSH`] in all. A process ended by a signal runs no handler (SIGTERM's and SIGINT's default action, and
-//! SIGKILL, end it without user code; installing handlers would change the program's behaviour): its peer learns of
-//! the end when its own DREQ (at its `rdma_disconnect`) goes unanswered after the CM's retries — reported as
-//! DISCONNECTED, as Linux `cma.c` does for `IB_CM_DREQ_ERROR` — or when its QP's transport retries run out.
+//! [`EXIT_FLUSH`] in all. SIGTERM, SIGINT and SIGHUP, when the program left their default action, get a handler
+//! that does the same on a thread of this library and then lets the signal end the process as it would have
+//! ([`install_signal_ends`]). SIGKILL runs no code: the peer learns of the end when its own DREQ goes unanswered
+//! after the CM's retries (DISCONNECTED, as Linux `cma.c` reports `IB_CM_DREQ_ERROR`) or when its QP's transport
+//! retries run out.
 //!
 //! # State
 //!
@@ -48,6 +49,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -428,6 +430,7 @@ pub(crate) fn ensure_cm(st: &mut State, dev: usize) -> R<&'static PrivateV1> {
                 "rocev2 librdmacm: atexit failed: connected ids send no DREQ at process exit"
             );
         }
+        install_signal_ends();
         // SAFETY: `cm_ids_json` writes at most `cap` bytes to `out`, as the table's contract says.
         unsafe { (t.set_cm_ids)(cm_ids_json) };
     }
@@ -509,6 +512,113 @@ unsafe extern "C" fn cm_ids_json(out: *mut u8, cap: usize) -> usize {
         text.len()
     })
     .unwrap_or(0)
+}
+
+/// The signals whose default action ends the process and that a program commonly gets (`kill`, Ctrl-C, a closed
+/// terminal): [`install_signal_ends`] handles those the program left at the default.
+const ENDING_SIGNALS: [c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// The pipe a signal handler writes to (the ender thread reads it), the one the ender answers on, and the pid that
+/// installed them (a forked child has neither the thread nor the ids: its handler only re-raises).
+static END_REQ_W: AtomicI32 = AtomicI32::new(-1);
+static END_DONE_R: AtomicI32 = AtomicI32::new(-1);
+static END_PID: AtomicI32 = AtomicI32::new(0);
+
+/// For each of [`ENDING_SIGNALS`] still at its default action (the program installed no handler and does not
+/// ignore it): a handler that has a thread of this library end every id as the `atexit` handler does (at most
+/// [`EXIT_FLUSH`], waited for at most 300 ms), then restores the default action and raises the signal again, so the
+/// process still ends by that signal (its exit status unchanged). A handler the program installs later replaces
+/// ours, as it would replace the default. Installed once, when the library starts its first CM.
+fn install_signal_ends() {
+    let mut req = [0 as c_int; 2];
+    let mut done = [0 as c_int; 2];
+    // SAFETY: `pipe2` writes two descriptors into each array.
+    if unsafe { libc::pipe2(req.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+        || unsafe { libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+    {
+        return;
+    }
+    let (req_r, done_w) = (req[0], done[1]);
+    // SAFETY: sigset operations on local sets; the thread starts with every signal blocked (as the dispatcher).
+    let spawned = unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let r = std::thread::Builder::new()
+            .name("rocev2-rdmacm-end".into())
+            .spawn(move || ender(req_r, done_w));
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        r.is_ok()
+    };
+    if !spawned {
+        return;
+    }
+    END_REQ_W.store(req[1], Ordering::SeqCst);
+    END_DONE_R.store(done[0], Ordering::SeqCst);
+    // SAFETY: getpid has no preconditions.
+    END_PID.store(unsafe { libc::getpid() }, Ordering::SeqCst);
+    for sig in ENDING_SIGNALS {
+        // SAFETY: sigaction with a zeroed (valid) struct; the handler is an `extern "C" fn(c_int)`.
+        unsafe {
+            let mut old: libc::sigaction = core::mem::zeroed();
+            if libc::sigaction(sig, core::ptr::null(), &mut old) != 0
+                || old.sa_sigaction != libc::SIG_DFL
+            {
+                continue;
+            }
+            let mut sa: libc::sigaction = core::mem::zeroed();
+            sa.sa_sigaction = on_ending_signal as extern "C" fn(c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigfillset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, core::ptr::null_mut());
+        }
+    }
+}
+
+/// The thread that ends the ids for a signal handler: one byte in on `req_r` per signal, one byte out on `done_w`
+/// when the ids are ended.
+fn ender(req_r: c_int, done_w: c_int) {
+    let mut b = [0u8; 1];
+    // SAFETY (both): a one-byte buffer on descriptors `install_signal_ends` made and never closes.
+    while unsafe { libc::read(req_r, b.as_mut_ptr().cast(), 1) } == 1 {
+        let _ = std::panic::catch_unwind(|| end_all_ids(EXIT_FLUSH));
+        unsafe { libc::write(done_w, b.as_ptr().cast(), 1) };
+    }
+}
+
+/// The handler of [`install_signal_ends`]: only async-signal-safe calls (`write`, `poll`, `read`, `sigaction`,
+/// `raise`, `getpid`). The raised signal stays pending while the handler runs (it is blocked in it) and ends the
+/// process with the default action as the handler returns.
+extern "C" fn on_ending_signal(sig: c_int) {
+    // SAFETY: async-signal-safe calls on descriptors made by `install_signal_ends` (or -1, then skipped); errno is
+    // saved and restored around them.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let (w, r) = (
+            END_REQ_W.load(Ordering::SeqCst),
+            END_DONE_R.load(Ordering::SeqCst),
+        );
+        if w >= 0 && r >= 0 && libc::getpid() == END_PID.load(Ordering::SeqCst) {
+            let b = [sig as u8];
+            if libc::write(w, b.as_ptr().cast(), 1) == 1 {
+                let mut p = libc::pollfd {
+                    fd: r,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                if libc::poll(&mut p, 1, 300) == 1 {
+                    let mut d = [0u8; 1];
+                    libc::read(r, d.as_mut_ptr().cast(), 1);
+                }
+            }
+        }
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &sa, core::ptr::null_mut());
+        libc::raise(sig);
+        *libc::__errno_location() = errno;
+    }
 }
 
 /// The `atexit` handler (module docs, "Process exit"): every live id ends as `rdma_destroy_id` would end it —

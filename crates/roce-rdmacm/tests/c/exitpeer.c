@@ -2,10 +2,11 @@
  * loopback addresses, each with its device on its own address in ROCEV2_IBV_IP):
  *
  *   exitpeer server ADDR PORT exit|return   listens on ADDR:PORT, prints "listening", accepts one connection
- *                                           (with a QP), and after ESTABLISHED ends by exit(0) from a function
- *                                           or by returning from main, without rdma_disconnect or
- *                                           rdma_destroy_id: as with Linux's kernel rdma_cm, the library must
- *                                           send the DREQ for the connected id at process exit;
+ *                                           (with a QP), and after ESTABLISHED ends by exit(0) from a function,
+ *                                           by returning from main, or by SIGTERM (default action; `term`),
+ *                                           without rdma_disconnect or rdma_destroy_id: as with Linux's kernel
+ *                                           rdma_cm, the library must send the DREQ for the connected id when the
+ *                                           process ends;
  *   exitpeer client SRC DST PORT            connects from SRC to DST:PORT and must see RDMA_CM_EVENT_DISCONNECTED
  *                                           within 1 s of ESTABLISHED; prints "ok <ms>".
  * Exits 1 on a failed check. */
@@ -17,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <signal.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
 
@@ -90,6 +93,12 @@ int main(int argc, char **argv)
 		expect(ch, RDMA_CM_EVENT_ESTABLISHED, 5000);
 		if (strcmp(argv[4], "exit") == 0)
 			end_by_exit();
+		if (strcmp(argv[4], "term") == 0) {
+			/* SIGTERM's default action, as `kill PID` sends it; the program installs no handler. */
+			kill(getpid(), SIGTERM);
+			for (;;)
+				pause();
+		}
 		return 0;
 	}
 	if (argc == 5 && strcmp(argv[1], "client") == 0) {
@@ -111,6 +120,6 @@ int main(int argc, char **argv)
 		rdma_destroy_event_channel(ch);
 		return 0;
 	}
-	fprintf(stderr, "usage: exitpeer server ADDR PORT exit|return | exitpeer client SRC DST PORT\n");
+	fprintf(stderr, "usage: exitpeer server ADDR PORT exit|return|term | exitpeer client SRC DST PORT\n");
 	return 2;
 }
