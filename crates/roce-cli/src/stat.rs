@@ -37,6 +37,9 @@
 //! report fits the terminal (`COLUMNS`, else 120 columns); `--wide` puts each device and QP on one line. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
 //! and timer state, rate controller, counters) for every device that has one, headed by the process and the
 //! device's port name; `--pid` narrows to one process.
+//! Then one `cm_id` line per rdma_cm id of the process (rocev2's librdmacm; what `rdma resource show cm_id` lists on
+//! Linux): local QPN, QP type, rdma_cm state (LISTEN, CONNECT, DISCONNECT, ...), port space, source and destination
+//! address:port (`--json`: the runtime's `cm_ids`).
 //! `--json` prints one object per sample (with its UTC `time`); `-w SECS` repeats until interrupted, each sample
 //! headed by a `--- <UTC time> every SECSs` line.
 
@@ -288,6 +291,23 @@ fn report(prev: &[Sample], cur: &[Sample], dt: Duration, ip: Option<std::net::Ip
                         })
                         .collect();
                     p["devices"] = Value::Array(devs);
+                    // The process's rdma_cm ids (rocev2's librdmacm), of the devices shown.
+                    if let Some(ids) = a["cm_ids"].as_array() {
+                        let shown: Vec<u64> = p["devices"]
+                            .as_array()
+                            .map(|d| d.iter().map(|d| u(d, "index")).collect())
+                            .unwrap_or_default();
+                        let ids: Vec<Value> = ids
+                            .iter()
+                            .filter(|i| i.is_object())
+                            .filter(|i| {
+                                ip.is_none()
+                                    || i["dev"].as_u64().is_some_and(|d| shown.contains(&d))
+                            })
+                            .cloned()
+                            .collect();
+                        p["cm_ids"] = Value::Array(ids);
+                    }
                 }
             }
             p
@@ -652,6 +672,24 @@ fn text(r: &Value, look: &Look) -> String {
                 }
                 block(&mut o, &lines, look);
             }
+        }
+        for i in p["cm_ids"]
+            .as_array()
+            .map(|v| v.as_slice())
+            .unwrap_or_default()
+        {
+            let lqpn = i["lqpn"]
+                .as_u64()
+                .map_or_else(|| "-".to_owned(), |q| format!("{q:#x}"));
+            let line = format!(
+                "cm_id pid {pid} comm {cmd} lqpn {lqpn} qp-type {} state {} ps {} src-addr {} dst-addr {}",
+                i["qp_type"].as_str().unwrap_or("-"),
+                i["state"].as_str().unwrap_or("?"),
+                i["ps"].as_str().unwrap_or("?"),
+                i["src"].as_str().unwrap_or("-"),
+                i["dst"].as_str().unwrap_or("-"),
+            );
+            block(&mut o, &[line], look);
         }
     }
     o

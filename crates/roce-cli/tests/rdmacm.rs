@@ -680,3 +680,112 @@ fn rsocket_edge_semantics_between_namespaces() {
         );
     }
 }
+
+/// `rocev2 stat` lists the rdma_cm ids of a process as `rdma resource show cm_id` does on Linux: `rping -s` under
+/// `rocev2 run` in namespace A (198.18.27.1) shows its listen (state LISTEN, port space TCP, its port 7174); once
+/// `rping -c` from B (198.18.27.2) connects, the connected id (state CONNECT, an RC QP, source 198.18.27.1:7174,
+/// destination the client's address). Read in A's namespace (stat lists the processes of its own) from a private
+/// run directory; the text report has the same lines.
+#[test]
+fn stat_lists_the_rdma_cm_ids_of_rping() {
+    let _turn = serial();
+    let (a, b) = ("198.18.27.1", "198.18.27.2");
+    let Some(ns) = setup_at("cmstat", a, b, &[("rping", "rdmacm-utils")]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-cmstat");
+    let run_dir = dir.join("run");
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    std::fs::set_permissions(
+        &run_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("run dir mode");
+    let with_env = |v: Vec<String>| {
+        let mut e = strings(&["env", &format!("ROCEV2_RUN_DIR={}", run_dir.display())]);
+        e.extend(v);
+        e
+    };
+    let stat = |args: &[&str]| -> String {
+        let mut v = strings(&["ip", "netns", "exec", &ns.a, common::bin(), "stat"]);
+        v.extend(strings(args));
+        let out = Command::new("env")
+            .arg(format!("ROCEV2_RUN_DIR={}", run_dir.display()))
+            .args(&v)
+            .output()
+            .expect("run rocev2 stat");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The ids of the first runtime that reports some, once `pred` holds for one of them (at most 20 s).
+    let ids_when =
+        |what: &str, pred: &dyn Fn(&serde_json::Value) -> bool| -> Vec<serde_json::Value> {
+            let t0 = std::time::Instant::now();
+            loop {
+                let text = stat(&["--json", "--interval", "0"]);
+                let ids: Vec<serde_json::Value> = text
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .flat_map(|v| v["runtimes"].as_array().cloned().unwrap_or_default())
+                    .flat_map(|r| r["cm_ids"].as_array().cloned().unwrap_or_default())
+                    .collect();
+                if ids.iter().any(pred) {
+                    return ids;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "no cm_id {what} in `rocev2 stat --json`:\n{text}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        };
+    let mut s = Proc::spawn(
+        "server",
+        &dir,
+        &with_env(argv(&ns.a, a, &["rping", "-s", "-a", a, "-p", "7174"])),
+    );
+    wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
+    let src = format!("{a}:7174");
+    let ids = ids_when("LISTEN", &|i| {
+        i["state"] == "LISTEN" && i["src"] == src.as_str()
+    });
+    let l = ids.iter().find(|i| i["state"] == "LISTEN").expect("found");
+    assert_eq!(
+        (&l["ps"], &l["lqpn"]),
+        (&"TCP".into(), &serde_json::Value::Null),
+        "{l}"
+    );
+    let text = stat(&["--interval", "0", "--wide"]);
+    assert!(
+        text.lines().any(|l| l.starts_with("cm_id pid ")
+            && l.contains(&format!("state LISTEN ps TCP src-addr {src}"))),
+        "{text}"
+    );
+
+    // The client pings until it is killed.
+    let c = Proc::spawn(
+        "client",
+        &dir,
+        &argv(&ns.b, b, &["rping", "-c", "-a", a, "-p", "7174"]),
+    );
+    let ids = ids_when("CONNECT", &|i| i["state"] == "CONNECT");
+    let conn = ids.iter().find(|i| i["state"] == "CONNECT").expect("found");
+    assert_eq!(conn["src"], src.as_str(), "{ids:?}");
+    assert!(
+        conn["dst"]
+            .as_str()
+            .is_some_and(|d| d.starts_with(&format!("{b}:"))),
+        "{ids:?}"
+    );
+    assert_eq!(conn["qp_type"], "RC", "{ids:?}");
+    assert!(conn["lqpn"].as_u64().is_some_and(|q| q >= 0x11), "{ids:?}");
+    let text = stat(&["--interval", "0", "--wide"]);
+    assert!(
+        text.lines().any(|l| l.starts_with("cm_id pid ")
+            && l.contains("qp-type RC state CONNECT ps TCP")
+            && l.contains(&format!("src-addr {src} dst-addr {b}:"))),
+        "{text}"
+    );
+    drop(c);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

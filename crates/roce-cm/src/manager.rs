@@ -859,6 +859,13 @@ impl Cm {
         })
     }
 
+    /// Whether MADs wait for [`Cm::poll_transmit`] (a caller that must see its last MADs leave, e.g. at process
+    /// exit, drives until this is false).
+    #[must_use]
+    pub fn transmit_pending(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
     /// The next event for the application.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {

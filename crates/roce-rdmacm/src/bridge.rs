@@ -15,7 +15,7 @@ use libc::c_int;
 use crate::abi::{IbvDeviceAttr, IbvPortAttr, IbvQp, IbvQpAttr, IbvQpInitAttr};
 
 /// `PRIVATE_VERSION` of the table this library was built for.
-pub const PRIVATE_VERSION: u32 = 2;
+pub const PRIVATE_VERSION: u32 = 3;
 /// Longest private data an event carries.
 pub const EVENT_PRIVATE_MAX: usize = 224;
 
@@ -142,6 +142,9 @@ pub struct PrivateV1 {
         private_len: u32,
     ) -> c_int,
     pub destroy: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
+    pub flush: unsafe extern "C" fn(ctx: Ctx, timeout_ms: u32) -> c_int,
+    pub set_cm_ids:
+        unsafe extern "C" fn(cb: unsafe extern "C" fn(out: *mut u8, cap: usize) -> usize) -> c_int,
 }
 
 /// The table, or `None` (said once on stderr) when the loaded libibverbs is not rocev2's or not of this version.

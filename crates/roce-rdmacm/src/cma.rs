@@ -28,6 +28,20 @@
 //! `rdma_destroy_id` waits (at most [`DESTROY_WAIT`], then says so on stderr) for the acknowledgement of every event
 //! `rdma_get_cm_event` handed out for the id; events still queued for it are dropped when a reader reaches them.
 //!
+//! # Process exit
+//!
+//! Linux's kernel destroys the rdma_cm ids of a process whose `/dev/infiniband/rdma_cm` descriptor closes (`ucma_close`
+//! → `rdma_destroy_id` → `cm_destroy_id` in `drivers/infiniband/core/{ucma,cma,cm}.c`): an established connection
+//! sends its DREQ, a request not yet answered or our own pending REQ a REJ, a listen stops. Here the ids live in
+//! the process, so the library registers an `atexit` handler when it starts a device's CM ([`at_exit`]): on
+//! `exit()` or a return from `main` it does that for every live id (the runtime's `destroy`, as `rdma_destroy_id`
+//! without the wait for acknowledgements) and drives the devices until those MADs have left through QP 1, at most
+//! [`EXIT_FLUSH`] in all. SIGTERM, SIGINT and SIGHUP, when the program left their default action, get a handler
+//! that does the same on a thread of this library and then lets the signal end the process as it would have
+//! ([`install_signal_ends`]). SIGKILL runs no code: the peer learns of the end when its own DREQ goes unanswered
+//! after the CM's retries (DISCONNECTED, as Linux `cma.c` reports `IB_CM_DREQ_ERROR`) or when its QP's transport
+//! retries run out.
+//!
 //! # State
 //!
 //! One table under one lock (control path only): ids, channels, outstanding events, connection and listen handles,
@@ -35,6 +49,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -46,6 +61,8 @@ use crate::abi::*;
 use crate::bridge::{self, CmEventC, ConnectC, PrivateV1, kind, table};
 use crate::route;
 
+/// How long the exit handler ([`at_exit`]) waits in all for the lock and for its MADs to leave.
+pub const EXIT_FLUSH: Duration = Duration::from_millis(100);
 /// How long `rdma_destroy_id` waits for unacknowledged events of the id.
 pub const DESTROY_WAIT: Duration = Duration::from_secs(2);
 /// Private data a REQ leaves the program after the 36-byte `cma_hdr` (92 − 36; Linux `cma.c`).
@@ -142,6 +159,9 @@ pub(crate) struct Id {
     pub own_cqs: bool,
     /// `rdma_create_ep` on a passive endpoint: the QP attributes (and PD) for each `rdma_get_request`.
     pub ep_qp: Option<EpQp>,
+    /// The QPN of the id's QP (`rdma_create_qp`) or of the one its `rdma_connect` / `rdma_accept` named: what
+    /// `rocev2 stat` shows as lqpn (recorded, so the stats reader never reads a QP the program may have freed).
+    pub lqpn: Option<u32>,
 }
 
 impl Id {
@@ -404,8 +424,250 @@ pub(crate) fn ensure_cm(st: &mut State, dev: usize) -> R<&'static PrivateV1> {
     if !st.dispatcher {
         start_dispatcher()?;
         st.dispatcher = true;
+        // SAFETY: registers a handler with C linkage that takes no arguments; it runs once, at `exit`.
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            eprintln!(
+                "rocev2 librdmacm: atexit failed: connected ids send no DREQ at process exit"
+            );
+        }
+        install_signal_ends();
+        // SAFETY: `cm_ids_json` writes at most `cap` bytes to `out`, as the table's contract says.
+        unsafe { (t.set_cm_ids)(cm_ids_json) };
     }
     Ok(t)
+}
+
+/// The rdma_cm state name of an id as Linux's `enum rdma_cm_state` (`cma_priv.h`) and `rdma resource show cm_id`
+/// (iproute2 `rdma/res-cmid.c`) spell it: a connection is CONNECT from the request until a disconnect.
+fn state_name(st: St) -> &'static str {
+    match st {
+        St::Idle => "IDLE",
+        St::Bound => "ADDR_BOUND",
+        St::AddrResolved => "ADDR_RESOLVED",
+        St::RouteResolved => "ROUTE_RESOLVED",
+        St::Listening => "LISTEN",
+        St::Connecting
+        | St::ConnectResponse
+        | St::ReqRcvd
+        | St::Accepting
+        | St::Connected
+        | St::Rejected
+        | St::Failed => "CONNECT",
+        St::Disconnected => "DISCONNECT",
+    }
+}
+
+fn ps_name(ps: c_int) -> &'static str {
+    match ps {
+        RDMA_PS_TCP => "TCP",
+        RDMA_PS_UDP => "UDP",
+        RDMA_PS_IB => "IB",
+        RDMA_PS_IPOIB => "IPOIB",
+        _ => "?",
+    }
+}
+
+/// The ids of this process as a JSON array (`roce_verbs::endpoint`'s `cm_ids`: dev, state, ps, qp_type, lqpn, src,
+/// dst), in the order the ids were made.
+pub(crate) fn cm_ids_text(st: &State) -> String {
+    use std::fmt::Write as _;
+    let addr = |a: Option<SocketAddr>| a.map_or_else(|| "null".to_owned(), |a| format!("\"{a}\""));
+    let mut ids: Vec<(&usize, &Id)> = st.ids.iter().collect();
+    ids.sort_by_key(|(k, _)| **k);
+    let mut o = String::from("[");
+    for (n, (&key, i)) in ids.into_iter().enumerate() {
+        // SAFETY: an id in the table is a live block (this library's allocation).
+        let qp_type = unsafe { (*(key as *const RdmaCmId)).qp_type };
+        let lqpn = i.lqpn.map_or_else(|| "null".to_owned(), |q| q.to_string());
+        let qt = match qp_type {
+            2 => "\"RC\"",
+            3 => "\"UC\"",
+            4 => "\"UD\"",
+            _ => "null",
+        };
+        let _ = write!(
+            o,
+            "{}{{\"dev\":{},\"state\":\"{}\",\"ps\":\"{}\",\"qp_type\":{qt},\"lqpn\":{lqpn},\"src\":{},\"dst\":{}}}",
+            if n > 0 { "," } else { "" },
+            i.dev.map_or_else(|| "null".to_owned(), |d| d.to_string()),
+            state_name(i.st),
+            ps_name(i.ps),
+            addr(i.src),
+            addr(i.dst),
+        );
+    }
+    o.push(']');
+    o
+}
+
+/// `rocev2_private_v1.set_cm_ids`' callback (called on the stats endpoint's thread): [`cm_ids_text`] into `out` when
+/// it fits in `cap` bytes; the length it needs either way (0 after a panic: an empty answer, which is left out).
+unsafe extern "C" fn cm_ids_json(out: *mut u8, cap: usize) -> usize {
+    std::panic::catch_unwind(|| {
+        let text = cm_ids_text(&lock());
+        if text.len() <= cap && !out.is_null() {
+            // SAFETY: the caller gives `cap` writable bytes at `out`.
+            unsafe { core::ptr::copy_nonoverlapping(text.as_ptr(), out, text.len()) };
+        }
+        text.len()
+    })
+    .unwrap_or(0)
+}
+
+/// The signals whose default action ends the process and that a program commonly gets (`kill`, Ctrl-C, a closed
+/// terminal): [`install_signal_ends`] handles those the program left at the default.
+const ENDING_SIGNALS: [c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// The pipe a signal handler writes to (the ender thread reads it), the one the ender answers on, and the pid that
+/// installed them (a forked child has neither the thread nor the ids: its handler only re-raises).
+static END_REQ_W: AtomicI32 = AtomicI32::new(-1);
+static END_DONE_R: AtomicI32 = AtomicI32::new(-1);
+static END_PID: AtomicI32 = AtomicI32::new(0);
+
+/// For each of [`ENDING_SIGNALS`] still at its default action (the program installed no handler and does not
+/// ignore it): a handler that has a thread of this library end every id as the `atexit` handler does (at most
+/// [`EXIT_FLUSH`], waited for at most 300 ms), then restores the default action and raises the signal again, so the
+/// process still ends by that signal (its exit status unchanged). A handler the program installs later replaces
+/// ours, as it would replace the default. Installed once, when the library starts its first CM.
+fn install_signal_ends() {
+    let mut req = [0 as c_int; 2];
+    let mut done = [0 as c_int; 2];
+    // SAFETY: `pipe2` writes two descriptors into each array.
+    if unsafe { libc::pipe2(req.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+        || unsafe { libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+    {
+        return;
+    }
+    let (req_r, done_w) = (req[0], done[1]);
+    // SAFETY: sigset operations on local sets; the thread starts with every signal blocked (as the dispatcher).
+    let spawned = unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let r = std::thread::Builder::new()
+            .name("rocev2-rdmacm-end".into())
+            .spawn(move || ender(req_r, done_w));
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        r.is_ok()
+    };
+    if !spawned {
+        return;
+    }
+    END_REQ_W.store(req[1], Ordering::SeqCst);
+    END_DONE_R.store(done[0], Ordering::SeqCst);
+    // SAFETY: getpid has no preconditions.
+    END_PID.store(unsafe { libc::getpid() }, Ordering::SeqCst);
+    for sig in ENDING_SIGNALS {
+        // SAFETY: sigaction with a zeroed (valid) struct; the handler is an `extern "C" fn(c_int)`.
+        unsafe {
+            let mut old: libc::sigaction = core::mem::zeroed();
+            if libc::sigaction(sig, core::ptr::null(), &mut old) != 0
+                || old.sa_sigaction != libc::SIG_DFL
+            {
+                continue;
+            }
+            let mut sa: libc::sigaction = core::mem::zeroed();
+            sa.sa_sigaction = on_ending_signal as extern "C" fn(c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigfillset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, core::ptr::null_mut());
+        }
+    }
+}
+
+/// The thread that ends the ids for a signal handler: one byte in on `req_r` per signal, one byte out on `done_w`
+/// when the ids are ended.
+fn ender(req_r: c_int, done_w: c_int) {
+    let mut b = [0u8; 1];
+    // SAFETY (both): a one-byte buffer on descriptors `install_signal_ends` made and never closes.
+    while unsafe { libc::read(req_r, b.as_mut_ptr().cast(), 1) } == 1 {
+        let _ = std::panic::catch_unwind(|| end_all_ids(EXIT_FLUSH));
+        unsafe { libc::write(done_w, b.as_ptr().cast(), 1) };
+    }
+}
+
+/// The handler of [`install_signal_ends`]: only async-signal-safe calls (`write`, `poll`, `read`, `sigaction`,
+/// `raise`, `getpid`). The raised signal stays pending while the handler runs (it is blocked in it) and ends the
+/// process with the default action as the handler returns.
+extern "C" fn on_ending_signal(sig: c_int) {
+    // SAFETY: async-signal-safe calls on descriptors made by `install_signal_ends` (or -1, then skipped); errno is
+    // saved and restored around them.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let (w, r) = (
+            END_REQ_W.load(Ordering::SeqCst),
+            END_DONE_R.load(Ordering::SeqCst),
+        );
+        if w >= 0 && r >= 0 && libc::getpid() == END_PID.load(Ordering::SeqCst) {
+            let b = [sig as u8];
+            if libc::write(w, b.as_ptr().cast(), 1) == 1 {
+                let mut p = libc::pollfd {
+                    fd: r,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                if libc::poll(&mut p, 1, 300) == 1 {
+                    let mut d = [0u8; 1];
+                    libc::read(r, d.as_mut_ptr().cast(), 1);
+                }
+            }
+        }
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &sa, core::ptr::null_mut());
+        libc::raise(sig);
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// The `atexit` handler (module docs, "Process exit"): every live id ends as `rdma_destroy_id` would end it —
+/// listens stop, connections send what Linux `cm_destroy_id` sends (DREQ, REJ) — and each device is driven until
+/// those MADs have left, at most [`EXIT_FLUSH`] in all. The ids themselves are not freed (the process is ending;
+/// other threads may still hold them). Never unwinds into C.
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| end_all_ids(EXIT_FLUSH));
+}
+
+fn end_all_ids(budget: Duration) {
+    let deadline = Instant::now() + budget;
+    let Some(t) = table() else { return };
+    // Another thread may hold the lock (a program thread in a call): wait for it within the budget only.
+    let mut guard = loop {
+        match STATE.try_lock() {
+            Ok(g) => break g,
+            Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        }
+    };
+    let Some(st) = guard.as_mut() else { return };
+    let mut used = HashSet::new();
+    for i in st.ids.values_mut() {
+        let Some(dev) = i.dev.or(if st.devs.is_empty() { None } else { Some(0) }) else {
+            continue;
+        };
+        let ctx = st.devs[dev].ctx as *mut c_void;
+        // SAFETY (both): a context this library opened; the handles are this library's.
+        if let Some(h) = i.listen.take() {
+            unsafe { (t.stop_listen)(ctx, h) };
+        }
+        if let Some(h) = i.conn.take() {
+            unsafe { (t.destroy)(ctx, h) };
+            used.insert(st.devs[dev].ctx);
+        }
+    }
+    st.listens.clear();
+    st.conns.clear();
+    // The dispatcher thread may need the lock while the devices are driven.
+    drop(guard);
+    for ctx in used {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: a context this library opened.
+        unsafe { (t.flush)(ctx as *mut c_void, left.as_millis() as u32) };
+    }
 }
 
 fn start_dispatcher() -> R<()> {
@@ -1033,6 +1295,7 @@ pub(crate) fn new_id(
             path,
             own_cqs: false,
             ep_qp: None,
+            lqpn: None,
         },
     );
     p
@@ -1481,6 +1744,7 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
     i.retry_count = retry;
     i.timeout = timeout;
     i.st = St::Connecting;
+    i.lqpn = Some(qpn);
     Ok(())
 }
 
@@ -1599,6 +1863,7 @@ pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -
     } else {
         return Err(libc::EINVAL);
     };
+    st.ids.get_mut(&id).expect("live").lqpn = Some(qpn);
     let i = &st.ids[&id];
     // SAFETY: a context this library opened; the private data is `plen` readable bytes.
     let e = unsafe {
@@ -1651,6 +1916,7 @@ fn sidr_accept(
     } else {
         return Err(libc::EINVAL);
     };
+    st.ids.get_mut(&id).expect("live").lqpn = Some(qpn);
     // SAFETY: a context this library opened; the private data is `plen` readable bytes.
     let e = unsafe {
         (t.sidr_accept)(
@@ -1950,7 +2216,10 @@ pub(crate) fn create_qp(
     }
     c.qp = qp;
     c.pd = pd;
-    st.ids.get_mut(&id).expect("live").own_cqs = own;
+    let i = st.ids.get_mut(&id).expect("live");
+    i.own_cqs = own;
+    // SAFETY: the QP just made.
+    i.lqpn = Some(unsafe { (*qp).qp_num });
     Ok(())
 }
 
@@ -1983,6 +2252,7 @@ pub(crate) fn destroy_qp(st: &mut State, id: usize) {
         c.qp = core::ptr::null_mut();
     }
     let i = st.ids.get_mut(&id).expect("live");
+    i.lqpn = None;
     if i.own_cqs {
         i.own_cqs = false;
         destroy_cqs(c);

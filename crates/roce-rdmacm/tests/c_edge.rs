@@ -152,3 +152,66 @@ fn rdma_getaddrinfo_answers_as_librdmacm() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Finding (issue #17): a process that ended with a connected rdma_cm id and no `rdma_disconnect` sent nothing, so
+/// its peer waited for messages until its own timeouts; with Linux the kernel destroys the ids of an ending process
+/// (`ucma_close` → `rdma_destroy_id` → `cm_destroy_id`: a DREQ for an established connection). `tests/c/exitpeer.c`:
+/// the server on 127.0.211.1 ends by `exit(0)` and, in a second run, by returning from `main`, right after
+/// ESTABLISHED, and in a third by SIGTERM's default action (the library's handler, installed only where the
+/// program left the default, ends the ids and lets the signal end the process); the client on 127.0.211.2 must see
+/// `RDMA_CM_EVENT_DISCONNECTED` within 1 s.
+#[test]
+fn a_peer_sees_disconnected_when_the_server_process_exits_without_rdma_disconnect() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let (prog, dir) = build("exitpeer", &["-lrdmacm", "-libverbs"]);
+    use std::os::unix::process::ExitStatusExt;
+    for (how, port) in [("exit", "7481"), ("return", "7482"), ("term", "7483")] {
+        let mut server = Command::new("timeout")
+            .args(["30"])
+            .arg(&prog)
+            .args(["server", "127.0.211.1", port, how])
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("ROCEV2_IBV_IP", "127.0.211.1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the server");
+        let mut line = String::new();
+        BufReader::new(server.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("server stdout");
+        assert_eq!(line.trim(), "listening", "server ({how}) did not listen");
+        let client = Command::new("timeout")
+            .args(["30"])
+            .arg(&prog)
+            .args(["client", "127.0.211.2", "127.0.211.1", port])
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("ROCEV2_IBV_IP", "127.0.211.2")
+            .output()
+            .expect("run the client");
+        let sout = server.wait_with_output().expect("server ends");
+        let stdout = String::from_utf8_lossy(&client.stdout);
+        assert!(
+            client.status.success() && stdout.starts_with("ok "),
+            "server ending by {how}: client {:?}\n--- stdout\n{stdout}--- stderr\n{}--- server {:?} stderr\n{}",
+            client.status,
+            String::from_utf8_lossy(&client.stderr),
+            sout.status,
+            String::from_utf8_lossy(&sout.stderr)
+        );
+        if how == "term" {
+            // Ended by SIGTERM (`timeout` passes the signal on by raising it itself; 143 = 128 + 15 otherwise).
+            assert!(
+                sout.status.signal() == Some(libc::SIGTERM) || sout.status.code() == Some(143),
+                "server ({how}) did not end by SIGTERM: {:?}",
+                sout.status
+            );
+        } else {
+            assert!(sout.status.success(), "server ({how}): {:?}", sout.status);
+        }
+        // "ok <ms>": the time from the client's ESTABLISHED to its DISCONNECTED.
+        eprintln!("server ending by {how}: client {}", stdout.trim());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

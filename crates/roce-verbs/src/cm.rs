@@ -895,6 +895,32 @@ impl ConnectionManager {
         Ok(())
     }
 
+    /// Waits until every MAD the CM has queued (a DREQ or REJ of [`destroy`](Self::destroy), say) has been handed
+    /// to QP 1 and a transmit pass has run since, driving the device from this thread meanwhile; at most `timeout`.
+    /// Returns whether that point was reached. For an ending process (rocev2's librdmacm at exit: the DREQs of its
+    /// connected ids must leave before the process does, as the kernel sends them for Linux's rdma_cm).
+    ///
+    /// Errors: [`Error::EngineGone`].
+    pub fn flush(&self, timeout: Duration) -> Result<bool, Error> {
+        let t0 = std::time::Instant::now();
+        loop {
+            self.ctx.progress();
+            let idle = self.ctx.call(|d| {
+                d.cm.as_deref()
+                    .is_none_or(|c| c.held.is_none() && !c.cm.transmit_pending())
+            })?;
+            if idle {
+                // The pass that handed the last MAD to QP 1 transmitted it unless the link deferred it: one more.
+                self.ctx.progress();
+                return Ok(true);
+            }
+            if t0.elapsed() >= timeout {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// The event queue's eventfd: readable while events wait (one count per event). The descriptor belongs to the
     /// connection manager (poll it, do not close it).
     pub fn fd(&self) -> RawFd {

@@ -39,6 +39,11 @@
 //!   QP (and the counts of QPs destroyed before). Devices are read one after another, and the `runtime` counters
 //!   (atomics of the engine thread) are not part of that instant. The `runtime` object is the engine
 //!   thread's ([`crate::RuntimeStats`]), the same for every device on it.
+//!   When the process's rdma_cm ids are known (rocev2's librdmacm registers them with [`set_cm_id_source`]), the
+//!   answer also has `"cm_ids": [CM_ID...]`, what `rdma resource show cm_id` lists on Linux (iproute2
+//!   `rdma/res-cmid.c`): CM_ID = `{"dev": device index or null, "state": rdma_cm state name (IDLE, ADDR_BOUND,
+//!   ADDR_RESOLVED, ROUTE_RESOLVED, LISTEN, CONNECT, DISCONNECT), "ps": "TCP" | "UDP" | "IB" | "IPOIB",
+//!   "qp_type": "RC" | "UC" | "UD" | null, "lqpn": N or null, "src": "ADDR:PORT" or null, "dst": "ADDR:PORT" or null}`.
 //! * `{"get": "qp", "qpn": N}` → the same envelope with `"devices": [{"index", "gids", "qp": {"qpn", "dump"}}]`, one entry
 //!   per device that has QP N; `dump` is the engine's text dump (state, PSNs, queue depths, retry counters and
 //!   timers, rate controller, non-zero counters).
@@ -649,8 +654,12 @@ fn answer(mut s: UnixStream, stop: &AtomicBool, devices: &DeviceList) {
                 .collect()
         })
         .unwrap_or_default();
+    let mut stats = false;
     let body = match serde_json::from_str::<Value>(line.trim()) {
-        Ok(req) => respond(&req, &live),
+        Ok(req) => {
+            stats = req.get("get").and_then(Value::as_str) == Some("stats");
+            respond(&req, &live)
+        }
         Err(e) => Err(format!("not a JSON request: {e}")),
     };
     let mut out = envelope();
@@ -658,12 +667,35 @@ fn answer(mut s: UnixStream, stop: &AtomicBool, devices: &DeviceList) {
         Ok(devs) => out["devices"] = Value::Array(devs),
         Err(e) => out["error"] = json!(e),
     }
+    if stats && let Some(ids) = cm_ids() {
+        out["cm_ids"] = ids;
+    }
     let mut text = out.to_string();
     text.push('\n');
     // Let the devices go before writing: a client that does not read its answer must not keep a runtime (and its
     // UDP port) alive that the application has closed; closing it stops this endpoint, which ends the write.
     drop(live);
     write_answer(&mut s, text.as_bytes(), deadline, stop);
+}
+
+/// What answers for the process's rdma_cm ids: a JSON array as text (module docs, `cm_ids`), or `None`.
+pub type CmIdSource = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
+static CM_IDS: Mutex<Option<CmIdSource>> = Mutex::new(None);
+
+/// Registers the source of the `cm_ids` of every `stats` answer of this process (replacing an earlier one).
+/// rocev2's librdmacm does, through roce-ibverbs' private table. Its text is parsed here; text that is not a JSON
+/// array is left out of the answer.
+pub fn set_cm_id_source(f: CmIdSource) {
+    *CM_IDS.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+}
+
+fn cm_ids() -> Option<Value> {
+    let g = CM_IDS.lock().unwrap_or_else(|p| p.into_inner());
+    let text = (g.as_ref()?)()?;
+    serde_json::from_str::<Value>(&text)
+        .ok()
+        .filter(Value::is_array)
 }
 
 fn envelope() -> Value {

@@ -10,7 +10,8 @@
 //!
 //! Version 2 added SIDR (UD port spaces, IBTA Vol 1 §12.11): `sidr_resolve` / `sidr_accept` / `sidr_reject` at
 //! the end of the table, the event kinds `SIDR_REQUEST` / `SIDR_RESOLVED` / `SIDR_REJECTED`, `CmEventC::qkey`,
-//! and `destroy`.
+//! and `destroy`. Version 3 added `flush` (librdmacm's exit handler: its DREQs leave before the process ends) and
+//! `set_cm_ids` (the library's ids in the stats endpoint's answer, `rocev2 stat`).
 //!
 //! Connections and listens are named by `u64` handles (never reused within the process); every function answers
 //! `0` or a negative errno (`-EINVAL` for a context this library did not open or a stale handle), never panics.
@@ -27,7 +28,7 @@ use super::{IbvContext, ctx_block};
 use crate::guard::guard;
 
 /// Version of [`PrivateV1`]'s layout and meaning.
-pub const PRIVATE_VERSION: u32 = 2;
+pub const PRIVATE_VERSION: u32 = 3;
 
 /// Longest private data an event carries (DREP: 224 bytes, IBTA Vol 1 §12.6).
 pub const EVENT_PRIVATE_MAX: usize = 224;
@@ -206,7 +207,17 @@ pub struct PrivateV1 {
     /// Forgets a connection or SIDR exchange as its id is destroyed (`ConnectionManager::destroy`: what Linux
     /// `cm_destroy_id` sends; our unanswered SIDR_REQ stops being re-sent); the handle is stale afterwards.
     pub destroy: unsafe extern "C" fn(ctx: *mut IbvContext, conn: u64) -> c_int,
+    /// Drives the device until the CM's queued MADs have left through QP 1, at most `timeout_ms`
+    /// (`ConnectionManager::flush`): 1 when they have, 0 when the time ran out. For librdmacm's exit handler.
+    pub flush: unsafe extern "C" fn(ctx: *mut IbvContext, timeout_ms: u32) -> c_int,
+    /// Registers the library's list of rdma_cm ids for the stats endpoint (`roce_verbs::endpoint::set_cm_id_source`):
+    /// `cb(out, cap)` writes the ids as a JSON array (UTF-8, no NUL) into `out` when it fits in `cap` bytes and
+    /// returns the length it needs either way. Answers 0.
+    pub set_cm_ids: unsafe extern "C" fn(cb: CmIdsFn) -> c_int,
 }
+
+/// The callback of `set_cm_ids`.
+pub type CmIdsFn = unsafe extern "C" fn(out: *mut u8, cap: usize) -> usize;
 
 #[derive(Default)]
 struct Handles {
@@ -647,6 +658,43 @@ unsafe extern "C" fn bridge_destroy(ctx: *mut IbvContext, conn_h: u64) -> c_int 
     )
 }
 
+unsafe extern "C" fn bridge_flush(ctx: *mut IbvContext, timeout_ms: u32) -> c_int {
+    guard(
+        "rocev2_private_v1.flush",
+        || -libc::EIO,
+        || match cm(ctx) {
+            Ok(cm) => cm
+                .flush(std::time::Duration::from_millis(u64::from(timeout_ms)))
+                .map_or_else(|e| err(&e), c_int::from),
+            Err(e) => e,
+        },
+    )
+}
+
+unsafe extern "C" fn bridge_set_cm_ids(cb: CmIdsFn) -> c_int {
+    guard(
+        "rocev2_private_v1.set_cm_ids",
+        || -libc::EIO,
+        || {
+            roce_verbs::endpoint::set_cm_id_source(Box::new(move || {
+                let mut buf = vec![0u8; 4096];
+                // Twice at most: the list may grow between the calls; a third size is not chased.
+                for _ in 0..2 {
+                    // SAFETY: `buf` is writable for its length; the callback writes at most `cap` bytes.
+                    let n = unsafe { cb(buf.as_mut_ptr(), buf.len()) };
+                    if n <= buf.len() {
+                        buf.truncate(n);
+                        return String::from_utf8(buf).ok();
+                    }
+                    buf.resize(n, 0);
+                }
+                None
+            }));
+            0
+        },
+    )
+}
+
 fn fill(out: &mut CmEventC, pd: &[u8]) {
     let n = pd.len().min(EVENT_PRIVATE_MAX);
     out.private_data[..n].copy_from_slice(&pd[..n]);
@@ -812,6 +860,8 @@ static TABLE: PrivateV1 = PrivateV1 {
     sidr_accept: bridge_sidr_accept,
     sidr_reject: bridge_sidr_reject,
     destroy: bridge_destroy,
+    flush: bridge_flush,
+    set_cm_ids: bridge_set_cm_ids,
 };
 
 /// `rocev2_private_v1@@ROCEV2_PRIVATE`: the table (module docs). For rocev2's own `librdmacm.so.1` only.
