@@ -244,7 +244,7 @@ fn device(i: &Interface, at: Option<IpAddr>, verbose: bool) -> Option<Value> {
             "page_size_cap": format!("{PAGE_SIZE_CAP:#x}"),
             "max_qp": attr.max_qp,
             "max_qp_wr": attr.max_qp_wr,
-            "device_cap_flags": "0x00000000",
+            "device_cap_flags": format!("{:#010x}", roce_verbs::DEVICE_CAP_FLAGS),
             "max_sge": attr.max_sge,
             "max_sge_rd": attr.max_sge,
             "max_inline_data": attr.max_inline_data,
@@ -260,7 +260,7 @@ fn device(i: &Interface, at: Option<IpAddr>, verbose: bool) -> Option<Value> {
             "atomic_cap": "ATOMIC_HCA (1)",
             "max_ee": 0,
             "max_rdd": 0,
-            "max_mw": 0,
+            "max_mw": attr.max_mw,
             "max_raw_ipv6_qp": 0,
             "max_raw_ethy_qp": 0,
             "max_mcast_grp": 0,
@@ -354,6 +354,14 @@ fn text(d: &Value) -> String {
             "local_ca_ack_delay",
         ] {
             let _ = writeln!(o, "\t{:<24}{}", format!("{k}:"), s(&d["limits"][k]));
+            if k == "device_cap_flags" {
+                // ibv_devinfo names each set bit on a line of its own.
+                for (bit, name) in roce_verbs::DEVICE_CAP_FLAG_NAMES {
+                    if roce_verbs::DEVICE_CAP_FLAGS & bit != 0 {
+                        let _ = writeln!(o, "\t\t\t\t\t{name}");
+                    }
+                }
+            }
         }
         o.push_str(EXTENDED_TEXT);
         let _ = writeln!(

@@ -1015,7 +1015,7 @@ unsafe fn rocev2_ibv_query_device_inner(ctx: *mut IbvContext, attr: *mut IbvDevi
         max_qp: i(a.max_qp),
         max_qp_wr: i(a.max_qp_wr),
         // IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B (memory windows, `exports/mw.rs`).
-        device_cap_flags: (1 << 17) | (1 << 24),
+        device_cap_flags: roce_verbs::DEVICE_CAP_FLAGS,
         max_sge: i(a.max_sge),
         max_sge_rd: i(a.max_sge),
         max_cq: i(a.max_cq),

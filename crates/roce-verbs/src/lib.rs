@@ -94,6 +94,16 @@ pub use handles::{
 pub use hugepage::{HUGE_PAGE_SIZE, HugePageBuffer, HugePagePolicy};
 pub use memory::{MrBuf, PAGE_SIZE};
 pub use mw::Mw;
+
+/// `ibv_device_attr.device_cap_flags` of every rocev2 device (`<infiniband/verbs.h>` `enum ibv_device_cap_flags`):
+/// `IBV_DEVICE_MEM_WINDOW` (bit 17) and `IBV_DEVICE_MEM_WINDOW_TYPE_2B` (bit 24), for memory windows of type 1 and
+/// 2B ([`Mw`]); no other bit is claimed. The one value behind the C library's `ibv_query_device` and
+/// `rocev2 devinfo -v`.
+pub const DEVICE_CAP_FLAGS: u32 = (1 << 17) | (1 << 24);
+
+/// The names `ibv_devinfo -v` prints under `device_cap_flags` for the bits of [`DEVICE_CAP_FLAGS`], lowest bit
+/// first (rdma-core `libibverbs/examples/devinfo.c`).
+pub const DEVICE_CAP_FLAG_NAMES: [(u32, &str); 2] = [(1 << 17, "MEM_WINDOW"), (1 << 24, "MEM_WINDOW_TYPE_2B")];
 pub use roce_proto::{
     AccessFlags, AhAttr, AsyncEvent, AsyncEventType, Counters, EngineConfig, Gid, MrBuffer,
     MrMemory, Mtu, MwType, Psn, QpAttr, QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics,
