@@ -248,14 +248,16 @@ pub struct PerfArgs {
     /// perftest's --cpu_util (CPU use in the report, -D runs): refused, rocev2 perf does not measure it.
     #[arg(long = "cpu_util", visible_alias = "cpu-util")]
     pub cpu_util: bool,
-    /// perftest's -z/--com_rdma_cm (exchange the connection data through rdma_cm): refused, rocev2 has no rdma_cm.
+    /// perftest's -z/--com_rdma_cm (exchange the connection data through rdma_cm): refused, `rocev2 perf` exchanges
+    /// it over TCP (perftest itself runs with -z on rocev2's librdmacm under `rocev2 run`).
     #[arg(short = 'z', long = "com_rdma_cm", visible_alias = "com-rdma-cm")]
     pub com_rdma_cm: bool,
     /// perftest's -w/--limit_bw (fail the run below a bandwidth): refused, rocev2 perf has no pass/fail limits.
     #[arg(short = 'w', long = "limit_bw", visible_alias = "limit-bw")]
     pub limit_bw: Option<f64>,
-    /// perftest's -R/--rdma_cm (connect through the RDMA connection manager): refused (rocev2 has no rdma_cm; the two
-    /// ends exchange QP numbers, PSNs and keys over TCP, perftest's default out-of-band exchange).
+    /// perftest's -R/--rdma_cm (connect through the RDMA connection manager): refused (`rocev2 perf`'s two ends
+    /// exchange QP numbers, PSNs and keys over TCP, perftest's default out-of-band exchange; perftest itself runs
+    /// with -R on rocev2's librdmacm under `rocev2 run`).
     #[arg(short = 'R', long = "rdma_cm", visible_alias = "rdma-cm")]
     pub rdma_cm: bool,
     /// Number of QPs (bandwidth tests).
@@ -795,8 +797,9 @@ impl Params {
         }
         if a.com_rdma_cm {
             return Err(
-                "-z/--com_rdma_cm: exchanges the connection data through the RDMA connection manager, which rocev2 \
-                 does not have; the ends exchange it over TCP (perftest's default): run without -z"
+                "-z/--com_rdma_cm: rocev2 perf's ends exchange the connection data over TCP (perftest's default), \
+                 not through the RDMA connection manager: run without -z; to use rdma_cm, run perftest itself on \
+                 rocev2's librdmacm: `rocev2 run --ip ADDRESS -- ib_send_bw -z ...` (docs/RDMACM.md)"
                     .into(),
             );
         }
@@ -808,8 +811,9 @@ impl Params {
         }
         if a.rdma_cm {
             return Err(
-                "-R/--rdma_cm: rocev2 has no RDMA connection manager; the ends exchange their QP numbers, PSNs and keys \
-                 over TCP (perftest's default without -R): run without -R"
+                "-R/--rdma_cm: rocev2 perf's ends exchange their QP numbers, PSNs and keys over TCP (perftest's \
+                 default without -R): run without -R; to connect through rdma_cm, run perftest itself on rocev2's \
+                 librdmacm: `rocev2 run --ip ADDRESS -- ib_send_bw -R ...` (README, docs/RDMACM.md)"
                     .into(),
             );
         }
