@@ -6,7 +6,10 @@
  * Client: the option round trips, the refusals (SOCK_DGRAM, riomap, a bad descriptor), a non-blocking rconnect
  * completed through rpoll (POLLOUT, SO_ERROR 0), back to blocking with rfcntl, rsendmsg /
  * rwritev, rshutdown(SHUT_WR), then the reply until the end of the stream with rpoll over the rsocket and a
- * pipe. Prints "ok" and exits 0 when every check holds; otherwise names the failed check and exits 1. */
+ * pipe. Breaker findings (each aborted or hung before its fix): rselect with nfds beyond FD_SETSIZE and a larger
+ * set, rselect with a negative timeout (EINVAL), rrecv with a length of 2^32 (returns what is there), rreadv over
+ * two 1 TiB vectors at the end of the stream (0, no allocation of their total size).
+ * Prints "ok" and exits 0 when every check holds; otherwise names the failed check and exits 1. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -60,6 +63,14 @@ static void server(struct sockaddr_in *a)
 	int nfds = (l > p[0] ? l : p[0]) + 1;
 	struct timeval tv = { 5, 0 };
 	CHECK(rselect(nfds, &r, NULL, NULL, &tv) >= 1 && FD_ISSET(p[0], &r));
+	/* A set larger than FD_SETSIZE with nfds 2048, as glibc's select allows. */
+	unsigned long wide[2048 / (8 * sizeof(unsigned long))];
+	memset(wide, 0, sizeof wide);
+	wide[p[0] / (8 * sizeof(unsigned long))] |= 1UL << (p[0] % (8 * sizeof(unsigned long)));
+	struct timeval tz = { 0, 0 };
+	CHECK(rselect(2048, (fd_set *) wide, NULL, NULL, &tz) == 1);
+	struct timeval neg = { -1, 0 };
+	CHECK(rselect(nfds, &r, NULL, NULL, &neg) == -1 && errno == EINVAL);
 	char x;
 	CHECK(read(p[0], &x, 1) == 1);
 	/* Now only the listening rsocket: readable once the client connects. */
@@ -98,6 +109,20 @@ static void server(struct sockaddr_in *a)
 	memcpy(b, v1, 1000);
 	memcpy(b + 1000, v2, 4000);
 	CHECK(same(b, 5000, 2));
+	/* 100 more bytes, read with a length of 2^32 into a 4 GiB mapping (no pages are touched beyond them). */
+	size_t huge = (size_t) 1 << 32;
+	char *big = mmap(NULL, huge + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	CHECK(big != MAP_FAILED);
+	alarm(30);
+	int in = 0;
+	while (in < 100) {
+		ssize_t k = rrecv(s, big + in, huge, 0);
+		CHECK(k > 0);
+		in += k;
+	}
+	alarm(0);
+	CHECK(in == 100 && same(big, 100, 4));
+	munmap(big, huge + 4096);
 	/* The client shut its sending side down: the end of the stream after the data. */
 	CHECK(rrecv(s, b, sizeof b, 0) == 0);
 	/* We may still send. */
@@ -155,6 +180,8 @@ static void client(struct sockaddr_in *a)
 	fill(b, 5000, 2);
 	struct iovec w[2] = { { b, 2500 }, { b + 2500, 2500 } };
 	CHECK(rwritev(s, w, 2) == 5000);
+	fill(b, 100, 4);
+	CHECK(rsend(s, b, 100, 0) == 100);
 	CHECK(rshutdown(s, SHUT_WR) == 0);
 	CHECK(rsend(s, b, 1, 0) == -1 && errno == EPIPE);
 
@@ -164,8 +191,10 @@ static void client(struct sockaddr_in *a)
 	struct pollfd f[2] = { { s, POLLIN, 0 }, { p[0], POLLIN, 0 } };
 	CHECK(rpoll(f, 2, 60000) >= 1 && (f[0].revents & POLLIN) && f[1].revents == 0);
 	CHECK(recv_all(s, b, 7000) == 7000 && same(b, 7000, 3));
-	/* The server closed: the end of the stream. */
+	/* The server closed: the end of the stream; also through two 1 TiB vectors (nothing is allocated for them). */
 	CHECK(rrecv(s, b, sizeof b, 0) == 0);
+	struct iovec hv[2] = { { b, (size_t) 1 << 40 }, { b, (size_t) 1 << 40 } };
+	CHECK(rreadv(s, hv, 2) == 0);
 	CHECK(rclose(s) == 0);
 }
 

@@ -621,12 +621,44 @@ fn rs_sendv(fd: c_int, iov: &[libc::iovec], flags: c_int) -> R<isize> {
     rs_send(fd, all.as_ptr(), all.len(), flags)
 }
 
-/// Scatter-receive: one `rrecv` into a buffer of the vectors' total size, then copied out.
+/// Scatter-receive: straight into each vector in turn (the first waits as `flags` say, the later ones take only
+/// what is there unless `MSG_WAITALL`), stopping at a short read; no buffer of the vectors' total size (breaker
+/// finding: two 1 TiB vectors made a 2 TiB allocation and aborted the process). `MSG_PEEK` must not consume
+/// between vectors, so it peeks once into a buffer of at most the receive buffer's size, then copies out.
+/// The most `rrecvmsg`/`rreadv` with `MSG_PEEK` look at (64 MiB: 512 times the default receive buffer; a peek
+/// may return less than is queued, as `recvmsg` may).
+const PEEK_MAX: usize = 1 << 26;
+
 fn rs_recvv(fd: c_int, iov: &[libc::iovec], flags: c_int) -> R<isize> {
     if let [v] = iov {
         return rs_recv(fd, v.iov_base.cast(), v.iov_len, flags);
     }
-    let total: usize = iov.iter().map(|v| v.iov_len).sum();
+    if flags & libc::MSG_PEEK == 0 {
+        let mut got = 0usize;
+        for v in iov.iter().filter(|v| v.iov_len > 0) {
+            let f = if got == 0 || flags & libc::MSG_WAITALL != 0 {
+                flags
+            } else {
+                flags | libc::MSG_DONTWAIT
+            };
+            match rs_recv(fd, v.iov_base.cast(), v.iov_len, f) {
+                Ok(n) => {
+                    got += n as usize;
+                    if (n as usize) < v.iov_len {
+                        break;
+                    }
+                }
+                Err(_) if got > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        return Ok(got as isize);
+    }
+    let total: usize = iov
+        .iter()
+        .map(|v| v.iov_len)
+        .fold(0usize, usize::saturating_add)
+        .min(PEEK_MAX);
     let mut tmp = vec![0u8; total];
     let n = rs_recv(fd, tmp.as_mut_ptr(), total, flags)?;
     let mut off = 0usize;
@@ -790,6 +822,27 @@ fn rs_poll(fds: &mut [libc::pollfd], timeout: c_int) -> R<c_int> {
     }
 }
 
+/// Whether bit `fd` is set in the program's `fd_set` (as `FD_ISSET`, which panics beyond `FD_SETSIZE`: a
+/// program may pass larger sets with a larger `nfds`, as glibc's `select` allows).
+///
+/// # Safety
+/// `set` holds at least `fd + 1` bits (the caller's `nfds` contract).
+unsafe fn fd_isset(fd: c_int, set: *const libc::fd_set) -> bool {
+    let (word, bit) = (fd as usize / 64, fd as usize % 64);
+    // SAFETY: the caller's contract; `fd_set` is an array of longs (8 bytes on x86_64 Linux).
+    unsafe { (*set.cast::<u64>().add(word) >> bit) & 1 != 0 }
+}
+
+/// Sets bit `fd` of the program's `fd_set` (as `FD_SET`, without its `FD_SETSIZE` panic).
+///
+/// # Safety
+/// As [`fd_isset`].
+unsafe fn fd_set(fd: c_int, set: *mut libc::fd_set) {
+    let (word, bit) = (fd as usize / 64, fd as usize % 64);
+    // SAFETY: as `fd_isset`.
+    unsafe { *set.cast::<u64>().add(word) |= 1 << bit };
+}
+
 fn rs_select(
     nfds: c_int,
     r: *mut libc::fd_set,
@@ -797,18 +850,35 @@ fn rs_select(
     e: *mut libc::fd_set,
     timeout: *mut libc::timeval,
 ) -> R<c_int> {
+    if nfds < 0 {
+        return Err(libc::EINVAL);
+    }
+    let ms = if timeout.is_null() {
+        -1
+    } else {
+        // SAFETY: the program's timeout.
+        let t = unsafe { *timeout };
+        if t.tv_sec < 0 || t.tv_usec < 0 {
+            // select(2): a negative timeout is EINVAL.
+            return Err(libc::EINVAL);
+        }
+        t.tv_sec
+            .saturating_mul(1000)
+            .saturating_add(t.tv_usec / 1000)
+            .min(c_int::MAX as libc::time_t) as c_int
+    };
     let mut fds = Vec::new();
-    for fd in 0..nfds.max(0) {
+    for fd in 0..nfds {
         let mut ev = 0i16;
-        // SAFETY: the program's sets (NULL or valid).
+        // SAFETY: the program's sets (NULL or `nfds` bits).
         unsafe {
-            if !r.is_null() && libc::FD_ISSET(fd, r) {
+            if !r.is_null() && fd_isset(fd, r) {
                 ev |= libc::POLLIN;
             }
-            if !w.is_null() && libc::FD_ISSET(fd, w) {
+            if !w.is_null() && fd_isset(fd, w) {
                 ev |= libc::POLLOUT;
             }
-            if !e.is_null() && libc::FD_ISSET(fd, e) {
+            if !e.is_null() && fd_isset(fd, e) {
                 ev |= libc::POLLPRI;
             }
         }
@@ -820,33 +890,27 @@ fn rs_select(
             });
         }
     }
-    let ms = if timeout.is_null() {
-        -1
-    } else {
-        // SAFETY: the program's timeout.
-        let t = unsafe { *timeout };
-        (t.tv_sec * 1000 + t.tv_usec / 1000) as c_int
-    };
     rs_poll(&mut fds, ms)?;
     let mut n = 0;
-    // SAFETY: the program's sets (NULL or valid).
+    // SAFETY: the program's sets (NULL or `nfds` bits); cleared over their `nfds` bits only.
     unsafe {
         for set in [r, w, e] {
             if !set.is_null() {
-                libc::FD_ZERO(set);
+                let words = (nfds as usize).div_ceil(64);
+                core::ptr::write_bytes(set.cast::<u64>(), 0, words);
             }
         }
         for f in &fds {
             if !r.is_null() && f.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
-                libc::FD_SET(f.fd, r);
+                fd_set(f.fd, r);
                 n += 1;
             }
             if !w.is_null() && f.revents & (libc::POLLOUT | libc::POLLERR) != 0 {
-                libc::FD_SET(f.fd, w);
+                fd_set(f.fd, w);
                 n += 1;
             }
             if !e.is_null() && f.revents & libc::POLLPRI != 0 {
-                libc::FD_SET(f.fd, e);
+                fd_set(f.fd, e);
                 n += 1;
             }
         }

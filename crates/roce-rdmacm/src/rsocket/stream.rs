@@ -795,7 +795,9 @@ impl Rs {
             let (mut head, mut roff) = (c.rmsg_head, c.rbuf_offset);
             while left > 0 && head != c.rmsg_tail {
                 let avail = c.rmsg[head] & roce_wire::rsocket::MSG_DATA_MAX;
-                let rsize = if (left as u32) < avail {
+                // `left` is the caller's usize length: compared as usize (breaker finding: `left as u32` made a
+                // length of 2^32 a 0-byte read that looped for ever); below `avail` it fits in a u32.
+                let rsize = if left < avail as usize {
                     if !peek {
                         c.rmsg[head] = Msg::new(OP_DATA, avail - left as u32).imm();
                     }

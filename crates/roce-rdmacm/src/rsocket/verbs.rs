@@ -1,6 +1,6 @@
 //! The libibverbs data path rsockets use, as a C program compiled against `<infiniband/verbs.h>` reaches it:
 //! `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` are inline functions there that call
-//! through `ctx->ops` (offsets of `../shared/libibverbs/ABI.md` §4.1), the rest are exported functions of
+//! through `ctx->ops` (offsets of `docs/spec/LIBIBVERBS-ABI.md` §4.1), the rest are exported functions of
 //! `libibverbs.so.1` (rocev2's under `rocev2 run`). Structure layouts: ABI.md §4.3.
 
 use core::ffi::c_void;
