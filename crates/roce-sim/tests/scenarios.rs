@@ -213,7 +213,7 @@ fn e3_two_flows_fair_share_and_queue() {
     }
 }
 
-/// E3's marked-fraction band (0.1–0.5 %, `../shared/dcqcn/DCQCN.md` §6 E3) is not met, and the cause is the band,
+/// E3's marked-fraction band (0.1–0.5 %, the team's DCQCN reference, §6 E3; the repository's `docs/spec/DCQCN.md` has no E3 section) is not met, and the cause is the band,
 /// not the simulator: the run marks 0.062 % of ECT packets in [20, 60] ms (111 of 177 938; seed 1, enqueue).
 ///
 /// What was checked (issue #20, 2026-12-03):
