@@ -84,6 +84,10 @@ struct DeviceBlock {
 struct SharedRuntime {
     rt: Option<Context>,
     contexts: usize,
+    /// The process that started `rt`. A `fork`ed child inherits the block but not the runtime's threads, socket
+    /// ownership or steering entry: its first context starts a runtime of its own instead (rdma-core: a child
+    /// opens devices afresh and may not use the parent's resources, ibv_fork_init(3)).
+    pid: u32,
 }
 
 // SAFETY: the C part holds only NULL pointers and byte arrays, written once before the block is shared.
@@ -142,6 +146,9 @@ struct CtxBlock {
     ctx: IbvContext,
     dev: &'static DeviceBlock,
     rt: OnceLock<Result<Context, c_int>>,
+    /// The process whose runtime `rt` holds (0 until it is set): only that process counts this context in
+    /// [`SharedRuntime::contexts`], so a forked child closing an inherited context leaves its own runtime alone.
+    rt_pid: AtomicU32,
 }
 
 impl CtxBlock {
@@ -149,6 +156,15 @@ impl CtxBlock {
         self.rt
             .get_or_init(|| {
                 let mut shared = self.dev.shared.lock().unwrap_or_else(|p| p.into_inner());
+                let pid = std::process::id();
+                self.rt_pid.store(pid, Ordering::Relaxed);
+                if shared.rt.is_some() && shared.pid != pid {
+                    // A forked child: the runtime is the parent's, whose progress thread does not exist here.
+                    // Dropping its last reference would join that thread (for ever), so the child's copy is leaked;
+                    // the parent's runtime is untouched (it lives in the parent's memory).
+                    std::mem::forget(shared.rt.take());
+                    shared.contexts = 0;
+                }
                 if let Some(rt) = &shared.rt {
                     let rt = rt.clone();
                     shared.contexts += 1;
@@ -202,6 +218,7 @@ impl CtxBlock {
                     cm_bridge::start(rt);
                     shared.rt = Some(rt.clone());
                     shared.contexts = 1;
+                    shared.pid = pid;
                 })
             })
             .as_ref()
@@ -875,6 +892,7 @@ unsafe fn rocev2_ibv_open_device_inner(dev: *mut IbvDevice) -> *mut IbvContext {
         },
         dev: d,
         rt: OnceLock::new(),
+        rt_pid: AtomicU32::new(0),
     });
     // SAFETY: `b` is the block just made; the program gets its `ctx` member.
     let c = unsafe { ptr::addr_of_mut!((*b).ctx) };
@@ -915,7 +933,8 @@ unsafe fn rocev2_ibv_close_device_inner(ctx: *mut IbvContext) -> c_int {
     // The last open context of the device lets the runtime go (once its objects are gone too); dropped outside the
     // lock, since the last reference joins the runtime's threads.
     let last = match c.rt.get() {
-        Some(Ok(_)) => {
+        // Not when a forked child closes a context of its parent (`rt_pid`): that runtime is not counted here.
+        Some(Ok(_)) if c.rt_pid.load(Ordering::Relaxed) == std::process::id() => {
             let mut shared = c.dev.shared.lock().unwrap_or_else(|p| p.into_inner());
             shared.contexts = shared.contexts.saturating_sub(1);
             if shared.contexts == 0 {

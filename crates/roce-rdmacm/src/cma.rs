@@ -212,6 +212,10 @@ pub(crate) struct State {
     /// leave (closing the fd under a blocked `read` would not wake it, and a freed block's address could name a
     /// new channel).
     pub closing: HashSet<usize>,
+    /// The process that made this state. A `fork`ed child inherits it but not the dispatcher thread, the
+    /// contexts' runtimes or the connections: [`lock`] gives the child a fresh state (rdma-core: a child uses
+    /// rdma_cm afresh and may not use the parent's ids, ibv_fork_init(3)).
+    pub pid: u32,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -233,8 +237,17 @@ impl core::ops::DerefMut for Guard {
 
 pub(crate) fn lock() -> Guard {
     let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    let pid = std::process::id();
+    if g.as_ref().is_some_and(|st| st.pid != pid) {
+        // A forked child: the parent's ids, channels and contexts are leaked here, never freed or closed (their
+        // teardown would wait for the parent's threads, which do not exist in this process).
+        std::mem::forget(g.take());
+    }
     if g.is_none() {
-        *g = Some(State::default());
+        *g = Some(State {
+            pid,
+            ..State::default()
+        });
     }
     Guard(g)
 }

@@ -8,7 +8,9 @@
 //! Also the layout check: every size and offset `src/abi.rs` asserts, compared with the installed header by a C
 //! program (`offsetof`/`sizeof`).
 //!
-//! Binds UDP 4791 on 127.0.209.1.
+//! Also `tests/c/forkcm.c`: processes forked from a program that opened the device use it and rdma_cm afresh.
+//!
+//! Binds UDP 4791 on 127.0.209.1 and 127.0.210.1.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -112,6 +114,33 @@ fn a_synchronous_waiter_returns_when_its_id_is_destroyed_or_migrated() {
         .args(["127.0.203.1", "127.0.203.9"])
         .env("LD_LIBRARY_PATH", &dir)
         .env("ROCEV2_IBV_IP", "127.0.203.1")
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Finding (issues #16, #17: pyverbs' test_rdmacm): processes forked from a program that had opened the device,
+/// started its runtime and used rdma_cm inherited its runtime and rdma_cm state, whose threads do not exist in a
+/// child, so a passive and an active child connecting to each other both waited until they were killed.
+/// `tests/c/forkcm.c` checks that the children connect and exchange SENDs with runtimes of their own, and that the
+/// parent is undisturbed afterwards (its pre-fork listener serves a third child). Binds UDP 4791 on 127.0.210.1.
+#[test]
+fn processes_forked_from_a_program_that_opened_the_device_use_rdma_cm_afresh() {
+    let (prog, dir) = build("forkcm", &["-lrdmacm", "-libverbs"]);
+    // Bounded: the defect was children that never connected (the program bounds each of them itself).
+    let out = Command::new("timeout")
+        .args(["120"])
+        .arg(&prog)
+        .args(["127.0.210.1", "7471", "7472"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROCEV2_IBV_IP", "127.0.210.1")
         .output()
         .expect("run the C program");
     let stdout = String::from_utf8_lossy(&out.stdout);
