@@ -1,8 +1,8 @@
 //! The fuzz target `engine_frames` in the normal test command (issue #21): replays its seeds
 //! (`fuzz/seeds/engine_frames/`) and regression inputs (`fuzz/regressions/engine_frames/`, one file per crash the
-//! fuzzer found) through the same harness the target runs (`fuzz/harness/engine_frames.rs`), then a bounded number
-//! of pseudo-random programs (fixed seed, so a failure reproduces). The harness panics when an invariant breaks:
-//! a panic in the engine, a completion twice or never, or a write to a guarded MR byte.
+//! fuzzer found) through the same harness the target runs (`fuzz/harness/engine_frames.rs`), then pseudo-random
+//! programs (3,000 in release, 300 in debug; fixed seed, so a failure reproduces). The harness panics when an
+//! invariant breaks: a panic in the engine, a completion twice or never, or a write to a guarded MR byte.
 
 #[path = "../../../fuzz/harness/engine_frames.rs"]
 mod engine_frames;
@@ -18,7 +18,9 @@ fn engine_frames_seeds_and_regressions() {
 
 #[test]
 fn engine_frames_random_programs() {
-    replay::random_inputs(0xE6F1, 300, 1200, engine_frames::run);
+    // About 1 s in release (the README's test command), 6 s in a debug build.
+    let count = if cfg!(debug_assertions) { 300 } else { 3000 };
+    replay::random_inputs(0xE6F1, count, 1200, engine_frames::run);
 }
 
 /// The seeds reach the engine: frames flow, WRs complete, some with an error.
