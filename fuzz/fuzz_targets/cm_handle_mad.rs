@@ -58,7 +58,8 @@ fuzz_target!(|data: &[u8]| {
                     cm.accept(now, id, &p).unwrap();
                 }
                 (Event::ConnectRequest { id, .. }, 2) => {
-                    cm.reject(now, id, rej_reason::CONSUMER_DEFINED, b"").unwrap();
+                    cm.reject(now, id, rej_reason::CONSUMER_DEFINED, b"")
+                        .unwrap();
                 }
                 (Event::ConnectRequest { id, .. }, 3) => cm.mra(now, id, 10, b"").unwrap(),
                 (Event::Disconnected { id, .. }, _) => {

@@ -18,8 +18,19 @@ use roce_wire::{CmMad, CmMessage, Mad, MadHeaderRepr};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(m) = Mad::new_checked(data) {
-        black_box((m.base_version(), m.mgmt_class(), m.class_version(), m.method()));
-        black_box((m.status(), m.class_specific(), m.tid(), m.attr_id(), m.attr_mod()));
+        black_box((
+            m.base_version(),
+            m.mgmt_class(),
+            m.class_version(),
+            m.method(),
+        ));
+        black_box((
+            m.status(),
+            m.class_specific(),
+            m.tid(),
+            m.attr_id(),
+            m.attr_mod(),
+        ));
         black_box(m.data().len());
         black_box(MadHeaderRepr::parse(&m).unwrap());
     }
