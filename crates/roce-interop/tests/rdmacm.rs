@@ -1440,8 +1440,8 @@ const RPING_CLIENT: &str = "rping -c -a {S} -C 10 -S 1500 -v -V";
 /// first QP is again 0x11 — is refused with REJ reason 10 (stale connection). Open defect, reported to the lead.
 ///
 /// Under TCG the guest's rxe was once seen taking 540 ms to ACK the first SEND after perftest set up its second
-/// connection; the host's QP retransmits every 67 ms (timeout 14, also when perftest is given `-u 18`) and gave up after
-/// 7 retries (status 12). Such a run fails; it is not retried.
+/// connection; the host's QP retransmits every 67 ms (timeout 14, also when perftest is given `-u 18`) and gave
+/// up after 7 retries (status 12). Such a run fails; it is not retried.
 const PROG_CASES: &[ProgCase] = &[
     ProgCase {
         name: "host_rping_client",
