@@ -1433,11 +1433,12 @@ const CONNECT_MADS: &[(u16, &str)] = &[(0x0010, "REQ"), (0x0013, "REP"), (0x0014
 const RPING_SERVER: &str = "rping -s -a {S} -C 10 -S 1500 -v -V";
 const RPING_CLIENT: &str = "rping -c -a {S} -C 10 -S 1500 -v -V";
 
-/// The cases of the product, each with the host as server and as client; the host-client cases first: a perftest
-/// server under `rocev2 run` exits with its test connection undestroyed (perftest's `destroy_rdma_resources`
-/// destroys only the listening id), so nothing answers the guest's DREQ for it, Linux keeps that connection (remote
-/// QPN 0x11 of our CA GUID) while it re-sends the DREQ for about 70 s, and the next `rocev2 run` process — whose
-/// first QP is again 0x11 — is refused with REJ reason 10 (stale connection). Open defect, reported to the lead.
+/// The cases of the product, each with the host as server and as client; the host-client cases first. Open
+/// defect, reported to the lead: when a perftest process under `rocev2 run` exits, a connection of it is left
+/// whose DREQ from the guest nobody answers (a perftest server destroys only its listening id; seen after both
+/// roles), Linux keeps that connection (remote QPN 0x11 of our CA GUID) while it re-sends the DREQ for about 70 s,
+/// and the next `rocev2 run` process, whose first QP is again 0x11, is refused with REJ reason 10 (stale
+/// connection); the guest's rdma_cm was also seen stalling new ids for minutes after such runs.
 ///
 /// Under TCG the guest's rxe was once seen taking 540 ms to ACK the first SEND after perftest set up its second
 /// connection; the host's QP retransmits every 67 ms (timeout 14, also when perftest is given `-u 18`) and gave
