@@ -392,6 +392,21 @@ impl SoftRoce {
         listening_in(&o.stdout, port)
     }
 
+    /// True when a UDP socket in [`NETNS`] is bound to `ip:port` (`ss -Hlun`): a program under `rocev2 run`
+    /// binds UDP 4791 on its address when it creates its first verbs or rdma_cm object.
+    pub fn host_udp_bound(&self, ip: &str, port: u16) -> bool {
+        let o = run(
+            self.host_command("ss", &["-Hlun"]),
+            &self.scratch.join("ss"),
+            "ss",
+            Duration::from_secs(10),
+        );
+        let want = format!("{ip}:{port}");
+        o.stdout
+            .lines()
+            .any(|l| l.split_whitespace().nth(3) == Some(want.as_str()))
+    }
+
     /// Drop counters of the host-side tap of guest `name` (`sr-NAME`, in the namespace): `tx_dropped` (frames the
     /// tap could not hand to QEMU) and `rx_dropped`.
     pub fn tap_drops(&self, name: &str) -> BTreeMap<String, u64> {
