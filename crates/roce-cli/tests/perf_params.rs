@@ -68,8 +68,14 @@ fn values_perftest_refuses_are_refused_with_the_flag_named() {
         (&["send-lat", "--output", "bandwidth"], "can be: latency"),
         (&["write-bw", "-O"], "one port"),
         (&["write-bw", "--dualport"], "one port"),
-        (&["write-bw", "-R"], "rocev2 run --ip ADDRESS -- ib_send_bw -R"),
-        (&["send-lat", "--rdma_cm"], "rocev2 run --ip ADDRESS -- ib_send_bw -R"),
+        (
+            &["write-bw", "-R"],
+            "rocev2 run --ip ADDRESS -- ib_send_bw -R",
+        ),
+        (
+            &["send-lat", "--rdma_cm"],
+            "rocev2 run --ip ADDRESS -- ib_send_bw -R",
+        ),
     ];
     for (args, want) in cases {
         let mut v = vec!["perf"];
@@ -352,7 +358,12 @@ fn perftest_flags_are_mapped_or_refused_with_their_meaning() {
         ),
         (
             &["write-bw", "-z"],
-            &["-z/--com_rdma_cm", "connection manager", "TCP", "rocev2 run"],
+            &[
+                "-z/--com_rdma_cm",
+                "connection manager",
+                "TCP",
+                "rocev2 run",
+            ],
         ),
         (
             &["write-bw", "-w", "10"],

@@ -1713,7 +1713,9 @@ fn rdmacm_interop() {
     // SOFTROCE_CASES (e.g. `SOFTROCE_CASES=host_`): perftest with the host as client still fails against Linux
     // (docs/TESTING.md, "Soft-RoCE interop"), so they are not yet part of the default run.
     if only.is_empty() {
-        say("host_* cases (our librdmacm under rocev2 run) not run: name them in SOFTROCE_CASES=host_");
+        say(
+            "host_* cases (our librdmacm under rocev2 run) not run: name them in SOFTROCE_CASES=host_",
+        );
     }
     let prog_cases = PROG_CASES
         .iter()

@@ -527,7 +527,6 @@ impl MrTable {
         rkey.0 & crate::mw::MW_KEY_BIT != 0 && self.invalidate_mw_remote(rkey, pd, qpn)
     }
 
-
     pub(crate) fn lease(&mut self, slot: u32) {
         if let Some(Some(mr)) = self.slots.get_mut(slot as usize) {
             mr.leases += 1;

@@ -103,7 +103,8 @@ pub const DEVICE_CAP_FLAGS: u32 = (1 << 17) | (1 << 24);
 
 /// The names `ibv_devinfo -v` prints under `device_cap_flags` for the bits of [`DEVICE_CAP_FLAGS`], lowest bit
 /// first (rdma-core `libibverbs/examples/devinfo.c`).
-pub const DEVICE_CAP_FLAG_NAMES: [(u32, &str); 2] = [(1 << 17, "MEM_WINDOW"), (1 << 24, "MEM_WINDOW_TYPE_2B")];
+pub const DEVICE_CAP_FLAG_NAMES: [(u32, &str); 2] =
+    [(1 << 17, "MEM_WINDOW"), (1 << 24, "MEM_WINDOW_TYPE_2B")];
 pub use roce_proto::{
     AccessFlags, AhAttr, AsyncEvent, AsyncEventType, Counters, EngineConfig, Gid, MrBuffer,
     MrMemory, Mtu, MwType, Psn, QpAttr, QpAttrMask, QpCap, QpInfo, QpState, QpType, RateMetrics,

@@ -230,8 +230,12 @@ fn send_with_imm_and_inv_and_zero_length() {
     let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
     // The key to invalidate: a type 2 window bound by B's QP (only windows can be invalidated, IBTA §10.6.7).
     let target =
-        p.b.reg_mr(b.pd, vec![0u8; 64], AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
-            .unwrap();
+        p.b.reg_mr(
+            b.pd,
+            vec![0u8; 64],
+            AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        )
+        .unwrap();
     let mw = p.b.alloc_mw(b.pd, MwType::Type2).unwrap();
     let key = Rkey((mw.0 & !0xff) | 0x40);
     let bind = SendOp::BindMw {
