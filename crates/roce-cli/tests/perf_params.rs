@@ -66,6 +66,10 @@ fn values_perftest_refuses_are_refused_with_the_flag_named() {
             "bandwidth, message_rate",
         ),
         (&["send-lat", "--output", "bandwidth"], "can be: latency"),
+        (
+            &["write-bw", "--ip", "192.0.2.77"],
+            "no interface in this network namespace has address 192.0.2.77",
+        ),
         (&["write-bw", "-O"], "one port"),
         (&["write-bw", "--dualport"], "one port"),
         (

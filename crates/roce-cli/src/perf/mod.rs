@@ -771,6 +771,17 @@ impl Params {
                     .into(),
             );
         }
+        if let Some(ip) = a.ip
+            && let Err(e) = roce_link::udp::interface_of(ip)
+            && e.kind() == std::io::ErrorKind::AddrNotAvailable
+        {
+            // Said before any socket is bound: otherwise the client's "connecting to ...: Cannot assign requested
+            // address (is a rocev2 perf server running there?)" blames the server (fresh-user finding).
+            return Err(format!(
+                "--ip {ip}: {e}; --ip takes an address of this host (the local end), the server's address is the \
+                 positional argument"
+            ));
+        }
         if let Some(port) = a.ib_port.filter(|&p| p != 1) {
             return Err(format!(
                 "-i/--ib-port {port}: a rocev2 device has one port, 1 (its address and UDP link); to use another \
