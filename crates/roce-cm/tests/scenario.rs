@@ -55,6 +55,7 @@ pub fn connect_params(private: &[u8]) -> ConnectParams<'_> {
         rnr_retry_count: 7,
         path_mtu: 5,
         srq: false,
+        packet_life_time: None,
         path: PathRepr {
             local_gid: pa.gid,
             remote_gid: pb.gid,
