@@ -124,8 +124,14 @@ pub struct ConnectParams<'a> {
     pub path_mtu: u8,
     /// SRQ in use.
     pub srq: bool,
-    /// The primary path (GIDs, traffic class, hop limit, ...).
+    /// The primary path (GIDs, traffic class, hop limit, ...). Its `local_ack_timeout` is not taken: the REQ's
+    /// Local ACK Timeout is computed from the packet lifetime (below) and this CA's ACK delay.
     pub path: PathRepr,
+    /// The path's packet lifetime (4.096 µs × 2^n), from which the REQ's Local ACK Timeout
+    /// ([`ack_timeout`]`(ack_delay, packet_life_time)`, Linux `cm.c` `cm_format_req`) and the REQ's resend
+    /// interval are computed; `None`: [`CmConfig::packet_life_time`]. rdma_cm passes ACK timeout − 1 when the
+    /// program set `RDMA_OPTION_ID_ACK_TIMEOUT` (Linux `cma.c` `cma_resolve_iboe_route`).
+    pub packet_life_time: Option<u8>,
     /// Private data (at most 92 bytes; rdma_cm starts it with a `CmaHdr`).
     pub private_data: &'a [u8],
 }
@@ -396,9 +402,10 @@ impl Cm {
             return Err(CmError::InvalidArgument);
         }
         let c = &self.config;
-        let retry_timeout = iba_time(c.packet_life_time) * 2 + iba_time(c.cm_response_timeout);
+        let plt = p.packet_life_time.unwrap_or(c.packet_life_time).min(31);
+        let retry_timeout = iba_time(plt) * 2 + iba_time(c.cm_response_timeout);
         let mut path = p.path;
-        path.local_ack_timeout = ack_timeout(c.ack_delay, c.packet_life_time);
+        path.local_ack_timeout = ack_timeout(c.ack_delay, plt);
         let mut req = ReqRepr {
             service_id: p.service_id,
             local_ca_guid: c.local_ca_guid,

@@ -126,6 +126,7 @@ fn connection_life_capture_is_valid_roce_and_dissects_cleanly() {
         rnr_retry_count: 7,
         path_mtu: 3,
         srq: false,
+        packet_life_time: None,
         path: PathRepr {
             local_lid: 0xffff,
             remote_lid: 0xffff,

@@ -44,6 +44,7 @@ fn connect_params() -> ConnectParams<'static> {
         rnr_retry_count: 7,
         path_mtu: 3,
         srq: false,
+        packet_life_time: None,
         path: PathRepr::default(),
         private_data: b"",
     }

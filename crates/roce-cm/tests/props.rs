@@ -55,6 +55,7 @@ fn established() -> (Pair, ConnId, ConnId, Vec<[u8; MAD_LEN]>) {
         rnr_retry_count: 7,
         path_mtu: 3,
         srq: false,
+        packet_life_time: None,
         path: PathRepr::default(),
         private_data: b"",
     };

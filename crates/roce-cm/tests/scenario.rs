@@ -55,6 +55,7 @@ pub fn connect_params(private: &[u8]) -> ConnectParams<'_> {
         rnr_retry_count: 7,
         path_mtu: 5,
         srq: false,
+        packet_life_time: None,
         path: PathRepr {
             local_gid: pa.gid,
             remote_gid: pb.gid,
@@ -309,6 +310,30 @@ fn reject_with_private_data_reaches_the_active_side() {
         assert_eq!(kinds(&p, Side::A), ["Rejected"]);
         assert_eq!(p.a.connections(), 0);
         assert_eq!(p.b.connections(), 0);
+    }
+}
+
+/// The REQ's Local ACK Timeout is `ack_timeout(ack delay, packet lifetime)` (Linux `cm.c` `cm_format_req`), the
+/// packet lifetime the caller's (`ConnectParams::packet_life_time`, rdma_cm's `RDMA_OPTION_ID_ACK_TIMEOUT` − 1) or
+/// the configuration's; the caller's `path.local_ack_timeout` is not what the REQ carries (issue #17 interop).
+#[test]
+fn the_req_local_ack_timeout_comes_from_the_packet_lifetime() {
+    // ack delay 6 (fast_config): lifetime 6 (config) → 8; lifetime 19 → 20; lifetime 4 → 7.
+    for (plt, want) in [(None, 8), (Some(19), 20), (Some(4), 7)] {
+        let mut p = pair(7, ChannelConfig::default());
+        p.b.listen(SID).unwrap();
+        let (now, b_peer) = (p.now, p.b_peer);
+        let mut params = connect_params(b"A");
+        params.packet_life_time = plt;
+        params.path.local_ack_timeout = 3;
+        p.a.connect(now, b_peer, &params).unwrap();
+        p.run(Instant::from_millis(100), |_, _, _, _| {});
+        let got = p.events(Side::B).find_map(|e| match e {
+            Event::ConnectRequest { req, .. } => Some(req.primary.local_ack_timeout),
+            _ => None,
+        });
+        assert_eq!(got, Some(want), "packet lifetime {plt:?}");
+        assert_eq!(ack_timeout(6, plt.unwrap_or(6)), want);
     }
 }
 

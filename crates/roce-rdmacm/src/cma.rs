@@ -71,8 +71,11 @@ pub const REQ_PRIVATE_MAX: usize = 92 - CMA_HDR_LEN;
 pub const REP_PRIVATE_MAX: usize = 196;
 /// REJ private data (IBTA Vol 1 §12.6.7).
 pub const REJ_PRIVATE_MAX: usize = 148;
-/// Local ACK timeout used unless `RDMA_OPTION_ID_ACK_TIMEOUT` sets one (4.096 µs · 2^14 ≈ 67 ms: the runtime's
-/// `ConnectOpts` default).
+/// Local ACK timeout of a connected QP when neither `RDMA_OPTION_ID_ACK_TIMEOUT` nor the CM gave one (a REQ with
+/// Local ACK Timeout 0; 4.096 µs · 2^14 ≈ 67 ms, the runtime's `ConnectOpts` default). Otherwise the QP takes what
+/// the CM exchanged, as Linux `cm.c` does: the passive side the REQ's Local ACK Timeout (`cm_req_handler`), the
+/// active side the value computed from the REP's TargetACKDelay and the REQ's packet lifetime (`cm_rep_handler`);
+/// both 17 between rocev2 devices and with rxe (ACK delay 15, packet lifetime 16). docs/RDMACM.md §6.
 pub const DEFAULT_ACK_TIMEOUT: u8 = 14;
 /// RNR NAK timer code put in RTR (12: 0.64 ms, IBTA Vol 1 Table 45).
 pub const MIN_RNR_TIMER: u8 = 12;
@@ -962,6 +965,10 @@ fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
                 i.remote_psn = ev.remote_psn;
                 i.initiator_depth = i.initiator_depth.min(ev.responder_resources);
                 i.rnr_retry_count = ev.rnr_retry_count;
+                // The QP's ACK timeout from the REP (Linux `cm_rep_handler`); the option still overrides it at RTS.
+                if ev.local_ack_timeout != 0 {
+                    i.timeout = ev.local_ack_timeout;
+                }
                 // SAFETY: `id` is a live id.
                 unsafe { (*(id as *mut RdmaCmId)).qp }
             };
@@ -1382,7 +1389,11 @@ fn fill_route(
     p.rate_selector = 2;
     p.rate = 3;
     p.packet_life_time_selector = 2;
-    p.packet_life_time = IBOE_PACKET_LIFETIME;
+    // With `RDMA_OPTION_ID_ACK_TIMEOUT` set (and not 0): timeout - 1 (Linux `cma_resolve_iboe_route`).
+    p.packet_life_time = match i.ack_timeout {
+        Some(t) if t > 0 => t - 1,
+        _ => IBOE_PACKET_LIFETIME,
+    };
 }
 
 fn publish_path(st: &mut State, id: usize) {
@@ -1726,7 +1737,8 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
     };
     let t = ensure_cm(st, dev)?;
     let i = &st.ids[&id];
-    let timeout = i.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
+    // The option (0: none) sets the REQ's packet lifetime to timeout - 1 (Linux `cma_resolve_iboe_route`).
+    let timeout = i.ack_timeout.unwrap_or(0);
     let r = ConnectC {
         qpn,
         qp_type: qp_type as u32,
@@ -1755,7 +1767,6 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
     i.responder_resources = rr;
     i.initiator_depth = idepth;
     i.retry_count = retry;
-    i.timeout = timeout;
     i.st = St::Connecting;
     i.lqpn = Some(qpn);
     Ok(())

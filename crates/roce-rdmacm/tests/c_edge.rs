@@ -153,6 +153,32 @@ fn processes_forked_from_a_program_that_opened_the_device_use_rdma_cm_afresh() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Finding (issue #17, rxe interop): the REQ announced Local ACK Timeout 17 (≈ 0.54 s) while the QP that librdmacm
+/// moved to RTS on the active side retransmitted after 4.096 µs · 2^14 ≈ 67 ms, and gave up on a slow Linux peer
+/// (`RETRY_EXC_ERR`). `tests/c/acktmo.c` checks the QPs' timeouts after ESTABLISHED (`ibv_query_qp`,
+/// `rdma_init_qp_attr` for RTS) without and with `RDMA_OPTION_ID_ACK_TIMEOUT` on either side, against the values
+/// Linux `cm.c` / `cma.c` give (its header). Binds UDP 4791 on 127.0.213.1.
+#[test]
+fn the_qps_ack_timeout_agrees_with_what_the_cm_announced() {
+    let (prog, dir) = build("acktmo", &["-lrdmacm", "-libverbs"]);
+    let out = Command::new("timeout")
+        .args(["60"])
+        .arg(&prog)
+        .arg("127.0.213.1")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROCEV2_IBV_IP", "127.0.213.1")
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn structure_layouts_match_the_installed_header() {
     let (prog, dir) = build("layout", &[]);

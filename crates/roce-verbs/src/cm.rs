@@ -135,6 +135,10 @@ pub enum CmEvent {
         initiator_depth: u8,
         /// The REP's RNR retry count.
         rnr_retry_count: u8,
+        /// The local ACK timeout (4.096 µs · 2^n) the caller's QP takes at RTS: from the REP's TargetACKDelay and
+        /// the packet lifetime of our REQ, as Linux `cm.c` `cm_rep_handler` computes `av.timeout`
+        /// ([`roce_cm::ack_timeout`]); the REQ announced the same computation with our own ACK delay.
+        local_ack_timeout: u8,
         /// The REP's private data (196 bytes).
         private_data: Vec<u8>,
     },
@@ -231,6 +235,9 @@ struct ConnInfo {
     by_qpn: bool,
     /// Passive side: what the REQ asked for.
     req: Option<RequestParams>,
+    /// Active side: the packet lifetime our REQ's Local ACK Timeout was computed from (with the REP's
+    /// TargetACKDelay it gives our QP's ACK timeout, Linux `cm.c` `cm_rep_handler`).
+    packet_life_time: Option<u8>,
 }
 
 /// What a REQ asked for (passive side; [`ConnectionManager::request_params`]), for the caller that moves its QP
@@ -546,8 +553,15 @@ impl ConnectionManager {
             return Err(Error::InvalidArgument("the QP to connect must be in RESET"));
         }
         let target = (Some(qp), qp.qpn(), qp.qp_type());
-        let (id, _) =
-            self.connect_inner(target, dest_gid, dest_mac, service_id, private_data, opts)?;
+        let (id, _) = self.connect_inner(
+            target,
+            dest_gid,
+            dest_mac,
+            service_id,
+            private_data,
+            opts,
+            None,
+        )?;
         Ok(id)
     }
 
@@ -568,11 +582,50 @@ impl ConnectionManager {
         private_data: &[u8],
         opts: &ConnectOpts,
     ) -> Result<(ConnId, Psn), Error> {
+        self.connect_qpn_with_lifetime(
+            qpn,
+            qp_type,
+            dest_gid,
+            dest_mac,
+            service_id,
+            private_data,
+            opts,
+            None,
+        )
+    }
+
+    /// [`connect_qpn`](Self::connect_qpn) with the path's packet lifetime (4.096 µs · 2^n) the REQ's Local ACK
+    /// Timeout is computed from (`None`: the CM's [`CmConfig::packet_life_time`]): librdmacm passes ACK timeout − 1
+    /// for an id with `RDMA_OPTION_ID_ACK_TIMEOUT` (Linux `cma.c` `cma_resolve_iboe_route`), so the peer's QP
+    /// uses about the timeout ours does.
+    ///
+    /// Errors: as [`connect_qpn`](Self::connect_qpn).
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_qpn_with_lifetime(
+        &self,
+        qpn: Qpn,
+        qp_type: QpType,
+        dest_gid: Gid,
+        dest_mac: [u8; 6],
+        service_id: u64,
+        private_data: &[u8],
+        opts: &ConnectOpts,
+        packet_life_time: Option<u8>,
+    ) -> Result<(ConnId, Psn), Error> {
         let target = (None, qpn, qp_type);
-        self.connect_inner(target, dest_gid, dest_mac, service_id, private_data, opts)
+        self.connect_inner(
+            target,
+            dest_gid,
+            dest_mac,
+            service_id,
+            private_data,
+            opts,
+            packet_life_time,
+        )
     }
 
     /// [`connect`](Self::connect) with a QP handle, [`connect_qpn`](Self::connect_qpn) without.
+    #[allow(clippy::too_many_arguments)]
     fn connect_inner(
         &self,
         (qp, qpn, qp_type): (Option<&Qp>, Qpn, QpType),
@@ -581,6 +634,7 @@ impl ConnectionManager {
         service_id: u64,
         private_data: &[u8],
         opts: &ConnectOpts,
+        packet_life_time: Option<u8>,
     ) -> Result<(ConnId, Psn), Error> {
         let transport = match qp_type {
             QpType::Rc => transport_type::RC,
@@ -594,7 +648,10 @@ impl ConnectionManager {
             .gid(usize::from(opts.sgid_index))
             .ok_or(Error::InvalidArgument("sgid_index"))?;
         let o = *opts;
-        let id = self.with_cm(move |cm, now| {
+        let (id, plt) = self.with_cm(move |cm, now| {
+            let plt = packet_life_time
+                .unwrap_or(cm.config().packet_life_time)
+                .min(31);
             let path = PathRepr {
                 local_gid: wire_gid(local_gid),
                 remote_gid: wire_gid(dest_gid),
@@ -615,9 +672,11 @@ impl ConnectionManager {
                 path_mtu: o.mtu as u8,
                 srq: false,
                 path,
+                packet_life_time: Some(plt),
                 private_data,
             };
             cm.connect(now, Peer::gsi(wire_gid(dest_gid)), &p)
+                .map(|id| (id, plt))
         })??;
         lock(&self.shared.conns).insert(
             id,
@@ -631,6 +690,7 @@ impl ConnectionManager {
                 rep_private: Vec::new(),
                 by_qpn: qp.is_none(),
                 req: None,
+                packet_life_time: Some(plt),
             },
         );
         Ok((id, psn))
@@ -813,6 +873,7 @@ impl ConnectionManager {
                 rep_private: Vec::new(),
                 by_qpn: false,
                 req: None,
+                packet_life_time: None,
             },
         );
         Ok(id)
@@ -993,6 +1054,7 @@ impl ConnectionManager {
                             local_ack_timeout: req.primary.local_ack_timeout,
                             traffic_class: req.primary.traffic_class,
                         }),
+                        packet_life_time: None,
                     },
                 );
                 Some(CmEvent::ConnectRequest {
@@ -1021,6 +1083,11 @@ impl ConnectionManager {
                         responder_resources: rep.responder_resources,
                         initiator_depth: rep.initiator_depth,
                         rnr_retry_count: rep.rnr_retry_count,
+                        local_ack_timeout: roce_cm::ack_timeout(
+                            rep.target_ack_delay,
+                            info.packet_life_time
+                                .unwrap_or(CmConfig::default().packet_life_time),
+                        ),
                         private_data: rep.private_data.to_vec(),
                     }));
                 }
@@ -1101,6 +1168,7 @@ impl ConnectionManager {
                         rep_private: Vec::new(),
                         by_qpn: false,
                         req: None,
+                        packet_life_time: None,
                     },
                 );
                 Some(CmEvent::SidrRequest {

@@ -87,7 +87,8 @@ pub struct CmEventC {
     pub rnr_retry_count: u8,
     /// `CONNECT_REQUEST`: path MTU (IBTA encoding, 1..=5).
     pub path_mtu: u8,
-    /// `CONNECT_REQUEST`: local ACK timeout of the path.
+    /// `CONNECT_REQUEST`: the REQ's Local ACK Timeout of the path; `CONNECT_RESPONSE`: the ACK timeout the
+    /// active QP takes at RTS (from the REP's TargetACKDelay, Linux `cm.c` `cm_rep_handler`). 4.096 µs · 2^n.
     pub local_ack_timeout: u8,
     /// `CONNECT_REQUEST`: traffic class of the path.
     pub traffic_class: u8,
@@ -124,7 +125,9 @@ pub struct ConnectC {
     pub rnr_retry_count: u8,
     /// Responder resources / initiator depth offered.
     pub rd_atomic: u8,
-    /// Local ACK timeout exponent.
+    /// The program's ACK timeout (`RDMA_OPTION_ID_ACK_TIMEOUT`, 4.096 µs · 2^n), or 0 for none: when set, the
+    /// REQ's Local ACK Timeout is computed from a packet lifetime of `timeout - 1` (Linux `cma.c`
+    /// `cma_resolve_iboe_route`), else from the CM's.
     pub timeout: u8,
     /// Traffic class.
     pub traffic_class: u8,
@@ -427,7 +430,11 @@ unsafe extern "C" fn bridge_connect(
             };
             let opts = ConnectOpts {
                 mtu: mtu(r.mtu),
-                timeout: r.timeout,
+                timeout: if r.timeout == 0 {
+                    ConnectOpts::default().timeout
+                } else {
+                    r.timeout
+                },
                 retry_cnt: r.retry_count,
                 rnr_retry: r.rnr_retry_count,
                 rd_atomic: r.rd_atomic,
@@ -438,7 +445,7 @@ unsafe extern "C" fn bridge_connect(
             let pd = unsafe { bytes(r.private_data, r.private_len) };
             let dgid = Gid(r.dgid);
             // UDP links route by IP: the MAC is only a placeholder there (module docs of `roce_verbs::cm`).
-            match cm.connect_qpn(
+            match cm.connect_qpn_with_lifetime(
                 Qpn::new(r.qpn),
                 qp_type,
                 dgid,
@@ -446,6 +453,7 @@ unsafe extern "C" fn bridge_connect(
                 r.service_id,
                 pd,
                 &opts,
+                r.timeout.checked_sub(1).map(|t| t.min(31)),
             ) {
                 Ok((id, psn)) => {
                     let h = conn_handle(id);
@@ -757,9 +765,11 @@ unsafe extern "C" fn bridge_poll_event(ctx: *mut IbvContext, out: *mut CmEventC)
                     responder_resources,
                     initiator_depth,
                     rnr_retry_count,
+                    local_ack_timeout,
                     private_data,
                 } => {
                     out.kind = kind::CONNECT_RESPONSE;
+                    out.local_ack_timeout = local_ack_timeout;
                     out.conn = conn_handle(id);
                     out.remote_qpn = remote_qpn.value();
                     out.remote_psn = remote_psn.value();
