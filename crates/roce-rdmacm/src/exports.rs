@@ -758,12 +758,20 @@ pub extern "C" fn rocev2_rdma_leave_multicast(_id: *mut RdmaCmId, _addr: *mut so
     nosys(-1)
 }
 #[unsafe(no_mangle)]
+/// ECE (Enhanced Connection Establishment) is not carried in our REQ/REP, and the device has none
+/// (`ibv_query_ece` / `ibv_set_ece` answer `EOPNOTSUPP`): `-1` with `errno = EOPNOTSUPP`, the errno programs test
+/// for "no ECE" (pyverbs `rdmacm_utils.py` `set_cmids_qp_ece`); rdma-core's librdmacm answers 0 with the ECE
+/// the kernel's CM received.
+#[unsafe(no_mangle)]
 pub extern "C" fn rocev2_rdma_get_remote_ece(_id: *mut RdmaCmId, _ece: *mut c_void) -> c_int {
-    nosys(-1)
+    set_errno(libc::EOPNOTSUPP);
+    -1
 }
+/// As [`rocev2_rdma_get_remote_ece`]: `-1` with `errno = EOPNOTSUPP`.
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_rdma_set_local_ece(_id: *mut RdmaCmId, _ece: *mut c_void) -> c_int {
-    nosys(-1)
+    set_errno(libc::EOPNOTSUPP);
+    -1
 }
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_rdma_reject_ece(
