@@ -168,7 +168,7 @@ fn processes_connect_through_the_loopback_alias_of_a_device_on_another_loopback_
     let out = Command::new("timeout")
         .args(["120"])
         .arg(&prog)
-        .args(["127.0.0.1", "7481", "7482"])
+        .args(["127.0.0.1", "7491", "7492"])
         .env("LD_LIBRARY_PATH", &dir)
         .env("ROCEV2_IBV_IP", "127.0.212.1")
         .output()
