@@ -2,9 +2,10 @@
 //! `<rdma/rdma_cma.h>` / `<rdma/rsocket.h>`. Errors follow librdmacm: `-1` with `errno` (NULL with `errno` for the
 //! calls that return pointers). No panic crosses the C boundary ([`guard`]: `-1`/`EIO`).
 //!
-//! Not implemented (`-1`/`ENOSYS`, NULL/`ENOSYS`; `docs/RDMACM.md` §2): multicast, ECE, `rdma_notify`, SRQs on an
-//! id, `rdma_connect` / `rdma_accept` in the IPoIB port space (its Q_Key is a multicast group's). The rsocket calls
-//! are in module `rsocket`.
+//! Not implemented (`-1`/`ENOSYS`, NULL/`ENOSYS`; `docs/RDMACM.md` §2): multicast, `rdma_reject_ece`, `rdma_notify`,
+//! SRQs on an id, `rdma_connect` / `rdma_accept` in the IPoIB port space (its Q_Key is a multicast group's);
+//! `rdma_get_remote_ece` / `rdma_set_local_ece` are `-1`/`EOPNOTSUPP` (no ECE). The rsocket calls are in module
+//! `rsocket`.
 
 use core::ffi::c_void;
 use libc::{c_char, c_int, size_t, sockaddr};
@@ -757,13 +758,20 @@ pub extern "C" fn rocev2_rdma_join_multicast_ex(
 pub extern "C" fn rocev2_rdma_leave_multicast(_id: *mut RdmaCmId, _addr: *mut sockaddr) -> c_int {
     nosys(-1)
 }
+/// ECE (Enhanced Connection Establishment) is not carried in our REQ/REP, and the device has none
+/// (`ibv_query_ece` / `ibv_set_ece` answer `EOPNOTSUPP`): `-1` with `errno = EOPNOTSUPP`, the errno programs test
+/// for "no ECE" (pyverbs `rdmacm_utils.py` `set_cmids_qp_ece`); rdma-core's librdmacm answers 0 with the ECE
+/// the kernel's CM received.
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_rdma_get_remote_ece(_id: *mut RdmaCmId, _ece: *mut c_void) -> c_int {
-    nosys(-1)
+    set_errno(libc::EOPNOTSUPP);
+    -1
 }
+/// As [`rocev2_rdma_get_remote_ece`]: `-1` with `errno = EOPNOTSUPP`.
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_rdma_set_local_ece(_id: *mut RdmaCmId, _ece: *mut c_void) -> c_int {
-    nosys(-1)
+    set_errno(libc::EOPNOTSUPP);
+    -1
 }
 #[unsafe(no_mangle)]
 pub extern "C" fn rocev2_rdma_reject_ece(

@@ -10,7 +10,7 @@
 //!
 //! Also `tests/c/forkcm.c`: processes forked from a program that opened the device use it and rdma_cm afresh.
 //!
-//! Binds UDP 4791 on 127.0.209.1 and 127.0.210.1.
+//! Binds UDP 4791 on 127.0.209.1, 127.0.210.1 and 127.0.212.1 (and briefly 127.0.0.1, a sentinel).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -176,6 +176,45 @@ fn the_qps_ack_timeout_agrees_with_what_the_cm_announced() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Finding (issues #16, #17: pyverbs' test_rdmacm on a device on 127.0.210.3): pyverbs connects through 127.0.0.1,
+/// which stands for a device on any loopback address (`docs/RDMACM.md` §5), and two processes connecting through
+/// it never connected: the path's DGID was 127.0.0.1's, so the REQ went to 127.0.0.1:4791, where the device is
+/// not (and where another rocev2 process could be). `tests/c/forkcm.c` run with 127.0.0.1 and the device on
+/// 127.0.212.1: two forked children connect and exchange SENDs through the alias, and a third child connects to the
+/// parent's listener. A UDP socket on 127.0.0.1:4791 (when free) checks that nothing is sent to the alias itself.
+/// Binds UDP 4791 on 127.0.212.1 and, briefly, 127.0.0.1.
+#[test]
+fn processes_connect_through_the_loopback_alias_of_a_device_on_another_loopback_address() {
+    let (prog, dir) = build("forkcm", &["-lrdmacm", "-libverbs"]);
+    let sentinel = std::net::UdpSocket::bind("127.0.0.1:4791").ok();
+    // Bounded: the defect was children that never connected (the program bounds each of them itself).
+    let out = Command::new("timeout")
+        .args(["120"])
+        .arg(&prog)
+        .args(["127.0.0.1", "7491", "7492"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROCEV2_IBV_IP", "127.0.212.1")
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if let Some(s) = sentinel {
+        s.set_nonblocking(true).expect("non-blocking");
+        let mut buf = [0u8; 2048];
+        let mut n = 0;
+        while s.recv_from(&mut buf).is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 0, "datagrams were sent to the alias 127.0.0.1:4791");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -4,7 +4,7 @@
  *  - with the device on a loopback address, another loopback address binds to it too; an id bound to a device has
  *    the library's PD of it in id->pd (a UD QP can be made on it, as UCX does);
  *  - invalid pointers and arguments are EINVAL (NULL out-pointers, foreign ids and events, a NULL channel for
- *    rdma_get_cm_event), an AF_UNIX address is EAFNOSUPPORT, an unknown option ENOSYS;
+ *    rdma_get_cm_event), an AF_UNIX address is EAFNOSUPPORT, an unknown option ENOSYS, the ECE calls EOPNOTSUPP;
  *  - a channel whose fd the program made O_NONBLOCK answers rdma_get_cm_event with EAGAIN when empty, and its fd
  *    polls readable once an event waits (address and route resolution answer through events);
  *  - rdma_migrate_id moves an id's later events to another channel;
@@ -155,6 +155,13 @@ int main(int argc, char **argv)
 	CHECK(rdma_set_option(listener, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0);
 	errno = 0;
 	CHECK(rdma_set_option(listener, 42, 42, &tos, 1) == -1 && errno == ENOSYS);
+	/* No ECE (not carried in REQ/REP; ibv_query_ece is EOPNOTSUPP): EOPNOTSUPP, which pyverbs' test_rdmacm takes
+	 * for "no ECE" (ENOSYS made its external-QP test fail). */
+	struct ibv_ece ece = {.vendor_id = 0x15b3};
+	errno = 0;
+	CHECK(rdma_get_remote_ece(listener, &ece) == -1 && errno == EOPNOTSUPP);
+	errno = 0;
+	CHECK(rdma_set_local_ece(listener, &ece) == -1 && errno == EOPNOTSUPP);
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
 
 	/* Non-blocking empty channels; migrate. */
