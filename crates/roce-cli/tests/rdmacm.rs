@@ -639,13 +639,14 @@ fn rsocket_edge_semantics_between_namespaces() {
     let Some(ns) = rsocket_setup("rsedge") else {
         return;
     };
-    c_program_pair(&ns, "rsocket_edge", "7472");
+    c_program_pair(&ns, "rsocket_edge", "7472", &[]);
 }
 
 /// Compiles `tests/c/NAME.c` with `cc` against the system `<rdma/rsocket.h>` / `<rdma/rdma_cma.h>`, linked with
 /// `-lrdmacm -libverbs` like any rdma_cm program, and runs it as `NAME server IP_A PORT` in namespace A and, once
-/// it listens, `NAME client IP_A PORT` in B; each side must exit 0 with `ok` as its last line.
-fn c_program_pair(ns: &NetnsPair, name: &str, port: &str) -> (Finished, Finished) {
+/// it listens, `NAME client IP_A PORT` in B (`args` appended to both); each side must exit 0 with `ok` as its last
+/// line.
+fn c_program_pair(ns: &NetnsPair, name: &str, port: &str, args: &[&str]) -> (Finished, Finished) {
     assert!(
         Path::new("/usr/include/rdma/rsocket.h").is_file(),
         "<rdma/rsocket.h> missing: install Debian's librdmacm-dev (.ci/run does)"
@@ -670,14 +671,22 @@ fn c_program_pair(ns: &NetnsPair, name: &str, port: &str) -> (Finished, Finished
     let mut s = Proc::spawn(
         "server",
         &dir,
-        &argv(&ns.a, ip_a, &[p, "server", ip_a, port]),
+        &argv(
+            &ns.a,
+            ip_a,
+            &[&[p, "server", ip_a, port][..], args].concat(),
+        ),
     );
     wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(300));
     let mut c = Proc::spawn(
         "client",
         &dir,
-        &argv(&ns.b, ip_b, &[p, "client", ip_a, port]),
+        &argv(
+            &ns.b,
+            ip_b,
+            &[&[p, "client", ip_a, port][..], args].concat(),
+        ),
     );
     let cf = c.wait(Duration::from_secs(120));
     let sf = s.wait(Duration::from_secs(60));
@@ -702,13 +711,26 @@ fn rsocket_nonblocking_raccept_never_blocks_on_a_stalled_client() {
     let Some(ns) = setup_at("rsacc", "198.18.28.1", "198.18.28.2", &[]) else {
         return;
     };
-    let (_, sf) = c_program_pair(&ns, "rsocket_accept", "7473");
+    let (_, sf) = c_program_pair(&ns, "rsocket_accept", "7473", &[]);
     let accepted = sf
         .stdout
         .lines()
         .filter(|l| l.starts_with("raccept: ") && !l.starts_with("raccept: -1"))
         .count();
     assert_eq!(accepted, 2, "both requests accepted:\n{sf}");
+}
+
+/// The same stalled client against a blocking listener with two threads in `raccept` (`rsocket_accept.c`
+/// `blocking`): the thread that took the stalled request waits for its RTU without holding the listener, so the
+/// other accepts the honest client and echoes its data within 20 s. Before the fix the first held the listener
+/// for the ~77 s it waited.
+#[test]
+fn rsocket_blocking_raccept_waits_for_the_rtu_without_the_listener() {
+    let _turn = serial();
+    let Some(ns) = setup_at("rsaccb", "198.18.28.1", "198.18.28.2", &[]) else {
+        return;
+    };
+    c_program_pair(&ns, "rsocket_accept", "7474", &["blocking"]);
 }
 
 /// `rocev2 stat` lists the rdma_cm ids of a process as `rdma resource show cm_id` does on Linux: `rping -s` under

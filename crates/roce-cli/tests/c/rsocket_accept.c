@@ -1,6 +1,6 @@
 /* raccept on a non-blocking listener never blocks (breaker finding, issue #17), run by
  * crates/roce-cli/tests/rdmacm.rs under `rocev2 run` in two namespaces:
- *   rsocket_accept server ADDR PORT   |   rsocket_accept client ADDR PORT
+ *   rsocket_accept server ADDR PORT [blocking]   |   rsocket_accept client ADDR PORT [blocking]
  * Client: first a request that never completes: a plain rdma_cm id without a QP sends a REQ carrying rsocket
  * connection data (rdma_connect), sees the server's REP (RDMA_CM_EVENT_CONNECT_RESPONSE) and never answers it
  * (no rdma_establish, so no RTU; the id is left as it is). Then an honest rsocket connects and exchanges 1000
@@ -8,12 +8,17 @@
  * Server: a SOCK_NONBLOCK listener; raccept with nothing pending is EAGAIN; otherwise it waits in rpoll and each
  * raccept returns within 100 ms (before the fix the first one waited ~77 s for the RTU that never came, and the
  * honest client could not connect meanwhile). Both requests are accepted; the honest socket's data is echoed;
- * the stalled socket is still connecting: rrecv on it is EAGAIN and rpoll does not report it.
+ * the stalled socket is still connecting: rrecv on it is EAGAIN and rpoll does not report it. The client stays
+ * until the server closes the honest socket (its exit would end the stalled request: a REJ).
+ * With `blocking` the listener is blocking and two threads call raccept: the one that took the stalled request
+ * waits for its RTU without holding the listener, so the other accepts the honest client within 20 s (before
+ * the fix the first held the listener while it waited, and the second could not take the next request).
  * Prints "ok" and exits 0 when every check holds; otherwise names the failed check and exits 1. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 #include <stdio.h>
@@ -88,14 +93,69 @@ static void server(struct sockaddr_in *a)
 	int stalled = acc[1 - honest];
 	CHECK(rrecv(stalled, b, 1, 0) == -1 && errno == EAGAIN);
 	struct pollfd sp = { stalled, POLLIN | POLLOUT, 0 };
-	CHECK(rpoll(&sp, 1, 200) == 0);
-	/* The honest client closes after reading the echo: the end of its stream. */
-	struct pollfd hp = { acc[honest], POLLIN, 0 };
-	CHECK(rpoll(&hp, 1, 30000) == 1);
-	CHECK(rrecv(acc[honest], b, 1, 0) == 0);
+	int pr = rpoll(&sp, 1, 200);
+	if (pr != 0) { /* names what ended it */
+		int err = 0;
+		socklen_t el = sizeof err;
+		rgetsockopt(stalled, SOL_SOCKET, SO_ERROR, &err, &el);
+		fprintf(stderr, "stalled socket: rpoll %d revents %#x SO_ERROR %d\n", pr, sp.revents, err);
+	}
+	CHECK(pr == 0);
+	/* The client waits for this close (its exit would end the stalled request too). */
 	CHECK(rclose(acc[honest]) == 0);
 	CHECK(rclose(stalled) == 0);
 	CHECK(rclose(l) == 0);
+}
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int accepted[2], naccepted;
+
+static void *acceptor(void *arg)
+{
+	int s = raccept(*(int *) arg, NULL, NULL);
+	pthread_mutex_lock(&mu);
+	accepted[naccepted++] = s;
+	pthread_cond_signal(&cv);
+	pthread_mutex_unlock(&mu);
+	return NULL;
+}
+
+static void server_blocking(struct sockaddr_in *a)
+{
+	alarm(60);
+	static int l;
+	int one = 1;
+	l = rsocket(AF_INET, SOCK_STREAM, 0);
+	CHECK(l >= 0);
+	CHECK(rsetsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
+	CHECK(rbind(l, (struct sockaddr *) a, sizeof *a) == 0);
+	CHECK(rlisten(l, 4) == 0);
+	printf("listening\n");
+	fflush(stdout);
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++) {
+		CHECK(pthread_create(&t[i], NULL, acceptor, &l) == 0);
+		CHECK(pthread_detach(t[i]) == 0);
+	}
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 20;
+	pthread_mutex_lock(&mu);
+	while (naccepted == 0)
+		CHECK(pthread_cond_timedwait(&cv, &mu, &until) == 0);
+	int s = accepted[0];
+	pthread_mutex_unlock(&mu);
+	CHECK(s >= 0);
+	char b[LEN];
+	CHECK(rrecv(s, b, LEN, MSG_WAITALL) == LEN && same(b, LEN));
+	CHECK(rsend(s, b, LEN, 0) == LEN);
+	/* The other thread still waits for the stalled request's RTU. */
+	pthread_mutex_lock(&mu);
+	CHECK(naccepted == 1);
+	pthread_mutex_unlock(&mu);
+	CHECK(rclose(s) == 0);
+	/* The listener stays open: the waiting thread ends with the process. */
 }
 
 static void wait_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
@@ -158,19 +218,23 @@ static void client(struct sockaddr_in *a)
 	double dt = now_ms() - t0;
 	printf("honest client: connected and echoed in %.1f ms\n", dt);
 	CHECK(dt < 10000);
+	/* Stay until the server has checked the stalled socket and closes this one. */
+	CHECK(rrecv(s, b, 1, 0) == 0);
 	CHECK(rclose(s) == 0);
 }
 
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s server|client ADDR PORT\n", argv[0]);
+	if (argc != 4 && !(argc == 5 && !strcmp(argv[4], "blocking"))) {
+		fprintf(stderr, "usage: %s server|client ADDR PORT [blocking]\n", argv[0]);
 		return 2;
 	}
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[3])) };
 	if (inet_pton(AF_INET, argv[2], &a.sin_addr) != 1)
 		return 2;
-	if (!strcmp(argv[1], "server"))
+	if (!strcmp(argv[1], "server") && argc == 5)
+		server_blocking(&a);
+	else if (!strcmp(argv[1], "server"))
 		server(&a);
 	else
 		client(&a);
