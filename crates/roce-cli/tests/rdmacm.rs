@@ -639,13 +639,21 @@ fn rsocket_edge_semantics_between_namespaces() {
     let Some(ns) = rsocket_setup("rsedge") else {
         return;
     };
+    c_program_pair(&ns, "rsocket_edge", "7472", &[]);
+}
+
+/// Compiles `tests/c/NAME.c` with `cc` against the system `<rdma/rsocket.h>` / `<rdma/rdma_cma.h>`, linked with
+/// `-lrdmacm -libverbs` like any rdma_cm program, and runs it as `NAME server IP_A PORT` in namespace A and, once
+/// it listens, `NAME client IP_A PORT` in B (`args` appended to both); each side must exit 0 with `ok` as its last
+/// line.
+fn c_program_pair(ns: &NetnsPair, name: &str, port: &str, args: &[&str]) -> (Finished, Finished) {
     assert!(
         Path::new("/usr/include/rdma/rsocket.h").is_file(),
         "<rdma/rsocket.h> missing: install Debian's librdmacm-dev (.ci/run does)"
     );
-    let dir = scratch("rsocket-edge");
-    let prog = dir.join("rsocket_edge");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rsocket_edge.c");
+    let dir = scratch(&format!("rsocket-{name}"));
+    let prog = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let out = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&prog)
@@ -659,26 +667,70 @@ fn rsocket_edge_semantics_between_namespaces() {
         String::from_utf8_lossy(&out.stderr)
     );
     let p = prog.to_str().expect("UTF-8 path");
+    let (ip_a, ip_b) = (ns.ip_a.as_str(), ns.ip_b.as_str());
     let mut s = Proc::spawn(
         "server",
         &dir,
-        &argv(&ns.a, RS_IP_A, &[p, "server", RS_IP_A, "7472"]),
+        &argv(
+            &ns.a,
+            ip_a,
+            &[&[p, "server", ip_a, port][..], args].concat(),
+        ),
     );
     wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(300));
     let mut c = Proc::spawn(
         "client",
         &dir,
-        &argv(&ns.b, RS_IP_B, &[p, "client", RS_IP_A, "7472"]),
+        &argv(
+            &ns.b,
+            ip_b,
+            &[&[p, "client", ip_a, port][..], args].concat(),
+        ),
     );
     let cf = c.wait(Duration::from_secs(120));
     let sf = s.wait(Duration::from_secs(60));
     for (who, f) in [("client", &cf), ("server", &sf)] {
         assert!(
             f.status.success() && f.stdout.lines().last() == Some("ok"),
-            "{who} failed:\n{cf}\nserver:\n{sf}"
+            "{name}: {who} failed:\n{cf}\nserver:\n{sf}"
         );
     }
+    (cf, sf)
+}
+
+/// `tests/c/rsocket_accept.c` between namespaces in 198.18.28.0/24 (breaker finding): a client's plain rdma_cm
+/// REQ with rsocket connection data is answered by the server's REP and then never completed (no RTU); an honest
+/// rsocket client of the same process then connects and exchanges 1000 bytes within 10 s, while the server's
+/// every `raccept` on its `SOCK_NONBLOCK` listener returns within 100 ms (`EAGAIN` with nothing pending; both
+/// requests accepted, the stalled socket still connecting: `rrecv` `EAGAIN`, not reported by `rpoll`). Before the
+/// fix the first `raccept` waited ~77 s for the RTU while holding the listener.
+#[test]
+fn rsocket_nonblocking_raccept_never_blocks_on_a_stalled_client() {
+    let _turn = serial();
+    let Some(ns) = setup_at("rsacc", "198.18.28.1", "198.18.28.2", &[]) else {
+        return;
+    };
+    let (_, sf) = c_program_pair(&ns, "rsocket_accept", "7473", &[]);
+    let accepted = sf
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("raccept: ") && !l.starts_with("raccept: -1"))
+        .count();
+    assert_eq!(accepted, 2, "both requests accepted:\n{sf}");
+}
+
+/// The same stalled client against a blocking listener with two threads in `raccept` (`rsocket_accept.c`
+/// `blocking`): the thread that took the stalled request waits for its RTU without holding the listener, so the
+/// other accepts the honest client and echoes its data within 20 s. Before the fix the first held the listener
+/// for the ~77 s it waited.
+#[test]
+fn rsocket_blocking_raccept_waits_for_the_rtu_without_the_listener() {
+    let _turn = serial();
+    let Some(ns) = setup_at("rsaccb", "198.18.28.1", "198.18.28.2", &[]) else {
+        return;
+    };
+    c_program_pair(&ns, "rsocket_accept", "7474", &["blocking"]);
 }
 
 /// `rocev2 stat` lists the rdma_cm ids of a process as `rdma resource show cm_id` does on Linux: `rping -s` under

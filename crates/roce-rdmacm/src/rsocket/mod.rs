@@ -15,8 +15,10 @@
 //!   service thread, so there a connect to a listener of the same thread completes); keepalive is recorded but no
 //!   `RS_CTRL_KEEPALIVE` is sent (the RC transport's own retries detect a dead peer); `rpoll` reports a peer's
 //!   disconnect (`POLLHUP`) only once the data received before it is read. A blocking `rsend`/`rrecv` waits
-//!   without holding its socket, so another thread may use it meanwhile; `raccept`, a blocking `rconnect` and
-//!   `rshutdown` hold it while they wait.
+//!   without holding its socket, so another thread may use it meanwhile; a blocking `rconnect` and `rshutdown`
+//!   hold it while they wait. `raccept` holds the listener only while it takes and answers a request: on a
+//!   non-blocking listener it returns the new socket at once (its connection completes with the RTU, as
+//!   rsocket.c's accepting state), a blocking one waits for the RTU without the listener.
 //! * Not implemented (`-1` with `errno`): datagram rsockets (`SOCK_DGRAM`: `ENOTSUP` from `rsocket`), the iomap
 //!   calls `riomap` / `riounmap` / `riowrite` (`ENOSYS`; the connection data advertises no iomap), `RDMA_ROUTE`
 //!   (`ENOTSUP`), `AF_IB`.
@@ -307,10 +309,12 @@ fn rs_connect(fd: c_int, addr: *const sockaddr) -> R<()> {
     })
 }
 
-/// Completes a connection in progress with the REP's connection data: `EAGAIN` while it has not come (when not
-/// `block`); a refusal or a bad REP leaves the socket in the connect-error state with `SO_ERROR` set.
+/// Completes a connection in progress: a connecting socket with the REP's connection data, an accepting one
+/// (a non-blocking `raccept` answered the REQ) once the RTU came. `EAGAIN` while it has not come (when not
+/// `block`); a refusal, a bad REP or a missing RTU leaves the socket in the connect-error state with `SO_ERROR`
+/// set (rsocket.c `rs_do_connect`, its `rs_connecting` and `rs_accepting` steps).
 fn finish_connect(rs: &mut Rs, block: bool) -> R<()> {
-    if rs.state != st::CONNECTING {
+    if rs.state != st::CONNECTING && rs.state != st::ACCEPTING {
         return if rs.state & st::CONNECTED != 0 {
             Ok(())
         } else {
@@ -318,22 +322,21 @@ fn finish_connect(rs: &mut Rs, block: bool) -> R<()> {
         };
     }
     let id = rs.id;
-    if !block {
-        let mut p = libc::pollfd {
-            fd: chan_fd(id),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd.
-        if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
-            return Err(libc::EAGAIN);
-        }
+    if !block && !chan_ready(chan_fd(id), 0) {
+        return Err(libc::EAGAIN);
     }
-    let r = wait_cm(id, EV_ESTABLISHED)
-        .and_then(|rep| ConnData::parse(&rep).map_err(|_| libc::ENOTSUP));
+    let r = if rs.state == st::ACCEPTING {
+        // The peer's connection data came with the REQ (saved by `raccept`); the RTU carries none.
+        wait_cm(id, EV_ESTABLISHED).map(|_| None)
+    } else {
+        wait_cm(id, EV_ESTABLISHED)
+            .and_then(|rep| ConnData::parse(&rep).map(Some).map_err(|_| libc::ENOTSUP))
+    };
     match r {
         Ok(peer) => {
-            rs.save_conn_data(&peer);
+            if let Some(peer) = peer {
+                rs.save_conn_data(&peer);
+            }
             rs.state = st::CONNECT_RDWR;
             Ok(())
         }
@@ -345,17 +348,53 @@ fn finish_connect(rs: &mut Rs, block: bool) -> R<()> {
     }
 }
 
-/// Takes the next connection request of the listening socket (or `EAGAIN`), accepts it with our connection data
-/// and waits for the RTU; the new rsocket's number.
+/// Whether `fd` is readable within `ms` milliseconds (an event channel with an event queued).
+fn chan_ready(fd: c_int, ms: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+/// Takes the next connection request of the listening socket and accepts it with our connection data (sends
+/// the REP); the new rsocket's number. The listener is held only while a request is taken and answered, never
+/// while waiting (rsocket.c: `rdma_get_request` then `rdma_accept`):
+/// * non-blocking listener: `EAGAIN` when no request is pending; otherwise the new socket is returned at once in
+///   the accepting state, its connection completing when the RTU comes (`rpoll`, `rsend`, `rrecv` on it wait or
+///   answer `EAGAIN` as on a connecting socket; a missing RTU is its `SO_ERROR`);
+/// * blocking listener: waits for a request (other threads may accept meanwhile), then for the RTU without the
+///   listener; a failed handshake is the call's error (`ETIMEDOUT` when the RTU never came).
+///
+/// Requests that are not rsockets' (no or bad connection data) are rejected, as rsocket.c does.
 fn rs_accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> R<c_int> {
     let s = sock(fd)?;
-    let parent = lock(&s);
-    if parent.state != st::LISTENING {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: a live listening id.
-    let ch = unsafe { (*parent.id).channel };
-    loop {
+    let refuse = |nid: *mut RdmaCmId| {
+        {
+            let mut c = cma::lock();
+            let _ = cma::reject(&mut c, nid as usize, core::ptr::null(), 0);
+        }
+        let _ = cma::destroy_id(nid);
+    };
+    let (nid, mut rs, nonblock) = loop {
+        let parent = lock(&s);
+        if parent.id.is_null() || parent.state != st::LISTENING {
+            return Err(libc::EINVAL);
+        }
+        let nonblock = parent.fs_flags & libc::O_NONBLOCK != 0;
+        let lfd = chan_fd(parent.id);
+        if !chan_ready(lfd, 0) {
+            if nonblock {
+                return Err(libc::EAGAIN);
+            }
+            drop(parent);
+            chan_ready(lfd, 100);
+            continue;
+        }
+        // SAFETY: a live listening id.
+        let ch = unsafe { (*parent.id).channel };
         let ev = cma::get_event(ch)?;
         // SAFETY: an event handed out by get_event.
         let (nid, kind, pdata) = unsafe {
@@ -375,13 +414,6 @@ fn rs_accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> R<c_int> {
         if kind != EV_CONNECT_REQUEST {
             continue;
         }
-        let refuse = |nid: *mut RdmaCmId| {
-            {
-                let mut c = cma::lock();
-                let _ = cma::reject(&mut c, nid as usize, core::ptr::null(), 0);
-            }
-            let _ = cma::destroy_id(nid);
-        };
         let Ok(peer) = ConnData::parse(&pdata) else {
             // Not an rsocket (or another version): rsocket.c rejects it too.
             refuse(nid);
@@ -394,6 +426,7 @@ fn rs_accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> R<c_int> {
             return Err(e);
         }
         let mut rs = Rs::new(nid, Some(&parent));
+        drop(parent);
         let r = (|| -> R<()> {
             rs.create_ep()?;
             rs.save_conn_data(&peer);
@@ -403,30 +436,36 @@ fn rs_accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> R<c_int> {
                 .emit(&mut data)
                 .map_err(|_| libc::EINVAL)?;
             let param = conn_param(&data);
-            {
-                let mut c = cma::lock();
-                cma::accept(&mut c, nid as usize, Some(&param))?;
-            }
-            wait_cm(nid, EV_ESTABLISHED)?;
-            Ok(())
+            let mut c = cma::lock();
+            cma::accept(&mut c, nid as usize, Some(&param))
         })();
         if let Err(e) = r {
             rs.conn = None;
             refuse(nid);
-            if e == libc::EAGAIN {
-                return Err(libc::ECONNABORTED);
-            }
-            return Err(e);
+            return Err(if e == libc::EAGAIN {
+                libc::ECONNABORTED
+            } else {
+                e
+            });
         }
-        rs.state = st::CONNECT_RDWR;
-        let nfd = chan_fd(nid);
-        drop(parent);
-        insert(nfd, rs);
-        if !addr.is_null() && !len.is_null() {
-            let _ = name(nfd, addr, len, true);
-        }
-        return Ok(nfd);
+        break (nid, rs, nonblock);
+    };
+    rs.state = st::ACCEPTING;
+    if !nonblock && let Err(e) = finish_connect(&mut rs, true) {
+        rs.conn = None;
+        refuse(nid);
+        return Err(if e == libc::EAGAIN {
+            libc::ECONNABORTED
+        } else {
+            e
+        });
     }
+    let nfd = chan_fd(nid);
+    insert(nfd, rs);
+    if !addr.is_null() && !len.is_null() {
+        let _ = name(nfd, addr, len, true);
+    }
+    Ok(nfd)
 }
 
 fn name(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bool) -> R<()> {

@@ -54,6 +54,8 @@ pub mod st {
     pub const OPENING: u32 = 0x4;
     /// REQ sent, waiting for the REP (rsocket.c `rs_connecting`).
     pub const CONNECTING: u32 = OPENING | 0x40;
+    /// REP sent by a non-blocking `raccept`, waiting for the RTU (rsocket.c `rs_accepting`).
+    pub const ACCEPTING: u32 = OPENING | 0x80;
     pub const CONNECTED: u32 = 0x100;
     pub const WRITABLE: u32 = 0x200;
     pub const READABLE: u32 = 0x400;
