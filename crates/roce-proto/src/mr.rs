@@ -313,6 +313,7 @@ pub(crate) struct Mr {
     pub(crate) access: AccessFlags,
     key: u32,
     leases: u32,
+    rkey_valid: bool,
 }
 
 impl Mr {
@@ -406,6 +407,7 @@ impl MrTable {
             access,
             key,
             leases: 0,
+            rkey_valid: true,
         });
         self.live += 1;
         MrInfo {
@@ -515,16 +517,35 @@ impl MrTable {
         if rkey.0 & crate::mw::MW_KEY_BIT != 0 {
             return self.check_remote_mw(rkey, pd, qpn, addr, len, need);
         }
-        self.check(rkey.0, pd, addr, len, need)
+        let r = self.check(rkey.0, pd, addr, len, need)?;
+        match &self.slots[r.slot as usize] {
+            Some(mr) if mr.rkey_valid => Ok(r),
+            _ => Err(MrFault::BadKey),
+        }
     }
 
-    /// A SEND with invalidate received on QP `qpn` of PD `pd`: invalidates `rkey`, a type 2 window's key
-    /// (`crate::mw`). Returns false if it names nothing of `pd` that can be invalidated: an R_Key of a memory region
-    /// registered with `ibv_reg_mr` cannot be (IBTA Vol 1 §10.6.7: remote invalidation applies to type 2 windows
-    /// and fast-registered regions, which rocev2 does not have; rxe `rxe_invalidate_mr` refuses user MRs too), so a
-    /// peer cannot revoke another client's access to a shared MR.
+    /// A SEND with invalidate received on QP `qpn` of PD `pd`: invalidates `rkey`, an MR's R_Key or a type 2
+    /// window's key (`crate::mw`). Returns false if it names nothing of `pd` that can be invalidated.
     pub(crate) fn invalidate_remote(&mut self, rkey: Rkey, pd: PdHandle, qpn: Qpn) -> bool {
-        rkey.0 & crate::mw::MW_KEY_BIT != 0 && self.invalidate_mw_remote(rkey, pd, qpn)
+        if rkey.0 & crate::mw::MW_KEY_BIT != 0 {
+            self.invalidate_mw_remote(rkey, pd, qpn)
+        } else {
+            self.invalidate_rkey(rkey, pd)
+        }
+    }
+
+    /// SEND_WITH_INV: invalidate `rkey` for remote access. Returns false if it names no MR of `pd`.
+    pub(crate) fn invalidate_rkey(&mut self, rkey: Rkey, pd: PdHandle) -> bool {
+        match self.slot_of(rkey.0) {
+            Some(s) => match &mut self.slots[s as usize] {
+                Some(mr) if mr.pd == pd && mr.rkey_valid => {
+                    mr.rkey_valid = false;
+                    true
+                }
+                _ => false,
+            },
+            None => false,
+        }
     }
 
     pub(crate) fn lease(&mut self, slot: u32) {
@@ -835,10 +856,8 @@ mod tests {
             )
             .is_ok()
         );
-        // A registered MR's R_Key cannot be invalidated by a peer (breaker finding: any client could revoke a
-        // shared MR for good); it keeps granting access.
-        assert!(!t.invalidate_remote(b.rkey, pd, Qpn::new(1)));
-        assert!(
+        assert!(t.invalidate_rkey(b.rkey, pd));
+        assert_eq!(
             t.check_remote(
                 b.rkey,
                 pd,
@@ -846,8 +865,8 @@ mod tests {
                 b.addr,
                 10,
                 AccessFlags::REMOTE_READ
-            )
-            .is_ok()
+            ),
+            Err(MrFault::BadKey)
         );
         let r = t
             .check_local(a.lkey, pd, a.addr, 1, AccessFlags::EMPTY)
