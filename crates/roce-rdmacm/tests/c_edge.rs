@@ -78,6 +78,17 @@ fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
     (prog, dir)
 }
 
+/// A C program's verdict: it exited 0 and printed exactly "ok" (else the test fails with its output).
+fn expect_ok(out: &std::process::Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn c_program_meets_the_rdma_cm_edge_semantics() {
     let (prog, dir) = build("edge", &["-lrdmacm", "-libverbs"]);
@@ -90,13 +101,7 @@ fn c_program_meets_the_rdma_cm_edge_semantics() {
         .env("ROCEV2_IBV_IP", "127.0.209.1")
         .output()
         .expect("run the C program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim() == "ok",
-        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_ok(&out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -116,13 +121,7 @@ fn a_synchronous_waiter_returns_when_its_id_is_destroyed_or_migrated() {
         .env("ROCEV2_IBV_IP", "127.0.203.1")
         .output()
         .expect("run the C program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim() == "ok",
-        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_ok(&out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -143,13 +142,7 @@ fn processes_forked_from_a_program_that_opened_the_device_use_rdma_cm_afresh() {
         .env("ROCEV2_IBV_IP", "127.0.210.1")
         .output()
         .expect("run the C program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim() == "ok",
-        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_ok(&out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -169,13 +162,7 @@ fn the_qps_ack_timeout_agrees_with_what_the_cm_announced() {
         .env("ROCEV2_IBV_IP", "127.0.213.1")
         .output()
         .expect("run the C program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim() == "ok",
-        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_ok(&out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -199,13 +186,7 @@ fn processes_connect_through_the_loopback_alias_of_a_device_on_another_loopback_
         .env("ROCEV2_IBV_IP", "127.0.212.1")
         .output()
         .expect("run the C program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim() == "ok",
-        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_ok(&out);
     if let Some(s) = sentinel {
         s.set_nonblocking(true).expect("non-blocking");
         let mut buf = [0u8; 2048];
@@ -237,13 +218,7 @@ fn rdma_getaddrinfo_answers_as_librdmacm() {
         .env("LD_LIBRARY_PATH", &dir)
         .output()
         .expect("run the C program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim() == "ok",
-        "{:?}\n--- stdout\n{stdout}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_ok(&out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
