@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Finished, NetnsPair, Proc, netns_unavailable, scratch, serial, strings, wait_socket};
+use common::{Finished, NetnsPair, Proc, scratch, serial, strings, wait_socket};
 
 const IP_A: &str = "198.18.17.1";
 const IP_B: &str = "198.18.17.2";
@@ -22,67 +22,9 @@ const IP_B: &str = "198.18.17.2";
 const UD_IP_A: &str = "198.18.22.1";
 const UD_IP_B: &str = "198.18.22.2";
 
-/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds both
-/// libraries beside `rocev2` (a no-op when fresh).
-fn libraries() {
-    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build -p roce-ibverbs -p roce-rdmacm failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let dir = Path::new(common::bin()).parent().expect("bin dir");
-        for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
-            assert!(dir.join(lib).is_file(), "{lib} missing after the build");
-        }
-    });
-}
-
-/// `ip netns exec NS ROCEV2 run --ip IP -- ARGS...`.
-fn argv(ns: &str, ip: &str, args: &[&str]) -> Vec<String> {
-    let mut v = strings(&[
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        common::bin(),
-        "run",
-        "--ip",
-        ip,
-        "--",
-    ]);
-    v.extend(strings(args));
-    v
-}
-
 /// The namespaces, or `None` (with the reason printed) when this machine cannot run the test.
 fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
-    setup_at(tag, IP_A, IP_B, programs)
-}
-
-/// [`setup`] with the namespaces' addresses given.
-fn setup_at(tag: &str, ip_a: &str, ip_b: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
-    if let Some(why) = netns_unavailable() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    for (p, pkg) in programs {
-        common::need_program(p, pkg);
-    }
-    libraries();
-    let ns = NetnsPair::up(tag, ip_a, ip_b, 1500);
-    ns.wait_running();
-    Some(ns)
+    common::rdmacm_setup(tag, IP_A, IP_B, programs)
 }
 
 /// Runs `server` in namespace A and, once it listens, `client` in B; both must exit 0.
@@ -100,10 +42,10 @@ fn setup_at(tag: &str, ip_a: &str, ip_b: &str, programs: &[(&str, &str)]) -> Opt
 fn pair(ns: &NetnsPair, name: &str, server: &[&str], client: &[&str]) -> (Finished, Finished) {
     let dir = scratch(&format!("rdmacm-{name}"));
     for attempt in 1.. {
-        let mut s = Proc::spawn("server", &dir, &argv(&ns.a, &ns.ip_a, server));
+        let mut s = Proc::spawn("server", &dir, &common::run_argv(&ns.a, &ns.ip_a, server));
         wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
         std::thread::sleep(Duration::from_millis(300));
-        let mut c = Proc::spawn("client", &dir, &argv(&ns.b, &ns.ip_b, client));
+        let mut c = Proc::spawn("client", &dir, &common::run_argv(&ns.b, &ns.ip_b, client));
         let cf = c.wait(Duration::from_secs(120));
         let early = !cf.status.success()
             && format!("{}{}", cf.stdout, cf.stderr).contains("RDMA_CM_EVENT_REJECTED; error: 8")
@@ -186,7 +128,7 @@ fn udaddy_four_ud_ids_between_namespaces() {
         eprintln!("skipped: {why}");
         return;
     }
-    let Some(ns) = setup_at("udaddy", UD_IP_A, UD_IP_B, &[]) else {
+    let Some(ns) = common::rdmacm_setup("udaddy", UD_IP_A, UD_IP_B, &[]) else {
         return;
     };
     // RDMA_PS_UDP: four UD ids resolve the server's UD QPs with SIDR (ESTABLISHED with param.ud, an AH from its
@@ -217,7 +159,7 @@ fn sidr_accept_reject_and_no_listener_through_the_library() {
         Path::new("/usr/include/rdma/rdma_cma.h").is_file(),
         "<rdma/rdma_cma.h> missing: install Debian's librdmacm-dev (.ci/run does)"
     );
-    let Some(ns) = setup_at("sidr", UD_IP_A, UD_IP_B, &[]) else {
+    let Some(ns) = common::rdmacm_setup("sidr", UD_IP_A, UD_IP_B, &[]) else {
         return;
     };
     let dir = scratch("rdmacm-sidr");
@@ -236,7 +178,11 @@ fn sidr_accept_reject_and_no_listener_through_the_library() {
         String::from_utf8_lossy(&out.stderr)
     );
     let prog = prog.to_str().expect("UTF-8 path");
-    let mut p = Proc::spawn("sidr", &dir, &argv(&ns.a, UD_IP_A, &[prog, UD_IP_A]));
+    let mut p = Proc::spawn(
+        "sidr",
+        &dir,
+        &common::run_argv(&ns.a, UD_IP_A, &[prog, UD_IP_A]),
+    );
     let f = p.wait(Duration::from_secs(120));
     assert!(
         f.status.success() && f.stdout.trim() == "ok",
@@ -344,7 +290,7 @@ fn qperf_rc_bw_and_rc_lat_over_rdma_cm_between_namespaces() {
     };
     let dir = scratch("rdmacm-qperf");
     // qperf's server: its control connection on TCP 19765, then the tests the client asks for; it runs until killed.
-    let s = Proc::spawn("server", &dir, &argv(&ns.a, IP_A, &["qperf"]));
+    let s = Proc::spawn("server", &dir, &common::run_argv(&ns.a, IP_A, &["qperf"]));
     // It listens on the IPv6 wildcard (dual stack), which `wait_socket` (IPv4 tables) does not read: ask `ss`.
     let t0 = std::time::Instant::now();
     loop {
@@ -373,7 +319,7 @@ fn qperf_rc_bw_and_rc_lat_over_rdma_cm_between_namespaces() {
         let mut c = Proc::spawn(
             "client",
             &dir,
-            &argv(
+            &common::run_argv(
                 &ns.b,
                 IP_B,
                 &["qperf", "-cm1", "-t", "2", IP_A, "rc_bw", "rc_lat"],
@@ -477,7 +423,8 @@ const FI_SIZES: [&str; 6] = ["64", "256", "1k", "4k", "64k", "1m"];
 fn fi_pingpong_over_libfabric_verbs_and_rxm_between_namespaces() {
     let _turn = serial();
     let (ip_a, ip_b) = ("198.18.24.1", "198.18.24.2");
-    let Some(ns) = setup_at("fipp", ip_a, ip_b, &[("fi_pingpong", "libfabric-bin")]) else {
+    let Some(ns) = common::rdmacm_setup("fipp", ip_a, ip_b, &[("fi_pingpong", "libfabric-bin")])
+    else {
         return;
     };
     let dir = scratch("rdmacm-fi_pingpong");
@@ -500,11 +447,11 @@ fn fi_pingpong_over_libfabric_verbs_and_rxm_between_namespaces() {
             "30",
         ];
         let before = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b);
-        let mut s = Proc::spawn("server", &dir, &argv(&ns.a, ip_a, &args));
+        let mut s = Proc::spawn("server", &dir, &common::run_argv(&ns.a, ip_a, &args));
         wait_socket(&mut s, "tcp", ns.octets_a(), 47592, Duration::from_secs(60));
         let mut client = args.to_vec();
         client.push(ip_a);
-        let mut c = Proc::spawn("client", &dir, &argv(&ns.b, ip_b, &client));
+        let mut c = Proc::spawn("client", &dir, &common::run_argv(&ns.b, ip_b, &client));
         let cf = c.wait(Duration::from_secs(120));
         let sf = s.wait(Duration::from_secs(30));
         let datagrams = common::udp_in_datagrams(&ns.a) + common::udp_in_datagrams(&ns.b) - before;
@@ -555,10 +502,10 @@ fn rstream_pair(ns: &NetnsPair, name: &str, args: &[&str]) -> (Finished, Finishe
     server.extend_from_slice(args);
     let mut client = vec!["rstream", "-s", RS_IP_A];
     client.extend_from_slice(args);
-    let mut s = Proc::spawn("server", &dir, &argv(&ns.a, RS_IP_A, &server));
+    let mut s = Proc::spawn("server", &dir, &common::run_argv(&ns.a, RS_IP_A, &server));
     wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(300));
-    let mut c = Proc::spawn("client", &dir, &argv(&ns.b, RS_IP_B, &client));
+    let mut c = Proc::spawn("client", &dir, &common::run_argv(&ns.b, RS_IP_B, &client));
     let cf = c.wait(Duration::from_secs(300));
     let sf = s.wait(Duration::from_secs(60));
     for (who, f) in [("client", &cf), ("server", &sf)] {
@@ -575,7 +522,7 @@ fn rstream_pair(ns: &NetnsPair, name: &str, args: &[&str]) -> (Finished, Finishe
 }
 
 fn rsocket_setup(tag: &str) -> Option<NetnsPair> {
-    setup_at(tag, RS_IP_A, RS_IP_B, &[("rstream", "rdmacm-utils")])
+    common::rdmacm_setup(tag, RS_IP_A, RS_IP_B, &[("rstream", "rdmacm-utils")])
 }
 
 /// rstream's default test: a latency run (64 B .. 1 MiB, 100 000 .. 100 round trips) on one connection, then a
@@ -671,7 +618,7 @@ fn c_program_pair(ns: &NetnsPair, name: &str, port: &str, args: &[&str]) -> (Fin
     let mut s = Proc::spawn(
         "server",
         &dir,
-        &argv(
+        &common::run_argv(
             &ns.a,
             ip_a,
             &[&[p, "server", ip_a, port][..], args].concat(),
@@ -682,7 +629,7 @@ fn c_program_pair(ns: &NetnsPair, name: &str, port: &str, args: &[&str]) -> (Fin
     let mut c = Proc::spawn(
         "client",
         &dir,
-        &argv(
+        &common::run_argv(
             &ns.b,
             ip_b,
             &[&[p, "client", ip_a, port][..], args].concat(),
@@ -708,7 +655,7 @@ fn c_program_pair(ns: &NetnsPair, name: &str, port: &str, args: &[&str]) -> (Fin
 #[test]
 fn rsocket_nonblocking_raccept_never_blocks_on_a_stalled_client() {
     let _turn = serial();
-    let Some(ns) = setup_at("rsacc", "198.18.28.1", "198.18.28.2", &[]) else {
+    let Some(ns) = common::rdmacm_setup("rsacc", "198.18.28.1", "198.18.28.2", &[]) else {
         return;
     };
     let (_, sf) = c_program_pair(&ns, "rsocket_accept", "7473", &[]);
@@ -727,7 +674,7 @@ fn rsocket_nonblocking_raccept_never_blocks_on_a_stalled_client() {
 #[test]
 fn rsocket_blocking_raccept_waits_for_the_rtu_without_the_listener() {
     let _turn = serial();
-    let Some(ns) = setup_at("rsaccb", "198.18.28.1", "198.18.28.2", &[]) else {
+    let Some(ns) = common::rdmacm_setup("rsaccb", "198.18.28.1", "198.18.28.2", &[]) else {
         return;
     };
     c_program_pair(&ns, "rsocket_accept", "7474", &["blocking"]);
@@ -742,7 +689,7 @@ fn rsocket_blocking_raccept_waits_for_the_rtu_without_the_listener() {
 fn stat_lists_the_rdma_cm_ids_of_rping() {
     let _turn = serial();
     let (a, b) = ("198.18.27.1", "198.18.27.2");
-    let Some(ns) = setup_at("cmstat", a, b, &[("rping", "rdmacm-utils")]) else {
+    let Some(ns) = common::rdmacm_setup("cmstat", a, b, &[("rping", "rdmacm-utils")]) else {
         return;
     };
     let dir = scratch("rdmacm-cmstat");
@@ -793,7 +740,11 @@ fn stat_lists_the_rdma_cm_ids_of_rping() {
     let mut s = Proc::spawn(
         "server",
         &dir,
-        &with_env(argv(&ns.a, a, &["rping", "-s", "-a", a, "-p", "7174"])),
+        &with_env(common::run_argv(
+            &ns.a,
+            a,
+            &["rping", "-s", "-a", a, "-p", "7174"],
+        )),
     );
     wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
     let src = format!("{a}:7174");
@@ -817,7 +768,7 @@ fn stat_lists_the_rdma_cm_ids_of_rping() {
     let c = Proc::spawn(
         "client",
         &dir,
-        &argv(&ns.b, b, &["rping", "-c", "-a", a, "-p", "7174"]),
+        &common::run_argv(&ns.b, b, &["rping", "-c", "-a", a, "-p", "7174"]),
     );
     let ids = ids_when("CONNECT", &|i| i["state"] == "CONNECT");
     let conn = ids.iter().find(|i| i["state"] == "CONNECT").expect("found");

@@ -7,71 +7,16 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{NetnsPair, Proc, netns_unavailable, scratch, serial, strings, wait_socket};
+use common::{NetnsPair, Proc, scratch, serial, wait_socket};
 
 const IP_A: &str = "198.18.25.1";
 const IP_B: &str = "198.18.25.2";
 
-/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds both
-/// libraries beside `rocev2` (a no-op when fresh).
-fn libraries() {
-    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build -p roce-ibverbs -p roce-rdmacm failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let dir = Path::new(common::bin()).parent().expect("bin dir");
-        for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
-            assert!(dir.join(lib).is_file(), "{lib} missing after the build");
-        }
-    });
-}
-
-/// `ip netns exec NS ROCEV2 run --ip IP -- ARGS...`.
-fn argv(ns: &str, ip: &str, args: &[&str]) -> Vec<String> {
-    let mut v = strings(&[
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        common::bin(),
-        "run",
-        "--ip",
-        ip,
-        "--",
-    ]);
-    v.extend(strings(args));
-    v
-}
-
 /// The namespaces, or `None` (with the reason printed) when this machine cannot run the test.
 fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
-    if let Some(why) = netns_unavailable() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    for (p, pkg) in programs {
-        common::need_program(p, pkg);
-    }
-    libraries();
-    let ns = NetnsPair::up(tag, IP_A, IP_B, 1500);
-    ns.wait_running();
-    Some(ns)
+    common::rdmacm_setup(tag, IP_A, IP_B, programs)
 }
 
 /// Finding (issue #17, "connect to a process whose CM hasn't started is never answered"): a process on the address
@@ -95,14 +40,14 @@ fn a_request_to_a_process_without_listener_is_rejected_at_once() {
     let mut s = Proc::spawn(
         "verbs-only",
         &dir,
-        &argv(&ns.a, IP_A, &["ibv_rc_pingpong", "-g", "0", "-p", "18525"]),
+        &common::run_argv(&ns.a, IP_A, &["ibv_rc_pingpong", "-g", "0", "-p", "18525"]),
     );
     wait_socket(&mut s, "udp", ns.octets_a(), 4791, Duration::from_secs(60));
     let t0 = Instant::now();
     let mut c = Proc::spawn(
         "client",
         &dir,
-        &argv(&ns.b, IP_B, &["rping", "-c", "-a", IP_A, "-C", "1", "-v"]),
+        &common::run_argv(&ns.b, IP_B, &["rping", "-c", "-a", IP_A, "-C", "1", "-v"]),
     );
     let cf = c.wait(Duration::from_secs(40));
     let took = t0.elapsed();
@@ -134,7 +79,7 @@ fn rdma_cm_servers_and_clients_share_one_address() {
     };
     let dir = scratch("rdmacm-shared");
     let rping = |role: &str, port: &str| {
-        argv(
+        common::run_argv(
             &ns.a,
             IP_A,
             &[
@@ -190,7 +135,7 @@ fn a_killed_servers_port_is_taken_over_by_the_next_server() {
     };
     let dir = scratch("rdmacm-stale");
     let rping = |role: &str, port: &str| {
-        argv(
+        common::run_argv(
             &ns.a,
             IP_A,
             &["rping", role, "-a", IP_A, "-p", port, "-C", "5", "-v", "-V"],
@@ -251,14 +196,14 @@ fn a_request_before_the_listen_is_rejected_and_the_next_one_accepted() {
     };
     let dir = scratch("rdmacm-late-listen");
     let server = |port: &str| {
-        argv(
+        common::run_argv(
             &ns.a,
             IP_A,
             &["rping", "-s", "-a", IP_A, "-p", port, "-C", "5", "-v", "-V"],
         )
     };
     let client = |port: &str| {
-        argv(
+        common::run_argv(
             &ns.b,
             IP_B,
             &["rping", "-c", "-a", IP_A, "-p", port, "-C", "5", "-v", "-V"],
@@ -316,7 +261,7 @@ fn a_request_nobody_answers_ends_unreachable_after_the_cm_retries() {
     let f = Proc::spawn(
         "client",
         &dir,
-        &argv(&ns.b, IP_B, &["rping", "-c", "-a", IP_A, "-C", "1", "-v"]),
+        &common::run_argv(&ns.b, IP_B, &["rping", "-c", "-a", IP_A, "-C", "1", "-v"]),
     )
     .wait(Duration::from_secs(150));
     let took = t0.elapsed();

@@ -576,3 +576,57 @@ pub fn need_program(program: &str, package: &str) {
         "{program} not found: install Debian's {package} (.ci/run does)"
     );
 }
+
+/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds both
+/// libraries beside `rocev2` (a no-op when fresh).
+pub fn rdmacm_libraries() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build -p roce-ibverbs -p roce-rdmacm failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = Path::new(bin()).parent().expect("bin dir");
+        for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
+            assert!(dir.join(lib).is_file(), "{lib} missing after the build");
+        }
+    });
+}
+
+/// `ip netns exec NS ROCEV2 run --ip IP -- ARGS...`.
+pub fn run_argv(ns: &str, ip: &str, args: &[&str]) -> Vec<String> {
+    let mut v = strings(&["ip", "netns", "exec", ns, bin(), "run", "--ip", ip, "--"]);
+    v.extend(strings(args));
+    v
+}
+
+/// The two namespaces of an rdma_cm test at `ip_a` / `ip_b`, after checking its `programs` (name, Debian
+/// package) and building the libraries; `None` (with the reason printed) when this machine cannot run it.
+pub fn rdmacm_setup(
+    tag: &str,
+    ip_a: &str,
+    ip_b: &str,
+    programs: &[(&str, &str)],
+) -> Option<NetnsPair> {
+    if let Some(why) = netns_unavailable() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    for (p, pkg) in programs {
+        need_program(p, pkg);
+    }
+    rdmacm_libraries();
+    let ns = NetnsPair::up(tag, ip_a, ip_b, 1500);
+    ns.wait_running();
+    Some(ns)
+}
