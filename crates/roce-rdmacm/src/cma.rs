@@ -576,19 +576,7 @@ fn install_signal_ends() {
         return;
     }
     let (req_r, done_w) = (req[0], done[1]);
-    // SAFETY: sigset operations on local sets; the thread starts with every signal blocked (as the dispatcher).
-    let spawned = unsafe {
-        let mut all: libc::sigset_t = core::mem::zeroed();
-        let mut old: libc::sigset_t = core::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        let r = std::thread::Builder::new()
-            .name("rocev2-rdmacm-end".into())
-            .spawn(move || ender(req_r, done_w));
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
-        r.is_ok()
-    };
-    if !spawned {
+    if spawn_quiet("rocev2-rdmacm-end", move || ender(req_r, done_w)).is_err() {
         return;
     }
     END_REQ_W.store(req[1], Ordering::SeqCst);
@@ -708,19 +696,35 @@ fn end_all_ids(budget: Duration) {
 }
 
 fn start_dispatcher() -> R<()> {
-    // The thread starts with every signal blocked (the program's handlers run on the program's threads).
-    // SAFETY: sigset operations on local sets.
+    spawn_quiet("rocev2-rdmacm", dispatch_loop)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))
+}
+
+/// Spawns one of the library's threads with every asynchronous signal blocked, so the program's handlers run on the
+/// program's own threads (as with the kernel's librdmacm, which starts none). The synchronous signals (SIGSEGV,
+/// SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay unblocked: a thread that faults with its signal blocked ends the
+/// process whatever handler is installed (signal(7)); libibverbs' runtime threads follow the same rule.
+fn spawn_quiet(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    // SAFETY: sigset operations on local, initialised sets (`sigfillset` initialises `all`; `old` is written by
+    // `pthread_sigmask` before it is read back).
     unsafe {
         let mut all: libc::sigset_t = core::mem::zeroed();
         let mut old: libc::sigset_t = core::mem::zeroed();
         libc::sigfillset(&mut all);
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+            libc::SIGSYS,
+        ] {
+            libc::sigdelset(&mut all, sig);
+        }
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        let r = std::thread::Builder::new()
-            .name("rocev2-rdmacm".into())
-            .spawn(dispatch_loop);
+        let r = std::thread::Builder::new().name(name.into()).spawn(f);
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
         r.map(|_| ())
-            .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))
     }
 }
 

@@ -8,9 +8,13 @@
  *     ICRC read from the buffer): IBV_WC_LOC_PROT_ERR;
  *  3. the responder's MR (REMOTE_READ) is mprotect'ed PROT_NONE, the requester READs it: IBV_WC_REM_ACCESS_ERR;
  *  4. the requester's READ target is mprotect'ed PROT_READ: IBV_WC_LOC_PROT_ERR.
- * The program survives all four, then a fresh pair still moves data. Prints "ok" and exits 0 when every check
- * passes. */
+ * The program survives all four, then a fresh pair still moves data. Before the cases, no thread of the process
+ * (the library's runtime threads included) may block SIGSEGV or SIGBUS: a fault taken with its signal blocked ends
+ * the process whatever handler is installed, so a copy on such a thread died at random (whichever thread moved the
+ * READ response). Prints "ok" and exits 0 when every check passes. */
+#include <dirent.h>
 #include <infiniband/verbs.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -136,6 +140,38 @@ static struct ibv_wc post_one(struct pair p, enum ibv_wr_opcode op, struct ibv_m
 	return wc;
 }
 
+/* Every thread's SigBlk (/proc/self/task/TID/status) leaves SIGSEGV and SIGBUS unblocked; returns the threads seen. */
+static int threads_take_faults(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	CHECK(d != NULL);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		char path[320];
+		snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+		FILE *f = fopen(path, "r");
+		if (f == NULL)
+			continue; /* the thread ended meanwhile */
+		char line[256];
+		unsigned long long blk = ~0ULL;
+		while (fgets(line, sizeof line, f) != NULL)
+			if (sscanf(line, "SigBlk: %llx", &blk) == 1)
+				break;
+		fclose(f);
+		CHECK(blk != ~0ULL);
+		if (blk & ((1ULL << (SIGSEGV - 1)) | (1ULL << (SIGBUS - 1)))) {
+			fprintf(stderr, "thread %s blocks SIGSEGV/SIGBUS (SigBlk %016llx)\n", e->d_name, blk);
+			CHECK(0);
+		}
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
 int main(void)
 {
 	int num = -1;
@@ -157,6 +193,7 @@ int main(void)
 		CHECK(munmap(m, 2 * PAGE) == 0);
 		struct ibv_wc wc = post_one(p, IBV_WR_RDMA_WRITE, lmr, PAGE, mr);
 		CHECK(wc.wr_id == 42 && wc.status == IBV_WC_REM_ACCESS_ERR);
+		CHECK(threads_take_faults() >= 2); /* the program's thread and the runtime's, started by now */
 		CHECK(ibv_dereg_mr(mr) == 0);
 		free_pair(p);
 	}
