@@ -47,6 +47,12 @@ pub struct DeviceAttr {
     pub max_srq_wr: u32,
     /// Maximum SGEs per SRQ receive WR (`max_srq_sge`).
     pub max_srq_sge: u32,
+    /// Maximum multicast groups with QPs attached (`max_mcast_grp`; `crate::mcast`).
+    pub max_mcast_grp: u32,
+    /// Maximum QPs attached to one multicast group (`max_mcast_qp_attach`; rxe `RXE_MAX_MCAST_QP_ATTACH` is 56).
+    pub max_mcast_qp_attach: u32,
+    /// Maximum attachments over all groups (`max_total_mcast_qp_attach`).
+    pub max_total_mcast_qp_attach: u32,
 }
 
 impl Default for DeviceAttr {
@@ -70,6 +76,9 @@ impl Default for DeviceAttr {
             max_srq: 1024,
             max_srq_wr: 16384,
             max_srq_sge: 32,
+            max_mcast_grp: 1024,
+            max_mcast_qp_attach: 56,
+            max_total_mcast_qp_attach: 1024 * 56,
         }
     }
 }

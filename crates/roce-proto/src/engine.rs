@@ -200,6 +200,8 @@ pub struct Engine {
     pub(crate) tx_gathered: u64,
     /// QP 1, the GSI (`crate::gsi`), when [`EngineConfig::gsi`] is set.
     pub(crate) gsi: Option<Box<crate::gsi::Gsi>>,
+    /// Multicast groups and their attached UD QPs (`crate::mcast`).
+    pub(crate) mcast: crate::mcast::McastTable,
 }
 
 impl core::fmt::Debug for Engine {
@@ -268,6 +270,7 @@ impl Engine {
             timer_epoch: 0,
             tx_gathered: 0,
             gsi: None,
+            mcast: crate::mcast::McastTable::default(),
         };
         if let Some(g) = gsi {
             // Only fails for device limits of 0 PDs/CQs/MRs/QPs: the engine then runs without a GSI.
@@ -656,6 +659,12 @@ impl Engine {
             ));
         }
         let ident = IPV4_IDENT;
+        // A multicast DGID has a fixed Ethernet destination (Linux `ib_resolve_eth_dmac`: `ip_eth_mc_map`).
+        let mut attr = *attr;
+        if let Some(m) = crate::mcast::multicast_mac(&attr.dgid) {
+            attr.dmac = m;
+        }
+        let attr = &attr;
         let t = TxTemplate::new(
             self.cfg.mac,
             sgid,
@@ -975,12 +984,16 @@ impl Engine {
     }
 
     /// `ibv_destroy_qp`. Outstanding WRs are discarded without completions (like libibverbs), their MR leases
-    /// released.
+    /// released. Refused with `Busy` (EBUSY) while the QP is attached to a multicast group (rxe
+    /// `rxe_qp_chk_destroy`).
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), ResourceError> {
         let i = self
             .qidx(qpn)
             .filter(|_| !self.is_gsi(qpn))
             .ok_or(ResourceError::InvalidHandle("qpn"))?;
+        if self.mcast.attached(qpn) {
+            return Err(ResourceError::Busy("QP is attached to multicast groups"));
+        }
         self.release_all(i);
         let Some(qp) = self.qps[i].take() else {
             return Err(ResourceError::InvalidHandle("qpn"));
@@ -1415,9 +1428,14 @@ impl Engine {
             });
         }
         let ud = if t == QpType::Ud {
-            let d = wr.ud.ok_or(PostErrorKind::InvalidUdDest)?;
+            let mut d = wr.ud.ok_or(PostErrorKind::InvalidUdDest)?;
             match ahs.get((d.ah.0 as usize).wrapping_sub(1)) {
-                Some(Some((pd, _, _))) if *pd == qp.pd => {}
+                Some(Some((pd, a, _))) if *pd == qp.pd => {
+                    // To a multicast group the BTH DestQP is 0xFFFFFF, whatever the WR names (IBTA Vol 1 §10.5).
+                    if crate::mcast::is_multicast_gid(&a.dgid) {
+                        d.remote_qpn = Qpn::new(crate::mcast::MULTICAST_QPN);
+                    }
+                }
                 _ => return Err(PostErrorKind::InvalidUdDest),
             }
             if len

@@ -100,6 +100,7 @@ mod cq;
 mod engine;
 pub mod error;
 pub mod gsi;
+pub mod mcast;
 mod mr;
 mod mw;
 mod qp;

@@ -49,19 +49,31 @@ impl Engine {
                 return;
             }
         };
-        if !self.cfg.gids.contains(&pkt.dst_gid) {
-            self.stats.drop_wrong_dest_ip += 1;
-            return;
-        }
         // P_Key: one table entry 0xFFFF (full member); match = equal low 15 bits (`ROCEV2.md §2.2`).
         if pkt.pkey & 0x7FFF != 0x7FFF {
             self.stats.drop_pkey_mismatch += 1;
+            return;
+        }
+        // DestQP 0xFFFFFF: a multicast packet, addressed to a group rather than to one of our GIDs (`crate::mcast`).
+        if pkt.dest_qp.value() == crate::mcast::MULTICAST_QPN {
+            self.on_mcast_frame(now, frame, &pkt);
+            return;
+        }
+        if !self.cfg.gids.contains(&pkt.dst_gid) {
+            self.stats.drop_wrong_dest_ip += 1;
             return;
         }
         let Some(i) = self.qidx(pkt.dest_qp) else {
             self.stats.drop_unknown_qp += 1;
             return;
         };
+        self.on_qp_frame(i, now, frame, &pkt);
+    }
+
+    /// A parsed packet for the QP at table index `i` (unicast: its DestQP; multicast: one attached QP): the QP type,
+    /// state and peer filters, counters, the notification point, then the requester or responder.
+    pub(crate) fn on_qp_frame(&mut self, i: usize, now: Instant, frame: &[u8], pkt: &RxPkt<'_>) {
+        let pkt = *pkt;
         let Some(qp) = self.qps[i].as_deref_mut() else {
             return;
         };
