@@ -175,6 +175,19 @@ pub trait Link {
         Ok(())
     }
 
+    /// Joins (`join` true) or leaves the IP multicast group `group` on this link's address, so that frames sent to
+    /// the group reach [`rx_burst`](Self::rx_burst) (a UD QP attached to a multicast GID, `roce_proto::mcast`; the
+    /// IGMP/MLD join Linux's rdma_cm makes for RoCE). The driver joins when the first QP of the port attaches to the
+    /// group and leaves when the last one detaches. Control path. The default, for links whose medium already
+    /// delivers group-addressed frames to every port (the simulated link floods them), has nothing to do; a
+    /// decorator passes it on.
+    ///
+    /// Errors: the backend's (see [`UdpLink::join_group`]).
+    fn join_multicast(&mut self, group: std::net::IpAddr, join: bool) -> std::io::Result<()> {
+        let _ = (group, join);
+        Ok(())
+    }
+
     /// Queues a gathered frame ([`roce_proto::Engine::poll_transmit_gather`]): the first `g.head` bytes of the
     /// buffer from the last [`tx_buf`](Self::tx_buf), then `segs[..g.segs]`, then `g.tail` bytes of the buffer at
     /// offset `g.head`. The default linearises it into the buffer (one copy of the payload) and calls
@@ -255,6 +268,9 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn steer_service(&self, service_id: u64, listen: bool) -> std::io::Result<()> {
         (**self).steer_service(service_id, listen)
+    }
+    fn join_multicast(&mut self, group: std::net::IpAddr, join: bool) -> std::io::Result<()> {
+        (**self).join_multicast(group, join)
     }
 }
 

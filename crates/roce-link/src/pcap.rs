@@ -210,6 +210,10 @@ impl<L: Link, W: Write> Link for Pcap<L, W> {
     fn steer_service(&self, service_id: u64, listen: bool) -> std::io::Result<()> {
         self.inner.steer_service(service_id, listen)
     }
+
+    fn join_multicast(&mut self, group: std::net::IpAddr, join: bool) -> std::io::Result<()> {
+        self.inner.join_multicast(group, join)
+    }
 }
 
 #[cfg(test)]

@@ -455,6 +455,11 @@ pub struct UdpLink {
     shared: Option<reuseport::Joined>,
     /// Why sharing was asked for but the link binds alone.
     share_error: Option<String>,
+    /// Joined IP multicast groups, each with its socket bound to `group:port` ([`Link::join_multicast`]).
+    mc: Vec<(IpAddr, Socket)>,
+    /// While groups are joined: an epoll set of the receive socket and the group sockets, the link's
+    /// [`Link::wait_fd`].
+    mc_epoll: Option<std::os::fd::OwnedFd>,
     stats: UdpStats,
 }
 
@@ -1138,6 +1143,8 @@ impl UdpLink {
             pkt,
             shared,
             share_error,
+            mc: Vec::new(),
+            mc_epoll: None,
             stats: UdpStats {
                 tx_sockets: 1,
                 ..UdpStats::default()
@@ -1256,8 +1263,121 @@ impl UdpLink {
         if cfg.share {
             s.set_reuse_port(true).map_err(ctx("SO_REUSEPORT"))?;
         }
+        if cfg.local.is_multicast() {
+            // A group socket: every process (and every link) that joined the group gets its own copy of each datagram
+            // (UDP multicast delivery goes to every socket bound to the group with SO_REUSEADDR, ip(7)).
+            s.set_reuse_address(true).map_err(ctx("SO_REUSEADDR"))?;
+        }
         s.bind(&SockAddr::from(local)).map_err(ctx("bind"))?;
         Ok(s)
+    }
+
+    /// Joins the IP multicast group `group` on this link's address, as Linux's rdma_cm does for RoCE (`cma.c`
+    /// `cma_iboe_join_multicast`: an IGMP/MLD join on the port's netdev): a socket bound to `group:port` with
+    /// `SO_REUSEADDR` (so every process and every link on the host that joined gets its own copy) joins the group on
+    /// the interface of [`UdpConfig::local`] (`IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP`); [`Link::rx_burst`] reads it
+    /// after the receive socket, and [`Link::wait_fd`] becomes an epoll set of both. Sending needs nothing more: a
+    /// socket bound to a local address sends multicast out of that address's interface, with the engine's TTL, and
+    /// the kernel loops a copy back to the host's members (`IP_MULTICAST_LOOP`, on by default). Joining a group
+    /// already joined does nothing. Control path.
+    ///
+    /// Errors: `InvalidInput` for an address that is not multicast or not of the link's family; `Unsupported` in
+    /// [`RxMode::Packet`]; the failing `socket`/`bind`/`setsockopt`/`epoll_ctl`.
+    pub fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
+        if !group.is_multicast() || group.is_ipv6() != self.v6 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{group} is not a multicast group of the link's address family"),
+            ));
+        }
+        if self.pkt.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "multicast groups need the socket receive path (RxMode::Socket)",
+            ));
+        }
+        if self.mc.iter().any(|(g, _)| *g == group) {
+            return Ok(());
+        }
+        let mut gcfg = self.cfg.clone();
+        gcfg.local = group;
+        gcfg.share = false;
+        let s = Self::socket(&gcfg, self.cfg.port, true).map_err(|e| match e {
+            LinkError::Io(e) => e,
+            e => io::Error::other(e.to_string()),
+        })?;
+        let ctx = |what: &str, e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("{what} {group} on {}: {e}", self.cfg.local),
+            )
+        };
+        // The receive socket's drop count is the one the link follows (`SO_RXQ_OVFL`).
+        setopt(&s, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 0)
+            .map_err(|e| ctx("SO_RXQ_OVFL for", e))?;
+        match (group, self.cfg.local) {
+            (IpAddr::V4(g), IpAddr::V4(l)) => s.join_multicast_v4(&g, &l),
+            (IpAddr::V6(g), IpAddr::V6(_)) => {
+                let (ifindex, _) = interface_of(self.cfg.local)?;
+                s.join_multicast_v6(&g, ifindex)
+            }
+            _ => Err(io::Error::from(io::ErrorKind::InvalidInput)),
+        }
+        .map_err(|e| ctx("joining", e))?;
+        if self.mc_epoll.is_none() {
+            // SAFETY: plain system call; the result is checked before it is used as a descriptor.
+            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            if fd < 0 {
+                return Err(ctx("epoll_create1 for", io::Error::last_os_error()));
+            }
+            // SAFETY: `fd` was just returned by epoll_create1 and is owned by nothing else.
+            let owned = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+            self.mc_epoll = Some(owned);
+            let rx = self.socks[0].as_raw_fd();
+            self.epoll_ctl(libc::EPOLL_CTL_ADD, rx)
+                .map_err(|e| ctx("epoll_ctl for", e))?;
+        }
+        self.epoll_ctl(libc::EPOLL_CTL_ADD, s.as_raw_fd())
+            .map_err(|e| ctx("epoll_ctl for", e))?;
+        self.mc.push((group, s));
+        Ok(())
+    }
+
+    /// Leaves `group` ([`UdpLink::join_group`]): its socket is closed (the kernel drops the membership with it).
+    /// Leaving a group not joined does nothing. Control path.
+    pub fn leave_group(&mut self, group: IpAddr) -> io::Result<()> {
+        let Some(k) = self.mc.iter().position(|(g, _)| *g == group) else {
+            return Ok(());
+        };
+        let (_, s) = self.mc.remove(k);
+        let _ = self.epoll_ctl(libc::EPOLL_CTL_DEL, s.as_raw_fd());
+        drop(s);
+        if self.mc.is_empty() {
+            self.mc_epoll = None;
+        }
+        Ok(())
+    }
+
+    /// The multicast groups this link has joined.
+    pub fn groups(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.mc.iter().map(|(g, _)| *g)
+    }
+
+    /// `epoll_ctl(op, fd)` on the multicast epoll set for readability.
+    fn epoll_ctl(&self, op: libc::c_int, fd: std::os::fd::RawFd) -> io::Result<()> {
+        let Some(ep) = &self.mc_epoll else {
+            return Ok(());
+        };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ep` and `fd` are open descriptors owned by this link; `ev` is a valid event for the call.
+        let r = unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd, &mut ev) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// The configuration.
@@ -1862,6 +1982,85 @@ impl UdpLink {
         Ok(r)
     }
 
+    /// One `recvmmsg` of up to `n` datagrams on the UDP socket `fd` (`main`: the receive socket, whose kernel drop
+    /// count the link follows; otherwise a multicast group socket), each rebuilt into a frame for `sink`.
+    fn rx_udp(
+        &mut self,
+        now: Instant,
+        fd: std::os::fd::RawFd,
+        n: usize,
+        main: bool,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<usize, LinkError> {
+        let cap = self.rx_slot - self.hdr;
+        // `n <= burst`: the length of every receive array.
+        assert!(n <= self.rx_msgs.len(), "rx_burst: {n} exceeds the burst");
+        // Every pointer the kernel follows derives from one `as_mut_ptr` per array, and the arrays are written only
+        // through those until `recvmmsg` returns (`recv_batch` takes the headers' array with `as_mut_ptr` too).
+        let (data, iov, msgs, ctrl, names) = (
+            self.rx_data.as_mut_ptr(),
+            self.rx_iov.as_mut_ptr(),
+            self.rx_msgs.as_mut_ptr(),
+            self.rx_ctrl.as_mut_ptr(),
+            self.rx_names.as_mut_ptr(),
+        );
+        for i in 0..n {
+            // SAFETY: `i < n <= burst`, the length of `rx_iov`, `rx_msgs`, `rx_ctrl` and `rx_names` (asserted
+            // above); slot `i` spans `rx_slot` bytes of `rx_data`, and the datagram goes `hdr` bytes in, `cap` bytes
+            // long, ending exactly at the slot end.
+            unsafe {
+                iov.add(i).write(libc::iovec {
+                    iov_base: data.add(i * self.rx_slot + self.hdr).cast(),
+                    iov_len: cap,
+                });
+                let h = &raw mut (*msgs.add(i)).msg_hdr;
+                (*h).msg_name = names.add(i).cast();
+                (*h).msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+                (*h).msg_iov = iov.add(i);
+                (*h).msg_iovlen = 1;
+                (*h).msg_control = ctrl.add(i).cast();
+                (*h).msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
+                (*h).msg_flags = 0;
+            }
+        }
+        let Some(r) = self.recv_batch(fd, n, "UDP")? else {
+            if main {
+                self.poll_kernel_drops(now);
+            }
+            return Ok(0);
+        };
+        // The kernel's receive timestamps are CLOCK_REALTIME; one reading per burst.
+        let read_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        for i in 0..r {
+            let len = self.rx_msgs[i].msg_len as usize;
+            if self.rx_msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len >= cap {
+                self.stats.rx_truncated += 1;
+                continue;
+            }
+            self.rx_stamp_ns = 0;
+            let Some(flen) = self.rebuild(i, len) else {
+                self.stats.rx_bad_addr += 1;
+                continue;
+            };
+            if self.rx_stamp_ns != 0 {
+                let wait_us = read_ns.saturating_sub(self.rx_stamp_ns) / 1000;
+                self.stats.rx_wait_max_us = self.stats.rx_wait_max_us.max(wait_us);
+            }
+            let start = i * self.rx_slot;
+            let frame = &mut self.rx_data[start..start + flen];
+            if self.cfg.verify_rx_icrc && icrc::verify(&frame[ETH_LEN..]).is_err() {
+                self.stats.rx_icrc_bad += 1;
+                continue;
+            }
+            self.stats.rx_frames += 1;
+            self.stats.rx_bytes += flen as u64;
+            sink(frame);
+        }
+        Ok(r)
+    }
+
     /// Rebuilds the Ethernet/IP/UDP header in front of the `len`-byte datagram in receive slot `i`; returns the
     /// frame length, or `None` if the datagram's addresses are unusable.
     fn rebuild(&mut self, i: usize, len: usize) -> Option<usize> {
@@ -2028,72 +2227,18 @@ impl Link for UdpLink {
         if self.pkt.is_some() {
             return self.rx_packet(now, n, sink);
         }
-        let cap = self.rx_slot - self.hdr;
-        // `n <= burst`: the length of every receive array.
-        assert!(n <= self.rx_msgs.len(), "rx_burst: {n} exceeds the burst");
-        // Every pointer the kernel follows derives from one `as_mut_ptr` per array, and the arrays are written only
-        // through those until `recvmmsg` returns (`recv_batch` takes the headers' array with `as_mut_ptr` too).
-        let (data, iov, msgs, ctrl, names) = (
-            self.rx_data.as_mut_ptr(),
-            self.rx_iov.as_mut_ptr(),
-            self.rx_msgs.as_mut_ptr(),
-            self.rx_ctrl.as_mut_ptr(),
-            self.rx_names.as_mut_ptr(),
-        );
-        for i in 0..n {
-            // SAFETY: `i < n <= burst`, the length of `rx_iov`, `rx_msgs`, `rx_ctrl` and `rx_names` (asserted
-            // above); slot `i` spans `rx_slot` bytes of `rx_data`, and the datagram goes `hdr` bytes in, `cap` bytes
-            // long, ending exactly at the slot end.
-            unsafe {
-                iov.add(i).write(libc::iovec {
-                    iov_base: data.add(i * self.rx_slot + self.hdr).cast(),
-                    iov_len: cap,
-                });
-                let h = &raw mut (*msgs.add(i)).msg_hdr;
-                (*h).msg_name = names.add(i).cast();
-                (*h).msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-                (*h).msg_iov = iov.add(i);
-                (*h).msg_iovlen = 1;
-                (*h).msg_control = ctrl.add(i).cast();
-                (*h).msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
-                (*h).msg_flags = 0;
-            }
-        }
         let fd = self.socks[0].as_raw_fd();
-        let Some(r) = self.recv_batch(fd, n, "UDP")? else {
-            self.poll_kernel_drops(now);
-            return Ok(0);
-        };
-        // The kernel's receive timestamps are CLOCK_REALTIME; one reading per burst.
-        let read_ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        for i in 0..r {
-            let len = self.rx_msgs[i].msg_len as usize;
-            if self.rx_msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len >= cap {
-                self.stats.rx_truncated += 1;
-                continue;
+        let mut got = self.rx_udp(now, fd, n, true, sink)?;
+        // Joined multicast groups: their sockets, with what is left of the burst (one `recvmmsg` each; only while
+        // groups are joined).
+        for k in 0..self.mc.len() {
+            if got >= n {
+                break;
             }
-            self.rx_stamp_ns = 0;
-            let Some(flen) = self.rebuild(i, len) else {
-                self.stats.rx_bad_addr += 1;
-                continue;
-            };
-            if self.rx_stamp_ns != 0 {
-                let wait_us = read_ns.saturating_sub(self.rx_stamp_ns) / 1000;
-                self.stats.rx_wait_max_us = self.stats.rx_wait_max_us.max(wait_us);
-            }
-            let start = i * self.rx_slot;
-            let frame = &mut self.rx_data[start..start + flen];
-            if self.cfg.verify_rx_icrc && icrc::verify(&frame[ETH_LEN..]).is_err() {
-                self.stats.rx_icrc_bad += 1;
-                continue;
-            }
-            self.stats.rx_frames += 1;
-            self.stats.rx_bytes += flen as u64;
-            sink(frame);
+            let fd = self.mc[k].1.as_raw_fd();
+            got += self.rx_udp(now, fd, n - got, false, sink)?;
         }
-        Ok(r)
+        Ok(got)
     }
 
     fn tx_buf(&mut self, _now: Instant) -> Result<&mut [u8], LinkError> {
@@ -2227,8 +2372,24 @@ impl Link for UdpLink {
 
     /// [`UdpLink::rx_fd`] while no frame waits in the transmit queue (after `EAGAIN`/`ENOBUFS` only a later
     /// `flush` sends it, and no receive readiness says when).
+    ///
+    /// With multicast groups joined, an epoll descriptor over the receive socket and the group sockets instead (it
+    /// is readable when any of them is).
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.tx_pend.is_empty().then(|| self.rx_fd())
+        let fd = match &self.mc_epoll {
+            Some(e) => e.as_raw_fd(),
+            None => self.rx_fd(),
+        };
+        self.tx_pend.is_empty().then_some(fd)
+    }
+
+    /// Joins or leaves `group` on this link's address (see [`UdpLink::join_group`]).
+    fn join_multicast(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
+        if join {
+            self.join_group(group)
+        } else {
+            self.leave_group(group)
+        }
     }
 
     /// [`UdpStats`] ([`UdpStats::NAMES`]), with [`UdpStats::rx_kernel_drops`] as the kernel counts it now: one
