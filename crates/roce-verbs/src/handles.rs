@@ -1227,11 +1227,25 @@ impl Drop for QpInner {
                 *s = None;
             }
             d.qp_slots.remove(&qpn);
+            // The handle is gone: its multicast attachments go with it (and the link leaves emptied groups).
+            for g in d.engine.mcast_groups_of(qpn) {
+                if d.engine.detach_mcast(qpn, g) == Ok(true) {
+                    let _ = d.link.join_multicast(gid_ip(g), false);
+                }
+            }
             if let Err(e) = d.engine.destroy_qp(qpn) {
                 tracing::warn!(error = %e, "destroy_qp failed");
             }
         });
         let _ = (&self.send_cq, &self.recv_cq);
+    }
+}
+
+/// The IP address a GID stands for (IPv4-mapped GIDs: the IPv4 address; `ROCEV2.md §1.2`).
+fn gid_ip(g: Gid) -> std::net::IpAddr {
+    match g.as_ipv4() {
+        Some(v4) => std::net::IpAddr::from(v4),
+        None => std::net::IpAddr::from(g.0),
     }
 }
 
@@ -1548,6 +1562,50 @@ impl Qp {
                 }
             }
         });
+    }
+
+    /// `ibv_attach_mcast`: attaches this UD QP to the multicast group `mgid` ([`Engine::attach_mcast`]
+    /// (roce_proto::Engine::attach_mcast): rxe's rules and limits); the first QP of the device to attach to a group
+    /// joins the IP group on the device's link ([`roce_link::Link::join_multicast`]: the IGMP/MLD join of Linux's
+    /// rdma_cm for RoCE), so frames sent to it arrive. Attaching again does nothing.
+    ///
+    /// Errors: [`Error::Resource`] (`InvalidArgument` for a non-UD QP or a non-multicast GID: EINVAL; `Exhausted` past
+    /// the device's multicast limits: ENOMEM); [`Error::Link`] when the link cannot join (EIO; the attach is undone).
+    pub fn attach_mcast(&self, mgid: Gid) -> Result<(), Error> {
+        let qpn = self.qpn();
+        self.ctx().call(move |d| -> Result<(), Error> {
+            if d.engine.attach_mcast(qpn, mgid)? {
+                if let Err(e) = d.link.join_multicast(gid_ip(mgid), true) {
+                    let _ = d.engine.detach_mcast(qpn, mgid);
+                    return Err(Error::Link(LinkError::Io(e)));
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// `ibv_detach_mcast`: detaches this QP from `mgid`; the last QP of the device to leave a group leaves the IP
+    /// group on the link.
+    ///
+    /// Errors: [`Error::Resource`] `InvalidArgument` (EINVAL, as rxe) for a non-UD QP, a non-multicast GID, or a
+    /// group the QP is not attached to.
+    pub fn detach_mcast(&self, mgid: Gid) -> Result<(), Error> {
+        let qpn = self.qpn();
+        self.ctx().call(move |d| -> Result<(), Error> {
+            if d.engine.detach_mcast(qpn, mgid)? {
+                if let Err(e) = d.link.join_multicast(gid_ip(mgid), false) {
+                    tracing::warn!(error = %e, "leaving multicast group {mgid}");
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// The multicast groups this QP is attached to (`ibv_destroy_qp` is refused while there are any: rxe
+    /// `rxe_qp_chk_destroy`). A QP dropped while attached is detached first.
+    pub fn mcast_groups(&self) -> Result<Vec<Gid>, Error> {
+        let qpn = self.qpn();
+        self.ctx().call(move |d| d.engine.mcast_groups_of(qpn))
     }
 
     /// `ibv_query_qp`.
