@@ -1574,11 +1574,11 @@ impl Qp {
     pub fn attach_mcast(&self, mgid: Gid) -> Result<(), Error> {
         let qpn = self.qpn();
         self.ctx().call(move |d| -> Result<(), Error> {
-            if d.engine.attach_mcast(qpn, mgid)? {
-                if let Err(e) = d.link.join_multicast(gid_ip(mgid), true) {
-                    let _ = d.engine.detach_mcast(qpn, mgid);
-                    return Err(Error::Link(LinkError::Io(e)));
-                }
+            if d.engine.attach_mcast(qpn, mgid)?
+                && let Err(e) = d.link.join_multicast(gid_ip(mgid), true)
+            {
+                let _ = d.engine.detach_mcast(qpn, mgid);
+                return Err(Error::Link(LinkError::Io(e)));
             }
             Ok(())
         })?
@@ -1592,10 +1592,10 @@ impl Qp {
     pub fn detach_mcast(&self, mgid: Gid) -> Result<(), Error> {
         let qpn = self.qpn();
         self.ctx().call(move |d| -> Result<(), Error> {
-            if d.engine.detach_mcast(qpn, mgid)? {
-                if let Err(e) = d.link.join_multicast(gid_ip(mgid), false) {
-                    tracing::warn!(error = %e, "leaving multicast group {mgid}");
-                }
+            if d.engine.detach_mcast(qpn, mgid)?
+                && let Err(e) = d.link.join_multicast(gid_ip(mgid), false)
+            {
+                tracing::warn!(error = %e, "leaving multicast group {mgid}");
             }
             Ok(())
         })?
