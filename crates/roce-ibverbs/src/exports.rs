@@ -33,6 +33,7 @@ mod cq_ex;
 mod extended;
 mod import;
 mod live;
+mod mcast;
 mod misc_verbs;
 mod mw;
 mod qp_ex;
@@ -550,10 +551,7 @@ unsupported_int!(
     rocev2_ibv_cmd_rereg_mr,
     rocev2_ibv_cmd_resize_cq,
     rocev2_verbs_init_cq,
-    // `ibv_attach_mcast` / `ibv_detach_mcast` / `ibv_query_ece` / `ibv_set_ece` / `ibv_resolve_eth_l2_from_gid`
-    // return 0 or an errno value.
-    rocev2_ibv_attach_mcast,
-    rocev2_ibv_detach_mcast,
+    // `ibv_query_ece` / `ibv_set_ece` / `ibv_resolve_eth_l2_from_gid` return 0 or an errno value.
     rocev2_ibv_query_ece,
     rocev2_ibv_set_ece,
     rocev2_ibv_resolve_eth_l2_from_gid,
@@ -1052,9 +1050,9 @@ unsafe fn rocev2_ibv_query_device_inner(ctx: *mut IbvContext, attr: *mut IbvDevi
         max_mw: i(a.max_mw),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
-        max_mcast_grp: 0,
-        max_mcast_qp_attach: 0,
-        max_total_mcast_qp_attach: 0,
+        max_mcast_grp: i(a.max_mcast_grp),
+        max_mcast_qp_attach: i(a.max_mcast_qp_attach),
+        max_total_mcast_qp_attach: i(a.max_total_mcast_qp_attach),
         max_ah: i(a.max_ah),
         max_fmr: 0,
         max_map_per_fmr: 0,
@@ -2113,6 +2111,13 @@ pub unsafe extern "C" fn rocev2_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
 }
 
 unsafe fn rocev2_ibv_destroy_qp_inner(qp: *mut IbvQp) -> c_int {
+    // Attached to a multicast group: EBUSY, the QP stays (rxe `rxe_qp_chk_destroy`; `exports/mcast.rs`).
+    // SAFETY: checked to be a live QP of ours first.
+    if let Some(q) = unsafe { live_block::<QpBlock, _>(qp, Kind::Qp) }
+        && mcast::attached(q)
+    {
+        return libc::EBUSY;
+    }
     if let Err(e) = live::take(qp, Kind::Qp, || Ok(())) {
         return e;
     }

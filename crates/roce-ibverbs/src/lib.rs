@@ -80,7 +80,8 @@
 //! # Not implemented (clean errors: `NULL` + `errno = EOPNOTSUPP`, or the `EOPNOTSUPP` return each man page gives)
 //!
 //! XRC and tag-matching SRQs (`ibv_create_srq_ex` beyond a basic SRQ answers `EOPNOTSUPP`), multicast
-//! attach/detach, the `IBVERBS_1.0` ABI (module `compat`: its device list is NULL + `EOPNOTSUPP`), importing
+//! attach/detach through the `IBVERBS_1.0` ABI (`ibv_attach_mcast` of `IBVERBS_1.1` works: `exports/mcast.rs`), the
+//! `IBVERBS_1.0` ABI (module `compat`: its device list is NULL + `EOPNOTSUPP`), importing
 //! from another process (`ibv_import_device` of a descriptor that is no context of this process; within the
 //! process it works, `exports/import.rs`) and `ibv_import_dm`, `ibv_reg_dmabuf_mr`, completion time stamps in `ibv_create_cq_ex`, ECE, on-demand paging,
 //! `ibv_resolve_eth_l2_from_gid`, every private `ibv_cmd_*` / `verbs_*` provider entry point (providers are never
