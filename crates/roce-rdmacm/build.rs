@@ -33,6 +33,8 @@ fn main() {
         "ibv_dereg_mr",
         "ibv_get_cq_event",
         "ibv_ack_cq_events",
+        "ibv_attach_mcast",
+        "ibv_detach_mcast",
     ];
     let mut c =
         String::from("/* link-time stand-in: only the SONAME and the version nodes matter */\n");

@@ -208,4 +208,6 @@ unsafe extern "C" {
     pub fn ibv_create_qp(pd: *mut c_void, attr: *mut IbvQpInitAttr) -> *mut IbvQp;
     pub fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int;
     pub fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int;
+    pub fn ibv_attach_mcast(qp: *mut IbvQp, gid: *const [u8; 16], lid: u16) -> c_int;
+    pub fn ibv_detach_mcast(qp: *mut IbvQp, gid: *const [u8; 16], lid: u16) -> c_int;
 }

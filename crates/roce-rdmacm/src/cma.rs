@@ -215,6 +215,8 @@ pub(crate) struct State {
     /// leave (closing the fd under a blocked `read` would not wake it, and a freed block's address could name a
     /// new channel).
     pub closing: HashSet<usize>,
+    /// The multicast joins of each id (`crate::mcast`).
+    pub mcast: HashMap<usize, Vec<crate::mcast::Mc>>,
     /// The process that made this state. A `fork`ed child inherits it but not the dispatcher thread, the
     /// contexts' runtimes or the connections: [`lock`] gives the child a fresh state (rdma-core: a child uses
     /// rdma_cm afresh and may not use the parent's ids, ibv_fork_init(3)).
@@ -788,7 +790,7 @@ pub(crate) fn push_event(
 
 /// [`push_event`], then `more` fills the rest of the event (the `param.ud` of a UD id).
 #[allow(clippy::too_many_arguments)]
-fn push_event_with(
+pub(crate) fn push_event_with(
     st: &mut State,
     id: usize,
     listen: usize,
@@ -1243,6 +1245,8 @@ pub(crate) fn get_event(ch: *mut RdmaEventChannel) -> R<*mut RdmaCmEvent> {
             drop(unsafe { Box::from_raw(e as *mut EventBlock) });
             continue;
         }
+        // A MULTICAST_JOIN attaches the id's QP now, as librdmacm's `ucma_process_join` (`crate::mcast`).
+        crate::mcast::on_event(&mut st, e);
         st.events.insert(e);
         // SAFETY: a queued block is a live EventBlock.
         let owner = unsafe { (*(e as *const EventBlock)).ev.id } as usize;
@@ -2083,6 +2087,8 @@ pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
     {
         let mut st = lock();
         check_id(&st, id)?;
+        // Its multicast groups are left (Linux `cma_leave_mc_groups`).
+        crate::mcast::leave_all(&mut st, key);
         let i = &st.ids[&key];
         let (dev, listen, conn, state, ud) = (i.dev, i.listen, i.conn, i.st, i.ud());
         let t = table();
@@ -2302,6 +2308,8 @@ pub(crate) fn destroy_qp(st: &mut State, id: usize) {
     // SAFETY: a live id block.
     let c = unsafe { &mut *(id as *mut RdmaCmId) };
     if !c.qp.is_null() {
+        // Attached to the id's groups: detached first (an attached QP cannot be destroyed, `crate::mcast`).
+        crate::mcast::detach_qp(st, id, c.qp);
         // SAFETY: the id's QP.
         unsafe { bridge::ibv_destroy_qp(c.qp) };
         c.qp = core::ptr::null_mut();

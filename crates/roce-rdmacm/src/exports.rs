@@ -2,7 +2,8 @@
 //! `<rdma/rdma_cma.h>` / `<rdma/rsocket.h>`. Errors follow librdmacm: `-1` with `errno` (NULL with `errno` for the
 //! calls that return pointers). No panic crosses the C boundary ([`guard`]: `-1`/`EIO`).
 //!
-//! Not implemented (`-1`/`ENOSYS`, NULL/`ENOSYS`; `docs/RDMACM.md` §2): multicast, `rdma_reject_ece`, `rdma_notify`,
+//! Not implemented (`-1`/`ENOSYS`, NULL/`ENOSYS`; `docs/RDMACM.md` §2): multicast in the IPoIB port space
+//! (multicast of `RDMA_PS_UDP` ids is module `mcast`), `rdma_reject_ece`, `rdma_notify`,
 //! SRQs on an id, `rdma_connect` / `rdma_accept` in the IPoIB port space (its Q_Key is a multicast group's);
 //! `rdma_get_remote_ece` / `rdma_set_local_ece` are `-1`/`EOPNOTSUPP` (no ECE). The rsocket calls are in module
 //! `rsocket`.
@@ -738,25 +739,84 @@ pub unsafe extern "C" fn rocev2_rdma_get_request(
 pub extern "C" fn rocev2_rdma_notify(_id: *mut RdmaCmId, _event: c_int) -> c_int {
     nosys(-1)
 }
+/// `rdma_join_multicast_ex(id, attr, context)` (`crate::mcast`): 0, or -1 with `errno` (`EINVAL` without
+/// `RDMA_CM_JOIN_MC_ATTR_ADDRESS`, without `RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS` or with a reserved flag; `ENOTSUP` for
+/// a reserved `comp_mask` bit, as librdmacm; the join's own errors). A synchronous id waits for its JOIN event.
+///
+/// # Safety
+/// `id` is NULL or an id this library made; `attr` NULL or a `struct rdma_cm_join_mc_attr_ex` whose `addr` is a
+/// sockaddr.
 #[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rdma_join_multicast(
-    _id: *mut RdmaCmId,
-    _addr: *mut sockaddr,
-    _ctx: *mut c_void,
+pub unsafe extern "C" fn rocev2_rdma_join_multicast_ex(
+    id: *mut RdmaCmId,
+    attr: *mut crate::mcast::RdmaCmJoinMcAttrEx,
+    ctx: *mut c_void,
 ) -> c_int {
-    nosys(-1)
+    use crate::mcast::*;
+    guard(-1, || {
+        ret((|| {
+            // SAFETY: per the contract.
+            let a = unsafe { attr.as_ref() }.ok_or(libc::EINVAL)?;
+            if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0
+                || a.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0
+                || a.join_flags > RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER
+            {
+                return Err(libc::EINVAL);
+            }
+            if a.comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED {
+                return Err(libc::ENOTSUP);
+            }
+            // SAFETY: per the contract.
+            let addr = unsafe { cma::parse_sockaddr(a.addr) }?;
+            {
+                let mut st = lock();
+                cma::check_id(&st, id)?;
+                join(&mut st, id as usize, addr, a.join_flags, ctx as usize)?;
+            }
+            wait_sync(id, EV_MULTICAST_JOIN)
+        })())
+    })
 }
+
+/// `rdma_join_multicast(id, addr, context)`: [`rocev2_rdma_join_multicast_ex`] as a full member.
+///
+/// # Safety
+/// `id` is NULL or an id this library made; `addr` NULL or a sockaddr.
 #[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rdma_join_multicast_ex(
-    _id: *mut RdmaCmId,
-    _attr: *mut c_void,
-    _ctx: *mut c_void,
+pub unsafe extern "C" fn rocev2_rdma_join_multicast(
+    id: *mut RdmaCmId,
+    addr: *mut sockaddr,
+    ctx: *mut c_void,
 ) -> c_int {
-    nosys(-1)
+    use crate::mcast::*;
+    let mut a = RdmaCmJoinMcAttrEx {
+        comp_mask: RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+        join_flags: RDMA_MC_JOIN_FLAG_FULLMEMBER,
+        addr,
+    };
+    // SAFETY: forwarded under the caller's contract; `a` lives for the call.
+    unsafe { rocev2_rdma_join_multicast_ex(id, &mut a, ctx) }
 }
+
+/// `rdma_leave_multicast(id, addr)` (`crate::mcast`): 0, or -1 with `errno` (`EINVAL` for a bad id or address,
+/// `EADDRNOTAVAIL` for a group the id has not joined).
+///
+/// # Safety
+/// `id` is NULL or an id this library made; `addr` NULL or a sockaddr.
 #[unsafe(no_mangle)]
-pub extern "C" fn rocev2_rdma_leave_multicast(_id: *mut RdmaCmId, _addr: *mut sockaddr) -> c_int {
-    nosys(-1)
+pub unsafe extern "C" fn rocev2_rdma_leave_multicast(
+    id: *mut RdmaCmId,
+    addr: *mut sockaddr,
+) -> c_int {
+    guard(-1, || {
+        ret((|| {
+            // SAFETY: per the contract.
+            let addr = unsafe { cma::parse_sockaddr(addr) }?;
+            let mut st = lock();
+            cma::check_id(&st, id)?;
+            crate::mcast::leave(&mut st, id as usize, addr)
+        })())
+    })
 }
 /// ECE (Enhanced Connection Establishment) is not carried in our REQ/REP, and the device has none
 /// (`ibv_query_ece` / `ibv_set_ece` answer `EOPNOTSUPP`): `-1` with `errno = EOPNOTSUPP`, the errno programs test

@@ -17,7 +17,9 @@
 //!   `rdma_create_ep` / `rdma_get_request` / `rdma_destroy_ep` (module `exports`); `rdma_getaddrinfo` (module
 //!   `addrinfo`); UD ids of `RDMA_PS_UDP` over SIDR (`udaddy`: `rdma_connect` → ESTABLISHED with `param.ud`,
 //!   CONNECT_REQUEST / `rdma_accept` / `rdma_reject` on the listener's side).
-//! * Not implemented (`ENOSYS`): the IPoIB port space's SIDR, multicast, ECE, `rdma_notify`, SRQs on an id.
+//! * Multicast of `RDMA_PS_UDP` ids (module `mcast`: `rdma_join_multicast(_ex)`, `rdma_leave_multicast`, the local
+//!   join Linux's cma makes on RoCE).
+//! * Not implemented (`ENOSYS`): the IPoIB port space's SIDR and multicast, ECE, `rdma_notify`, SRQs on an id.
 //! * rsockets (module `rsocket`): stream sockets with librdmacm's wire protocol; datagram rsockets and the iomap
 //!   calls are not implemented (`ENOTSUP` / `ENOSYS`).
 
@@ -35,6 +37,7 @@ mod addrinfo;
 mod bridge;
 mod cma;
 mod exports;
+mod mcast;
 mod route;
 mod rsocket;
 
