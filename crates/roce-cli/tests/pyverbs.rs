@@ -13,8 +13,8 @@
 //! `test_rdmacm` forks a passive and an active process from the suite's process (which has opened the device) for
 //! each test; they connect through rdma_cm on the device's netdev address, 127.0.0.1 here, which stands for the
 //! device on 127.0.203.1 (the path goes to the device's own address: `docs/RDMACM.md` §5; issues #16, #17). Its
-//! multicast tests skip (a `gap`: no `rdma_join_multicast`). Binds UDP 4791 on 127.0.203.1. Each process is bounded by
-//! [`LIMIT`].
+//! multicast tests join 230.0.0.1 from both processes (`rdma_join_multicast`; the device's link joins the IP group).
+//! Binds UDP 4791 on 127.0.203.1 and 230.0.0.1. Each process is bounded by [`LIMIT`].
 
 mod common;
 

@@ -21,6 +21,9 @@ const IP_B: &str = "198.18.17.2";
 /// The UD port space's tests (udaddy, SIDR) run in their own subnet.
 const UD_IP_A: &str = "198.18.22.1";
 const UD_IP_B: &str = "198.18.22.2";
+/// The multicast test (mckey) runs in its own subnet, with its own groups.
+const MC_IP_A: &str = "198.18.50.1";
+const MC_IP_B: &str = "198.18.50.2";
 
 /// The namespaces, or `None` (with the reason printed) when this machine cannot run the test.
 fn setup(tag: &str, programs: &[(&str, &str)]) -> Option<NetnsPair> {
@@ -146,6 +149,60 @@ fn udaddy_four_ud_ids_between_namespaces() {
         assert!(f.stdout.contains("data transfers complete"), "{who}:\n{f}");
         assert!(!f.stdout.contains("udaddy: event:"), "{who}:\n{f}");
     }
+}
+
+/// rdma-core's `mckey` (rdmacm-utils' multicast test, issues #16, #17): a receiver in namespace A joins 239.214.3.1
+/// (then 239.214.3.2) with `rdma_join_multicast`, a sender in B joins the same group — as a full member, then as a
+/// send-only full member (`-o`, `rdma_join_multicast_ex`) — and sends 20 datagrams of 200 bytes to it; the receiver
+/// waits for every one (a lost datagram hangs it: the time limit fails the test) and both print "return status 0".
+/// The join is local (the IGMP join Linux's cma makes on RoCE): the datagrams cross the veth as IP multicast.
+#[test]
+fn mckey_multicast_between_namespaces() {
+    let _turn = serial();
+    if let Some(why) = common::program_missing("mckey", "rdmacm-utils") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Some(ns) = common::rdmacm_setup("mckey", MC_IP_A, MC_IP_B, &[]) else {
+        return;
+    };
+    let dir = scratch("rdmacm-mckey");
+    for (group, send_only) in [("239.214.3.1", false), ("239.214.3.2", true)] {
+        let rx_args = ["mckey", "-m", group, "-b", MC_IP_A, "-C", "20", "-S", "200"];
+        let mut rx = Proc::spawn(
+            "receiver",
+            &dir,
+            &common::run_argv(&ns.a, &ns.ip_a, &rx_args),
+        );
+        // The sender sends at once after its own join: the receiver must have joined first. It has when its link
+        // bound the group's socket (the QP attached, its receives posted before `rdma_join_multicast`; mckey's
+        // output is buffered until it exits).
+        let g: std::net::Ipv4Addr = group.parse().expect("group");
+        wait_socket(&mut rx, "udp", g.octets(), 4791, Duration::from_secs(60));
+        let mut tx_args = vec![
+            "mckey", "-m", group, "-b", MC_IP_B, "-s", "-C", "20", "-S", "200",
+        ];
+        if send_only {
+            tx_args.push("-o");
+        }
+        let tf = Proc::spawn("sender", &dir, &common::run_argv(&ns.b, &ns.ip_b, &tx_args))
+            .wait(Duration::from_secs(60));
+        let rf = rx.wait(Duration::from_secs(60));
+        for (who, f) in [("sender", &tf), ("receiver", &rf)] {
+            assert!(
+                f.status.success() && f.stdout.contains("return status 0"),
+                "{group} {who}:\n{f}\nother side:\n{}",
+                if who == "sender" { &rf } else { &tf }
+            );
+            assert!(
+                f.stdout.contains(&format!("joined dgid: ::ffff:{group}")),
+                "{who}:\n{f}"
+            );
+            assert!(f.stdout.contains("data transfers complete"), "{who}:\n{f}");
+            assert!(!f.stderr.contains("rocev2 librdmacm"), "{who}:\n{f}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `crates/roce-rdmacm/tests/c/sidr.c` (its header lists the checks: accepted, rejected with private data and
