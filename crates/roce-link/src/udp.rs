@@ -75,6 +75,11 @@
 //! `docs/spec/INTEROP.md` §4) cannot be verified through a UDP socket, whose API never
 //! shows the received ID. For such peers use [`RxMode::Packet`].
 //!
+//! **Multicast groups.** [`UdpLink::join_group`] ([`Link::join_multicast`]) adds a socket bound to the group (with
+//! `SO_REUSEADDR`, so every process on the host that joined gets a copy) that has joined it on the interface of
+//! [`UdpConfig::local`]; `rx_burst` reads it after the receive socket, and [`Link::wait_fd`] is then an epoll set of
+//! both. Its frames are rebuilt the same way, the group as destination. Socket mode only.
+//!
 //! ## [`RxMode::Packet`]: frames as they came off the wire
 //!
 //! With [`UdpConfig::rx`] = [`RxMode::Packet`], received frames come from an `AF_PACKET` socket bound to the
