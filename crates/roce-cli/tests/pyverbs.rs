@@ -207,7 +207,8 @@ fn rdma_core_pyverbs_suite_passes_under_rocev2_run() {
             return;
         }
     };
-    common::ibverbs_library();
+    // Both libraries: test_rdmacm runs on the librdmacm.so.1 `rocev2 run` preloads, which must be this build's.
+    common::rdmacm_libraries();
     let _turn = serial();
     let allowed = allowed();
     let mut modules: Vec<String> = std::fs::read_dir(&dir)
