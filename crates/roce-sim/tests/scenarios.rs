@@ -354,7 +354,7 @@ fn fluid_model_reproduces_dcqcn_md_6_table() {
 ///   frames (PMTU 1024) it is 0.086 %: the flows need ≈ 1.9 marks per ms each whatever the packet size, over
 ///   2 261 frames per ms instead of 2 500. Both lie below 0.1 %.
 /// * In E3's window α has not reached its fixed point α* ≈ 0.10: the start-up (both flows at line rate, the queue
-///   past Kmax, 2–5 halving CNPs each with α = 1) is followed by ≈ 10–24 ms of additive increase without a CNP in
+///   past Kmax, 2–5 halving CNPs each with α = 1) is followed by 9–25 ms of additive increase without a CNP in
 ///   which α only decays, α ≥ (1 − g)^{t/K}: ≈ 0.24–0.3 at 20 ms, then ≈ 14 ms (K/g) to settle. A larger α cuts more
 ///   per CNP, so fewer marks balance the increase: with α held, the same balance gives p(α), 0.055 % at α = 0.3.
 ///   So the window's fraction lies between p(α at 20 ms) and p* — measured 0.058–0.075 % over seeds 1–20 × both
@@ -369,7 +369,7 @@ fn fluid_model_reproduces_dcqcn_md_6_table() {
 /// 17) had one flow at 22.7–23.0 G and the other at 16.7–17.0 G (Jain 0.975–0.980). The spread comes from the
 /// start-up: a flow with one halving CNP (or more) more than the other there (21 of the 40 runs; e.g. 3 and 4)
 /// starts additive increase, the same for both, at half the other's RT or less, and only the cuts of the congested
-/// phase (from 10–24 ms) close that gap, at a random pace. Three of the four misses had such a start; the fourth
+/// phase (from 9–25 ms) close that gap, at a random pace. Three of the four misses had such a start; the fourth
 /// (dequeue seed 17) had equal start-up counts and was not looked into further. The team's reference reports its
 /// own DES on seeds 1–3.
 #[test]
