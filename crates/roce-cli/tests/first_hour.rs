@@ -1,9 +1,9 @@
 //! What a new user meets in the first hour (issue #18 item 9), each case one thing that tripped a user up:
 //! * `rocev2 perf` without a test lists the tests (clap's "required argument" error named none);
 //! * the perf header names the peer in the user's terms, not an internal format name (`Rocev2V1`);
-//! * `rocev2 run` without `libroce_ibverbs.so` beside it names the one command that builds it — for the profile
-//!   the `rocev2` binary itself was built with (a debug `rocev2` was told to build a release library, which it
-//!   would not find).
+//! * `rocev2 run` without `libroce_ibverbs.so` beside it names the one command that builds it — README's build
+//!   command, for the profile the `rocev2` binary itself was built with (a debug `rocev2` was told to build a
+//!   release library, which it would not find).
 //!
 //! `decode`'s PSN format and flag names are checked in `decode.rs` (`text_psn_is_hex_and_migreq_is_named`).
 
@@ -67,14 +67,39 @@ fn perf_header_names_the_peer_plainly() {
     }
 }
 
+/// The build command of README's Quick start: the first line of a `sh` block that starts with `cargo build`.
+fn readme_build_command() -> String {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .expect("README.md");
+    readme
+        .lines()
+        .find(|l| l.starts_with("cargo build"))
+        .expect("a `cargo build` line in README")
+        .trim()
+        .to_owned()
+}
+
 /// `rocev2 run` copied into `target/debug`-, `target/release`-named and other directories without the library.
+/// The command named is README's build command (`cargo build --release`, which makes both libraries `rocev2 run`
+/// needs), or its debug twin; it said `cargo build --release -p roce-ibverbs`, which builds neither
+/// `libroce_rdmacm.so` nor with README's feature set (issue #18's fresh-user finding).
 #[test]
 fn run_names_the_build_command_for_its_profile() {
+    let readme = readme_build_command();
+    assert_eq!(readme, "cargo build --release", "README's build command");
     let root = scratch("first-hour-run");
     let cases = [
-        ("release", "`cargo build --release -p roce-ibverbs`"),
-        ("debug", "`cargo build -p roce-ibverbs`"),
-        ("bin", "target/release/libroce_ibverbs.so to "),
+        ("release", format!("`{readme}` in the rocev2 checkout")),
+        ("debug", "`cargo build` in the rocev2 checkout".to_owned()),
+        (
+            "bin",
+            format!(
+                "`{readme}` (README's build command) and copy target/release/libroce_ibverbs.so and \
+                 target/release/libroce_rdmacm.so to "
+            ),
+        ),
     ];
     for (dir, want) in cases {
         let d = root.join(dir);
@@ -89,7 +114,11 @@ fn run_names_the_build_command_for_its_profile() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{dir}: {err}");
         assert!(err.contains("libroce_ibverbs.so not found"), "{dir}: {err}");
-        assert!(err.contains(want), "{dir}: wants {want:?}: {err}");
+        assert!(err.contains(&want), "{dir}: wants {want:?}: {err}");
+        assert!(
+            !err.contains(" -p roce-"),
+            "{dir}: one build for every library, not a -p build: {err}"
+        );
         if dir == "debug" {
             assert!(
                 !err.contains("--release"),
