@@ -3,7 +3,9 @@
 //! * the perf header names the peer in the user's terms, not an internal format name (`Rocev2V1`);
 //! * `rocev2 run` without `libroce_ibverbs.so` beside it names the one command that builds it — README's build
 //!   command, for the profile the `rocev2` binary itself was built with (a debug `rocev2` was told to build a
-//!   release library, which it would not find).
+//!   release library, which it would not find);
+//! * the perf header's link type names the link actually opened (`--link xdp` said UDP; after its fallback it is
+//!   the UDP link, named as such).
 //!
 //! `decode`'s PSN format and flag names are checked in `decode.rs` (`text_psn_is_hex_and_migreq_is_named`).
 
@@ -65,6 +67,116 @@ fn perf_header_names_the_peer_plainly() {
     for jargon in ["Rocev2V1", "out-of-band format"] {
         assert!(!text.contains(jargon), "{jargon:?} in the header: {text}");
     }
+}
+
+/// The `Link type` line of perf's header named "UDP 4791" whatever `--link` opened (issue #18's fresh-user
+/// finding: `--link xdp` printed the UDP header). It names the link actually used: the UDP link, and after `--link
+/// xdp` fell back (a loopback address: no AF_XDP there, no privilege needed to see it) the UDP link with the
+/// fallback, whose cause is on stderr. AF_XDP itself is checked in `xdp_netns.rs` (root).
+#[test]
+fn perf_header_names_the_link_used() {
+    let _s = serial();
+    let run = |extra: &[&str]| {
+        let out = Command::new(bin())
+            .args([
+                "perf",
+                "write-bw",
+                "--loopback",
+                "--loopback-ips",
+                "127.0.215.1,127.0.215.2",
+                "-n",
+                "10",
+            ])
+            .args(extra)
+            .output()
+            .expect("run rocev2");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{extra:?}: {text}{err}");
+        let link = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("Link type"))
+            .unwrap_or_else(|| panic!("{extra:?}: a Link type line: {text}"))
+            .to_owned();
+        (link, err)
+    };
+    let (udp, _) = run(&[]);
+    assert!(udp.contains("on the UDP link"), "{udp}");
+    assert!(!udp.contains("xdp") && !udp.contains("XDP"), "{udp}");
+    let (fallback, err) = run(&["--link", "xdp"]);
+    assert!(
+        err.contains("AF_XDP cannot be used") && err.contains("using the UDP link"),
+        "the fallback says why: {err}"
+    );
+    assert!(fallback.contains("on the UDP link"), "{fallback}");
+    assert!(fallback.contains("--link xdp fell back"), "{fallback}");
+    assert!(!fallback.contains("AF_XDP link ("), "{fallback}");
+}
+
+/// Over AF_XDP (both sides `--link xdp` between two namespaces, 198.18.51.0/24; root) the header of each side names
+/// the AF_XDP link and its interface; it said "UDP 4791" as for the UDP link.
+#[test]
+fn perf_header_names_the_af_xdp_link() {
+    if let Some(why) = common::netns_unavailable() {
+        eprintln!("SKIPPED (first_hour AF_XDP header): {why}; needs root and `ip netns`");
+        return;
+    }
+    if let Err(e) = roce_link::xdp::probe() {
+        eprintln!("SKIPPED (first_hour AF_XDP header): no AF_XDP here: {e}");
+        return;
+    }
+    let _s = serial();
+    let (ip_a, ip_b) = ("198.18.51.1", "198.18.51.2");
+    let ns = common::NetnsPair::up("fhxdp", ip_a, ip_b, 1500);
+    ns.wait_running();
+    let dir = scratch("first-hour-xdp");
+    let srv = common::strings(&[
+        "perf", "write-bw", "--ip", ip_a, "-p", "19511", "--link", "xdp",
+    ]);
+    let mut server = common::Proc::spawn("server", &dir, &common::NetnsPair::argv(&ns.a, &srv));
+    common::wait_socket(
+        &mut server,
+        "tcp",
+        ns.octets_a(),
+        19511,
+        std::time::Duration::from_secs(20),
+    );
+    let cli = common::strings(&[
+        "perf",
+        "write-bw",
+        ip_a,
+        "--ip",
+        ip_b,
+        "-p",
+        "19511",
+        "-n",
+        "100",
+        "--link",
+        "xdp",
+        "--timeout",
+        "20",
+    ]);
+    let client = common::Proc::spawn("client", &dir, &common::NetnsPair::argv(&ns.b, &cli))
+        .wait(std::time::Duration::from_secs(60));
+    let server = server.wait(std::time::Duration::from_secs(30));
+    assert!(
+        client.status.success() && server.status.success(),
+        "client {client}\nserver {server}"
+    );
+    for (side, f) in [("client", &client), ("server", &server)] {
+        assert!(f.stderr.contains("AF_XDP link on veth0"), "{side}: {f}");
+        let link = f
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("Link type"))
+            .unwrap_or_else(|| panic!("{side}: a Link type line: {f}"));
+        assert!(
+            link.contains("on the AF_XDP link (veth0, "),
+            "{side}: {link}"
+        );
+        assert!(!link.contains("UDP link"), "{side}: {link}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The build command of README's Quick start: the first line of a `sh` block that starts with `cargo build`.
