@@ -344,12 +344,18 @@ fn stat_flags_a_high_retransmission_rate() {
     let out = stat(&run_dir, &["--interval", "0.5"]);
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{t}");
-    let link = t
+    // The client device's block: its head line and the indented lines under it (the flagged rate is a field of
+    // the second line, which may wrap onto a continuation line).
+    let mut block = t
         .lines()
-        .skip_while(|l| !l.starts_with("link rocev2_lo/1 127.0.49.2 "))
-        .nth(1)
-        .unwrap_or_else(|| panic!("no client device:\n{t}"));
-    assert!(link.contains("(!) above 5 %"), "{link}\n{t}");
+        .skip_while(|l| !l.starts_with("link rocev2_lo/1 127.0.49.2 "));
+    assert!(block.next().is_some(), "no client device:\n{t}");
+    let link: Vec<&str> = block.take_while(|l| l.starts_with(' ')).collect();
+    let link = link.join("\n");
+    assert!(
+        link.contains("retrans") && link.contains("(!) above 5 %"),
+        "{link}\n{t}"
+    );
     let done = p.wait(Duration::from_secs(30));
     assert!(done.status.success(), "{done}");
 }
