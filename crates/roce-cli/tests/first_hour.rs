@@ -5,7 +5,8 @@
 //!   command, for the profile the `rocev2` binary itself was built with (a debug `rocev2` was told to build a
 //!   release library, which it would not find);
 //! * the perf header's link type names the link actually opened (`--link xdp` said UDP; after its fallback it is
-//!   the UDP link, named as such).
+//!   the UDP link, named as such);
+//! * README leads with the two commands a newcomer needs (the main job, the tests), each in its own block.
 //!
 //! `decode`'s PSN format and flag names are checked in `decode.rs` (`text_psn_is_hex_and_migreq_is_named`).
 
@@ -177,6 +178,55 @@ fn perf_header_names_the_af_xdp_link() {
         assert!(!link.contains("UDP link"), "{side}: {link}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// README's Quick start (issue #18's fresh-user finding: it was hard to scan): the two commands a newcomer needs,
+/// the main job and the tests, are README's first two code blocks, each alone in its block, before the status table;
+/// the test command is the one `.ci/run` runs.
+#[test]
+fn readme_leads_with_the_main_job_and_the_tests() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let mut blocks = Vec::new();
+    let mut lines = readme.lines().enumerate();
+    while let Some((n, l)) = lines.next() {
+        if l.starts_with("```") {
+            let body: Vec<&str> = lines
+                .by_ref()
+                .map(|(_, l)| l)
+                .take_while(|l| !l.starts_with("```"))
+                .collect();
+            blocks.push((n, body));
+        }
+    }
+    let test = "cargo test --workspace --release --no-fail-fast";
+    assert_eq!(
+        blocks.first().map(|b| b.1.clone()),
+        Some(vec![
+            "cargo run --release -p roce-cli -- perf write-bw --loopback"
+        ]),
+        "the main job first"
+    );
+    assert_eq!(
+        blocks.get(1).map(|b| b.1.clone()),
+        Some(vec![test]),
+        "the tests second"
+    );
+    let status = readme
+        .lines()
+        .position(|l| l.starts_with("## Status"))
+        .expect("a Status section");
+    assert!(blocks[1].0 < status, "both before the status table");
+    let prereq = readme
+        .lines()
+        .take(blocks[0].0)
+        .any(|l| l.starts_with("Prerequisites:"));
+    assert!(prereq, "the prerequisites above the commands");
+    let ci = std::fs::read_to_string(root.join(".ci/run")).expect(".ci/run");
+    assert!(
+        ci.lines().any(|l| l.trim_start().starts_with(test)),
+        ".ci/run runs README's test command"
+    );
 }
 
 /// The build command of README's Quick start: the first line of a `sh` block that starts with `cargo build`.
