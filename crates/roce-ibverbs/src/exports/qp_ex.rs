@@ -62,22 +62,7 @@ const UC_OPS: u64 = WITH_RDMA_WRITE
     | WITH_SEND_WITH_IMM
     | WITH_SEND_WITH_INV;
 const UD_OPS: u64 = WITH_SEND | WITH_SEND_WITH_IMM;
-/// `enum ibv_wr_opcode`.
-const IBV_WR_RDMA_WRITE: c_int = 0;
-const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
-const IBV_WR_SEND: c_int = 2;
-const IBV_WR_SEND_WITH_IMM: c_int = 3;
-const IBV_WR_RDMA_READ: c_int = 4;
-const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
-const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
-const IBV_WR_LOCAL_INV: c_int = 7;
-const IBV_WR_BIND_MW: c_int = 8;
-const IBV_WR_SEND_WITH_INV: c_int = 9;
-const IBV_WR_ATOMIC_WRITE: c_int = 15;
-/// `enum ibv_qp_type`.
-const IBV_QPT_RC: c_int = 2;
-const IBV_QPT_UC: c_int = 3;
-const IBV_QPT_UD: c_int = 4;
+// `enum ibv_wr_opcode` and `enum ibv_qp_type`: `crate::abi`.
 
 /// What `create_qp_ex` reads of `struct ibv_qp_init_attr_ex`.
 struct Req {
