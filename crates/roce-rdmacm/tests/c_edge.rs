@@ -44,6 +44,22 @@ fn libraries() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// `cc -O1 -Wall -Werror -o out src extra...` (the test fails with the compiler's messages).
+fn cc(out: &Path, src: &Path, extra: &[&str]) {
+    let res = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(out)
+        .arg(src)
+        .args(extra)
+        .output()
+        .expect("cc runs");
+    assert!(
+        res.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+}
+
 /// Compiles `tests/c/<name>.c` into a scratch directory that also holds `libibverbs.so.1` / `librdmacm.so.1` links.
 fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
     assert!(
@@ -57,18 +73,7 @@ fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let prog = dir.join(name);
-    let out = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .args(libs)
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cc(&prog, &src, libs);
     for (lib, link) in [
         ("libroce_ibverbs.so", "libibverbs.so.1"),
         ("libroce_rdmacm.so", "librdmacm.so.1"),
@@ -217,18 +222,8 @@ fn a_bridge_table_of_another_version_is_refused_with_a_clear_error() {
     .expect("version script");
     let shim = dir.join("libbridge_v3.so");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/bridge_v3.c");
-    let out = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o"])
-        .arg(&shim)
-        .arg(&src)
-        .arg(format!("-Wl,--version-script={}", map.display()))
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let script = format!("-Wl,--version-script={}", map.display());
+    cc(&shim, &src, &["-shared", "-fPIC", &script]);
     let out = Command::new("timeout")
         .args(["30"])
         .arg(&prog)
