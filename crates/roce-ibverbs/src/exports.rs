@@ -307,10 +307,6 @@ struct QpBlock {
     state: AtomicI32,
 }
 
-/// `ibv_qp_state` values the post checks compare with (`docs/spec/ROCEV2.md` §4.6).
-const IBV_QPS_INIT: c_int = 1;
-const IBV_QPS_RTS: c_int = 3;
-
 /// One more (`true`) or one fewer user of the PD or CQ block at `obj` (NULL: nothing).
 ///
 /// # Safety

@@ -12,7 +12,7 @@
 //!   §1.2). The versions are attached
 //!   with `.symver` (macros `versioned!` / `versioned_compat!` here): the implementations are `rocev2_<name>`,
 //!   exported as `<name>@@<node>`, and the twins `rocev2_v10_<name>` as `<name>@IBVERBS_1.0`.
-//! * Structures with the measured sizes and offsets (module `abi`; every size and offset is asserted at compile
+//! * Structures with the measured sizes and offsets (module `abi`, crate `roce-abi`'s `verbs`; every size and offset is asserted at compile
 //!   time against ABI.md §4). `tests/exports.rs` checks the built library's export table against Debian's own and
 //!   against the imports of the Debian binaries and provider libraries (`readelf`); `tests/c_api.rs` builds a C program against the system
 //!   `<infiniband/verbs.h>` and runs it on this library (queries, the data path, and the error contracts below).
@@ -108,7 +108,8 @@ macro_rules! versioned_compat {
     };
 }
 
-mod abi;
+/// The libibverbs structures, declared once for both C libraries in crate `roce-abi`.
+use roce_abi::verbs as abi;
 mod compat;
 mod exports;
 mod guard;

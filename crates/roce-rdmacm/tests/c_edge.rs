@@ -8,7 +8,8 @@
 //! Also the layout check: every size and offset `src/abi.rs` asserts, compared with the installed header by a C
 //! program (`offsetof`/`sizeof`).
 //!
-//! Also `tests/c/forkcm.c`: processes forked from a program that opened the device use it and rdma_cm afresh.
+//! Also `tests/c/forkcm.c`: processes forked from a program that opened the device use it and rdma_cm afresh; and
+//! `tests/c/oldbridge.c`: a libibverbs whose private bridge table is of another version is refused.
 //!
 //! Binds UDP 4791 on 127.0.209.1, 127.0.210.1 and 127.0.212.1 (and briefly 127.0.0.1, a sentinel).
 
@@ -43,6 +44,22 @@ fn libraries() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// `cc -O1 -Wall -Werror -o out src extra...` (the test fails with the compiler's messages).
+fn cc(out: &Path, src: &Path, extra: &[&str]) {
+    let res = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(out)
+        .arg(src)
+        .args(extra)
+        .output()
+        .expect("cc runs");
+    assert!(
+        res.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+}
+
 /// Compiles `tests/c/<name>.c` into a scratch directory that also holds `libibverbs.so.1` / `librdmacm.so.1` links.
 fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
     assert!(
@@ -56,18 +73,7 @@ fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let prog = dir.join(name);
-    let out = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .args(libs)
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cc(&prog, &src, libs);
     for (lib, link) in [
         ("libroce_ibverbs.so", "libibverbs.so.1"),
         ("libroce_rdmacm.so", "librdmacm.so.1"),
@@ -196,6 +202,45 @@ fn processes_connect_through_the_loopback_alias_of_a_device_on_another_loopback_
         }
         assert_eq!(n, 0, "datagrams were sent to the alias 127.0.0.1:4791");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The private bridge's version check (crate roce-abi, `bridge::check`): with a `libibverbs.so.1` whose
+/// `rocev2_private_v1@ROCEV2_PRIVATE` table is of version 3 (`tests/c/bridge_v3.c`, preloaded ahead of rocev2's;
+/// version 3 had version 4's layout, only two fields' meanings changed), `rdma_listen` fails with `ENODEV` and the
+/// library names both versions on stderr, instead of calling through the table (which answers `EPROTO`). No UDP
+/// socket (checked with strace): the runtime of the device (`ROCEV2_IBV_IP` 127.0.209.1) never starts, the CM
+/// being refused first.
+#[test]
+fn a_bridge_table_of_another_version_is_refused_with_a_clear_error() {
+    let (prog, dir) = build("oldbridge", &["-lrdmacm", "-libverbs"]);
+    let map = dir.join("bridge.map");
+    std::fs::write(
+        &map,
+        "ROCEV2_PRIVATE { global: rocev2_private_v1; local: *; };\n",
+    )
+    .expect("version script");
+    let shim = dir.join("libbridge_v3.so");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/bridge_v3.c");
+    let script = format!("-Wl,--version-script={}", map.display());
+    cc(&shim, &src, &["-shared", "-fPIC", &script]);
+    let out = Command::new("timeout")
+        .args(["30"])
+        .arg(&prog)
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("LD_PRELOAD", &shim)
+        .env("ROCEV2_IBV_IP", "127.0.209.1")
+        .output()
+        .expect("run the C program");
+    expect_ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "rocev2 librdmacm: rocev2's libibverbs.so.1 offers private table version 3 (128 bytes), this librdmacm \
+             needs version 4 (128 bytes): use the two libraries of one build"
+        ),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -20,7 +20,7 @@ use roce_wire::rsocket::{
     OP_DATA, OP_IOMAP_SGL, OP_SGL, OP_WRITE, SGE_LEN, SGL_SIZE, Sge, credit_limit,
 };
 
-use super::verbs::{self, IbvCompChannel, IbvMr, IbvRecvWr, IbvSendWr, IbvSge, IbvWc};
+use super::verbs;
 use crate::abi::*;
 use crate::bridge;
 use crate::cma::{self, R};
@@ -252,8 +252,8 @@ impl Rs {
         }
         let mut attr = IbvQpInitAttr {
             qp_context: core::ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
+            send_cq: cq.cast(),
+            recv_cq: cq.cast(),
             srq: core::ptr::null_mut(),
             cap: IbvQpCap {
                 max_send_wr: u32::from(self.sq_size),
@@ -319,7 +319,7 @@ impl Rs {
         };
         let reg = |r: &Region, access: c_int| {
             // SAFETY: the region is ours and outlives the MR (deregistered in `teardown` before it is freed).
-            unsafe { verbs::ibv_reg_mr(pd, r.ptr.cast(), r.len, access) }
+            unsafe { verbs::ibv_reg_mr(pd.cast(), r.ptr.cast(), r.len, access) }
         };
         let smr = reg(&sbuf, IBV_ACCESS_LOCAL_WRITE);
         let rmr = reg(&rbuf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -489,11 +489,11 @@ impl Rs {
             }
             for wc in &wcs[..n as usize] {
                 if wc.wr_id & WR_ID_RECV != 0 {
-                    if wc.status != verbs::IBV_WC_SUCCESS {
+                    if wc.status != IBV_WC_SUCCESS {
                         continue;
                     }
                     rcnt += 1;
-                    if wc.wc_flags & verbs::IBV_WC_WITH_IMM == 0 {
+                    if wc.wc_flags & IBV_WC_WITH_IMM == 0 {
                         // rsocket messages always carry immediate data here (no RS_OPT_MSG_SEND).
                         c.bad_msgs += 1;
                         continue;
@@ -543,7 +543,7 @@ impl Rs {
                             c.sbuf_bytes_avail += m.data;
                         }
                     }
-                    if wc.status != verbs::IBV_WC_SUCCESS && self.state & st::CONNECTED != 0 {
+                    if wc.status != IBV_WC_SUCCESS && self.state & st::CONNECTED != 0 {
                         self.state = st::ERROR;
                         self.err = libc::EIO;
                     }
@@ -709,7 +709,7 @@ impl Rs {
                     length: xfer,
                     lkey: 0,
                 }];
-                c.write_data(&mut sge, xfer, verbs::IBV_SEND_INLINE)
+                c.write_data(&mut sge, xfer, IBV_SEND_INLINE)
             } else {
                 let left_in = c.sbuf_size - c.ssgl_off;
                 // SAFETY: the smr is live.
@@ -958,7 +958,7 @@ impl Conn {
         &mut self,
         sgl: &mut [IbvSge],
         msg: u32,
-        flags: c_int,
+        flags: u32,
         addr: u64,
         rkey: u32,
     ) -> R<()> {
@@ -971,12 +971,12 @@ impl Conn {
                 sgl.as_mut_ptr()
             },
             num_sge: sgl.len() as c_int,
-            opcode: verbs::IBV_WR_RDMA_WRITE_WITH_IMM,
+            opcode: IBV_WR_RDMA_WRITE_WITH_IMM,
             send_flags: flags,
             imm_data: msg.to_be(),
-            remote_addr: addr,
-            rkey,
-            rest: [0; 76],
+            wr: SendWrUnion::rdma(addr, rkey),
+            qp_type_xrc_remote_srqn: 0,
+            bind_mw_tso: [0; 6],
         };
         // SAFETY: the connection's QP; the SGEs are registered staging memory or inline data that is read
         // during the call.
@@ -991,7 +991,7 @@ impl Conn {
     }
 
     /// rsocket.c `rs_write_data`: takes the target entry's space before the write.
-    fn write_data(&mut self, sgl: &mut [IbvSge], len: u32, flags: c_int) -> R<()> {
+    fn write_data(&mut self, sgl: &mut [IbvSge], len: u32, flags: u32) -> R<()> {
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= len;
@@ -1034,7 +1034,7 @@ impl Conn {
                 length: SGE_LEN as u32,
                 lkey: 0,
             }];
-            self.post_write_msg(&mut s, msg, verbs::IBV_SEND_INLINE, dst, rkey_t)
+            self.post_write_msg(&mut s, msg, IBV_SEND_INLINE, dst, rkey_t)
         } else {
             let slot =
                 self.sbuf_size as usize + SGE_LEN * (self.ctrl_seqno & (QP_CTRL_SIZE - 1)) as usize;
