@@ -567,7 +567,8 @@ fn libibverbs_without_privilege_falls_back_to_udp_with_the_cause() {
 
 /// One process per address over AF_XDP: while a program under `rocev2 run --link xdp` has the address, a second
 /// one asked for `--link xdp` on it is refused with the rule (its `ibv_alloc_pd` fails), and so is one on the
-/// UDP link (the port is taken); the first program is unaffected and completes.
+/// UDP link (the port is taken); the first program is unaffected and completes. And with a UDP-link program first,
+/// one asked for `--link xdp` is refused too (no fallback to UDP beside it).
 #[test]
 fn a_second_process_on_an_xdp_address_is_refused() {
     if skip("xdp_netns") {
@@ -635,6 +636,45 @@ fn a_second_process_on_an_xdp_address_is_refused() {
         assert_library_on_xdp("second-process", side, f);
         assert!(f.stdout.contains("100 iters in "), "{side}: {f}");
     }
+    // The other order: a program on the UDP link has the address (its socket shares through SO_REUSEPORT); one
+    // asked for AF_XDP there is refused, not put beside it on UDP.
+    let mut first = Proc::spawn(
+        "first-udp",
+        &dir,
+        &run_cmd(Some(&ns.a), false, C_IP_A, "udp", &program, None),
+    );
+    common::wait_socket(
+        &mut first,
+        "tcp",
+        [0, 0, 0, 0],
+        18515,
+        Duration::from_secs(60),
+    );
+    let second = Proc::spawn(
+        "second-after-udp",
+        &dir,
+        &run_cmd(Some(&ns.a), false, C_IP_A, "xdp", &other_port, None),
+    )
+    .wait(Duration::from_secs(60));
+    assert!(
+        !second.status.success()
+            && second.stderr.contains(
+                "UDP 4791 on 198.18.52.1 is taken by another process, and an AF_XDP link takes its address alone"
+            )
+            && !second.stderr.contains("using the UDP link"),
+        "second (xdp after udp):\n{second}"
+    );
+    let c = Proc::spawn(
+        "client-udp",
+        &dir,
+        &run_cmd(Some(&ns.b), false, C_IP_B, "udp", &program, Some(C_IP_A)),
+    )
+    .wait(Duration::from_secs(120));
+    let s = first.wait(Duration::from_secs(60));
+    assert!(
+        s.status.success() && c.status.success(),
+        "first (udp) {s}\nclient {c}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
