@@ -19,8 +19,8 @@
 //!
 //! The C library (`rocev2 run --link xdp`, issue #19), in 198.18.52.0/24: Debian's `ibv_rc_pingpong` and
 //! perftest's `ib_write_bw` and `ib_send_lat` with both ends on AF_XDP complete by their own criteria, both
-//! libraries say they opened the AF_XDP link, and neither kernel UDP stack saw the RoCE packets (the library has no
-//! capture, so no pcap check there); without privilege the library names the cause and the run completes over UDP;
+//! libraries say they opened the AF_XDP link, neither kernel UDP stack saw the RoCE packets, and the client's
+//! capture (`rocev2 run --pcap`) passes `check_pcap.py --strict --pmtu 1024`; without privilege the library names the cause and the run completes over UDP;
 //! a second process on an address an AF_XDP program holds is refused with the rule (and a UDP one with the taken
 //! port), the first completes; on a loopback address (127.0.218.1/.2, no root needed) the library names the cause
 //! and runs over UDP.
@@ -435,6 +435,17 @@ fn run_cmd(
     v
 }
 
+/// `argv` of [`run_cmd`] with `--pcap FILE` among `rocev2 run`'s options.
+fn with_pcap(mut argv: Vec<String>, file: &Path) -> Vec<String> {
+    let run = argv.iter().position(|a| a == "run").expect("rocev2 run");
+    let end = run + argv[run..].iter().position(|a| a == "--").expect("--");
+    argv.splice(
+        end..end,
+        ["--pcap".to_owned(), file.to_string_lossy().into_owned()],
+    );
+    argv
+}
+
 /// Server (`server` argv) then client (`client` argv, the server's TCP port `port` open first); both must exit 0.
 fn c_pair(
     dir: &Path,
@@ -466,8 +477,9 @@ fn assert_library_on_xdp(label: &str, side: &str, f: &Finished) {
 
 /// Debian's `ibv_rc_pingpong` and perftest's `ib_write_bw` and `ib_send_lat`, both ends under
 /// `rocev2 run --link xdp` in two namespaces: each completes by its own criteria (pingpong's result lines, perftest's
-/// result row), both libraries say they opened the AF_XDP link, and neither namespace's kernel UDP stack saw the
-/// RoCE packets (the XDP program steered them to the sockets).
+/// result row), both libraries say they opened the AF_XDP link, the client's capture (`rocev2 run --pcap`) passes
+/// the ICRC checker, and neither namespace's kernel UDP stack saw the RoCE packets (the XDP program steered them to
+/// the sockets).
 #[test]
 fn libibverbs_programs_over_xdp() {
     if skip("xdp_netns") {
@@ -495,11 +507,15 @@ fn libibverbs_programs_over_xdp() {
     for (i, (program, done)) in runs.into_iter().enumerate() {
         let label = format!("{i}-{}", program[0]);
         let before = [udp_seen_by_kernel(&ns.a), udp_seen_by_kernel(&ns.b)];
+        let pcap = dir.join(format!("{label}.pcap"));
         let (s, c) = c_pair(
             &dir,
             &label,
             &run_cmd(Some(&ns.a), false, C_IP_A, "xdp", program, None),
-            &run_cmd(Some(&ns.b), false, C_IP_B, "xdp", program, Some(C_IP_A)),
+            &with_pcap(
+                run_cmd(Some(&ns.b), false, C_IP_B, "xdp", program, Some(C_IP_A)),
+                &pcap,
+            ),
             18515,
         );
         for (side, f) in [("server", &s), ("client", &c)] {
@@ -510,6 +526,10 @@ fn libibverbs_programs_over_xdp() {
         if program[0] == "ibv_rc_pingpong" {
             assert!(s.stdout.contains(done), "{label}: no {done:?} line:\n{s}");
         }
+        // The client's capture (`rocev2 run --pcap`, both directions): every ICRC and header checks out, and it
+        // holds at least the 200 messages of the run.
+        let captured = check_pcap(&pcap, Some(PMTU));
+        assert!(captured >= 200, "{label}: {captured} RoCE packets captured");
         // Every run moves hundreds of RoCE packets (ib_write_bw: 800 data packets into the server); the kernel's UDP
         // stacks may see none of them (nothing else in these namespaces sends UDP; a bound of 10 leaves room for a
         // neighbour probe).

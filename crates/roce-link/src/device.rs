@@ -2,8 +2,8 @@
 //! engine and UDP link configuration to open it, in one place for every front end (`roce-ibverbs`, the
 //! `libibverbs.so.1` that `rocev2 run` puts in front of a program, reads it from the environment).
 //!
-//! `rocev2 run [--ip ADDR] [--rx socket|packet] [--link udp|xdp] -- PROGRAM` sets [`ENV_IP`] (and [`ENV_RX`],
-//! [`ENV_LINK`]). The device is one port on the network interface that owns the address, named as every rocev2
+//! `rocev2 run [--ip ADDR] [--rx socket|packet] [--link udp|xdp] [--pcap FILE] -- PROGRAM` sets [`ENV_IP`] (and
+//! [`ENV_RX`], [`ENV_LINK`], [`ENV_PCAP`]). The device is one port on the network interface that owns the address, named as every rocev2
 //! tool names it ([`udp::device_name_of_interface`]): `rocev2_<interface>`.
 
 use std::net::IpAddr;
@@ -20,6 +20,12 @@ pub const ENV_RX: &str = "ROCEV2_IBV_RX";
 /// `AF_XDP` socket on the interface, [`crate::XdpLink`], through [`crate::xdp::open_or_explain`]: when AF_XDP cannot
 /// be used the UDP link is taken with a message naming the cause). `rocev2 run --link` sets it.
 pub const ENV_LINK: &str = "ROCEV2_IBV_LINK";
+
+/// Environment variable naming a file the device's link writes a capture of every frame to (pcap, nanosecond
+/// time stamps, both directions as `rocev2 perf --pcap` writes them; unbuffered, so a program that exits without
+/// closing its device leaves a whole capture). `rocev2 run --pcap FILE` sets it. For tests and debugging: each
+/// frame costs two `write` calls.
+pub const ENV_PCAP: &str = "ROCEV2_IBV_PCAP";
 
 /// The link a device opens ([`ENV_LINK`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -6,14 +6,15 @@
 
 use std::time::Duration;
 
-use roce_link::device::{DeviceLink, DeviceSpec};
+use roce_link::device::{DeviceLink, DeviceSpec, ENV_PCAP};
 use roce_link::xdp::{XdpChoice, open_or_explain};
-use roce_link::{LinkError, UdpConfig, UdpLink};
+use roce_link::{LinkError, Pcap, PcapMode, UdpConfig, UdpLink};
 use roce_verbs::SendLink;
 
 /// Opens the link of `spec` (on the runtime's thread, when the device's runtime starts); `udp` is the UDP link's
 /// configuration, used unless the AF_XDP link opens. The lines of the choice go to stderr, prefixed
-/// `rocev2 libibverbs: `.
+/// `rocev2 libibverbs: `. With `roce_link::device::ENV_PCAP` (`rocev2 run --pcap FILE`) the link is wrapped in a
+/// capture of both directions to that file, unbuffered.
 ///
 /// No peer is known when a program opens its device, so no neighbour entry is resolved ahead: frames to a peer
 /// whose entry the kernel has not resolved yet are dropped and counted while the kernel resolves it, and RC
@@ -21,8 +22,24 @@ use roce_verbs::SendLink;
 ///
 /// # Errors
 ///
-/// The UDP link's bind errors; [`LinkError::Io`] of kind `AddrInUse` when `--link xdp` finds the address taken.
+/// The UDP link's bind errors; [`LinkError::Io`] of kind `AddrInUse` when `--link xdp` finds the address taken;
+/// the capture file cannot be created or written.
 pub(super) fn open(spec: &DeviceSpec, udp: UdpConfig) -> Result<SendLink, LinkError> {
+    let link = open_bare(spec, udp)?;
+    let Some(file) = std::env::var_os(ENV_PCAP) else {
+        return Ok(link);
+    };
+    let sink = std::fs::File::create(&file).map_err(|e| {
+        LinkError::Io(std::io::Error::new(
+            e.kind(),
+            format!("{ENV_PCAP}: creating {}: {e}", file.to_string_lossy()),
+        ))
+    })?;
+    Ok(Box::new(Pcap::new(link, sink, PcapMode::Both)?))
+}
+
+/// The link of `spec` without the capture.
+fn open_bare(spec: &DeviceSpec, udp: UdpConfig) -> Result<SendLink, LinkError> {
     if spec.link == DeviceLink::Xdp {
         match open_or_explain(spec.ip, None, Duration::ZERO)? {
             XdpChoice::Xdp(l, lines) => {
