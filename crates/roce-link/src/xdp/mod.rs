@@ -642,7 +642,6 @@ impl XdpLink {
                     .1
             }
         };
-        let claim = claim(cfg.local, cfg.port)?;
         let cname = std::ffi::CString::new(ifname.clone())
             .map_err(|_| bad("interface name has a NUL byte"))?;
         // SAFETY: `cname` is a valid C string.
@@ -656,6 +655,7 @@ impl XdpLink {
                 ),
             )));
         }
+        let claim = claim(cfg.local, cfg.port)?;
         let (ifmac, ifmtu) = neigh::mac_and_mtu(&ifname)?;
 
         let queues = rx_queues(&ifname).clamp(1, MAX_QUEUES);
