@@ -133,21 +133,28 @@ fn file_trusted(file: &Path, owners: &[u32]) -> Result<(), String> {
     Ok(())
 }
 
-/// The one command that puts `libroce_ibverbs.so` beside a `rocev2` in `dir`: cargo's `target/release` and
-/// `target/debug` are told apart by their name (a debug `rocev2` next to a release library would not find it);
-/// anywhere else the library has to be built and copied there.
+/// The one command that puts `libroce_ibverbs.so` beside a `rocev2` in `dir`: the build command of README's Quick
+/// start (`cargo build --release`), which builds rocev2 and both libraries (`libroce_ibverbs.so`,
+/// `libroce_rdmacm.so`) in one go with the workspace's feature set (a `-p roce-ibverbs` build selects another one,
+/// so alternating the two rebuilds the libraries). Cargo's `target/release` and `target/debug` are told apart by
+/// their name (a debug `rocev2` next to a release library would not find it: `cargo build` there); anywhere else
+/// the libraries have to be built and copied there.
 fn build_hint(dir: &Path) -> String {
     let profile = dir.file_name().and_then(|n| n.to_str());
     match profile {
-        Some("release") => "build it with `cargo build --release -p roce-ibverbs` (`cargo build --release` builds \
-                            rocev2 and the library together)"
-            .to_string(),
-        Some("debug") => "build it with `cargo build -p roce-ibverbs` (`cargo build` builds rocev2 and the library \
-                          together)"
-            .to_string(),
+        Some("release") => {
+            "build it with `cargo build --release` in the rocev2 checkout (README's build command: \
+                            rocev2, libroce_ibverbs.so and libroce_rdmacm.so together)"
+                .to_string()
+        }
+        Some("debug") => {
+            "build it with `cargo build` in the rocev2 checkout (rocev2, libroce_ibverbs.so and \
+                          libroce_rdmacm.so together, debug profile)"
+                .to_string()
+        }
         _ => format!(
-            "build it in the rocev2 checkout with `cargo build --release -p roce-ibverbs` and copy \
-             target/release/libroce_ibverbs.so to {}",
+            "build it in the rocev2 checkout with `cargo build --release` (README's build command) and copy \
+             target/release/libroce_ibverbs.so and target/release/libroce_rdmacm.so to {}",
             dir.display()
         ),
     }
@@ -309,10 +316,12 @@ fn rdmacm_missing_note(lib: &Path, prog: &std::ffi::OsStr) -> String {
         .and_then(|d| d.file_name())
         .and_then(|n| n.to_str())
     {
-        Some("debug") => "`cargo build -p roce-rdmacm`".to_string(),
-        Some("release") => "`cargo build --release -p roce-rdmacm`".to_string(),
+        Some("debug") => "`cargo build` in the rocev2 checkout".to_string(),
+        Some("release") => {
+            "`cargo build --release` in the rocev2 checkout (README's build command)".to_string()
+        }
         _ => format!(
-            "`cargo build --release -p roce-rdmacm` in the rocev2 checkout and copy \
+            "`cargo build --release` in the rocev2 checkout (README's build command) and copy \
              target/release/libroce_rdmacm.so to {}",
             rdmacm.display()
         ),

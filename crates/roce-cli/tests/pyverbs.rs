@@ -207,7 +207,7 @@ fn rdma_core_pyverbs_suite_passes_under_rocev2_run() {
             return;
         }
     };
-    common::ibverbs_library();
+    common::c_libraries();
     let _turn = serial();
     let allowed = allowed();
     let mut modules: Vec<String> = std::fs::read_dir(&dir)
