@@ -487,7 +487,7 @@ fn libibverbs_programs_over_xdp() {
     }
     common::need_program("ibv_rc_pingpong", "ibverbs-utils");
     common::need_program("ib_write_bw", "perftest");
-    common::ibverbs_library();
+    common::c_libraries();
     let _g = serial();
     let ns = NetnsPair::up("xdpc1", C_IP_A, C_IP_B, 1500);
     ns.wait_running();
@@ -556,7 +556,7 @@ fn libibverbs_without_privilege_falls_back_to_udp_with_the_cause() {
         eprintln!("SKIPPED (xdp_netns): {why}");
         return;
     }
-    common::ibverbs_library();
+    common::c_libraries();
     let _g = serial();
     let ns = NetnsPair::up("xdpc2", C_IP_A, C_IP_B, 1500);
     ns.wait_running();
@@ -595,7 +595,7 @@ fn a_second_process_on_an_xdp_address_is_refused() {
         return;
     }
     common::need_program("ibv_rc_pingpong", "ibverbs-utils");
-    common::ibverbs_library();
+    common::c_libraries();
     let _g = serial();
     let ns = NetnsPair::up("xdpc3", C_IP_A, C_IP_B, 1500);
     ns.wait_running();
@@ -704,7 +704,7 @@ fn a_second_process_on_an_xdp_address_is_refused() {
 #[test]
 fn libibverbs_on_loopback_falls_back_to_udp_with_the_cause() {
     common::need_program("ibv_rc_pingpong", "ibverbs-utils");
-    common::ibverbs_library();
+    common::c_libraries();
     let dir = scratch("xdp_loopback_libibverbs");
     let program = ["ibv_rc_pingpong", "-g", "0", "-n", "100", "-p", "18652"];
     let (s, c) = c_pair(
