@@ -18,7 +18,7 @@
 //! runs over UDP, and the run completes.
 //!
 //! The C library (`rocev2 run --link xdp`, issue #19), in 198.18.52.0/24: Debian's `ibv_rc_pingpong` and
-//! perftest's `ib_write_bw` and `ib_send_lat` with both ends on AF_XDP complete by their own criteria, both
+//! perftest's `ib_write_bw`, `ib_send_lat` and `ib_send_bw -c UD` with both ends on AF_XDP complete by their own criteria, both
 //! libraries say they opened the AF_XDP link, neither kernel UDP stack saw the RoCE packets, and the client's
 //! capture (`rocev2 run --pcap`) passes `check_pcap.py --strict --pmtu 1024`; without privilege the library names the cause and the run completes over UDP;
 //! a second process on an address an AF_XDP program holds is refused with the rule (and a UDP one with the taken
@@ -475,7 +475,7 @@ fn assert_library_on_xdp(label: &str, side: &str, f: &Finished) {
     );
 }
 
-/// Debian's `ibv_rc_pingpong` and perftest's `ib_write_bw` and `ib_send_lat`, both ends under
+/// Debian's `ibv_rc_pingpong` and perftest's `ib_write_bw`, `ib_send_lat` and `ib_send_bw -c UD`, both ends under
 /// `rocev2 run --link xdp` in two namespaces: each completes by its own criteria (pingpong's result lines, perftest's
 /// result row), both libraries say they opened the AF_XDP link, the client's capture (`rocev2 run --pcap`) passes
 /// the ICRC checker, and neither namespace's kernel UDP stack saw the RoCE packets (the XDP program steered them to
@@ -493,18 +493,19 @@ fn libibverbs_programs_over_xdp() {
     ns.wait_running();
     let dir = scratch("xdp_netns_libibverbs");
     // (program and arguments, the line of a completed run).
-    let runs: [(&[&str], &str); 3] = [
+    // (program and arguments, the size its result row starts with; `None`: ibv_rc_pingpong, whose two sides print
+    // "200 iters in"). perftest's bandwidth and latency rows start with the size and the 200 iterations; the
+    // client prints them (ib_send_bw's server too).
+    let runs: [(&[&str], Option<&str>); 4] = [
+        (&["ibv_rc_pingpong", "-g", "0", "-n", "200"], None),
+        (&["ib_write_bw", "-n", "200", "-s", "4096"], Some("4096")),
+        (&["ib_send_lat", "-n", "200", "-s", "64"], Some("64")),
         (
-            &["ibv_rc_pingpong", "-g", "0", "-n", "200"],
-            "200 iters in ",
+            &["ib_send_bw", "-n", "200", "-s", "512", "-c", "UD"],
+            Some("512"),
         ),
-        (
-            &["ib_write_bw", "-n", "200", "-s", "4096"],
-            "4096       200",
-        ),
-        (&["ib_send_lat", "-n", "200", "-s", "64"], " 64      200 "),
     ];
-    for (i, (program, done)) in runs.into_iter().enumerate() {
+    for (i, (program, row)) in runs.into_iter().enumerate() {
         let label = format!("{i}-{}", program[0]);
         let before = [udp_seen_by_kernel(&ns.a), udp_seen_by_kernel(&ns.b)];
         let pcap = dir.join(format!("{label}.pcap"));
@@ -521,10 +522,18 @@ fn libibverbs_programs_over_xdp() {
         for (side, f) in [("server", &s), ("client", &c)] {
             assert_library_on_xdp(&label, side, f);
         }
-        // The client prints the result (perftest's write_bw and send_lat rows are the client's; pingpong: both).
-        assert!(c.stdout.contains(done), "{label}: no {done:?} line:\n{c}");
-        if program[0] == "ibv_rc_pingpong" {
-            assert!(s.stdout.contains(done), "{label}: no {done:?} line:\n{s}");
+        match row {
+            None => {
+                for (side, f) in [("server", &s), ("client", &c)] {
+                    assert!(f.stdout.contains("200 iters in "), "{label} {side}:\n{f}");
+                }
+            }
+            Some(size) => assert!(
+                c.stdout
+                    .lines()
+                    .any(|l| l.split_whitespace().take(2).eq([size, "200"])),
+                "{label}: no result row for {size} B x 200:\n{c}"
+            ),
         }
         // The client's capture (`rocev2 run --pcap`, both directions): every ICRC and header checks out, and it
         // holds at least the 200 messages of the run.
