@@ -1,10 +1,11 @@
-//! `rocev2 run [--ip ADDR] [--rx socket|packet] -- PROGRAM ARGS`: runs an unmodified libibverbs program on the
-//! rocev2 software RNIC.
+//! `rocev2 run [--ip ADDR] [--rx socket|packet] [--link udp|xdp] [--pcap FILE] -- PROGRAM ARGS`: runs an
+//! unmodified libibverbs program on the rocev2 software RNIC.
 //!
 //! The program is executed (this process is replaced) with a directory holding rocev2's `libibverbs.so.1`
 //! (crate `roce-ibverbs`, built as `libroce_ibverbs.so` next to the `rocev2` binary) first on `LD_LIBRARY_PATH`,
-//! and the device's address in the environment ([`roce_link::device::ENV_IP`], [`roce_link::device::ENV_RX`]).
-//! Debian's binaries have no RPATH, so the dynamic loader takes our library (`docs/spec/LIBIBVERBS-ABI.md` §1.1).
+//! and the device's address in the environment ([`roce_link::device::ENV_IP`], [`roce_link::device::ENV_RX`],
+//! [`roce_link::device::ENV_LINK`], [`roce_link::device::ENV_PCAP`]). Debian's binaries have no RPATH, so the dynamic loader takes our library
+//! (`docs/spec/LIBIBVERBS-ABI.md` §1.1).
 //! The program then sees one device, `rocev2_<interface>` (the interface owning the address, as `rocev2 devinfo`
 //! names it), whose port is the address's GID.
 //!
@@ -23,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use roce_link::devfs;
-use roce_link::device::{DeviceSpec, ENV_IP, ENV_RX, UVERBS_NAME};
+use roce_link::device::{DeviceSpec, ENV_IP, ENV_LINK, ENV_PCAP, ENV_RX, UVERBS_NAME};
 use roce_link::udp::interfaces;
 
 /// Environment variable naming the rocev2 libibverbs to use instead of `libroce_ibverbs.so` beside `rocev2`: a
@@ -42,6 +43,15 @@ pub struct RunArgs {
     /// of peers that number their IPv4 IDs, such as Linux rxe; needs CAP_NET_RAW).
     #[arg(long, default_value = "socket", value_parser = ["socket", "packet"])]
     pub rx: String,
+    /// Link: `udp` (kernel UDP sockets) or `xdp` (AF_XDP on the interface that owns the address, as
+    /// `rocev2 perf --link xdp`; when it cannot be used the library says why and uses udp). Over xdp the program
+    /// has the address to itself: a second process on it is refused (docs/DEVICE.md, "Link").
+    #[arg(long, default_value = "udp", value_parser = ["udp", "xdp"])]
+    pub link: String,
+    /// Write every frame the device's link sends and receives to this pcap file (as `rocev2 perf --pcap`; one
+    /// process per file: a forked child that opens the device afresh would write over it).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
     /// Do not make `/dev/infiniband/uverbs0` and `/sys/class/infiniband/<dev>` for the program (they are made in a
     /// private mount namespace of the program, so nothing outside it changes).
     #[arg(long)]
@@ -255,12 +265,17 @@ fn exec(a: &RunArgs) -> Result<std::convert::Infallible, String> {
         path.push(":");
         path.push(old);
     }
-    let err = Command::new(prog)
-        .args(args)
+    let mut cmd = Command::new(prog);
+    cmd.args(args)
         .env("LD_LIBRARY_PATH", path)
         .env(ENV_IP, ip.to_string())
         .env(ENV_RX, &a.rx)
-        .exec();
+        .env(ENV_LINK, &a.link);
+    match &a.pcap {
+        Some(p) => cmd.env(ENV_PCAP, p),
+        None => cmd.env_remove(ENV_PCAP),
+    };
+    let err = cmd.exec();
     Err(format!("executing {}: {err}", prog.to_string_lossy()))
 }
 

@@ -1156,7 +1156,7 @@ fn open_udp(
         let used = Arc::clone(&used);
         Context::open(cfg.clone(), runtime_cfg(a), move || {
             let xdp = if xdp {
-                crate::xdplink::open_or_explain("rocev2 perf", local, peer)
+                crate::xdplink::open_or_explain("rocev2 perf", local, peer)?
             } else {
                 None
             };
@@ -1168,7 +1168,7 @@ fn open_udp(
                 };
             }
             let base: SendLink = match xdp {
-                Some(l) => Box::new(l),
+                Some(l) => l,
                 None => Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats)),
             };
             wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
