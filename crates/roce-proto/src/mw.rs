@@ -295,14 +295,11 @@ impl MrTable {
         Ok(())
     }
 
-    /// LOCAL_INV of `rkey` by a QP of PD `pd`: a type 2 window is freed, an MR's R_Key stops granting remote
-    /// access (as a received SEND with invalidate does). False if the key names neither.
+    /// LOCAL_INV of `rkey` by a QP of PD `pd`: a type 2 window is freed. False for anything else, an MR registered
+    /// with `ibv_reg_mr` included (only windows and fast-registered regions can be invalidated, IBTA Vol 1
+    /// §10.6.7; rxe `rxe_invalidate_mr` refuses user MRs).
     fn local_invalidate(&mut self, rkey: Rkey, pd: PdHandle) -> bool {
-        if rkey.0 & MW_KEY_BIT != 0 {
-            self.mws.invalidate(rkey.0, pd, None)
-        } else {
-            self.invalidate_rkey(rkey, pd)
-        }
+        rkey.0 & MW_KEY_BIT != 0 && self.mws.invalidate(rkey.0, pd, None)
     }
 }
 
