@@ -129,6 +129,14 @@ impl MwTable {
         self.slots.iter().flatten().any(|w| w.pd == pd)
     }
 
+    /// Whether a window is bound to the MR with key `mr_key` (control path; scans the windows).
+    pub(crate) fn bound_to(&self, mr_key: u32) -> bool {
+        self.slots
+            .iter()
+            .flatten()
+            .any(|w| w.bound.is_some_and(|b| b.mr_key == mr_key))
+    }
+
     /// The MR with key `mr_key` goes away: every window bound to it is unbound (control path; scans the windows).
     pub(crate) fn unbind_mr(&mut self, mr_key: u32) {
         for w in self.slots.iter_mut().flatten() {
@@ -343,6 +351,13 @@ impl Engine {
     /// Number of live memory windows.
     pub fn mw_count(&self) -> u32 {
         self.mrs.mws.live
+    }
+
+    /// Whether a memory window (type 1 or 2) is bound to the MR `lkey` (false for an unknown key). `ibv_dereg_mr`
+    /// of such an MR fails with EINVAL ([`dereg_mr_invalidate`](Self::dereg_mr_invalidate); rxe `rxe_dereg_mr`
+    /// refuses while the MR's `num_mw` is not 0). Control path: scans the windows.
+    pub fn mr_has_bound_mw(&self, lkey: Lkey) -> bool {
+        self.mrs.get(lkey).is_some() && self.mrs.mws.bound_to(lkey.0)
     }
 
     /// Executes the local operation at the head of QP index `i`'s send queue (the requester reached it and every

@@ -513,6 +513,43 @@ fn a_window_on_a_deregistered_mr_reaches_nothing() {
     );
 }
 
+/// `ibv_dereg_mr` of an MR that windows are bound to fails with EINVAL and leaves everything as it was (rxe
+/// `rxe_dereg_mr` refuses while the MR's `num_mw` is not 0): `dereg_mr_invalidate` (the C library's) says
+/// `InvalidArgument`, the window keeps writing into the MR; once the window is freed (LOCAL_INV) the MR goes.
+#[test]
+fn an_mr_with_a_bound_window_cannot_be_deregistered() {
+    let mut p = Pair::new();
+    let (a, b) = connect(&mut p, &ConnOpts::default());
+    let src = mr(&mut p.a, a.pd, 64, |_| 7);
+    let target = bindable_mr(&mut p.b, b.pd);
+    let mw = p.b.alloc_mw(b.pd, MwType::Type2).unwrap();
+    assert!(!p.b.mr_has_bound_mw(target.lkey), "nothing bound yet");
+    let wb = post_one(
+        &mut p,
+        false,
+        b,
+        bind(mw, 0x31, &target, 0, 4096, AccessFlags::REMOTE_WRITE),
+        &[],
+    );
+    assert_eq!(wb[0].status, WcStatus::Success);
+    assert!(p.b.mr_has_bound_mw(target.lkey));
+    assert!(matches!(
+        p.b.dereg_mr_invalidate(target.lkey),
+        Err(ResourceError::InvalidArgument(_))
+    ));
+    let key = Rkey((mw.0 & !0xff) | 0x31);
+    assert_eq!(
+        write_through(&mut p, a, &src, 8, target.addr + 8, key),
+        WcStatus::Success,
+        "the MR and its window are untouched"
+    );
+    assert_eq!(p.b.mr_bytes(target.lkey).unwrap()[8..16], [7u8; 8]);
+    let wb = post_one(&mut p, false, b, SendOp::LocalInv { rkey: key }, &[]);
+    assert_eq!(wb[0].status, WcStatus::Success);
+    assert!(!p.b.mr_has_bound_mw(target.lkey));
+    p.b.dereg_mr_invalidate(target.lkey).unwrap();
+}
+
 #[test]
 fn atomic_write_puts_eight_bytes_and_is_acked_like_a_write() {
     let mut p = Pair::new();
