@@ -1263,7 +1263,9 @@ pub struct ConnectOpts {
     pub mtu: Mtu,
     /// Responder access (REMOTE_WRITE / REMOTE_READ / REMOTE_ATOMIC).
     pub access: AccessFlags,
-    /// Local ACK timeout exponent (4.096 µs · 2^n; `ROCEV2.md §4.2`).
+    /// Local ACK timeout exponent (4.096 µs · 2^n; `ROCEV2.md §4.2`). Not used by
+    /// [`ConnectionManager::connect`](crate::cm::ConnectionManager::connect) / `accept`: their QPs take the value
+    /// the CM exchanged (17 with rdma_cm's ACK delay and packet lifetime).
     pub timeout: u8,
     /// Transport retries (IBTA count).
     pub retry_cnt: u8,
