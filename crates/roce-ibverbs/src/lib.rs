@@ -62,6 +62,7 @@
 //! `ibv_dereg_mr` succeeds while posted WRs name the MR, as the kernel's does: the key is dead at once, the QPs
 //! with such WRs go to the error state (the first of those WRs completes with `IBV_WC_LOC_PROT_ERR`, the rest are
 //! flushed) and the engine never touches the memory after the call returns (`roce_verbs::Mr::dereg_invalidate`).
+//! It is `EINVAL` while a memory window is bound to the MR, as rxe's (`rxe_dereg_mr` checks the MR's `num_mw`).
 //! `ibv_create_cq` refuses a `comp_vector` ≥ `num_comp_vectors` (`EINVAL`, the kernel's check).
 //!
 //! Object lifetimes follow the kernel's handles (module `exports::live`): the library keeps its own table of live

@@ -411,12 +411,20 @@ impl Engine {
     /// flushed (`enter_error`, with its `QpFatal` event). So no WQE holds a lease when the MR goes, the key is
     /// unknown from now on (posts naming it fail their SGE check, remote accesses are NAKed: the responder resolves
     /// the R_Key per packet), and the engine never touches the memory again. Control path: scans the QPs. Errors:
-    /// `InvalidHandle` for an unknown key.
+    /// `InvalidHandle` for an unknown key; `InvalidArgument` (EINVAL) while a memory window is bound to the MR
+    /// ([`mr_has_bound_mw`](Self::mr_has_bound_mw); rxe `rxe_dereg_mr` refuses while its `num_mw` is not 0): the
+    /// MR stays registered and nothing changes. (Plain [`dereg_mr`](Self::dereg_mr), the runtime's deferred
+    /// deregistration when the last handle goes, unbinds such windows instead.)
     pub fn dereg_mr_invalidate(&mut self, lkey: Lkey) -> Result<MrBuffer, ResourceError> {
         let slot = self
             .mrs
             .slot(lkey)
             .ok_or(ResourceError::InvalidHandle("lkey"))?;
+        if self.mr_has_bound_mw(lkey) {
+            return Err(ResourceError::InvalidArgument(
+                "memory windows are bound to the MR",
+            ));
+        }
         if self.mr_busy(lkey) {
             for i in 0..self.qps.len() {
                 self.fail_wrs_naming(i, slot);
