@@ -803,6 +803,17 @@ impl Rs {
                 if ret.is_err() {
                     break;
                 }
+                if self.state & st::ERROR != 0 && !self.have_rdata() {
+                    // An abort (a refused message, a failed completion) is an error once the data before it
+                    // is read, never the end of the stream an orderly disconnect gives (rsocket.c returns 0
+                    // for both; TCP's recv answers ECONNRESET after a reset).
+                    ret = Err(if self.err != 0 {
+                        self.err
+                    } else {
+                        libc::ECONNRESET
+                    });
+                    break;
+                }
             }
             let c = self.conn.as_mut().expect("checked");
             let peek = flags & libc::MSG_PEEK != 0;
