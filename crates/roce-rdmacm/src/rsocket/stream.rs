@@ -44,8 +44,9 @@ pub const DEF_MEM: u32 = 1 << 17;
 pub const DEF_WMEM: u32 = 1 << 17;
 
 /// How long `rshutdown` / `rclose` wait for their sends (the disconnect or shutdown message and what was queued
-/// before it) while none of them completes; then they give up (`ETIMEDOUT` from `rshutdown`, `rclose` goes on and
-/// destroys the id, whose DREQ tells the peer). rsocket.c waits for ever, so a peer that posts no receives (every
+/// before it) while none of them completes; then they go on: `rshutdown` returns (0 as rsocket.c, which ignores
+/// the outcome of that wait; `ETIMEDOUT` when no control message could be posted at all) and `rclose` destroys the
+/// id, whose DREQ tells the peer. rsocket.c waits for ever, so a peer that posts no receives (every
 /// message then meets RNR NAKs, retried for ever with `rnr_retry` 7) blocked the close for ever. A peer that is
 /// gone makes the sends fail instead: 7 retries of the 67 ms local ACK timeout (`cma::DEFAULT_ACK_TIMEOUT` 14),
 /// well inside this bound.
