@@ -62,13 +62,18 @@ fn cc(out: &Path, src: &Path, extra: &[&str]) {
 
 /// Compiles `tests/c/<name>.c` into a scratch directory that also holds `libibverbs.so.1` / `librdmacm.so.1` links.
 fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
+    build_in(name, name, libs)
+}
+
+/// [`build`] into the scratch directory named after `tag` (tests that run the same program side by side).
+fn build_in(name: &str, tag: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
     assert!(
         Path::new("/usr/include/rdma/rdma_cma.h").is_file(),
         "<rdma/rdma_cma.h> missing: install Debian's librdmacm-dev (.ci/run does)"
     );
     let built = libraries();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("rdmacm-{name}-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rdmacm-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
@@ -328,4 +333,50 @@ fn a_peer_sees_disconnected_when_the_server_process_exits_without_rdma_disconnec
         eprintln!("server ending by {how}: client {}", stdout.trim());
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `tests/c/rsclose.c` in `mode` (its header) with the device on `ip` (127.0.220.0/24, one address per test
+/// so they run side by side); bounded by `timeout` beyond the program's own 60 s alarm.
+fn rsclose(mode: &str, ip: &str, port: &str) {
+    let (prog, dir) = build_in(
+        "rsclose",
+        &format!("rsclose-{mode}"),
+        &["-lrdmacm", "-libverbs", "-lpthread"],
+    );
+    let out = Command::new("timeout")
+        .args(["90"])
+        .arg(&prog)
+        .args([mode, ip, port])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROCEV2_IBV_IP", ip)
+        .output()
+        .expect("run the C program");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    expect_ok(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// rsockets (issue #17): `rpoll` on a listening rsocket reports nothing before a request, `POLLOUT` when asked (as
+/// rsocket.c, whose listener polls a writable socket pair) and `POLLIN` while a client's request is pending; the
+/// accepted socket reads the data and then the end of the stream after the client's `rclose`. Binds UDP 4791 on
+/// 127.0.220.1.
+#[test]
+fn rsocket_rpoll_on_a_listener_reports_a_pending_request() {
+    rsclose("listen", "127.0.220.1", "7501");
+}
+
+/// rsockets (issue #17): `rclose` returns (within 30 s) when the peer never posts a receive, so the disconnect
+/// message and credits it sends meet RNR NAKs retried for ever; the peer then sees `RDMA_CM_EVENT_DISCONNECTED`.
+/// Failing-first: `rclose` waited for those sends for ever. Binds UDP 4791 on 127.0.220.2.
+#[test]
+fn rsocket_rclose_returns_when_the_peer_posts_no_receives() {
+    rsclose("norecv", "127.0.220.2", "7502");
+}
+
+/// rsockets (issue #17): a peer's data message longer than the buffer half it was given aborts the connection:
+/// `rrecv` returns -1 with `EPROTO` (not 0, the end of an orderly stream), `SO_ERROR` reads it, `rpoll` reports
+/// `POLLERR`, `rsend` fails with `ECONNRESET`. Failing-first: `rrecv` returned 0. Binds UDP 4791 on 127.0.220.3.
+#[test]
+fn rsocket_rrecv_reports_an_aborted_connection_as_an_error() {
+    rsclose("abort", "127.0.220.3", "7503");
 }

@@ -43,6 +43,15 @@ pub const DEF_RQSIZE: u16 = 384;
 pub const DEF_MEM: u32 = 1 << 17;
 pub const DEF_WMEM: u32 = 1 << 17;
 
+/// How long `rshutdown` / `rclose` wait for their sends (the disconnect or shutdown message and what was queued
+/// before it) while none of them completes; then they go on: `rshutdown` returns (0 as rsocket.c, which ignores
+/// the outcome of that wait; `ETIMEDOUT` when no control message could be posted at all) and `rclose` destroys the
+/// id, whose DREQ tells the peer. rsocket.c waits for ever, so a peer that posts no receives (every
+/// message then meets RNR NAKs, retried for ever with `rnr_retry` 7) blocked the close for ever. A peer that is
+/// gone makes the sends fail instead: 7 retries of the 67 ms local ACK timeout (`cma::DEFAULT_ACK_TIMEOUT` 14),
+/// well inside this bound.
+pub const SHUTDOWN_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Work request ids: bit 63 marks a receive; a send's id is its message's immediate value.
 const WR_ID_RECV: u64 = 1 << 63;
 
@@ -138,6 +147,8 @@ pub(crate) struct Conn {
     /// Messages refused from the peer (data beyond the receive buffer, a full message ring): each one ends the
     /// connection with `EPROTO`.
     pub bad_msgs: u64,
+    /// Work completions taken so far (progress, for [`SHUTDOWN_IDLE`]).
+    completions: u64,
 }
 
 /// A stream rsocket.
@@ -363,6 +374,7 @@ impl Rs {
             rq_size: self.rq_size,
             sq_inline: self.sq_inline,
             bad_msgs: 0,
+            completions: 0,
         });
         if smr.is_null() || rmr.is_null() || tmr.is_null() {
             let e = errno();
@@ -488,6 +500,7 @@ impl Rs {
                 break;
             }
             for wc in &wcs[..n as usize] {
+                c.completions += 1;
                 if wc.wr_id & WR_ID_RECV != 0 {
                     if wc.status != IBV_WC_SUCCESS {
                         continue;
@@ -791,6 +804,17 @@ impl Rs {
                 if ret.is_err() {
                     break;
                 }
+                if self.state & st::ERROR != 0 && !self.have_rdata() {
+                    // An abort (a refused message, a failed completion) is an error once the data before it
+                    // is read, never the end of the stream an orderly disconnect gives (rsocket.c returns 0
+                    // for both; TCP's recv answers ECONNRESET after a reset).
+                    ret = Err(if self.err != 0 {
+                        self.err
+                    } else {
+                        libc::ECONNRESET
+                    });
+                    break;
+                }
             }
             let c = self.conn.as_mut().expect("checked");
             let peek = flags & libc::MSG_PEEK != 0;
@@ -881,7 +905,7 @@ impl Rs {
                 return Err(libc::EINVAL);
             };
             if !self.ctrl_avail() {
-                self.process_cq(false, Rs::conn_can_send_ctrl)?;
+                self.process_cq_bounded(Rs::conn_can_send_ctrl)?;
             }
             if self.state & st::CONNECTED != 0 && self.ctrl_avail() {
                 let c = self.conn.as_mut().expect("connected");
@@ -890,9 +914,47 @@ impl Rs {
             }
         }
         if self.state & st::CONNECTED != 0 {
-            let _ = self.process_cq(false, Rs::conn_all_sends_done);
+            let _ = self.process_cq_bounded(Rs::conn_all_sends_done);
         }
         Ok(())
+    }
+
+    /// [`Rs::process_cq`] blocking until `test` holds, for `rshutdown` / `rclose`: `ETIMEDOUT` once
+    /// [`SHUTDOWN_IDLE`] passes without a completion. Waits on the completion channel (armed first) at most 100 ms
+    /// at a time and takes the connection manager's events meanwhile (a DREQ from the peer ends the wait, as
+    /// rsocket.c's `cm_svc` thread does).
+    fn process_cq_bounded(&mut self, test: fn(&Rs) -> bool) -> R<()> {
+        let mut seen = self.conn.as_ref().map_or(0, |c| c.completions);
+        let mut since = std::time::Instant::now();
+        loop {
+            match self.process_cq(true, test) {
+                Err(libc::EWOULDBLOCK) => {}
+                r => return r,
+            }
+            let c = self.conn.as_mut().ok_or(libc::ENOTCONN)?;
+            if c.completions != seen {
+                (seen, since) = (c.completions, std::time::Instant::now());
+            }
+            let left = SHUTDOWN_IDLE.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                return Err(libc::ETIMEDOUT);
+            }
+            if !c.cq_armed {
+                // SAFETY: the connection's CQ.
+                unsafe { verbs::req_notify_cq(c.cq) };
+                c.cq_armed = true;
+                continue;
+            }
+            let mut p = libc::pollfd {
+                fd: c.chan_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd.
+            unsafe { libc::poll(&mut p, 1, left.as_millis().clamp(1, 100) as c_int) };
+            c.get_cq_event();
+            self.drain_cm();
+        }
     }
 }
 
