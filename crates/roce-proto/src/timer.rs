@@ -105,7 +105,7 @@ impl QpTimers {
 
 /// A heap entry: `(instant, qpn << 8 | kind, generation)`, 16 bytes (QPNs are 24 bits, IBTA §9.2). The packed middle
 /// word orders as `(qpn, kind)` did.
-type Entry = Reverse<(Instant, u32, u32)>;
+pub(crate) type Entry = Reverse<(Instant, u32, u32)>;
 
 fn entry(at: Instant, qpn: u32, k: u8, generation: u32) -> Entry {
     Reverse((at, (qpn & 0xFF_FFFF) << 8 | u32::from(k), generation))
