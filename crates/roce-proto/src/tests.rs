@@ -7,6 +7,7 @@ mod gsi_tests;
 mod hostile_peer_tests;
 mod hostile_tests;
 mod loss_tests;
+mod mem_tests;
 mod mw_tests;
 mod pair_tests;
 mod random_tests;
