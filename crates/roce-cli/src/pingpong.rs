@@ -491,12 +491,12 @@ fn open_device(a: &PingpongArgs, local: IpAddr, peer: IpAddr) -> Result<(Context
         let xdp = a.link == PingLink::Xdp;
         Context::open(cfg, RuntimeConfig::with_mode(a.progress), move || {
             let xdp = if xdp {
-                crate::xdplink::open_or_explain("rocev2 pingpong", local, peer)
+                crate::xdplink::open_or_explain("rocev2 pingpong", local, peer)?
             } else {
                 None
             };
             let mut l: SendLink = match xdp {
-                Some(x) => Box::new(x),
+                Some(x) => x,
                 None => Box::new(UdpLink::bind(ucfg)?),
             };
             if let Some(p) = pcap {

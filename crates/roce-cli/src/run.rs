@@ -1,10 +1,11 @@
-//! `rocev2 run [--ip ADDR] [--rx socket|packet] -- PROGRAM ARGS`: runs an unmodified libibverbs program on the
-//! rocev2 software RNIC.
+//! `rocev2 run [--ip ADDR] [--rx socket|packet] [--link udp|xdp] [--pcap FILE] -- PROGRAM ARGS`: runs an
+//! unmodified libibverbs program on the rocev2 software RNIC.
 //!
 //! The program is executed (this process is replaced) with a directory holding rocev2's `libibverbs.so.1`
 //! (crate `roce-ibverbs`, built as `libroce_ibverbs.so` next to the `rocev2` binary) first on `LD_LIBRARY_PATH`,
-//! and the device's address in the environment ([`roce_link::device::ENV_IP`], [`roce_link::device::ENV_RX`]).
-//! Debian's binaries have no RPATH, so the dynamic loader takes our library (`docs/spec/LIBIBVERBS-ABI.md` §1.1).
+//! and the device's address in the environment ([`roce_link::device::ENV_IP`], [`roce_link::device::ENV_RX`],
+//! [`roce_link::device::ENV_LINK`], [`roce_link::device::ENV_PCAP`]). Debian's binaries have no RPATH, so the dynamic loader takes our library
+//! (`docs/spec/LIBIBVERBS-ABI.md` §1.1).
 //! The program then sees one device, `rocev2_<interface>` (the interface owning the address, as `rocev2 devinfo`
 //! names it), whose port is the address's GID.
 //!
@@ -23,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use roce_link::devfs;
-use roce_link::device::{DeviceSpec, ENV_IP, ENV_RX, UVERBS_NAME};
+use roce_link::device::{DeviceSpec, ENV_IP, ENV_LINK, ENV_PCAP, ENV_RX, UVERBS_NAME};
 use roce_link::udp::interfaces;
 
 /// Environment variable naming the rocev2 libibverbs to use instead of `libroce_ibverbs.so` beside `rocev2`: a
@@ -42,6 +43,15 @@ pub struct RunArgs {
     /// of peers that number their IPv4 IDs, such as Linux rxe; needs CAP_NET_RAW).
     #[arg(long, default_value = "socket", value_parser = ["socket", "packet"])]
     pub rx: String,
+    /// Link: `udp` (kernel UDP sockets) or `xdp` (AF_XDP on the interface that owns the address, as
+    /// `rocev2 perf --link xdp`; when it cannot be used the library says why and uses udp). Over xdp the program
+    /// has the address to itself: a second process on it is refused (docs/DEVICE.md, "Link").
+    #[arg(long, default_value = "udp", value_parser = ["udp", "xdp"])]
+    pub link: String,
+    /// Write every frame the device's link sends and receives to this pcap file (as `rocev2 perf --pcap`; one
+    /// process per file: a forked child that opens the device afresh would write over it).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
     /// Do not make `/dev/infiniband/uverbs0` and `/sys/class/infiniband/<dev>` for the program (they are made in a
     /// private mount namespace of the program, so nothing outside it changes).
     #[arg(long)]
@@ -123,21 +133,28 @@ fn file_trusted(file: &Path, owners: &[u32]) -> Result<(), String> {
     Ok(())
 }
 
-/// The one command that puts `libroce_ibverbs.so` beside a `rocev2` in `dir`: cargo's `target/release` and
-/// `target/debug` are told apart by their name (a debug `rocev2` next to a release library would not find it);
-/// anywhere else the library has to be built and copied there.
+/// The one command that puts `libroce_ibverbs.so` beside a `rocev2` in `dir`: the build command of README's Quick
+/// start (`cargo build --release`), which builds rocev2 and both libraries (`libroce_ibverbs.so`,
+/// `libroce_rdmacm.so`) in one go with the workspace's feature set (a `-p roce-ibverbs` build selects another one,
+/// so alternating the two rebuilds the libraries). Cargo's `target/release` and `target/debug` are told apart by
+/// their name (a debug `rocev2` next to a release library would not find it: `cargo build` there); anywhere else
+/// the libraries have to be built and copied there.
 fn build_hint(dir: &Path) -> String {
     let profile = dir.file_name().and_then(|n| n.to_str());
     match profile {
-        Some("release") => "build it with `cargo build --release -p roce-ibverbs` (`cargo build --release` builds \
-                            rocev2 and the library together)"
-            .to_string(),
-        Some("debug") => "build it with `cargo build -p roce-ibverbs` (`cargo build` builds rocev2 and the library \
-                          together)"
-            .to_string(),
+        Some("release") => {
+            "build it with `cargo build --release` in the rocev2 checkout (README's build command: \
+                            rocev2, libroce_ibverbs.so and libroce_rdmacm.so together)"
+                .to_string()
+        }
+        Some("debug") => {
+            "build it with `cargo build` in the rocev2 checkout (rocev2, libroce_ibverbs.so and \
+                          libroce_rdmacm.so together, debug profile)"
+                .to_string()
+        }
         _ => format!(
-            "build it in the rocev2 checkout with `cargo build --release -p roce-ibverbs` and copy \
-             target/release/libroce_ibverbs.so to {}",
+            "build it in the rocev2 checkout with `cargo build --release` (README's build command) and copy \
+             target/release/libroce_ibverbs.so and target/release/libroce_rdmacm.so to {}",
             dir.display()
         ),
     }
@@ -248,12 +265,17 @@ fn exec(a: &RunArgs) -> Result<std::convert::Infallible, String> {
         path.push(":");
         path.push(old);
     }
-    let err = Command::new(prog)
-        .args(args)
+    let mut cmd = Command::new(prog);
+    cmd.args(args)
         .env("LD_LIBRARY_PATH", path)
         .env(ENV_IP, ip.to_string())
         .env(ENV_RX, &a.rx)
-        .exec();
+        .env(ENV_LINK, &a.link);
+    match &a.pcap {
+        Some(p) => cmd.env(ENV_PCAP, p),
+        None => cmd.env_remove(ENV_PCAP),
+    };
+    let err = cmd.exec();
     Err(format!("executing {}: {err}", prog.to_string_lossy()))
 }
 
@@ -294,10 +316,12 @@ fn rdmacm_missing_note(lib: &Path, prog: &std::ffi::OsStr) -> String {
         .and_then(|d| d.file_name())
         .and_then(|n| n.to_str())
     {
-        Some("debug") => "`cargo build -p roce-rdmacm`".to_string(),
-        Some("release") => "`cargo build --release -p roce-rdmacm`".to_string(),
+        Some("debug") => "`cargo build` in the rocev2 checkout".to_string(),
+        Some("release") => {
+            "`cargo build --release` in the rocev2 checkout (README's build command)".to_string()
+        }
         _ => format!(
-            "`cargo build --release -p roce-rdmacm` in the rocev2 checkout and copy \
+            "`cargo build --release` in the rocev2 checkout (README's build command) and copy \
              target/release/libroce_rdmacm.so to {}",
             rdmacm.display()
         ),

@@ -34,7 +34,8 @@
 //! Then one block per QP: type, state, PSNs (next, oldest unacknowledged, expected), queue depths, rate controller and
 //! its non-zero counters. Each device and QP is named by its port and address (`rocev2_lo/1 127.0.0.2`): the two ends
 //! of a `--loopback` run share the device `rocev2_lo` and both number their QPs from 0x11; `--ip` picks one. The
-//! report fits the terminal (`COLUMNS`, else 120 columns); `--wide` puts each device and QP on one line. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
+//! report fits the terminal (`COLUMNS`, else the width of the terminal on stdout, else 120 columns), wrapped between
+//! fields (a name and its value stay on one line); `--wide` puts each device and QP on one line. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
 //! and timer state, rate controller, counters) for every device that has one, headed by the process and the
 //! device's port name; `--pid` narrows to one process.
 //! Then one `cm_id` line per rdma_cm id of the process (rocev2's librdmacm; what `rdma resource show cm_id` lists on
@@ -58,8 +59,24 @@ const RETRANS_FLAG: f64 = 0.05;
 /// cause timeouts on its own is pointed at.
 pub const STALL_GAP_US: u64 = 30_000;
 
-/// Width of the text report when `COLUMNS` does not say (fits a 120-column terminal).
+/// Width of the text report when neither `COLUMNS` nor the terminal says (fits a 120-column terminal).
 const DEFAULT_WIDTH: usize = 120;
+
+/// The text report's width: `COLUMNS` when set (40 or more), else the width of the terminal on stdout (an 80-column
+/// terminal wrapped the 120-column report mid-field, issue #18), else [`DEFAULT_WIDTH`] (a pipe or a file).
+fn width() -> usize {
+    let usable = |w: usize| (w >= 40).then_some(w);
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .and_then(usable)
+        .or_else(|| {
+            console::Term::stdout()
+                .size_checked()
+                .and_then(|(_rows, cols)| usable(usize::from(cols)))
+        })
+        .unwrap_or(DEFAULT_WIDTH)
+}
 
 /// `rocev2 stat` arguments.
 #[derive(Clone, Debug, clap::Args)]
@@ -88,7 +105,7 @@ pub struct StatArgs {
     #[arg(short = 'a', long)]
     pub all: bool,
     /// One line per device and per QP, however long (for `grep`/`awk`); without it the report is wrapped to the
-    /// terminal's width (`COLUMNS`, else 120 columns).
+    /// terminal's width (`COLUMNS`, else the terminal's, else 120 columns).
     #[arg(long)]
     pub wide: bool,
 }
@@ -134,11 +151,7 @@ pub fn run(a: &StatArgs) -> ExitCode {
     let look = Look {
         all: a.all,
         wide: a.wide,
-        width: std::env::var("COLUMNS")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .filter(|&w: &usize| w >= 40)
-            .unwrap_or(DEFAULT_WIDTH),
+        width: width(),
     };
     let mut prev = snapshot(a.pid);
     let mut t_prev = Instant::now();
@@ -428,7 +441,8 @@ fn pct(r: Option<f64>, flag: bool) -> String {
     }
 }
 
-/// `name value` pairs of a counters object (non-zero ones unless `all`), on one line.
+/// `name value` pairs of a counters object (non-zero ones unless `all`), on one line, each pair a field of
+/// [`block`] (two spaces apart).
 fn counters_line(c: &Value, all: bool) -> String {
     c.as_object()
         .map(|m| {
@@ -436,7 +450,7 @@ fn counters_line(c: &Value, all: bool) -> String {
                 .filter(|(_, v)| all || v.as_u64() != Some(0))
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect::<Vec<_>>()
-                .join(" ")
+                .join(FIELD)
         })
         .unwrap_or_default()
 }
@@ -453,7 +467,7 @@ fn link_drops_line(c: &Value, all: bool) -> String {
                 })
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect::<Vec<_>>()
-                .join(" ")
+                .join(FIELD)
         })
         .unwrap_or_default()
 }
@@ -502,14 +516,29 @@ struct Look {
     width: usize,
 }
 
-/// One device's or QP's block: a head line and indented detail lines. `--wide` joins them into one line; otherwise
-/// each line is wrapped at word boundaries to `width` columns, continuation lines indented below their line.
+/// What separates the fields of a report line ([`block`]): a field is a name with its value (`retrans 0.00 %`,
+/// `next_psn 0x593c21`) and is never split between two lines unless it is longer than a line on its own.
+const FIELD: &str = "  ";
+
+/// One device's or QP's block: a head line and indented detail lines, each line made of fields separated by
+/// [`FIELD`] and printed one space apart. `--wide` joins the lines into one line; otherwise each line is wrapped to
+/// `width` columns between fields (a field longer than a line between words), continuation lines indented below
+/// their line.
 fn block(o: &mut String, lines: &[String], look: &Look) {
     use std::fmt::Write as _;
+    let fields = |l: &str| -> Vec<String> {
+        l.split(FIELD)
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
     if look.wide {
-        let _ = writeln!(o, "{}", lines.join("  "));
+        let joined: Vec<String> = lines.iter().map(|l| fields(l).join(" ")).collect();
+        let _ = writeln!(o, "{}", joined.join("  "));
         return;
     }
+    let cols = |s: &str| s.chars().count();
     for (i, l) in lines.iter().enumerate() {
         let (first, cont) = if i == 0 {
             ("", "    ")
@@ -517,19 +546,39 @@ fn block(o: &mut String, lines: &[String], look: &Look) {
             ("    ", "        ")
         };
         let mut cur = String::from(first);
-        let words: Vec<&str> = l.split(' ').filter(|w| !w.is_empty()).collect();
-        for (k, word) in words.iter().enumerate() {
-            // A unit never starts a line: "0.00" and "%" move together (fresh-user report).
-            let unit = *word == "%";
-            let need = word.len() + if words.get(k + 1) == Some(&"%") { 2 } else { 0 };
-            if !unit && cur.len() > cont.len() && cur.trim_end().len() + 1 + need > look.width {
-                let _ = writeln!(o, "{}", cur.trim_end());
-                cur = String::from(cont);
-            }
+        // Appends `piece` to the line, after a space unless the line is still empty.
+        let push = |cur: &mut String, piece: &str| {
             if !cur.trim().is_empty() {
                 cur.push(' ');
             }
-            cur.push_str(word);
+            cur.push_str(piece);
+        };
+        let empty = |cur: &String| cur.trim().is_empty();
+        let fits = |cur: &String, n: usize| cols(cur) + usize::from(!empty(cur)) + n <= look.width;
+        for field in fields(l) {
+            if fits(&cur, cols(&field)) {
+                push(&mut cur, &field);
+                continue;
+            }
+            if !empty(&cur) {
+                let _ = writeln!(o, "{}", cur.trim_end());
+                cur = String::from(cont);
+                if fits(&cur, cols(&field)) {
+                    push(&mut cur, &field);
+                    continue;
+                }
+            }
+            // Longer than a line: between words; a unit never starts a line ("0.00" and "%" move together).
+            let words: Vec<&str> = field.split(' ').filter(|w| !w.is_empty()).collect();
+            for (k, word) in words.iter().enumerate() {
+                let unit = *word == "%";
+                let need = cols(word) + if words.get(k + 1) == Some(&"%") { 2 } else { 0 };
+                if !unit && !empty(&cur) && !fits(&cur, need) {
+                    let _ = writeln!(o, "{}", cur.trim_end());
+                    cur = String::from(cont);
+                }
+                push(&mut cur, word);
+            }
         }
         let _ = writeln!(o, "{}", cur.trim_end());
     }
@@ -607,7 +656,7 @@ fn text(r: &Value, look: &Look) -> String {
             }
             let s = &d["signals"];
             let mut lines = vec![
-                format!("link {name} pid {pid} comm {cmd}"),
+                format!("link {name}{FIELD}pid {pid}{FIELD}comm {cmd}"),
                 format!(
                     "out {} {} pkt/s  in {} {} pkt/s  sq_depth {}  retrans {}  max_pass_gap_us {}",
                     opt(&s["sent_bps"], &gbps),
@@ -645,14 +694,15 @@ fn text(r: &Value, look: &Look) -> String {
                 let qs = sig_qps.iter().find(|x| x["qpn"] == q["qpn"]);
                 let rate = match (q["rate_bps"].as_u64(), q["limited"] == true) {
                     (Some(r), l) => format!(
-                        " cc_rate {}b/s{}",
+                        "{FIELD}cc_rate {}b/s{}",
                         human(r as f64),
                         if l { " (limited)" } else { "" }
                     ),
                     (None, _) => String::new(),
                 };
                 let mut lines = vec![format!(
-                    "qp {:#x} {name} type {} state {} sq {} rq {} next_psn {:#x} una_psn {:#x} epsn {:#x} retrans {}{rate}",
+                    "qp {:#x} {name}  type {}  state {}  sq {}  rq {}  next_psn {:#x}  una_psn {:#x}  epsn {:#x}  \
+                     retrans {}{rate}",
                     u(q, "qpn"),
                     q["type"].as_str().unwrap_or("?"),
                     q["state"].as_str().unwrap_or("?"),
@@ -682,7 +732,7 @@ fn text(r: &Value, look: &Look) -> String {
                 .as_u64()
                 .map_or_else(|| "-".to_owned(), |q| format!("{q:#x}"));
             let line = format!(
-                "cm_id pid {pid} comm {cmd} lqpn {lqpn} qp-type {} state {} ps {} src-addr {} dst-addr {}",
+                "cm_id pid {pid} comm {cmd}  lqpn {lqpn}  qp-type {}  state {}  ps {}  src-addr {}  dst-addr {}",
                 i["qp_type"].as_str().unwrap_or("-"),
                 i["state"].as_str().unwrap_or("?"),
                 i["ps"].as_str().unwrap_or("?"),

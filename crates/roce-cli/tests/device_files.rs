@@ -21,7 +21,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn library() {
-    common::ibverbs_library();
+    common::c_libraries();
 }
 
 /// `PREFIX... rocev2 run --ip 127.0.0.1 [EXTRA] -- ARGS`, waited for.

@@ -26,7 +26,7 @@ use common::{Finished, NetnsPair, Proc, netns_unavailable, scratch, serial, stri
 
 /// `rocev2 run --ip IP -- ARGS` in this namespace, waited for.
 fn run_here(ip: &str, args: &[&str]) -> std::process::Output {
-    common::ibverbs_library();
+    common::c_libraries();
     Command::new(common::bin())
         .args(["run", "--ip", ip, "--"])
         .args(args)
@@ -299,7 +299,7 @@ fn a_veth_port_reports_the_speed_of_its_netdev() {
         return;
     }
     common::need_program("ibv_devinfo", "ibverbs-utils");
-    common::ibverbs_library();
+    common::c_libraries();
     let _serial = serial();
     let ns = NetnsPair::up("speed", "198.18.41.1", "198.18.41.2", 1500);
     ns.wait_running();
@@ -371,7 +371,7 @@ fn pair_run(tag: &str, program: &str, args: &[&str], port: u16) -> Option<(Finis
         eprintln!("skipped: {why}");
         return None;
     }
-    common::ibverbs_library();
+    common::c_libraries();
     let _turn = serial();
     let ns = NetnsPair::up(&format!("ibverbs{tag}"), IP_A, IP_B, 1500);
     // The port is ACTIVE only with carrier (as rxe's); perftest refuses a port that is Down.

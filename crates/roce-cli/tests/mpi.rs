@@ -55,7 +55,7 @@ fn mpirun_four_ranks_two_per_address_over_pml_ucx_between_namespaces() {
             return;
         }
     }
-    common::ibverbs_library();
+    common::c_libraries();
     let dir = scratch("mpi");
     let exe = dir.join("pingpong_allreduce");
     let cc = Command::new("mpicc")

@@ -16,7 +16,7 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Proc, bin, ibverbs_library, need_program, scratch, serial, strings, wait_socket};
+use common::{Proc, bin, c_libraries, need_program, scratch, serial, strings, wait_socket};
 
 const SERVER_IP: &str = "127.0.63.1";
 const CLIENT_IP: &str = "127.0.63.2";
@@ -27,7 +27,7 @@ const TIMEOUT_S: u64 = 20;
 #[test]
 fn rocev2_client_against_perftest_server_names_the_flag() {
     need_program("ib_write_bw", "perftest");
-    ibverbs_library();
+    c_libraries();
     let _s = serial();
     let port = 18771;
     let dir = scratch("perftest-without-flag-client");
@@ -77,7 +77,7 @@ fn rocev2_client_against_perftest_server_names_the_flag() {
 #[test]
 fn perftest_client_against_rocev2_server_is_named_at_once() {
     need_program("ib_write_bw", "perftest");
-    ibverbs_library();
+    c_libraries();
     let _s = serial();
     let port = 18772;
     let dir = scratch("perftest-without-flag-server");

@@ -13,7 +13,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    Finished, Proc, bin, ibverbs_library, need_program, scratch, serial, strings, wait_socket,
+    Finished, Proc, bin, c_libraries, need_program, scratch, serial, strings, wait_socket,
 };
 
 const SERVER_IP: &str = "127.0.61.1";
@@ -96,7 +96,7 @@ fn rdma_core(kind: &str, peer: Option<&str>, ip: &str, port: u16, extra: &[&str]
 fn rdma_core_client_against_rocev2_server() {
     need_program("ibv_rc_pingpong", "ibverbs-utils");
     need_program("ibv_ud_pingpong", "ibverbs-utils");
-    ibverbs_library();
+    c_libraries();
     let _s = serial();
     for (kind, port, extra) in [("rc", 18761, &[][..]), ("ud", 18762, &["-s", "1024"][..])] {
         let (s, c) = pair(
@@ -113,7 +113,7 @@ fn rdma_core_client_against_rocev2_server() {
 fn rocev2_client_against_rdma_core_server() {
     need_program("ibv_rc_pingpong", "ibverbs-utils");
     need_program("ibv_ud_pingpong", "ibverbs-utils");
-    ibverbs_library();
+    c_libraries();
     let _s = serial();
     for (kind, port, extra) in [("rc", 18763, &[][..]), ("ud", 18764, &["-s", "1024"][..])] {
         let (s, c) = pair(

@@ -207,8 +207,7 @@ fn rdma_core_pyverbs_suite_passes_under_rocev2_run() {
             return;
         }
     };
-    // Both libraries: test_rdmacm runs on the librdmacm.so.1 `rocev2 run` preloads, which must be this build's.
-    common::rdmacm_libraries();
+    common::c_libraries();
     let _turn = serial();
     let allowed = allowed();
     let mut modules: Vec<String> = std::fs::read_dir(&dir)

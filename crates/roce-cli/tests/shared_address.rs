@@ -10,24 +10,7 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-fn library() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "roce-ibverbs"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo build -p roce-ibverbs");
-        assert!(out.status.success(), "{out:?}");
-    });
-}
 
 fn pingpong(ip: &str, port: u16, server: Option<&str>) -> Child {
     let port = port.to_string();
@@ -87,7 +70,7 @@ fn two_pingpong_pairs_share_two_addresses() {
         found,
         "ibv_rc_pingpong not found: install Debian's ibverbs-utils (.ci/run does)"
     );
-    library();
+    common::c_libraries();
     let (a, b) = ("127.0.78.1", "127.0.78.2");
     let s1 = pingpong(a, 18711, None);
     let s2 = pingpong(a, 18712, None);
@@ -143,7 +126,7 @@ fn without_bpf_a_second_program_is_told_what_sharing_needs() {
         eprintln!("skipped: needs setpriv (util-linux) and ibv_rc_pingpong (ibverbs-utils)");
         return;
     }
-    library();
+    common::c_libraries();
     let drop_caps = |port: &str| {
         Command::new("setpriv")
             .args([

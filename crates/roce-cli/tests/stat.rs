@@ -344,12 +344,18 @@ fn stat_flags_a_high_retransmission_rate() {
     let out = stat(&run_dir, &["--interval", "0.5"]);
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{t}");
-    let link = t
+    // The client device's block: its head line and the indented lines under it (the flagged rate is a field of
+    // the second line, which may wrap onto a continuation line).
+    let mut block = t
         .lines()
-        .skip_while(|l| !l.starts_with("link rocev2_lo/1 127.0.49.2 "))
-        .nth(1)
-        .unwrap_or_else(|| panic!("no client device:\n{t}"));
-    assert!(link.contains("(!) above 5 %"), "{link}\n{t}");
+        .skip_while(|l| !l.starts_with("link rocev2_lo/1 127.0.49.2 "));
+    assert!(block.next().is_some(), "no client device:\n{t}");
+    let link: Vec<&str> = block.take_while(|l| l.starts_with(' ')).collect();
+    let link = link.join("\n");
+    assert!(
+        link.contains("retrans") && link.contains("(!) above 5 %"),
+        "{link}\n{t}"
+    );
     let done = p.wait(Duration::from_secs(30));
     assert!(done.status.success(), "{done}");
 }
@@ -667,4 +673,88 @@ fn a_normal_user_serves_its_own_endpoint_and_refuses_a_planted_directory() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert!(done.status.success(), "{done}");
+}
+
+/// Issue #18's fresh-user finding: on an 80-column terminal the default report (laid out for 120 columns unless
+/// `COLUMNS` was exported, which shells do not do) ran past the edge and the terminal wrapped it mid-field (`retrans`
+/// on one line, its value on the next). Now the report takes the terminal's width and wraps between fields. The
+/// terminal is a pseudo-terminal of util-linux `script`, set to 80 columns with `stty`; `COLUMNS` is unset. The run
+/// has loss, so the longest field (a flagged retransmission rate) may be there too.
+#[test]
+fn the_report_fits_an_80_column_terminal() {
+    if let Some(why) = common::program_missing("script", "bsdutils") {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("stat-80");
+    let run_dir = dir.join("run");
+    let mut p = perf(
+        &dir,
+        &run_dir,
+        &[
+            "write-bw",
+            "--loopback",
+            "--loopback-ips",
+            "127.0.215.3,127.0.215.4",
+            "-s",
+            "4096",
+            "--loss",
+            "0.05",
+            "-D",
+            "5",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    let out = Command::new("script")
+        .args([
+            "-qec",
+            &format!(
+                "stty cols 80 rows 50; '{}' stat --interval 0.5",
+                common::bin()
+            ),
+            "/dev/null",
+        ])
+        .env("ROCEV2_RUN_DIR", &run_dir)
+        .env("TERM", "xterm")
+        .env_remove("COLUMNS")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("util-linux `script` (package bsdutils) runs the pseudo-terminal");
+    let t = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("link rocev2_lo/1 127.0.215.4 "), "{t}");
+    assert!(t.contains("qp 0x11 rocev2_lo/1 127.0.215.3 "), "{t}");
+    assert!(
+        t.lines().all(|l| l.chars().count() <= 80),
+        "a line over 80 columns:\n{t}"
+    );
+    // No name is cut from its value: no line ends with a field's name.
+    for l in t.lines() {
+        let last = l.split_whitespace().last().unwrap_or("");
+        assert!(
+            ![
+                "retrans",
+                "next_psn",
+                "una_psn",
+                "epsn",
+                "sq_depth",
+                "max_pass_gap_us",
+                "type",
+                "state",
+            ]
+            .contains(&last),
+            "`{last}` apart from its value in `{l}`:\n{t}"
+        );
+    }
+    assert!(
+        t.lines()
+            .any(|l| l.split_once(" retrans ").is_some_and(|(_, r)| r
+                .split_once(" %")
+                .is_some_and(|(n, _)| n.parse::<f64>().is_ok()))),
+        "no `retrans N.NN %` in one piece:\n{t}"
+    );
+    let done = p.wait(Duration::from_secs(30));
+    assert!(done.status.success(), "{done}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -145,7 +145,7 @@ fn run_all(tag: &str, ip_a: &str, ip_b: &str, mode: Mode, uct_tl: Option<&str>) 
         eprintln!("skipped: {why}");
         return;
     }
-    common::ibverbs_library();
+    common::c_libraries();
     let _turn = serial();
     let ns = NetnsPair::up(tag, ip_a, ip_b, 1500);
     ns.wait_running();
@@ -224,7 +224,7 @@ fn ucx_perftest_with_ucx_defaults_between_namespaces_of_one_host() {
         eprintln!("skipped: {why}");
         return;
     }
-    common::ibverbs_library();
+    common::c_libraries();
     let _turn = serial();
     let ns = NetnsPair::up("ucxone", "198.18.42.13", "198.18.42.14", 1500);
     ns.wait_running();
@@ -249,7 +249,7 @@ fn ucx_io_demo_connects_through_rdmacm_sockaddr_between_namespaces() {
         eprintln!("skipped: {why}");
         return;
     }
-    common::rdmacm_library();
+    common::c_libraries();
     let _turn = serial();
     let ns = NetnsPair::up("ucxcm", "198.18.24.5", "198.18.24.6", 1500);
     ns.wait_running();

@@ -15,14 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use roce_link::UdpLink;
 use roce_link::device::{
     DeviceSpec, PAGE_SIZE_CAP, UVERBS_NAME, VENDOR_ID, VENDOR_PART_ID, in_use_hint, mac_of,
 };
 use roce_verbs::{
     AccessFlags, AhAttr, CompChannel, Context, Gid, MAX_INLINE, MAX_SGE, Moderation, Mtu,
     PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Rkey, RuntimeConfig, SendFlags,
-    SendLink, SendOp, SendWr, Sge, UdDest, Wc,
+    SendOp, SendWr, Sge, UdDest, Wc,
 };
 
 use crate::abi::*;
@@ -32,6 +31,7 @@ mod cm_bridge;
 mod cq_ex;
 mod extended;
 mod import;
+mod link;
 mod live;
 mod mcast;
 mod misc_verbs;
@@ -179,12 +179,13 @@ impl CtxBlock {
                 // Every process on the address shares it when the kernel steers by QPN (docs/MULTIPROCESS.md).
                 let mut ucfg = spec.udp_config();
                 ucfg.share = true;
+                let link_spec = spec.clone();
                 // The runtime's threads start with every signal blocked (module `signals`).
                 signals::with_signals_blocked(|| {
                     Context::open(
                         spec.engine_config(seed),
                         RuntimeConfig::default(),
-                        move || UdpLink::bind(ucfg).map(|l| Box::new(l) as SendLink),
+                        move || link::open(&link_spec, ucfg),
                     )
                 })
                 .map_err(|e| {
@@ -307,10 +308,6 @@ struct QpBlock {
     /// rxe_post_recv); a QP the engine moved to ERR meanwhile still accepts WRs, which are flushed.
     state: AtomicI32,
 }
-
-/// `ibv_qp_state` values the post checks compare with (`docs/spec/ROCEV2.md` §4.6).
-const IBV_QPS_INIT: c_int = 1;
-const IBV_QPS_RTS: c_int = 3;
 
 /// One more (`true`) or one fewer user of the PD or CQ block at `obj` (NULL: nothing).
 ///

@@ -12,7 +12,7 @@
 //!   §1.2). The versions are attached
 //!   with `.symver` (macros `versioned!` / `versioned_compat!` here): the implementations are `rocev2_<name>`,
 //!   exported as `<name>@@<node>`, and the twins `rocev2_v10_<name>` as `<name>@IBVERBS_1.0`.
-//! * Structures with the measured sizes and offsets (module `abi`; every size and offset is asserted at compile
+//! * Structures with the measured sizes and offsets (module `abi`, crate `roce-abi`'s `verbs`; every size and offset is asserted at compile
 //!   time against ABI.md §4). `tests/exports.rs` checks the built library's export table against Debian's own and
 //!   against the imports of the Debian binaries and provider libraries (`readelf`); `tests/c_api.rs` builds a C program against the system
 //!   `<infiniband/verbs.h>` and runs it on this library (queries, the data path, and the error contracts below).
@@ -62,6 +62,7 @@
 //! `ibv_dereg_mr` succeeds while posted WRs name the MR, as the kernel's does: the key is dead at once, the QPs
 //! with such WRs go to the error state (the first of those WRs completes with `IBV_WC_LOC_PROT_ERR`, the rest are
 //! flushed) and the engine never touches the memory after the call returns (`roce_verbs::Mr::dereg_invalidate`).
+//! It is `EINVAL` while a memory window is bound to the MR, as rxe's (`rxe_dereg_mr` checks the MR's `num_mw`).
 //! `ibv_create_cq` refuses a `comp_vector` ≥ `num_comp_vectors` (`EINVAL`, the kernel's check).
 //!
 //! Object lifetimes follow the kernel's handles (module `exports::live`): the library keeps its own table of live
@@ -109,7 +110,8 @@ macro_rules! versioned_compat {
     };
 }
 
-mod abi;
+/// The libibverbs structures, declared once for both C libraries in crate `roce-abi`.
+use roce_abi::verbs as abi;
 mod compat;
 mod exports;
 mod guard;

@@ -2,9 +2,9 @@
 //! engine and UDP link configuration to open it, in one place for every front end (`roce-ibverbs`, the
 //! `libibverbs.so.1` that `rocev2 run` puts in front of a program, reads it from the environment).
 //!
-//! `rocev2 run [--ip ADDR] [--rx socket|packet] -- PROGRAM` sets [`ENV_IP`] (and [`ENV_RX`]). The device is one
-//! port on the network interface that owns the address, named as every rocev2 tool names it
-//! ([`udp::device_name_of_interface`]): `rocev2_<interface>`.
+//! `rocev2 run [--ip ADDR] [--rx socket|packet] [--link udp|xdp] [--pcap FILE] -- PROGRAM` sets [`ENV_IP`] (and
+//! [`ENV_RX`], [`ENV_LINK`], [`ENV_PCAP`]). The device is one port on the network interface that owns the address, named as every rocev2
+//! tool names it ([`udp::device_name_of_interface`]): `rocev2_<interface>`.
 
 use std::net::IpAddr;
 
@@ -16,6 +16,26 @@ pub const ENV_IP: &str = "ROCEV2_IBV_IP";
 /// Environment variable with the receive path of the link: `socket` (default) or `packet` (`AF_PACKET`, needed to
 /// verify the ICRC of peers that number their IPv4 IDs, such as Linux rxe; needs `CAP_NET_RAW`).
 pub const ENV_RX: &str = "ROCEV2_IBV_RX";
+/// Environment variable with the link of the device: `udp` (default; the kernel's UDP sockets) or `xdp` (an
+/// `AF_XDP` socket on the interface, [`crate::XdpLink`], through [`crate::xdp::open_or_explain`]: when AF_XDP cannot
+/// be used the UDP link is taken with a message naming the cause). `rocev2 run --link` sets it.
+pub const ENV_LINK: &str = "ROCEV2_IBV_LINK";
+
+/// Environment variable naming a file the device's link writes a capture of every frame to (pcap, nanosecond
+/// time stamps, both directions as `rocev2 perf --pcap` writes them; unbuffered, so a program that exits without
+/// closing its device leaves a whole capture). `rocev2 run --pcap FILE` sets it. For tests and debugging: each
+/// frame costs two `write` calls.
+pub const ENV_PCAP: &str = "ROCEV2_IBV_PCAP";
+
+/// The link a device opens ([`ENV_LINK`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceLink {
+    /// [`crate::UdpLink`] (receive path per [`DeviceSpec::rx`]).
+    #[default]
+    Udp,
+    /// [`crate::XdpLink`] when it can be used, else [`crate::UdpLink`] with a message naming the cause.
+    Xdp,
+}
 
 /// `ibv_device_attr.vendor_id` of every rocev2 device: rxe's (0xFFFFFF), with `vendor_part_id` 0 — not a Mellanox,
 /// EFA, Chelsio or Intel id, so perftest takes the plain `post_send` path (`docs/spec/LIBIBVERBS-ABI.md §6.3`).
@@ -142,6 +162,8 @@ pub struct DeviceSpec {
     pub ip: IpAddr,
     /// Receive path of the link.
     pub rx: RxMode,
+    /// The link to open ([`ENV_LINK`]; [`DeviceLink::Udp`] from [`DeviceSpec::for_ip`]).
+    pub link: DeviceLink,
     /// Interface owning `ip`.
     pub interface: String,
     /// Its index.
@@ -169,7 +191,14 @@ impl DeviceSpec {
             Ok("packet") => RxMode::Packet,
             Ok(other) => return Err(format!("{ENV_RX}={other}: expected socket or packet")),
         };
-        DeviceSpec::for_ip(ip, rx).map(Some)
+        let link = match std::env::var(ENV_LINK).as_deref() {
+            Err(_) | Ok("udp") => DeviceLink::Udp,
+            Ok("xdp") => DeviceLink::Xdp,
+            Ok(other) => return Err(format!("{ENV_LINK}={other}: expected udp or xdp")),
+        };
+        let mut spec = DeviceSpec::for_ip(ip, rx)?;
+        spec.link = link;
+        Ok(Some(spec))
     }
 
     /// The device on `ip` (its interface looked up in this network namespace).
@@ -185,6 +214,7 @@ impl DeviceSpec {
         Ok(DeviceSpec {
             ip,
             rx,
+            link: DeviceLink::Udp,
             interface,
             ifindex,
             netdev_mtu,

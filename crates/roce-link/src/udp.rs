@@ -587,6 +587,12 @@ fn sock_filter(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }
 }
 
+/// Attaches a classic BPF program that drops every datagram to `s` (nothing is ever queued on it; for a socket that
+/// only keeps a port owned).
+pub(crate) fn drop_all(s: &Socket) -> io::Result<()> {
+    attach_filter(s, &[sock_filter(bpf::RET_K, 0, 0, 0)])
+}
+
 /// `SO_ATTACH_FILTER` of a classic BPF program (socket(7), filter.txt).
 fn attach_filter(s: &Socket, prog: &[libc::sock_filter]) -> io::Result<()> {
     let fprog = libc::sock_fprog {

@@ -229,6 +229,17 @@ pub(crate) fn qpn_slot(first: u32, qpn: u32) -> Option<usize> {
     }
 }
 
+/// The capacity a per-QP table holding room for `cap` entries grows to when it needs `need`: unchanged if it fits,
+/// else double (amortized O(1) per `create_qp`) but not past `max`, its size with every QP of the device, and never
+/// below `need` (issue #21: at `max_qp` the tables carry no doubling slack).
+pub(crate) fn grown(cap: usize, need: usize, max: usize) -> usize {
+    if need <= cap {
+        cap
+    } else {
+        cap.saturating_mul(2).min(max).max(need)
+    }
+}
+
 pub(crate) fn splitmix(s: &mut u64) -> u64 {
     *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *s;
@@ -414,12 +425,20 @@ impl Engine {
     /// flushed (`enter_error`, with its `QpFatal` event). So no WQE holds a lease when the MR goes, the key is
     /// unknown from now on (posts naming it fail their SGE check, remote accesses are NAKed: the responder resolves
     /// the R_Key per packet), and the engine never touches the memory again. Control path: scans the QPs. Errors:
-    /// `InvalidHandle` for an unknown key.
+    /// `InvalidHandle` for an unknown key; `InvalidArgument` (EINVAL) while a memory window is bound to the MR
+    /// ([`mr_has_bound_mw`](Self::mr_has_bound_mw); rxe `rxe_dereg_mr` refuses while its `num_mw` is not 0): the
+    /// MR stays registered and nothing changes. (Plain [`dereg_mr`](Self::dereg_mr), the runtime's deferred
+    /// deregistration when the last handle goes, unbinds such windows instead.)
     pub fn dereg_mr_invalidate(&mut self, lkey: Lkey) -> Result<MrBuffer, ResourceError> {
         let slot = self
             .mrs
             .slot(lkey)
             .ok_or(ResourceError::InvalidHandle("lkey"))?;
+        if self.mr_has_bound_mw(lkey) {
+            return Err(ResourceError::InvalidArgument(
+                "memory windows are bound to the MR",
+            ));
+        }
         if self.mr_busy(lkey) {
             for i in 0..self.qps.len() {
                 self.fail_wrs_naming(i, slot);
@@ -806,6 +825,10 @@ impl Engine {
         let idx = if self.qp_free.first() == Some(&0) {
             self.qp_free.remove(0) as usize
         } else if fresh || self.qp_free.is_empty() {
+            let slots = self.qps.len() + 1;
+            let want = grown(self.qps.capacity(), slots, self.max_qp_slots());
+            self.qps.reserve_exact(want - self.qps.len());
+            self.sched.reserve_slots(want);
             self.qps.push(None);
             self.qps.len() - 1
         } else {
@@ -874,11 +897,29 @@ impl Engine {
     /// the scheduler's queues are intrusive lists through its per-QP entries (sized by `Scheduler::add_qp`); the
     /// timer heap gets two entries per timer kind per QP; the async event queue room for three events per QP beyond
     /// those not yet polled.
+    ///
+    /// These tables, the QP table and the scheduler's entries grow by doubling (amortized O(1) per `create_qp`) but
+    /// never past their size with every QP the device allows ([`grown`]), so a device filled to `max_qp` carries no
+    /// growth slack (issue #21, memory per idle QP; `docs/TESTING.md`).
     fn reserve_per_qp(&mut self) {
-        let timers = 2 * crate::timer::TIMER_KINDS * self.live_qps as usize;
+        const TIMERS_PER_QP: usize = 2 * crate::timer::TIMER_KINDS;
+        const EVENTS_PER_QP: usize = 3;
+        let (live, all) = (self.live_qps as usize, self.max_qp_slots());
+        let need = (TIMERS_PER_QP * live).max(self.timers.len());
+        let cap = self.timers.capacity();
+        let want = grown(cap, need, TIMERS_PER_QP * all);
         self.timers
-            .reserve(timers.saturating_sub(self.timers.len()));
-        self.events.reserve(3 * self.live_qps as usize);
+            .reserve_exact(want.saturating_sub(self.timers.len()));
+        let queued = self.events.len();
+        let need = queued + EVENTS_PER_QP * live;
+        let want = grown(self.events.capacity(), need, queued + EVENTS_PER_QP * all);
+        self.events.reserve_exact(want - queued);
+    }
+
+    /// QP table slots with every QP of the device: `max_qp` and slot 0 (the GSI's); also the most live QPs there can
+    /// be (`max_qp`, and the GSI when it is open: `create_qp`'s limit).
+    fn max_qp_slots(&self) -> usize {
+        self.cfg.device.max_qp as usize + 1
     }
 
     /// Replaces the QP's rate controller (the DCQCN seam, `crate::cc`; default: a [`crate::cc::Dcqcn`] reaction

@@ -106,6 +106,7 @@ mod mw;
 mod qp;
 mod requester;
 mod rereg;
+mod resp_queue;
 mod responder;
 pub mod sched;
 mod srq;

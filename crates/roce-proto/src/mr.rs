@@ -313,7 +313,6 @@ pub(crate) struct Mr {
     pub(crate) access: AccessFlags,
     key: u32,
     leases: u32,
-    rkey_valid: bool,
 }
 
 impl Mr {
@@ -407,7 +406,6 @@ impl MrTable {
             access,
             key,
             leases: 0,
-            rkey_valid: true,
         });
         self.live += 1;
         MrInfo {
@@ -517,35 +515,16 @@ impl MrTable {
         if rkey.0 & crate::mw::MW_KEY_BIT != 0 {
             return self.check_remote_mw(rkey, pd, qpn, addr, len, need);
         }
-        let r = self.check(rkey.0, pd, addr, len, need)?;
-        match &self.slots[r.slot as usize] {
-            Some(mr) if mr.rkey_valid => Ok(r),
-            _ => Err(MrFault::BadKey),
-        }
+        self.check(rkey.0, pd, addr, len, need)
     }
 
-    /// A SEND with invalidate received on QP `qpn` of PD `pd`: invalidates `rkey`, an MR's R_Key or a type 2
-    /// window's key (`crate::mw`). Returns false if it names nothing of `pd` that can be invalidated.
+    /// A SEND with invalidate received on QP `qpn` of PD `pd`: invalidates `rkey`, a type 2 window's key
+    /// (`crate::mw`). Returns false if it names nothing of `pd` that can be invalidated: an R_Key of a memory region
+    /// registered with `ibv_reg_mr` cannot be (IBTA Vol 1 §10.6.7: remote invalidation applies to type 2 windows
+    /// and fast-registered regions, which rocev2 does not have; rxe `rxe_invalidate_mr` refuses user MRs too), so a
+    /// peer cannot revoke another client's access to a shared MR.
     pub(crate) fn invalidate_remote(&mut self, rkey: Rkey, pd: PdHandle, qpn: Qpn) -> bool {
-        if rkey.0 & crate::mw::MW_KEY_BIT != 0 {
-            self.invalidate_mw_remote(rkey, pd, qpn)
-        } else {
-            self.invalidate_rkey(rkey, pd)
-        }
-    }
-
-    /// SEND_WITH_INV: invalidate `rkey` for remote access. Returns false if it names no MR of `pd`.
-    pub(crate) fn invalidate_rkey(&mut self, rkey: Rkey, pd: PdHandle) -> bool {
-        match self.slot_of(rkey.0) {
-            Some(s) => match &mut self.slots[s as usize] {
-                Some(mr) if mr.pd == pd && mr.rkey_valid => {
-                    mr.rkey_valid = false;
-                    true
-                }
-                _ => false,
-            },
-            None => false,
-        }
+        rkey.0 & crate::mw::MW_KEY_BIT != 0 && self.invalidate_mw_remote(rkey, pd, qpn)
     }
 
     pub(crate) fn lease(&mut self, slot: u32) {
@@ -856,8 +835,10 @@ mod tests {
             )
             .is_ok()
         );
-        assert!(t.invalidate_rkey(b.rkey, pd));
-        assert_eq!(
+        // A registered MR's R_Key cannot be invalidated by a peer (breaker finding: any client could revoke a
+        // shared MR for good); it keeps granting access.
+        assert!(!t.invalidate_remote(b.rkey, pd, Qpn::new(1)));
+        assert!(
             t.check_remote(
                 b.rkey,
                 pd,
@@ -865,8 +846,8 @@ mod tests {
                 b.addr,
                 10,
                 AccessFlags::REMOTE_READ
-            ),
-            Err(MrFault::BadKey)
+            )
+            .is_ok()
         );
         let r = t
             .check_local(a.lkey, pd, a.addr, 1, AccessFlags::EMPTY)

@@ -129,6 +129,14 @@ impl MwTable {
         self.slots.iter().flatten().any(|w| w.pd == pd)
     }
 
+    /// Whether a window is bound to the MR with key `mr_key` (control path; scans the windows).
+    pub(crate) fn bound_to(&self, mr_key: u32) -> bool {
+        self.slots
+            .iter()
+            .flatten()
+            .any(|w| w.bound.is_some_and(|b| b.mr_key == mr_key))
+    }
+
     /// The MR with key `mr_key` goes away: every window bound to it is unbound (control path; scans the windows).
     pub(crate) fn unbind_mr(&mut self, mr_key: u32) {
         for w in self.slots.iter_mut().flatten() {
@@ -295,14 +303,11 @@ impl MrTable {
         Ok(())
     }
 
-    /// LOCAL_INV of `rkey` by a QP of PD `pd`: a type 2 window is freed, an MR's R_Key stops granting remote
-    /// access (as a received SEND with invalidate does). False if the key names neither.
+    /// LOCAL_INV of `rkey` by a QP of PD `pd`: a type 2 window is freed. False for anything else, an MR registered
+    /// with `ibv_reg_mr` included (only windows and fast-registered regions can be invalidated, IBTA Vol 1
+    /// §10.6.7; rxe `rxe_invalidate_mr` refuses user MRs).
     fn local_invalidate(&mut self, rkey: Rkey, pd: PdHandle) -> bool {
-        if rkey.0 & MW_KEY_BIT != 0 {
-            self.mws.invalidate(rkey.0, pd, None)
-        } else {
-            self.invalidate_rkey(rkey, pd)
-        }
+        rkey.0 & MW_KEY_BIT != 0 && self.mws.invalidate(rkey.0, pd, None)
     }
 }
 
@@ -346,6 +351,13 @@ impl Engine {
     /// Number of live memory windows.
     pub fn mw_count(&self) -> u32 {
         self.mrs.mws.live
+    }
+
+    /// Whether a memory window (type 1 or 2) is bound to the MR `lkey` (false for an unknown key). `ibv_dereg_mr`
+    /// of such an MR fails with EINVAL ([`dereg_mr_invalidate`](Self::dereg_mr_invalidate); rxe `rxe_dereg_mr`
+    /// refuses while the MR's `num_mw` is not 0). Control path: scans the windows.
+    pub fn mr_has_bound_mw(&self, lkey: Lkey) -> bool {
+        self.mrs.get(lkey).is_some() && self.mrs.mws.bound_to(lkey.0)
     }
 
     /// Executes the local operation at the head of QP index `i`'s send queue (the requester reached it and every

@@ -2,7 +2,6 @@
 //! state, timers and counters. The protocol logic lives in `requester.rs` / `responder.rs` (`impl Engine`).
 
 use core::fmt;
-use std::collections::VecDeque;
 
 use crate::cc::RateController;
 use crate::mr::MrRef;
@@ -392,7 +391,7 @@ pub(crate) struct RespCtx {
     pub(crate) uc_no_recv: bool,
     pub(crate) res: Vec<RdResource>,
     pub(crate) res_next: u32,
-    pub(crate) out: VecDeque<RespItem>,
+    pub(crate) out: crate::resp_queue::RespQueue,
     /// A CNP is to be sent (the control tier picks it up).
     pub(crate) cnp_pending: bool,
     /// Start of the QP's current CNP window: when its last CNP was generated (`DCQCN.md` §2.2).
@@ -418,7 +417,7 @@ impl RespCtx {
             uc_no_recv: false,
             res: Vec::with_capacity(res_cap),
             res_next: 0,
-            out: VecDeque::with_capacity(Self::out_room(res_cap)),
+            out: crate::resp_queue::RespQueue::with_capacity(Self::out_room(res_cap)),
             cnp_pending: false,
             last_cnp: None,
             cnp_owed: false,

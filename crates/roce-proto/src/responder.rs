@@ -227,14 +227,19 @@ impl Engine {
             return;
         };
         let msn = qp.resp.msn;
-        if let Some(RespItem::Ack {
-            psn: p,
-            syndrome: SYN_ACK,
-            msn: m,
-        }) = qp.resp.out.back_mut()
-        {
-            *p = psn;
-            *m = msn;
+        let coalesced = qp.resp.out.update_back(|it| match it {
+            RespItem::Ack {
+                psn: p,
+                syndrome: SYN_ACK,
+                msn: m,
+            } => {
+                *p = psn;
+                *m = msn;
+                true
+            }
+            _ => false,
+        });
+        if coalesced == Some(true) {
             return;
         }
         qp.resp.out.push_back(RespItem::Ack {
@@ -735,7 +740,7 @@ impl Engine {
                 }
             }
             op::RDMA_READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD
-                if owed_rd_atomic(&qp.resp) >= qp.resp.res.len() =>
+                if qp.resp.out.owed_rd_atomic() >= qp.resp.res.len() =>
             {
                 // More READ/atomic requests outstanding than the responder resources (`max_dest_rd_atomic`): NAK
                 // invalid request. With no resources at all this is every READ/atomic (IBTA; rxe `check_resource` →
@@ -1275,16 +1280,20 @@ impl Engine {
         let (dscp, ecn) = tmpl.marks(TxClass::Data, cnp_dscp);
         if last {
             qp.resp.out.pop_front();
-        } else if let Some(RespItem::Read {
-            psn: p,
-            offset: off,
-            first: f,
-            ..
-        }) = qp.resp.out.front_mut()
-        {
-            *p = psn + 1;
-            *off = offset + plen;
-            *f = false;
+        } else {
+            qp.resp.out.update_front(|it| {
+                if let RespItem::Read {
+                    psn: p,
+                    offset: off,
+                    first: f,
+                    ..
+                } = it
+                {
+                    *p = psn + 1;
+                    *off = offset + plen;
+                    *f = false;
+                }
+            });
         }
         let qpn = qp.qpn;
         Ok(Some(TxMeta {
@@ -1356,23 +1365,6 @@ fn supersede_from(resp: &mut crate::qp::RespCtx, p: Psn, res: Option<u32>) {
     });
 }
 
-/// READ streams and ATOMIC ACKs queued and not yet (fully) sent for new requests: the READ/atomic requests the
-/// requester still has outstanding for certain (it cannot have completed one whose response was never sent).
-/// Replays for duplicates are left out: a late duplicate (a spurious retransmission, a duplicated packet) can ask
-/// again for a request the requester completed long ago. A scan of this QP's response queue (at most
-/// [`RespCtx::out_room`](crate::qp::RespCtx::out_room) items and a few replays), not of other QPs.
-fn owed_rd_atomic(resp: &crate::qp::RespCtx) -> usize {
-    resp.out
-        .iter()
-        .filter(|it| {
-            matches!(
-                it,
-                RespItem::Read { replay: false, .. } | RespItem::AtomicAck { replay: false, .. }
-            )
-        })
-        .count()
-}
-
 /// Picks the responder resource for a new (in-sequence) READ/atomic: always the ring's next slot, i.e. the oldest
 /// saved request, which is overwritten. If a response stream of that slot is still queued (a replay for an
 /// earlier duplicate), it is dropped from the response queue: it would otherwise stream the new request's data
@@ -1397,12 +1389,6 @@ fn alloc_resource(resp: &mut crate::qp::RespCtx) -> Option<usize> {
     let ri = resp.res_next as usize % n;
     resp.res_next = ((ri + 1) % n) as u32;
     // At most one queued stream per resource: a replay first removes its resource's queued stream (`supersede_from`).
-    if let Some(pos) = resp
-        .out
-        .iter()
-        .position(|it| matches!(it, RespItem::Read { res, .. } if *res as usize == ri))
-    {
-        resp.out.remove(pos);
-    }
+    resp.out.remove_read_of(ri as u32);
     Some(ri)
 }

@@ -8,6 +8,7 @@ mod hostile_peer_tests;
 mod hostile_tests;
 mod loss_tests;
 mod mcast_tests;
+mod mem_tests;
 mod mw_tests;
 mod pair_tests;
 mod random_tests;

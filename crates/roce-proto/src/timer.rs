@@ -53,11 +53,37 @@ impl TimerKind {
 
 pub(crate) const TIMER_KINDS: usize = 5;
 
-/// One QP's timer slots.
-#[derive(Clone, Copy, Debug, Default)]
+/// An optional instant in 8 bytes (`Option<Instant>` takes 16): nanoseconds, [`Slot::NONE`] for "not set". Timers
+/// are armed at most at [`Slot::LATEST`] ([`Timers::set`] clamps), so no armed instant is mistaken for `NONE`. Part of
+/// keeping an idle QP small (issue #21: ten of these per QP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot(u64);
+
+impl Slot {
+    const NONE: Slot = Slot(u64::MAX);
+    /// The latest instant a timer can be armed for: 1 ns before [`Instant::MAX`] (about 584 years after the epoch).
+    const LATEST: Instant = Instant::from_nanos(u64::MAX - 1);
+
+    fn get(self) -> Option<Instant> {
+        (self != Slot::NONE).then_some(Instant::from_nanos(self.0))
+    }
+
+    fn is(self, at: Instant) -> bool {
+        self.0 == at.as_nanos()
+    }
+}
+
+impl From<Option<Instant>> for Slot {
+    fn from(v: Option<Instant>) -> Slot {
+        v.map_or(Slot::NONE, |t| Slot(t.as_nanos()))
+    }
+}
+
+/// One QP's timer slots: 88 bytes.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct QpTimers {
-    deadline: [Option<Instant>; TIMER_KINDS],
-    queued: [Option<Instant>; TIMER_KINDS],
+    deadline: [Slot; TIMER_KINDS],
+    queued: [Slot; TIMER_KINDS],
     generation: u32,
 }
 
@@ -66,15 +92,28 @@ impl QpTimers {
     /// QP that used the same QPN never match.
     pub(crate) fn with_base(base: u32) -> QpTimers {
         QpTimers {
-            deadline: [None; TIMER_KINDS],
-            queued: [None; TIMER_KINDS],
+            deadline: [Slot::NONE; TIMER_KINDS],
+            queued: [Slot::NONE; TIMER_KINDS],
             generation: base,
         }
     }
 
     pub(crate) fn get(&self, k: TimerKind) -> Option<Instant> {
-        self.deadline[k as usize]
+        self.deadline[k as usize].get()
     }
+}
+
+/// A heap entry: `(instant, qpn << 8 | kind, generation)`, 16 bytes (QPNs are 24 bits, IBTA §9.2). The packed middle
+/// word orders as `(qpn, kind)` did.
+pub(crate) type Entry = Reverse<(Instant, u32, u32)>;
+
+fn entry(at: Instant, qpn: u32, k: u8, generation: u32) -> Entry {
+    Reverse((at, (qpn & 0xFF_FFFF) << 8 | u32::from(k), generation))
+}
+
+fn unpack(e: &Entry) -> (Instant, u32, u8, u32) {
+    let Reverse((at, w, generation)) = *e;
+    (at, w >> 8, w as u8, generation)
 }
 
 /// What a surfaced heap entry means for its QP.
@@ -92,28 +131,30 @@ pub(crate) enum Settle {
 
 #[derive(Debug, Default)]
 pub(crate) struct Timers {
-    heap: BinaryHeap<Reverse<(Instant, u32, u8, u32)>>,
+    heap: BinaryHeap<Entry>,
 }
 
 impl Timers {
     /// Arms (or re-arms) timer `k` of a QP for `at`.
+    /// `at` is clamped to 1 ns before [`Instant::MAX`] (the QP's slots keep "not armed" in that value).
     pub(crate) fn set(&mut self, qt: &mut QpTimers, qpn: u32, k: TimerKind, at: Instant) {
+        let at = at.min(Slot::LATEST);
         let i = k as usize;
-        qt.deadline[i] = Some(at);
-        if qt.queued[i].is_none_or(|q| at < q) {
-            qt.queued[i] = Some(at);
-            self.heap.push(Reverse((at, qpn, k as u8, qt.generation)));
+        qt.deadline[i] = Some(at).into();
+        if qt.queued[i].get().is_none_or(|q| at < q) {
+            qt.queued[i] = Some(at).into();
+            self.heap.push(entry(at, qpn, k as u8, qt.generation));
         }
     }
 
     /// Disarms timer `k` (its heap entry is dropped when it surfaces).
     pub(crate) fn cancel(qt: &mut QpTimers, k: TimerKind) {
-        qt.deadline[k as usize] = None;
+        qt.deadline[k as usize] = Slot::NONE;
     }
 
     /// The head entry: `(instant, qpn, kind, generation)`.
     pub(crate) fn peek(&self) -> Option<(Instant, u32, u8, u32)> {
-        self.heap.peek().map(|Reverse(e)| *e)
+        self.heap.peek().map(unpack)
     }
 
     /// Whether the head entry is live and exactly at its QP's deadline — what [`settle`](Self::settle) with
@@ -121,14 +162,14 @@ impl Timers {
     /// `Engine::poll_timeout` can answer from the head without touching the heap (it did a pop and a push per call:
     /// 2 % of the simulator's 64:1 incast profile, 2026-12-03).
     pub(crate) fn head_is_pending(&self, qt: Option<&QpTimers>) -> bool {
-        let Some(&Reverse((at, _, k, generation))) = self.heap.peek() else {
+        let Some((at, _, k, generation)) = self.heap.peek().map(unpack) else {
             return false;
         };
         let (Some(qt), Some(&kind)) = (qt, TimerKind::ALL.get(usize::from(k))) else {
             return false;
         };
         let i = kind as usize;
-        qt.generation == generation && qt.deadline[i] == Some(at) && qt.queued[i] == Some(at)
+        qt.generation == generation && qt.deadline[i].is(at) && qt.queued[i].is(at)
     }
 
     /// Removes the head entry and decides what it means for `qt` (the QP it names, if it still exists) at `now`.
@@ -139,7 +180,7 @@ impl Timers {
         now: Instant,
         consume: bool,
     ) -> Settle {
-        let Some(Reverse((at, qpn, k, generation))) = self.heap.pop() else {
+        let Some((at, qpn, k, generation)) = self.heap.pop().as_ref().map(unpack) else {
             return Settle::Stale;
         };
         let Some(qt) = qt else { return Settle::Stale };
@@ -150,20 +191,20 @@ impl Timers {
             return Settle::Stale;
         }
         let i = kind as usize;
-        if qt.queued[i] == Some(at) {
-            qt.queued[i] = None;
+        if qt.queued[i].is(at) {
+            qt.queued[i] = Slot::NONE;
         }
-        match qt.deadline[i] {
+        match qt.deadline[i].get() {
             None => Settle::Stale,
             Some(d) if d <= now && consume => {
-                qt.deadline[i] = None;
+                qt.deadline[i] = Slot::NONE;
                 Settle::Fire(kind)
             }
             Some(d) => {
                 // Re-queue at the real deadline unless an entry at or before it is already queued.
-                if qt.queued[i].is_none_or(|q| d < q) {
-                    qt.queued[i] = Some(d);
-                    self.heap.push(Reverse((d, qpn, k, generation)));
+                if qt.queued[i].get().is_none_or(|q| d < q) {
+                    qt.queued[i] = Some(d).into();
+                    self.heap.push(entry(d, qpn, k, generation));
                 }
                 if d == at {
                     Settle::Pending
@@ -174,10 +215,16 @@ impl Timers {
         }
     }
 
-    /// Makes room for `n` more entries, so arming timers after `create_qp` allocates nothing (the heap holds about
-    /// one entry per armed (QP, kind); re-arming earlier adds a short-lived stale one).
-    pub(crate) fn reserve(&mut self, n: usize) {
-        self.heap.reserve(n);
+    /// Makes room for exactly `n` more entries (the caller picks the growth: `Engine::create_qp`), so arming timers
+    /// after `create_qp` allocates nothing (the heap holds about one entry per armed (QP, kind); re-arming earlier
+    /// adds a short-lived stale one).
+    pub(crate) fn reserve_exact(&mut self, n: usize) {
+        self.heap.reserve_exact(n);
+    }
+
+    /// Entries the heap has room for.
+    pub(crate) fn capacity(&self) -> usize {
+        self.heap.capacity()
     }
 
     /// Number of heap entries (for tests and the QP dump).
@@ -243,7 +290,7 @@ mod tests {
         let mut old = QpTimers::with_base(1);
         t.set(&mut old, 9, TimerKind::AckTimeout, Instant::from_micros(10));
         let mut new = QpTimers::with_base(2);
-        new.deadline[0] = Some(Instant::from_micros(10));
+        new.deadline[0] = Some(Instant::from_micros(10)).into();
         assert_eq!(
             t.settle(Some(&mut new), Instant::from_micros(10), true),
             Settle::Stale

@@ -503,7 +503,10 @@ pub enum SendOp {
         /// Immediate data.
         imm: u32,
     },
-    /// IBV_WR_SEND_WITH_INV: the responder invalidates `invalidate_rkey` (RC only).
+    /// IBV_WR_SEND_WITH_INV: the responder invalidates `invalidate_rkey`, the key of a type 2 window bound by the
+    /// receiving QP (RC only). Any other key (an MR's R_Key included: only windows and fast-registered regions can
+    /// be invalidated, IBTA Vol 1 §10.6.7; rxe `rxe_invalidate_mr`) is NAKed invalid request: this WR completes
+    /// [`WcStatus::RemInvReqErr`] and both QPs go to ERR.
     SendWithInv {
         /// R_Key to invalidate at the responder.
         invalidate_rkey: Rkey,
@@ -581,10 +584,11 @@ pub enum SendOp {
         /// Remote rights of the window (REMOTE_WRITE / REMOTE_READ / REMOTE_ATOMIC).
         access: AccessFlags,
     },
-    /// IBV_WR_LOCAL_INV: invalidates `rkey` (a type 2 window's, or an MR's R_Key) at this side (IBTA Vol 1
-    /// §10.6.7.2.5; rxe `rxe_invalidate_mw` / `rxe_invalidate_mr`). A local operation: no packet; completes with
-    /// [`WcOpcode::LocalInv`], or [`WcStatus::LocQpOpErr`] (QP to ERR) if the key names nothing that can be
-    /// invalidated. RC and UC only.
+    /// IBV_WR_LOCAL_INV: invalidates `rkey`, a type 2 window's key, at this side (IBTA Vol 1 §10.6.7.2.5; rxe
+    /// `rxe_invalidate_mw`). A local operation: no packet; completes with [`WcOpcode::LocalInv`], or
+    /// [`WcStatus::LocQpOpErr`] (QP to ERR, rxe `rxe_do_local_ops`) if the key names nothing that can be
+    /// invalidated: a memory region registered with `reg_mr` cannot be (rxe `rxe_invalidate_mr` accepts only
+    /// fast-registration MRs, which rocev2 does not have). RC and UC only.
     LocalInv {
         /// Key to invalidate.
         rkey: Rkey,

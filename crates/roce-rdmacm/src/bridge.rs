@@ -1,164 +1,32 @@
 //! The way into rocev2's runtime: the libibverbs calls (through the `DT_NEEDED` `libibverbs.so.1`, rocev2's under
 //! `rocev2 run`) and the connection manager through the private table `rocev2_private_v1@ROCEV2_PRIVATE` that
-//! rocev2's libibverbs exports (`crates/roce-ibverbs/src/exports/cm_bridge.rs`, whose `#[repr(C)]` types these
-//! mirror field for field; `docs/RDMACM.md` §1). One runtime per process: both libraries reach the same one.
+//! rocev2's libibverbs exports (`crates/roce-ibverbs/src/exports/cm_bridge.rs`; `docs/RDMACM.md` §1). The table,
+//! its event and request structures and its version are declared once for both libraries in `roce_abi::bridge`
+//! (re-exported here). One runtime per process: both libraries reach the same one.
 //!
 //! The table is looked up once with `dlvsym`; with another `libibverbs.so.1` (Debian's, say) it is missing and
 //! every call that needs the CM fails with `ENODEV` after one line on stderr naming the reason. A table of another
-//! version or size is refused the same way (never called with a layout it does not have).
+//! version or size is refused the same way (`roce_abi::bridge::check`: never called with a layout or meaning it
+//! does not have).
 
 use core::ffi::c_void;
 use std::sync::OnceLock;
 
 use libc::c_int;
 
+pub use roce_abi::bridge::{CmEventC, ConnectC, EVENT_PRIVATE_MAX, PrivateV1, kind};
+use roce_abi::bridge::{EntryFn, SYMBOL, SYMBOL_VERSION};
+
 use crate::abi::{IbvDeviceAttr, IbvPortAttr, IbvQp, IbvQpAttr, IbvQpInitAttr};
 
-/// `PRIVATE_VERSION` of the table this library was built for.
-pub const PRIVATE_VERSION: u32 = 3;
-/// Longest private data an event carries.
-pub const EVENT_PRIVATE_MAX: usize = 224;
-
-/// `cm_bridge::kind`.
-pub mod kind {
-    pub const CONNECT_REQUEST: u32 = 0;
-    pub const CONNECT_RESPONSE: u32 = 1;
-    pub const ESTABLISHED: u32 = 2;
-    pub const REJECTED: u32 = 3;
-    pub const DISCONNECTED: u32 = 4;
-    pub const TIMEWAIT_EXIT: u32 = 5;
-    pub const UNREACHABLE: u32 = 6;
-    pub const SIDR_REQUEST: u32 = 7;
-    pub const SIDR_RESOLVED: u32 = 8;
-    pub const SIDR_REJECTED: u32 = 9;
-}
-
-/// `cm_bridge::CmEventC`.
-#[repr(C)]
-pub struct CmEventC {
-    pub kind: u32,
-    pub status: u32,
-    pub conn: u64,
-    pub listen: u64,
-    pub remote_qpn: u32,
-    pub remote_psn: u32,
-    pub peer_gid: [u8; 16],
-    pub responder_resources: u8,
-    pub initiator_depth: u8,
-    pub retry_count: u8,
-    pub rnr_retry_count: u8,
-    pub path_mtu: u8,
-    pub local_ack_timeout: u8,
-    pub traffic_class: u8,
-    pub reserved: u8,
-    pub private_len: u32,
-    pub private_data: [u8; EVENT_PRIVATE_MAX],
-    pub qkey: u32,
-}
-
-impl CmEventC {
-    pub fn zeroed() -> Self {
-        // SAFETY: plain integers and byte arrays: all-zero is a valid value.
-        unsafe { core::mem::zeroed() }
-    }
-
-    pub fn private(&self) -> &[u8] {
-        &self.private_data[..(self.private_len as usize).min(EVENT_PRIVATE_MAX)]
-    }
-}
-
-/// `cm_bridge::ConnectC`.
-#[repr(C)]
-pub struct ConnectC {
-    pub qpn: u32,
-    pub qp_type: u32,
-    pub dgid: [u8; 16],
-    pub service_id: u64,
-    pub private_data: *const u8,
-    pub private_len: u32,
-    pub mtu: u8,
-    pub retry_count: u8,
-    pub rnr_retry_count: u8,
-    pub rd_atomic: u8,
-    pub timeout: u8,
-    pub traffic_class: u8,
-}
-
 type Ctx = *mut c_void;
-
-/// `cm_bridge::PrivateV1`.
-#[repr(C)]
-pub struct PrivateV1 {
-    pub version: u32,
-    pub size: u32,
-    pub open: unsafe extern "C" fn(ctx: Ctx) -> c_int,
-    pub listen: unsafe extern "C" fn(ctx: Ctx, service_id: u64, out: *mut u64) -> c_int,
-    pub stop_listen: unsafe extern "C" fn(ctx: Ctx, listen: u64) -> c_int,
-    pub connect: unsafe extern "C" fn(
-        ctx: Ctx,
-        req: *const ConnectC,
-        out: *mut u64,
-        out_psn: *mut u32,
-    ) -> c_int,
-    pub accept: unsafe extern "C" fn(
-        ctx: Ctx,
-        conn: u64,
-        qpn: u32,
-        psn: u32,
-        private_data: *const u8,
-        private_len: u32,
-        rd_atomic: u8,
-        rnr_retry_count: u8,
-    ) -> c_int,
-    pub reject: unsafe extern "C" fn(
-        ctx: Ctx,
-        conn: u64,
-        private_data: *const u8,
-        private_len: u32,
-    ) -> c_int,
-    pub establish: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
-    pub disconnect: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
-    pub poll_event: unsafe extern "C" fn(ctx: Ctx, out: *mut CmEventC) -> c_int,
-    pub sidr_resolve: unsafe extern "C" fn(
-        ctx: Ctx,
-        dgid: *const [u8; 16],
-        service_id: u64,
-        private_data: *const u8,
-        private_len: u32,
-        out: *mut u64,
-    ) -> c_int,
-    pub sidr_accept: unsafe extern "C" fn(
-        ctx: Ctx,
-        conn: u64,
-        qpn: u32,
-        qkey: u32,
-        private_data: *const u8,
-        private_len: u32,
-    ) -> c_int,
-    pub sidr_reject: unsafe extern "C" fn(
-        ctx: Ctx,
-        conn: u64,
-        private_data: *const u8,
-        private_len: u32,
-    ) -> c_int,
-    pub destroy: unsafe extern "C" fn(ctx: Ctx, conn: u64) -> c_int,
-    pub flush: unsafe extern "C" fn(ctx: Ctx, timeout_ms: u32) -> c_int,
-    pub set_cm_ids:
-        unsafe extern "C" fn(cb: unsafe extern "C" fn(out: *mut u8, cap: usize) -> usize) -> c_int,
-}
 
 /// The table, or `None` (said once on stderr) when the loaded libibverbs is not rocev2's or not of this version.
 pub fn table() -> Option<&'static PrivateV1> {
     static T: OnceLock<Option<usize>> = OnceLock::new();
     let p = *T.get_or_init(|| {
         // SAFETY: dlvsym with NUL-terminated names; RTLD_DEFAULT searches the loaded objects.
-        let sym = unsafe {
-            libc::dlvsym(
-                libc::RTLD_DEFAULT,
-                c"rocev2_private_v1".as_ptr(),
-                c"ROCEV2_PRIVATE".as_ptr(),
-            )
-        };
+        let sym = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, SYMBOL.as_ptr(), SYMBOL_VERSION.as_ptr()) };
         if sym.is_null() {
             eprintln!(
                 "rocev2 librdmacm: the libibverbs.so.1 loaded is not rocev2's (no rocev2_private_v1@ROCEV2_PRIVATE): \
@@ -166,16 +34,14 @@ pub fn table() -> Option<&'static PrivateV1> {
             );
             return None;
         }
-        // SAFETY: the symbol is `extern "C" fn() -> *const PrivateV1` in rocev2's libibverbs.
-        let f: extern "C" fn() -> *const PrivateV1 = unsafe { core::mem::transmute(sym) };
+        // SAFETY: the symbol is an `EntryFn` in rocev2's libibverbs (`roce_abi::bridge::SYMBOL`).
+        let f: EntryFn = unsafe { core::mem::transmute(sym) };
         let t = f();
-        // SAFETY: a pointer to a static table; `version` and `size` are its first two fields in every version.
+        // SAFETY: a pointer to a static table; `version` and `size` are its first two fields in every version, so
+        // they are read on their own before the table is taken as this version's layout.
         let (v, s) = unsafe { ((*t).version, (*t).size) };
-        if v != PRIVATE_VERSION || s as usize != size_of::<PrivateV1>() {
-            eprintln!(
-                "rocev2 librdmacm: rocev2's libibverbs.so.1 offers private table version {v} ({s} bytes), this \
-                 librdmacm needs version {PRIVATE_VERSION}: use the two libraries of one build"
-            );
+        if let Err(e) = roce_abi::bridge::check(v, s) {
+            eprintln!("rocev2 librdmacm: {e}");
             return None;
         }
         Some(t as usize)

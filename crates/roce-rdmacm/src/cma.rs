@@ -454,7 +454,7 @@ pub(crate) fn ensure_cm(st: &mut State, dev: usize) -> R<&'static PrivateV1> {
     let t = table().ok_or(libc::ENODEV)?;
     if st.devs[dev].cm_fd < 0 {
         // SAFETY: a context this library opened.
-        let fd = unsafe { (t.open)(st.devs[dev].ctx as *mut c_void) };
+        let fd = unsafe { (t.open)(st.devs[dev].ctx as *mut IbvContext) };
         if fd < 0 {
             return Err(-fd);
         }
@@ -676,7 +676,7 @@ fn end_all_ids(budget: Duration) {
         let Some(dev) = i.dev.or(if st.devs.is_empty() { None } else { Some(0) }) else {
             continue;
         };
-        let ctx = st.devs[dev].ctx as *mut c_void;
+        let ctx = st.devs[dev].ctx as *mut IbvContext;
         // SAFETY (both): a context this library opened; the handles are this library's.
         if let Some(h) = i.listen.take() {
             unsafe { (t.stop_listen)(ctx, h) };
@@ -693,7 +693,7 @@ fn end_all_ids(budget: Duration) {
     for ctx in used {
         let left = deadline.saturating_duration_since(Instant::now());
         // SAFETY: a context this library opened.
-        unsafe { (t.flush)(ctx as *mut c_void, left.as_millis() as u32) };
+        unsafe { (t.flush)(ctx as *mut IbvContext, left.as_millis() as u32) };
     }
 }
 
@@ -754,7 +754,7 @@ fn dispatch_loop() {
             loop {
                 let mut ev = CmEventC::zeroed();
                 // SAFETY: a context this library opened; `ev` is writable.
-                let r = unsafe { (t.poll_event)(ctx as *mut c_void, &mut ev) };
+                let r = unsafe { (t.poll_event)(ctx as *mut IbvContext, &mut ev) };
                 if r != 1 {
                     break;
                 }
@@ -857,7 +857,7 @@ fn conn_param(
 
 /// One CM event from the runtime into the rdma_cm event of its id (module docs).
 fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
-    let ctx = st.devs[dev].ctx as *mut c_void;
+    let ctx = st.devs[dev].ctx as *mut IbvContext;
     // SAFETY (every call of `t` below): `ctx` is a context this library opened; buffers are valid for their lengths.
     let reject = |conn: u64| unsafe {
         (t.reject)(ctx, conn, core::ptr::null(), 0);
@@ -945,7 +945,7 @@ fn handle(st: &mut State, t: &PrivateV1, dev: usize, ev: &CmEventC) {
             // QPN and Q_Key. The AH attributes are what our `ibv_create_ah` takes (global, port 1).
             let ah = IbvAhAttr {
                 grh: IbvGlobalRoute {
-                    dgid: IbvGid { raw: ev.peer_gid },
+                    dgid: ev.peer_gid,
                     flow_label: 0,
                     sgid_index: 0,
                     hop_limit: UD_HOP_LIMIT,
@@ -1577,7 +1577,7 @@ pub(crate) fn listen(st: &mut State, id: usize) -> R<()> {
     // SAFETY: a context this library opened; `h` is writable.
     let r = unsafe {
         (t.listen)(
-            st.devs[dev].ctx as *mut c_void,
+            st.devs[dev].ctx as *mut IbvContext,
             service_id(ps, port),
             &mut h,
         )
@@ -1636,7 +1636,7 @@ pub(crate) fn qp_attr(st: &State, id: usize, state: c_int) -> R<(IbvQpAttr, c_in
             // Each side's Starting PSN in its REQ/REP is the PSN it expects (Linux cm.c; rxe interop,
             // `roce-verbs/tests/cm.rs` `starting_psns_as_linux_reads_them`): receive from our own, send from the peer's.
             a.rq_psn = i.local_psn;
-            a.ah_attr.grh.dgid = c.route.addr.ib.dgid;
+            a.ah_attr.grh.dgid = c.route.addr.ib.dgid.raw;
             a.ah_attr.grh.sgid_index = 0;
             a.ah_attr.grh.hop_limit = 64;
             a.ah_attr.grh.traffic_class = i.tos;
@@ -1785,7 +1785,7 @@ pub(crate) fn connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) 
     };
     let (mut h, mut psn) = (0u64, 0u32);
     // SAFETY: a context this library opened; `r` and the outputs are valid.
-    let e = unsafe { (t.connect)(st.devs[dev].ctx as *mut c_void, &r, &mut h, &mut psn) };
+    let e = unsafe { (t.connect)(st.devs[dev].ctx as *mut IbvContext, &r, &mut h, &mut psn) };
     if e < 0 {
         return Err(-e);
     }
@@ -1837,7 +1837,7 @@ fn sidr_connect(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -> R<(
     // SAFETY: a context this library opened; the GID, private data and output are valid.
     let e = unsafe {
         (t.sidr_resolve)(
-            st.devs[dev].ctx as *mut c_void,
+            st.devs[dev].ctx as *mut IbvContext,
             &dgid,
             service_id(ps, dst.port()),
             req.as_ptr(),
@@ -1922,7 +1922,7 @@ pub(crate) fn accept(st: &mut State, id: usize, param: Option<&RdmaConnParam>) -
     // SAFETY: a context this library opened; the private data is `plen` readable bytes.
     let e = unsafe {
         (t.accept)(
-            st.devs[dev].ctx as *mut c_void,
+            st.devs[dev].ctx as *mut IbvContext,
             conn,
             qpn,
             i.local_psn,
@@ -1974,7 +1974,7 @@ fn sidr_accept(
     // SAFETY: a context this library opened; the private data is `plen` readable bytes.
     let e = unsafe {
         (t.sidr_accept)(
-            st.devs[dev].ctx as *mut c_void,
+            st.devs[dev].ctx as *mut IbvContext,
             conn,
             qpn,
             RDMA_UDP_QKEY,
@@ -2011,7 +2011,14 @@ pub(crate) fn reject(st: &mut State, id: usize, pdata: *const u8, len: u8) -> R<
     let t = table().ok_or(libc::ENODEV)?;
     let f = if i.ud() { t.sidr_reject } else { t.reject };
     // SAFETY: a context this library opened; the private data is `len` readable bytes.
-    let e = unsafe { f(st.devs[dev].ctx as *mut c_void, conn, pdata, u32::from(len)) };
+    let e = unsafe {
+        f(
+            st.devs[dev].ctx as *mut IbvContext,
+            conn,
+            pdata,
+            u32::from(len),
+        )
+    };
     if e < 0 {
         return Err(-e);
     }
@@ -2030,7 +2037,7 @@ pub(crate) fn establish(st: &mut State, id: usize) -> R<()> {
     let (dev, conn) = (i.dev.ok_or(libc::EINVAL)?, i.conn.ok_or(libc::EINVAL)?);
     let t = table().ok_or(libc::ENODEV)?;
     // SAFETY: a context this library opened.
-    let e = unsafe { (t.establish)(st.devs[dev].ctx as *mut c_void, conn) };
+    let e = unsafe { (t.establish)(st.devs[dev].ctx as *mut IbvContext, conn) };
     if e < 0 {
         return Err(-e);
     }
@@ -2058,7 +2065,7 @@ pub(crate) fn disconnect(st: &mut State, id: usize) -> R<()> {
     };
     let t = table().ok_or(libc::ENODEV)?;
     // SAFETY: a context this library opened.
-    let e = unsafe { (t.disconnect)(st.devs[dev].ctx as *mut c_void, conn) };
+    let e = unsafe { (t.disconnect)(st.devs[dev].ctx as *mut IbvContext, conn) };
     // EINVAL: the connection is past the states that send a DREQ or DREP. The peer's DREQ arrived first and the
     // runtime answered it (`roce_verbs::cm` sends the DREP itself) before this library took the DISCONNECTED
     // event, or DREQs crossed; or the REP is unanswered. Linux `rdma_disconnect` answers 0 then (it tries
@@ -2094,7 +2101,7 @@ pub(crate) fn destroy_id(id: *mut RdmaCmId) -> R<()> {
         let t = table();
         let ctx = dev.or(if st.devs.is_empty() { None } else { Some(0) });
         if let (Some(t), Some(d)) = (t, ctx) {
-            let ctx = st.devs[d].ctx as *mut c_void;
+            let ctx = st.devs[d].ctx as *mut IbvContext;
             // SAFETY (all three): a context this library opened.
             if let Some(h) = listen {
                 unsafe { (t.stop_listen)(ctx, h) };
@@ -2236,10 +2243,10 @@ pub(crate) fn create_qp(
             c.send_cq = scq;
         }
         if attr.send_cq.is_null() {
-            attr.send_cq = c.send_cq;
+            attr.send_cq = c.send_cq.cast();
         }
         if attr.recv_cq.is_null() {
-            attr.recv_cq = c.recv_cq;
+            attr.recv_cq = c.recv_cq.cast();
         }
         own = true;
     }

@@ -495,7 +495,7 @@ pub unsafe extern "C" fn rocev2_rdma_create_qp_ex(
                 qp_type: a.qp_type,
                 sq_sig_all: a.sq_sig_all,
             };
-            cma::create_qp(&mut st, id as usize, pd, &mut base)?;
+            cma::create_qp(&mut st, id as usize, pd.cast(), &mut base)?;
             (a.send_cq, a.recv_cq, a.cap) = (base.send_cq, base.recv_cq, base.cap);
             Ok(())
         })())

@@ -6,9 +6,11 @@
 //! * SONAME `librdmacm.so.1`, the four version nodes `RDMACM_1.0`–`1.3` and all 68 symbols of Debian's library at
 //!   their versions (`librdmacm.map`; the implementations are `rocev2_<name>`, attached with `.symver` by
 //!   `versioned!`); a `DT_NEEDED` on `libibverbs.so.1` (`build.rs`). `tests/exports.rs` compares the export table
-//!   with Debian's; `tests/abi.rs` the structure layouts (module `abi`) with `<rdma/rdma_cma.h>`.
+//!   with Debian's. The `<rdma/rdma_cma.h>` structures (module `abi`) and the
+//!   `<infiniband/verbs.h>` ones (crate `roce-abi`, shared with roce-ibverbs) have their layouts asserted at compile time.
 //! * One runtime per process: this library links no runtime of its own; it reaches the one of rocev2's libibverbs
-//!   through the ordinary `ibv_*` calls and its private table `rocev2_private_v1@ROCEV2_PRIVATE` (module `bridge`).
+//!   through the ordinary `ibv_*` calls and its private table `rocev2_private_v1@ROCEV2_PRIVATE` (module `bridge`; the table and its
+//!   versioning rule are declared once for both libraries in `roce_abi::bridge`).
 //!   `id->verbs` is a context of that libibverbs.
 //! * rdma_cm semantics (module `cma`): event channels whose fd polls, per-id event routing, address resolution from
 //!   the kernel's route (module `route`), route records for RoCE, listen on an address or the wildcard, connect /

@@ -101,7 +101,7 @@ pub(crate) fn join(
     });
     let ah = IbvAhAttr {
         grh: IbvGlobalRoute {
-            dgid: IbvGid { raw: mgid },
+            dgid: mgid,
             flow_label: 0,
             sgid_index: 0,
             hop_limit: MC_HOP_LIMIT,
@@ -131,7 +131,7 @@ pub(crate) fn on_event(st: &mut State, e: usize) {
         return;
     }
     let id = ev.id as usize;
-    let mgid = ev.ud_mut().ah_attr.grh.dgid.raw;
+    let mgid = ev.ud_mut().ah_attr.grh.dgid;
     let Some(m) = st
         .mcast
         .get_mut(&id)
@@ -172,7 +172,7 @@ fn drop_queued(st: &mut State, id: usize, mgid: Option<[u8; 16]>) {
             let ev = unsafe { &mut (*(e as *mut EventBlock)).ev };
             if ev.id as usize == id
                 && ev.event == EV_MULTICAST_JOIN
-                && mgid.is_none_or(|g| ev.ud_mut().ah_attr.grh.dgid.raw == g)
+                && mgid.is_none_or(|g| ev.ud_mut().ah_attr.grh.dgid == g)
             {
                 dead.push(e);
             }

@@ -8,7 +8,8 @@
 //! Also the layout check: every size and offset `src/abi.rs` asserts, compared with the installed header by a C
 //! program (`offsetof`/`sizeof`).
 //!
-//! Also `tests/c/forkcm.c`: processes forked from a program that opened the device use it and rdma_cm afresh.
+//! Also `tests/c/forkcm.c`: processes forked from a program that opened the device use it and rdma_cm afresh; and
+//! `tests/c/oldbridge.c`: a libibverbs whose private bridge table is of another version is refused.
 //!
 //! Also `tests/c/mcast.c`: UD multicast through rdma_cm from three processes on one address.
 //!
@@ -45,31 +46,41 @@ fn libraries() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// `cc -O1 -Wall -Werror -o out src extra...` (the test fails with the compiler's messages).
+fn cc(out: &Path, src: &Path, extra: &[&str]) {
+    let res = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(out)
+        .arg(src)
+        .args(extra)
+        .output()
+        .expect("cc runs");
+    assert!(
+        res.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+}
+
 /// Compiles `tests/c/<name>.c` into a scratch directory that also holds `libibverbs.so.1` / `librdmacm.so.1` links.
 fn build(name: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
+    build_in(name, name, libs)
+}
+
+/// [`build`] into the scratch directory named after `tag` (tests that run the same program side by side).
+fn build_in(name: &str, tag: &str, libs: &[&str]) -> (PathBuf, PathBuf) {
     assert!(
         Path::new("/usr/include/rdma/rdma_cma.h").is_file(),
         "<rdma/rdma_cma.h> missing: install Debian's librdmacm-dev (.ci/run does)"
     );
     let built = libraries();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("rdmacm-{name}-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rdmacm-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let prog = dir.join(name);
-    let out = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .args(libs)
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cc(&prog, &src, libs);
     for (lib, link) in [
         ("libroce_ibverbs.so", "libibverbs.so.1"),
         ("libroce_rdmacm.so", "librdmacm.so.1"),
@@ -222,6 +233,45 @@ fn processes_on_one_address_join_a_multicast_group_and_each_gets_every_datagram(
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The private bridge's version check (crate roce-abi, `bridge::check`): with a `libibverbs.so.1` whose
+/// `rocev2_private_v1@ROCEV2_PRIVATE` table is of version 3 (`tests/c/bridge_v3.c`, preloaded ahead of rocev2's;
+/// version 3 had version 4's layout, only two fields' meanings changed), `rdma_listen` fails with `ENODEV` and the
+/// library names both versions on stderr, instead of calling through the table (which answers `EPROTO`). No UDP
+/// socket (checked with strace): the runtime of the device (`ROCEV2_IBV_IP` 127.0.209.1) never starts, the CM
+/// being refused first.
+#[test]
+fn a_bridge_table_of_another_version_is_refused_with_a_clear_error() {
+    let (prog, dir) = build("oldbridge", &["-lrdmacm", "-libverbs"]);
+    let map = dir.join("bridge.map");
+    std::fs::write(
+        &map,
+        "ROCEV2_PRIVATE { global: rocev2_private_v1; local: *; };\n",
+    )
+    .expect("version script");
+    let shim = dir.join("libbridge_v3.so");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/bridge_v3.c");
+    let script = format!("-Wl,--version-script={}", map.display());
+    cc(&shim, &src, &["-shared", "-fPIC", &script]);
+    let out = Command::new("timeout")
+        .args(["30"])
+        .arg(&prog)
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("LD_PRELOAD", &shim)
+        .env("ROCEV2_IBV_IP", "127.0.209.1")
+        .output()
+        .expect("run the C program");
+    expect_ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "rocev2 librdmacm: rocev2's libibverbs.so.1 offers private table version 3 (128 bytes), this librdmacm \
+             needs version 4 (128 bytes): use the two libraries of one build"
+        ),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn structure_layouts_match_the_installed_header() {
     let (prog, dir) = build("layout", &[]);
@@ -306,4 +356,50 @@ fn a_peer_sees_disconnected_when_the_server_process_exits_without_rdma_disconnec
         eprintln!("server ending by {how}: client {}", stdout.trim());
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `tests/c/rsclose.c` in `mode` (its header) with the device on `ip` (127.0.220.0/24, one address per test
+/// so they run side by side); bounded by `timeout` beyond the program's own 60 s alarm.
+fn rsclose(mode: &str, ip: &str, port: &str) {
+    let (prog, dir) = build_in(
+        "rsclose",
+        &format!("rsclose-{mode}"),
+        &["-lrdmacm", "-libverbs", "-lpthread"],
+    );
+    let out = Command::new("timeout")
+        .args(["90"])
+        .arg(&prog)
+        .args([mode, ip, port])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROCEV2_IBV_IP", ip)
+        .output()
+        .expect("run the C program");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    expect_ok(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// rsockets (issue #17): `rpoll` on a listening rsocket reports nothing before a request, `POLLOUT` when asked (as
+/// rsocket.c, whose listener polls a writable socket pair) and `POLLIN` while a client's request is pending; the
+/// accepted socket reads the data and then the end of the stream after the client's `rclose`. Binds UDP 4791 on
+/// 127.0.220.1.
+#[test]
+fn rsocket_rpoll_on_a_listener_reports_a_pending_request() {
+    rsclose("listen", "127.0.220.1", "7501");
+}
+
+/// rsockets (issue #17): `rclose` returns (within 30 s) when the peer never posts a receive, so the disconnect
+/// message and credits it sends meet RNR NAKs retried for ever; the peer then sees `RDMA_CM_EVENT_DISCONNECTED`.
+/// Failing-first: `rclose` waited for those sends for ever. Binds UDP 4791 on 127.0.220.2.
+#[test]
+fn rsocket_rclose_returns_when_the_peer_posts_no_receives() {
+    rsclose("norecv", "127.0.220.2", "7502");
+}
+
+/// rsockets (issue #17): a peer's data message longer than the buffer half it was given aborts the connection:
+/// `rrecv` returns -1 with `EPROTO` (not 0, the end of an orderly stream), `SO_ERROR` reads it, `rpoll` reports
+/// `POLLERR`, `rsend` fails with `ECONNRESET`. Failing-first: `rrecv` returned 0. Binds UDP 4791 on 127.0.220.3.
+#[test]
+fn rsocket_rrecv_reports_an_aborted_connection_as_an_error() {
+    rsclose("abort", "127.0.220.3", "7503");
 }

@@ -26,8 +26,8 @@
 //! each runs in about a second on one core in a release build (3–6 million events per second of CPU time on the development VM;
 //! `benches/speed.rs` and `BENCHMARKS.md`). One deviation
 //! from §6: data packets are 1082 B frames (PMTU 1024 + headers; 1106 B on the wire) rather than 1000 B.
-//! `cargo test --release -p roce-sim --test scenarios` asserts the §6 bands (`tests/scenarios.rs` says which fail
-//! and why).
+//! `cargo test --release -p roce-sim --test scenarios` asserts the §6 bands (E3's marked fraction against the fluid
+//! model instead, `docs/spec/DCQCN.md` §6.1).
 //!
 //! PFC is simplified (`scenario::PfcSpec`: one lossless class, per-ingress XOFF/XON, the pause acts one propagation
 //! delay later). Not modelled (yet): several switches, READ flows.

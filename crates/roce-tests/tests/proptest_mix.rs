@@ -204,6 +204,40 @@ struct Expect {
     recv_wcs: Vec<RecvExpect>,
 }
 
+/// A type 2 memory window of `b`'s PD bound by `b`'s QP to 64 bytes of a fresh MR (remote write), before any
+/// fault is set: its key, for a SEND with invalidate to name. The bind's completion is taken here.
+fn bound_window(p: &mut Pair, b: End) -> Rkey {
+    let target = p
+        .e(1)
+        .reg_mr(
+            b.pd,
+            vec![0u8; 64],
+            AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        )
+        .unwrap();
+    let mw = p.e(1).alloc_mw(b.pd, MwType::Type2).unwrap();
+    let key = Rkey((mw.0 & !0xff) | ((mw.0 + 1) & 0xff));
+    let bind = SendOp::BindMw {
+        mw,
+        rkey: key,
+        mr: target.lkey,
+        addr: target.addr,
+        length: 64,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    p.e(1)
+        .post_send(b.qpn, &[SendWr::new(u64::MAX, bind, &[]).signaled()])
+        .unwrap();
+    p.drive();
+    let w = poll_all(p.e(1), b.cq);
+    assert_eq!(
+        w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(u64::MAX, WcStatus::Success)],
+        "binding the window"
+    );
+    key
+}
+
 fn run(c: &Case) -> Result<(), TestCaseError> {
     let o = ConnOpts {
         mtu: c.mtu,
@@ -294,14 +328,15 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
                     Kind::Send => (SendOp::Send, None, None),
                     Kind::SendImm => (SendOp::SendWithImm { imm }, Some(imm), None),
                     _ => {
-                        // A fresh MR at the responder whose R_Key the SEND invalidates.
-                        let victim = p.e(1).reg_mr(b.pd, vec![0u8; 64], ALL_ACCESS).unwrap();
+                        // A fresh type 2 window at the responder, bound by its QP, whose key the SEND
+                        // invalidates (only windows can be invalidated, IBTA Vol 1 §10.6.7).
+                        let victim = bound_window(&mut p, b);
                         (
                             SendOp::SendWithInv {
-                                invalidate_rkey: victim.rkey,
+                                invalidate_rkey: victim,
                             },
                             None,
-                            Some(victim.rkey),
+                            Some(victim),
                         )
                     }
                 };

@@ -536,7 +536,10 @@ impl ConnectionManager {
     /// Sends a REQ for `service_id` to the port `dest_gid` (MAC `dest_mac`) offering `qp` (RC or UC, in RESET)
     /// with a random Starting PSN (the PSN `qp` will expect from the peer; it sends from the REP's Starting PSN,
     /// as Linux `cm.c` `ib_send_cm_req` / `cm_rep_handler` do) and `private_data` (at most 92 bytes). The QP is connected when the REP arrives
-    /// (the event that reports it is [`CmEvent::Established`]) with `opts` (MTU, access, timeouts, retries).
+    /// (the event that reports it is [`CmEvent::Established`]) with `opts` (MTU, access, retries), except its local
+    /// ACK timeout: the one the CM exchanged, from the REP's TargetACKDelay and the REQ's packet lifetime (Linux
+    /// `cm_rep_handler`; the value [`CmEvent::ConnectResponse`] reports to [`connect_qpn`](Self::connect_qpn)'s
+    /// caller), not `opts.timeout`.
     ///
     /// Errors: [`Error::InvalidArgument`] for a UD QP or a QP not in RESET; [`Error::Cm`] (private data too long,
     /// no resources).
@@ -754,7 +757,8 @@ impl ConnectionManager {
     /// Accepts a [`CmEvent::ConnectRequest`]: connects `qp` (RC/UC, in RESET) to the requester's QP with `opts`
     /// (RTR/RTS; it sends from the REQ's Starting PSN and expects the REP's, a random one, as Linux `cm.c`
     /// `cm_req_handler` / `ib_send_cm_rep` do; its path MTU is the smaller of `opts.mtu` and the REQ's, as Linux
-    /// gives the responder the REQ's) and sends the REP with `private_data` (at most 196 bytes).
+    /// gives the responder the REQ's; its local ACK timeout is the REQ's Local ACK Timeout, not `opts.timeout`, as
+    /// Linux `cm_req_handler` gives it) and sends the REP with `private_data` (at most 196 bytes).
     /// [`CmEvent::Established`] follows when the RTU arrives.
     ///
     /// Errors: [`Error::InvalidArgument`] for an id that is not a pending request; [`Error::ModifyQp`] if the QP
@@ -784,6 +788,11 @@ impl ConnectionManager {
         let mut o = *opts;
         if let Some(m) = info.req_mtu {
             o.mtu = o.mtu.min(m);
+        }
+        // The passive QP's local ACK timeout is the REQ's Local ACK Timeout (Linux `cm.c` `cm_req_handler`), as the
+        // C library's QP gets it through `CONNECT_REQUEST` and `rdma_init_qp_attr`.
+        if let Some(req) = info.req {
+            o.timeout = req.local_ack_timeout;
         }
         qp.connect(&remote, rpsn, &o)?;
         let qpn = qp.qpn();
@@ -1072,6 +1081,13 @@ impl ConnectionManager {
                 let Some(info) = info else {
                     return Ok(None);
                 };
+                // The active QP's local ACK timeout, whoever moves the QP (Linux `cm.c` `cm_rep_handler`: from the
+                // REP's TargetACKDelay and the packet lifetime our REQ's Local ACK Timeout came from).
+                let local_ack_timeout = roce_cm::ack_timeout(
+                    rep.target_ack_delay,
+                    info.packet_life_time
+                        .unwrap_or(CmConfig::default().packet_life_time),
+                );
                 if info.by_qpn {
                     if let Some(c) = lock(conns).get_mut(&id) {
                         c.rep_private = rep.private_data.to_vec();
@@ -1083,11 +1099,7 @@ impl ConnectionManager {
                         responder_resources: rep.responder_resources,
                         initiator_depth: rep.initiator_depth,
                         rnr_retry_count: rep.rnr_retry_count,
-                        local_ack_timeout: roce_cm::ack_timeout(
-                            rep.target_ack_delay,
-                            info.packet_life_time
-                                .unwrap_or(CmConfig::default().packet_life_time),
-                        ),
+                        local_ack_timeout,
                         private_data: rep.private_data.to_vec(),
                     }));
                 }
@@ -1098,8 +1110,12 @@ impl ConnectionManager {
                     gid: info.peer,
                     mac: self.shared.mac_of(info.peer),
                 };
+                let opts = ConnectOpts {
+                    timeout: local_ack_timeout,
+                    ..info.opts
+                };
                 let connected = match &info.qp {
-                    Some(qp) => qp.connect(&remote, rep.starting_psn, &info.opts),
+                    Some(qp) => qp.connect(&remote, rep.starting_psn, &opts),
                     None => Err(Error::InvalidArgument("no QP")),
                 };
                 if let Err(e) = connected {

@@ -908,7 +908,9 @@ impl Mr {
     /// a READ/atomic the responder still replays): the MR comes back with [`Error::Busy`] (`EBUSY`, see
     /// [`Error::errno`]), and the caller tries again after polling their completions. Work posted before this call
     /// counts even if the runtime had not handed it to the engine yet. Other handles cloned from this one become
-    /// dead keys (a later WR naming them completes with a protection error).
+    /// dead keys (a later WR naming them completes with a protection error). Refused with
+    /// `Resource(InvalidArgument)` (`EINVAL`) while a memory window is bound to the MR, as rxe's `rxe_dereg_mr`
+    /// ([`Engine::mr_has_bound_mw`](roce_proto::Engine::mr_has_bound_mw)): unbind or free the window first.
     pub fn dereg(self) -> Result<(), (Mr, Error)> {
         let lkey = self.lkey();
         // Held until `registered` is cleared: a clone's `read`/`write` either finishes before the engine lets go of
@@ -916,6 +918,11 @@ impl Mr {
         let guard = self.inner.region.app_write();
         let r = self.inner.pd.inner.ctx.call(move |d| {
             d.drain_all_posted();
+            if d.engine.mr_has_bound_mw(lkey) {
+                return Err(ResourceError::InvalidArgument(
+                    "memory windows are bound to the MR",
+                ));
+            }
             d.engine.dereg_mr(lkey).map(drop)
         });
         if matches!(r, Ok(Ok(()))) {
@@ -986,7 +993,8 @@ impl Mr {
     /// to ERR, the first WR naming the MR completing with `LocProtErr` ([`Engine::dereg_mr_invalidate`]
     /// (roce_proto::Engine::dereg_mr_invalidate)); the key is dead at once, and the engine never touches the
     /// memory after this returns. Work posted before this call counts. Errors: the MR comes back with the
-    /// runtime's error (a dead context) or the engine's (`InvalidHandle`: already deregistered).
+    /// runtime's error (a dead context) or the engine's (`InvalidHandle`: already deregistered; `InvalidArgument`,
+    /// `EINVAL`: a memory window is bound to the MR, as rxe's `rxe_dereg_mr`).
     pub fn dereg_invalidate(self) -> Result<(), (Mr, Error)> {
         let lkey = self.lkey();
         let r = self.inner.pd.inner.ctx.call(move |d| {
@@ -1269,7 +1277,9 @@ pub struct ConnectOpts {
     pub mtu: Mtu,
     /// Responder access (REMOTE_WRITE / REMOTE_READ / REMOTE_ATOMIC).
     pub access: AccessFlags,
-    /// Local ACK timeout exponent (4.096 µs · 2^n; `ROCEV2.md §4.2`).
+    /// Local ACK timeout exponent (4.096 µs · 2^n; `ROCEV2.md §4.2`). Not used by
+    /// [`ConnectionManager::connect`](crate::cm::ConnectionManager::connect) / `accept`: their QPs take the value
+    /// the CM exchanged (17 with rdma_cm's ACK delay and packet lifetime).
     pub timeout: u8,
     /// Transport retries (IBTA count).
     pub retry_cnt: u8,

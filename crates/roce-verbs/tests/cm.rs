@@ -1,7 +1,8 @@
 //! The connection manager over QP 1 (`roce_verbs::cm`), end to end: two devices on the simulated pair and two over
 //! real UDP on 127.0.0.x connect RC QPs through REQ/REP/RTU, then move verified data with SEND and RDMA WRITE;
 //! a rejected connect carries its private data back; a connect to a service nobody listens on is rejected with
-//! reason 8 (invalid service ID); a disconnect reaches both ends.
+//! reason 8 (invalid service ID); a disconnect reaches both ends; the connected QPs take the local ACK timeout the
+//! CM exchanged.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -274,6 +275,58 @@ fn lossy_sim_pair_connects_through_retries() {
     connect_send_write_disconnect(&a, &b);
     let retried = a.cm.stats().unwrap().retransmits + b.cm.stats().unwrap().retransmits;
     assert!(retried > 0, "the loss made the CMs retry");
+}
+
+/// The QPs that `connect` and `accept` bring to RTS take the local ACK timeout the CM exchanged, as Linux's do
+/// (`cm.c`: the active side `cm_ack_timeout(REP TargetACKDelay, packet lifetime)` in `cm_rep_handler`, the
+/// passive side the REQ's Local ACK Timeout in `cm_req_handler`) and as the C library's QPs (`tests/c/acktmo.c`
+/// of roce-rdmacm), not `ConnectOpts::timeout` (14): 17 on both sides with rdma_cm's values (ACK delay 15, packet
+/// lifetime 16); with A's packet lifetime 10 and ACK delay 20, A takes `ack_timeout(15, 10)` = 15 and B the REQ's
+/// `ack_timeout(20, 10)` = 20.
+#[test]
+fn connected_qps_take_the_ack_timeout_the_cm_exchanged() {
+    let short = CmConfig {
+        packet_life_time: 10,
+        ack_delay: 20,
+        ..CmConfig::default()
+    };
+    for (cfg_a, want) in [(CmConfig::default(), (17, 17)), (short, (15, 20))] {
+        let (ca, cb) = Context::sim_pair(RuntimeConfig::default()).unwrap();
+        let (a, b) = (end_with(&ca, cfg_a), end(&cb));
+        let service = 0x4242;
+        b.cm.listen(service).unwrap();
+        let opts = ConnectOpts::default();
+        let id_a =
+            a.cm.connect(
+                &a.qp,
+                cb.gid(0).unwrap(),
+                cb.config().mac,
+                service,
+                b"",
+                &opts,
+            )
+            .unwrap();
+        let id_b = match event(&b) {
+            CmEvent::ConnectRequest { id, .. } => id,
+            e => panic!("expected a connect request, got {e:?}"),
+        };
+        b.cm.accept(id_b, &b.qp, b"", &opts).unwrap();
+        match event(&a) {
+            CmEvent::Established { id, .. } => assert_eq!(id, id_a),
+            e => panic!("expected established on A, got {e:?}"),
+        }
+        match event(&b) {
+            CmEvent::Established { id, .. } => assert_eq!(id, id_b),
+            e => panic!("expected established on B, got {e:?}"),
+        }
+        let (qa, qb) = (a.qp.query().unwrap(), b.qp.query().unwrap());
+        assert_eq!(
+            (qa.timeout, qb.timeout),
+            want,
+            "ConnectOpts::timeout is {}",
+            opts.timeout
+        );
+    }
 }
 
 #[test]

@@ -24,7 +24,8 @@ macro_rules! both_modes {
 
 both_modes!(
     type2_window_write_and_local_invalidate,
-    atomic_write_in_application_memory
+    atomic_write_in_application_memory,
+    an_mr_with_a_bound_window_cannot_be_deregistered
 );
 
 struct End {
@@ -127,6 +128,40 @@ fn type2_window_write_and_local_invalidate(mode: ProgressMode) {
     assert_eq!((w.wr_id, w.status), (4, WcStatus::RemAccessErr));
     mw.dealloc().expect("dealloc");
     assert!(mw.dealloc().is_err(), "freed already");
+}
+
+/// `Mr::dereg` and `Mr::dereg_invalidate` (the C library's `ibv_dereg_mr`) of an MR a window is bound to fail with
+/// EINVAL (rxe `rxe_dereg_mr` while `num_mw` is not 0) and hand the MR back still registered; once the window is
+/// unbound (LOCAL_INV) the MR deregisters.
+fn an_mr_with_a_bound_window_cannot_be_deregistered(mode: ProgressMode) {
+    let (_a, b) = pair(mode);
+    let dst = MrBuf::new(4096).expect("buf");
+    let dmr =
+        b.pd.reg_mr(&dst, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+            .expect("mr");
+    let mw = b.pd.alloc_mw(MwType::Type2).expect("alloc_mw");
+    let key = Rkey((mw.rkey().0 & !0xff) | (mw.rkey().0.wrapping_add(1) & 0xff));
+    let bind = SendOp::BindMw {
+        mw: mw.rkey(),
+        rkey: key,
+        mr: dmr.lkey(),
+        addr: dmr.addr(),
+        length: 64,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    post(&b.qp, 1, bind, &[]);
+    assert_eq!(poll_one(&b.cq).status, WcStatus::Success);
+    let (dmr, e) = dmr.dereg().expect_err("a window is bound to the MR");
+    assert_eq!(e.errno(), 22, "{e}");
+    let (dmr, e) = dmr
+        .dereg_invalidate()
+        .expect_err("a window is bound to the MR");
+    assert_eq!(e.errno(), 22, "{e}");
+    dmr.write(0, b"still registered")
+        .expect("the MR is still registered");
+    post(&b.qp, 2, SendOp::LocalInv { rkey: key }, &[]);
+    assert_eq!(poll_one(&b.cq).status, WcStatus::Success);
+    dmr.dereg().expect("no window bound any more");
 }
 
 fn atomic_write_in_application_memory(mode: ProgressMode) {

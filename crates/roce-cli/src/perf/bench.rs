@@ -351,7 +351,7 @@ pub fn run_side(
         out
     };
     if tables {
-        super::print_banner(&s.p, ctx, o, out.link);
+        super::print_banner(&s.p, ctx, o, &out.link);
         print!("{}", s.address_block());
     }
     if tables {

@@ -212,7 +212,7 @@ pub(super) fn run(
     let (cycle, cache_line) = x.sys_data(CYCLE_BUFFER, CACHE_LINE).map_err(e)?;
     let mtu = mtu_of_enum(x.mtu(p.mtu as u8).map_err(e)?);
     let peer = x.peer_addr().ip();
-    let (ctx, link_stats, rx) = super::open_udp(
+    let (ctx, link_stats, rx, _link) = super::open_udp(
         a,
         p,
         local,

@@ -1007,8 +1007,8 @@ pub struct Output {
     pub events: Option<Moderation>,
     /// Register the test buffer on huge pages (`--use_hugepages`).
     pub hugepages: bool,
-    /// The banner's link type.
-    pub link: &'static str,
+    /// The banner's link type: the link the side opened ([`open_udp`]), or the simulated segment.
+    pub link: String,
     /// `--output`: one number per size instead of the tables.
     pub level: Option<OutputLevel>,
     /// The progress line of a long run on a terminal (set by the client side, `bench::run_side`).
@@ -1105,9 +1105,26 @@ fn socket_buffer(p: &Params) -> usize {
         .clamp(4 << 20, 64 << 20)
 }
 
+/// The banner's link type over the UDP link (kernel sockets on UDP 4791).
+const LINK_UDP: &str = "Ethernet (RoCE v2, UDP 4791) on the UDP link (kernel sockets)";
+
+/// The banner's link type after `--link xdp` fell back to the UDP link (the cause is on stderr, printed by
+/// [`crate::xdplink::open_or_explain`]).
+const LINK_XDP_FALLBACK: &str = "Ethernet (RoCE v2, UDP 4791) on the UDP link (kernel sockets): --link xdp fell \
+                                 back, AF_XDP cannot be used (the cause is on stderr)";
+
+/// The banner's link type over the AF_XDP link on `interface`.
+fn link_xdp(interface: &str, zero_copy: bool) -> String {
+    format!(
+        "Ethernet (RoCE v2, UDP 4791) on the AF_XDP link ({interface}, {} mode)",
+        if zero_copy { "zero-copy" } else { "copy" }
+    )
+}
+
 /// Opens a device on a UdpLink bound to `local`, frames from `peer` (decorated per the flags; receive mode per
-/// `--rx`; receive buffer per [`socket_buffer`]); also returns the link's counters for `--stats` and the receive
-/// mode in use.
+/// `--rx`; receive buffer per [`socket_buffer`]), or on an AF_XDP link with `--link xdp` when it can be used; also
+/// returns the UDP link's counters for `--stats`, the receive mode in use, and the banner's link type naming the
+/// link actually opened (`--link xdp` falls back to the UDP link when AF_XDP cannot be used).
 fn open_udp(
     a: &PerfArgs,
     p: &Params,
@@ -1115,13 +1132,15 @@ fn open_udp(
     peer: IpAddr,
     seed: u64,
     pcap: bool,
-) -> Result<(Context, Arc<SharedUdpStats>, RxMode), String> {
+) -> Result<(Context, Arc<SharedUdpStats>, RxMode, String), String> {
     let faults = fault_config(a);
     let pcap = if pcap { a.pcap.clone() } else { None };
     let link_stats = Arc::new(SharedUdpStats::default());
     let mut cfg = engine_cfg(local, seed);
     cfg.sched = shaping::sched_config(a, p, local);
     dcqcn::apply(&a.cc, &mut cfg)?;
+    // Which link the factory opened (it runs inside `Context::open`, before it returns).
+    let used = Arc::new(Mutex::new(String::new()));
     let open = |rx: RxMode| {
         let ucfg = UdpConfig {
             local_mac: mac_of(local),
@@ -1133,21 +1152,33 @@ fn open_udp(
         let tap_stats = Arc::clone(&link_stats);
         let pcap = pcap.clone();
         let xdp = a.link == LinkKind::Xdp;
+        let want_xdp = xdp;
+        let used = Arc::clone(&used);
         Context::open(cfg.clone(), runtime_cfg(a), move || {
             let xdp = if xdp {
-                crate::xdplink::open_or_explain("rocev2 perf", local, peer)
+                crate::xdplink::open_or_explain("rocev2 perf", local, peer)?
             } else {
                 None
             };
+            if let Ok(mut u) = used.lock() {
+                *u = match &xdp {
+                    Some(l) => link_xdp(l.interface(), l.zero_copy()),
+                    None if want_xdp => LINK_XDP_FALLBACK.to_owned(),
+                    None => LINK_UDP.to_owned(),
+                };
+            }
             let base: SendLink = match xdp {
-                Some(l) => Box::new(l),
+                Some(l) => l,
                 None => Box::new(UdpTap::new(UdpLink::bind(ucfg)?, tap_stats)),
             };
             wrap_link(base, faults, seed ^ 0x5eed, pcap.as_ref())
         })
     };
     rxmode::open(a.rx, peer, "rocev2 perf", open)
-        .map(|(c, rx)| (c, Arc::clone(&link_stats), rx))
+        .map(|(c, rx)| {
+            let link = used.lock().map(|u| u.clone()).unwrap_or_default();
+            (c, Arc::clone(&link_stats), rx, link)
+        })
         .map_err(|e| {
             let chain = source_chain(&e);
             let hint = if chain.contains("in use") && a.loopback {
@@ -1240,8 +1271,9 @@ pub fn run(a: &PerfArgs) -> ExitCode {
         link: if a.loopback && a.link == LinkKind::Sim {
             "simulated segment (in memory, --link sim; 100 Gb/s, 1 us)"
         } else {
-            "Ethernet (RoCE v2, UDP 4791)"
-        },
+            LINK_UDP
+        }
+        .to_owned(),
         json: a.json,
         gbits: a.report_gbits,
         report_both: a.report_both,
@@ -1492,7 +1524,7 @@ fn server_session(
                 a.seed().wrapping_mul(2),
                 a.address.is_none() && !a.loopback,
             ) {
-                Ok((c, s, rx)) => (c, Some((s, rx))),
+                Ok((c, s, rx, name)) => (c, Some((s, rx, name))),
                 Err(e) => {
                     o.send_error(&e);
                     return Err(e);
@@ -1500,11 +1532,12 @@ fn server_session(
             }
         }
     };
-    devices.add("server", &ctx, link.as_ref().map(|(s, _)| s));
+    devices.add("server", &ctx, link.as_ref().map(|(s, _, _)| s));
+    let out = &link_named(out, link.as_ref().map(|(_, _, n)| n));
     let mut r = dcqcn::with_rate_log(&a.cc, &ctx, !a.loopback, || {
         bench::run_side(&ctx, &params, o, false, out)
     });
-    if let Some((s, rx)) = &link {
+    if let Some((s, rx, _)) = &link {
         r = with_rx_hint(r, *rx, s);
     }
     r
@@ -1651,7 +1684,7 @@ fn client(
                 a.seed().wrapping_mul(2).wrapping_add(1),
                 true,
             ) {
-                Ok((c, s, rx)) => (c, Some((s, rx))),
+                Ok((c, s, rx, name)) => (c, Some((s, rx, name))),
                 Err(e) => {
                     o.send_error(&e);
                     return Err(e);
@@ -1659,14 +1692,23 @@ fn client(
             }
         }
     };
-    devices.add("client", &ctx, link.as_ref().map(|(s, _)| s));
+    devices.add("client", &ctx, link.as_ref().map(|(s, _, _)| s));
+    let out = &link_named(out, link.as_ref().map(|(_, _, n)| n));
     let mut r = dcqcn::with_rate_log(&a.cc, &ctx, true, || {
         bench::run_side(&ctx, params, &mut o, true, out)
     });
-    if let Some((s, rx)) = &link {
+    if let Some((s, rx, _)) = &link {
         r = with_rx_hint(r, *rx, s);
     }
     r
+}
+
+/// `out` with the banner's link type of the link a side opened (`None`: the simulated segment, as `out` says).
+fn link_named(out: &Output, link: Option<&String>) -> Output {
+    Output {
+        link: link.map_or_else(|| out.link.clone(), Clone::clone),
+        ..out.clone()
+    }
 }
 
 /// The banner of either side, perftest's header block (printed by `bench::run_side` once the exchange has settled

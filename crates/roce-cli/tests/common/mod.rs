@@ -506,59 +506,6 @@ impl SweepCase {
     }
 }
 
-/// Builds `roce-ibverbs` in this test's profile once per test binary, so `rocev2 run` finds a current
-/// `libroce_ibverbs.so` beside `rocev2` (`cargo build -p roce-ibverbs`, a no-op when fresh).
-pub fn ibverbs_library() {
-    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "roce-ibverbs"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo build -p roce-ibverbs");
-        assert!(
-            out.status.success(),
-            "cargo build -p roce-ibverbs failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = Path::new(bin())
-            .parent()
-            .expect("bin dir")
-            .join("libroce_ibverbs.so");
-        assert!(lib.is_file(), "{} missing after the build", lib.display());
-    });
-}
-
-/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds
-/// current `libroce_ibverbs.so` and `libroce_rdmacm.so` beside `rocev2` (a no-op when fresh).
-pub fn rdmacm_library() {
-    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "roce-ibverbs", "-p", "roce-rdmacm"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo build -p roce-ibverbs -p roce-rdmacm");
-        assert!(
-            out.status.success(),
-            "cargo build -p roce-ibverbs -p roce-rdmacm failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let dir = Path::new(bin()).parent().expect("bin dir");
-        for lib in ["libroce_ibverbs.so", "libroce_rdmacm.so"] {
-            assert!(dir.join(lib).is_file(), "{lib} missing after the build");
-        }
-    });
-}
-
 /// Why a test needing `program` cannot run, naming the Debian `package` that has it, when it is not on `PATH`
 /// (`.ci/run` installs them); `None` when it is there.
 pub fn program_missing(program: &str, package: &str) -> Option<String> {
@@ -577,9 +524,11 @@ pub fn need_program(program: &str, package: &str) {
     );
 }
 
-/// Builds `roce-ibverbs` and `roce-rdmacm` in this test's profile once per test binary, so `rocev2 run` finds both
-/// libraries beside `rocev2` (a no-op when fresh).
-pub fn rdmacm_libraries() {
+/// Builds our two C libraries, `roce-ibverbs` and `roce-rdmacm`, in this test's profile once per test binary, so
+/// `rocev2 run` finds current `libroce_ibverbs.so` and `libroce_rdmacm.so` beside `rocev2` (a no-op when fresh).
+/// Both, always: a program that only uses libibverbs may still load librdmacm (pyverbs does), and `rocev2 run`
+/// preloads whichever is there — a stale or missing one is the system's, which needs `/dev/infiniband`.
+pub fn c_libraries() {
     static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     BUILT.get_or_init(|| {
         let mut cmd = Command::new(env!("CARGO"));
@@ -625,7 +574,7 @@ pub fn rdmacm_setup(
     for (p, pkg) in programs {
         need_program(p, pkg);
     }
-    rdmacm_libraries();
+    c_libraries();
     let ns = NetnsPair::up(tag, ip_a, ip_b, 1500);
     ns.wait_running();
     Some(ns)

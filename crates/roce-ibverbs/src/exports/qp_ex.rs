@@ -28,8 +28,7 @@
 
 use super::*;
 
-/// `enum ibv_qp_init_attr_mask`.
-const IBV_QP_INIT_ATTR_PD: u32 = 1;
+/// `enum ibv_qp_init_attr_mask` (`IBV_QP_INIT_ATTR_PD`: `crate::abi`).
 const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 4;
 const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
 /// `enum ibv_qp_create_send_ops_flags`.
@@ -63,44 +62,7 @@ const UC_OPS: u64 = WITH_RDMA_WRITE
     | WITH_SEND_WITH_IMM
     | WITH_SEND_WITH_INV;
 const UD_OPS: u64 = WITH_SEND | WITH_SEND_WITH_IMM;
-/// `enum ibv_wr_opcode`.
-const IBV_WR_RDMA_WRITE: c_int = 0;
-const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
-const IBV_WR_SEND: c_int = 2;
-const IBV_WR_SEND_WITH_IMM: c_int = 3;
-const IBV_WR_RDMA_READ: c_int = 4;
-const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
-const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
-const IBV_WR_LOCAL_INV: c_int = 7;
-const IBV_WR_BIND_MW: c_int = 8;
-const IBV_WR_SEND_WITH_INV: c_int = 9;
-const IBV_WR_ATOMIC_WRITE: c_int = 15;
-/// `enum ibv_qp_type`.
-const IBV_QPT_RC: c_int = 2;
-const IBV_QPT_UC: c_int = 3;
-const IBV_QPT_UD: c_int = 4;
-
-/// `struct ibv_qp_init_attr_ex` (136 bytes): `struct ibv_qp_init_attr`'s members (`comp_mask` then sits at
-/// offset 60, in what is that struct's tail padding), then the extension.
-#[repr(C)]
-pub(super) struct IbvQpInitAttrEx {
-    qp_context: *mut c_void,
-    send_cq: *mut IbvCq,
-    recv_cq: *mut IbvCq,
-    srq: *mut c_void,
-    cap: IbvQpCap,
-    qp_type: c_int,
-    sq_sig_all: c_int,
-    comp_mask: u32,
-    pd: *mut IbvPd,
-    xrcd: *mut c_void,
-    create_flags: u32,
-    max_tso_header: u16,
-    rwq_ind_tbl: *mut c_void,
-    rx_hash_conf: [u64; 3],
-    source_qpn: u32,
-    send_ops_flags: u64,
-}
+// `enum ibv_wr_opcode` and `enum ibv_qp_type`: `crate::abi`.
 
 /// What `create_qp_ex` reads of `struct ibv_qp_init_attr_ex`.
 struct Req {

@@ -41,6 +41,10 @@
 //!   default 4 KiB chunks the link's MTU is at most 3840 B; a jumbo MTU needs `XDP_USE_SG` and a frags-aware
 //!   program, not done.
 //! * One program per interface: a second process on the same interface (or another XDP program) gets `EBUSY`.
+//! * One process per address: the link owns UDP [`XdpConfig::port`] on its address with an ordinary socket
+//!   (`claim`), so a second AF_XDP link or a UDP link of another process on the address fails to bind, and an
+//!   AF_XDP link on an address another process already uses fails with `io::ErrorKind::AddrInUse` (its program
+//!   would otherwise steer that process's frames to itself).
 //! * Needs `CAP_NET_ADMIN` + `CAP_BPF` (or `CAP_SYS_ADMIN`) and `CAP_NET_RAW`; without them [`XdpLink::bind`]
 //!   fails with an error naming the missing privilege, and a driver falls back to [`crate::UdpLink`].
 //!
@@ -52,7 +56,10 @@
 //! request when a neighbour entry is missing or older than [`NEIGH_TTL_NS`].
 
 mod bpf;
+mod choice;
 mod neigh;
+
+pub use choice::{XdpChoice, open_or_explain};
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
@@ -565,6 +572,8 @@ impl Xsk {
 /// RoCE v2 over `AF_XDP` sockets, one per receive queue of the interface (see the module docs).
 pub struct XdpLink {
     cfg: XdpConfig,
+    /// The UDP socket that owns [`XdpConfig::port`] on [`XdpConfig::local`] for this process ([`claim`]).
+    _claim: socket2::Socket,
     /// The socket of queue 0 (receives and transmits).
     main: Xsk,
     /// The sockets of the other receive queues (receive only), preallocated at bind.
@@ -646,6 +655,7 @@ impl XdpLink {
                 ),
             )));
         }
+        let claim = claim(cfg.local, cfg.port)?;
         let (ifmac, ifmtu) = neigh::mac_and_mtu(&ifname)?;
 
         let queues = rx_queues(&ifname).clamp(1, MAX_QUEUES);
@@ -699,6 +709,7 @@ impl XdpLink {
         let mtu = (ifmtu + 14).min(cfg.frame_size as usize - XDP_HEADROOM);
         Ok(XdpLink {
             cfg,
+            _claim: claim,
             main,
             others,
             epoll,
@@ -873,6 +884,42 @@ impl XdpLink {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+    }
+}
+
+/// Claims UDP `port` on `local` for this process: an ordinary UDP socket bound without `SO_REUSEPORT`, with a
+/// filter that drops every datagram (the XDP program steers the port's frames past the kernel's UDP stack; frames
+/// of queues without a socket would otherwise queue here unread). While the link holds it, no other process can
+/// bind the port on the address: a rocev2 UDP link (its shared sockets set `SO_REUSEPORT`, docs/MULTIPROCESS.md),
+/// another AF_XDP link, another RoCE stack. And an AF_XDP link on an address another process already uses fails
+/// here, before its program could steer that process's frames away from it.
+///
+/// Errors: `io::ErrorKind::AddrInUse` with a message naming the rule when the port is taken; the step and OS
+/// error otherwise.
+fn claim(local: IpAddr, port: u16) -> Result<socket2::Socket, LinkError> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let at = std::net::SocketAddr::new(local, port);
+    let step = |what: &'static str| {
+        move |e: io::Error| {
+            LinkError::Io(io::Error::new(
+                e.kind(),
+                format!("{what} for UDP {at} (the AF_XDP link's claim on the port): {e}"),
+            ))
+        }
+    };
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).map_err(step("socket"))?;
+    crate::udp::drop_all(&s).map_err(step("SO_ATTACH_FILTER (drop all)"))?;
+    match s.bind(&SockAddr::from(at)) {
+        Ok(()) => Ok(s),
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => Err(LinkError::Io(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "UDP {port} on {local} is taken by another process, and an AF_XDP link takes its address \
+                     alone: several processes on one address are not supported over AF_XDP (docs/DEVICE.md, \
+                     \"Link\"); give each process an address of its own"
+            ),
+        ))),
+        Err(e) => Err(step("bind")(e)),
     }
 }
 

@@ -509,6 +509,14 @@ impl Scheduler {
         }
     }
 
+    /// Makes room for the entries of slots `0..slots` without reallocating later (control path: `Engine::create_qp`
+    /// sizes its per-QP tables together, growth capped at the device's `max_qp`, issue #21).
+    pub(crate) fn reserve_slots(&mut self, slots: usize) {
+        self.qps.reserve_exact(slots.saturating_sub(self.qps.len()));
+        self.cold
+            .reserve_exact(slots.saturating_sub(self.cold.len()));
+    }
+
     /// A QP was created in `slot` with path MTU `pmtu` (control path: grows the table; queue membership of an
     /// earlier QP in the same slot is kept, its stale entries are popped and find no work).
     pub fn add_qp(&mut self, slot: usize, pmtu: u32) {

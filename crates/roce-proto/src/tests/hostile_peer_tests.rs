@@ -1028,6 +1028,81 @@ fn random_datagram_flood_during_a_verified_run() {
     assert_counters_add_up(&r.p.b);
 }
 
+/// The responder's count of READ/atomic responses it owes for new requests (`RespQueue::owed_rd_atomic`, the
+/// responder-resource check of every incoming READ/atomic: kept with the queue, not a scan of it per request)
+/// across the paths that change the response queue: new READs and atomics count; a duplicate READ/atomic
+/// supersedes what was queued from its PSN on and queues a replay that does not count; reusing a resource drops
+/// its queued replay; a sequence NAK does not count; transmitting uncounts; a READ beyond `max_dest_rd_atomic` is
+/// NAKed invalid request while the responses owed before it stay counted until they are sent. Debug builds also
+/// check the count against a recount of the queue whenever it is read.
+#[test]
+fn owed_rd_atomic_count_across_read_atomic_duplicate_and_nak_paths() {
+    let o = ConnOpts {
+        max_dest_rd_atomic: 4,
+        ..ConnOpts::default()
+    };
+    let mut r = rig_with(&o);
+    let tpl = r.a_to_b_template();
+    let e = r.epsn();
+    let rkey = r.target.rkey.0;
+    let read = |i: u32| roce_wire::ExtRepr {
+        reth: Some(roce_wire::RethRepr {
+            va: BASE + 64 * u64::from(i),
+            rkey,
+            dma_len: 64,
+        }),
+        ..roce_wire::ExtRepr::NONE
+    };
+    let fetch_add = roce_wire::ExtRepr {
+        atomic_eth: Some(roce_wire::AtomicEthRepr {
+            va: BASE + 2048,
+            rkey,
+            swap_add: 1,
+            compare: 0,
+        }),
+        ..roce_wire::ExtRepr::NONE
+    };
+    let send = |r: &mut Rig, opcode: u8, psn: u32, ext: roce_wire::ExtRepr| {
+        let f = craft(&tpl, opcode, psn & 0xFF_FFFF, ext, &[]);
+        let now = r.p.now;
+        r.p.b.handle_frame(now, &f);
+        let q = r.p.b.qp(r.b.qpn).expect("B's QP");
+        (q.resp.out.owed_rd_atomic(), q.resp.out.len())
+    };
+    const READ: u8 = 0x0C;
+    const FETCH_ADD: u8 = 0x14;
+    // New requests: resources 0, 1, 2.
+    assert_eq!(send(&mut r, READ, e, read(0)), (1, 1));
+    assert_eq!(send(&mut r, FETCH_ADD, e + 1, fetch_add), (2, 2));
+    assert_eq!(send(&mut r, READ, e + 2, read(2)), (3, 3));
+    // A duplicate of the first READ: everything queued from its PSN on goes, its replay does not count.
+    assert_eq!(send(&mut r, READ, e, read(0)), (0, 1));
+    // A duplicate of the atomic: its saved result is resent, not counted.
+    assert_eq!(send(&mut r, FETCH_ADD, e + 1, fetch_add), (0, 2));
+    // New again: resource 3, then resource 0 reused, which drops its queued replay.
+    assert_eq!(send(&mut r, READ, e + 3, read(3)), (1, 3));
+    assert_eq!(send(&mut r, FETCH_ADD, e + 4, fetch_add), (2, 3));
+    r.p.transmit();
+    let q = r.p.b.qp(r.b.qpn).unwrap();
+    assert_eq!((q.resp.out.owed_rd_atomic(), q.resp.out.len()), (0, 0));
+    // A PSN gap: NAK sequence error queued, nothing owed.
+    assert_eq!(send(&mut r, READ, e + 6, read(6)), (0, 1));
+    r.p.transmit();
+    // Four new READs fill the responder resources; a fifth is NAKed invalid request (QP to ERR), and the four
+    // responses owed before it stay counted until they leave, ahead of the NAK.
+    for k in 0..4 {
+        assert_eq!(
+            send(&mut r, READ, e + 5 + k, read(5 + k)),
+            (k as usize + 1, k as usize + 1)
+        );
+    }
+    assert_eq!(send(&mut r, READ, e + 9, read(9)), (4, 4));
+    assert_eq!(r.p.b.query_qp(r.b.qpn).unwrap().qp_state, QpState::Err);
+    r.p.transmit();
+    let q = r.p.b.qp(r.b.qpn).unwrap();
+    assert_eq!((q.resp.out.owed_rd_atomic(), q.resp.out.len()), (0, 0));
+}
+
 /// 64 requests of `opcode` (READ 0x0C or FETCH_ADD 0x14) in one burst, in sequence from the peer's address, against
 /// a responder that granted `max_dest_rd_atomic` 4; returns the rig, B's ePSN before the burst and B's answers.
 fn rd_atomic_burst(opcode: u8) -> (Rig, u32, Vec<roce_wire::RoceRepr>) {

@@ -331,6 +331,84 @@ fn local_invalidate_remote_invalidate_and_dealloc_end_a_type2_window() {
     }
 }
 
+/// Breaker finding: a SEND with invalidate naming the R_Key of a region registered with `reg_mr` (not a window)
+/// revoked it for good, so one client of a shared MR could cut off all the others. Only type 2 windows (and
+/// fast-registered regions, which rocev2 has not) can be invalidated (IBTA Vol 1 §10.6.7; rxe `rxe_invalidate_mr`
+/// refuses any MR but a fast-registration one): the responder answers NAK invalid request (the sender's WR
+/// completes REM_INV_REQ_ERR, rxe `RESPST_ERR_INVALIDATE_RKEY`); a LOCAL_INV of it fails with LOC_QP_OP_ERR (rxe
+/// `rxe_do_local_ops`). Either way the MR keeps granting remote access: a second QP pair on the same PDs writes
+/// through its R_Key afterwards (the first pair is in ERR).
+#[test]
+fn a_registered_mr_cannot_be_invalidated_remotely_or_locally() {
+    for how in ["remote", "local"] {
+        let mut p = Pair::new();
+        let o = ConnOpts::default();
+        let (a, b) = connect(&mut p, &o);
+        let src = mr(&mut p.a, a.pd, 64, |_| 3);
+        let shared = mr(&mut p.b, b.pd, 64, |_| 0);
+        let rbuf = mr(&mut p.b, b.pd, 64, |_| 0);
+        if how == "remote" {
+            p.b.post_recv(
+                b.qpn,
+                &[RecvWr {
+                    wr_id: 50,
+                    sg_list: &[sge(&rbuf, 0, 64)],
+                }],
+            )
+            .unwrap();
+            let wa = post_one(
+                &mut p,
+                true,
+                a,
+                SendOp::SendWithInv {
+                    invalidate_rkey: shared.rkey,
+                },
+                &[sge(&src, 0, 4)],
+            );
+            assert_eq!(wa[0].status, WcStatus::RemInvReqErr, "{how}");
+            let wb = poll_all(&mut p.b, b.cq);
+            assert!(
+                wb.iter().all(|w| w.status != WcStatus::Success),
+                "{how}: the receive must not complete as a good SEND with invalidate: {wb:?}"
+            );
+        } else {
+            let wb = post_one(
+                &mut p,
+                false,
+                b,
+                SendOp::LocalInv { rkey: shared.rkey },
+                &[],
+            );
+            assert_eq!(wb[0].status, WcStatus::LocQpOpErr, "{how}");
+        }
+        // A second connection between the same PDs: the MR's R_Key still grants its range.
+        let qp_on = |e: &mut Engine, pd: PdHandle| {
+            let cq = e.create_cq(64).unwrap();
+            let (qpn, _) = e
+                .create_qp(&QpInitAttr {
+                    qp_type: o.qp_type,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    cap: o.cap,
+                    sq_sig_all: o.sq_sig_all,
+                })
+                .unwrap();
+            End { pd, cq, qpn }
+        };
+        let a2 = qp_on(&mut p.a, a.pd);
+        let b2 = qp_on(&mut p.b, b.pd);
+        bring_up(&mut p.a, a2, b2.qpn, MAC_B, IP_B, o.a_psn, o.b_psn, &o);
+        bring_up(&mut p.b, b2, a2.qpn, MAC_A, IP_A, o.b_psn, o.a_psn, &o);
+        assert_eq!(
+            write_through(&mut p, a2, &src, 8, shared.addr, shared.rkey),
+            WcStatus::Success,
+            "{how}: the MR's R_Key was invalidated"
+        );
+        assert_eq!(p.b.mr_bytes(shared.lkey).unwrap()[..8], [3u8; 8], "{how}");
+    }
+}
+
 #[test]
 fn type1_window_rebinds_and_a_zero_length_bind_unbinds_it() {
     let mut p = Pair::new();
@@ -433,6 +511,43 @@ fn a_window_on_a_deregistered_mr_reaches_nothing() {
         write_through(&mut p, a, &src, 8, target.addr, key),
         WcStatus::RemAccessErr
     );
+}
+
+/// `ibv_dereg_mr` of an MR that windows are bound to fails with EINVAL and leaves everything as it was (rxe
+/// `rxe_dereg_mr` refuses while the MR's `num_mw` is not 0): `dereg_mr_invalidate` (the C library's) says
+/// `InvalidArgument`, the window keeps writing into the MR; once the window is freed (LOCAL_INV) the MR goes.
+#[test]
+fn an_mr_with_a_bound_window_cannot_be_deregistered() {
+    let mut p = Pair::new();
+    let (a, b) = connect(&mut p, &ConnOpts::default());
+    let src = mr(&mut p.a, a.pd, 64, |_| 7);
+    let target = bindable_mr(&mut p.b, b.pd);
+    let mw = p.b.alloc_mw(b.pd, MwType::Type2).unwrap();
+    assert!(!p.b.mr_has_bound_mw(target.lkey), "nothing bound yet");
+    let wb = post_one(
+        &mut p,
+        false,
+        b,
+        bind(mw, 0x31, &target, 0, 4096, AccessFlags::REMOTE_WRITE),
+        &[],
+    );
+    assert_eq!(wb[0].status, WcStatus::Success);
+    assert!(p.b.mr_has_bound_mw(target.lkey));
+    assert!(matches!(
+        p.b.dereg_mr_invalidate(target.lkey),
+        Err(ResourceError::InvalidArgument(_))
+    ));
+    let key = Rkey((mw.0 & !0xff) | 0x31);
+    assert_eq!(
+        write_through(&mut p, a, &src, 8, target.addr + 8, key),
+        WcStatus::Success,
+        "the MR and its window are untouched"
+    );
+    assert_eq!(p.b.mr_bytes(target.lkey).unwrap()[8..16], [7u8; 8]);
+    let wb = post_one(&mut p, false, b, SendOp::LocalInv { rkey: key }, &[]);
+    assert_eq!(wb[0].status, WcStatus::Success);
+    assert!(!p.b.mr_has_bound_mw(target.lkey));
+    p.b.dereg_mr_invalidate(target.lkey).unwrap();
 }
 
 #[test]

@@ -228,7 +228,28 @@ fn rc_atomics_and_replayless_results() {
 #[test]
 fn send_with_imm_and_inv_and_zero_length() {
     let (mut p, a, b, ma, mb) = setup(&ConnOpts::default());
-    let victim = mr(&mut p.b, b.pd, 64, |_| 0);
+    // The key to invalidate: a type 2 window bound by B's QP (only windows can be invalidated, IBTA §10.6.7).
+    let target =
+        p.b.reg_mr(
+            b.pd,
+            vec![0u8; 64],
+            AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        )
+        .unwrap();
+    let mw = p.b.alloc_mw(b.pd, MwType::Type2).unwrap();
+    let key = Rkey((mw.0 & !0xff) | 0x40);
+    let bind = SendOp::BindMw {
+        mw,
+        rkey: key,
+        mr: target.lkey,
+        addr: target.addr,
+        length: 64,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    p.b.post_send(b.qpn, &[SendWr::new(90, bind, &[]).signaled()])
+        .unwrap();
+    p.drive();
+    assert_eq!(poll_all(&mut p.b, b.cq)[0].status, WcStatus::Success);
     for id in 0..3 {
         p.b.post_recv(
             b.qpn,
@@ -245,7 +266,7 @@ fn send_with_imm_and_inv_and_zero_length() {
         SendWr::new(
             2,
             SendOp::SendWithInv {
-                invalidate_rkey: victim.rkey,
+                invalidate_rkey: key,
             },
             &s,
         ),
@@ -261,7 +282,7 @@ fn send_with_imm_and_inv_and_zero_length() {
     );
     assert_eq!(
         (wb[1].invalidated_rkey, wb[1].wc_flags),
-        (victim.rkey, WcFlags::WITH_INV)
+        (key, WcFlags::WITH_INV)
     );
     assert_eq!(wb[2].byte_len, 0);
     // S14: three messages, three PSNs (zero-length = one ONLY packet, PadCnt 0); S02: 13 B → PadCnt 3.
@@ -279,8 +300,8 @@ fn send_with_imm_and_inv_and_zero_length() {
     let w = SendWr::new(
         4,
         SendOp::RdmaWrite {
-            remote_addr: victim.addr,
-            rkey: victim.rkey,
+            remote_addr: target.addr,
+            rkey: key,
         },
         &s,
     );

@@ -18,7 +18,11 @@
 //!   without holding its socket, so another thread may use it meanwhile; a blocking `rconnect` and `rshutdown`
 //!   hold it while they wait. `raccept` holds the listener only while it takes and answers a request: on a
 //!   non-blocking listener it returns the new socket at once (its connection completes with the RTU, as
-//!   rsocket.c's accepting state), a blocking one waits for the RTU without the listener.
+//!   rsocket.c's accepting state), a blocking one waits for the RTU without the listener. `rshutdown` / `rclose`
+//!   wait for their sends at most `stream::SHUTDOWN_IDLE` (5 s) without a completion (rsocket.c waits for ever,
+//!   so a peer that posts no receives held the close for ever). `rrecv` after an abort (a refused message, a
+//!   failed completion) is `-1` with the error (`SO_ERROR`'s value, e.g. `EPROTO`) once the data before it is
+//!   read; rsocket.c returns 0 as at an orderly end, which reads as a complete stream.
 //! * Not implemented (`-1` with `errno`): datagram rsockets (`SOCK_DGRAM`: `ENOTSUP` from `rsocket`), the iomap
 //!   calls `riomap` / `riounmap` / `riowrite` (`ENOSYS`; the connection data advertises no iomap), `RDMA_ROUTE`
 //!   (`ENOTSUP`), `AF_IB`.

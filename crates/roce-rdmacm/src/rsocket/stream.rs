@@ -20,7 +20,7 @@ use roce_wire::rsocket::{
     OP_DATA, OP_IOMAP_SGL, OP_SGL, OP_WRITE, SGE_LEN, SGL_SIZE, Sge, credit_limit,
 };
 
-use super::verbs::{self, IbvCompChannel, IbvMr, IbvRecvWr, IbvSendWr, IbvSge, IbvWc};
+use super::verbs;
 use crate::abi::*;
 use crate::bridge;
 use crate::cma::{self, R};
@@ -42,6 +42,15 @@ pub const DEF_SQSIZE: u16 = 384;
 pub const DEF_RQSIZE: u16 = 384;
 pub const DEF_MEM: u32 = 1 << 17;
 pub const DEF_WMEM: u32 = 1 << 17;
+
+/// How long `rshutdown` / `rclose` wait for their sends (the disconnect or shutdown message and what was queued
+/// before it) while none of them completes; then they go on: `rshutdown` returns (0 as rsocket.c, which ignores
+/// the outcome of that wait; `ETIMEDOUT` when no control message could be posted at all) and `rclose` destroys the
+/// id, whose DREQ tells the peer. rsocket.c waits for ever, so a peer that posts no receives (every
+/// message then meets RNR NAKs, retried for ever with `rnr_retry` 7) blocked the close for ever. A peer that is
+/// gone makes the sends fail instead: 7 retries of the 67 ms local ACK timeout (`cma::DEFAULT_ACK_TIMEOUT` 14),
+/// well inside this bound.
+pub const SHUTDOWN_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Work request ids: bit 63 marks a receive; a send's id is its message's immediate value.
 const WR_ID_RECV: u64 = 1 << 63;
@@ -138,6 +147,8 @@ pub(crate) struct Conn {
     /// Messages refused from the peer (data beyond the receive buffer, a full message ring): each one ends the
     /// connection with `EPROTO`.
     pub bad_msgs: u64,
+    /// Work completions taken so far (progress, for [`SHUTDOWN_IDLE`]).
+    completions: u64,
 }
 
 /// A stream rsocket.
@@ -252,8 +263,8 @@ impl Rs {
         }
         let mut attr = IbvQpInitAttr {
             qp_context: core::ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
+            send_cq: cq.cast(),
+            recv_cq: cq.cast(),
             srq: core::ptr::null_mut(),
             cap: IbvQpCap {
                 max_send_wr: u32::from(self.sq_size),
@@ -319,7 +330,7 @@ impl Rs {
         };
         let reg = |r: &Region, access: c_int| {
             // SAFETY: the region is ours and outlives the MR (deregistered in `teardown` before it is freed).
-            unsafe { verbs::ibv_reg_mr(pd, r.ptr.cast(), r.len, access) }
+            unsafe { verbs::ibv_reg_mr(pd.cast(), r.ptr.cast(), r.len, access) }
         };
         let smr = reg(&sbuf, IBV_ACCESS_LOCAL_WRITE);
         let rmr = reg(&rbuf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -363,6 +374,7 @@ impl Rs {
             rq_size: self.rq_size,
             sq_inline: self.sq_inline,
             bad_msgs: 0,
+            completions: 0,
         });
         if smr.is_null() || rmr.is_null() || tmr.is_null() {
             let e = errno();
@@ -488,12 +500,13 @@ impl Rs {
                 break;
             }
             for wc in &wcs[..n as usize] {
+                c.completions += 1;
                 if wc.wr_id & WR_ID_RECV != 0 {
-                    if wc.status != verbs::IBV_WC_SUCCESS {
+                    if wc.status != IBV_WC_SUCCESS {
                         continue;
                     }
                     rcnt += 1;
-                    if wc.wc_flags & verbs::IBV_WC_WITH_IMM == 0 {
+                    if wc.wc_flags & IBV_WC_WITH_IMM == 0 {
                         // rsocket messages always carry immediate data here (no RS_OPT_MSG_SEND).
                         c.bad_msgs += 1;
                         continue;
@@ -543,7 +556,7 @@ impl Rs {
                             c.sbuf_bytes_avail += m.data;
                         }
                     }
-                    if wc.status != verbs::IBV_WC_SUCCESS && self.state & st::CONNECTED != 0 {
+                    if wc.status != IBV_WC_SUCCESS && self.state & st::CONNECTED != 0 {
                         self.state = st::ERROR;
                         self.err = libc::EIO;
                     }
@@ -709,7 +722,7 @@ impl Rs {
                     length: xfer,
                     lkey: 0,
                 }];
-                c.write_data(&mut sge, xfer, verbs::IBV_SEND_INLINE)
+                c.write_data(&mut sge, xfer, IBV_SEND_INLINE)
             } else {
                 let left_in = c.sbuf_size - c.ssgl_off;
                 // SAFETY: the smr is live.
@@ -789,6 +802,17 @@ impl Rs {
             if !self.have_rdata() {
                 ret = self.process_cq(self.nonblocking(flags), Rs::conn_have_rdata);
                 if ret.is_err() {
+                    break;
+                }
+                if self.state & st::ERROR != 0 && !self.have_rdata() {
+                    // An abort (a refused message, a failed completion) is an error once the data before it
+                    // is read, never the end of the stream an orderly disconnect gives (rsocket.c returns 0
+                    // for both; TCP's recv answers ECONNRESET after a reset).
+                    ret = Err(if self.err != 0 {
+                        self.err
+                    } else {
+                        libc::ECONNRESET
+                    });
                     break;
                 }
             }
@@ -881,7 +905,7 @@ impl Rs {
                 return Err(libc::EINVAL);
             };
             if !self.ctrl_avail() {
-                self.process_cq(false, Rs::conn_can_send_ctrl)?;
+                self.process_cq_bounded(Rs::conn_can_send_ctrl)?;
             }
             if self.state & st::CONNECTED != 0 && self.ctrl_avail() {
                 let c = self.conn.as_mut().expect("connected");
@@ -890,9 +914,47 @@ impl Rs {
             }
         }
         if self.state & st::CONNECTED != 0 {
-            let _ = self.process_cq(false, Rs::conn_all_sends_done);
+            let _ = self.process_cq_bounded(Rs::conn_all_sends_done);
         }
         Ok(())
+    }
+
+    /// [`Rs::process_cq`] blocking until `test` holds, for `rshutdown` / `rclose`: `ETIMEDOUT` once
+    /// [`SHUTDOWN_IDLE`] passes without a completion. Waits on the completion channel (armed first) at most 100 ms
+    /// at a time and takes the connection manager's events meanwhile (a DREQ from the peer ends the wait, as
+    /// rsocket.c's `cm_svc` thread does).
+    fn process_cq_bounded(&mut self, test: fn(&Rs) -> bool) -> R<()> {
+        let mut seen = self.conn.as_ref().map_or(0, |c| c.completions);
+        let mut since = std::time::Instant::now();
+        loop {
+            match self.process_cq(true, test) {
+                Err(libc::EWOULDBLOCK) => {}
+                r => return r,
+            }
+            let c = self.conn.as_mut().ok_or(libc::ENOTCONN)?;
+            if c.completions != seen {
+                (seen, since) = (c.completions, std::time::Instant::now());
+            }
+            let left = SHUTDOWN_IDLE.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                return Err(libc::ETIMEDOUT);
+            }
+            if !c.cq_armed {
+                // SAFETY: the connection's CQ.
+                unsafe { verbs::req_notify_cq(c.cq) };
+                c.cq_armed = true;
+                continue;
+            }
+            let mut p = libc::pollfd {
+                fd: c.chan_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd.
+            unsafe { libc::poll(&mut p, 1, left.as_millis().clamp(1, 100) as c_int) };
+            c.get_cq_event();
+            self.drain_cm();
+        }
     }
 }
 
@@ -958,7 +1020,7 @@ impl Conn {
         &mut self,
         sgl: &mut [IbvSge],
         msg: u32,
-        flags: c_int,
+        flags: u32,
         addr: u64,
         rkey: u32,
     ) -> R<()> {
@@ -971,12 +1033,12 @@ impl Conn {
                 sgl.as_mut_ptr()
             },
             num_sge: sgl.len() as c_int,
-            opcode: verbs::IBV_WR_RDMA_WRITE_WITH_IMM,
+            opcode: IBV_WR_RDMA_WRITE_WITH_IMM,
             send_flags: flags,
             imm_data: msg.to_be(),
-            remote_addr: addr,
-            rkey,
-            rest: [0; 76],
+            wr: SendWrUnion::rdma(addr, rkey),
+            qp_type_xrc_remote_srqn: 0,
+            bind_mw_tso: [0; 6],
         };
         // SAFETY: the connection's QP; the SGEs are registered staging memory or inline data that is read
         // during the call.
@@ -991,7 +1053,7 @@ impl Conn {
     }
 
     /// rsocket.c `rs_write_data`: takes the target entry's space before the write.
-    fn write_data(&mut self, sgl: &mut [IbvSge], len: u32, flags: c_int) -> R<()> {
+    fn write_data(&mut self, sgl: &mut [IbvSge], len: u32, flags: u32) -> R<()> {
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= len;
@@ -1034,7 +1096,7 @@ impl Conn {
                 length: SGE_LEN as u32,
                 lkey: 0,
             }];
-            self.post_write_msg(&mut s, msg, verbs::IBV_SEND_INLINE, dst, rkey_t)
+            self.post_write_msg(&mut s, msg, IBV_SEND_INLINE, dst, rkey_t)
         } else {
             let slot =
                 self.sbuf_size as usize + SGE_LEN * (self.ctrl_seqno & (QP_CTRL_SIZE - 1)) as usize;

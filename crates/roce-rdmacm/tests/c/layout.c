@@ -1,5 +1,6 @@
 /* The structure layouts src/abi.rs asserts (docs/spec/LIBRDMACM-ABI.md §4), checked against the installed
- * <rdma/rdma_cma.h> at compile time: tests/c_edge.rs compiles this file; a mismatch is a compile error. */
+ * <rdma/rdma_cma.h> at compile time: tests/c_edge.rs compiles this file; a mismatch is a compile error. The
+ * <infiniband/verbs.h> structures this library uses are crate roce-abi's, checked by its tests/c_header.rs. */
 #include <stddef.h>
 #include <rdma/rdma_cma.h>
 
@@ -42,26 +43,6 @@ SIZE(rdma_addrinfo, 96);
 AT(rdma_addrinfo, ai_src_addr, 24);
 AT(rdma_addrinfo, ai_route, 64);
 AT(rdma_addrinfo, ai_next, 88);
-AT(ibv_qp, qp_num, 52);
-AT(ibv_qp, state, 56);
-AT(ibv_qp, qp_type, 60);
-SIZE(ibv_qp_attr, 144);
-AT(ibv_qp_attr, ah_attr, 56);
-AT(ibv_qp_attr, pkey_index, 120);
-AT(ibv_qp_attr, max_rd_atomic, 126);
-AT(ibv_qp_attr, timeout, 130);
-AT(ibv_qp_attr, rate_limit, 136);
-SIZE(ibv_ah_attr, 32);
-AT(ibv_ah_attr, is_global, 29);
-SIZE(ibv_qp_init_attr, 64);
-AT(ibv_qp_init_attr, qp_type, 52);
-AT(ibv_qp_init_attr_ex, comp_mask, 60);
-AT(ibv_qp_init_attr_ex, pd, 64);
-SIZE(ibv_port_attr, 52);
-AT(ibv_port_attr, active_mtu, 8);
-SIZE(ibv_device_attr, 232);
-AT(ibv_device_attr, max_qp_rd_atom, 144);
-AT(ibv_device_attr, max_qp_init_rd_atom, 156);
 _Static_assert(RDMA_OPTION_ID == 0 && RDMA_OPTION_ID_TOS == 0 && RDMA_OPTION_ID_REUSEADDR == 1 &&
 		       RDMA_OPTION_ID_AFONLY == 2 && RDMA_OPTION_ID_ACK_TIMEOUT == 3,
 	       "rdma_set_option names");

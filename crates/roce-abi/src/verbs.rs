@@ -1,14 +1,18 @@
 //! The C structures of libibverbs that cross the boundary, `#[repr(C)]` with the sizes and offsets measured on
-//! Debian 12 (`docs/spec/LIBIBVERBS-ABI.md` §4, rdma-core 44 `verbs.h`). Every size and the offsets programs read
-//! are checked at compile time below.
+//! Debian 12 (`../shared/libibverbs/ABI.md` §4, rdma-core 44 `verbs.h`). Every size and the offsets programs read
+//! are checked at compile time below (`layout!`): a field that moves fails the build.
+//!
+//! One declaration for both of rocev2's C libraries: roce-ibverbs hands these structures to programs and reads
+//! them from programs; roce-rdmacm (`rdma_create_qp`, the rsocket data path, `rdma_cm_id.route`'s GIDs) builds and
+//! reads the same structures when it calls libibverbs as a C program would.
 //!
 //! The layouts are those of x86_64 Linux with glibc (LP64, glibc's 40-byte `pthread_mutex_t` and 48-byte
-//! `pthread_cond_t`, the SysV calling convention `compat` relies on): any other target refuses to build rather than
-//! hand C programs structures of the wrong shape.
+//! `pthread_cond_t`, the SysV calling convention roce-ibverbs' `compat` relies on): any other target refuses to
+//! build rather than hand C programs structures of the wrong shape.
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
 compile_error!(
-    "roce-ibverbs implements the libibverbs ABI of x86_64 Linux glibc only (src/abi.rs, ABI.md §4)"
+    "rocev2 implements the libibverbs ABI of x86_64 Linux glibc only (roce-abi src/verbs.rs, ABI.md §4)"
 );
 
 use core::ffi::{c_char, c_int, c_void};
@@ -256,6 +260,15 @@ pub struct SendWrUnion {
 }
 
 impl SendWrUnion {
+    /// `wr.rdma = { remote_addr, rkey }` (the rest 0).
+    pub const fn rdma(remote_addr: u64, rkey: u32) -> Self {
+        Self {
+            w0: remote_addr,
+            w1: rkey as u64,
+            w2: 0,
+            w3: 0,
+        }
+    }
     /// `wr.rdma.remote_addr` / `wr.atomic.remote_addr`.
     pub fn remote_addr(&self) -> u64 {
         self.w0
@@ -501,6 +514,35 @@ pub struct IbvSrqInitAttr {
     pub attr: IbvSrqAttr,
 }
 
+/// `union ibv_gid` (16 bytes, 8-byte aligned through its `global { subnet_prefix, interface_id }` member).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default)]
+pub struct IbvGid {
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_qp_init_attr_ex` (136 bytes): `struct ibv_qp_init_attr`'s members (`comp_mask` then sits at
+/// offset 60, in what is that struct's tail padding), then the extension.
+#[repr(C)]
+pub struct IbvQpInitAttrEx {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut c_void,
+    pub cap: IbvQpCap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut IbvPd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: [u64; 3],
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
 macro_rules! layout {
     ($t:ty, $size:expr $(, $field:ident @ $off:expr)*) => {
         const _: () = assert!(size_of::<$t>() == $size);
@@ -564,6 +606,11 @@ layout!(IbvSrq, 128, context @ 0, srq_context @ 8, pd @ 16, handle @ 24, mutex @
 layout!(IbvSrqInitAttr, 24, srq_context @ 0, attr @ 8);
 layout!(IbvSrqAttr, 12, max_wr @ 0, max_sge @ 4, srq_limit @ 8);
 layout!(IbvGidEntry, 32, gid @ 0, gid_index @ 16, port_num @ 20, gid_type @ 24, ndev_ifindex @ 28);
+layout!(IbvGid, 16, raw @ 0);
+const _: () = assert!(align_of::<IbvGid>() == 8);
+layout!(IbvQpInitAttrEx, 136, qp_context @ 0, send_cq @ 8, recv_cq @ 16, srq @ 24, cap @ 32, qp_type @ 52,
+    sq_sig_all @ 56, comp_mask @ 60, pd @ 64, xrcd @ 72, create_flags @ 80, max_tso_header @ 84, rwq_ind_tbl @ 88,
+    rx_hash_conf @ 96, source_qpn @ 120, send_ops_flags @ 128);
 
 // Enum values (ABI.md §4.4).
 pub const IBV_NODE_CA: c_int = 1;
@@ -599,3 +646,41 @@ pub const IBV_ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 pub const IBV_ACCESS_MW_BIND: u32 = 0x10;
 /// LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC.
 pub const IBV_ACCESS_SUPPORTED: u32 = 0xf;
+
+/// `IBV_QP_INIT_ATTR_PD` (`ibv_qp_init_attr_ex.comp_mask`, ABI.md §4.4).
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+/// `IBV_WC_SUCCESS` (`enum ibv_wc_status`).
+pub const IBV_WC_SUCCESS: c_int = 0;
+/// `IBV_WC_WITH_IMM` (`enum ibv_wc_flags`).
+pub const IBV_WC_WITH_IMM: u32 = 1 << 1;
+
+// `enum ibv_qp_state`.
+pub const IBV_QPS_RESET: c_int = 0;
+pub const IBV_QPS_INIT: c_int = 1;
+pub const IBV_QPS_RTR: c_int = 2;
+pub const IBV_QPS_RTS: c_int = 3;
+pub const IBV_QPS_ERR: c_int = 6;
+
+// `enum ibv_qp_attr_mask`.
+pub const IBV_QP_STATE: c_int = 1;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub const IBV_QP_PORT: c_int = 1 << 5;
+pub const IBV_QP_QKEY: c_int = 1 << 6;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+
+// `enum ibv_access_flags` (the `int access` of `ibv_reg_mr`, `ibv_qp_attr.qp_access_flags`).
+pub const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
+pub const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
+pub const IBV_ACCESS_REMOTE_READ: c_int = 4;
+pub const IBV_ACCESS_REMOTE_ATOMIC: c_int = 8;
