@@ -723,7 +723,8 @@ fn spawn_quiet(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result
         ] {
             libc::sigdelset(&mut all, sig);
         }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        // SIG_SETMASK, not SIG_BLOCK: the synchronous signals are unblocked even when the calling thread blocks them.
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         let r = std::thread::Builder::new().name(name.into()).spawn(f);
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
         r.map(|_| ())

@@ -36,7 +36,9 @@ const SYNCHRONOUS: [libc::c_int; 6] = [
 /// signal (`SIGALRM`, `SIGINT`) may run its handler on a runtime thread, and the program's thread blocked in
 /// `ibv_get_cq_event` never sees `EINTR`. The calling thread's mask is restored before returning.
 ///
-/// The synchronous signals ([`SYNCHRONOUS`]) stay unblocked: they are raised by the faulting thread itself, and a
+/// The synchronous signals ([`SYNCHRONOUS`]) are unblocked, also when the calling thread had blocked them (the mask
+/// is set, not added to: a program that blocks every signal before opening the device, the usual signal-thread
+/// pattern, must not hand that to the runtime's threads): they are raised by the faulting thread itself, and a
 /// fault with its signal blocked ends the process whatever handler is installed (the kernel's `force_sig`). A
 /// runtime thread copying into registered memory the program has unmapped or protected relies on the engine's
 /// fault handler (roce-verbs `fault.rs`) running on that very thread.
@@ -50,7 +52,7 @@ pub(super) fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
         for sig in SYNCHRONOUS {
             libc::sigdelset(&mut all, sig);
         }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) == 0
     };
     let r = f();
     if blocked {
