@@ -19,6 +19,13 @@
 //!   with ECONNREFUSED) and our CM answers `udaddy`'s SIDR_REQ for an unlistened service with status 1 (udaddy
 //!   reports UNREACHABLE, error 1); Linux answers our REQ and SIDR_REQ for an unlistened guest service with REJ
 //!   reason 8 and SIDR_REP status 1.
+//! * `host_*` ([`PROG_CASES`], the product as users run it): Debian's unmodified `rping -v -V -C 10`, `udaddy`
+//!   and `ib_send_bw` / `ib_write_bw` / `ib_read_lat -R` on the host under `rocev2 run --ip 198.18.0.1 --rx
+//!   packet` (our libibverbs.so.1 and librdmacm.so.1, built by the test) against the same programs in the guest,
+//!   host as server and as client, each judged by the program's own success criteria on both ends; each attempt
+//!   starts when the guest holds no rdma_cm id. The perftest cases with the host as client run only when named
+//!   in `SOFTROCE_CASES` ([`PERFTEST_CLIENT_RACE`]: perftest 4.5+0.17's second REQ races the TCG guest's second
+//!   listen and its retry is broken).
 //!
 //! The exchange of rdma_server.c / rdma_client.c (rdma-core `librdmacm/examples`, read for facts): one 16-byte
 //! SEND each way, the client first; the server posts its receive before accepting; both call `rdma_disconnect` at
