@@ -1,5 +1,5 @@
 //! The C structures of libibverbs that cross the boundary, `#[repr(C)]` with the sizes and offsets measured on
-//! Debian 12 (`../shared/libibverbs/ABI.md` §4, rdma-core 44 `verbs.h`). Every size and the offsets programs read
+//! Debian 12 (`docs/spec/LIBIBVERBS-ABI.md` §4, rdma-core 44 `verbs.h`). Every size and the offsets programs read
 //! are checked at compile time below (`layout!`): a field that moves fails the build.
 //!
 //! One declaration for both of rocev2's C libraries: roce-ibverbs hands these structures to programs and reads

@@ -1,8 +1,8 @@
 //! The C structures of `<rdma/rdma_cma.h>`, with the sizes and offsets measured on Debian 12 x86_64
-//! (`docs/spec/LIBRDMACM-ABI.md` §4, `../shared/librdmacm/ABI.md`); every size and the offsets programs read are
+//! (`docs/spec/LIBRDMACM-ABI.md` §4); every size and the offsets programs read are
 //! asserted at compile time. The `<infiniband/verbs.h>` structures this library reads or fills (`ibv_qp`,
 //! `ibv_qp_attr`, `union ibv_gid`, ...) are roce-ibverbs' own declarations, re-exported from `roce_abi::verbs`
-//! (one declaration, layouts asserted there against `../shared/libibverbs/ABI.md`).
+//! (one declaration, layouts asserted there against `docs/spec/LIBIBVERBS-ABI.md`).
 #![allow(dead_code)]
 
 use core::ffi::c_void;
