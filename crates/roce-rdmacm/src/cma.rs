@@ -354,16 +354,23 @@ pub(crate) fn gid_of(ip: IpAddr) -> [u8; 16] {
 /// as it stands for an rxe device on `lo` whose GID table holds it (pyverbs' rdmacm tests connect through it, issues
 /// #16/#17): towards it, the DGID is the device's own GID, so the REQ, the other CM MADs and the data path go to
 /// the device's own address, where QP 1 steering (`docs/MULTIPROCESS.md`) hands the REQ to the process that
-/// listens. Nothing is sent to 127.0.0.1, which another rocev2 process may own; a device that is itself on
-/// 127.0.0.1 (or whose process also opened a device there) takes the address as is. `cma_hdr` and the
-/// `rdma_cm_id` addresses keep what the program named (Linux `cma.c` puts the program's addresses there).
+/// listens. The alias holds only while no other device owns the address: when a socket of this network namespace
+/// is bound to UDP 4791 on 127.0.0.1 (`::1`) — another rocev2 process's device there (`route::udp_bound`) — the
+/// address is that device's, a remote peer like any other (issue #17: `rping -c -a 127.0.0.1` under
+/// `rocev2 run --ip 127.0.0.2` towards a server under `--ip 127.0.0.1`, README's one-host layout). A device that
+/// is itself on 127.0.0.1 (or whose process also opened a device there) takes the address as is. `cma_hdr` and
+/// the `rdma_cm_id` addresses keep what the program named (Linux `cma.c` puts the program's addresses there).
 fn path_gid(st: &State, dev: usize, ip: IpAddr) -> [u8; 16] {
     let d = &st.devs[dev];
     let alias = match ip {
         IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
         IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST,
     };
-    if alias && d.ip.is_loopback() && !st.devs.iter().any(|o| o.ip == ip) {
+    if alias
+        && d.ip.is_loopback()
+        && !st.devs.iter().any(|o| o.ip == ip)
+        && !route::udp_bound(SocketAddr::new(ip, roce_wire::udp::ROCE_V2_PORT))
+    {
         d.gid
     } else {
         gid_of(ip)

@@ -184,12 +184,17 @@ fn the_qps_ack_timeout_agrees_with_what_the_cm_announced() {
 /// it never connected: the path's DGID was 127.0.0.1's, so the REQ went to 127.0.0.1:4791, where the device is
 /// not (and where another rocev2 process could be). `tests/c/forkcm.c` run with 127.0.0.1 and the device on
 /// 127.0.212.1: two forked children connect and exchange SENDs through the alias, and a third child connects to the
-/// parent's listener. A UDP socket on 127.0.0.1:4791 (when free) checks that nothing is sent to the alias itself.
-/// Binds UDP 4791 on 127.0.212.1 and, briefly, 127.0.0.1.
+/// parent's listener. The alias holds while nothing is bound to UDP 4791 on 127.0.0.1 (issue #17: a device there
+/// is a peer like any other, `roce-cli`'s `tests/rdmacm.rs`
+/// `rping_reaches_a_server_on_127_0_0_1_from_another_loopback_address`), so the test needs the address free and
+/// says so when it is not. Binds UDP 4791 on 127.0.212.1.
 #[test]
 fn processes_connect_through_the_loopback_alias_of_a_device_on_another_loopback_address() {
     let (prog, dir) = build("forkcm", &["-lrdmacm", "-libverbs"]);
-    let sentinel = std::net::UdpSocket::bind("127.0.0.1:4791").ok();
+    assert!(
+        std::net::UdpSocket::bind("127.0.0.1:4791").is_ok(),
+        "UDP 4791 on 127.0.0.1 is taken (another rocev2 device?): 127.0.0.1 is then that device, not the alias"
+    );
     // Bounded: the defect was children that never connected (the program bounds each of them itself).
     let out = Command::new("timeout")
         .args(["120"])
@@ -200,15 +205,6 @@ fn processes_connect_through_the_loopback_alias_of_a_device_on_another_loopback_
         .output()
         .expect("run the C program");
     expect_ok(&out);
-    if let Some(s) = sentinel {
-        s.set_nonblocking(true).expect("non-blocking");
-        let mut buf = [0u8; 2048];
-        let mut n = 0;
-        while s.recv_from(&mut buf).is_ok() {
-            n += 1;
-        }
-        assert_eq!(n, 0, "datagrams were sent to the alias 127.0.0.1:4791");
-    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
