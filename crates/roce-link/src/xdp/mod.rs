@@ -160,6 +160,15 @@ impl XdpConfig {
             burst: 64,
         }
     }
+
+    /// The largest netdev (IP) MTU in bytes this configuration carries: a frame must fit one chunk after the
+    /// kernel's 256-byte XDP headroom (no multi-buffer, see "Limits"), less the 14-byte Ethernet header; 3826
+    /// with the default 4096-byte chunks. A device on this link reports at most this MTU
+    /// ([`crate::device::DeviceSpec::from_env`]), so its active MTU is 2048 however large the interface's MTU is.
+    pub fn max_netdev_mtu(&self) -> u32 {
+        self.frame_size
+            .saturating_sub(XDP_HEADROOM as u32 + roce_wire::eth::HEADER_LEN as u32)
+    }
 }
 
 /// Counters of an [`XdpLink`] (also reported by [`Link::counters`] with these names).
