@@ -267,14 +267,21 @@ fn check_ud_size(transport: Transport, size: u32, mtu: Mtu) -> Result<(), String
     Ok(())
 }
 
-/// `p` with its MTU capped by the active MTU of `local` ([`port_mtu`]), printing a note when that lowers it (or
+/// `p` with its MTU capped by the active MTU of `local` ([`port_mtu`]; over `--link xdp` also by what the AF_XDP
+/// link carries, [`port_mtu::for_xdp`]), printing a note when that lowers it (or
 /// when the active MTU cannot be found).
 ///
 /// # Errors
 /// A UD message size that no longer fits.
-fn with_port_mtu(p: &Params, local: IpAddr) -> Result<Params, String> {
+fn with_port_mtu(p: &Params, local: IpAddr, link: PingLink) -> Result<Params, String> {
     let mut p = p.clone();
-    match port_mtu::of_address(local) {
+    let active = port_mtu::of_address(local);
+    let active = if link == PingLink::Xdp {
+        active.map(port_mtu::for_xdp)
+    } else {
+        active
+    };
+    match active {
         Ok(act) => {
             let (m, note) = port_mtu::cap(p.mtu, &act, local);
             if let Some(n) = note {
@@ -918,7 +925,7 @@ fn client(a: &PingpongArgs, p: &Params, host: &str) -> Result<(), String> {
             .ip()
             .to_canonical(),
     };
-    let p = &with_port_mtu(p, local)?;
+    let p = &with_port_mtu(p, local, a.link)?;
     let mut s = setup(a, p, local, peer)?;
     println!("{}", address_line("local", &s.local, p.transport));
     write_one(&mut tcp, &s.local.encode(), "Couldn't send local address")?;
@@ -983,7 +990,7 @@ fn server(a: &PingpongArgs, p: &Params) -> Result<(), String> {
             .ip()
             .to_canonical(),
     };
-    let p = &with_port_mtu(p, local)?;
+    let p = &with_port_mtu(p, local, a.link)?;
     let mut s = setup(a, p, local, peer)?;
     println!("{}", address_line("local", &s.local, p.transport));
     let mut buf = [0u8; RECORD_LEN];

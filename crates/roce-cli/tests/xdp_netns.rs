@@ -24,6 +24,10 @@
 //! a second process on an address an AF_XDP program holds is refused with the rule (and a UDP one with the taken
 //! port), the first completes; on a loopback address (127.0.218.1/.2, no root needed) the library names the cause
 //! and runs over UDP.
+//!
+//! In 198.18.56.0/24 (issue #19): on veths of MTU 9000 the C library reports the MTU the AF_XDP link carries
+//! (2048) and `ibv_rc_pingpong -m 4096` is refused cleanly; an AF_XDP client whose peer is an address of its own
+//! host is named unreachable once.
 
 mod common;
 
@@ -740,5 +744,150 @@ fn libibverbs_on_loopback_falls_back_to_udp_with_the_cause() {
         );
         assert!(f.stdout.contains("100 iters in "), "{side}: {f}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- A jumbo interface under `rocev2 run --link xdp` (198.18.56.0/24, MTU 9000) ----
+
+const J_IP_A: &str = "198.18.56.1";
+const J_IP_B: &str = "198.18.56.2";
+
+/// Issue #19: on veths of MTU 9000 the AF_XDP link still carries only frames of one 4 KiB UMEM chunk (3840 B), so
+/// the device reports the MTU it can carry: `ibv_devinfo` shows active_mtu 2048 (it showed 4096), and
+/// `ibv_rc_pingpong -m 4096` is refused cleanly at RTR ("Failed to modify QP to RTR", both sides exit) where it
+/// used to spin forever on a frame the link could never send; at `-m 2048` the run completes over AF_XDP.
+#[test]
+fn libibverbs_on_a_jumbo_interface_get_the_mtu_the_xdp_link_carries() {
+    if skip("xdp_netns") {
+        return;
+    }
+    common::need_program("ibv_rc_pingpong", "ibverbs-utils");
+    common::need_program("ibv_devinfo", "ibverbs-utils");
+    common::c_libraries();
+    let _g = serial();
+    let ns = NetnsPair::up("xdpj", J_IP_A, J_IP_B, 9000);
+    ns.wait_running();
+    let dir = scratch("xdp_netns_jumbo");
+    let info = Proc::spawn(
+        "devinfo",
+        &dir,
+        &run_cmd(
+            Some(&ns.a),
+            false,
+            J_IP_A,
+            "xdp",
+            &["ibv_devinfo", "-v"],
+            None,
+        ),
+    )
+    .wait(Duration::from_secs(60));
+    assert!(info.status.success(), "{info}");
+    let mtu_of = |key: &str| -> Vec<String> {
+        info.stdout
+            .lines()
+            .filter(|l| l.trim_start().starts_with(key))
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    assert_eq!(mtu_of("active_mtu:"), ["2048 (4)"], "{info}");
+    assert_eq!(mtu_of("max_mtu:"), ["2048 (4)"], "{info}");
+
+    // -m 4096: refused at RTR on both sides, no spinning.
+    let pp = |m: &'static str| -> [&'static str; 7] {
+        ["ibv_rc_pingpong", "-g", "0", "-m", m, "-n", "100"]
+    };
+    let big = pp("4096");
+    let mut s = Proc::spawn(
+        "m4096-server",
+        &dir,
+        &run_cmd(Some(&ns.a), false, J_IP_A, "xdp", &big, None),
+    );
+    common::wait_socket(&mut s, "tcp", [0, 0, 0, 0], 18515, Duration::from_secs(60));
+    let c = Proc::spawn(
+        "m4096-client",
+        &dir,
+        &run_cmd(Some(&ns.b), false, J_IP_B, "xdp", &big, Some(J_IP_A)),
+    )
+    .wait(Duration::from_secs(60));
+    let s = s.wait(Duration::from_secs(60));
+    // The server refuses at RTR and closes the exchange; the client then cannot read the server's address.
+    assert!(
+        !s.status.success() && s.stderr.contains("Failed to modify QP to RTR"),
+        "-m 4096 server: expected a refusal at RTR:\n{s}"
+    );
+    assert!(
+        !c.status.success(),
+        "-m 4096 client: expected a failure after the server's refusal:\n{c}"
+    );
+
+    // -m 2048: completes over AF_XDP.
+    let (s, c) = c_pair(
+        &dir,
+        "m2048",
+        &run_cmd(Some(&ns.a), false, J_IP_A, "xdp", &pp("2048"), None),
+        &run_cmd(Some(&ns.b), false, J_IP_B, "xdp", &pp("2048"), Some(J_IP_A)),
+        18515,
+    );
+    for (side, f) in [("server", &s), ("client", &c)] {
+        assert_library_on_xdp("m2048", side, f);
+        assert!(f.stdout.contains("100 iters in "), "m2048 {side}:\n{f}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue #19: the AF_XDP link reaches on-link peers on other hosts only. A client on AF_XDP (198.18.56.1) whose
+/// server is another address of its own host (198.18.56.11, same namespace, on the UDP link) never reaches it
+/// (its frames would have to go over `lo`): the library says so once, naming the peer and why, and the program
+/// fails (retries exhausted) instead of hanging.
+#[test]
+fn an_xdp_peer_on_this_host_is_named_as_unreachable() {
+    if skip("xdp_netns") {
+        return;
+    }
+    common::need_program("ibv_rc_pingpong", "ibverbs-utils");
+    common::c_libraries();
+    let _g = serial();
+    let ns = NetnsPair::up("xdpl", J_IP_A, J_IP_B, 1500);
+    ns.wait_running();
+    let own = "198.18.56.11";
+    let added = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &ns.a,
+            "addr",
+            "add",
+            &format!("{own}/24"),
+            "dev",
+            "veth0",
+        ])
+        .status()
+        .expect("ip addr add");
+    assert!(added.success(), "ip addr add {own}");
+    let dir = scratch("xdp_netns_samehost");
+    let pp = ["ibv_rc_pingpong", "-g", "0", "-n", "20"];
+    let mut s = Proc::spawn(
+        "server",
+        &dir,
+        &run_cmd(Some(&ns.a), false, own, "udp", &pp, None),
+    );
+    common::wait_socket(&mut s, "tcp", [0, 0, 0, 0], 18515, Duration::from_secs(60));
+    let c = Proc::spawn(
+        "client",
+        &dir,
+        &run_cmd(Some(&ns.a), false, J_IP_A, "xdp", &pp, Some(own)),
+    )
+    .wait(Duration::from_secs(120));
+    drop(s);
+    assert_library_on_xdp("samehost", "client", &c);
+    let warned = format!("AF_XDP link on veth0: cannot reach {own}: it is an address of this host");
+    assert_eq!(
+        c.stderr.matches(&warned).count(),
+        1,
+        "the client must name the unreachable peer once:\n{c}"
+    );
+    assert!(
+        !c.status.success(),
+        "the client cannot have completed:\n{c}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -155,6 +155,14 @@ pub fn gid_of(ip: IpAddr) -> Gid {
     }
 }
 
+/// The netdev MTU a device on the AF_XDP link reports at most: what its frames can carry
+/// ([`crate::xdp::XdpConfig::max_netdev_mtu`] of the default configuration, 3826 bytes, so active MTU 2048). A
+/// jumbo interface (MTU 9000) would otherwise offer path MTU 4096, whose 4176-byte frames the link can never send.
+/// The cap stays when the link falls back to UDP (the choice is made only when the device is first used).
+pub fn xdp_netdev_mtu_cap() -> u32 {
+    crate::xdp::XdpConfig::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)).max_netdev_mtu()
+}
+
 /// What `ibv_get_device_list` reports about the one device; `rocev2 devinfo -d ADDRESS` shows the same facts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceSpec {
@@ -198,6 +206,9 @@ impl DeviceSpec {
         };
         let mut spec = DeviceSpec::for_ip(ip, rx)?;
         spec.link = link;
+        if link == DeviceLink::Xdp {
+            spec.netdev_mtu = spec.netdev_mtu.min(xdp_netdev_mtu_cap());
+        }
         Ok(Some(spec))
     }
 
@@ -333,6 +344,17 @@ mod tests {
         let d = DeviceSpec::for_ip("127.0.0.1".parse().expect("ip"), RxMode::Socket).expect("lo");
         assert_eq!(d.netdev_speed_mbps, None);
         assert_eq!(d.width_and_speed(), (1, 1));
+    }
+
+    #[test]
+    fn the_xdp_cap_leaves_room_for_path_mtu_2048_only() {
+        // 4096-byte chunks − 256 headroom − 14 Ethernet: 3826; 2048 + 80 fits, 4096 + 80 does not.
+        assert_eq!(xdp_netdev_mtu_cap(), 3826);
+        let mut d =
+            DeviceSpec::for_ip("127.0.0.1".parse().expect("ip"), RxMode::Socket).expect("lo");
+        d.netdev_mtu = d.netdev_mtu.min(xdp_netdev_mtu_cap());
+        assert_eq!(d.active_mtu(), Mtu::Mtu2048);
+        assert_eq!(d.engine_config(0).netdev_mtu, 3826);
     }
 
     #[test]

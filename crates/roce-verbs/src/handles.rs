@@ -240,12 +240,19 @@ impl Context {
         if links.len() != cfgs.len() {
             return Err(Error::InvalidArgument("one link per device"));
         }
-        // A link that receives one QPN range of a shared address (`LinkCaps::first_qpn`) numbers the QPs.
+        // A link that receives one QPN range of a shared address (`LinkCaps::first_qpn`) numbers the QPs. The
+        // netdev MTU is capped at what the link carries (`LinkCaps::mtu` less the 14-byte Ethernet header), so the
+        // port offers no path MTU (`max_mtu`, `Engine::query_device`) whose frames the link can never send: an
+        // RTR transition asking for more is refused, and no WQE waits forever for a transmit buffer large enough
+        // (issue #19: the AF_XDP link carries 3840-byte frames on a 9000-byte interface).
         let mut cfgs = cfgs;
         for (c, l) in cfgs.iter_mut().zip(&links) {
-            if let Some(q) = l.caps().first_qpn {
+            let caps = l.caps();
+            if let Some(q) = caps.first_qpn {
                 c.first_qpn = q;
             }
+            let carried = caps.mtu.saturating_sub(roce_wire::eth::HEADER_LEN);
+            c.netdev_mtu = c.netdev_mtu.min(u32::try_from(carried).unwrap_or(u32::MAX));
         }
         let devs = cfgs
             .iter()

@@ -1891,3 +1891,100 @@ fn an_event_driven_program_receives_its_frames_itself() {
         "the auto-progress thread took {thread_rx} of {frames} frames from callers waiting for events"
     );
 }
+
+/// A link that carries frames of at most `mtu` bytes (as the AF_XDP link carries 3840 of a 9000-byte interface):
+/// it says so in its caps and lends transmit buffers of that size only.
+struct Narrow {
+    inner: Box<dyn roce_link::Link + Send>,
+    mtu: usize,
+}
+
+impl roce_link::Link for Narrow {
+    fn caps(&self) -> roce_link::LinkCaps {
+        roce_link::LinkCaps {
+            mtu: self.mtu,
+            ..self.inner.caps()
+        }
+    }
+    fn rx_burst(
+        &mut self,
+        now: roce_link::Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<usize, roce_link::LinkError> {
+        self.inner.rx_burst(now, max, sink)
+    }
+    fn tx_buf(&mut self, now: roce_link::Instant) -> Result<&mut [u8], roce_link::LinkError> {
+        let mtu = self.mtu;
+        self.inner.tx_buf(now).map(|b| &mut b[..mtu])
+    }
+    fn tx_commit(
+        &mut self,
+        now: roce_link::Instant,
+        len: usize,
+    ) -> Result<(), roce_link::LinkError> {
+        if len > self.mtu {
+            return Err(roce_link::LinkError::TooLong { len, mtu: self.mtu });
+        }
+        self.inner.tx_commit(now, len)
+    }
+    fn flush(&mut self, now: roce_link::Instant) -> Result<(), roce_link::LinkError> {
+        self.inner.flush(now)
+    }
+    fn poll_at(&self) -> Option<roce_link::Instant> {
+        self.inner.poll_at()
+    }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.wait_fd()
+    }
+}
+
+/// Issue #19: a device whose link carries fewer bytes than its netdev MTU (engine default 4200) offers only the
+/// path MTU whose frames fit (1514-byte frames: 1024), refuses an RTR transition to 4096 instead of accepting it
+/// and then retrying the first frame forever for want of a large enough transmit buffer, and a message of many
+/// packets at the offered MTU completes. Before the cap the port offered 4096 and the WRITE never completed.
+#[test]
+fn a_link_narrower_than_the_netdev_mtu_caps_the_port_mtu() {
+    let rt = RuntimeConfig::with_mode(ProgressMode::Thread);
+    let (ca, cb) = Context::sim_pair_with(rt, roce_link::SimConfig::default(), |inner| {
+        Ok(Box::new(Narrow { inner, mtu: 1514 }) as Box<dyn roce_link::Link + Send>)
+    })
+    .expect("pair");
+    assert_eq!(ca.query_device().max_mtu, Mtu::Mtu1024);
+    assert_eq!(ca.config().netdev_mtu, 1500);
+    let a = end(&ca, None, Moderation::default(), 16384);
+    let b = end(&cb, None, Moderation::default(), 16384);
+    let big = ConnectOpts {
+        mtu: Mtu::Mtu4096,
+        ..ConnectOpts::default()
+    };
+    let (pa, pb) = (Psn::new(100), Psn::new(5000));
+    assert!(
+        a.qp.connect(&b.qp.endpoint(pb), pa, &big).is_err(),
+        "path MTU 4096 over a link of 1514-byte frames must be refused"
+    );
+    let a = end(&ca, None, Moderation::default(), 16384);
+    let fit = ConnectOpts {
+        mtu: ca.query_device().max_mtu,
+        ..ConnectOpts::default()
+    };
+    a.qp.connect(&b.qp.endpoint(pb), pa, &fit)
+        .expect("connect a");
+    b.qp.connect(&a.qp.endpoint(pa), pb, &fit)
+        .expect("connect b");
+    fill(&a.buf, 0, 16384, 0x5a);
+    let sge = [a.mr.sge(0, 16384)];
+    let wr = SendWr::new(
+        7,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        &sge,
+    )
+    .signaled();
+    a.qp.post_send(&[wr]).expect("post");
+    let wc = poll_n(&a.cq, 1, Duration::from_secs(20));
+    assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
+    assert_eq!(span(&b.buf, 0..16384), vec![0x5a; 16384]);
+}

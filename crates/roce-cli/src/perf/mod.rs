@@ -546,6 +546,11 @@ fn apply_port_mtu(
     } else {
         port_mtu::of_address(local)
     };
+    let active = if a.link == LinkKind::Xdp {
+        active.map(port_mtu::for_xdp)
+    } else {
+        active
+    };
     match active {
         Ok(act) => {
             let (m, lowered) = port_mtu::cap(p.mtu, &act, local);

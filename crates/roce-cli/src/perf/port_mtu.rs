@@ -91,6 +91,20 @@ fn of_netdev(name: &str, ifindex: u32) -> Result<ActiveMtu, String> {
     })
 }
 
+/// `active` as the AF_XDP link carries it: the netdev MTU capped at what one UMEM chunk holds
+/// ([`roce_link::device::xdp_netdev_mtu_cap`], 3826 bytes: active MTU 2048 on a jumbo interface), as a device of
+/// `rocev2 run --link xdp` reports it (issue #19). The netdev name stays; its MTU shown is the capped one.
+pub fn for_xdp(active: ActiveMtu) -> ActiveMtu {
+    let netdev_mtu = active
+        .netdev_mtu
+        .min(roce_link::device::xdp_netdev_mtu_cap());
+    ActiveMtu {
+        mtu: ib_mtu_for_netdev(netdev_mtu),
+        netdev_mtu,
+        ..active
+    }
+}
+
 /// The MTU bytes of `-m` as an [`Mtu`], or an error naming the flag.
 pub fn parse_flag(bytes: u32) -> Result<Mtu, String> {
     Ok(match bytes {
@@ -124,6 +138,23 @@ pub fn cap(requested: Mtu, active: &ActiveMtu, local: IpAddr) -> (Mtu, Option<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_xdp_link_caps_a_jumbo_netdev_at_2048() {
+        let jumbo = ActiveMtu {
+            mtu: Mtu::Mtu4096,
+            netdev: "veth0".into(),
+            netdev_mtu: 9000,
+        };
+        let x = for_xdp(jumbo);
+        assert_eq!((x.mtu, x.netdev_mtu), (Mtu::Mtu2048, 3826));
+        let eth = ActiveMtu {
+            mtu: Mtu::Mtu1024,
+            netdev: "veth0".into(),
+            netdev_mtu: 1500,
+        };
+        assert_eq!(for_xdp(eth.clone()), eth);
+    }
 
     #[test]
     fn netdev_mtu_to_ib_mtu() {

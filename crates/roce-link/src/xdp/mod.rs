@@ -40,6 +40,10 @@
 //! * No multi-buffer: a frame must fit one chunk (receive: `frame_size` − 256 B of XDP headroom), so with the
 //!   default 4 KiB chunks the link's MTU is at most 3840 B; a jumbo MTU needs `XDP_USE_SG` and a frags-aware
 //!   program, not done.
+//! * On-link peers on other hosts only: the neighbour entry looked up is the peer's own address (no route, no
+//!   gateway), and frames leave on the interface, never on `lo`. A peer behind a router or on this host is never
+//!   reached; the first unresolved frame to a peer outside the interface's subnets, or to an address of this
+//!   host, prints a one-time warning naming why (`neigh::unreachable_because`). Use the UDP link for them.
 //! * One program per interface: a second process on the same interface (or another XDP program) gets `EBUSY`.
 //! * One process per address: the link owns UDP [`XdpConfig::port`] on its address with an ordinary socket
 //!   (`claim`), so a second AF_XDP link or a UDP link of another process on the address fails to bind, and an
@@ -159,6 +163,15 @@ impl XdpConfig {
             ring_size: 2048,
             burst: 64,
         }
+    }
+
+    /// The largest netdev (IP) MTU in bytes this configuration carries: a frame must fit one chunk after the
+    /// kernel's 256-byte XDP headroom (no multi-buffer, see "Limits"), less the 14-byte Ethernet header; 3826
+    /// with the default 4096-byte chunks. A device on this link reports at most this MTU
+    /// ([`crate::device::DeviceSpec::from_env`]), so its active MTU is 2048 however large the interface's MTU is.
+    pub fn max_netdev_mtu(&self) -> u32 {
+        self.frame_size
+            .saturating_sub(XDP_HEADROOM as u32 + roce_wire::eth::HEADER_LEN as u32)
     }
 }
 
@@ -590,6 +603,10 @@ pub struct XdpLink {
     cache_next: usize,
     ifname: String,
     ifmac: [u8; 6],
+    /// The interface's subnets and this host's addresses, to name why a peer cannot be reached (read at bind).
+    on_link: neigh::OnLink,
+    /// Whether the one-time warning about an unreachable peer was printed.
+    unreachable_warned: bool,
     mtu: usize,
     zero_copy: bool,
     /// Free transmit chunks (UMEM offsets of `main`), a stack preallocated to the transmit pool's size.
@@ -707,6 +724,8 @@ impl XdpLink {
             ))
         })?;
         let mtu = (ifmtu + 14).min(cfg.frame_size as usize - XDP_HEADROOM);
+        // Only for the warning of `neighbour`: a host whose addresses cannot be listed gets no warning.
+        let on_link = neigh::on_link(&ifname).unwrap_or_default();
         Ok(XdpLink {
             cfg,
             _claim: claim,
@@ -720,6 +739,8 @@ impl XdpLink {
             cache_next: 0,
             ifname,
             ifmac,
+            on_link,
+            unreachable_warned: false,
             mtu,
             zero_copy,
             tx_free,
@@ -865,6 +886,19 @@ impl XdpLink {
         {
             self.neigh.solicit(ip);
             e.solicited = now.max(1);
+            // Once per link: a peer this link can never reach is named, with the reason, instead of RC only
+            // retrying into RETRY_EXC_ERR (issue #19; a peer that resolves anyway, e.g. by proxy ARP, is never
+            // named).
+            if !self.unreachable_warned
+                && let Some(why) = neigh::unreachable_because(&self.on_link, ip)
+            {
+                self.unreachable_warned = true;
+                eprintln!(
+                    "rocev2: AF_XDP link on {}: cannot reach {ip}: {why}; frames to it are dropped \
+                     (xdp_tx_no_neighbour); use --link udp for such a peer",
+                    self.ifname
+                );
+            }
         }
         self.cache[i] = Some(e);
         mac

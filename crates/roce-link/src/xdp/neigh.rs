@@ -200,9 +200,102 @@ pub(super) fn mac_and_mtu(ifname: &str) -> io::Result<([u8; 6], usize)> {
     Ok((mac, usize::try_from(mtu).unwrap_or(0)))
 }
 
+/// Where the link's neighbour rule can reach an IPv4 peer: the subnets of the interface (`(address, netmask)`
+/// in host order, from getifaddrs(3)) and every IPv4 address of this host (any interface). Read once when the link
+/// opens; a subnet added later is not seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct OnLink {
+    pub(super) subnets: Vec<(u32, u32)>,
+    pub(super) local: Vec<std::net::Ipv4Addr>,
+}
+
+/// Why the link cannot reach `peer`, if it cannot: the AF_XDP link puts on the wire the MAC of the neighbour
+/// entry of the peer's own address (no route, no gateway), and its frames leave on its interface only, never on
+/// `lo` (ROCEV2.md §1.4 leaves the next hop to the host; Linux resolves the route's gateway, this link does not).
+pub(super) fn unreachable_because(on: &OnLink, peer: IpAddr) -> Option<&'static str> {
+    let IpAddr::V4(p) = peer else {
+        return None;
+    };
+    if on.local.contains(&p) {
+        return Some(
+            "it is an address of this host (its frames would have to go over `lo`, which the AF_XDP link does not use)",
+        );
+    }
+    let x = u32::from(p);
+    if on.subnets.iter().any(|&(a, m)| a & m == x & m) {
+        return None;
+    }
+    Some(
+        "no subnet of the interface holds it (a peer behind a router needs the gateway's MAC; the AF_XDP link looks up the peer's own neighbour entry only)",
+    )
+}
+
+/// [`OnLink`] of interface `ifname` (getifaddrs(3)).
+pub(super) fn on_link(ifname: &str) -> io::Result<OnLink> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `list` is a valid out-pointer; on success it is freed with freeifaddrs below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let v4 = |sa: *const libc::sockaddr| -> Option<u32> {
+        if sa.is_null() {
+            return None;
+        }
+        // SAFETY: `sa` is non-null and points at a sockaddr of the list; its family says which struct it is.
+        if libc::c_int::from(unsafe { (*sa).sa_family }) != libc::AF_INET {
+            return None;
+        }
+        // SAFETY: an AF_INET address is a `sockaddr_in`.
+        let sin = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
+        Some(u32::from_be(sin.sin_addr.s_addr))
+    };
+    let mut out = OnLink::default();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        let Some(addr) = v4(ifa.ifa_addr) else {
+            continue;
+        };
+        out.local.push(std::net::Ipv4Addr::from(addr));
+        // SAFETY: a non-null `ifa_name` is a NUL-terminated string owned by the list.
+        let same = !ifa.ifa_name.is_null()
+            && unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_bytes() == ifname.as_bytes();
+        if same && let Some(mask) = v4(ifa.ifa_netmask) {
+            out.subnets.push((addr, mask));
+        }
+    }
+    // SAFETY: `list` came from a successful getifaddrs and is freed once; no reference into it outlives this.
+    unsafe { libc::freeifaddrs(list) };
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn off_link_and_own_addresses_are_named_on_link_ones_are_not() {
+        let on = OnLink {
+            subnets: vec![(u32::from_be_bytes([198, 18, 56, 1]), 0xffff_ff00)],
+            local: vec![[198, 18, 56, 1].into(), [198, 18, 57, 1].into()],
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        assert_eq!(unreachable_because(&on, ip("198.18.56.2")), None);
+        assert!(unreachable_because(&on, ip("198.18.58.2")).is_some_and(|w| w.contains("router")));
+        assert!(
+            unreachable_because(&on, ip("198.18.57.1")).is_some_and(|w| w.contains("this host"))
+        );
+        assert!(
+            unreachable_because(&on, ip("198.18.56.1")).is_some_and(|w| w.contains("this host"))
+        );
+        assert_eq!(unreachable_because(&on, ip("::1")), None);
+        // The interface's real subnets: `lo` holds 127.0.0.0/8, and its own address is local.
+        let lo = on_link("lo").expect("getifaddrs");
+        assert!(lo.subnets.contains(&(0x7f00_0001, 0xff00_0000)), "{lo:?}");
+        assert!(unreachable_because(&lo, ip("127.0.0.1")).is_some());
+    }
 
     #[test]
     fn answer_with_lladdr_and_error_answers() {
