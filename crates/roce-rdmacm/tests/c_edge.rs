@@ -13,7 +13,8 @@
 //!
 //! Also `tests/c/mcast.c`: UD multicast through rdma_cm from three processes on one address.
 //!
-//! Binds UDP 4791 on 127.0.209.1, 127.0.210.1, 127.0.212.1, 127.0.214.50 and 127.0.222.1 (and briefly 127.0.0.1, a sentinel).
+//! Binds UDP 4791 on 127.0.209.1, 127.0.210.1, 127.0.212.1, 127.0.214.50 and 127.0.222.1 (and briefly 127.0.0.1,
+//! a sentinel).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
