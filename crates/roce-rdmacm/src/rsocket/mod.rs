@@ -15,7 +15,8 @@
 //!   service thread, so there a connect to a listener of the same thread completes); keepalive is recorded but no
 //!   `RS_CTRL_KEEPALIVE` is sent (the RC transport's own retries detect a dead peer); `rpoll` reports a peer's
 //!   disconnect (`POLLHUP`) only once the data received before it is read. A blocking `rsend`/`rrecv` waits
-//!   without holding its socket, so another thread may use it meanwhile; a blocking `rconnect` and `rshutdown`
+//!   without holding its socket, so another thread may use it meanwhile (an `rclose` from another thread wakes it:
+//!   it returns `-1`/`EBADF`); a blocking `rconnect` and `rshutdown`
 //!   hold it while they wait. `raccept` holds the listener only while it takes and answers a request: on a
 //!   non-blocking listener it returns the new socket at once (its connection completes with the RTU, as
 //!   rsocket.c's accepting state), a blocking one waits for the RTU without the listener. `rshutdown` / `rclose`
@@ -522,7 +523,7 @@ enum Step<T> {
 /// the next call on a closed descriptor; a TCP socket closed under a reader also ends its read).
 fn blocking<T>(s: &Sock, mut attempt: impl FnMut(&mut Rs) -> Step<T>) -> R<T> {
     loop {
-        let (chan, cq_lead) = {
+        let ((chan, cq), lead) = {
             let mut rs = lock(s);
             if s.closing.load(Ordering::SeqCst) {
                 return Err(libc::EBADF);
@@ -563,8 +564,7 @@ fn blocking<T>(s: &Sock, mut attempt: impl FnMut(&mut Rs) -> Step<T>) -> R<T> {
             }
             (c, lead)
         };
-        let (chan, cq) = chan;
-        if cq_lead {
+        if lead {
             let took = stream::take_cq_event(chan);
             if took {
                 // Acknowledged here, without the lock: `rclose` destroys the CQ (which waits for every event's
