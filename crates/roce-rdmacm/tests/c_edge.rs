@@ -13,7 +13,8 @@
 //!
 //! Also `tests/c/mcast.c`: UD multicast through rdma_cm from three processes on one address.
 //!
-//! Binds UDP 4791 on 127.0.209.1, 127.0.210.1, 127.0.212.1 and 127.0.214.50 (and briefly 127.0.0.1, a sentinel).
+//! Binds UDP 4791 on 127.0.209.1, 127.0.210.1, 127.0.212.1, 127.0.214.50 and 127.0.222.1 (and briefly 127.0.0.1,
+//! a sentinel).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -398,4 +399,25 @@ fn rsocket_rclose_returns_when_the_peer_posts_no_receives() {
 #[test]
 fn rsocket_rrecv_reports_an_aborted_connection_as_an_error() {
     rsclose("abort", "127.0.220.3", "7503");
+}
+
+/// rsockets (breaker finding): `rclose` of an accepted socket while another thread of the process blocks in
+/// `rrecv` on it (`tests/c/rsrace.c`, 5 rounds): the `rrecv` returns (0 or `EBADF`), `rclose` returns 0 and the
+/// peer sees the end of the stream. Failing-first: a SIGSEGV (the completion channel freed under the waiting
+/// thread) or a hang (`rclose` waiting, holding the socket, for the acknowledgement of an event the reader took).
+/// Binds UDP 4791 on 127.0.222.1.
+#[test]
+fn rsocket_rclose_wakes_a_thread_blocked_in_rrecv() {
+    let (prog, dir) = build("rsrace", &["-lrdmacm", "-libverbs", "-lpthread"]);
+    let out = Command::new("timeout")
+        .args(["150"])
+        .arg(&prog)
+        .args(["127.0.222.1", "7521", "5"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROCEV2_IBV_IP", "127.0.222.1")
+        .output()
+        .expect("run the C program");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    expect_ok(&out);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,7 +15,8 @@
 //!   service thread, so there a connect to a listener of the same thread completes); keepalive is recorded but no
 //!   `RS_CTRL_KEEPALIVE` is sent (the RC transport's own retries detect a dead peer); `rpoll` reports a peer's
 //!   disconnect (`POLLHUP`) only once the data received before it is read. A blocking `rsend`/`rrecv` waits
-//!   without holding its socket, so another thread may use it meanwhile; a blocking `rconnect` and `rshutdown`
+//!   without holding its socket, so another thread may use it meanwhile (an `rclose` from another thread wakes it:
+//!   it returns `-1`/`EBADF`); a blocking `rconnect` and `rshutdown`
 //!   hold it while they wait. `raccept` holds the listener only while it takes and answers a request: on a
 //!   non-blocking listener it returns the new socket at once (its connection completes with the RTU, as
 //!   rsocket.c's accepting state), a blocking one waits for the RTU without the listener. `rshutdown` / `rclose`
@@ -32,7 +33,7 @@ mod verbs;
 
 use core::ffi::c_void;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -56,6 +57,11 @@ const RDMA_ROUTE: c_int = 4;
 struct SockInner {
     rs: Mutex<Rs>,
     leader: AtomicBool,
+    /// `rclose` began (set under the lock): blocking calls return `EBADF` at their next look.
+    closing: AtomicBool,
+    /// Threads of [`blocking`] waiting on the connection's completion channel outside the lock (counted under
+    /// it): `rclose` wakes them and waits for them to leave before it destroys the channel and the CQ.
+    waiters: AtomicUsize,
 }
 
 type Sock = Arc<SockInner>;
@@ -74,6 +80,8 @@ fn insert(fd: c_int, rs: Rs) {
         Arc::new(SockInner {
             rs: Mutex::new(rs),
             leader: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            waiters: AtomicUsize::new(0),
         }),
     );
 }
@@ -510,10 +518,16 @@ enum Step<T> {
 /// is released while the thread waits for a completion event, so another thread can use the socket meanwhile
 /// (rsocket.c: its `cq_lock` / `cq_wait_lock` pair). One waiter sits in `ibv_get_cq_event` (rocev2's libibverbs
 /// drives the device while a thread waits there); the others poll the channel and look again after 1 ms.
+///
+/// `rclose` from another thread meanwhile: the waiters are woken (see [`rs_close`]) and this returns `EBADF` (as
+/// the next call on a closed descriptor; a TCP socket closed under a reader also ends its read).
 fn blocking<T>(s: &Sock, mut attempt: impl FnMut(&mut Rs) -> Step<T>) -> R<T> {
     loop {
-        let chan = {
+        let ((chan, cq), lead) = {
             let mut rs = lock(s);
+            if s.closing.load(Ordering::SeqCst) {
+                return Err(libc::EBADF);
+            }
             if let Step::Done(r) = attempt(&mut rs) {
                 return r;
             }
@@ -534,30 +548,49 @@ fn blocking<T>(s: &Sock, mut attempt: impl FnMut(&mut Rs) -> Step<T>) -> R<T> {
                 // Armed just now: completions that came before are looked at first.
                 continue;
             }
-            match rs.wait_chan() {
-                Some(c) => c,
-                None => return Err(libc::ENOTCONN),
+            let Some(c) = rs.wait_chan() else {
+                return Err(libc::ENOTCONN);
+            };
+            // Counted under the lock, where `rclose` marks the socket closing: it waits for this thread.
+            s.waiters.fetch_add(1, Ordering::SeqCst);
+            let lead = s
+                .leader
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+            if lead {
+                // Under the lock, where the others look at the channel without blocking: they leave its events
+                // to this thread while the descriptor is blocking (`Conn::get_cq_event`).
+                stream::set_chan_blocking(c.0, true);
             }
+            (c, lead)
         };
-        if s.leader
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            let took = stream::wait_cq_event(chan);
-            s.leader.store(false, Ordering::Release);
+        if lead {
+            let took = stream::take_cq_event(chan);
             if took {
-                lock(s).took_event();
+                // Acknowledged here, without the lock: `rclose` destroys the CQ (which waits for every event's
+                // acknowledgement) once this thread left, holding no lock this one needs.
+                // SAFETY: the connection's CQ, live while this thread counts as a waiter.
+                unsafe { verbs::ibv_ack_cq_events(cq, 1) };
             }
+            {
+                let mut rs = lock(s);
+                stream::set_chan_blocking(chan, false);
+                s.leader.store(false, Ordering::Release);
+                if took {
+                    rs.took_event();
+                }
+            }
+            s.waiters.fetch_sub(1, Ordering::SeqCst);
         } else {
             let mut p = libc::pollfd {
-                // SAFETY: the channel of a live connection (a program closing the socket while another thread
-                // uses it is its error, as with rsocket.c).
+                // SAFETY: the connection's channel, live while this thread counts as a waiter.
                 fd: unsafe { (*chan).fd },
                 events: libc::POLLIN,
                 revents: 0,
             };
             // SAFETY: one pollfd.
             unsafe { libc::poll(&mut p, 1, 1) };
+            s.waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -723,16 +756,37 @@ fn rs_shutdown(fd: c_int, how: c_int) -> R<()> {
     rs.shutdown(how)
 }
 
+/// How long `rclose` waits for the threads blocked on the socket to leave once woken; past it the connection's
+/// verbs resources are left allocated (a leak, never a free under a thread still using them).
+const CLOSE_WAITERS_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `rclose`: shuts the connection down (`SHUT_RDWR`), then frees it. Threads blocked in `rsend`/`rrecv` on the
+/// socket meanwhile (a program may close under its reader, as with TCP) see it closing (`EBADF`): they are woken
+/// ([`stream::Conn::wake_waiters`]) and the channel and the CQ are destroyed only once none waits on them, without
+/// the socket's lock (a waiter acknowledges the event it took without it).
 fn rs_close(fd: c_int) -> R<()> {
     let s = remove(fd).ok_or(libc::EBADF)?;
     let mut rs = lock(&s);
+    s.closing.store(true, Ordering::SeqCst);
     if rs.state & st::CONNECTED != 0 {
         let _ = rs.shutdown(libc::SHUT_RDWR);
     }
-    rs.conn = None;
+    let mut conn = rs.conn.take();
     let id = rs.id;
     rs.id = core::ptr::null_mut();
     drop(rs);
+    if let Some(c) = conn.as_mut() {
+        let start = Instant::now();
+        while s.waiters.load(Ordering::SeqCst) > 0 {
+            if start.elapsed() > CLOSE_WAITERS_MAX {
+                std::mem::forget(conn.take());
+                break;
+            }
+            c.wake_waiters();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    drop(conn);
     cma::destroy_id(id)
 }
 

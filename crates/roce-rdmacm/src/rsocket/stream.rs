@@ -631,16 +631,17 @@ impl Rs {
         false
     }
 
-    /// The completion channel a waiter waits on.
-    pub fn wait_chan(&self) -> Option<*mut IbvCompChannel> {
-        self.conn.as_ref().map(|c| c.chan)
+    /// The completion channel a waiter waits on and the CQ whose events come there.
+    pub fn wait_chan(&self) -> Option<(*mut IbvCompChannel, *mut c_void)> {
+        self.conn.as_ref().map(|c| (c.chan, c.cq))
     }
 
-    /// A waiter took one completion event (outside the lock).
+    /// A waiter took one completion event outside the lock (and acknowledged it there, so that `rclose`, which
+    /// destroys the CQ without the lock, never waits for an acknowledgement that needs it): the CQ is disarmed,
+    /// and events that came meanwhile are taken.
     pub fn took_event(&mut self) {
         if let Some(c) = self.conn.as_mut() {
             c.cq_armed = false;
-            c.unack_cqe += 1;
             c.get_cq_event();
         }
     }
@@ -1143,6 +1144,11 @@ impl Conn {
 
     /// Takes a completion channel event without blocking (the fd is non-blocking), acknowledging in batches.
     pub fn get_cq_event(&mut self) {
+        if chan_blocking(self.chan) {
+            // A thread of `blocking` waits in `ibv_get_cq_event` outside the lock and takes the events: a call
+            // here would block too (the descriptor's mode is what makes `ibv_get_cq_event` wait or not).
+            return;
+        }
         let (mut cq, mut ctx) = (core::ptr::null_mut(), core::ptr::null_mut());
         // SAFETY: the connection's channel (non-blocking).
         while unsafe { verbs::ibv_get_cq_event(self.chan, &mut cq, &mut ctx) } == 0 {
@@ -1154,6 +1160,24 @@ impl Conn {
                 self.unack_cqe = 0;
             }
         }
+    }
+
+    /// Wakes the threads waiting on this connection's completion channel for `rclose` (they then see the socket
+    /// closing and leave): arms the CQ and moves the QP to the Error state, whose posted receives then complete
+    /// flushed (`IBV_WC_WR_FLUSH_ERR`, as rxe `rxe_resp.c` `flush_recv_queue`; roce-proto `Engine::post_recv`), so
+    /// an event fires; one more
+    /// zero-length receive is posted, which an Error-state QP completes flushed at once, for a QP already in Error
+    /// with nothing left to flush. The CQ is then emptied (nothing in it is wanted any more). Called repeatedly
+    /// until the waiters left (each call raises at most one event and one completion).
+    pub fn wake_waiters(&mut self) {
+        // SAFETY: the connection's CQ and QP, live until `teardown`.
+        unsafe { verbs::req_notify_cq(self.cq) };
+        self.cq_armed = true;
+        cma::qp_to_err(self.qp);
+        let _ = self.post_recv();
+        let mut wcs = [IbvWc::default(); 16];
+        // SAFETY: the connection's CQ; 16 entries.
+        while unsafe { verbs::poll_cq(self.cq, wcs.len() as c_int, wcs.as_mut_ptr()) } > 0 {}
     }
 
     /// Frees the QP, the CQ and its channel and the MRs (then the buffers, when dropped).
@@ -1191,6 +1215,36 @@ impl Conn {
             (*id).recv_cq = core::ptr::null_mut();
         }
     }
+}
+
+/// Whether `chan`'s descriptor is in blocking mode (a waiter of [`set_chan_blocking`] is in `ibv_get_cq_event`).
+fn chan_blocking(chan: *mut IbvCompChannel) -> bool {
+    // SAFETY: a live completion channel of an rsocket; fcntl on its descriptor.
+    unsafe { libc::fcntl((*chan).fd, libc::F_GETFL) & libc::O_NONBLOCK == 0 }
+}
+
+/// Puts `chan`'s descriptor in blocking mode (`on`) for one waiter's [`take_cq_event`], or back (non-blocking, as
+/// it is otherwise). Called under the socket's lock, where the others look at the channel.
+pub(crate) fn set_chan_blocking(chan: *mut IbvCompChannel, on: bool) {
+    // SAFETY: a live completion channel of an rsocket; fcntl on its descriptor.
+    unsafe {
+        let fd = (*chan).fd;
+        let f = libc::fcntl(fd, libc::F_GETFL);
+        let f = if on {
+            f & !libc::O_NONBLOCK
+        } else {
+            f | libc::O_NONBLOCK
+        };
+        libc::fcntl(fd, libc::F_SETFL, f);
+    }
+}
+
+/// `ibv_get_cq_event` on `chan` as its descriptor's mode says (blocking after [`set_chan_blocking`]): `true` when
+/// an event was taken (the caller acknowledges it), `false` after a signal, an error or (non-blocking) none.
+pub(crate) fn take_cq_event(chan: *mut IbvCompChannel) -> bool {
+    let (mut cq, mut ctx) = (core::ptr::null_mut(), core::ptr::null_mut());
+    // SAFETY: a live completion channel of an rsocket.
+    unsafe { verbs::ibv_get_cq_event(chan, &mut cq, &mut ctx) == 0 }
 }
 
 /// Blocks in `ibv_get_cq_event` on `chan` (made blocking for the call; it is non-blocking otherwise) for one
