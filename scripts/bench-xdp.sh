@@ -8,7 +8,7 @@
 #
 # --lat: `perf send-lat -s SIZE -n 10000` instead (RC, busy-polled; t_typical, the median half round trip, in µs).
 #
-# Default binary target/release/rocev2 (build it first: cargo build --release -p roce-cli). Root only. The
+# Default binary target/release/rocev2 (build it first: cargo build --release). Root only. The
 # namespaces are removed on exit.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
