@@ -175,15 +175,17 @@ impl Engine {
     }
 
     /// Receive path of a packet with DestQP [`MULTICAST_QPN`] (rxe `rxe_rcv_mcast_pkt`): the destination must be a
-    /// multicast GID (else `drop_wrong_dest_ip`) with QPs attached on this port (else `drop_unknown_qp`); then every
+    /// multicast GID with QPs attached on this port, else `drop_unknown_qp` (rxe drops it when no group matches the
+    /// DGID; a unicast DGID is ours, so the counter of a DestQP no QP answers to, not `drop_wrong_dest_ip`); then every
     /// attached QP gets the packet as a unicast UD packet addressed to it (state, opcode, Q_Key, receive WR checks and
     /// counters per QP). No allocation: the members are read by index.
     pub(crate) fn on_mcast_frame(&mut self, now: Instant, frame: &[u8], pkt: &RxPkt<'_>) {
-        if !is_multicast_gid(&pkt.dst_gid) {
-            self.stats.drop_wrong_dest_ip += 1;
-            return;
-        }
-        let Ok(g) = self.mcast.find(&pkt.dst_gid) else {
+        let found = if is_multicast_gid(&pkt.dst_gid) {
+            self.mcast.find(&pkt.dst_gid).ok()
+        } else {
+            None
+        };
+        let Some(g) = found else {
             self.stats.drop_unknown_qp += 1;
             return;
         };
