@@ -33,32 +33,7 @@
 #include <rdma/rdma_verbs.h>
 
 #include "check.h"
-
-/* The next event of `ch` (waiting up to 5 s for its fd), which must be `type`; NULL after a failed check. */
-static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type)
-{
-	struct pollfd p = {.fd = ch->fd, .events = POLLIN};
-	struct rdma_cm_event *ev = NULL;
-	int n = poll(&p, 1, 5000);
-	CHECK(n == 1);
-	if (n != 1)
-		return NULL;
-	CHECK(rdma_get_cm_event(ch, &ev) == 0);
-	if (!ev)
-		return NULL;
-	if (ev->event != type)
-		fprintf(stderr, "expected %s, got %s (status %d)\n", rdma_event_str(type), rdma_event_str(ev->event),
-			ev->status);
-	CHECK(ev->event == type);
-	return ev;
-}
-
-static void expect_ack(struct rdma_event_channel *ch, enum rdma_cm_event_type type)
-{
-	struct rdma_cm_event *ev = expect(ch, type);
-	if (ev)
-		CHECK(rdma_ack_cm_event(ev) == 0);
-}
+#include "cm_event.h"
 
 static void set_nonblock(int fd)
 {

@@ -28,6 +28,8 @@
 #include <rdma/rdma_cma.h>
 
 #include "check.h"
+#define CM_EVENT_TIMEOUT_MS 10000
+#include "cm_event.h"
 
 #define MSGS 20
 #define LEN 64
@@ -41,25 +43,6 @@ static int64_t now_ms(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-/* The next event of `ch` (at most 10 s), which must be `type`; NULL after a failed check. */
-static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type)
-{
-	struct pollfd p = {.fd = ch->fd, .events = POLLIN};
-	struct rdma_cm_event *ev = NULL;
-	int n = poll(&p, 1, 10000);
-	CHECK(n == 1);
-	if (n != 1)
-		return NULL;
-	CHECK(rdma_get_cm_event(ch, &ev) == 0);
-	if (!ev)
-		return NULL;
-	if (ev->event != type)
-		fprintf(stderr, "expected %s, got %s (status %d)\n", rdma_event_str(type), rdma_event_str(ev->event),
-			ev->status);
-	CHECK(ev->event == type);
-	return ev;
 }
 
 /* A UD id on `ch`, bound to the device, its address resolved towards the group, with a QP. */
