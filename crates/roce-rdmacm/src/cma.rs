@@ -49,8 +49,8 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use core::ffi::c_void;
@@ -217,13 +217,11 @@ pub(crate) struct State {
     pub closing: HashSet<usize>,
     /// The multicast joins of each id (`crate::mcast`).
     pub mcast: HashMap<usize, Vec<crate::mcast::Mc>>,
-    /// The process that made this state. A `fork`ed child inherits it but not the dispatcher thread, the
-    /// contexts' runtimes or the connections: [`lock`] gives the child a fresh state (rdma-core: a child uses
-    /// rdma_cm afresh and may not use the parent's ids, ibv_fork_init(3)).
-    pub pid: u32,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Each process has its own (`roce_fork`): the dispatcher thread takes this lock, and a child forked while it held
+/// it would otherwise wait for ever at its first rdma_cm call.
+static STATE: roce_fork::ForkLocal<Option<State>> = roce_fork::ForkLocal::new(|| None);
 
 pub(crate) struct Guard(MutexGuard<'static, Option<State>>);
 
@@ -241,18 +239,11 @@ impl core::ops::DerefMut for Guard {
 }
 
 pub(crate) fn lock() -> Guard {
-    let mut g = STATE.lock().unwrap_or_else(|p| p.into_inner());
-    let pid = std::process::id();
-    if g.as_ref().is_some_and(|st| st.pid != pid) {
-        // A forked child: the parent's ids, channels and contexts are leaked here, never freed or closed (their
-        // teardown would wait for the parent's threads, which do not exist in this process).
-        std::mem::forget(g.take());
-    }
+    // A forked child starts from `None` (the parent's ids, channels and contexts are leaked with the parent's lock,
+    // never freed or closed: their teardown would wait for the parent's threads, which do not exist here).
+    let mut g = STATE.lock();
     if g.is_none() {
-        *g = Some(State {
-            pid,
-            ..State::default()
-        });
+        *g = Some(State::default());
     }
     Guard(g)
 }
@@ -668,7 +659,7 @@ fn end_all_ids(budget: Duration) {
     let Some(t) = table() else { return };
     // Another thread may hold the lock (a program thread in a call): wait for it within the budget only.
     let mut guard = loop {
-        match STATE.try_lock() {
+        match STATE.get().try_lock() {
             Ok(g) => break g,
             Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {

@@ -168,6 +168,17 @@ struct Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        if !self.shared.owned_here() {
+            // A forked child's copy: the threads, the endpoint's socket and the link's port and steering entry are
+            // the parent's, and a lock one of its threads held at the fork is held for ever here. Nothing is stopped
+            // or joined (the thread does not exist here) and the group is leaked on purpose: its link's teardown
+            // would act on the parent's shared state (module `runner`, `Shared::owner_pid`).
+            std::mem::forget(Arc::clone(&self.shared));
+            if let Ok(mut g) = self.join.try_lock() {
+                std::mem::forget(g.take());
+            }
+            return;
+        }
         if let Some(e) = self.endpoint.lock().ok().and_then(|mut g| g.take()) {
             e.stop();
         }

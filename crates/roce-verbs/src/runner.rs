@@ -431,6 +431,12 @@ pub(crate) struct Shared {
     /// pass; `u64::MAX` = none. Lets the progress thread size its sleep without the lock.
     next_deadline: AtomicU64,
     pub(crate) stats: RuntimeStats,
+    /// The process that created the group. A `fork`ed child inherits this memory but not the threads: a lock one of
+    /// them held at the fork stays held for ever in the child, and the progress thread is not there to join. So the
+    /// child's control verbs on the parent's objects answer `None` (`EngineGone`) without touching the lock, and its
+    /// last reference leaves the group alone (rdma-core: a child may not use its parent's verbs resources,
+    /// ibv_fork_init(3)).
+    pub(crate) owner_pid: u32,
 }
 
 impl std::fmt::Debug for Shared {
@@ -468,6 +474,7 @@ impl Shared {
             last_caller: AtomicU64::new(0),
             last_caller_rx: AtomicU64::new(0),
             caller_polling: AtomicBool::new(false),
+            owner_pid: std::process::id(),
             caller_waiters: AtomicUsize::new(0),
             handoff: AtomicBool::new(false),
             next_deadline: AtomicU64::new(u64::MAX),
@@ -652,7 +659,11 @@ impl Shared {
     }
 
     /// A control verb: takes the progress lock (blocking), runs `f` on device `dev`, then a pass.
+    /// `None` in a `fork`ed child ([`Shared::owner_pid`]) or for an unknown `dev`.
     pub(crate) fn control<R>(&self, dev: usize, f: impl FnOnce(&mut Device) -> R) -> Option<R> {
+        if !self.owned_here() {
+            return None;
+        }
         let now = self.clock.now();
         let (r, o) = self.group.with(
             self.cfg.max_rounds,
@@ -673,6 +684,11 @@ impl Shared {
         );
         self.account(o, true);
         r
+    }
+
+    /// Whether this process created the group (false in a `fork`ed child: [`Shared::owner_pid`]).
+    pub(crate) fn owned_here(&self) -> bool {
+        std::process::id() == self.owner_pid
     }
 
     /// Asks the progress thread to stop and wakes it.

@@ -67,10 +67,12 @@ struct Routes {
     queues: BTreeMap<usize, Queue>,
 }
 
-static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
+/// Each process has its own (`roce_fork`): the runtime's thread takes this lock to queue an event, and a child forked
+/// while it held it would otherwise wait for ever in its first verb that routes events.
+static ROUTES: roce_fork::ForkLocal<Option<Routes>> = roce_fork::ForkLocal::new(|| None);
 
 fn routes<R>(f: impl FnOnce(&mut Routes) -> R) -> R {
-    let mut g = ROUTES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = ROUTES.lock();
     f(g.get_or_insert_with(Routes::default))
 }
 

@@ -16,7 +16,7 @@
 //! `0` or a negative errno (`-EINVAL` for a context this library did not open or a stale handle), never panics.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use libc::c_int;
 use roce_abi::bridge::{CmEventC, CmIdsFn, ConnectC, PrivateV1, kind};
@@ -37,10 +37,12 @@ struct Handles {
     listen_handles: HashMap<ListenId, u64>,
 }
 
-static HANDLES: Mutex<Option<Handles>> = Mutex::new(None);
+/// Each process has its own (`roce_fork`): a child forked while another thread held this lock would otherwise wait
+/// for ever at its first rdma_cm call, and the parent's connection managers are not the child's.
+static HANDLES: roce_fork::ForkLocal<Option<Handles>> = roce_fork::ForkLocal::new(|| None);
 
 fn handles() -> MutexGuard<'static, Option<Handles>> {
-    HANDLES.lock().unwrap_or_else(|p| p.into_inner())
+    HANDLES.lock()
 }
 
 fn with<R>(f: impl FnOnce(&mut Handles) -> R) -> R {

@@ -1,5 +1,5 @@
 /* 32 SGEs per WR through rocev2's libibverbs.so.1 (issue #16; rxe offers 32, UCX's UD QP asks for 6), run by
- * tests/c_sges.rs with the device on $ROCEV2_IBV_IP: ibv_query_device reports max_sge 32; a QP asking for 33 SGEs is
+ * tests/c_api.rs with the device on $ROCEV2_IBV_IP: ibv_query_device reports max_sge 32; a QP asking for 33 SGEs is
  * refused (NULL + EINVAL); two RC QPs of one context with 32 SGEs each: a SEND gathered from 32 SGEs into a receive
  * scattered over 32, an RDMA WRITE gathered from 32, an RDMA READ scattered into 32, chains of three 32-SGE receives
  * and SENDs (more SGEs than one post chunk of the library holds), each byte checked; a WR with 33

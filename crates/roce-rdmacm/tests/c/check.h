@@ -1,4 +1,4 @@
-/* The check macro of the C test programs run by tests/c_api.rs and tests/c_sges.rs: `CHECK(cond)` prints
+/* The check macro of the C test programs in tests/c/ (run by tests/c_edge.rs and roce-cli's tests/rdmacm.rs): `CHECK(cond)` prints
  * "FAILED line N: cond (errno E)" on stderr when `cond` is false, then counts the failure in `fails` (the program
  * reports them all and exits 1 at its end) or, with CHECK_EXIT_ON_FAIL defined before the include, exits 1 at once. */
 #ifndef ROCEV2_TEST_CHECK_H
