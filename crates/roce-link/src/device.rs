@@ -136,15 +136,18 @@ pub fn in_use_hint(local: IpAddr, command: Option<&str>) -> String {
         }
         _ => "<another address of this host>".to_owned(),
     };
-    let remedy = match command {
-        Some(cmd) => format!("`rocev2 run --ip {other} -- {cmd}`"),
-        None => format!("--ip {other}"),
-    };
-    format!(
-        "another RoCE stack or rocev2 process owns UDP 4791 on {local} and does not share it (rocev2 programs share an \
-         address when the kernel steers by QPN, which needs CAP_BPF and CAP_NET_ADMIN: docs/MULTIPROCESS.md); start \
-         it with {remedy}"
-    )
+    match command {
+        Some(cmd) => format!(
+            "another RoCE stack or rocev2 process owns UDP 4791 on {local} and does not share it (rocev2 programs \
+             share an address when the kernel steers by QPN, which needs CAP_BPF and CAP_NET_ADMIN: \
+             docs/MULTIPROCESS.md); start it with `rocev2 run --ip {other} -- {cmd}`"
+        ),
+        // `rocev2 perf` / `pingpong` never share an address (docs/MULTIPROCESS.md): capabilities do not matter.
+        None => format!(
+            "another RoCE stack or rocev2 process owns UDP 4791 on {local}, and `rocev2 perf` / `rocev2 pingpong` \
+             take an address of their own (docs/MULTIPROCESS.md); start it with --ip {other}"
+        ),
+    }
 }
 
 /// The GID of an address (IPv4-mapped for IPv4, `ROCEV2.md §1.4`).
@@ -320,6 +323,17 @@ mod tests {
         );
         let top = "127.0.0.254".parse().expect("ip");
         assert!(in_use_hint(top, None).ends_with("--ip 127.0.0.2"));
+    }
+
+    /// Fresh-user finding: `rocev2 perf` / `pingpong` never share an address, so their hint must not send a root
+    /// user after capabilities they already have; programs under `rocev2 run` do share with CAP_BPF + CAP_NET_ADMIN.
+    #[test]
+    fn the_in_use_hint_names_capabilities_only_where_they_help() {
+        let lo = "127.0.0.1".parse().expect("ip");
+        let perf = in_use_hint(lo, None);
+        assert!(!perf.contains("CAP_BPF"), "{perf}");
+        assert!(perf.contains("take an address of their own"), "{perf}");
+        assert!(in_use_hint(lo, Some("ibv_rc_pingpong")).contains("CAP_BPF and CAP_NET_ADMIN"));
     }
 
     #[test]
