@@ -104,7 +104,10 @@ fn proc_wait_kills_a_program_that_runs_for_ever() {
     let (pid, panicked) = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("Proc::wait did not return within 60 s: the 2 s bound does not hold");
-    assert!(panicked, "Proc::wait returned although sleep 1000 was running");
+    assert!(
+        panicked,
+        "Proc::wait returned although sleep 1000 was running"
+    );
     assert!(
         !alive(&pid.to_string()),
         "sleep {pid} still running after the bound expired"

@@ -9,6 +9,8 @@
 //!   with an error naming both GIDs, on either side; an absent or silent peer ends the run with exit 1 in bounded
 //!   time.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
@@ -503,10 +505,10 @@ impl Drop for NetnsPair {
 /// default 14 takes ≈0.5 s; `-u 0` is refused as a bad argument.
 #[test]
 fn qp_timeout_sets_the_local_ack_timeout() {
-    let bad = Command::new(bin())
-        .args(["pingpong", "127.0.208.1", "-u", "0"])
-        .output()
-        .expect("rocev2");
+    let bad = common::output_within(
+        Command::new(bin()).args(["pingpong", "127.0.208.1", "-u", "0"]),
+        common::SHORT,
+    );
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
     for (u, min, max) in [("14", 0.0, 6.0), ("18", 7.0, 25.0)] {
         let l = TcpListener::bind(("127.0.208.1", 0)).expect("listen");

@@ -76,10 +76,10 @@ fn two_pingpong_pairs_share_two_addresses() {
     let s2 = pingpong(a, 18712, None);
     std::thread::sleep(Duration::from_millis(1500));
     // `rocev2 devinfo` lists both programs on the one GID (read while the servers wait for their clients).
-    let info = Command::new(common::bin())
-        .args(["devinfo", "-d", a])
-        .output()
-        .expect("rocev2 devinfo");
+    let info = common::output_within(
+        Command::new(common::bin()).args(["devinfo", "-d", a]),
+        common::SHORT,
+    );
     let users = String::from_utf8_lossy(&info.stdout)
         .lines()
         .filter(|l| {

@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -143,6 +143,16 @@ impl Proc {
         }
     }
 
+    /// [`Proc::wait`] as `std::process::Output` (stdout and stderr as the program wrote them).
+    pub fn output(&mut self, limit: Duration) -> Output {
+        let status = self.wait(limit).status;
+        Output {
+            status,
+            stdout: std::fs::read(&self.out).unwrap_or_default(),
+            stderr: std::fs::read(&self.err).unwrap_or_default(),
+        }
+    }
+
     /// Output so far (for failure messages).
     pub fn output_so_far(&self) -> String {
         format!(
@@ -184,6 +194,11 @@ impl Drop for Proc {
 /// 20 × the slowest measured (under 3 s in a debug build on the loaded 2-core CI machine).
 pub const SHORT: Duration = Duration::from_secs(60);
 
+/// The time bound of one `rocev2 perf` run or one program under `rocev2 run` (over loopback or between namespaces,
+/// with its own `--timeout` of 20 s or less): 180 s, the bound `roce-ibverbs/tests/c_api.rs` gives its C programs;
+/// several times the slowest such run measured (under 30 s in a debug build).
+pub const RUN: Duration = Duration::from_secs(180);
+
 /// `cmd.output()` within `limit`: runs `cmd` (stdin `/dev/null`, output to files under `CARGO_TARGET_TMPDIR`) as a
 /// [`Proc`] and returns its exit status and output. Past `limit` the test panics with the output so far and the
 /// program's whole process group is killed (a program using our libraries must never hang CI: see the test
@@ -206,13 +221,7 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
     let name = Path::new(cmd.get_program())
         .file_name()
         .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
-    let mut p = Proc::spawn_command(&name, &dir.0, cmd);
-    let status = p.wait(limit).status;
-    Output {
-        status,
-        stdout: std::fs::read(&p.out).unwrap_or_default(),
-        stderr: std::fs::read(&p.err).unwrap_or_default(),
-    }
+    Proc::spawn_command(&name, &dir.0, cmd).output(limit)
 }
 
 /// Whether process `pid` has a socket of `proto` ("tcp" or "udp") bound to `ip:port` — for TCP, listening. Reads
