@@ -169,8 +169,9 @@ impl Proc {
     }
 
     /// SIGKILL to the process group (the program and whatever it started that stayed in its group), then reaps the
-    /// program. Only while it is not reaped: until then its pid, which is the group id, cannot be reused.
-    fn kill_group(&mut self) {
+    /// program; nothing once it has exited. Only while it is not reaped: until then its pid, which is the group id,
+    /// cannot be reused. [`Proc::output`] afterwards returns what it left.
+    pub fn kill_group(&mut self) {
         if self.try_wait().is_some() {
             return;
         }
@@ -180,7 +181,7 @@ impl Proc {
             .stderr(Stdio::null())
             .status();
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.status = self.child.wait().ok();
     }
 }
 
