@@ -191,13 +191,14 @@ impl Drop for Proc {
     }
 }
 
-/// The time bound of a short `rocev2` command on one host (`decode`, `stat`, `info`, argument errors): 60 s, about
-/// 20 × the slowest measured (under 3 s in a debug build on the loaded 2-core CI machine).
+/// The time bound of a short `rocev2` command on one host (`decode`, `stat`, `devinfo`, argument errors): 60 s; the
+/// slowest measured was 3.4 s (`devinfo -v`, debug build, load average 12 on the 2-core development machine).
 pub const SHORT: Duration = Duration::from_secs(60);
 
 /// The time bound of one `rocev2 perf` run or one program under `rocev2 run` (over loopback or between namespaces,
 /// with its own `--timeout` of 20 s or less): 180 s, the bound `roce-ibverbs/tests/c_api.rs` gives its C programs;
-/// several times the slowest such run measured (under 30 s in a debug build).
+/// about 4 × the slowest measured, 44 s (perf.rs's 1,024-QP loopback run, debug build, load average 12 on the 2-core
+/// development machine).
 pub const RUN: Duration = Duration::from_secs(180);
 
 /// `cmd.output()` within `limit`: runs `cmd` (stdin `/dev/null`, output to files under `CARGO_TARGET_TMPDIR`) as a
