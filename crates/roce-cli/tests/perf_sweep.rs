@@ -15,7 +15,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The bound of one sweep or README example run: 600 s; the slowest measured was 30 s (the write-lat sweep, debug
-/// build, load average 12 on the 2-core development machine); 23 sizes up to 8 MiB stretch more under load than one run.
+/// build, load average 12 on the 2-core development machine); 23 sizes up to 8 MiB stretch more under load than
+/// one run does.
 const SWEEP: Duration = Duration::from_secs(600);
 
 /// Runs `case` with `-a` over loopback pair `127.0.<net>.1/.2` and checks every size (panics with the run's
