@@ -1,12 +1,14 @@
 //! `rocev2 bench engine --json` runs briefly (smoke): the object has the documented keys with sane values and the
 //! data checks passed (every frame fully checked). No timing is asserted.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn bench_engine_json_smoke() {
-    let out = Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args([
+    let out = common::output_within(
+        Command::new(env!("CARGO_BIN_EXE_rocev2")).args([
             "bench",
             "engine",
             "--json",
@@ -16,9 +18,9 @@ fn bench_engine_json_smoke() {
             "2",
             "--check-every",
             "1",
-        ])
-        .output()
-        .expect("run rocev2");
+        ]),
+        common::RUN,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

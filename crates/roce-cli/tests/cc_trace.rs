@@ -25,11 +25,10 @@ const MTU_BYTES: f64 = 4096.0;
 const REL: f64 = 1e-9;
 
 fn rocev2_trace(args: &[String]) -> Value {
-    let out = Command::new(bin())
-        .args(["cc", "trace"])
-        .args(args)
-        .output()
-        .expect("run rocev2");
+    let out = common::output_within(
+        Command::new(bin()).args(["cc", "trace"]).args(args),
+        common::RUN,
+    );
     assert!(
         out.status.success(),
         "rocev2 cc trace {args:?}: {}",
@@ -489,19 +488,18 @@ fn bad_arguments_are_one_line_errors() {
         (vec!["--set", "F"], "expected NAME=VALUE"),
         (vec!["--cnp-us=-5"], "--cnp-us -5"),
     ] {
-        let out = Command::new(bin())
-            .args(["cc", "trace"])
-            .args(&args)
-            .output()
-            .unwrap();
+        let out = common::output_within(
+            Command::new(bin()).args(["cc", "trace"]).args(&args),
+            common::SHORT,
+        );
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{args:?}: {err}");
     }
-    let out = Command::new(bin())
-        .args(["cc", "trace", "--profile", "ns3_mlx", "--list-params"])
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        Command::new(bin()).args(["cc", "trace", "--profile", "ns3_mlx", "--list-params"]),
+        common::SHORT,
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("alpha_tick_us = 1") && text.contains("R_AI_bps = 8000000"),

@@ -3,6 +3,8 @@
 //! Reference data comes from `<workspace root>/testdata` (golden vectors, the
 //! Soft-RoCE capture and the independent checker `check_pcap.py`).
 
+mod common;
+
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -26,10 +28,10 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn rocev2(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args(args)
-        .output()
-        .expect("run rocev2")
+    common::output_within(
+        Command::new(env!("CARGO_BIN_EXE_rocev2")).args(args),
+        common::SHORT,
+    )
 }
 
 fn decode(path: &Path, json: bool) -> Output {

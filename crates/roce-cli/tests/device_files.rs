@@ -32,10 +32,7 @@ fn run(prefix: &[&str], extra: &[&str], args: &[&str]) -> Output {
     all.extend(extra);
     all.push("--");
     all.extend(args);
-    Command::new(all[0])
-        .args(&all[1..])
-        .output()
-        .expect("run rocev2 run")
+    common::output_within(Command::new(all[0]).args(&all[1..]), common::RUN)
 }
 
 /// True when this test runs as root (the owner of `/proc/self`).
@@ -192,10 +189,10 @@ fn without_a_namespace_the_program_runs_after_a_message() {
         common::bin()
     );
     library();
-    let out = Command::new("unshare")
-        .args(["-U", "-r", "sh", "-c", &script])
-        .output()
-        .expect("unshare");
+    let out = common::output_within(
+        Command::new("unshare").args(["-U", "-r", "sh", "-c", &script]),
+        common::RUN,
+    );
     if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unshare failed") {
         eprintln!("skipped: no user namespace for the test itself: {out:?}");
         return;
@@ -282,13 +279,14 @@ fn a_library_directory_another_user_planted_is_refused() {
     let planted = tmp.join("rocev2-ibverbs-65534");
     std::fs::create_dir(&planted).expect("plant");
     mode(&planted, 0o777);
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "env"])
-        .arg(format!("TMPDIR={}", tmp.display()))
-        .arg(inst.join("rocev2"))
-        .args(["run", "--ip", "127.0.0.1", "--", "true"])
-        .output()
-        .expect("setpriv");
+    let out = common::output_within(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "env"])
+            .arg(format!("TMPDIR={}", tmp.display()))
+            .arg(inst.join("rocev2"))
+            .args(["run", "--ip", "127.0.0.1", "--", "true"]),
+        common::RUN,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !planted.join("libibverbs.so.1").exists(),
@@ -320,19 +318,20 @@ fn a_named_library_creates_nothing_beside_it_and_must_be_ours() {
     let lib = place.join("my-libibverbs.so");
     std::fs::copy(bin_dir.join("libroce_ibverbs.so"), &lib).expect("copy");
     let run_with = |lib: &Path| {
-        Command::new(common::bin())
-            .args([
-                "run",
-                "--no-device-files",
-                "--ip",
-                "127.0.0.1",
-                "--",
-                "true",
-            ])
-            .env("ROCEV2_IBVERBS_LIB", lib)
-            .env("TMPDIR", &tmp)
-            .output()
-            .expect("rocev2 run")
+        common::output_within(
+            Command::new(common::bin())
+                .args([
+                    "run",
+                    "--no-device-files",
+                    "--ip",
+                    "127.0.0.1",
+                    "--",
+                    "true",
+                ])
+                .env("ROCEV2_IBVERBS_LIB", lib)
+                .env("TMPDIR", &tmp),
+            common::RUN,
+        )
     };
     let out = run_with(&lib);
     assert!(out.status.success(), "{out:?}");

@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 fn devinfo(args: &[&str]) -> Output {
-    Command::new(common::bin())
-        .arg("devinfo")
-        .args(args)
-        .output()
-        .expect("run rocev2 devinfo")
+    common::output_within(
+        Command::new(common::bin()).arg("devinfo").args(args),
+        common::SHORT,
+    )
 }
 
 #[test]
@@ -83,11 +82,12 @@ fn a_device_in_use_names_its_program() {
     let mut p = common::Proc::spawn("perf", &dir, &argv);
     let t0 = Instant::now();
     let text = loop {
-        let out = Command::new(common::bin())
-            .args(["devinfo", "-d", "lo"])
-            .env("ROCEV2_RUN_DIR", &run_dir)
-            .output()
-            .expect("devinfo");
+        let out = common::output_within(
+            Command::new(common::bin())
+                .args(["devinfo", "-d", "lo"])
+                .env("ROCEV2_RUN_DIR", &run_dir),
+            common::SHORT,
+        );
         let t = String::from_utf8_lossy(&out.stdout).into_owned();
         if t.matches("in use by:").count() >= 2 || t0.elapsed() > Duration::from_secs(10) {
             break t;
@@ -124,8 +124,8 @@ fn a_1500_byte_link_offers_mtu_1024() {
     }
     let _serial = common::serial();
     let ns = common::NetnsPair::up("devinfo", "198.18.31.1", "198.18.31.2", 1500);
-    let out = Command::new("ip")
-        .args([
+    let out = common::output_within(
+        Command::new("ip").args([
             "netns",
             "exec",
             &ns.a,
@@ -133,9 +133,9 @@ fn a_1500_byte_link_offers_mtu_1024() {
             "devinfo",
             "-d",
             &ns.ip_a,
-        ])
-        .output()
-        .expect("ip netns exec");
+        ]),
+        common::SHORT,
+    );
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -13,6 +13,8 @@
 //! ONLY with invalidate, an RNR NAK — plus a UD SEND over IPv6, a CNP, and one SEND on an
 //! 802.1Q-tagged link.
 
+mod common;
+
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -310,11 +312,12 @@ fn example_capture_is_current() {
 #[test]
 fn example_capture_decodes_cleanly() {
     let want = frames().len();
-    let out = Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args(["decode", "--json"])
-        .arg(example_path())
-        .output()
-        .expect("run rocev2");
+    let out = common::output_within(
+        Command::new(env!("CARGO_BIN_EXE_rocev2"))
+            .args(["decode", "--json"])
+            .arg(example_path()),
+        common::SHORT,
+    );
     assert_eq!(
         out.status.code(),
         Some(0),

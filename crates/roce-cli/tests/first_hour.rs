@@ -18,10 +18,7 @@ use common::{bin, scratch, serial};
 
 #[test]
 fn perf_without_a_test_lists_the_tests() {
-    let out = Command::new(bin())
-        .arg("perf")
-        .output()
-        .expect("run rocev2");
+    let out = common::output_within(Command::new(bin()).arg("perf"), common::SHORT);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     for t in [
@@ -38,10 +35,10 @@ fn perf_without_a_test_lists_the_tests() {
     }
     assert!(err.contains("--loopback"), "how to start one: {err}");
     // A wrong test name is still clap's error, which lists the possible values.
-    let bad = Command::new(bin())
-        .args(["perf", "write-bandwidth"])
-        .output()
-        .expect("run rocev2");
+    let bad = common::output_within(
+        Command::new(bin()).args(["perf", "write-bandwidth"]),
+        common::SHORT,
+    );
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("write-bw"));
 }
@@ -49,10 +46,10 @@ fn perf_without_a_test_lists_the_tests() {
 #[test]
 fn perf_header_names_the_peer_plainly() {
     let _s = serial();
-    let out = Command::new(bin())
-        .args(["perf", "write-bw", "--loopback", "-n", "10"])
-        .output()
-        .expect("run rocev2");
+    let out = common::output_within(
+        Command::new(bin()).args(["perf", "write-bw", "--loopback", "-n", "10"]),
+        common::RUN,
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -78,19 +75,20 @@ fn perf_header_names_the_peer_plainly() {
 fn perf_header_names_the_link_used() {
     let _s = serial();
     let run = |extra: &[&str]| {
-        let out = Command::new(bin())
-            .args([
-                "perf",
-                "write-bw",
-                "--loopback",
-                "--loopback-ips",
-                "127.0.215.1,127.0.215.2",
-                "-n",
-                "10",
-            ])
-            .args(extra)
-            .output()
-            .expect("run rocev2");
+        let out = common::output_within(
+            Command::new(bin())
+                .args([
+                    "perf",
+                    "write-bw",
+                    "--loopback",
+                    "--loopback-ips",
+                    "127.0.215.1,127.0.215.2",
+                    "-n",
+                    "10",
+                ])
+                .args(extra),
+            common::RUN,
+        );
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{extra:?}: {text}{err}");
@@ -268,11 +266,12 @@ fn run_names_the_build_command_for_its_profile() {
         std::fs::create_dir_all(&d).expect("mkdir");
         let exe = d.join("rocev2");
         std::fs::copy(bin(), &exe).expect("copy rocev2");
-        let out = Command::new(&exe)
-            .args(["run", "--", "true"])
-            .env_remove("ROCEV2_IBVERBS_LIB")
-            .output()
-            .expect("run the copy");
+        let out = common::output_within(
+            Command::new(&exe)
+                .args(["run", "--", "true"])
+                .env_remove("ROCEV2_IBVERBS_LIB"),
+            common::RUN,
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{dir}: {err}");
         assert!(err.contains("libroce_ibverbs.so not found"), "{dir}: {err}");
@@ -335,11 +334,12 @@ fn a_killed_runs_socket_is_removed_by_the_next_run() {
     let _ = victim.wait();
     let left = socks(Some(victim.id()));
     assert!(!left.is_empty(), "the killed run's socket is left behind");
-    let out = Command::new(bin())
-        .args(["perf", "write-bw", "--loopback", "-n", "10"])
-        .env("ROCEV2_RUN_DIR", &run_dir)
-        .output()
-        .expect("the next run");
+    let out = common::output_within(
+        Command::new(bin())
+            .args(["perf", "write-bw", "--loopback", "-n", "10"])
+            .env("ROCEV2_RUN_DIR", &run_dir),
+        common::RUN,
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -357,10 +357,10 @@ fn a_killed_runs_socket_is_removed_by_the_next_run() {
 /// (issue #18 item 5): both are right for their device, and the help now says which is which.
 #[test]
 fn pingpong_help_says_which_gid_index_where() {
-    let out = Command::new(bin())
-        .args(["pingpong", "--help"])
-        .output()
-        .expect("run rocev2");
+    let out = common::output_within(
+        Command::new(bin()).args(["pingpong", "--help"]),
+        common::SHORT,
+    );
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{help}");
     assert!(help.contains("ibv_rc_pingpong -g 1"), "{help}");

@@ -1,28 +1,31 @@
 //! Hostile out-of-band peers against the real `rocev2` binary: bad input must end in a clear error and a non-zero
 //! exit (never a panic, exit code 101) within the timeout.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A `rocev2 perf` server on 127.0.0.221:`port`; a hostile client sends one `hello` with `params`.
 fn server_vs_hello(port: u16, params: &str) -> (Option<i32>, String) {
-    let srv = Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args([
-            "perf",
-            "write-bw",
-            "--timeout",
-            "3",
-            "-p",
-            &port.to_string(),
-        ])
-        .args(["--ip", "127.0.0.221"])
-        .env("RUST_BACKTRACE", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rocev2");
+    let dir = common::scratch(&format!("hostile-{port}"));
+    let mut srv = common::Proc::spawn_command(
+        "server",
+        &dir,
+        Command::new(env!("CARGO_BIN_EXE_rocev2"))
+            .args([
+                "perf",
+                "write-bw",
+                "--timeout",
+                "3",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["--ip", "127.0.0.221"])
+            .env("RUST_BACKTRACE", "1"),
+    );
     let t0 = Instant::now();
     let mut s = loop {
         match TcpStream::connect(("127.0.0.221", port)) {
@@ -41,7 +44,7 @@ fn server_vs_hello(port: u16, params: &str) -> (Option<i32>, String) {
     let mut reply = String::new();
     let _ = BufReader::new(&s).read_line(&mut reply);
     drop(s);
-    let out = srv.wait_with_output().expect("wait");
+    let out = srv.output(common::RUN);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -61,21 +64,22 @@ fn huge_duration_from_the_client_is_an_error_not_a_panic() {
 /// A `rocev2 perf` server with `--timeout 2` on 127.0.0.222:`port`; `feed` plays the hostile client on the TCP
 /// connection. Returns the exit code, stderr and how long the server took to exit after the connection.
 fn server_vs(port: u16, feed: impl FnOnce(&mut TcpStream)) -> (Option<i32>, String, Duration) {
-    let srv = Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args([
-            "perf",
-            "write-bw",
-            "--timeout",
-            "2",
-            "-p",
-            &port.to_string(),
-        ])
-        .args(["--ip", "127.0.0.222"])
-        .env("RUST_BACKTRACE", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rocev2");
+    let dir = common::scratch(&format!("hostile-{port}"));
+    let mut srv = common::Proc::spawn_command(
+        "server",
+        &dir,
+        Command::new(env!("CARGO_BIN_EXE_rocev2"))
+            .args([
+                "perf",
+                "write-bw",
+                "--timeout",
+                "2",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["--ip", "127.0.0.222"])
+            .env("RUST_BACKTRACE", "1"),
+    );
     let t0 = Instant::now();
     let mut s = loop {
         match TcpStream::connect(("127.0.0.222", port)) {
@@ -88,7 +92,7 @@ fn server_vs(port: u16, feed: impl FnOnce(&mut TcpStream)) -> (Option<i32>, Stri
     };
     let t1 = Instant::now();
     feed(&mut s);
-    let out = srv.wait_with_output().expect("wait");
+    let out = srv.output(common::RUN);
     let took = t1.elapsed();
     drop(s);
     (

@@ -3,7 +3,9 @@
 //! (no sockets, so nothing to share with `tests/perf.rs`). The tests change `/proc/sys/vm/nr_hugepages` (root only;
 //! restored on drop, also when an assertion fails) and hold one lock so they never see each other's pool.
 
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -116,10 +118,10 @@ fn use_hugepages_without_reserved_pages_warns_and_runs_on_normal_pages() {
         return;
     }
     let args = perf_args(&["-n", "300"]);
-    let out = Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args(&args)
-        .output()
-        .expect("run rocev2");
+    let out = common::output_within(
+        Command::new(env!("CARGO_BIN_EXE_rocev2")).args(&args),
+        common::RUN,
+    );
     let stderr = check_run(&args, &out);
     assert!(stderr.contains(WARNING), "no fallback warning:\n{stderr}");
     assert!(stderr.contains("nr_hugepages"), "{stderr}");
@@ -137,20 +139,20 @@ fn use_hugepages_puts_both_buffers_on_reserved_huge_pages() {
     }
     assert_eq!(free_pages(), 4);
     let args = perf_args(&["-D", "1.5"]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run rocev2");
+    let dir = common::scratch("hugepages-perf");
+    let mut child = common::Proc::spawn_command(
+        "perf",
+        &dir,
+        Command::new(env!("CARGO_BIN_EXE_rocev2")).args(&args),
+    );
     // While the test runs, the pool shows both buffers' pages in use.
     let t0 = Instant::now();
     let mut min_free = free_pages();
-    while child.try_wait().expect("wait").is_none() && t0.elapsed() < Duration::from_secs(30) {
+    while child.try_wait().is_none() && t0.elapsed() < Duration::from_secs(30) {
         min_free = min_free.min(free_pages());
         std::thread::sleep(Duration::from_millis(10));
     }
-    let out = child.wait_with_output().expect("rocev2 output");
+    let out = child.output(common::RUN);
     let stderr = check_run(&args, &out);
     assert!(
         !stderr.contains(WARNING),

@@ -27,11 +27,12 @@ use common::{Finished, NetnsPair, Proc, netns_unavailable, scratch, serial, stri
 /// `rocev2 run --ip IP -- ARGS` in this namespace, waited for.
 fn run_here(ip: &str, args: &[&str]) -> std::process::Output {
     common::c_libraries();
-    Command::new(common::bin())
-        .args(["run", "--ip", ip, "--"])
-        .args(args)
-        .output()
-        .expect("run rocev2")
+    common::output_within(
+        Command::new(common::bin())
+            .args(["run", "--ip", ip, "--"])
+            .args(args),
+        common::RUN,
+    )
 }
 
 /// Scale under `rocev2 run` (issue #21): `crates/roce-ibverbs/tests/c/manyqp.c`, an ordinary libibverbs program
@@ -98,10 +99,10 @@ fn devices_and_devinfo_list_the_device_of_the_address() {
 
     // `rocev2 devinfo -v -d ADDRESS` shows the same device as the program run with `--ip ADDRESS` sees: every field
     // both print agrees (identity, limits, port, GID table).
-    let ours = Command::new(common::bin())
-        .args(["devinfo", "-v", "-d", "127.0.0.1"])
-        .output()
-        .expect("run rocev2 devinfo");
+    let ours = common::output_within(
+        Command::new(common::bin()).args(["devinfo", "-v", "-d", "127.0.0.1"]),
+        common::SHORT,
+    );
     assert!(ours.status.success(), "{ours:?}");
     let ours = fields(&String::from_utf8_lossy(&ours.stdout));
     let theirs = fields(&text);
@@ -189,10 +190,10 @@ fn devinfo_v_prints_every_field_ibv_devinfo_v_prints() {
     let theirs = run_here("127.0.0.1", &["ibv_devinfo", "-v"]);
     assert!(theirs.status.success(), "{theirs:?}");
     let theirs = String::from_utf8_lossy(&theirs.stdout).into_owned();
-    let ours = Command::new(common::bin())
-        .args(["devinfo", "-v", "-d", "127.0.0.1"])
-        .output()
-        .expect("run rocev2 devinfo");
+    let ours = common::output_within(
+        Command::new(common::bin()).args(["devinfo", "-v", "-d", "127.0.0.1"]),
+        common::SHORT,
+    );
     assert!(ours.status.success(), "{ours:?}");
     let ours = String::from_utf8_lossy(&ours.stdout).into_owned();
     // Every (field, value) ibv_devinfo -v prints, as often as it prints it, is in rocev2 devinfo -v's output; the
@@ -246,10 +247,10 @@ fn gid_indexes_agree_across_every_view() {
     common::need_program("ibv_devinfo", "ibverbs-utils");
     // `rocev2 devinfo` (no address) lists GID[i] = g only if a program on g's address reads g at index i; the
     // interface's other addresses are GID[0] of the device opened on them, so they must not appear at another index.
-    let out = Command::new(common::bin())
-        .args(["devinfo", "-d", "lo"])
-        .output()
-        .expect("run rocev2 devinfo");
+    let out = common::output_within(
+        Command::new(common::bin()).args(["devinfo", "-d", "lo"]),
+        common::SHORT,
+    );
     assert!(out.status.success(), "{out:?}");
     let listing = String::from_utf8_lossy(&out.stdout).into_owned();
     let shown = gid_lines(&listing);
@@ -272,10 +273,10 @@ fn gid_indexes_agree_across_every_view() {
     let prog = run_here("127.0.0.2", &["ibv_devinfo", "-v"]);
     let seen = gid_lines(&String::from_utf8_lossy(&prog.stdout));
     assert_eq!(seen, [(0, "::ffff:127.0.0.2".to_owned())], "{prog:?}");
-    let ours = Command::new(common::bin())
-        .args(["devinfo", "-v", "-d", "127.0.0.2"])
-        .output()
-        .expect("run rocev2 devinfo");
+    let ours = common::output_within(
+        Command::new(common::bin()).args(["devinfo", "-v", "-d", "127.0.0.2"]),
+        common::SHORT,
+    );
     assert_eq!(gid_lines(&String::from_utf8_lossy(&ours.stdout)), seen);
     let sys = run_here(
         "127.0.0.2",
@@ -304,11 +305,12 @@ fn a_veth_port_reports_the_speed_of_its_netdev() {
     let ns = NetnsPair::up("speed", "198.18.41.1", "198.18.41.2", 1500);
     ns.wait_running();
     let in_ns = |args: &[&str]| {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &ns.a, common::bin()])
-            .args(args)
-            .output()
-            .expect("ip netns exec");
+        let out = common::output_within(
+            Command::new("ip")
+                .args(["netns", "exec", &ns.a, common::bin()])
+                .args(args),
+            common::RUN,
+        );
         assert!(out.status.success(), "{args:?}: {out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };

@@ -15,10 +15,10 @@ mod common;
 use common::loopback_ips as ips;
 
 fn rocev2(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args(args)
-        .output()
-        .expect("run rocev2")
+    common::output_within(
+        Command::new(env!("CARGO_BIN_EXE_rocev2")).args(args),
+        common::RUN,
+    )
 }
 
 /// Runs a loopback test and returns its JSON lines (asserting exit 0).
@@ -531,8 +531,11 @@ fn metrics_are_served_while_running() {
         .port();
     let maddr = format!("127.0.0.1:{mport}");
     let ips = ips(140);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rocev2"))
-        .args([
+    let dir = common::scratch("perf-metrics-loopback");
+    let mut child = common::Proc::spawn_command(
+        "perf",
+        &dir,
+        Command::new(env!("CARGO_BIN_EXE_rocev2")).args([
             "perf",
             "write-bw",
             "--loopback",
@@ -544,11 +547,8 @@ fn metrics_are_served_while_running() {
             "3",
             "--metrics",
             &maddr,
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn");
+        ]),
+    );
     let t0 = Instant::now();
     let mut body = String::new();
     while t0.elapsed() < Duration::from_secs(3) {
@@ -566,7 +566,7 @@ fn metrics_are_served_while_running() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let status = child.wait().expect("wait");
+    let status = child.wait(common::RUN).status;
     assert!(status.success());
     assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
     assert!(
@@ -1001,10 +1001,13 @@ fn top_level_help_lists_what_is_there() {
 #[test]
 fn simultaneous_loopback_runs_each_get_a_pair() {
     let _serial = serial();
+    let dir = common::scratch("perf-simultaneous");
     let runs: Vec<_> = (0..3)
-        .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_rocev2"))
-                .args([
+        .map(|i| {
+            common::Proc::spawn_command(
+                &format!("run{i}"),
+                &dir,
+                Command::new(env!("CARGO_BIN_EXE_rocev2")).args([
                     "perf",
                     "write-bw",
                     "--loopback",
@@ -1013,15 +1016,12 @@ fn simultaneous_loopback_runs_each_get_a_pair() {
                     "-s",
                     "1024",
                     "--json",
-                ])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn rocev2 perf")
+                ]),
+            )
         })
         .collect();
-    for r in runs {
-        let out = r.wait_with_output().expect("wait");
+    for mut r in runs {
+        let out = r.output(common::RUN);
         assert!(
             out.status.success(),
             "{}",

@@ -9,10 +9,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn rocev2(args: &[&str]) -> Output {
-    Command::new(common::bin())
-        .args(args)
-        .output()
-        .expect("run rocev2")
+    common::output_within(Command::new(common::bin()).args(args), common::RUN)
 }
 
 #[test]

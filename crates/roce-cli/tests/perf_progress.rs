@@ -32,13 +32,14 @@ fn on_terminal(args: &[&str], stdout_file: Option<&Path>) -> (bool, String) {
     if let Some(f) = stdout_file {
         cmd += &format!(" >'{}'", f.display());
     }
-    let out = Command::new("script")
-        .args(["-qec", &cmd, "/dev/null"])
-        .env("TERM", "xterm")
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("util-linux `script` (package bsdutils) runs the pseudo-terminal");
+    let out = common::output_within(
+        Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .env("TERM", "xterm")
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit()),
+        common::RUN,
+    );
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -137,10 +138,7 @@ fn a_sweep_on_a_terminal_shows_progress_and_the_same_result_lines() {
     );
 
     // Piped: nothing on stderr, and stdout is line for line what the terminal run printed (numbers aside).
-    let piped = Command::new(common::bin())
-        .args(args)
-        .output()
-        .expect("run rocev2");
+    let piped = common::output_within(Command::new(common::bin()).args(args), common::RUN);
     let stdout = String::from_utf8_lossy(&piped.stdout);
     let stderr = String::from_utf8_lossy(&piped.stderr);
     assert!(piped.status.success(), "{stdout}\n{stderr}");

@@ -14,6 +14,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The bound of one sweep or README example run: 600 s; the slowest measured was 30 s (the write-lat sweep, debug
+/// build, load average 12 on the 2-core development machine); 23 sizes up to 8 MiB stretch more under load than
+/// one run does.
+const SWEEP: Duration = Duration::from_secs(600);
+
 /// Runs `case` with `-a` over loopback pair `127.0.<net>.1/.2` and checks every size (panics with the run's
 /// output on a failure).
 fn sweep_loopback(case: &SweepCase, net: u8) {
@@ -34,10 +39,7 @@ fn sweep_loopback(case: &SweepCase, net: u8) {
         "20",
     ];
     let t0 = Instant::now();
-    let out = Command::new(common::bin())
-        .args(args)
-        .output()
-        .expect("run rocev2");
+    let out = common::output_within(Command::new(common::bin()).args(args), SWEEP);
     let took = t0.elapsed();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -109,10 +111,7 @@ fn readme_commands_run() {
         assert_eq!(words.next(), Some("target/release/rocev2"), "{line}");
         let args: Vec<&str> = words.collect();
         let t0 = Instant::now();
-        let out = Command::new(common::bin())
-            .args(&args)
-            .output()
-            .expect("run rocev2");
+        let out = common::output_within(Command::new(common::bin()).args(&args), SWEEP);
         eprintln!("{cmd}: {:?} in {:?}", out.status.code(), t0.elapsed());
         if !out.status.success() {
             failed.push(format!(

@@ -11,12 +11,15 @@
 //!
 //! Every test uses its own 127.0.N.1 / 127.0.N.2 pair because the RoCE port 4791 is fixed.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use common::Proc;
 use serde_json::Value;
 
 fn bin() -> &'static str {
@@ -36,38 +39,31 @@ fn free_port(addr: Ipv4Addr) -> u16 {
         .port()
 }
 
-fn spawn(args: &[String]) -> Child {
-    Command::new(bin())
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run rocev2")
+/// Starts `cmd` as a [`common::Proc`] (own process group, killed when dropped) with its output in a scratch
+/// directory of its own.
+fn bg(cmd: &mut Command) -> Proc {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = common::scratch(&format!("perftest-compat-{n}"));
+    let name = Path::new(cmd.get_program())
+        .file_name()
+        .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
+    Proc::spawn_command(&name, &dir, cmd)
 }
 
-/// Waits for `child` at most `limit`, killing it after that.
-fn wait(mut child: Child, limit: Duration) -> Output {
-    let t0 = Instant::now();
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let o = child.wait_with_output().expect("output");
-            panic!(
-                "rocev2 did not finish within {limit:?}:\n{}\n{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn spawn(args: &[String]) -> Proc {
+    bg(Command::new(bin()).args(args))
+}
+
+/// Waits for `child` at most `limit`; past that it is killed (with its process group) and the test fails with its
+/// output.
+fn wait(mut child: Proc, limit: Duration) -> Output {
+    child.output(limit)
 }
 
 /// Accepts the client's connection on `l`, failing with the client's output if it exits first or does not connect
 /// within `limit` (a refused flag must fail the test, not block it in `accept`).
-fn accept_from(l: &TcpListener, client: Child, test: &str, limit: Duration) -> (TcpStream, Child) {
+fn accept_from(l: &TcpListener, client: Proc, test: &str, limit: Duration) -> (TcpStream, Proc) {
     let mut client = client;
     l.set_nonblocking(true).expect("nonblocking listener");
     let t0 = Instant::now();
@@ -80,10 +76,10 @@ fn accept_from(l: &TcpListener, client: Child, test: &str, limit: Duration) -> (
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => panic!("{test}: accept: {e}"),
         }
-        let exited = client.try_wait().expect("try_wait").is_some();
+        let exited = client.try_wait().is_some();
         if exited || t0.elapsed() > limit {
-            let _ = client.kill();
-            let o = client.wait_with_output().expect("output");
+            client.kill_group();
+            let o = client.output(Duration::ZERO);
             panic!(
                 "{test}: the client {} without reaching the relay:\n{}\n{}",
                 if exited {
@@ -712,10 +708,11 @@ fn six_tests_against_perftest_on_rxe() {
     let _lock = softroce_lock(Duration::from_secs(1800));
     let vm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/interop/softroce-vm");
     let (guest, guest_ip, host_ip) = ("ptcompat", "198.18.0.7", "198.18.0.107");
-    let up = Command::new(&vm)
-        .args(["up", guest, guest_ip])
-        .output()
-        .expect("softroce-vm");
+    // Booting the guest under TCG takes minutes; bounded like every program here (20 min).
+    let up = common::output_within(
+        Command::new(&vm).args(["up", guest, guest_ip]),
+        Duration::from_secs(1200),
+    );
     assert!(
         up.status.success(),
         "softroce-vm up: {}",
@@ -739,7 +736,7 @@ fn six_tests_against_perftest_on_rxe() {
             "roce-br",
         ])
         .output();
-    let rocev2 = |args: &[&str]| -> Child {
+    let rocev2 = |args: &[&str]| -> Proc {
         let mut v = vec!["netns", "exec", "roce-net", bin(), "perf"];
         v.extend_from_slice(args);
         v.extend_from_slice(&[
@@ -756,21 +753,10 @@ fn six_tests_against_perftest_on_rxe() {
             "-u",
             "18",
         ]);
-        Command::new("ip")
-            .args(&v)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("ip netns exec rocev2")
+        bg(Command::new("ip").args(&v))
     };
-    let guest_cmd = |cmd: String| -> Child {
-        Command::new(&vm)
-            .args(["exec", "-t", "150", guest, &cmd])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("softroce-vm exec")
-    };
+    let guest_cmd =
+        |cmd: String| -> Proc { bg(Command::new(&vm).args(["exec", "-t", "150", guest, &cmd])) };
     for test in [
         "write-bw",
         "send-bw",

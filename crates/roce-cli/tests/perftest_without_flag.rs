@@ -54,11 +54,12 @@ fn rocev2_client_against_perftest_server_names_the_flag() {
         Duration::from_secs(30),
     );
     let t0 = Instant::now();
-    let out = Command::new(bin())
-        .args(["perf", "write-bw", SERVER_IP, "--ip", CLIENT_IP, "-n", "10"])
-        .args(["-p", &port.to_string(), "--timeout", &TIMEOUT_S.to_string()])
-        .output()
-        .expect("run rocev2 perf");
+    let out = common::output_within(
+        Command::new(bin())
+            .args(["perf", "write-bw", SERVER_IP, "--ip", CLIENT_IP, "-n", "10"])
+            .args(["-p", &port.to_string(), "--timeout", &TIMEOUT_S.to_string()]),
+        common::RUN,
+    );
     let dt = t0.elapsed();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -103,11 +104,12 @@ fn perftest_client_against_rocev2_server_is_named_at_once() {
         Duration::from_secs(30),
     );
     let t0 = Instant::now();
-    let client = Command::new(bin())
-        .args(["run", "--ip", CLIENT_IP, "--", "ib_write_bw", "-x", "0"])
-        .args(["-p", &port.to_string(), "-n", "10", SERVER_IP])
-        .output()
-        .expect("run ib_write_bw");
+    let client = common::output_within(
+        Command::new(bin())
+            .args(["run", "--ip", CLIENT_IP, "--", "ib_write_bw", "-x", "0"])
+            .args(["-p", &port.to_string(), "-n", "10", SERVER_IP]),
+        common::RUN,
+    );
     let s = server.wait(Duration::from_secs(TIMEOUT_S + 10));
     let dt = t0.elapsed();
     assert!(
@@ -137,11 +139,12 @@ fn rocev2_client_against_another_program_shows_its_first_bytes() {
         std::thread::sleep(Duration::from_secs(3));
     });
     let t0 = Instant::now();
-    let out = Command::new(bin())
-        .args(["perf", "write-bw", SERVER_IP, "--ip", CLIENT_IP, "-n", "10"])
-        .args(["-p", &port.to_string(), "--timeout", &TIMEOUT_S.to_string()])
-        .output()
-        .expect("run rocev2 perf");
+    let out = common::output_within(
+        Command::new(bin())
+            .args(["perf", "write-bw", SERVER_IP, "--ip", CLIENT_IP, "-n", "10"])
+            .args(["-p", &port.to_string(), "--timeout", &TIMEOUT_S.to_string()]),
+        common::RUN,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(

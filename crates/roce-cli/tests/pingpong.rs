@@ -9,11 +9,13 @@
 //!   with an error naming both GIDs, on either side; an absent or silent peer ends the run with exit 1 in bounded
 //!   time.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 fn bin() -> &'static str {
@@ -28,8 +30,12 @@ fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Runs `cmd` (optionally inside network namespace `ns`) in the background.
-fn spawn(ns: Option<&str>, cmd: &[&str]) -> Child {
+/// Runs `cmd` (optionally inside network namespace `ns`) in the background, as a [`common::Proc`] (its own process
+/// group, killed when dropped; output in a scratch directory of its own).
+fn spawn(ns: Option<&str>, cmd: &[&str]) -> common::Proc {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = common::scratch(&format!("pingpong-{n}"));
     let mut c = match ns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -42,27 +48,17 @@ fn spawn(ns: Option<&str>, cmd: &[&str]) -> Child {
             c
         }
     };
-    c.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"))
+    common::Proc::spawn_command("p", &dir, &mut c)
 }
 
-/// Waits for `child` at most `limit`; kills it on timeout (the test then fails on the status).
-fn wait_bounded(mut child: Child, limit: Duration) -> (Output, Duration) {
+/// Waits for `child` at most `limit`; kills it (its process group) on timeout (the test then fails on the status).
+fn wait_bounded(mut child: common::Proc, limit: Duration) -> (Output, Duration) {
     let t0 = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if t0.elapsed() > limit => {
-                let _ = child.kill();
-                break;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => panic!("wait: {e}"),
-        }
+    while child.try_wait().is_none() && t0.elapsed() <= limit {
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let out = child.wait_with_output().expect("output");
+    child.kill_group();
+    let out = child.output(Duration::ZERO);
     (out, t0.elapsed())
 }
 
@@ -503,10 +499,10 @@ impl Drop for NetnsPair {
 /// default 14 takes ≈0.5 s; `-u 0` is refused as a bad argument.
 #[test]
 fn qp_timeout_sets_the_local_ack_timeout() {
-    let bad = Command::new(bin())
-        .args(["pingpong", "127.0.208.1", "-u", "0"])
-        .output()
-        .expect("rocev2");
+    let bad = common::output_within(
+        Command::new(bin()).args(["pingpong", "127.0.208.1", "-u", "0"]),
+        common::SHORT,
+    );
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
     for (u, min, max) in [("14", 0.0, 6.0), ("18", 7.0, 25.0)] {
         let l = TcpListener::bind(("127.0.208.1", 0)).expect("listen");

@@ -250,11 +250,12 @@ fn bad_scheduler_flags_are_refused() {
         ),
     ];
     for (args, want) in cases {
-        let out = std::process::Command::new(common::bin())
-            .arg("perf")
-            .args(*args)
-            .output()
-            .expect("run rocev2");
+        let out = common::output_within(
+            std::process::Command::new(common::bin())
+                .arg("perf")
+                .args(*args),
+            common::SHORT,
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");

@@ -432,13 +432,14 @@ fn run_names_the_build_command_when_librdmacm_is_missing() {
     };
     make("libroce_ibverbs.so");
     let run = |prog: &[&str]| {
-        let out = Command::new(common::bin())
-            .args(["run", "--no-device-files", "--ip", "127.0.203.1", "--"])
-            .args(prog)
-            .env("ROCEV2_IBVERBS_LIB", libdir.join("libroce_ibverbs.so"))
-            .env("TMPDIR", &tmp)
-            .output()
-            .expect("rocev2 run");
+        let out = common::output_within(
+            Command::new(common::bin())
+                .args(["run", "--no-device-files", "--ip", "127.0.203.1", "--"])
+                .args(prog)
+                .env("ROCEV2_IBVERBS_LIB", libdir.join("libroce_ibverbs.so"))
+                .env("TMPDIR", &tmp),
+            common::RUN,
+        );
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let err = run(&["rping", "-h"]);
@@ -767,11 +768,12 @@ fn stat_lists_the_rdma_cm_ids_of_rping() {
     let stat = |args: &[&str]| -> String {
         let mut v = strings(&["ip", "netns", "exec", &ns.a, common::bin(), "stat"]);
         v.extend(strings(args));
-        let out = Command::new("env")
-            .arg(format!("ROCEV2_RUN_DIR={}", run_dir.display()))
-            .args(&v)
-            .output()
-            .expect("run rocev2 stat");
+        let out = common::output_within(
+            Command::new("env")
+                .arg(format!("ROCEV2_RUN_DIR={}", run_dir.display()))
+                .args(&v),
+            common::SHORT,
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     // The ids of the first runtime that reports some, once `pred` holds for one of them (at most 20 s).

@@ -9,10 +9,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn pingpong(ip: &str, port: u16, server: Option<&str>) -> Child {
+fn pingpong(ip: &str, port: u16, server: Option<&str>) -> common::Proc {
     let port = port.to_string();
     let mut args = vec![
         "run",
@@ -28,25 +28,18 @@ fn pingpong(ip: &str, port: u16, server: Option<&str>) -> Child {
         &port,
     ];
     args.extend(server);
-    Command::new(common::bin())
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rocev2 run")
+    let dir = common::scratch(&format!("shared-address-{ip}-{port}"));
+    common::Proc::spawn_command("pingpong", &dir, Command::new(common::bin()).args(&args))
 }
 
-/// Waits for `c` at most `limit`; kills it past that. Returns (exit ok, stdout, stderr).
-fn finish(mut c: Child, limit: Duration) -> (bool, String, String) {
+/// Waits for `c` at most `limit`; kills it (its process group) past that. Returns (exit ok, stdout, stderr).
+fn finish(mut c: common::Proc, limit: Duration) -> (bool, String, String) {
     let t0 = Instant::now();
-    while c.try_wait().expect("wait").is_none() {
-        if t0.elapsed() > limit {
-            let _ = c.kill();
-            break;
-        }
+    while c.try_wait().is_none() && t0.elapsed() <= limit {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let out = c.wait_with_output().expect("output");
+    c.kill_group();
+    let out = c.output(Duration::ZERO);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -76,10 +69,10 @@ fn two_pingpong_pairs_share_two_addresses() {
     let s2 = pingpong(a, 18712, None);
     std::thread::sleep(Duration::from_millis(1500));
     // `rocev2 devinfo` lists both programs on the one GID (read while the servers wait for their clients).
-    let info = Command::new(common::bin())
-        .args(["devinfo", "-d", a])
-        .output()
-        .expect("rocev2 devinfo");
+    let info = common::output_within(
+        Command::new(common::bin()).args(["devinfo", "-d", a]),
+        common::SHORT,
+    );
     let users = String::from_utf8_lossy(&info.stdout)
         .lines()
         .filter(|l| {
@@ -128,33 +121,31 @@ fn without_bpf_a_second_program_is_told_what_sharing_needs() {
     }
     common::c_libraries();
     let drop_caps = |port: &str| {
-        Command::new("setpriv")
-            .args([
-                "--bounding-set",
-                "-sys_admin,-bpf,-net_admin,-perfmon",
-                "--inh-caps",
-                "-sys_admin,-bpf,-net_admin,-perfmon",
-                common::bin(),
-                "run",
-                "--ip",
-                "127.0.79.1",
-                "--",
-                "ibv_rc_pingpong",
-                "-g",
-                "0",
-                "-p",
-                port,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn setpriv")
+        let dir = common::scratch(&format!("shared-address-caps-{port}"));
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--bounding-set",
+            "-sys_admin,-bpf,-net_admin,-perfmon",
+            "--inh-caps",
+            "-sys_admin,-bpf,-net_admin,-perfmon",
+            common::bin(),
+            "run",
+            "--ip",
+            "127.0.79.1",
+            "--",
+            "ibv_rc_pingpong",
+            "-g",
+            "0",
+            "-p",
+            port,
+        ]);
+        common::Proc::spawn_command("setpriv", &dir, &mut cmd)
     };
     let mut first = drop_caps("18741");
     std::thread::sleep(Duration::from_millis(1500));
     let second = finish(drop_caps("18742"), Duration::from_secs(30));
-    let first_alive = first.try_wait().expect("wait").is_none();
-    let _ = first.kill();
+    let first_alive = first.try_wait().is_none();
+    first.kill_group();
     let first = finish(first, Duration::from_secs(5));
     let (ok, _, err) = &second;
     assert!(

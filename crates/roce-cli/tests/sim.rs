@@ -17,11 +17,7 @@ fn scenario(name: &str) -> PathBuf {
 }
 
 fn sim(args: &[&std::ffi::OsStr]) -> Output {
-    Command::new(bin())
-        .arg("sim")
-        .args(args)
-        .output()
-        .expect("run rocev2 sim")
+    common::output_within(Command::new(bin()).arg("sim").args(args), common::RUN)
 }
 
 #[test]

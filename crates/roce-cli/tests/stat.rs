@@ -13,12 +13,13 @@ use common::{Proc, scratch, serial};
 use serde_json::Value;
 
 fn stat(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(common::bin())
-        .arg("stat")
-        .args(args)
-        .env("ROCEV2_RUN_DIR", run_dir)
-        .output()
-        .expect("run rocev2 stat")
+    common::output_within(
+        Command::new(common::bin())
+            .arg("stat")
+            .args(args)
+            .env("ROCEV2_RUN_DIR", run_dir),
+        common::SHORT,
+    )
 }
 
 /// Starts `rocev2 perf ARGS --loopback` with its endpoints in `run_dir`; returns once both runtimes' sockets exist.
@@ -187,11 +188,12 @@ fn stat_reads_a_running_perf() {
     assert!(out.status.success());
     // One device naming for stat, devinfo and perf's banner: `rocev2_<interface>` (127.0.48.x is on `lo`), the port
     // `/1` as `rdma statistic` writes a link; the two ends in one process are told apart by pid and GID.
-    let devinfo = Command::new(common::bin())
-        .args(["devinfo", "--json", "-d", "127.0.48.1"])
-        .env("ROCEV2_RUN_DIR", &run_dir)
-        .output()
-        .expect("rocev2 devinfo");
+    let devinfo = common::output_within(
+        Command::new(common::bin())
+            .args(["devinfo", "--json", "-d", "127.0.48.1"])
+            .env("ROCEV2_RUN_DIR", &run_dir),
+        common::SHORT,
+    );
     let di: Value = serde_json::from_slice(&devinfo.stdout).expect("devinfo json");
     assert_eq!(di[0]["hca_id"], "rocev2_lo", "{di}");
     assert_eq!(client["name"], di[0]["hca_id"], "{client}");
@@ -462,20 +464,22 @@ fn programs_of_another_netns_are_not_listed() {
         "listed from another netns: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let out = Command::new(common::bin())
-        .args(["devinfo", "-d", "lo"])
-        .env("ROCEV2_RUN_DIR", &run_dir)
-        .output()
-        .expect("devinfo");
+    let out = common::output_within(
+        Command::new(common::bin())
+            .args(["devinfo", "-d", "lo"])
+            .env("ROCEV2_RUN_DIR", &run_dir),
+        common::SHORT,
+    );
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && !t.contains("in use by"), "{t}");
     // From inside its namespace it is listed.
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/proc/{}/ns/net", p.pid()))
-        .args([common::bin(), "stat", "--json", "--interval", "0.2"])
-        .env("ROCEV2_RUN_DIR", &run_dir)
-        .output()
-        .expect("nsenter rocev2 stat");
+    let out = common::output_within(
+        Command::new("nsenter")
+            .arg(format!("--net=/proc/{}/ns/net", p.pid()))
+            .args([common::bin(), "stat", "--json", "--interval", "0.2"])
+            .env("ROCEV2_RUN_DIR", &run_dir),
+        common::SHORT,
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -588,10 +592,7 @@ fn a_normal_user_serves_its_own_endpoint_and_refuses_a_planted_directory() {
     };
     let run = |args: &[&str]| {
         let argv = as_nobody(args);
-        Command::new(&argv[0])
-            .args(&argv[1..])
-            .output()
-            .expect("runuser")
+        common::output_within(Command::new(&argv[0]).args(&argv[1..]), common::SHORT)
     };
     if !run(&["--version"]).status.success() {
         eprintln!(
@@ -706,21 +707,22 @@ fn the_report_fits_an_80_column_terminal() {
         ],
     );
     std::thread::sleep(Duration::from_millis(1000));
-    let out = Command::new("script")
-        .args([
-            "-qec",
-            &format!(
-                "stty cols 80 rows 50; '{}' stat --interval 0.5",
-                common::bin()
-            ),
-            "/dev/null",
-        ])
-        .env("ROCEV2_RUN_DIR", &run_dir)
-        .env("TERM", "xterm")
-        .env_remove("COLUMNS")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("util-linux `script` (package bsdutils) runs the pseudo-terminal");
+    let out = common::output_within(
+        Command::new("script")
+            .args([
+                "-qec",
+                &format!(
+                    "stty cols 80 rows 50; '{}' stat --interval 0.5",
+                    common::bin()
+                ),
+                "/dev/null",
+            ])
+            .env("ROCEV2_RUN_DIR", &run_dir)
+            .env("TERM", "xterm")
+            .env_remove("COLUMNS")
+            .stdin(std::process::Stdio::null()),
+        common::RUN,
+    );
     let t = String::from_utf8_lossy(&out.stdout).replace('\r', "");
     assert!(out.status.success(), "{t}");
     assert!(t.contains("link rocev2_lo/1 127.0.215.4 "), "{t}");

@@ -308,12 +308,14 @@ fn perftest_cases() -> Vec<Case> {
 
 /// Which rocev2 features the built binary has (from its `--help` texts).
 fn features(rocev2: &Path) -> Vec<Feature> {
+    // Bounded like every program these tests start (`roce_interop::run`: killed with its group after 60 s).
+    let log = std::env::temp_dir().join(format!("softroce-help-{}", std::process::id()));
     let help = |args: &[&str]| -> String {
-        Command::new(rocev2)
-            .args(args)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
+        let mut cmd = Command::new(rocev2);
+        cmd.args(args);
+        let o = roce_interop::run(cmd, &log, "rocev2 --help", Duration::from_secs(60));
+        assert!(!o.timed_out, "`rocev2 {args:?}` still running after 60 s");
+        o.stdout
     };
     let mut f = Vec::new();
     if help(&["pingpong", "--help"]).contains("--rx") {
@@ -323,6 +325,9 @@ fn features(rocev2: &Path) -> Vec<Feature> {
         && help(&["perf", "--help"]).contains("--rx-mode")
     {
         f.push(Feature::PerftestCompat);
+    }
+    for ext in ["out", "err"] {
+        let _ = fs::remove_file(log.with_extension(ext));
     }
     f
 }

@@ -2,8 +2,12 @@
 
 use std::process::{Command, Stdio};
 
+/// `rawudp` under `timeout -k 5 60`: every run here is bounded (each ends by itself within 20 s; past 60 s it is
+/// killed, SIGKILL 5 s after SIGTERM, and exits 124 or 137, which [`json`] reports with its output).
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rawudp"))
+    let mut c = Command::new("timeout");
+    c.args(["-k", "5", "60", env!("CARGO_BIN_EXE_rawudp")]);
+    c
 }
 
 /// Waits (at most 20 s) until a process has bound UDP `addr` (`a.b.c.d:port`), as `/proc/net/udp` lists it: a
@@ -37,7 +41,9 @@ fn wait_bound(addr: &str) {
 fn json(out: std::process::Output) -> serde_json::Value {
     assert!(
         out.status.success(),
-        "rawudp failed: {}",
+        "rawudp failed ({:?}; 124 or 137: still running after `timeout`'s 60 s)\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("one JSON object")

@@ -108,7 +108,7 @@ fn c_program_meets_the_rdma_cm_edge_semantics() {
     let (prog, dir) = build("edge", &["-lrdmacm", "-libverbs"]);
     // Bounded: a lost completion would block rdma_get_send_comp for ever.
     let out = Command::new("timeout")
-        .args(["120"])
+        .args(["-k", "5", "120"])
         .arg(&prog)
         .arg("127.0.209.1")
         .env("LD_LIBRARY_PATH", &dir)
@@ -128,7 +128,7 @@ fn a_synchronous_waiter_returns_when_its_id_is_destroyed_or_migrated() {
     let (prog, dir) = build("waiters", &["-lrdmacm", "-libverbs", "-lpthread"]);
     // Bounded: the defect was a waiter that never returned (the program then never exits).
     let out = Command::new("timeout")
-        .args(["60"])
+        .args(["-k", "5", "60"])
         .arg(&prog)
         .args(["127.0.203.1", "127.0.203.9"])
         .env("LD_LIBRARY_PATH", &dir)
@@ -153,7 +153,7 @@ fn processes_forked_from_a_program_that_opened_the_device_use_rdma_cm_afresh() {
     let (prog, dir) = build("forkcm", &["-lrdmacm", "-libverbs"]);
     // Bounded: the defect was children that never connected (the program bounds each of them itself).
     let out = Command::new("timeout")
-        .args(["120"])
+        .args(["-k", "5", "120"])
         .arg(&prog)
         .args(["127.0.210.1", "7471", "7472"])
         .env("LD_LIBRARY_PATH", &dir)
@@ -173,7 +173,7 @@ fn processes_forked_from_a_program_that_opened_the_device_use_rdma_cm_afresh() {
 fn the_qps_ack_timeout_agrees_with_what_the_cm_announced() {
     let (prog, dir) = build("acktmo", &["-lrdmacm", "-libverbs"]);
     let out = Command::new("timeout")
-        .args(["60"])
+        .args(["-k", "5", "60"])
         .arg(&prog)
         .arg("127.0.213.1")
         .env("LD_LIBRARY_PATH", &dir)
@@ -202,7 +202,7 @@ fn processes_connect_through_the_loopback_alias_of_a_device_on_another_loopback_
     );
     // Bounded: the defect was children that never connected (the program bounds each of them itself).
     let out = Command::new("timeout")
-        .args(["120"])
+        .args(["-k", "5", "120"])
         .arg(&prog)
         .args(["127.0.0.1", "7491", "7492"])
         .env("LD_LIBRARY_PATH", &dir)
@@ -223,7 +223,7 @@ fn processes_on_one_address_join_a_multicast_group_and_each_gets_every_datagram(
     let (prog, dir) = build("mcast", &["-lrdmacm", "-libverbs"]);
     // Bounded: a lost datagram would leave a receiver polling (each bounds itself to 10 s per wait).
     let out = Command::new("timeout")
-        .args(["120"])
+        .args(["-k", "5", "120"])
         .arg(&prog)
         .args(["127.0.214.50", "239.214.2.1"])
         .env("LD_LIBRARY_PATH", &dir)
@@ -254,7 +254,7 @@ fn a_bridge_table_of_another_version_is_refused_with_a_clear_error() {
     let script = format!("-Wl,--version-script={}", map.display());
     cc(&shim, &src, &["-shared", "-fPIC", &script]);
     let out = Command::new("timeout")
-        .args(["30"])
+        .args(["-k", "5", "60"])
         .arg(&prog)
         .env("LD_LIBRARY_PATH", &dir)
         .env("LD_PRELOAD", &shim)
@@ -287,7 +287,7 @@ fn structure_layouts_match_the_installed_header() {
 fn rdma_getaddrinfo_answers_as_librdmacm() {
     let (prog, dir) = build("addrinfo", &["-lrdmacm"]);
     let out = Command::new("timeout")
-        .args(["30"])
+        .args(["-k", "5", "60"])
         .arg(&prog)
         .env("LD_LIBRARY_PATH", &dir)
         .output()
@@ -311,7 +311,7 @@ fn a_peer_sees_disconnected_when_the_server_process_exits_without_rdma_disconnec
     use std::os::unix::process::ExitStatusExt;
     for (how, port) in [("exit", "7481"), ("return", "7482"), ("term", "7483")] {
         let mut server = Command::new("timeout")
-            .args(["30"])
+            .args(["-k", "5", "60"])
             .arg(&prog)
             .args(["server", "127.0.211.1", port, how])
             .env("LD_LIBRARY_PATH", &dir)
@@ -326,7 +326,7 @@ fn a_peer_sees_disconnected_when_the_server_process_exits_without_rdma_disconnec
             .expect("server stdout");
         assert_eq!(line.trim(), "listening", "server ({how}) did not listen");
         let client = Command::new("timeout")
-            .args(["30"])
+            .args(["-k", "5", "60"])
             .arg(&prog)
             .args(["client", "127.0.211.2", "127.0.211.1", port])
             .env("LD_LIBRARY_PATH", &dir)
@@ -368,7 +368,7 @@ fn rsclose(mode: &str, ip: &str, port: &str) {
         &["-lrdmacm", "-libverbs", "-lpthread"],
     );
     let out = Command::new("timeout")
-        .args(["90"])
+        .args(["-k", "5", "90"])
         .arg(&prog)
         .args([mode, ip, port])
         .env("LD_LIBRARY_PATH", &dir)
@@ -414,7 +414,7 @@ fn rsocket_rrecv_reports_an_aborted_connection_as_an_error() {
 fn rsocket_rclose_wakes_a_thread_blocked_in_rrecv() {
     let (prog, dir) = build("rsrace", &["-lrdmacm", "-libverbs", "-lpthread"]);
     let out = Command::new("timeout")
-        .args(["150"])
+        .args(["-k", "5", "150"])
         .arg(&prog)
         .args(["127.0.222.1", "7521", "5"])
         .env("LD_LIBRARY_PATH", &dir)

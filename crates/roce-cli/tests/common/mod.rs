@@ -6,8 +6,10 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -38,7 +40,8 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A child process whose stdout/stderr go to files; killed (and reaped) when dropped unless it has exited.
+/// A child process whose stdout/stderr go to files, in a process group of its own; killed (the whole group, so also
+/// the programs it started: `mpirun`'s ranks, `script`'s shell) and reaped when dropped unless it has exited.
 pub struct Proc {
     pub name: String,
     child: Child,
@@ -79,15 +82,23 @@ impl std::fmt::Display for Finished {
 impl Proc {
     /// Spawns `argv` (program first); output goes to `dir/name.out|.err`.
     pub fn spawn(name: &str, dir: &Path, argv: &[String]) -> Proc {
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
+        Proc::spawn_command(name, dir, &mut cmd)
+    }
+
+    /// Spawns `cmd` (its arguments, environment and directory as set) with stdin from `/dev/null`, output to
+    /// `dir/name.out|.err`, in a new process group (see [`Proc`]).
+    pub fn spawn_command(name: &str, dir: &Path, cmd: &mut Command) -> Proc {
         let out = dir.join(format!("{name}.out"));
         let err = dir.join(format!("{name}.err"));
-        let child = Command::new(&argv[0])
-            .args(&argv[1..])
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(File::create(&out).expect("stdout file"))
             .stderr(File::create(&err).expect("stderr file"))
+            .process_group(0)
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {argv:?}: {e}"));
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
         Proc {
             name: name.to_owned(),
             child,
@@ -115,8 +126,7 @@ impl Proc {
         let t0 = Instant::now();
         while self.try_wait().is_none() {
             if t0.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
+                self.kill_group();
                 panic!(
                     "{} still running after {limit:?}\n--- stdout\n{}--- stderr\n{}",
                     self.name,
@@ -133,6 +143,16 @@ impl Proc {
         }
     }
 
+    /// [`Proc::wait`] as `std::process::Output` (stdout and stderr as the program wrote them).
+    pub fn output(&mut self, limit: Duration) -> Output {
+        let status = self.wait(limit).status;
+        Output {
+            status,
+            stdout: std::fs::read(&self.out).unwrap_or_default(),
+            stderr: std::fs::read(&self.err).unwrap_or_default(),
+        }
+    }
+
     /// Output so far (for failure messages).
     pub fn output_so_far(&self) -> String {
         format!(
@@ -145,17 +165,65 @@ impl Proc {
     }
 
     fn read(&self, p: &Path) -> String {
-        std::fs::read_to_string(p).unwrap_or_default()
+        String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned()
+    }
+
+    /// SIGKILL to the process group (the program and whatever it started that stayed in its group), then reaps the
+    /// program; nothing once it has exited. Only while it is not reaped: until then its pid, which is the group id,
+    /// cannot be reused. [`Proc::output`] afterwards returns what it left.
+    pub fn kill_group(&mut self) {
+        if self.try_wait().is_some() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        self.status = self.child.wait().ok();
     }
 }
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        if self.try_wait().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        self.kill_group();
+    }
+}
+
+/// The time bound of a short `rocev2` command on one host (`decode`, `stat`, `devinfo`, argument errors): 60 s; the
+/// slowest measured was 3.4 s (`devinfo -v`, debug build, load average 12 on the 2-core development machine).
+pub const SHORT: Duration = Duration::from_secs(60);
+
+/// The time bound of one `rocev2 perf` run or one program under `rocev2 run` (over loopback or between namespaces,
+/// with its own `--timeout` of 20 s or less): 180 s, the bound `roce-ibverbs/tests/c_api.rs` gives its C programs;
+/// about 4 × the slowest measured, 44 s (perf.rs's 1,024-QP loopback run, debug build, load average 12 on the 2-core
+/// development machine).
+pub const RUN: Duration = Duration::from_secs(180);
+
+/// `cmd.output()` within `limit`: runs `cmd` (stdin `/dev/null`, output to files under `CARGO_TARGET_TMPDIR`) as a
+/// [`Proc`] and returns its exit status and output. Past `limit` the test panics with the output so far and the
+/// program's whole process group is killed (a program using our libraries must never hang CI: see the test
+/// `bounded.rs`).
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    /// Removes the output files' directory, also when the wait panics.
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
+    let dir = Dir(Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "bounded-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )));
+    std::fs::create_dir_all(&dir.0).expect("create output dir");
+    let name = Path::new(cmd.get_program())
+        .file_name()
+        .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
+    Proc::spawn_command(&name, &dir.0, cmd).output(limit)
 }
 
 /// Whether process `pid` has a socket of `proto` ("tcp" or "udp") bound to `ip:port` — for TCP, listening. Reads
