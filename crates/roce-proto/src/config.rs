@@ -136,11 +136,12 @@ pub struct EngineConfig {
     /// peer's CM, which would reject them as a stale connection (REJ reason 10, IBTA Vol 1 §12.9.8.3;
     /// `docs/MULTIPROCESS.md`, "QPN range"). A process that shares its device address with others numbers its QPs
     /// inside its slot's range so the kernel can steer each packet to it by destination QPN (`roce_link::reuseport`).
-    /// Clamped by [`crate::Engine::new`] to at least 2 (QP0/QP1 are special) and so that `max_qp` QPNs fit in 24 bits.
+    /// Clamped by [`crate::Engine::new`] to at least 2 (QP0/QP1 are special) and so that `max_qp` QPNs fit in 24 bits
+    /// below the multicast DestQP 0xFFFFFF.
     pub first_qpn: u32,
-    /// Highest QPN handed out (default 0xFF_FFFF, the 24-bit maximum; a shared address's slot ends at
-    /// `slot << 16 | 0xFFFF`). Raised by [`crate::Engine::new`] when `first_qpn..=last_qpn` holds fewer than
-    /// `device.max_qp` QPNs.
+    /// Highest QPN handed out (default and at most [`crate::MAX_QPN`], 0xFF_FFFE: 0xFFFFFF is the multicast DestQP; a
+    /// shared address's slot ends at `slot << 16 | 0xFFFF`). Raised by [`crate::Engine::new`] when
+    /// `first_qpn..=last_qpn` holds fewer than `device.max_qp` QPNs.
     pub last_qpn: u32,
     /// QP 1, the GSI (`crate::gsi`, IBTA Vol 1 §13.4): created with the engine unless `None`. It takes one PD, CQ,
     /// MR and QP slot of its own (not counted against `device.max_qp`).

@@ -15,8 +15,9 @@
 use crate::Qpn;
 use crate::engine::splitmix;
 
-/// Largest QPN (QPNs are 24 bits, IBTA Vol 1 §9.2 BTH DestQP).
-pub const MAX_QPN: u32 = 0xFF_FFFF;
+/// Largest QPN an engine hands out: QPNs are 24 bits (IBTA Vol 1 §9.2, BTH DestQP), and 0xFFFFFF is the DestQP of
+/// every multicast packet (IBTA Vol 1 §10.5, `crate::mcast`), never a QP's number.
+pub const MAX_QPN: u32 = 0xFF_FFFE;
 
 /// Mixed into the engine seed for the offset draw so that it is a stream of its own (the engine's RNG that draws
 /// PSNs and the IPv4 identification keeps its sequence).
@@ -39,7 +40,8 @@ impl QpnRange {
     ///
     /// Clamped so that it holds (as `EngineConfig::first_qpn` documents): `first` ≥ 2 (QP0/QP1 are the SMI and
     /// GSI, never handed out), `last` ≤ [`MAX_QPN`], and at least `max_qp` QPNs (`max_qp` itself taken in
-    /// `1..=2^23`): when `first..=last` is shorter, `first` moves down to `2^24 - max_qp` at most and `last` up.
+    /// `1..=2^23`): when `first..=last` is shorter, `first` moves down to `MAX_QPN + 1 - max_qp` at most and `last`
+    /// up.
     pub fn new(first: u32, last: u32, max_qp: u32, seed: u64) -> QpnRange {
         let need = max_qp.clamp(1, 1 << 23);
         let first = first.clamp(2, MAX_QPN + 1 - need);
@@ -130,9 +132,13 @@ mod tests {
     fn clamping_keeps_qp0_qp1_out_24_bits_and_room_for_max_qp() {
         let r = QpnRange::new(0, 1, 8, 0);
         assert_eq!((r.first(), r.last()), (2, 9));
-        let r = QpnRange::new(MAX_QPN, MAX_QPN, 16, 0);
+        let r = QpnRange::new(0xFF_FFFF, 0xFF_FFFF, 16, 0);
         assert_eq!((r.first(), r.last()), (MAX_QPN - 15, MAX_QPN));
+        assert_eq!(MAX_QPN, 0xFF_FFFE, "the multicast DestQP is no QP's number");
         let r = QpnRange::new(0x11, 0xFFFF_FFFF, 16_384, 0);
         assert_eq!(r.last(), MAX_QPN);
+        // The last slot of a shared address ends below the multicast DestQP.
+        let r = QpnRange::new(0xFF_0000, 0xFF_FFFF, 16_384, 0);
+        assert_eq!((r.first(), r.last()), (0xFF_0000, MAX_QPN));
     }
 }

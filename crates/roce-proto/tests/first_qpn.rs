@@ -1,6 +1,7 @@
 //! `EngineConfig::first_qpn..=last_qpn` (issue #16, `docs/MULTIPROCESS.md` "QPN range"): QPs are numbered inside
 //! it, consecutively from an offset drawn from the seed and wrapping at its end (`roce_proto::QpnRange`); it is
-//! clamped so that QP0/QP1 stay special and every QPN of the device fits in 24 bits.
+//! clamped so that QP0/QP1 stay special and every QPN of the device fits in 24 bits below 0xFFFFFF (the multicast
+//! DestQP).
 
 use roce_proto::*;
 
@@ -46,13 +47,13 @@ fn qps_are_numbered_inside_the_range_from_the_seeded_offset() {
     assert_eq!((a, b), (r.nth(0), r.nth(1)));
     assert_eq!(a.value(), r.first() + r.offset());
     assert_eq!(r.index(b.value()), Some(1));
-    // QP0/QP1 stay special, and every QPN fits in 24 bits.
+    // QP0/QP1 stay special, and every QPN fits in 24 bits (0xFFFFFF, the multicast DestQP, excluded).
     let mut low = engine(0, 3);
     assert_eq!(low.qpn_range().first(), 2);
     assert!(qp(&mut low).value() >= 2);
     let high = engine(u32::MAX, 4);
     let max_qp = high.config().device.max_qp;
-    assert_eq!(high.config().first_qpn, (1 << 24) - max_qp);
+    assert_eq!(high.config().first_qpn, MAX_QPN + 1 - max_qp);
     assert_eq!(high.qpn_range().last(), MAX_QPN);
 }
 
