@@ -1,7 +1,7 @@
 //! Many processes on one device address (issue #16, `docs/MULTIPROCESS.md`): two unmodified `ibv_rc_pingpong`
 //! servers under `rocev2 run` on one address and their two clients under `rocev2 run` on another — four processes,
 //! two per address, all on UDP 4791 — each pair completes its iterations. Each process of an address numbers its
-//! QPs from its own slot (QPN `0x000011`, `0x010000`, ...), and the kernel's SK_REUSEPORT program hands every packet
+//! QPs inside its own slot (QPNs `0x00....`, `0x01....`, ...), and the kernel's SK_REUSEPORT program hands every packet
 //! to the process owning its destination QP; `rocev2 devinfo` lists both programs under the one GID. Needs root
 //! (CAP_BPF) and `ibverbs-utils`; when the kernel refuses the steering, the test is skipped with the reason the
 //! second process prints. Without CAP_BPF (setpriv drops it), a second program on a taken address is refused and
