@@ -520,12 +520,6 @@ impl Joined {
         (u32::from(self.slot) << QPN_SHIFT).max(0x11)
     }
 
-    /// The last QPN of the slot (`(slot + 1) << QPN_SHIFT` minus 1). The process's engine numbers its QPs anywhere in
-    /// `first_qpn()..=last_qpn()`, from an offset of its own (`roce_proto::QpnRange`, `docs/MULTIPROCESS.md`).
-    pub fn last_qpn(&self) -> u32 {
-        (u32::from(self.slot) << QPN_SHIFT) | ((1 << QPN_SHIFT) - 1)
-    }
-
     fn lookup(&self, key: &[u8; 8]) -> io::Result<Option<ServiceEntry>> {
         let mut v = [0u8; 16];
         let mut a = Attr::new();
