@@ -89,10 +89,12 @@ impl QpnRange {
         if d >= self.len {
             return None;
         }
-        Some(
-            ((u64::from(d) + u64::from(self.len) - u64::from(self.offset)) % u64::from(self.len))
-                as u32,
-        )
+        // Per packet (`Engine::qidx`): a compare instead of a division (`d` and `offset` are both below `len`).
+        Some(if d >= self.offset {
+            d - self.offset
+        } else {
+            d + (self.len - self.offset)
+        })
     }
 }
 
