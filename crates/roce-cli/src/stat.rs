@@ -33,7 +33,8 @@
 //!
 //! Then one block per QP: type, state, PSNs (next, oldest unacknowledged, expected), queue depths, rate controller and
 //! its non-zero counters. Each device and QP is named by its port and address (`rocev2_lo/1 127.0.0.2`): the two ends
-//! of a `--loopback` run share the device `rocev2_lo` and both number their QPs from 0x11; `--ip` picks one. The
+//! of a `--loopback` run share the device `rocev2_lo` (their QPNs may even meet: each engine draws its own); `--ip`
+//! picks one. The
 //! report fits the terminal (`COLUMNS`, else the width of the terminal on stdout, else 120 columns), wrapped between
 //! fields (a name and its value stay on one line); `--wide` puts each device and QP on one line. `--qp N` prints the engine's dump of QP N instead (state, PSNs, outstanding WRs, retry
 //! and timer state, rate controller, counters) for every device that has one, headed by the process and the
@@ -98,7 +99,7 @@ pub struct StatArgs {
     #[arg(long)]
     pub pid: Option<u32>,
     /// Only the device with this address (its GID's IP address: `127.0.0.2`, `::ffff:127.0.0.2` or an IPv6 address);
-    /// with `--qp`, the one device whose QP is meant when both ends of a `--loopback` run number from 0x11.
+    /// with `--qp`, the one device whose QP is meant when two devices have a QP of that number.
     #[arg(long, value_name = "ADDR")]
     pub ip: Option<std::net::IpAddr>,
     /// Show every counter, zeros included.

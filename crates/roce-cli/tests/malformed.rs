@@ -17,8 +17,9 @@
 //!
 //! The UDP backend rebuilds the Ethernet/IPv4/UDP headers of a received datagram (IPv4 ID 0, DF, the socket's
 //! addresses and ports) and checks the ICRC over that image, so the "good ICRC" datagrams are sealed here over the
-//! same image with roce-wire (and checked with `RoceRepr::parse` before they are sent). The server's QP is the
-//! first one its engine creates ([`roce_proto::FIRST_QPN`]); the counts prove the hostile frames reached it.
+//! same image with roce-wire (and checked with `RoceRepr::parse` before they are sent). The server's QP is read from
+//! the server itself (`rocev2 stat --json`): each engine numbers its QPs from an offset drawn from its seed
+//! (`roce_proto::QpnRange`); the counts prove the hostile frames reached it.
 
 mod common;
 
@@ -207,8 +208,11 @@ impl Forge {
         let mut b = send.clone();
         b[1] |= 0x01;
         v.push(("TVer 1", self.seal(b), Counter::Malformed));
-        // Unknown destination QPs (QP 0 is not implemented; the second slot is unused).
-        for q in [0u32, qpn + 1, 0xABCDEF, 0xFFFFFF] {
+        // Unknown destination QPs (QP 0 is not implemented; the server has one QP besides the GSI, so its
+        // neighbour and 0xABCDEF are no QP of it, and 0xFFFFFF is the multicast DestQP with no group attached).
+        let neighbour = if qpn > 2 { qpn - 1 } else { qpn + 1 };
+        let far = if qpn == 0xABCDEF { 0xABCDEE } else { 0xABCDEF };
+        for q in [0u32, neighbour, far, 0xFFFFFF] {
             let mut b = Self::bth(RC_SEND_ONLY, q, 0xFFFF);
             b.extend_from_slice(&[0x5a; 8]);
             v.push(("unknown QP", self.seal(b), Counter::UnknownQp));
@@ -297,6 +301,41 @@ fn scrape(addr: &str, name: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The QPN of the one QP (besides QP 1, the GSI) of the `rocev2` process `pid` whose endpoint is in `run_dir`, as
+/// `rocev2 stat --json` reports it.
+fn server_qpn(run_dir: &std::path::Path, pid: u32) -> u32 {
+    let out = std::process::Command::new(common::bin())
+        .args([
+            "stat",
+            "--json",
+            "--interval",
+            "0",
+            "--pid",
+            &pid.to_string(),
+        ])
+        .env("ROCEV2_RUN_DIR", run_dir)
+        .output()
+        .expect("run rocev2 stat");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "rocev2 stat: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&text).expect("stat json");
+    let qpns: Vec<u64> = v["runtimes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["devices"].as_array().into_iter().flatten())
+        .flat_map(|d| d["qps"].as_array().into_iter().flatten())
+        .filter_map(|q| q["qpn"].as_u64())
+        .filter(|&q| q != 1)
+        .collect();
+    assert_eq!(qpns.len(), 1, "the server's QPs: {text}");
+    u32::try_from(qpns[0]).expect("24-bit QPN")
+}
+
 /// Runs `test` over `conn` between 127.0.`net`.1 (server) and .2 (client), attacks the server from .3 once
 /// traffic flows, and checks the outcome.
 fn attack_during(test: &str, conn: &str, net: u8, client_extra: &[&str]) {
@@ -307,7 +346,13 @@ fn attack_during(test: &str, conn: &str, net: u8, client_extra: &[&str]) {
     let port = free_tcp_port(&srv_ip).to_string();
     let mport = free_tcp_port(&srv_ip);
     let maddr = format!("{srv_ip}:{mport}");
-    let mut srv_argv = vec![common::bin().to_owned()];
+    // `env` gives the server a run directory of its own, where `rocev2 stat` finds it.
+    let run_dir = dir.join("run");
+    let mut srv_argv = vec![
+        "env".to_owned(),
+        format!("ROCEV2_RUN_DIR={}", run_dir.display()),
+        common::bin().to_owned(),
+    ];
     srv_argv.extend(strings(&[
         "perf",
         test,
@@ -369,7 +414,8 @@ fn attack_during(test: &str, conn: &str, net: u8, client_extra: &[&str]) {
         dst: srv_ip.parse().expect("ip"),
         sport: sock.local_addr().expect("addr").port(),
     };
-    let hostile = forge.hostile(roce_proto::FIRST_QPN, conn == "UD");
+    let qpn = server_qpn(&run_dir, server.pid());
+    let hostile = forge.hostile(qpn, conn == "UD");
     for (what, d, c) in &hostile {
         self_check(&forge, what, d, *c);
     }

@@ -160,6 +160,16 @@ fn stat_reads_a_running_perf() {
         "{q}"
     );
     assert!(q["sq_outstanding"].as_u64() <= Some(128), "{q}");
+    // Each end numbers its QPs from an offset drawn from its engine's seed (`roce_proto::QpnRange`): the QPNs the
+    // text and `--qp` checks below look for are the ones the JSON reports.
+    let rc_qpn = |d: &Value| {
+        d["qps"]
+            .as_array()
+            .and_then(|v| v.iter().find(|q| q["type"] == "RC"))
+            .and_then(|q| q["qpn"].as_u64())
+            .unwrap_or_else(|| panic!("no RC QP: {d}"))
+    };
+    let (cq, sq) = (rc_qpn(client), rc_qpn(server));
 
     // --interval 0: one snapshot, at once: the counters and queue depths, no rates (they need two snapshots).
     let out = stat(&run_dir, &["--json", "--interval", "0"]);
@@ -201,8 +211,8 @@ fn stat_reads_a_running_perf() {
     for want in [
         &format!("link rocev2_lo/1 127.0.48.2 pid {pid} comm rocev2\n"),
         &format!("link rocev2_lo/1 127.0.48.1 pid {pid} comm rocev2\n"),
-        "qp 0x11 rocev2_lo/1 127.0.48.1 type RC state RTS",
-        "qp 0x11 rocev2_lo/1 127.0.48.2 type RC state RTS",
+        &format!("qp {sq:#x} rocev2_lo/1 127.0.48.1 type RC state RTS"),
+        &format!("qp {cq:#x} rocev2_lo/1 127.0.48.2 type RC state RTS"),
         " Gb/s ",
         "wqes/doorbell 4.00",
         "per I/O call",
@@ -236,33 +246,44 @@ fn stat_reads_a_running_perf() {
         "no `retrans N.NN %` in:\n{t}"
     );
 
-    // --qp: the engine's dump of QP 0x11, on both devices (each numbers from 0x11, told apart by the GID),
-    // in verbs terms with PSNs in hex, no Rust debug text.
-    let out = stat(&run_dir, &["--qp", "0x11", "--pid", &pid.to_string()]);
+    // --qp: the engine's dump of the client's QP on every device that has that QPN (the client's; the server's too
+    // only if both ends drew the same one), in verbs terms with PSNs in hex, no Rust debug text.
+    let (cqs, sqs) = (format!("{cq:#x}"), format!("{sq:#x}"));
+    let out = stat(&run_dir, &["--qp", &cqs, "--pid", &pid.to_string()]);
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{t}");
-    assert_eq!(t.matches("QP 0x11:").count(), 2, "{t}");
+    let both = if cq == sq { 2 } else { 1 };
+    assert_eq!(t.matches(&format!("QP {cqs}:")).count(), both, "{t}");
     // `--ip` picks one end.
     let one = stat(
         &run_dir,
         &[
             "--qp",
-            "0x11",
+            &sqs,
             "--pid",
             &pid.to_string(),
             "--ip",
             "127.0.48.1",
         ],
     );
-    let one = String::from_utf8_lossy(&one.stdout);
-    assert_eq!(one.matches("QP 0x11:").count(), 1, "{one}");
+    let one = format!(
+        "{}{}",
+        String::from_utf8_lossy(&one.stdout),
+        String::from_utf8_lossy(&one.stderr)
+    );
+    assert_eq!(
+        one.matches(&format!("QP {sqs}:")).count(),
+        1,
+        "{one}\nJSON: {v}"
+    );
     assert!(
-        one.contains("device rocev2_lo/1 127.0.48.1 gid ::ffff:127.0.48.1 QP 0x11:"),
+        one.contains(&format!(
+            "device rocev2_lo/1 127.0.48.1 gid ::ffff:127.0.48.1 QP {sqs}:"
+        )),
         "{one}"
     );
     for want in [
-        "device rocev2_lo/1 127.0.48.1 gid ::ffff:127.0.48.1 QP 0x11:",
-        "device rocev2_lo/1 127.0.48.2 gid ::ffff:127.0.48.2 QP 0x11:",
+        &format!("device rocev2_lo/1 127.0.48.2 gid ::ffff:127.0.48.2 QP {cqs}:"),
         "RC state=RTS",
         "requester: next_psn=0x",
         "rate: line (fixed cnps=0)",
@@ -272,7 +293,10 @@ fn stat_reads_a_running_perf() {
     for unwanted in ["Rts", "Rkey(", "FixedRate", "Some(", " {"] {
         assert!(!t.contains(unwanted), "`{unwanted}` in:\n{t}");
     }
-    let out = stat(&run_dir, &["--qp", "0x999"]);
+    let absent = (0x999u64..)
+        .find(|q| *q != cq && *q != sq)
+        .expect("a QPN no device has");
+    let out = stat(&run_dir, &["--qp", &format!("{absent:#x}")]);
     assert_eq!(out.status.code(), Some(1));
 
     // comm is the process name (as `rdma statistic`'s), the command line is in --json; watch mode heads each
@@ -726,7 +750,12 @@ fn the_report_fits_an_80_column_terminal() {
     let t = String::from_utf8_lossy(&out.stdout).replace('\r', "");
     assert!(out.status.success(), "{t}");
     assert!(t.contains("link rocev2_lo/1 127.0.215.4 "), "{t}");
-    assert!(t.contains("qp 0x11 rocev2_lo/1 127.0.215.3 "), "{t}");
+    // The server's QP (its QPN is drawn from its engine's seed: `roce_proto::QpnRange`).
+    assert!(
+        t.lines()
+            .any(|l| l.starts_with("qp 0x") && l.contains(" rocev2_lo/1 127.0.215.3 ")),
+        "{t}"
+    );
     assert!(
         t.lines().all(|l| l.chars().count() <= 80),
         "a line over 80 columns:\n{t}"

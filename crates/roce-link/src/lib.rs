@@ -78,7 +78,8 @@ pub struct LinkCaps {
     pub icrc: IcrcCaps,
     /// The first QPN of the range this link receives, when the kernel steers packets among several processes on
     /// one address by destination QPN ([`reuseport`], `docs/MULTIPROCESS.md`): the engine behind the link must
-    /// number its QPs from it (`roce_proto::EngineConfig::first_qpn`; `roce_verbs::Context::open` applies it).
+    /// number its QPs inside `first_qpn ..= first_qpn | (2^QPN_SHIFT - 1)` ([`reuseport::QPN_SHIFT`];
+    /// `roce_proto::EngineConfig::first_qpn` and `last_qpn`; `roce_verbs::Context::open` applies them).
     /// `None`: the link receives every QPN.
     pub first_qpn: Option<u32>,
 }

@@ -107,7 +107,8 @@ pub struct EngineConfig {
     /// Capability-exceeded policy for `create_qp`.
     pub cap_policy: CapPolicy,
     /// Seed of the deterministic RNG (IP identification start, random initial PSNs offered by
-    /// [`crate::Engine::random_psn`]).
+    /// [`crate::Engine::random_psn`]) and of the QPN offset ([`Self::first_qpn`], [`crate::QpnRange`]; a stream of
+    /// its own, so the PSNs do not depend on it). Same seed, same QPNs; real runs draw one per process.
     pub seed: u64,
     /// Maximum unacknowledged PSNs per RC QP (rxe `RXE_MAX_UNACKED_PSNS` = 128, `ROCEV2.md §4.1`).
     pub max_unacked_psns: u32,
@@ -129,11 +130,19 @@ pub struct EngineConfig {
     /// DCQCN reaction point for every new QP (`docs/spec/DCQCN.md` §2.3–§2.5); `None`: QPs send at line rate
     /// and ignore CNPs (`rp_cnp_ignored`). [`crate::Engine::set_rate_controller`] overrides it per QP.
     pub dcqcn: Option<DcqcnConfig>,
-    /// First QPN handed out; QPs are numbered from it in creation order (default [`crate::FIRST_QPN`], 0x11, as
-    /// rxe). A process that shares its device address with others numbers its QPs from its slot's range so the
-    /// kernel can steer each packet to it by destination QPN (`roce_link::reuseport`, `docs/MULTIPROCESS.md`).
-    /// Clamped by [`crate::Engine::new`] to at least 2 (QP0/QP1 are special) and so that `max_qp` QPNs fit in 24 bits.
+    /// Lowest QPN handed out (default [`crate::FIRST_QPN`], 0x11, as rxe). QPs are numbered in creation order through
+    /// `first_qpn..=last_qpn` starting at an offset drawn from [`seed`](Self::seed) and wrapping from `last_qpn` to
+    /// `first_qpn` ([`crate::QpnRange`]): a restarted process does not present the QPNs of the one before it to a
+    /// peer's CM, which would reject them as a stale connection (REJ reason 10, IBTA Vol 1 §12.9.8.3;
+    /// `docs/MULTIPROCESS.md`, "QPN range"). A process that shares its device address with others numbers its QPs
+    /// inside its slot's range so the kernel can steer each packet to it by destination QPN (`roce_link::reuseport`).
+    /// Clamped by [`crate::Engine::new`] to at least 2 (QP0/QP1 are special) and so that `max_qp` QPNs fit in 24 bits
+    /// below the multicast DestQP 0xFFFFFF.
     pub first_qpn: u32,
+    /// Highest QPN handed out (default and at most [`crate::MAX_QPN`], 0xFF_FFFE: 0xFFFFFF is the multicast DestQP; a
+    /// shared address's slot ends at `slot << 16 | 0xFFFF`). Raised by [`crate::Engine::new`] when
+    /// `first_qpn..=last_qpn` holds fewer than `device.max_qp` QPNs.
+    pub last_qpn: u32,
     /// QP 1, the GSI (`crate::gsi`, IBTA Vol 1 §13.4): created with the engine unless `None`. It takes one PD, CQ,
     /// MR and QP slot of its own (not counted against `device.max_qp`).
     pub gsi: Option<crate::gsi::GsiConfig>,
@@ -157,6 +166,7 @@ impl Default for EngineConfig {
             sched: SchedConfig::default(),
             dcqcn: None,
             first_qpn: crate::FIRST_QPN,
+            last_qpn: crate::qpn::MAX_QPN,
             gsi: Some(crate::gsi::GsiConfig::default()),
         }
     }

@@ -8,6 +8,7 @@ use crate::cq::Cq;
 use crate::error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, ResourceError};
 use crate::mr::{MrBuffer, MrTable};
 use crate::qp::{InMsg, Qp, RdResource, RecvQueue, ReqCtx, RespCtx, Seg, SendQueue, SendWqe};
+use crate::qpn::QpnRange;
 use crate::sched::{Pick, QpShape, Retime, Scheduler};
 use crate::state::check_modify;
 use crate::stats::Counters;
@@ -175,6 +176,8 @@ pub struct QpInfo {
 /// Every protocol rule cites `ROCEV2.md` (the project's protocol reference) or the rxe source it mirrors.
 pub struct Engine {
     pub(crate) cfg: EngineConfig,
+    /// The QPNs `create_qp` hands out (`crate::qpn`), fixed at `new`.
+    pub(crate) qpns: QpnRange,
     pub(crate) pds: Vec<bool>,
     pub(crate) mrs: MrTable,
     pub(crate) cqs: Vec<Option<Cq>>,
@@ -214,18 +217,23 @@ impl core::fmt::Debug for Engine {
     }
 }
 
-/// The QPN of QP table slot `idx`: slot 0 is QP 1 (the GSI, `crate::gsi`), slot k ≥ 1 is `first + k - 1`
-/// (`first` = [`EngineConfig::first_qpn`], 0x11 unless the process shares its address: `docs/MULTIPROCESS.md`).
-pub(crate) const fn slot_qpn(first: u32, idx: usize) -> u32 {
-    if idx == 0 { 1 } else { first + idx as u32 - 1 }
+/// The QPN of QP table slot `idx`: slot 0 is QP 1 (the GSI, `crate::gsi`), slot k ≥ 1 is the (k − 1)-th QPN of
+/// the engine's range (`crate::qpn::QpnRange`: [`EngineConfig::first_qpn`]..=[`EngineConfig::last_qpn`] entered at
+/// an offset drawn from the seed, `docs/MULTIPROCESS.md`).
+pub(crate) fn slot_qpn(qpns: QpnRange, idx: usize) -> u32 {
+    if idx == 0 {
+        1
+    } else {
+        qpns.nth(idx as u32 - 1).value()
+    }
 }
 
-/// The QP table slot of `qpn` (inverse of [`slot_qpn`]); `None` for QPNs no slot can hold.
-pub(crate) fn qpn_slot(first: u32, qpn: u32) -> Option<usize> {
+/// The QP table slot of `qpn` (inverse of [`slot_qpn`], O(1)); `None` for QPNs no slot can hold.
+pub(crate) fn qpn_slot(qpns: QpnRange, qpn: u32) -> Option<usize> {
     if qpn == 1 {
         Some(0)
     } else {
-        Some(qpn.checked_sub(first)? as usize + 1)
+        Some(qpns.index(qpn)? as usize + 1)
     }
 }
 
@@ -251,10 +259,11 @@ pub(crate) fn splitmix(s: &mut u64) -> u64 {
 impl Engine {
     /// A new engine for one port.
     pub fn new(mut cfg: EngineConfig) -> Engine {
-        // QP0/QP1 are special; QPNs are 24 bits and every QP of the device must have one.
-        cfg.first_qpn = cfg
-            .first_qpn
-            .clamp(2, (1 << 24) - cfg.device.max_qp.clamp(1, 1 << 23));
+        // QP0/QP1 are special; QPNs are 24 bits and every QP of the device must have one. Numbering starts at an
+        // offset drawn from the seed (`crate::qpn`): a restarted process does not present its predecessor's QPNs.
+        let qpns = QpnRange::new(cfg.first_qpn, cfg.last_qpn, cfg.device.max_qp, cfg.seed);
+        cfg.first_qpn = qpns.first();
+        cfg.last_qpn = qpns.last();
         let mut rng = cfg.seed;
         let ip_id = splitmix(&mut rng) as u16;
         // Largest frame: the netdev MTU (IP packet) plus the Ethernet header and an 802.1Q tag.
@@ -262,6 +271,7 @@ impl Engine {
         let gsi = cfg.gsi;
         let mut e = Engine {
             cfg,
+            qpns,
             pds: Vec::new(),
             mrs: MrTable::new(),
             cqs: Vec::new(),
@@ -291,9 +301,16 @@ impl Engine {
         e
     }
 
-    /// The configuration the engine was built with.
+    /// The configuration the engine was built with (`first_qpn` and `last_qpn` as clamped by [`new`](Self::new)).
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// The QPNs this engine hands out and where numbering starts in them ([`QpnRange`], `docs/MULTIPROCESS.md`):
+    /// the QP slot created n-th (counting fresh slots from 0) is `qpn_range().nth(n)`, and
+    /// `qpn_range().index(qpn)` maps a QPN of this engine back to n in O(1).
+    pub fn qpn_range(&self) -> QpnRange {
+        self.qpns
     }
 
     /// Device limits (`ibv_query_device` + `max_msg_sz` of `ibv_query_port`). `max_mtu` is additionally bounded by the
@@ -732,7 +749,7 @@ impl Engine {
     // ----------------------------------------------------------------------------------------------- QP
 
     pub(crate) fn qidx(&self, qpn: Qpn) -> Option<usize> {
-        let i = qpn_slot(self.cfg.first_qpn, qpn.value())?;
+        let i = qpn_slot(self.qpns, qpn.value())?;
         match self.qps.get(i) {
             Some(Some(_)) => Some(i),
             _ => None,
@@ -834,7 +851,7 @@ impl Engine {
         } else {
             self.qp_free.remove(0) as usize
         };
-        let qpn = Qpn::new(slot_qpn(self.cfg.first_qpn, idx));
+        let qpn = Qpn::new(slot_qpn(self.qpns, idx));
         let qp = Qp {
             qpn,
             qp_type: init.qp_type,
@@ -1658,7 +1675,7 @@ impl Engine {
             let Some((at, q, _, _)) = self.timers.peek() else {
                 return sched;
             };
-            let qt = Self::qp_timers(&mut self.qps, self.cfg.first_qpn, q);
+            let qt = Self::qp_timers(&mut self.qps, self.qpns, q);
             if self.timers.head_is_pending(qt.as_deref())
                 || self.timers.settle(qt, Instant::ZERO, false) == Settle::Pending
             {
@@ -1667,8 +1684,8 @@ impl Engine {
         }
     }
 
-    fn qp_timers(qps: &mut [Option<Box<Qp>>], first: u32, qpn: u32) -> Option<&mut QpTimers> {
-        let i = qpn_slot(first, qpn)?;
+    fn qp_timers(qps: &mut [Option<Box<Qp>>], qpns: QpnRange, qpn: u32) -> Option<&mut QpTimers> {
+        let i = qpn_slot(qpns, qpn)?;
         qps.get_mut(i)?.as_deref_mut().map(|qp| &mut qp.timers)
     }
 
@@ -1697,11 +1714,11 @@ impl Engine {
             if at > now {
                 break;
             }
-            let qt = Self::qp_timers(&mut self.qps, self.cfg.first_qpn, q);
+            let qt = Self::qp_timers(&mut self.qps, self.qpns, q);
             let Settle::Fire(kind) = self.timers.settle(qt, now, true) else {
                 continue;
             };
-            let Some(i) = qpn_slot(self.cfg.first_qpn, q) else {
+            let Some(i) = qpn_slot(self.qpns, q) else {
                 continue;
             };
             match kind {

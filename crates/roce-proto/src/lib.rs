@@ -104,6 +104,7 @@ pub mod mcast;
 mod mr;
 mod mw;
 mod qp;
+pub mod qpn;
 mod requester;
 mod rereg;
 mod resp_queue;
@@ -129,6 +130,7 @@ pub use error::{CreateQpError, ModifyQpError, PostError, PostErrorKind, Resource
 pub use gsi::{GsiConfig, GsiError, GsiStats, MadDest, MadRecv};
 pub use mr::{MemoryFault, MrBuffer, MrMemory};
 pub use mw::MwType;
+pub use qpn::{MAX_QPN, QpnRange};
 pub use requester::{local_ack_timeout, packets_for};
 pub use roce_wire::{Msn, Psn, Qpn};
 pub use sched::{SchedConfig, Scheduler, TcConfig, TokenBucket};

@@ -54,6 +54,7 @@ fn cfg(mac: [u8; 6], ip: [u8; 4], seed: u64) -> EngineConfig {
         mac,
         gids: vec![Gid::from_ipv4(ip)],
         seed,
+        last_qpn: 0xFFFF,
         ..EngineConfig::default()
     }
 }
@@ -153,8 +154,8 @@ fn bring_up(
 const N_QPS: u32 = 16_384;
 
 /// 16,384 QPs on one device, all of them in RTS connected to a peer engine's QPs, and a 16,385th refused with
-/// `Exhausted("max_qp")` (`DeviceAttr::max_qp`). Their QPNs are the contiguous range from `first_qpn`, inside one
-/// 65,536-QPN slot of the shared-address scheme (`docs/MULTIPROCESS.md`). Then every one of them carries one
+/// `Exhausted("max_qp")` (`DeviceAttr::max_qp`). Their QPNs are consecutive from the seeded offset and wrap inside
+/// one 65,536-QPN slot of the shared-address scheme (`docs/MULTIPROCESS.md`). Then every one of them carries one
 /// verified RDMA WRITE, 1,024 of them at once, and the engine's memory per idle QP (live heap bytes beyond its
 /// queues) is measured and printed.
 #[test]
@@ -184,11 +185,20 @@ fn sixteen_thousand_qps_on_one_device() {
         create(&mut a, pa, ca, SMALL),
         Err(CreateQpError::Resource(ResourceError::Exhausted("max_qp")))
     ));
-    let first = a.config().first_qpn;
+    // Slot 0 of a shared address (`roce_verbs::Context::open` sets the range from the link): the QPNs are
+    // consecutive from the seeded offset, wrapping inside the slot, all distinct, each found by its number.
+    let r = a.qpn_range();
+    assert_eq!((r.first(), r.last()), (FIRST_QPN, 0xFFFF));
+    let mut seen = vec![false; 0x1_0000];
     for (i, q) in qa.iter().enumerate() {
-        assert_eq!(q.value(), first + i as u32, "QPNs are contiguous");
+        assert_eq!(*q, r.nth(i as u32), "QPNs are consecutive from the offset");
+        assert_eq!(r.index(q.value()), Some(i as u32));
+        assert!((FIRST_QPN..=0xFFFF).contains(&q.value()), "inside the slot");
+        assert!(
+            !std::mem::replace(&mut seen[q.value() as usize], true),
+            "{q:?} twice"
+        );
     }
-    assert!(qa.last().unwrap().value() < (first & !0xFFFF) + 0x1_0000);
 
     let mut qb = Vec::new();
     for _ in 0..N_QPS {

@@ -27,8 +27,8 @@ use rand_chacha::ChaCha8Rng;
 use roce_proto::cc::{DcqcnConfig, Profile};
 use roce_proto::sched::MAX_FRAME_OVERHEAD;
 use roce_proto::{
-    AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, FIRST_QPN, Gid, Instant, MemoryFault,
-    MrInfo, MrMemory, Mtu, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn,
+    AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, Gid, Instant, MemoryFault, MrInfo,
+    MrMemory, Mtu, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn,
     SchedConfig, SendOp, SendWr, Sge, Wc, WcStatus,
 };
 
@@ -117,7 +117,8 @@ struct Host {
     /// The one PD of the host's QPs and MRs (the engine allows `max_pd` = 1,024 per device; a receiver may hold
     /// 1,024 QPs).
     pd: PdHandle,
-    /// Flow index by local QPN − FIRST_QPN.
+    /// Flow index by the local QPN's place in the engine's range (`Engine::qpn_range`, `QpnRange::index`: the QP's
+    /// creation order, whatever the seeded offset its numbering starts at).
     flow_of: Vec<u32>,
     /// The host's one MR (all its QPs' WRs read from it, or peers write into it), registered at its first flow.
     mr: Option<MrInfo>,
@@ -617,8 +618,7 @@ impl Sim {
                 break;
             }
             for wc in &wcs[..n] {
-                let i = wc.qp_num.value().wrapping_sub(FIRST_QPN) as usize;
-                let Some(&f) = self.hosts[h].flow_of.get(i) else {
+                let Some(f) = self.hosts[h].flow(wc.qp_num.value()) else {
                     continue;
                 };
                 let fl = &mut self.flows[f as usize];
@@ -800,11 +800,7 @@ impl Sim {
         }
         let qpn = u32::from_be_bytes([0, f[BTH_OFF + 5], f[BTH_OFF + 6], f[BTH_OFF + 7]]);
         let dst = (usize::from(f[4]) << 8) | usize::from(f[5]);
-        let Some(&fi) = self
-            .hosts
-            .get(dst)
-            .and_then(|h| h.flow_of.get(qpn.wrapping_sub(FIRST_QPN) as usize))
-        else {
+        let Some(fi) = self.hosts.get(dst).and_then(|h| h.flow(qpn)) else {
             return false;
         };
         let pending = &mut self.force_ce[fi as usize];
@@ -887,10 +883,7 @@ impl Sim {
         }
         let op = f[BTH_OFF];
         let qpn = u32::from_be_bytes([0, f[BTH_OFF + 5], f[BTH_OFF + 6], f[BTH_OFF + 7]]);
-        let Some(&fi) = qpn
-            .checked_sub(FIRST_QPN)
-            .and_then(|i| self.hosts[h].flow_of.get(i as usize))
-        else {
+        let Some(fi) = self.hosts[h].flow(qpn) else {
             return;
         };
         if h == self.receiver {
@@ -918,14 +911,21 @@ impl Sim {
         }
         let dst = (usize::from(f[4]) << 8) | usize::from(f[5]);
         let qpn = u32::from_be_bytes([0, f[BTH_OFF + 5], f[BTH_OFF + 6], f[BTH_OFF + 7]]);
-        let Some(&fi) = self
-            .hosts
-            .get(dst)
-            .and_then(|h| h.flow_of.get(qpn.wrapping_sub(FIRST_QPN) as usize))
-        else {
+        let Some(fi) = self.hosts.get(dst).and_then(|h| h.flow(qpn)) else {
             return;
         };
         self.recorder.on_cnp_sent(self.now, fi as usize);
+    }
+}
+
+impl Host {
+    /// The flow of local QPN `qpn` (O(1): its index in the engine's QPN range), `None` for QPNs of no flow.
+    fn flow(&self, qpn: u32) -> Option<u32> {
+        let i = self.engine.qpn_range().index(qpn)?;
+        self.flow_of
+            .get(i as usize)
+            .copied()
+            .filter(|&f| f != u32::MAX)
     }
 }
 
@@ -1008,7 +1008,10 @@ fn make_qp(host: &mut Host, buf: Buffer, depth: u32, flow: usize) -> Result<(Qpn
             sq_sig_all: true,
         })
         .map_err(|x| format!("create_qp: {x}"))?;
-    let i = (qpn.value() - FIRST_QPN) as usize;
+    let Some(i) = host.engine.qpn_range().index(qpn.value()) else {
+        return Err(format!("create_qp: {qpn} outside the engine's QPN range"));
+    };
+    let i = i as usize;
     if host.flow_of.len() <= i {
         host.flow_of.resize(i + 1, u32::MAX);
     }

@@ -237,7 +237,8 @@ impl Context {
 
     /// Opens several devices behind **one** progress lock and progress thread (for links that share state, like
     /// the ports of one [`SimNet`]: any pass drives them all). `links` must return one link per config, in order; a
-    /// link that receives one QPN range of a shared address (`LinkCaps::first_qpn`) sets its engine's `first_qpn`.
+    /// link that receives one QPN range of a shared address (`LinkCaps::first_qpn`) sets its engine's `first_qpn` and
+    /// `last_qpn` to that range.
     pub fn open_group(
         cfgs: Vec<EngineConfig>,
         rt: RuntimeConfig,
@@ -260,7 +261,10 @@ impl Context {
         for (c, l) in cfgs.iter_mut().zip(&links) {
             let caps = l.caps();
             if let Some(q) = caps.first_qpn {
+                // The slot's range: up to where the next slot starts (`roce_link::reuseport::QPN_SHIFT`). The
+                // engine enters it at an offset drawn from its seed (`roce_proto::QpnRange`).
                 c.first_qpn = q;
+                c.last_qpn = q | ((1 << roce_link::reuseport::QPN_SHIFT) - 1);
             }
             let carried = caps.mtu.saturating_sub(roce_wire::eth::HEADER_LEN);
             c.netdev_mtu = c.netdev_mtu.min(u32::try_from(carried).unwrap_or(u32::MAX));

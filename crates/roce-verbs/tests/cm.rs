@@ -2,7 +2,8 @@
 //! real UDP on 127.0.0.x connect RC QPs through REQ/REP/RTU, then move verified data with SEND and RDMA WRITE;
 //! a rejected connect carries its private data back; a connect to a service nobody listens on is rejected with
 //! reason 8 (invalid service ID); a disconnect reaches both ends; the connected QPs take the local ACK timeout the
-//! CM exchanged.
+//! CM exchanged; a client killed with its connection up and started again on the same address connects to the same
+//! server (before QPN offsets its server rejected it as a stale connection, REJ 10).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -471,4 +472,229 @@ fn accept_uses_at_most_the_req_path_mtu() {
     assert!(matches!(event(&a), CmEvent::Established { .. }));
     assert_eq!(b.qp.query().unwrap().path_mtu, Mtu::Mtu1024);
     assert_eq!(a.qp.query().unwrap().path_mtu, Mtu::Mtu1024);
+}
+
+/// A device on real UDP at `ip` whose engine has `seed` (a process's: `rocev2 run` draws one per process).
+fn udp_ctx_seeded(last: u8, ip: Ipv4Addr, seed: u64) -> Context {
+    let mac = seeded_mac(last);
+    let cfg = EngineConfig {
+        mac,
+        gids: vec![Gid::from_ipv4(ip.octets())],
+        seed,
+        ..EngineConfig::default()
+    };
+    Context::open(cfg, RuntimeConfig::default(), move || {
+        let mut u = UdpConfig::new(IpAddr::V4(ip));
+        u.local_mac = mac;
+        Ok(Box::new(UdpLink::bind(u)?) as SendLink)
+    })
+    .expect("open udp device")
+}
+
+fn seeded_mac(last: u8) -> [u8; 6] {
+    [2, 0, 0, 0, 0x22, last]
+}
+
+/// The restart test's addresses (127.0.223.0/24 is this test's) and service.
+const RESTART_SERVER: Ipv4Addr = Ipv4Addr::new(127, 0, 223, 1);
+const RESTART_CLIENT: Ipv4Addr = Ipv4Addr::new(127, 0, 223, 2);
+const RESTART_SERVICE: u64 = roce_wire::cm::service_id(roce_wire::cm::PortSpace::Tcp, 20223);
+/// Set in a child process of the restart test: `<engine seed>,<send 0|1>` (the child is the client).
+const RESTART_ENV: &str = "ROCE_VERBS_TEST_RESTART_CLIENT";
+const RESTART_TEST: &str = "a_client_restarted_after_a_crash_connects_to_the_same_server_again";
+
+/// The client of the restart test, in a process of its own: connects to the server, prints `client: established
+/// <QPN>` (or `client: rejected <reason>`), with `send` SENDs a message and prints `client: sent`, then waits to be killed — its crash:
+/// the process ends with the connection up, no DREQ leaves it. Bounded: every wait ends within 10 s or 60 s.
+fn restart_client(seed: u64, send: bool) -> ! {
+    let ctx = udp_ctx_seeded(2, RESTART_CLIENT, seed);
+    let a = end(&ctx);
+    let opts = ConnectOpts::default();
+    let server = Gid::from_ipv4(RESTART_SERVER.octets());
+    let id =
+        a.cm.connect(&a.qp, server, seeded_mac(1), RESTART_SERVICE, b"hi", &opts)
+            .unwrap();
+    match event(&a) {
+        CmEvent::Established { id: e, .. } if e == id => {
+            println!("client: established {}", a.qp.qpn().value());
+        }
+        CmEvent::Rejected { reason, .. } => {
+            println!("client: rejected {reason}");
+            std::process::exit(0);
+        }
+        e => panic!("expected established, got {e:?}"),
+    }
+    if send {
+        // The server posts its receive first, then says so on stdin (EOF: it is gone).
+        let mut go = String::new();
+        let _ = std::io::stdin().read_line(&mut go);
+        let msg = b"after the restart";
+        a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[])
+            .inline(&[&msg[..]])
+            .signaled()])
+            .unwrap();
+        assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+        println!("client: sent");
+    }
+    std::thread::sleep(Duration::from_secs(60));
+    std::process::exit(1)
+}
+
+/// A client process of the restart test and the lines it printed (read by a thread, so every wait is bounded).
+struct ClientProc {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl ClientProc {
+    fn spawn(seed: u64, send: bool) -> ClientProc {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", RESTART_TEST, "--nocapture", "--test-threads=1"])
+            .env(RESTART_ENV, format!("{seed},{}", u8::from(send)))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the client process");
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        ClientProc {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Tells a sending client that the server's receive is posted.
+    fn go(&mut self) {
+        use std::io::Write;
+        let mut i = self.stdin.take().expect("stdin");
+        i.write_all(b"go\n").expect("write to the client");
+    }
+
+    /// The rest of the first line of the client's that starts with `prefix` (after `client: `); panics on
+    /// `client: rejected <reason>`, on the process ending, or after the wait.
+    fn line(&self, prefix: &str) -> String {
+        loop {
+            match self.lines.recv_timeout(WAIT) {
+                // libtest's "test NAME ... " may precede a line of the client's.
+                Ok(l) => {
+                    if let Some((_, r)) = l.split_once("client: rejected ") {
+                        panic!("the client was rejected with reason {r}");
+                    }
+                    if let Some((_, rest)) = l.split_once(&format!("client: {prefix}")) {
+                        return rest.to_string();
+                    }
+                }
+                Err(e) => panic!("no '{prefix}' line from the client: {e}"),
+            }
+        }
+    }
+
+    /// The client's rejection reason, if it printed one (without waiting).
+    fn rejected(&self) -> Option<String> {
+        self.lines.try_iter().find_map(|l| {
+            l.split_once("client: rejected ")
+                .map(|(_, r)| r.to_string())
+        })
+    }
+}
+
+impl Drop for ClientProc {
+    /// The crash: SIGKILL, then reaped.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The server's side of one connection: the REQ reaches its application (unless its CM rejects it by itself, as a
+/// stale connection: the client then reports the reason), it accepts with `b`'s QP, and it is established. Returns
+/// the client's QPN from the REQ.
+fn serve_one(b: &End, client: &ClientProc) -> roce_wire::Qpn {
+    let opts = ConnectOpts::default();
+    let end = std::time::Instant::now() + WAIT;
+    let (id, qpn) = loop {
+        if let Some(reason) = client.rejected() {
+            panic!("the client was rejected with reason {reason}");
+        }
+        if let Some(e) = b.cm.poll_event().unwrap() {
+            match e {
+                CmEvent::ConnectRequest { id, remote_qpn, .. } => break (id, remote_qpn),
+                e => panic!("expected a connect request at the server, got {e:?}"),
+            }
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "no connect request within the wait"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    b.cm.accept(id, &b.qp, b"welcome", &opts).unwrap();
+    match event(b) {
+        CmEvent::Established { id: e, .. } => assert_eq!(e, id),
+        e => panic!("expected established at the server, got {e:?}"),
+    }
+    qpn
+}
+
+/// The user's problem: a client connected to a server and crashed (killed: no DREQ, the server's CM still holds the
+/// connection), then the program was started again on the same address — same MAC, so the same CA GUID
+/// (`local_ca_guid` from the port MAC, fixed per device as on a real RNIC). Every engine numbered its QPs from
+/// 0x11, so the new client's REQ named the (GID, CA GUID, QPN) of the server's live connection and the server's CM
+/// rejected it as a stale connection (REJ reason 10, IBTA Vol 1 §12.9.8.3, Linux `cm_req_handler`) until the server
+/// was restarted too. Now each engine enters its QPN range at an offset drawn from its seed (`roce_proto::QpnRange`,
+/// `docs/MULTIPROCESS.md` "QPN range"): the restarted client (another process, another seed) connects and a SEND
+/// crosses. The clients are child processes of this test (real process ends); their seeds are pinned, so the QPNs
+/// and the outcome are the same on every run. 127.0.223.1 (server) and 127.0.223.2 (both clients).
+#[test]
+fn a_client_restarted_after_a_crash_connects_to_the_same_server_again() {
+    if let Ok(v) = std::env::var(RESTART_ENV) {
+        let (seed, send) = v.split_once(',').expect("seed,send");
+        restart_client(seed.parse().expect("seed"), send == "1");
+    }
+    let server = udp_ctx_seeded(1, RESTART_SERVER, 0x5e7e);
+    let s1 = end(&server);
+    s1.cm.listen(RESTART_SERVICE).unwrap();
+
+    let c1 = ClientProc::spawn(0xc11e_0001, false);
+    let q1 = serve_one(&s1, &c1);
+    assert_eq!(c1.line("established "), q1.value().to_string());
+    drop(c1);
+    assert!(
+        s1.cm.poll_event().unwrap().is_none(),
+        "the server heard nothing of the crash"
+    );
+    assert_eq!(s1.qp.query().unwrap().qp_state, QpState::Rts);
+
+    // The same program started again on the same address.
+    let s2 = end(&server);
+    let mut c2 = ClientProc::spawn(0xc11e_0002, true);
+    let q2 = serve_one(&s2, &c2);
+    assert_ne!(q2, q1, "the restarted client's QPN");
+    assert_eq!(c2.line("established "), q2.value().to_string());
+    s2.qp
+        .post_recv(&[RecvWr {
+            wr_id: 9,
+            sg_list: &[s2.mr.sge(0, 64)],
+        }])
+        .unwrap();
+    c2.go();
+    let wc = poll_one(&s2.cq);
+    let msg = b"after the restart";
+    assert_eq!(
+        (wc.status, wc.wr_id, wc.byte_len),
+        (WcStatus::Success, 9, msg.len() as u32)
+    );
+    assert_eq!(&s2.buf.to_vec()[..msg.len()], msg);
+    c2.line("sent");
 }

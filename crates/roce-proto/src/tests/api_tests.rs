@@ -693,7 +693,7 @@ fn s11_counters_by_name_and_qp_dump() {
     assert_eq!(p.a.qp_counters(a.qpn).unwrap().sent_pkts, 1);
     let dump = p.a.qp_dump(a.qpn).unwrap();
     assert!(
-        dump.contains("QP 0x000011 RC state=RTS")
+        dump.contains(&format!("QP {} RC state=RTS", a.qpn))
             && dump.contains("next_psn=0x65")
             && dump.contains("una_psn=0x65")
             && dump.contains("msg=none")
