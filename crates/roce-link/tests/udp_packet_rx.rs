@@ -228,9 +228,16 @@ fn ud_engine(
     ip: Ipv4Addr,
     mac: [u8; 6],
 ) -> (Engine, roce_proto::CqHandle, roce_proto::Lkey, u64, Qpn) {
+    // One QP, numbered 0x11 (the frames' DestQP): a range one QPN long leaves the seed's offset nothing to choose.
     let mut e = Engine::new(EngineConfig {
         mac,
         gids: vec![Gid::from_ipv4(ip.octets())],
+        first_qpn: 0x11,
+        last_qpn: 0x11,
+        device: roce_proto::DeviceAttr {
+            max_qp: 1,
+            ..roce_proto::DeviceAttr::default()
+        },
         ..EngineConfig::default()
     });
     let pd = e.alloc_pd().expect("pd");
