@@ -966,23 +966,24 @@ fn wait_listening(p: &mut Proc, src: &str) {
 
 /// README's one-host rdma_cm lines run back to back (a user's report: 2 of 7 `ib_send_bw -R -F` pairs on
 /// 127.0.0.3/127.0.0.2 ended with the client's `RDMA_CM_EVENT_REJECTED; error: 8`, taken for state a previous pair
-/// left behind). Nothing of a previous pair is in the way: ten `rping -C 3 -V` pairs on the same two addresses,
-/// each client started once its server's listen is registered (`rocev2 stat`), all connect at the first attempt
-/// and verify their data — the address's BPF maps, the service claim and its release, comm IDs and timewait of the
-/// pair before change nothing for the next.
+/// left behind). Nothing of a previous pair is in the way: ten `rping -C 3 -V` pairs on the same two addresses, each
+/// client started once its server's listen is registered (`rocev2 stat`), all connect at the first attempt and verify
+/// their data — the address's BPF maps, the service claim and its release, comm IDs and timewait of the pair before
+/// change nothing for the next (checked: with `release_service` a no-op and every claim taken for a live one, the
+/// third rping server's `rdma_listen` fails with EADDRINUSE and this test with it).
 ///
-/// Then five `ib_send_bw -R -F` pairs as README has them. Those REJs are perftest's own race, measured
-/// (2026-12-03, uprobes on `rdma_listen`/`rdma_connect` and a capture of QP 1): perftest 4.5+0.17 opens its test
-/// connection right after a handshake over its first one, while its server creates the listen for it only after
-/// that handshake (`create_rdma_cm_connection`); in 18 of 152 pairs (0 to 5 of 20 per batch; 3 of 20 with a new
-/// address pair each time, so no earlier state at all) the client's REQ came before the server's listen (by
-/// 0.3–5 ms before `rdma_listen` returned, in the 3 timed with uprobes), and the server's CM answered reason 8 — as Linux's CM does for a REQ with no listener (`cm.c` `cm_match_req`), and as
-/// rxe does to our client in `crates/roce-interop/tests/rdmacm.rs` (docs/TESTING.md). The server's listen itself
-/// took 50–220 µs; the client needs 1.2–6 ms from `rdma_resolve_addr` to `rdma_connect`, so who wins depends on
-/// scheduling on a loaded machine. perftest's retry of that REJ reuses the ids it destroyed (fixed upstream in
-/// perftest 3d9d8d0), so its client gives up and its server keeps waiting. Such a pair (the client's own message
-/// says so) is ended and started again, as README tells a user to, at most ten times; every pair must then
-/// complete, with its result row.
+/// Then five `ib_send_bw -R -F` pairs as README has them. Those REJs are perftest's own race, measured (2026-12-03,
+/// uprobes on `rdma_listen`/`rdma_connect` and a capture of QP 1): perftest 4.5+0.17 opens its test connection right
+/// after a handshake over its first one, while its server creates the listen for it only after that handshake
+/// (`create_rdma_cm_connection`); in 18 of 152 pairs (7 of them among 90 pairs that each had a new address pair, so
+/// no earlier state at all) the client's REQ came before the server's listen (by 0.3–5 ms before `rdma_listen`
+/// returned, in the 3 timed with uprobes), and the server's CM answered reason 8 — as Linux's CM does for a REQ with
+/// no listener (`cm.c` `cm_match_req`), and as rxe does to our client in `crates/roce-interop/tests/rdmacm.rs`
+/// (docs/TESTING.md). The server's listen itself took 50–220 µs; the client needs 1.2–6 ms from `rdma_resolve_addr`
+/// to `rdma_connect`, so who wins depends on scheduling on a loaded machine. perftest's retry of that REJ reuses the
+/// ids it destroyed (fixed upstream in perftest 3d9d8d0), so its client gives up and its server keeps waiting. Such a
+/// pair (the client's own message says so) is ended and started again, as README tells a user to, at most ten times;
+/// every pair must then complete, with its result row.
 #[test]
 fn rdma_cm_pairs_back_to_back_on_one_host_connect_every_time() {
     let _turn = serial();
