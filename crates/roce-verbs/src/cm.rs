@@ -1153,7 +1153,15 @@ impl ConnectionManager {
             Event::Disconnected { id, cause } => {
                 if let Disconnect::Request(_) = cause {
                     self.qp_to_err(id);
-                    self.with_cm(|cm, now| cm.disconnect(now, id, &[]))??;
+                    // The program's own disconnect may have answered this DREQ between the CM taking it and this
+                    // event (its DREP sent, timewait entered or even left: "invalid state" or "unknown id"); it is
+                    // disconnected all the same and the event is the program's (Linux `cma_ib_handler` reports
+                    // DISCONNECTED for the DREQ whoever sends the DREP). Losing it hung perftest's `-R` client.
+                    match self.with_cm(|cm, now| cm.disconnect(now, id, &[]))? {
+                        Ok(())
+                        | Err(roce_cm::CmError::InvalidState(_) | roce_cm::CmError::UnknownId) => {}
+                        Err(e) => return Err(e.into()),
+                    }
                 }
                 Some(CmEvent::Disconnected { id })
             }

@@ -698,3 +698,53 @@ fn a_client_restarted_after_a_crash_connects_to_the_same_server_again() {
     assert_eq!(&s2.buf.to_vec()[..msg.len()], msg);
     c2.line("sent");
 }
+
+/// A peer's DREQ that the CM has taken but whose event the program has not read yet, then the program's own
+/// disconnect (perftest's `-R` client and server both call `rdma_disconnect` at the end of a run): the program's
+/// disconnect answers the DREQ with the DREP (timewait), and the Disconnected event must still come. Before the
+/// fix the event's handling tried to answer the DREQ a second time, got the CM's "invalid state" and lost the
+/// event: `get_event` failed, and rocev2's librdmacm never reported RDMA_CM_EVENT_DISCONNECTED (perftest's client,
+/// waiting for it in `rdma_cm_disconnect_nodes`, hung after printing its result: 3 of 232 README pairs).
+#[test]
+fn own_disconnect_after_the_peers_dreq_still_reports_disconnected() {
+    let (ca, cb) = Context::sim_pair(RuntimeConfig::with_mode(ProgressMode::Thread)).unwrap();
+    let (a, b) = (end(&ca), end(&cb));
+    let service = roce_wire::cm::service_id(roce_wire::cm::PortSpace::Tcp, 20002);
+    b.cm.listen(service).unwrap();
+    let opts = ConnectOpts::default();
+    let id_a =
+        a.cm.connect(
+            &a.qp,
+            cb.gid(0).unwrap(),
+            cb.config().mac,
+            service,
+            &[],
+            &opts,
+        )
+        .unwrap();
+    let id_b = match event(&b) {
+        CmEvent::ConnectRequest { id, .. } => id,
+        e => panic!("expected a connect request, got {e:?}"),
+    };
+    b.cm.accept(id_b, &b.qp, &[], &opts).unwrap();
+    assert!(matches!(event(&a), CmEvent::Established { id, .. } if id == id_a));
+    assert!(matches!(event(&b), CmEvent::Established { id, .. } if id == id_b));
+    // B's DREQ reaches A's CM (A's progress thread takes it); A reads no event meanwhile.
+    let before = a.cm.stats().unwrap().rx_mads;
+    b.cm.disconnect(id_b).unwrap();
+    let t0 = std::time::Instant::now();
+    while a.cm.stats().unwrap().rx_mads == before {
+        assert!(t0.elapsed() < WAIT, "A's CM never received B's DREQ");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // A's own disconnect now answers that DREQ (Linux `rdma_disconnect` sends the DREP in DREQ_RCVD).
+    a.cm.disconnect(id_a).unwrap();
+    match a.cm.get_event(WAIT) {
+        Ok(Some(CmEvent::Disconnected { id })) => assert_eq!(id, id_a),
+        other => panic!("expected Disconnected on A, got {other:?}"),
+    }
+    match event(&b) {
+        CmEvent::Disconnected { id } => assert_eq!(id, id_b),
+        e => panic!("expected Disconnected on B (A's DREP), got {e:?}"),
+    }
+}
