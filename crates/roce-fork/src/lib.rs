@@ -40,6 +40,8 @@ pub struct ForkLocal<T> {
     /// used it yet. Only ever replaced by a newer leaked `Box<Slot<T>>`.
     slot: AtomicPtr<Slot<T>>,
     init: fn() -> T,
+    /// What a child makes of its parent's value when that was not locked at the fork ([`inheriting`](Self::inheriting)).
+    inherit: Option<fn(&T) -> T>,
 }
 
 impl<T> ForkLocal<T> {
@@ -48,6 +50,18 @@ impl<T> ForkLocal<T> {
         ForkLocal {
             slot: AtomicPtr::new(std::ptr::null_mut()),
             init,
+            inherit: None,
+        }
+    }
+
+    /// Like [`new`](Self::new), but a child starts from `inherit(&parent's value)` when no thread held the parent's
+    /// lock at the fork (the value is then consistent), and from `init()` when one did (the value may be half
+    /// updated: it is not read). For tables a child may still consult, e.g. to close what it inherited.
+    pub const fn inheriting(init: fn() -> T, inherit: fn(&T) -> T) -> Self {
+        ForkLocal {
+            slot: AtomicPtr::new(std::ptr::null_mut()),
+            init,
+            inherit: Some(inherit),
         }
     }
 
@@ -63,9 +77,19 @@ impl<T> ForkLocal<T> {
             {
                 return &s.mutex;
             }
+            // SAFETY: as above.
+            let value = match (unsafe { cur.as_ref() }, self.inherit) {
+                // A child: the parent's lock is free, so its value is whole (a lock held at the fork stays held
+                // here for ever and `try_lock` says so without waiting).
+                (Some(parent), Some(inherit)) => match parent.mutex.try_lock() {
+                    Ok(g) => inherit(&g),
+                    Err(_) => (self.init)(),
+                },
+                _ => (self.init)(),
+            };
             let fresh = Box::into_raw(Box::new(Slot {
                 pid,
-                mutex: Mutex::new((self.init)()),
+                mutex: Mutex::new(value),
             }));
             match self
                 .slot
@@ -145,6 +169,49 @@ mod tests {
             "child status {status:#x} (0xe: killed by its alarm)"
         );
         assert_eq!(*G.lock(), 41);
+    }
+
+    /// `inheriting`: a child forked while the lock is free starts from the parent's value (mapped); one forked while
+    /// another thread holds it starts from `init`, at once.
+    #[test]
+    fn an_inheriting_global_copies_a_free_value_and_skips_a_held_one() {
+        static G: ForkLocal<Vec<u32>> =
+            ForkLocal::inheriting(Vec::new, |v| v.iter().map(|x| x + 100).collect());
+        G.lock().push(1);
+        let child = |expect: &'static [u32]| {
+            // SAFETY: see above.
+            let pid = unsafe { libc_fork() };
+            if pid == 0 {
+                // SAFETY: plain syscalls in the child.
+                unsafe { alarm(5) };
+                let ok = G.lock().as_slice() == expect;
+                // SAFETY: as above.
+                unsafe { _exit(if ok { 0 } else { 1 }) };
+            }
+            assert!(pid > 0, "fork failed");
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            assert_eq!(unsafe { waitpid(pid, &mut status, 0) }, pid);
+            status
+        };
+        assert_eq!(child(&[101]), 0, "a free lock: the value is inherited");
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let g = G.lock();
+            held_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            drop(g);
+        });
+        held_rx.recv().unwrap();
+        let status = child(&[]);
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(
+            status, 0,
+            "a held lock: a fresh value at once (0xe: stuck until the alarm)"
+        );
+        assert_eq!(*G.lock(), [1]);
     }
 
     unsafe extern "C" {

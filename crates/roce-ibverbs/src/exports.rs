@@ -76,7 +76,9 @@ struct DeviceBlock {
     index: c_int,
     /// The runtime (engine + UDP link on port 4791 of the address) shared by the device's open contexts: a process
     /// may open the device more than once (a library and the program each do), and one address has one port 4791.
-    shared: Mutex<SharedRuntime>,
+    /// Each process has its own (`roce_fork`): a `fork`ed child starts without a runtime and never waits on this
+    /// lock, which the parent holds across `Context::open` (sockets, threads) and may have held at the fork.
+    shared: roce_fork::ForkLocal<SharedRuntime>,
 }
 
 /// The runtime of a device and how many open contexts use it; the device keeps it only while one does (the objects
@@ -85,10 +87,6 @@ struct DeviceBlock {
 struct SharedRuntime {
     rt: Option<Context>,
     contexts: usize,
-    /// The process that started `rt`. A `fork`ed child inherits the block but not the runtime's threads, socket
-    /// ownership or steering entry: its first context starts a runtime of its own instead (rdma-core: a child
-    /// opens devices afresh and may not use the parent's resources, ibv_fork_init(3)).
-    pid: u32,
 }
 
 // SAFETY: the C part holds only NULL pointers and byte arrays, written once before the block is shared.
@@ -125,7 +123,7 @@ fn devices() -> &'static [DeviceBlock] {
                 dev,
                 spec,
                 index: 0,
-                shared: Mutex::new(SharedRuntime::default()),
+                shared: roce_fork::ForkLocal::new(SharedRuntime::default),
             }]
         }
         Ok(None) => Vec::new(),
@@ -156,16 +154,11 @@ impl CtxBlock {
     fn runtime(&self) -> Result<&Context, c_int> {
         self.rt
             .get_or_init(|| {
-                let mut shared = self.dev.shared.lock().unwrap_or_else(|p| p.into_inner());
+                let mut shared = self.dev.shared.lock();
                 let pid = std::process::id();
                 self.rt_pid.store(pid, Ordering::Relaxed);
-                if shared.rt.is_some() && shared.pid != pid {
-                    // A forked child: the runtime is the parent's, whose progress thread does not exist here.
-                    // Dropping its last reference would join that thread (for ever), so the child's copy is leaked;
-                    // the parent's runtime is untouched (it lives in the parent's memory).
-                    std::mem::forget(shared.rt.take());
-                    shared.contexts = 0;
-                }
+                // A `fork`ed child's `shared` starts empty (`roce_fork`): its first context starts a runtime of its
+                // own (rdma-core: a child opens devices afresh and may not use the parent's resources).
                 if let Some(rt) = &shared.rt {
                     let rt = rt.clone();
                     shared.contexts += 1;
@@ -220,7 +213,6 @@ impl CtxBlock {
                     cm_bridge::start(rt);
                     shared.rt = Some(rt.clone());
                     shared.contexts = 1;
-                    shared.pid = pid;
                 })
             })
             .as_ref()
@@ -907,8 +899,22 @@ pub unsafe extern "C" fn rocev2_ibv_close_device(ctx: *mut IbvContext) -> c_int 
 }
 
 unsafe fn rocev2_ibv_close_device_inner(ctx: *mut IbvContext) -> c_int {
-    if live::take(ctx, Kind::Ctx, || Ok(())).is_err() {
-        return libc::EINVAL;
+    match live::take(ctx, Kind::Ctx, || Ok(())) {
+        Ok(()) => {}
+        Err(live::INHERITED) => {
+            // A `fork`ed child closing its parent's context (module `live`): its objects leave the child's table and
+            // are left alone with it — their teardown would act on the parent's runtime, channels and eventfds.
+            // The child's own copies of the context's descriptors are closed (the parent's stay open).
+            let _ = live::drain_context(ctx as usize);
+            // SAFETY: the context block is the child's copy, valid (never freed here); the descriptors are this
+            // process's own duplicates.
+            unsafe {
+                libc::close((*ctx).cmd_fd);
+                libc::close((*ctx).async_fd);
+            }
+            return 0;
+        }
+        Err(_) => return libc::EINVAL,
     }
     // Its queued async events and routes go first: nothing is delivered to it any more.
     async_events::unregister_ctx(ctx as usize);
@@ -930,7 +936,7 @@ unsafe fn rocev2_ibv_close_device_inner(ctx: *mut IbvContext) -> c_int {
     let last = match c.rt.get() {
         // Not when a forked child closes a context of its parent (`rt_pid`): that runtime is not counted here.
         Some(Ok(_)) if c.rt_pid.load(Ordering::Relaxed) == std::process::id() => {
-            let mut shared = c.dev.shared.lock().unwrap_or_else(|p| p.into_inner());
+            let mut shared = c.dev.shared.lock();
             shared.contexts = shared.contexts.saturating_sub(1);
             if shared.contexts == 0 {
                 shared.rt.take()

@@ -681,17 +681,19 @@ fn answer(mut s: UnixStream, stop: &AtomicBool, devices: &DeviceList) {
 /// What answers for the process's rdma_cm ids: a JSON array as text (module docs, `cm_ids`), or `None`.
 pub type CmIdSource = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
-static CM_IDS: Mutex<Option<CmIdSource>> = Mutex::new(None);
+/// Each process has its own (`roce_fork`): the stats thread holds this lock while the source answers, and a child
+/// forked at that instant would otherwise wait for ever in its first rdma_cm call (breaker finding).
+static CM_IDS: roce_fork::ForkLocal<Option<CmIdSource>> = roce_fork::ForkLocal::new(|| None);
 
 /// Registers the source of the `cm_ids` of every `stats` answer of this process (replacing an earlier one).
 /// rocev2's librdmacm does, through roce-ibverbs' private table. Its text is parsed here; text that is not a JSON
 /// array is left out of the answer.
 pub fn set_cm_id_source(f: CmIdSource) {
-    *CM_IDS.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    *CM_IDS.lock() = Some(f);
 }
 
 fn cm_ids() -> Option<Value> {
-    let g = CM_IDS.lock().unwrap_or_else(|p| p.into_inner());
+    let g = CM_IDS.lock();
     let text = (g.as_ref()?)()?;
     serde_json::from_str::<Value>(&text)
         .ok()

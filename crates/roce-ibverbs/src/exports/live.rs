@@ -5,11 +5,20 @@
 //! library never made, is `EINVAL` instead of a double free. Each entry remembers the context that made it, so
 //! `ibv_close_device` can release what the program left behind (the kernel's "destroy on close" of the uverbs fd).
 //!
+//! A `fork`ed child has a table of its own (`roce_fork`): a copy of the parent's with every entry marked
+//! inherited when no thread held the parent's lock at the fork, else an empty one — never the parent's lock, which a
+//! thread of the parent may have held at that instant and would hold for ever in the child. Destroying an inherited
+//! object only takes it out of the child's table ([`INHERITED`]): its teardown would act on the parent's runtime,
+//! channels and eventfds (rdma-core, ibv_fork_init(3): a child may not use its parent's resources).
+//!
 //! Control path only: the data-path slots (`post_send`, `poll_cq` …) trust their pointers as every provider does
 //! (one lock per call there would be a lock per WR).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+
+/// The error [`take`] gives for an object a `fork`ed child inherited: it is out of the child's table and must be
+/// left alone; the verb returns it as its result, 0 (success), having freed nothing.
+pub(super) const INHERITED: libc::c_int = 0;
 
 /// What a live pointer is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,17 +40,40 @@ struct Entry {
     kind: Kind,
     /// The `ibv_context *` the object belongs to (0 for device lists).
     ctx: usize,
+    /// Made by the parent of this `fork`ed child (module docs).
+    inherited: bool,
 }
 
-static LIVE: Mutex<BTreeMap<usize, Entry>> = Mutex::new(BTreeMap::new());
+static LIVE: roce_fork::ForkLocal<BTreeMap<usize, Entry>> =
+    roce_fork::ForkLocal::inheriting(BTreeMap::new, |parent| {
+        parent
+            .iter()
+            .map(|(&p, e)| {
+                (
+                    p,
+                    Entry {
+                        inherited: true,
+                        ..*e
+                    },
+                )
+            })
+            .collect()
+    });
 
 fn table() -> std::sync::MutexGuard<'static, BTreeMap<usize, Entry>> {
-    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+    LIVE.lock()
 }
 
 /// Records a new object at `ptr` (its C struct's address) made on context `ctx`.
 pub(super) fn insert<T>(ptr: *mut T, kind: Kind, ctx: usize) {
-    table().insert(ptr as usize, Entry { kind, ctx });
+    table().insert(
+        ptr as usize,
+        Entry {
+            kind,
+            ctx,
+            inherited: false,
+        },
+    );
 }
 
 /// Whether `ptr` is a live object of `kind`.
@@ -64,7 +96,8 @@ pub(super) fn all_with_ctx(kind: Kind) -> Vec<(usize, usize)> {
 }
 
 /// Removes the live object `ptr` of `kind` if `ready` (run under the table's lock, so two destroys of one pointer
-/// cannot both pass it) says it may go: `Err(EINVAL)` when `ptr` is not a live `kind`, `ready`'s error otherwise.
+/// cannot both pass it) says it may go: `Err(EINVAL)` when `ptr` is not a live `kind`, `ready`'s error otherwise;
+/// `Err(INHERITED)` (0) without running `ready` for an object a `fork`ed child inherited: removed, to be left alone.
 pub(super) fn take<T>(
     ptr: *mut T,
     kind: Kind,
@@ -72,6 +105,10 @@ pub(super) fn take<T>(
 ) -> Result<(), libc::c_int> {
     let mut t = table();
     match t.get(&(ptr as usize)) {
+        Some(e) if e.kind == kind && e.inherited => {
+            t.remove(&(ptr as usize));
+            Err(INHERITED)
+        }
         Some(e) if e.kind == kind => {
             ready()?;
             t.remove(&(ptr as usize));
