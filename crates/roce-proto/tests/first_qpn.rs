@@ -14,23 +14,28 @@ fn engine(first_qpn: u32, last: u8) -> Engine {
     })
 }
 
-fn qp(e: &mut Engine) -> Qpn {
-    let pd = e.alloc_pd().expect("pd");
-    let cq = e.create_cq(16).expect("cq");
-    let init = QpInitAttr {
+/// A UD QP's attributes on `pd` and `cq` with `depth` WRs per queue.
+fn ud_attr(pd: PdHandle, cq: CqHandle, depth: u32) -> QpInitAttr {
+    QpInitAttr {
         qp_type: QpType::Ud,
         pd,
         send_cq: cq,
         recv_cq: cq,
         cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
+            max_send_wr: depth,
+            max_recv_wr: depth,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
         },
         sq_sig_all: false,
-    };
+    }
+}
+
+fn qp(e: &mut Engine) -> Qpn {
+    let pd = e.alloc_pd().expect("pd");
+    let cq = e.create_cq(16).expect("cq");
+    let init = ud_attr(pd, cq, 4);
     e.create_qp(&init).expect("qp").0
 }
 
@@ -89,20 +94,7 @@ fn numbering_wraps_inside_a_range_of_max_qp() {
     assert_eq!(qpns, (0x100..=0x107).collect::<Vec<_>>());
     let pd = e.alloc_pd().expect("pd");
     let cq = e.create_cq(4).expect("cq");
-    let init = QpInitAttr {
-        qp_type: QpType::Ud,
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        cap: QpCap {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-    };
+    let init = ud_attr(pd, cq, 1);
     assert!(matches!(
         e.create_qp(&init),
         Err(CreateQpError::Resource(ResourceError::Exhausted("max_qp")))
@@ -119,20 +111,7 @@ fn a_destroyed_qpn_is_not_reused_at_once() {
     let mut e = engine(0x3_0000, 5);
     let pd = e.alloc_pd().expect("pd");
     let cq = e.create_cq(16).expect("cq");
-    let init = QpInitAttr {
-        qp_type: QpType::Ud,
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        cap: QpCap {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-    };
+    let init = ud_attr(pd, cq, 1);
     let new = |e: &mut Engine| e.create_qp(&init).expect("qp").0;
     let a = new(&mut e);
     e.destroy_qp(a).expect("destroy");
