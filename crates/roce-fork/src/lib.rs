@@ -132,6 +132,43 @@ mod tests {
         assert!(std::ptr::eq(G.get(), G.get()));
     }
 
+    /// Runs `check` in a forked child (ended by SIGALRM after 5 s if it blocks) and returns the child's wait status:
+    /// 0 when `check` said true.
+    fn in_child(check: impl FnOnce() -> bool) -> i32 {
+        // SAFETY: the child only calls async-signal-safe functions besides the lock under test (alarm, _exit, and
+        // malloc, which glibc makes usable in a child of a threaded process).
+        let pid = unsafe { libc_fork() };
+        if pid == 0 {
+            // SAFETY: plain syscalls in the child.
+            unsafe { alarm(5) };
+            let ok = check();
+            // SAFETY: ends the child without running the parent's destructors or test harness.
+            unsafe { _exit(if ok { 0 } else { 1 }) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { waitpid(pid, &mut status, 0) }, pid);
+        status
+    }
+
+    /// Runs `f` while another thread holds `g`'s lock, then lets it go.
+    fn while_held<T: Send, R>(g: &'static ForkLocal<T>, f: impl FnOnce() -> R) -> R {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let guard = g.lock();
+            held_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            drop(guard);
+        });
+        held_rx.recv().unwrap();
+        let r = f();
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        r
+    }
+
     /// A child forked while another thread holds the lock gets a fresh value at once, and the parent's lock and
     /// value are untouched. Fails (the child is killed by its alarm after 5 s, or sees 41) with a plain global
     /// `Mutex`.
@@ -139,31 +176,7 @@ mod tests {
     fn a_child_forked_while_another_thread_holds_the_lock_is_not_blocked() {
         static G: ForkLocal<u32> = ForkLocal::new(|| 0);
         *G.lock() = 41;
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let holder = std::thread::spawn(move || {
-            let g = G.lock();
-            held_tx.send(()).unwrap();
-            release_rx.recv().unwrap();
-            drop(g);
-        });
-        held_rx.recv().unwrap();
-        // SAFETY: the child only calls async-signal-safe functions besides the lock under test (alarm, _exit, and
-        // malloc, which glibc makes usable in a child of a threaded process).
-        let pid = unsafe { libc_fork() };
-        if pid == 0 {
-            // SAFETY: plain syscalls in the child.
-            unsafe { alarm(5) };
-            let v = *G.lock();
-            // SAFETY: ends the child without running the parent's destructors or test harness.
-            unsafe { _exit(if v == 0 { 0 } else { 1 }) };
-        }
-        assert!(pid > 0, "fork failed");
-        let mut status = 0;
-        // SAFETY: waits for our own child.
-        assert_eq!(unsafe { waitpid(pid, &mut status, 0) }, pid);
-        release_tx.send(()).unwrap();
-        holder.join().unwrap();
+        let status = while_held(&G, || in_child(|| *G.lock() == 0));
         assert_eq!(
             status, 0,
             "child status {status:#x} (0xe: killed by its alarm)"
@@ -178,35 +191,9 @@ mod tests {
         static G: ForkLocal<Vec<u32>> =
             ForkLocal::inheriting(Vec::new, |v| v.iter().map(|x| x + 100).collect());
         G.lock().push(1);
-        let child = |expect: &'static [u32]| {
-            // SAFETY: see above.
-            let pid = unsafe { libc_fork() };
-            if pid == 0 {
-                // SAFETY: plain syscalls in the child.
-                unsafe { alarm(5) };
-                let ok = G.lock().as_slice() == expect;
-                // SAFETY: as above.
-                unsafe { _exit(if ok { 0 } else { 1 }) };
-            }
-            assert!(pid > 0, "fork failed");
-            let mut status = 0;
-            // SAFETY: waits for our own child.
-            assert_eq!(unsafe { waitpid(pid, &mut status, 0) }, pid);
-            status
-        };
+        let child = |expect: &'static [u32]| in_child(|| G.lock().as_slice() == expect);
         assert_eq!(child(&[101]), 0, "a free lock: the value is inherited");
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let holder = std::thread::spawn(move || {
-            let g = G.lock();
-            held_tx.send(()).unwrap();
-            release_rx.recv().unwrap();
-            drop(g);
-        });
-        held_rx.recv().unwrap();
-        let status = child(&[]);
-        release_tx.send(()).unwrap();
-        holder.join().unwrap();
+        let status = while_held(&G, || child(&[]));
         assert_eq!(
             status, 0,
             "a held lock: a fresh value at once (0xe: stuck until the alarm)"
