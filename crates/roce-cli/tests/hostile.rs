@@ -8,10 +8,11 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A `rocev2 perf` server on 127.0.0.221:`port`; a hostile client sends one `hello` with `params`.
-fn server_vs_hello(port: u16, params: &str) -> (Option<i32>, String) {
+/// A `rocev2 perf write-bw` server with `--timeout timeout_s` on `ip`:`port`, and a TCP connection to it (made
+/// within 10 s of its start).
+fn server_and_client(port: u16, timeout_s: &str, ip: &str) -> (common::Proc, TcpStream) {
     let dir = common::scratch(&format!("hostile-{port}"));
-    let mut srv = common::Proc::spawn_command(
+    let srv = common::Proc::spawn_command(
         "server",
         &dir,
         Command::new(env!("CARGO_BIN_EXE_rocev2"))
@@ -19,23 +20,28 @@ fn server_vs_hello(port: u16, params: &str) -> (Option<i32>, String) {
                 "perf",
                 "write-bw",
                 "--timeout",
-                "3",
+                timeout_s,
                 "-p",
                 &port.to_string(),
             ])
-            .args(["--ip", "127.0.0.221"])
+            .args(["--ip", ip])
             .env("RUST_BACKTRACE", "1"),
     );
     let t0 = Instant::now();
-    let mut s = loop {
-        match TcpStream::connect(("127.0.0.221", port)) {
-            Ok(s) => break s,
+    loop {
+        match TcpStream::connect((ip, port)) {
+            Ok(s) => return (srv, s),
             Err(_) if t0.elapsed() < Duration::from_secs(10) => {
                 std::thread::sleep(Duration::from_millis(50))
             }
             Err(e) => panic!("server never listened: {e}"),
         }
-    };
+    }
+}
+
+/// A `rocev2 perf` server on 127.0.0.221:`port`; a hostile client sends one `hello` with `params`.
+fn server_vs_hello(port: u16, params: &str) -> (Option<i32>, String) {
+    let (mut srv, mut s) = server_and_client(port, "3", "127.0.0.221");
     let line = format!(r#"{{"proto":"rocev2-perf","v":1,"kind":"hello","body":{params}}}"#);
     s.write_all(line.as_bytes()).expect("write");
     s.write_all(b"\n").expect("write");
@@ -64,32 +70,7 @@ fn huge_duration_from_the_client_is_an_error_not_a_panic() {
 /// A `rocev2 perf` server with `--timeout 2` on 127.0.0.222:`port`; `feed` plays the hostile client on the TCP
 /// connection. Returns the exit code, stderr and how long the server took to exit after the connection.
 fn server_vs(port: u16, feed: impl FnOnce(&mut TcpStream)) -> (Option<i32>, String, Duration) {
-    let dir = common::scratch(&format!("hostile-{port}"));
-    let mut srv = common::Proc::spawn_command(
-        "server",
-        &dir,
-        Command::new(env!("CARGO_BIN_EXE_rocev2"))
-            .args([
-                "perf",
-                "write-bw",
-                "--timeout",
-                "2",
-                "-p",
-                &port.to_string(),
-            ])
-            .args(["--ip", "127.0.0.222"])
-            .env("RUST_BACKTRACE", "1"),
-    );
-    let t0 = Instant::now();
-    let mut s = loop {
-        match TcpStream::connect(("127.0.0.222", port)) {
-            Ok(s) => break s,
-            Err(_) if t0.elapsed() < Duration::from_secs(10) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => panic!("server never listened: {e}"),
-        }
-    };
+    let (mut srv, mut s) = server_and_client(port, "2", "127.0.0.222");
     let t1 = Instant::now();
     feed(&mut s);
     let out = srv.output(common::RUN);
